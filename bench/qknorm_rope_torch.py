@@ -1,0 +1,385 @@
+"""qknorm_rope on the GPU beside PyTorch, in one process (run by scripts/device_run.sh).
+
+1. Verification: every mode of the fused kernel against the PyTorch eager chain on CUDA
+   (F.rms_norm, then RoPE in eager ops) over a grid of tokens, heads, head dims, rope dims,
+   pairings, position dtypes and packed-QKV views; reports the fraction of differing elements and
+   the largest difference in ulps. Rounded mode must be byte-equal (torch.equal).
+2. CUDA-graph capture and replay with mutated inputs, a non-default stream, the host overhead of
+   one call through the C ABI.
+3. Benchmark: ditops (aot / jit), eager and torch.compile on the model shapes, cold L2
+   (triton.testing.do_bench flushes it), median; GB/s by the byte model and the fraction of a
+   device copy of the same bytes measured in the same run.
+
+Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs only the
+built libditops.so.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import triton
+
+# ---------------------------------------------------------------- C ABI
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("is_neox", ctypes.c_int32), ("eps", ctypes.c_float), ("rope_dim", ctypes.c_int32),
+                ("cache_full_width", ctypes.c_int32), ("rounding", ctypes.c_int32),
+                ("norm_order", ctypes.c_int32), ("use_pdl", ctypes.c_int32),
+                ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
+
+
+DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
+            torch.int32: (0, 32), torch.int64: (0, 64)}
+
+
+class Ditops:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.ditops_qknorm_rope.restype = ctypes.c_int
+        self._keep = []
+
+    def dl(self, t):
+        shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        strides = (ctypes.c_int64 * t.dim())(*t.stride())
+        code, bits = DL_CODES[t.dtype]
+        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2 if t.is_cuda else 1, t.device.index or 0),
+                     t.dim(), DLDataType(code, bits, 1), shape, strides, 0)
+        self._keep.append((shape, strides))
+        return d
+
+    def qknorm_rope(self, q, k, wq, wk, cache, pos, *, neox, eps=1e-6, rope_dim=0, full_width=False,
+                    rounding="rounded", order="aten", backend=None, quality=None, stream=None):
+        self._keep.clear()
+        opts = Options(int(neox), eps, rope_dim, int(full_width), 0 if rounding == "rounded" else 1,
+                       0 if order == "aten" else 1, 1,
+                       backend.encode() if backend else None, quality.encode() if quality else None)
+        args = [ctypes.byref(self.dl(t)) for t in (q, k, wq, wk, cache, pos)]
+        impl = ctypes.create_string_buffer(128)
+        err = ctypes.create_string_buffer(4096)
+        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+        rc = self.lib.ditops_qknorm_rope(*args, ctypes.byref(opts), s, impl, 128, err, 4096)
+        if rc:
+            raise RuntimeError(err.value.decode())
+        return impl.value.decode()
+
+
+# ---------------------------------------------------------------- the eager chain (the oracle)
+
+
+def rope_eager(x, cos, sin, R, neox, native):
+    """x: normalized [T, H, D] in the activation dtype; cos/sin [T, R] per rotated channel.
+    native=False: fp32 math (x.float() * cos ...) then one cast, as diffusers writes it for an fp32
+    cache; native=True: every op in the activation dtype (16-bit cache)."""
+    xr = x[..., :R] if native else x[..., :R].float()
+    c, s = cos[:, None, :], sin[:, None, :]
+    if neox:
+        x1, x2 = xr[..., : R // 2], xr[..., R // 2:]
+        rot = torch.cat([-x2, x1], -1)
+    else:
+        pairs = xr.unflatten(-1, (R // 2, 2))
+        rot = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
+    o = (xr * c + rot * s).to(x.dtype)
+    return torch.cat([o, x[..., R:]], -1) if R < x.shape[-1] else o
+
+
+def full_cos_sin(cache, pos, R, neox, full_width):
+    rows = cache[pos]
+    if full_width:
+        return rows[:, :R], rows[:, R:]
+    cos, sin = rows[:, : R // 2], rows[:, R // 2:]
+    if neox:
+        return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+
+
+def eager_chain(q, k, wq, wk, cache, pos, R, neox, eps, full_width=False):
+    D = q.shape[-1]
+    cos, sin = full_cos_sin(cache, pos, R, neox, full_width)
+    native = cache.dtype != torch.float32
+    qo = rope_eager(F.rms_norm(q, (D,), wq, eps), cos, sin, R, neox, native)
+    ko = rope_eager(F.rms_norm(k, (D,), wk, eps), cos, sin, R, neox, native)
+    return qo, ko
+
+
+def ulp_diff(a, b):
+    """Largest distance in units in the last place between two 16-bit tensors of one dtype."""
+    ia = a.contiguous().view(torch.int16).to(torch.int32)
+    ib = b.contiguous().view(torch.int16).to(torch.int32)
+    # Map sign-magnitude to a monotonic integer line.
+    ia = torch.where(ia < 0, -(ia & 0x7FFF), ia)
+    ib = torch.where(ib < 0, -(ib & 0x7FFF), ib)
+    return int((ia - ib).abs().max().item()) if a.numel() else 0
+
+
+# ---------------------------------------------------------------- verification
+
+
+def make_inputs(T, Hq, Hk, D, R, cache_dtype, pos_dtype, dtype, packed, full_width, gen, amp=1.0):
+    dev = "cuda"
+    if packed:  # q and k as views of one packed QKV projection [T, (Hq + 2 Hk) * D]
+        qkv = torch.randn(T, (Hq + 2 * Hk) * D, device=dev, generator=gen).to(dtype) * amp
+        q = qkv[:, : Hq * D].view(T, Hq, D)
+        k = qkv[:, Hq * D: (Hq + Hk) * D].view(T, Hk, D)
+        holder = qkv
+    else:
+        q = (torch.randn(T, Hq, D, device=dev, generator=gen) * amp).to(dtype)
+        k = (torch.randn(T, Hk, D, device=dev, generator=gen) * amp).to(dtype)
+        holder = None
+    wq = (torch.rand(D, device=dev, generator=gen) + 0.5).to(dtype)
+    wk = (torch.rand(D, device=dev, generator=gen) + 0.5).to(dtype)
+    P = max(2 * T, 64)
+    width = 2 * R if full_width else R
+    t = torch.arange(P, device=dev, dtype=torch.float64)[:, None]
+    if full_width:
+        # Per-channel values that differ inside a pair, to catch index mistakes.
+        cache = torch.randn(P, width, device=dev, generator=gen, dtype=torch.float64)
+    else:
+        inv = 10000.0 ** (-torch.arange(0, R // 2, device=dev, dtype=torch.float64) * 2 / R)
+        cache = torch.cat([torch.cos(t * inv), torch.sin(t * inv)], -1)
+    cache = cache.to(cache_dtype)
+    pos = torch.randperm(P, device=dev, generator=gen)[:T].to(pos_dtype)
+    return q, k, wq, wk, cache, pos, holder
+
+
+def verify(dt, out_rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    cases = []
+    for D in (64, 128, 256):
+        for R in sorted({D, D // 2, 32 if D == 64 else 96 if D == 128 else 128}):
+            for neox in (False, True):
+                if neox and R % 16:
+                    continue
+                for T, Hq, Hk in ((1, 8, 8), (9, 24, 24), (129, 32, 8), (4097, 40, 40)):
+                    for pos_dtype in (torch.int32, torch.int64):
+                        cases.append(dict(D=D, R=R, neox=neox, T=T, Hq=Hq, Hk=Hk, pos_dtype=pos_dtype,
+                                          dtype=torch.bfloat16, cache_dtype=torch.float32,
+                                          packed=(T == 129), full_width=False))
+    # dtype / cache / layout variants on FLUX-like rows
+    for dtype in (torch.bfloat16, torch.float16):
+        for cache_dtype in (torch.float32, dtype):
+            for full_width in (False, True):
+                for neox in (False, True):
+                    cases.append(dict(D=128, R=128, neox=neox, T=257, Hq=28, Hk=28, pos_dtype=torch.int64,
+                                      dtype=dtype, cache_dtype=cache_dtype, packed=True, full_width=full_width))
+    summary = {}
+    for c in cases:
+        q, k, wq, wk, cache, pos, _ = make_inputs(c["T"], c["Hq"], c["Hk"], c["D"], c["R"], c["cache_dtype"],
+                                                  c["pos_dtype"], c["dtype"], c["packed"], c["full_width"], gen)
+        eps = 1e-6
+        ref_q, ref_k = eager_chain(q, k, wq, wk, cache, pos, c["R"], c["neox"], eps, c["full_width"])
+        for rounding in ("rounded", "fp32"):
+            for backend in ("jit", "aot"):
+                qq, kk = q.clone(), k.clone()
+                if c["packed"]:  # keep the packed layout: run on views of a fresh packed copy
+                    qkv = torch.empty(c["T"], (c["Hq"] + 2 * c["Hk"]) * c["D"], device="cuda", dtype=c["dtype"])
+                    qkv.fill_(1.25)
+                    qq = qkv[:, : c["Hq"] * c["D"]].view(c["T"], c["Hq"], c["D"])
+                    kk = qkv[:, c["Hq"] * c["D"]: (c["Hq"] + c["Hk"]) * c["D"]].view(c["T"], c["Hk"], c["D"])
+                    qq.copy_(q)
+                    kk.copy_(k)
+                try:
+                    impl = dt.qknorm_rope(qq, kk, wq, wk, cache, pos, neox=c["neox"], eps=eps,
+                                          rope_dim=c["R"], full_width=c["full_width"], rounding=rounding,
+                                          backend=backend, quality="high")
+                except RuntimeError as e:
+                    if backend == "aot" and "no prebuilt" in str(e):
+                        continue
+                    raise
+                torch.cuda.synchronize()
+                if c["packed"]:
+                    v = qkv[:, (c["Hq"] + c["Hk"]) * c["D"]:]
+                    assert bool((v == 1.25).all()), "the V part of the packed QKV was written"
+                exact = torch.equal(qq, ref_q) and torch.equal(kk, ref_k)
+                n = qq.numel() + kk.numel()
+                differ = int((qq != ref_q).sum().item() + (kk != ref_k).sum().item())
+                ulps = max(ulp_diff(qq, ref_q), ulp_diff(kk, ref_k))
+                key = (rounding, backend)
+                s = summary.setdefault(key, dict(cases=0, exact=0, differ=0, elems=0, max_ulp=0))
+                s["cases"] += 1
+                s["exact"] += int(exact)
+                s["differ"] += differ
+                s["elems"] += n
+                s["max_ulp"] = max(s["max_ulp"], ulps)
+                row = dict(kind="verify", impl=impl, rounding=rounding,
+                           case={kk2: (str(v2) if not isinstance(v2, (int, bool)) else v2) for kk2, v2 in c.items()},
+                           torch_equal=exact, differ_fraction=differ / n, max_ulp=ulps)
+                out_rows.append(row)
+                if rounding == "rounded" and not exact:
+                    print("MISMATCH", impl, row["case"], f"differ {differ}/{n} max_ulp {ulps}", flush=True)
+    print("\nverification against the eager chain (torch.equal per case):")
+    print(f"{'rounding':9s} {'backend':8s} {'cases':>6s} {'equal':>6s} {'differ%':>9s} {'max ulp':>8s}")
+    ok = True
+    for (rounding, backend), s in sorted(summary.items()):
+        print(f"{rounding:9s} {backend:8s} {s['cases']:6d} {s['exact']:6d} {100 * s['differ'] / max(s['elems'], 1):9.4f} {s['max_ulp']:8d}")
+        if rounding == "rounded" and s["exact"] != s["cases"]:
+            ok = False
+    return ok, summary
+
+
+def graph_and_streams(dt, rows):
+    """CUDA-graph capture/replay with mutated inputs, a non-default stream, host overhead."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    T, H, D, R = 4608, 24, 128, 128
+    q, k, wq, wk, cache, pos, _ = make_inputs(T, H, H, D, R, torch.float32, torch.int64, torch.bfloat16, False, False, gen)
+    q0, k0 = q.clone(), k.clone()
+    dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=False)  # warm: resolve outside the capture
+    q.copy_(q0)
+    k.copy_(k0)
+    s = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=s):
+        dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=False, stream=s.cuda_stream)
+    results = {}
+    for trial in range(3):
+        new_q = torch.randn(q.shape, device="cuda", generator=gen).to(q.dtype)
+        new_k = torch.randn(k.shape, device="cuda", generator=gen).to(k.dtype)
+        q.copy_(new_q)
+        k.copy_(new_k)
+        g.replay()
+        torch.cuda.synchronize()
+        rq, rk = eager_chain(new_q, new_k, wq, wk, cache, pos, R, False, 1e-6)
+        results[f"graph_replay_{trial}_equal"] = torch.equal(q, rq) and torch.equal(k, rk)
+    # Non-default stream, ordered after work queued on it.
+    q.copy_(q0)
+    k.copy_(k0)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        q.mul_(1.0)
+        dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=False, stream=s.cuda_stream)
+    s.synchronize()
+    rq, rk = eager_chain(q0, k0, wq, wk, cache, pos, R, False, 1e-6)
+    results["side_stream_equal"] = torch.equal(q, rq) and torch.equal(k, rk)
+    # Host overhead of one call through the C ABI (ctypes marshalling included), tiny problem.
+    qs, ks = q[:1].clone(), k[:1].clone()
+    for _ in range(100):
+        dt.qknorm_rope(qs, ks, wq, wk, cache, pos[:1], neox=False)
+    torch.cuda.synchronize()
+    n = 2000
+    t0 = time.perf_counter()
+    for _ in range(n):
+        dt.qknorm_rope(qs, ks, wq, wk, cache, pos[:1], neox=False)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    results["host_us_per_call_ctypes"] = round((t1 - t0) / n * 1e6, 2)
+    print("graph / streams / overhead:", results)
+    rows.append(dict(kind="graph_streams", **results))
+    return all(v for kk, v in results.items() if kk.endswith("_equal"))
+
+
+# ---------------------------------------------------------------- benchmark
+
+CASES = [
+    ("FLUX.1 1024px (4608 tok, 24h)", 4608, 24, 24, 128, 128, False),
+    ("Qwen-Image 1328px (6912 tok, 24h)", 6912, 24, 24, 128, 128, True),
+    ("Z-Image (4096 tok, 30h)", 4096, 30, 30, 128, 128, False),
+    ("HunyuanVideo 720p (~30k tok, 24h)", 30000, 24, 24, 128, 128, True),
+    ("Wan-like 480p (32760 tok, 40h)", 32760, 40, 40, 128, 128, True),
+    ("GQA 32q/8kv hd128 (8192 tok)", 8192, 32, 8, 128, 128, True),
+    ("partial rope hd128 r64 (8192 tok)", 8192, 32, 8, 128, 64, True),
+    ("small: 256 tok 24h", 256, 24, 24, 128, 128, False),
+]
+
+
+def bench(fn, reps=200):
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median") * 1e3
+
+
+def rms_manual(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def chain_for_compile(q, k, wq, wk, cache, pos, R, neox, eps=1e-6):
+    cos, sin = full_cos_sin(cache, pos, R, neox, False)
+    D = q.shape[-1]
+    return (rope_eager(rms_manual(q, wq, eps), cos, sin, R, neox, False),
+            rope_eager(rms_manual(k, wk, eps), cos, sin, R, neox, False))
+
+
+def run_bench(dt, rows, meta):
+    compiled = torch.compile(chain_for_compile, dynamic=False)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2)
+    print(f"\n{'case':36s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    for name, T, Hq, Hk, D, R, neox in CASES:
+        q, k, wq, wk, cache, pos, _ = make_inputs(T, Hq, Hk, D, R, torch.float32, torch.int64, torch.bfloat16,
+                                                  False, False, gen)
+        nbytes = 2 * (q.numel() + k.numel()) * 2 + T * R * 4 + T * 8 + 2 * D * 2
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy_us = bench(lambda: dst.copy_(src))
+
+        def rec(impl, us):
+            gbs = nbytes / (us * 1e-6) / 1e9
+            print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+            rows.append(dict(kind="bench", op="qknorm_rope", case=name, impl=impl, us=round(us, 3),
+                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), **meta))
+
+        rec("device_copy", copy_us)
+        for backend in ("aot", "jit"):
+            try:
+                dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=neox, rope_dim=R, backend=backend)
+            except RuntimeError:
+                continue
+            rec(f"ditops:{backend}", bench(lambda: dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=neox,
+                                                                  rope_dim=R, backend=backend)))
+        rec("torch_eager", bench(lambda: eager_chain(q, k, wq, wk, cache, pos, R, neox, 1e-6)))
+        try:
+            rec("torch_compile", bench(lambda: compiled(q, k, wq, wk, cache, pos, R, neox)))
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            print("torch.compile failed:", repr(e)[:200])
+        del q, k, src, dst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--skip-bench", action="store_true")
+    a = ap.parse_args()
+    dt = Ditops(a.lib)
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
+                torch=torch.__version__)
+    rows = []
+    ok_verify, _ = verify(dt, rows)
+    ok_graph = graph_and_streams(dt, rows)
+    if not a.skip_bench:
+        run_bench(dt, rows, meta)
+    for r in rows:
+        r.update({k: v for k, v in meta.items() if k not in r})
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("wrote", a.json)
+    print("VERIFY", "PASS" if ok_verify else "FAIL", "GRAPH", "PASS" if ok_graph else "FAIL")
+    return 0 if (ok_verify and ok_graph) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

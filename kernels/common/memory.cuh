@@ -1,0 +1,121 @@
+// Loads and stores of N consecutive elements: one vector access of N*sizeof(T) bytes (<= 16)
+// when the caller has proven the alignment, element by element otherwise. Written in PTX so the
+// access width does not depend on what the compiler infers from types.
+#pragma once
+
+#include "common/types.cuh"
+
+namespace ditops::kernel {
+
+template <int Bytes>
+struct alignas(Bytes) Word {
+  u32 w[Bytes / 4];
+};
+
+// kReadOnly: the data is never written during the kernel (weights, caches), so the
+// non-coherent read-only path may serve it.
+template <int Bytes, bool kReadOnly>
+__device__ __forceinline__ Word<Bytes> load_word(const void* p) {
+  Word<Bytes> out;
+  if constexpr (Bytes == 16) {
+    if constexpr (kReadOnly)
+      asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
+    else
+      asm volatile("ld.global.v4.u32 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
+  } else if constexpr (Bytes == 8) {
+    if constexpr (kReadOnly)
+      asm volatile("ld.global.nc.v2.u32 {%0,%1}, [%2];" : "=r"(out.w[0]), "=r"(out.w[1]) : "l"(p));
+    else
+      asm volatile("ld.global.v2.u32 {%0,%1}, [%2];" : "=r"(out.w[0]), "=r"(out.w[1]) : "l"(p));
+  } else {
+    static_assert(Bytes == 4, "vector access of 4, 8 or 16 bytes");
+    if constexpr (kReadOnly)
+      asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(out.w[0]) : "l"(p));
+    else
+      asm volatile("ld.global.u32 %0, [%1];" : "=r"(out.w[0]) : "l"(p));
+  }
+  return out;
+}
+
+template <int Bytes>
+__device__ __forceinline__ void store_word(void* p, const Word<Bytes>& v) {
+  if constexpr (Bytes == 16)
+    asm volatile("st.global.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]),
+                 "r"(v.w[2]), "r"(v.w[3])
+                 : "memory");
+  else if constexpr (Bytes == 8)
+    asm volatile("st.global.v2.u32 [%0], {%1,%2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+  else
+    asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v.w[0]) : "memory");
+}
+
+// Element i of a vector word, and back (T is a 2-byte storage type or float).
+template <typename T, int Bytes>
+__device__ __forceinline__ T word_element(const Word<Bytes>& w, int i) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(w.w[i]);
+  } else {
+    static_assert(sizeof(T) == 2, "2- or 4-byte elements");
+    T out;
+    out.bits = static_cast<unsigned short>(w.w[i / 2] >> (16 * (i % 2)));
+    return out;
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void elements_to_word(const T (&src)[N], Word<N * sizeof(T)>& w) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w.w[i] = __float_as_uint(src[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i)
+      w.w[i] = static_cast<u32>(src[2 * i].bits) | (static_cast<u32>(src[2 * i + 1].bits) << 16);
+  }
+}
+
+template <typename T, int N, bool kAligned, bool kReadOnly>
+__device__ __forceinline__ void load_elements(const T* src, T (&dst)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes <= 16, "one access moves at most 16 bytes");
+  if constexpr (kAligned && kBytes >= 4) {
+    const Word<kBytes> word = load_word<kBytes, kReadOnly>(src);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = word_element<T>(word, i);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+  }
+}
+
+template <typename T, int N, bool kAligned>
+__device__ __forceinline__ void store_elements(T* dst, const T (&src)[N]) {
+  constexpr int kBytes = N * static_cast<int>(sizeof(T));
+  static_assert(kBytes <= 16, "one access moves at most 16 bytes");
+  if constexpr (kAligned && kBytes >= 4) {
+    Word<kBytes> word;
+    elements_to_word(src, word);
+    store_word<kBytes>(dst, word);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = src[i];
+  }
+}
+
+// Programmatic dependent launch: wait for the grid this one depends on before the first read of
+// its outputs, and let the next grid start its prologue once our last store is issued. Both are
+// no-ops when the launch did not enable PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace ditops::kernel

@@ -1,0 +1,56 @@
+// Scalar types and exact conversions for device code. No CUDA headers: the kernels compile under
+// NVRTC with nothing but the embedded sources, and under nvcc unchanged.
+#pragma once
+
+namespace ditops::kernel {
+
+using i32 = int;
+using i64 = long long;
+using u32 = unsigned int;
+using u64 = unsigned long long;
+
+// 16-bit floating-point storage; arithmetic is always done in fp32.
+struct bf16 {
+  unsigned short bits;
+};
+struct f16 {
+  unsigned short bits;
+};
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __int_as_float(static_cast<int>(static_cast<u32>(x.bits) << 16));  // exact
+}
+__device__ __forceinline__ float to_float(f16 x) {
+  float out;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(out) : "h"(x.bits));  // exact
+  return out;
+}
+
+// Round-to-nearest-even conversion of an fp32 value to T (NaN stays NaN, overflow to inf).
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  bf16 out;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out.bits) : "f"(x));
+  return out;
+}
+template <>
+__device__ __forceinline__ f16 from_float<f16>(float x) {
+  f16 out;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out.bits) : "f"(x));
+  return out;
+}
+
+// x rounded to T and back: the value a 16-bit store followed by a reload would give.
+template <typename T>
+__device__ __forceinline__ float round_to(float x) {
+  return to_float(from_float<T>(x));
+}
+
+}  // namespace ditops::kernel

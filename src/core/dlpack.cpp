@@ -1,0 +1,115 @@
+#include "ditops/dlpack.h"
+
+#include <string>
+
+namespace ditops {
+
+namespace {
+
+bool dtype_from_dlpack(DLDataType t, DType* out) {
+  if (t.code == kDLFloat && t.bits == 32 && t.lanes == 1) return *out = DType::f32, true;
+  if (t.code == kDLFloat && t.bits == 16 && t.lanes == 1) return *out = DType::f16, true;
+  if (t.code == kDLBfloat && t.bits == 16 && t.lanes == 1) return *out = DType::bf16, true;
+  if (t.code == kDLFloat8_e4m3fn && t.bits == 8) return *out = DType::f8e4m3fn, true;
+  if (t.code == kDLFloat8_e5m2 && t.bits == 8) return *out = DType::f8e5m2, true;
+  if (t.code == kDLFloat4_e2m1fn && ((t.bits == 4 && t.lanes == 2) || t.bits == 8))
+    return *out = DType::fp4e2m1x2, true;
+  if (t.code == kDLUInt && t.bits == 8 && t.lanes == 1) return *out = DType::u8, true;
+  if (t.code == kDLInt && t.bits == 32 && t.lanes == 1) return *out = DType::i32, true;
+  if (t.code == kDLInt && t.bits == 64 && t.lanes == 1) return *out = DType::i64, true;
+  return false;
+}
+
+struct ManagedHolder {
+  DLManagedTensorVersioned managed;
+  int64_t shape[kMaxRank];
+  int64_t strides[kMaxRank];
+};
+
+void delete_holder(DLManagedTensorVersioned* self) {
+  delete static_cast<ManagedHolder*>(self->manager_ctx);
+}
+
+}  // namespace
+
+DLDataType to_dlpack_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return {kDLFloat, 32, 1};
+    case DType::f16: return {kDLFloat, 16, 1};
+    case DType::bf16: return {kDLBfloat, 16, 1};
+    case DType::f8e4m3fn: return {kDLFloat8_e4m3fn, 8, 1};
+    case DType::f8e5m2: return {kDLFloat8_e5m2, 8, 1};
+    case DType::fp4e2m1x2: return {kDLFloat4_e2m1fn, 4, 2};
+    case DType::u8: return {kDLUInt, 8, 1};
+    case DType::i32: return {kDLInt, 32, 1};
+    case DType::i64: return {kDLInt, 64, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+TensorView from_dlpack(const DLTensor& tensor) {
+  TensorView view;
+  if (tensor.ndim < 0 || tensor.ndim > kMaxRank)
+    throw Error("from_dlpack: rank " + std::to_string(tensor.ndim) + " is outside [0, " +
+                std::to_string(kMaxRank) + "]");
+  if (!dtype_from_dlpack(tensor.dtype, &view.dtype))
+    throw Error("from_dlpack: unsupported dtype (code " + std::to_string(tensor.dtype.code) +
+                ", bits " + std::to_string(tensor.dtype.bits) + ", lanes " +
+                std::to_string(tensor.dtype.lanes) + ")");
+  switch (tensor.device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:
+      view.device = {DeviceKind::cpu, 0};
+      break;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+      view.device = {DeviceKind::cuda, tensor.device.device_id};
+      break;
+    default:
+      throw Error("from_dlpack: unsupported device type " +
+                  std::to_string(tensor.device.device_type));
+  }
+  view.rank = tensor.ndim;
+  view.data = static_cast<char*>(tensor.data) + tensor.byte_offset;
+  int64_t compact = 1;
+  for (int i = view.rank - 1; i >= 0; --i) {
+    view.shape[i] = tensor.shape[i];
+    view.strides[i] = tensor.strides ? tensor.strides[i] : compact;
+    compact *= tensor.shape[i];
+  }
+  return view;
+}
+
+TensorView from_dlpack(const DLManagedTensorVersioned& tensor, bool writable) {
+  if (tensor.version.major != 1)
+    throw Error("from_dlpack: DLPack major version " + std::to_string(tensor.version.major) +
+                " is not supported (expected 1)");
+  if (writable && (tensor.flags & DLPACK_FLAG_BITMASK_READ_ONLY))
+    throw Error("from_dlpack: the tensor is read-only but the op writes to it");
+  return from_dlpack(tensor.dl_tensor);
+}
+
+DLManagedTensorVersioned* to_dlpack_versioned(const TensorView& view) {
+  auto* holder = new ManagedHolder{};
+  for (int i = 0; i < view.rank; ++i) {
+    holder->shape[i] = view.shape[i];
+    holder->strides[i] = view.strides[i];
+  }
+  DLManagedTensorVersioned& m = holder->managed;
+  m.version = {1, 0};
+  m.manager_ctx = holder;
+  m.deleter = delete_holder;
+  m.flags = 0;
+  m.dl_tensor.data = view.data;
+  m.dl_tensor.device = view.device.kind == DeviceKind::cpu
+                           ? DLDevice{kDLCPU, 0}
+                           : DLDevice{kDLCUDA, view.device.index};
+  m.dl_tensor.ndim = view.rank;
+  m.dl_tensor.dtype = to_dlpack_dtype(view.dtype);
+  m.dl_tensor.shape = holder->shape;
+  m.dl_tensor.strides = holder->strides;
+  m.dl_tensor.byte_offset = 0;
+  return &m;
+}
+
+}  // namespace ditops

@@ -1,0 +1,133 @@
+#include "core/matcher.h"
+
+#include <cstdio>
+
+namespace ditops {
+
+namespace {
+std::string dtype_list(std::initializer_list<DType> allowed) {
+  std::string out;
+  size_t i = 0;
+  for (DType d : allowed) {
+    out += (i == 0 ? "" : i + 1 == allowed.size() ? " or " : ", ");
+    out += dtype_name(d);
+    ++i;
+  }
+  return out;
+}
+}  // namespace
+
+void Matcher::fail(const std::string& message) const { throw Error(op_ + ": " + message); }
+
+void Matcher::bind(const std::string& symbol, int64_t value, const std::string& origin) {
+  sizes_[symbol] = {value, origin};
+}
+
+std::optional<int64_t> Matcher::value(const std::string& symbol) const {
+  auto it = sizes_.find(symbol);
+  if (it == sizes_.end()) return std::nullopt;
+  return it->second.value;
+}
+
+void TensorMatch::check_dim(const Dim& d, int64_t actual, const std::string& where) {
+  switch (d.kind) {
+    case Dim::Kind::any:
+      return;
+    case Dim::Kind::literal:
+      if (actual != d.value)
+        m_.fail(where + " must be " + std::to_string(d.value) + " but is " + std::to_string(actual));
+      return;
+    case Dim::Kind::symbol: {
+      auto it = m_.sizes_.find(d.symbol);
+      if (it == m_.sizes_.end()) {
+        m_.sizes_[d.symbol] = {actual, where};
+      } else if (it->second.value != actual) {
+        m_.fail(where + " must equal " + d.symbol + "=" + std::to_string(it->second.value) +
+                " (bound by " + it->second.origin + ") but is " + std::to_string(actual));
+      }
+      return;
+    }
+  }
+}
+
+TensorMatch& TensorMatch::rank(int expected) {
+  if (t_.rank != expected)
+    m_.fail(name_ + " must have rank " + std::to_string(expected) + " but has rank " +
+            std::to_string(t_.rank) + " (" + t_.describe() + ")");
+  return *this;
+}
+
+TensorMatch& TensorMatch::shape(std::initializer_list<Dim> dims) {
+  rank(static_cast<int>(dims.size()));
+  int i = 0;
+  for (const Dim& d : dims) {
+    check_dim(d, t_.shape[i], name_ + ".shape[" + std::to_string(i) + "]");
+    ++i;
+  }
+  return *this;
+}
+
+TensorMatch& TensorMatch::strides(std::initializer_list<Dim> dims) {
+  rank(static_cast<int>(dims.size()));
+  int i = 0;
+  for (const Dim& d : dims) {
+    // A stride of an extent-1 dimension is never used to address memory: accept any value,
+    // as PyTorch does for contiguity.
+    if (t_.shape[i] != 1) check_dim(d, t_.strides[i], name_ + ".stride(" + std::to_string(i) + ")");
+    ++i;
+  }
+  return *this;
+}
+
+TensorMatch& TensorMatch::dtype(std::initializer_list<DType> allowed) {
+  for (DType d : allowed)
+    if (d == t_.dtype) return *this;
+  m_.fail(name_ + ".dtype must be " + dtype_list(allowed) + " but is " + dtype_name(t_.dtype));
+}
+
+TensorMatch& TensorMatch::dtype_as(const std::string& symbol, std::initializer_list<DType> allowed) {
+  auto it = m_.dtypes_.find(symbol);
+  if (it == m_.dtypes_.end()) {
+    if (allowed.size()) dtype(allowed);
+    m_.dtypes_[symbol] = {t_.dtype, name_};
+  } else if (it->second.dtype != t_.dtype) {
+    m_.fail(name_ + ".dtype must be " + dtype_name(it->second.dtype) + " (as " + it->second.origin +
+            ") but is " + dtype_name(t_.dtype));
+  }
+  return *this;
+}
+
+TensorMatch& TensorMatch::device_kind(DeviceKind kind) {
+  if (t_.device.kind != kind)
+    m_.fail(name_ + " must be on " + (kind == DeviceKind::cpu ? "the cpu" : "a cuda device") +
+            " but is on " + device_name(t_.device));
+  return *this;
+}
+
+TensorMatch& TensorMatch::same_device(const std::string& symbol) {
+  auto it = m_.devices_.find(symbol);
+  if (it == m_.devices_.end()) {
+    m_.devices_[symbol] = {t_.device, name_};
+  } else if (it->second.device != t_.device) {
+    m_.fail(name_ + ".device must be " + device_name(it->second.device) + " (as " +
+            it->second.origin + ") but is " + device_name(t_.device));
+  }
+  return *this;
+}
+
+TensorMatch& TensorMatch::aligned(int bytes) {
+  const auto address = reinterpret_cast<uintptr_t>(t_.data);
+  if (address % bytes != 0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%#llx", static_cast<unsigned long long>(address));
+    m_.fail(name_ + ".data must be " + std::to_string(bytes) + "-byte aligned but is at " + buf);
+  }
+  return *this;
+}
+
+TensorMatch& TensorMatch::contiguous() {
+  if (!t_.is_contiguous()) m_.fail(name_ + " must be contiguous but is " + t_.describe());
+  return *this;
+}
+
+}  // namespace ditops

@@ -1,0 +1,89 @@
+// Argument matching in the spirit of SGLang's TensorMatcher: symbolic sizes, strides, dtypes and
+// devices are bound at first use and checked after; every failure throws ditops::Error naming
+// the op, the tensor, the dimension, the expected and the actual value, e.g.
+//   qknorm_rope: k.shape[2] must equal D=128 (bound by q.shape[2]) but is 96
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ditops/tensor.h"
+
+namespace ditops {
+
+// One dimension (or stride) of a pattern: a literal, a symbol name, or anything.
+struct Dim {
+  enum class Kind : uint8_t { literal, symbol, any } kind;
+  int64_t value = 0;
+  std::string symbol;
+  Dim(int value) : kind(Kind::literal), value(value) {}            // NOLINT: patterns read best
+  Dim(int64_t value) : kind(Kind::literal), value(value) {}        // NOLINT  as literals
+  Dim(const char* name) : kind(Kind::symbol), symbol(name) {}      // NOLINT  and names
+  static Dim anything() { return Dim(Kind::any); }
+
+ private:
+  explicit Dim(Kind k) : kind(k) {}
+};
+
+class Matcher;
+
+class TensorMatch {
+ public:
+  TensorMatch& rank(int expected);
+  TensorMatch& shape(std::initializer_list<Dim> dims);     // also checks the rank
+  TensorMatch& strides(std::initializer_list<Dim> dims);   // Dim::anything() for a free stride
+  TensorMatch& dtype(std::initializer_list<DType> allowed);
+  // The dtype must equal the one bound to `symbol` (binding it, restricted to `allowed`, on
+  // first use).
+  TensorMatch& dtype_as(const std::string& symbol, std::initializer_list<DType> allowed = {});
+  TensorMatch& device_kind(DeviceKind kind);
+  // All tensors naming `symbol` must be on one device.
+  TensorMatch& same_device(const std::string& symbol);
+  TensorMatch& aligned(int bytes);  // the data pointer
+  TensorMatch& contiguous();
+
+ private:
+  friend class Matcher;
+  TensorMatch(Matcher& m, const TensorView& t, std::string name) : m_(m), t_(t), name_(std::move(name)) {}
+  void check_dim(const Dim& d, int64_t actual, const std::string& where);
+  Matcher& m_;
+  const TensorView& t_;
+  std::string name_;
+};
+
+class Matcher {
+ public:
+  explicit Matcher(std::string op) : op_(std::move(op)) {}
+  TensorMatch tensor(const std::string& name, const TensorView& t) { return TensorMatch(*this, t, name); }
+  // Bind a symbol up front (e.g. D from an option) so tensors are checked against it.
+  void bind(const std::string& symbol, int64_t value, const std::string& origin);
+  std::optional<int64_t> value(const std::string& symbol) const;
+  [[noreturn]] void fail(const std::string& message) const;
+  const std::string& op() const { return op_; }
+
+ private:
+  friend class TensorMatch;
+  struct Bound {
+    int64_t value;
+    std::string origin;
+  };
+  struct BoundDType {
+    DType dtype;
+    std::string origin;
+  };
+  struct BoundDevice {
+    Device device;
+    std::string origin;
+  };
+  std::string op_;
+  std::map<std::string, Bound> sizes_;
+  std::map<std::string, BoundDType> dtypes_;
+  std::map<std::string, BoundDevice> devices_;
+};
+
+}  // namespace ditops

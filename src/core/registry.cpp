@@ -1,0 +1,403 @@
+#include "ditops/registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "core/builtin_ops.h"
+
+namespace ditops {
+
+// ---------------------------------------------------------------- names
+
+namespace {
+constexpr std::pair<Provenance, const char*> kProvenanceNames[] = {
+    {Provenance::kda, "kda"},       {Provenance::aot, "aot"},
+    {Provenance::jit, "jit"},       {Provenance::vendor, "vendor"},
+    {Provenance::reference, "reference"},
+};
+constexpr std::pair<Quality, const char*> kQualityNames[] = {
+    {Quality::lossless, "lossless"}, {Quality::high, "high"}, {Quality::extra_high, "extra-high"}};
+}  // namespace
+
+const char* provenance_name(Provenance provenance) {
+  for (const auto& [p, name] : kProvenanceNames)
+    if (p == provenance) return name;
+  return "?";
+}
+
+bool parse_provenance(const std::string& name, Provenance* out) {
+  for (const auto& [p, n] : kProvenanceNames)
+    if (name == n) return *out = p, true;
+  return false;
+}
+
+const char* quality_name(Quality quality) {
+  for (const auto& [q, name] : kQualityNames)
+    if (q == quality) return name;
+  return "?";
+}
+
+bool parse_quality(const std::string& name, Quality* out) {
+  for (const auto& [q, n] : kQualityNames)
+    if (name == n) return *out = q, true;
+  if (name == "extra_high") return *out = Quality::extra_high, true;
+  return false;
+}
+
+std::string feature_names(uint32_t features) {
+  std::string out;
+  auto add = [&](uint32_t bit, const char* name) {
+    if (features & bit) out += std::string(out.empty() ? "" : "+") + name;
+  };
+  add(kFeatureNvrtc, "nvrtc");
+  add(kFeaturePdl, "pdl");
+  add(kFeatureFp4Convert, "fp4cvt");
+  return out;
+}
+
+bool Capability::admits(const DeviceInfo& info) const {
+  if (info.device.kind != kind) return false;
+  if (kind == DeviceKind::cuda && (info.sm < sm_min || info.sm > sm_max)) return false;
+  return (info.features & required_features) == required_features;
+}
+
+std::string Capability::describe() const {
+  std::string out = kind == DeviceKind::cpu ? "cpu" : "cuda";
+  if (kind == DeviceKind::cuda) {
+    out += " sm_" + std::to_string(sm_min);
+    out += sm_max >= (1 << 20) ? "+" : "..sm_" + std::to_string(sm_max);
+  }
+  if (required_features) out += " +" + feature_names(required_features);
+  return out;
+}
+
+std::string Contract::describe() const {
+  if (kind == Kind::bit_exact) return "bit_exact vs " + oracle;
+  return "close vs " + oracle + " (" + bounds + ")";
+}
+
+// ---------------------------------------------------------------- config and warnings
+
+namespace {
+
+std::mutex& config_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+Config read_config() {
+  Config c;
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (std::string v = env("DITOPS_FORCE_BACKEND"); !v.empty()) {
+    Provenance p;
+    if (parse_provenance(v, &p))
+      c.force_backend = p;
+    else
+      c.problems.push_back("DITOPS_FORCE_BACKEND=" + v +
+                           " is not a backend (kda, aot, jit, vendor, reference); ignored");
+  }
+  if (std::string v = env("DITOPS_QUALITY"); !v.empty()) {
+    if (!parse_quality(v, &c.quality))
+      c.problems.push_back("DITOPS_QUALITY=" + v +
+                           " is not a quality (lossless, high, extra-high); using lossless");
+  }
+  std::stringstream items(env("DITOPS_DISABLE"));
+  for (std::string item; std::getline(items, item, ',');) {
+    if (item.empty()) continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos) {
+      c.disabled.emplace_back(item, std::nullopt);
+      continue;
+    }
+    Provenance p;
+    if (parse_provenance(item.substr(colon + 1), &p))
+      c.disabled.emplace_back(item.substr(0, colon), p);
+    else
+      c.problems.push_back("DITOPS_DISABLE entry '" + item + "' names no backend; ignored");
+  }
+  c.jit_verbose = env("DITOPS_JIT_VERBOSE") == "1";
+  c.cache_dir = env("DITOPS_CACHE_DIR");
+  if (c.cache_dir.empty()) {
+    std::string xdg = env("XDG_CACHE_HOME");
+    std::string home = env("HOME");
+    c.cache_dir = !xdg.empty() ? xdg + "/ditops" : (!home.empty() ? home + "/.cache/ditops" : "/tmp/ditops-cache");
+  }
+  return c;
+}
+
+Config* g_config = nullptr;
+
+struct WarningState {
+  std::mutex mutex;
+  std::set<std::string> seen;
+  std::function<void(const std::string&)> sink;
+};
+WarningState& warnings() {
+  static WarningState w;
+  return w;
+}
+
+}  // namespace
+
+const Config& config() {
+  std::lock_guard<std::mutex> lock(config_mutex());
+  if (!g_config) g_config = new Config(read_config());
+  return *g_config;
+}
+
+void reload_config() {
+  std::lock_guard<std::mutex> lock(config_mutex());
+  Config* fresh = new Config(read_config());
+  // The old object may still be referenced by a caller mid-dispatch; it is leaked on purpose
+  // (reloads are rare: tests and the CLI).
+  g_config = fresh;
+}
+
+void warn_once(const std::string& key, const std::string& message) {
+  auto& w = warnings();
+  std::function<void(const std::string&)> sink;
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    if (!w.seen.insert(key).second) return;
+    sink = w.sink;
+  }
+  if (sink)
+    sink(message);
+  else
+    std::fprintf(stderr, "[ditops] warning: %s\n", message.c_str());
+}
+
+void set_warning_sink(std::function<void(const std::string&)> sink) {
+  std::lock_guard<std::mutex> lock(warnings().mutex);
+  warnings().sink = std::move(sink);
+}
+
+void reset_warnings() {
+  std::lock_guard<std::mutex> lock(warnings().mutex);
+  warnings().seen.clear();
+}
+
+// ---------------------------------------------------------------- registry
+
+struct Registry::State {
+  std::vector<std::unique_ptr<KernelSpec>> specs;
+  mutable std::mutex failure_mutex;
+  std::map<std::string, std::string> failures;  // key -> first failure message
+};
+
+Registry::Registry() : state_(std::make_unique<State>()) {}
+Registry::~Registry() = default;
+
+Registry& Registry::global() {
+  static Registry* registry = [] {
+    auto* r = new Registry();
+    register_builtin_ops(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+void Registry::add(KernelSpec spec) {
+  if (!spec.predicate || !spec.run)
+    throw Error("Registry::add: " + spec.name + " needs a predicate and a run function");
+  for (const auto& s : state_->specs)
+    if (s->name == spec.name) throw Error("Registry::add: " + spec.name + " is already registered");
+  state_->specs.push_back(std::make_unique<KernelSpec>(std::move(spec)));
+}
+
+std::vector<const KernelSpec*> Registry::list(const std::string& op) const {
+  std::vector<const KernelSpec*> out;
+  for (const auto& s : state_->specs)
+    if (op.empty() || s->op == op) out.push_back(s.get());
+  // Priority order, registration order within one provenance.
+  std::stable_sort(out.begin(), out.end(), [](const KernelSpec* a, const KernelSpec* b) {
+    if (a->op != b->op) return false;
+    return a->provenance < b->provenance;
+  });
+  return out;
+}
+
+std::vector<std::string> Registry::ops() const {
+  std::vector<std::string> out;
+  for (const auto& s : state_->specs)
+    if (std::find(out.begin(), out.end(), s->op) == out.end()) out.push_back(s->op);
+  return out;
+}
+
+namespace {
+
+std::string failure_key(const DeviceInfo& device, const KernelSpec& spec, const std::string& key) {
+  return device_name(device.device) + "|" + spec.op + "|" + provenance_name(spec.provenance) +
+         "|" + spec.name + "|" + key;
+}
+
+bool is_disabled(const Config& c, const KernelSpec& spec) {
+  for (const auto& [op, backend] : c.disabled)
+    if (op == spec.op && (!backend || *backend == spec.provenance)) return true;
+  return false;
+}
+
+}  // namespace
+
+DispatchReport Registry::explain(const std::string& op, const void* call, const DeviceInfo& device,
+                                 const DispatchOptions& options) const {
+  const Config& c = config();
+  for (const auto& problem : c.problems) warn_once("config:" + problem, problem);
+  const Quality quality = options.quality.value_or(c.quality);
+
+  DispatchReport report;
+  report.op = op;
+  report.device = device_name(device.device) +
+                  (device.device.kind == DeviceKind::cuda ? " (sm_" + std::to_string(device.sm) + ")" : "");
+  std::vector<const KernelSpec*> specs = list(op);
+  if (specs.empty()) throw Error("dispatch: no op named '" + op + "' is registered");
+
+  // Evaluate every candidate once.
+  struct Eval {
+    const KernelSpec* spec;
+    std::string refusal;  // "" = eligible
+    std::string key;
+  };
+  std::vector<Eval> evals;
+  for (const KernelSpec* spec : specs) {
+    Eval e{spec, "", spec->template_key ? spec->template_key(call) : ""};
+    if (report.template_key.empty()) report.template_key = e.key;
+    bool capable = spec->capabilities.empty();
+    for (const auto& cap : spec->capabilities) capable = capable || cap.admits(device);
+    if (!capable) {
+      std::string caps;
+      for (const auto& cap : spec->capabilities) caps += (caps.empty() ? "" : " | ") + cap.describe();
+      e.refusal = "not capable on " + report.device + " (needs " + caps + ")";
+    } else if (std::string why = spec->availability ? spec->availability() : ""; !why.empty()) {
+      e.refusal = "unavailable: " + why;
+    } else if (is_disabled(c, *spec)) {
+      e.refusal = "disabled by DITOPS_DISABLE";
+    } else if (spec->contract.kind == Contract::Kind::close && quality == Quality::lossless &&
+               spec->provenance != Provenance::reference) {
+      e.refusal = std::string("contract is close; quality ") + quality_name(quality) +
+                  " admits only bit_exact (set quality high)";
+    } else if (std::string why = spec->predicate(call); !why.empty()) {
+      e.refusal = why;
+    } else {
+      std::lock_guard<std::mutex> lock(state_->failure_mutex);
+      auto it = state_->failures.find(failure_key(device, *spec, e.key));
+      if (it != state_->failures.end()) e.refusal = "failed earlier for this key: " + it->second;
+    }
+    evals.push_back(e);
+  }
+
+  // Order: explicit backend (strict) > forced backend (best effort) > priority.
+  std::vector<const Eval*> order;
+  if (options.backend) {
+    for (const auto& e : evals)
+      if (e.spec->provenance == *options.backend) order.push_back(&e);
+  } else {
+    if (c.force_backend) {
+      for (const auto& e : evals)
+        if (e.spec->provenance == *c.force_backend && e.refusal.empty()) order.push_back(&e);
+      if (order.empty())
+        warn_once("force:" + op + ":" + provenance_name(*c.force_backend),
+                  std::string("DITOPS_FORCE_BACKEND=") + provenance_name(*c.force_backend) +
+                      " has no eligible implementation of " + op + "; using the default order");
+    }
+    for (const auto& e : evals)
+      if (std::find(order.begin(), order.end(), &e) == order.end()) order.push_back(&e);
+  }
+
+  for (const Eval* e : order) {
+    CandidateReport r;
+    r.name = e->spec->name;
+    r.provenance = e->spec->provenance;
+    r.eligible = e->refusal.empty();
+    if (r.eligible && !report.chosen) {
+      r.chosen = true;
+      report.chosen = e->spec;
+      r.reason = options.backend ? "requested explicitly"
+                 : (c.force_backend && *c.force_backend == e->spec->provenance)
+                     ? "forced by DITOPS_FORCE_BACKEND"
+                     : "highest-priority eligible";
+    } else if (r.eligible) {
+      r.reason = "eligible (lower priority)";
+    } else {
+      r.reason = e->refusal;
+    }
+    report.candidates.push_back(r);
+  }
+  if (options.backend) {
+    // Show the others too, so the table is complete.
+    for (const auto& e : evals)
+      if (e.spec->provenance != *options.backend)
+        report.candidates.push_back({e.spec->name, e.spec->provenance, false, false,
+                                     std::string("not the requested backend ") +
+                                         provenance_name(*options.backend)});
+  }
+  return report;
+}
+
+const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
+                                     const DeviceInfo& device, const DispatchOptions& options) {
+  DispatchReport report = explain(op, call, device, options);
+  if (!report.chosen) {
+    std::string msg = op + ": no eligible implementation on " + report.device;
+    if (options.backend) msg += " for the requested backend " + std::string(provenance_name(*options.backend));
+    for (const auto& c : report.candidates) msg += "\n  " + c.name + ": " + c.reason;
+    throw Error(msg);
+  }
+  for (const auto& cand : report.candidates) {
+    if (!cand.eligible) continue;
+    const KernelSpec* spec = nullptr;
+    for (const KernelSpec* s : list(op))
+      if (s->name == cand.name) spec = s;
+    try {
+      spec->run(call);
+      return *spec;
+    } catch (const std::exception& e) {
+      if (options.backend) throw;  // explicit requests are strict
+      const std::string key = spec->template_key ? spec->template_key(call) : "";
+      {
+        std::lock_guard<std::mutex> lock(state_->failure_mutex);
+        state_->failures.emplace(failure_key(device, *spec, key), e.what());
+      }
+      warn_once("failure:" + failure_key(device, *spec, key),
+                spec->name + " failed on " + report.device + " (key " + key + "): " + e.what() +
+                    "; falling back to the next implementation");
+    }
+  }
+  throw Error(op + ": every eligible implementation failed on " + report.device +
+              " (see the warnings above)");
+}
+
+size_t Registry::failure_count() const {
+  std::lock_guard<std::mutex> lock(state_->failure_mutex);
+  return state_->failures.size();
+}
+
+void Registry::clear_failures() {
+  std::lock_guard<std::mutex> lock(state_->failure_mutex);
+  state_->failures.clear();
+}
+
+std::string DispatchReport::format() const {
+  std::ostringstream out;
+  out << "op " << op << " on " << device;
+  if (!template_key.empty()) out << "  key " << template_key;
+  out << "\n";
+  size_t width = 4;
+  for (const auto& c : candidates) width = std::max(width, c.name.size());
+  for (const auto& c : candidates) {
+    out << (c.chosen ? "  * " : "    ") << c.name << std::string(width - c.name.size() + 2, ' ')
+        << (c.chosen ? "CHOSEN   " : c.eligible ? "eligible " : "refused  ") << c.reason << "\n";
+  }
+  if (!chosen) out << "  no eligible implementation\n";
+  return out.str();
+}
+
+}  // namespace ditops

@@ -1,0 +1,26 @@
+// What the JIT and the AOT build need to know about one kernel instance. Plain data with no
+// dependency on the driver, so the build-time AOT generator can use it too.
+#pragma once
+
+#include <string>
+
+namespace ditops::jit {
+
+// A __device__ function template of a kernel header instantiated with template arguments; it is
+// wrapped in an extern "C" __global__ entry taking the Params struct by value
+// (__grid_constant__). The JIT (NVRTC) and the AOT build (nvcc) compile the same wrapper.
+struct KernelRequest {
+  std::string header;         // "qknorm_rope.cuh"
+  std::string function;       // "ditops::qknorm_rope_body"
+  std::string template_args;  // "ditops::kernel::bf16, float, ..."
+  std::string params_type;    // "ditops::QkNormRopeParams"
+  int max_threads = 256;      // __launch_bounds__
+  std::string template_key;   // human-readable key, part of the cache key
+};
+
+// Source of the wrapper translation unit for `request`, with its entry named `entry_name`.
+std::string wrapper_source(const KernelRequest& request, const std::string& entry_name);
+// Only the entry definition (no #include), for concatenating several entries into one unit.
+std::string wrapper_entry(const KernelRequest& request, const std::string& entry_name);
+
+}  // namespace ditops::jit

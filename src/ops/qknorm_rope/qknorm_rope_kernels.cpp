@@ -1,0 +1,88 @@
+#include "ops/qknorm_rope/qknorm_rope_kernels.h"
+
+namespace ditops {
+
+const char* qk_rounding_name(QkRounding rounding) {
+  return rounding == QkRounding::rounded ? "rounded" : "fp32";
+}
+
+const char* qk_norm_order_name(QkNormOrder order) {
+  return order == QkNormOrder::aten ? "aten" : "warp";
+}
+
+std::string QkKernelKey::to_string() const {
+  return std::string(dtype_name(act)) + ",cache=" + dtype_name(cache) + ",pos=" + dtype_name(pos) +
+         ",D=" + std::to_string(head_dim) + ",R=" + std::to_string(rope_dim) +
+         (neox ? ",neox" : ",interleaved") + (full_width ? ",fullwidth" : ",compact") + "," +
+         qk_rounding_name(rounding) + "," + qk_norm_order_name(order) + (pdl ? ",pdl" : ",nopdl") +
+         (aligned ? ",vec16" : ",scalar");
+}
+
+uint64_t QkKernelKey::packed() const {
+  uint64_t v = static_cast<uint64_t>(act);
+  v = v * 16 + static_cast<uint64_t>(cache);
+  v = v * 16 + static_cast<uint64_t>(pos);
+  v = v * 512 + static_cast<uint64_t>(head_dim);
+  v = v * 512 + static_cast<uint64_t>(rope_dim);
+  v = v * 2 + neox;
+  v = v * 2 + full_width;
+  v = v * 2 + (rounding == QkRounding::rounded);
+  v = v * 2 + (order == QkNormOrder::aten);
+  v = v * 2 + pdl;
+  v = v * 2 + aligned;
+  return v;
+}
+
+namespace {
+const char* device_type(DType t) {
+  switch (t) {
+    case DType::bf16: return "ditops::kernel::bf16";
+    case DType::f16: return "ditops::kernel::f16";
+    case DType::f32: return "float";
+    case DType::i32: return "int";
+    case DType::i64: return "long long";
+    default: return "void";
+  }
+}
+const char* flag(bool b) { return b ? "true" : "false"; }
+}  // namespace
+
+jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
+  jit::KernelRequest r;
+  r.header = "qknorm_rope.cuh";
+  r.function = "ditops::qknorm_rope_body";
+  r.template_args = std::string(device_type(key.act)) + ", " + device_type(key.cache) + ", " +
+                    device_type(key.pos) + ", " + std::to_string(key.head_dim) + ", " +
+                    std::to_string(key.rope_dim) + ", " + flag(key.neox) + ", " +
+                    flag(key.full_width) + ", " + flag(key.rounding == QkRounding::rounded) + ", " +
+                    flag(key.order == QkNormOrder::aten) + ", " + flag(key.pdl) + ", " +
+                    flag(key.aligned);
+  r.params_type = "ditops::QkNormRopeParams";
+  r.max_threads = 256;
+  r.template_key = "qknorm_rope:" + key.to_string();
+  return r;
+}
+
+std::vector<QkKernelKey> qk_prebuilt_keys() {
+  std::vector<QkKernelKey> keys;
+  // FLUX.1 / Z-Image (interleaved) and Qwen-Image / HunyuanVideo / Wan (NeoX), head_dim 128,
+  // bf16 activations, fp32 [cos|sin] cache, int64 and int32 positions, both rounding modes.
+  for (DType pos : {DType::i64, DType::i32})
+    for (bool neox : {false, true})
+      for (QkRounding rounding : {QkRounding::rounded, QkRounding::fp32}) {
+        QkKernelKey k;
+        k.pos = pos;
+        k.neox = neox;
+        k.rounding = rounding;
+        keys.push_back(k);
+      }
+  QkKernelKey partial;  // partial rotary 128/64
+  partial.neox = true;
+  partial.rope_dim = 64;
+  keys.push_back(partial);
+  partial.neox = false;
+  keys.push_back(partial);
+  return keys;
+}
+
+}  // namespace ditops

@@ -1,0 +1,37 @@
+// The template key of the fused QK RMSNorm + RoPE kernel, the kernel request it maps to, and the
+// keys prebuilt at build time. Pure data: shared by the op and the AOT generator.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ditops/qknorm_rope.h"
+#include "jit/kernel_request.h"
+
+namespace ditops {
+
+struct QkKernelKey {
+  DType act = DType::bf16;
+  DType cache = DType::f32;
+  DType pos = DType::i64;
+  int head_dim = 128;
+  int rope_dim = 128;
+  bool neox = false;
+  bool full_width = false;
+  QkRounding rounding = QkRounding::rounded;
+  QkNormOrder order = QkNormOrder::aten;
+  bool pdl = true;
+  bool aligned = true;  // 16-byte vector access
+
+  // "bf16,cache=f32,pos=i64,D=128,R=128,interleaved,compact,rounded,aten,pdl,vec16"
+  std::string to_string() const;
+  uint64_t packed() const;  // unique small integer (memo key)
+};
+
+jit::KernelRequest qk_kernel_request(const QkKernelKey& key);
+
+// Keys compiled to cubins at build time (aot): the model shapes of the benchmark.
+std::vector<QkKernelKey> qk_prebuilt_keys();
+
+}  // namespace ditops

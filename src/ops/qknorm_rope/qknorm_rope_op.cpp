@@ -1,0 +1,327 @@
+// qknorm_rope: argument matching, the registry entries (provenance, capability, contract,
+// predicate) and the launch of the fused kernel.
+#include <mutex>
+#include <unordered_map>
+
+#include "core/builtin_ops.h"
+#include "core/matcher.h"
+#include "ditops/qknorm_rope.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/qknorm_rope_params.h"
+#include "ops/qknorm_rope/qknorm_rope_kernels.h"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "qknorm_rope";
+constexpr int kThreads = 256;  // 8 warps per block; the grid is occupancy-sized and persistent
+
+bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
+                                 const TensorView& k_weight, const TensorView& cos_sin_cache,
+                                 const TensorView& positions, const QkNormRopeOptions& options,
+                                 Stream stream) {
+  Matcher m(kOp);
+  m.tensor("q", q).shape({"T", "Hq", "D"}).strides({"q_token_stride", "head_stride", 1})
+      .dtype_as("act", {DType::bf16, DType::f16}).same_device("device");
+  m.tensor("k", k).shape({"T", "Hk", "D"}).strides({"k_token_stride", "head_stride", 1})
+      .dtype_as("act").same_device("device");
+  const int64_t D = *m.value("D");
+  if (D != 64 && D != 128 && D != 256)
+    m.fail("q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D));
+  m.tensor("q_weight", q_weight).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
+  m.tensor("k_weight", k_weight).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
+  m.tensor("positions", positions).shape({"T"}).dtype({DType::i32, DType::i64}).same_device("device");
+  m.tensor("cos_sin_cache", cos_sin_cache).rank(2).strides({Dim::anything(), 1}).same_device("device");
+  if (cos_sin_cache.dtype != DType::f32 && cos_sin_cache.dtype != q.dtype)
+    m.fail(std::string("cos_sin_cache.dtype must be f32 or ") + dtype_name(q.dtype) +
+           " (the activation dtype) but is " + dtype_name(cos_sin_cache.dtype));
+
+  const int64_t width = cos_sin_cache.shape[1];
+  const int64_t rope_dim = options.rope_dim ? options.rope_dim
+                                            : (options.cache_full_width ? width / 2 : width);
+  if (rope_dim <= 0 || rope_dim > D)
+    m.fail("rope_dim must be in (0, head_dim=" + std::to_string(D) + "] but is " + std::to_string(rope_dim));
+  if (rope_dim % 8 != 0)
+    m.fail("rope_dim must be a multiple of 8 (each lane rotates 8 whole channels) but is " +
+           std::to_string(rope_dim));
+  if (options.is_neox && rope_dim % 16 != 0)
+    m.fail("NeoX needs rope_dim % 16 == 0 (each rotary half starts on an 8-channel lane) but rope_dim is " +
+           std::to_string(rope_dim));
+  const int64_t expected_width = options.cache_full_width ? 2 * rope_dim : rope_dim;
+  if (width != expected_width)
+    m.fail("cos_sin_cache.shape[1] must be " + std::to_string(expected_width) + " (" +
+           (options.cache_full_width ? "full width: rope_dim cos then rope_dim sin" : "compact: rope_dim/2 cos then rope_dim/2 sin") +
+           ", rope_dim=" + std::to_string(rope_dim) + ") but is " + std::to_string(width));
+  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+
+  const int64_t T = *m.value("T"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
+  // In place: rows of one tensor must not overlap each other, or the result would depend on
+  // the order the GPU happens to run them in.
+  const int64_t head_stride = q.strides[1];
+  auto check_disjoint_rows = [&](const TensorView& t, const char* name, int64_t heads) {
+    if (T == 0 || heads == 0) return;
+    if (heads > 1 && head_stride < D)
+      m.fail(std::string(name) + ".stride(1) must be >= head_dim=" + std::to_string(D) +
+             " (heads may not overlap) but is " + std::to_string(head_stride));
+    if (T > 1 && t.strides[0] < (heads - 1) * head_stride + D)
+      m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string((heads - 1) * head_stride + D) +
+             " (tokens may not overlap) but is " + std::to_string(t.strides[0]));
+  };
+  check_disjoint_rows(q, "q", Hq);
+  check_disjoint_rows(k, "k", Hk);
+  if (q.data == k.data && T > 0 && Hq > 0 && Hk > 0) m.fail("q and k must not alias (both are written)");
+  if (T > INT64_MAX / 4 || Hq + Hk > (1 << 30)) m.fail("too many tokens or heads");
+
+  QkNormRopeCall call;
+  call.q = q;
+  call.k = k;
+  call.q_weight = q_weight;
+  call.k_weight = k_weight;
+  call.cos_sin_cache = cos_sin_cache;
+  call.positions = positions;
+  call.options = options;
+  call.options.rope_dim = static_cast<int>(rope_dim);
+  call.num_tokens = T;
+  call.num_q_heads = static_cast<int>(Hq);
+  call.num_k_heads = static_cast<int>(Hk);
+  call.head_dim = static_cast<int>(D);
+  call.rope_dim = static_cast<int>(rope_dim);
+  call.stream = stream;
+  const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
+  const int64_t csize = static_cast<int64_t>(dtype_size(cos_sin_cache.dtype));
+  call.aligned16 = aligned_bytes(q.data, 16) && aligned_bytes(k.data, 16) &&
+                   (q.strides[0] * esize) % 16 == 0 && (k.strides[0] * esize) % 16 == 0 &&
+                   (head_stride * esize) % 16 == 0 && aligned_bytes(q_weight.data, 16) &&
+                   aligned_bytes(k_weight.data, 16) && aligned_bytes(cos_sin_cache.data, 16) &&
+                   (cos_sin_cache.strides[0] * csize) % 16 == 0;
+  return call;
+}
+
+namespace {
+
+QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
+  QkKernelKey key;
+  key.act = c.q.dtype;
+  key.cache = c.cos_sin_cache.dtype;
+  key.pos = c.positions.dtype;
+  key.head_dim = c.head_dim;
+  key.rope_dim = c.rope_dim;
+  key.neox = c.options.is_neox;
+  key.full_width = c.options.cache_full_width;
+  key.rounding = c.options.rounding;
+  key.order = c.options.norm_order;
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  key.aligned = c.aligned16;
+  return key;
+}
+
+const QkNormRopeCall& as_call(const void* p) { return *static_cast<const QkNormRopeCall*>(p); }
+
+std::string cuda_predicate(const void* p, bool rounded) {
+  const QkNormRopeCall& c = as_call(p);
+  if (c.q.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  if ((c.options.rounding == QkRounding::rounded) != rounded)
+    return std::string("handles rounding=") + (rounded ? "rounded" : "fp32") + " only";
+  return "";
+}
+
+std::string cuda_availability(bool needs_nvrtc) {
+  std::string why;
+  if (!jit::cuda_driver(&why)) return why;
+  if (needs_nvrtc && jit::nvrtc_version(&why) == 0) return why;
+  return "";
+}
+
+// Fills the params and launches; `kernel` is resolved by the caller.
+void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel, bool pdl) {
+  if (c.num_tokens == 0 || c.num_q_heads + c.num_k_heads == 0) return;
+  const int heads = c.num_q_heads + c.num_k_heads;
+  const int heads_per_warp = 32 / (c.head_dim / 8);
+  const int64_t works = c.num_tokens * heads;
+  const int64_t warps_needed = (works + heads_per_warp - 1) / heads_per_warp;
+  const int64_t blocks_needed = (warps_needed + kThreads / 32 - 1) / (kThreads / 32);
+  const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
+  const int64_t grid = std::max<int64_t>(1, std::min(resident, blocks_needed));
+  const int64_t work_stride = grid * (kThreads / 32) * heads_per_warp;
+
+  QkNormRopeParams params{};
+  const int64_t esize = static_cast<int64_t>(dtype_size(c.q.dtype));
+  params.q = c.q.data;
+  params.k_shifted = static_cast<char*>(c.k.data) - c.num_q_heads * c.q.strides[1] * esize;
+  params.q_weight = c.q_weight.data;
+  params.k_weight = c.k_weight.data;
+  params.cos_sin_cache = c.cos_sin_cache.data;
+  params.positions = c.positions.data;
+  params.num_tokens = c.num_tokens;
+  params.q_token_stride = c.q.strides[0];
+  params.k_token_stride = c.k.strides[0];
+  params.head_stride = c.q.strides[1];
+  params.cache_row_stride = c.cos_sin_cache.strides[0];
+  params.positions_stride = c.positions.strides[0];
+  params.num_q_heads = c.num_q_heads;
+  params.num_heads = heads;
+  params.token_step = work_stride / heads;
+  params.head_step = static_cast<int>(work_stride % heads);
+  params.eps = c.options.eps;
+  jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &params, sizeof params,
+              static_cast<CUstream>(c.stream), pdl);
+}
+
+// Resolved kernels per (device, key): one lookup under a mutex per call, no strings.
+struct KernelMemo {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
+  const jit::LoadedKernel* find(uint64_t slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = kernels.find(slot);
+    return it == kernels.end() ? nullptr : it->second;
+  }
+  void put(uint64_t slot, const jit::LoadedKernel* k) {
+    std::lock_guard<std::mutex> lock(mutex);
+    kernels[slot] = k;
+  }
+};
+
+uint64_t memo_slot(const QkKernelKey& key, int device) { return key.packed() * 64 + device; }
+
+void run_jit(const void* p) {
+  const QkNormRopeCall& c = as_call(p);
+  const int device = c.q.device.index;
+  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  static KernelMemo memo;
+  const jit::LoadedKernel* kernel = memo.find(memo_slot(key, device));
+  if (!kernel) {
+    kernel = &jit::jit_kernel(qk_kernel_request(key), device);
+    memo.put(memo_slot(key, device), kernel);
+  }
+  jit::bind_primary_context(device);
+  launch_qknorm_rope(c, *kernel, key.pdl);
+}
+
+void run_aot(const void* p) {
+  const QkNormRopeCall& c = as_call(p);
+  const int device = c.q.device.index;
+  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  static KernelMemo memo;
+  const jit::LoadedKernel* kernel = memo.find(memo_slot(key, device));
+  if (!kernel) {
+    const jit::AotEntry* entry = jit::find_aot(qk_kernel_request(key).template_key);
+    if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
+    kernel = jit::aot_kernel(entry->entry_name, kThreads, device);
+    if (!kernel) throw Error("the prebuilt fatbin has no image for sm_" +
+                             std::to_string(jit::device_info(c.q.device).sm));
+    memo.put(memo_slot(key, device), kernel);
+  }
+  jit::bind_primary_context(device);
+  launch_qknorm_rope(c, *kernel, key.pdl);
+}
+
+std::string aot_predicate(const void* p, bool rounded) {
+  if (std::string why = cuda_predicate(p, rounded); !why.empty()) return why;
+  const QkNormRopeCall& c = as_call(p);
+  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  if (!jit::find_aot(qk_kernel_request(key).template_key))
+    return "no prebuilt cubin for key " + key.to_string();
+  return "";
+}
+
+std::string template_key_of(const void* p) {
+  const QkNormRopeCall& c = as_call(p);
+  if (c.q.device.kind != DeviceKind::cuda) return "";
+  return key_for(c, jit::device_info(c.q.device)).to_string();
+}
+
+}  // namespace
+
+std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
+                        const TensorView& k_weight, const TensorView& cos_sin_cache,
+                        const TensorView& positions, const QkNormRopeOptions& options,
+                        Stream stream) {
+  QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
+  const DeviceInfo& device = jit::device_info(q.device);
+  if (q.device.kind == DeviceKind::cuda) {
+    jit::bind_primary_context(q.device.index);
+    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
+    if (stream_dev != q.device.index)
+      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
+                  " but q is on " + device_name(q.device));
+  }
+  return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
+}
+
+DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) {
+  return Registry::global().explain(kOp, &call, jit::device_info(call.q.device), call.options.dispatch);
+}
+
+void register_qknorm_rope(Registry& registry) {
+  const std::string eager_oracle =
+      "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
+      "split chain with norm_order=warp";
+  const std::string close_bounds =
+      "norm kept in fp32 before RoPE: outputs within 1 ulp of the activation dtype of the eager chain "
+      "on most elements; measured bounds in bench/results";
+  const std::vector<Capability> sm90_plus = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  // The fatbin holds sm_90a, sm_100a and sm_120a images; an "a" image runs on that SM only.
+  const std::vector<Capability> prebuilt = {{DeviceKind::cuda, 90, 90, 0},
+                                            {DeviceKind::cuda, 100, 100, 0},
+                                            {DeviceKind::cuda, 120, 120, 0}};
+  for (bool rounded : {true, false}) {
+    const std::string suffix = rounded ? "" : "_fp32";
+    const Contract contract = rounded ? Contract::bit_exact(eager_oracle)
+                                      : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds);
+    KernelSpec aot;
+    aot.op = kOp;
+    aot.name = "qknorm_rope.aot" + suffix;
+    aot.provenance = Provenance::aot;
+    aot.capabilities = prebuilt;
+    aot.contract = contract;
+    aot.description = std::string("prebuilt cubins (nvcc, embedded) of the fused kernel, rounding=") +
+                      (rounded ? "rounded" : "fp32") + "; keys: see `ditops list --keys`";
+    aot.availability = [] {
+      if (jit::aot_entries().empty()) return std::string("built without prebuilt kernels");
+      return cuda_availability(false);
+    };
+    aot.predicate = [rounded](const void* p) { return aot_predicate(p, rounded); };
+    aot.template_key = template_key_of;
+    aot.run = run_aot;
+    registry.add(std::move(aot));
+
+    KernelSpec jit_spec;
+    jit_spec.op = kOp;
+    jit_spec.name = "qknorm_rope.jit" + suffix;
+    jit_spec.provenance = Provenance::jit;
+    jit_spec.capabilities = sm90_plus;
+    jit_spec.contract = contract;
+    jit_spec.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
+                                       "exact arch (cubin cache in memory and on disk), rounding=") +
+                           (rounded ? "rounded" : "fp32");
+    jit_spec.availability = [] { return cuda_availability(true); };
+    jit_spec.predicate = [rounded](const void* p) { return cuda_predicate(p, rounded); };
+    jit_spec.template_key = template_key_of;
+    jit_spec.run = run_jit;
+    registry.add(std::move(jit_spec));
+  }
+
+  KernelSpec ref;
+  ref.op = kOp;
+  ref.name = "qknorm_rope.reference";
+  ref.provenance = Provenance::reference;
+  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
+  ref.contract = Contract::bit_exact(
+      "docs/qknorm_rope.md operation order (the portable oracle; rsqrt correctly rounded)");
+  ref.description = "CPU reference, multithreaded over rows; both rounding modes and norm orders";
+  ref.predicate = [](const void* p) -> std::string {
+    return as_call(p).q.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
+  };
+  ref.template_key = [](const void*) { return std::string(); };
+  ref.run = [](const void* p) { qknorm_rope_reference(as_call(p)); };
+  registry.add(std::move(ref));
+}
+
+}  // namespace ditops

@@ -1,0 +1,267 @@
+// `ditops bench qknorm_rope` and `ditops demo`: CUDA events, L2 flushed between repetitions,
+// median of many runs; GB/s by the byte model (each input read once, each output written once)
+// and the fraction of a device-to-device copy of the same bytes measured in the same run.
+#include "tools/cli_common.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "ditops/qknorm_rope.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "reference/half.h"
+
+namespace ditops::cli {
+
+namespace {
+
+using jit::check_cu;
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n) check_cu(jit::require_cuda_driver().cuMemAlloc(&ptr, n), "cuMemAlloc");
+  }
+  ~DeviceBuffer() {
+    if (ptr) jit::require_cuda_driver().cuMemFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+  void upload(const void* host) { check_cu(jit::require_cuda_driver().cuMemcpyHtoD(ptr, host, bytes), "cuMemcpyHtoD"); }
+  void download(void* host) const { check_cu(jit::require_cuda_driver().cuMemcpyDtoH(host, ptr, bytes), "cuMemcpyDtoH"); }
+};
+
+struct QkCase {
+  std::string name;
+  int64_t tokens;
+  int hq, hk, head_dim, rope_dim;
+  bool neox;
+};
+
+const std::vector<QkCase>& bench_cases() {
+  static const std::vector<QkCase> cases = {
+      {"FLUX.1 1024px (4608 tok, 24h)", 4608, 24, 24, 128, 128, false},
+      {"Qwen-Image 1328px (6912 tok, 24h)", 6912, 24, 24, 128, 128, true},
+      {"Z-Image (4096 tok, 30h)", 4096, 30, 30, 128, 128, false},
+      {"HunyuanVideo 720p (~30k tok, 24h)", 30000, 24, 24, 128, 128, true},
+      {"Wan-like 480p (32760 tok, 40h)", 32760, 40, 40, 128, 128, true},
+      {"GQA 32q/8kv hd128 (8192 tok)", 8192, 32, 8, 128, 128, true},
+      {"partial rope hd128 r64 (8192 tok)", 8192, 32, 8, 128, 64, true},
+      {"small: 256 tok 24h", 256, 24, 24, 128, 128, false},
+  };
+  return cases;
+}
+
+// Host-side problem with random data (never zeros) in bf16, an fp32 compact cache, int64 positions.
+struct HostProblem {
+  QkCase c;
+  int64_t cache_rows;
+  std::vector<uint16_t> q, k, wq, wk;
+  std::vector<float> cache;
+  std::vector<int64_t> pos;
+  explicit HostProblem(const QkCase& qc, uint32_t seed = 1) : c(qc) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::uniform_real_distribution<float> uni(0.5f, 1.5f);
+    q.resize(c.tokens * c.hq * c.head_dim);
+    k.resize(c.tokens * c.hk * c.head_dim);
+    for (auto& v : q) v = ref::float_to_bf16_rne(normal(rng));
+    for (auto& v : k) v = ref::float_to_bf16_rne(normal(rng));
+    wq.resize(c.head_dim);
+    wk.resize(c.head_dim);
+    for (auto& v : wq) v = ref::float_to_bf16_rne(uni(rng));
+    for (auto& v : wk) v = ref::float_to_bf16_rne(uni(rng));
+    cache_rows = std::max<int64_t>(c.tokens, 4096);
+    cache.resize(cache_rows * c.rope_dim);
+    for (int64_t p = 0; p < cache_rows; ++p)
+      for (int j = 0; j < c.rope_dim / 2; ++j) {
+        const double theta = p * std::pow(10000.0, -2.0 * j / c.rope_dim);
+        cache[p * c.rope_dim + j] = static_cast<float>(std::cos(theta));
+        cache[p * c.rope_dim + c.rope_dim / 2 + j] = static_cast<float>(std::sin(theta));
+      }
+    pos.resize(c.tokens);
+    for (int64_t t = 0; t < c.tokens; ++t) pos[t] = (t * 7919) % cache_rows;
+  }
+  int64_t model_bytes() const {
+    return 2 * static_cast<int64_t>(q.size() + k.size()) * 2 + c.tokens * c.rope_dim * 4 + c.tokens * 8 +
+           2 * c.head_dim * 2;
+  }
+};
+
+struct DeviceProblem {
+  DeviceBuffer q, k, wq, wk, cache, pos;
+  explicit DeviceProblem(const HostProblem& h)
+      : q(h.q.size() * 2), k(h.k.size() * 2), wq(h.wq.size() * 2), wk(h.wk.size() * 2),
+        cache(h.cache.size() * 4), pos(h.pos.size() * 8) {
+    q.upload(h.q.data());
+    k.upload(h.k.data());
+    wq.upload(h.wq.data());
+    wk.upload(h.wk.data());
+    cache.upload(h.cache.data());
+    pos.upload(h.pos.data());
+  }
+};
+
+struct Views {
+  TensorView q, k, wq, wk, cache, pos;
+};
+
+Views views_of(const QkCase& c, int64_t cache_rows, Device dev, void* q, void* k, void* wq, void* wk,
+               void* cache, void* pos) {
+  return {TensorView::contiguous(q, DType::bf16, dev, {c.tokens, c.hq, c.head_dim}),
+          TensorView::contiguous(k, DType::bf16, dev, {c.tokens, c.hk, c.head_dim}),
+          TensorView::contiguous(wq, DType::bf16, dev, {c.head_dim}),
+          TensorView::contiguous(wk, DType::bf16, dev, {c.head_dim}),
+          TensorView::contiguous(cache, DType::f32, dev, {cache_rows, c.rope_dim}),
+          TensorView::contiguous(pos, DType::i64, dev, {c.tokens})};
+}
+
+// Median time of `fn` on the default stream with the L2 flushed before each repetition.
+template <typename F>
+double median_us(F&& fn, int reps, DeviceBuffer& flush) {
+  const auto& d = jit::require_cuda_driver();
+  CUevent start, stop;
+  check_cu(d.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+  check_cu(d.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; i < 3; ++i) fn();  // warm-up: module load, JIT, first-touch
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    check_cu(d.cuMemsetD8Async(flush.ptr, static_cast<unsigned char>(i), flush.bytes, nullptr), "flush");
+    check_cu(d.cuEventRecord(start, nullptr), "cuEventRecord");
+    fn();
+    check_cu(d.cuEventRecord(stop, nullptr), "cuEventRecord");
+    check_cu(d.cuEventSynchronize(stop), "cuEventSynchronize");
+    float ms = 0;
+    check_cu(d.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+    times.push_back(ms * 1000.0);
+  }
+  d.cuEventDestroy(start);
+  d.cuEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int run_bench_qknorm_rope(const Args& args) {
+  std::string why;
+  if (!jit::cuda_driver(&why)) {
+    std::printf("ditops bench qknorm_rope: %s; the benchmark needs a CUDA GPU.\n", why.c_str());
+    return 0;
+  }
+  const int reps = std::stoi(args.get("--reps", "50"));
+  const std::string json_path = args.get("--json", "");
+  const std::string commit = args.get("--commit", "unknown");
+  const Device dev{DeviceKind::cuda, 0};
+  const DeviceInfo& info = jit::device_info(dev);
+  jit::bind_primary_context(0);
+  const std::string date = today();
+  DeviceBuffer flush(256u << 20);  // 256 MiB > the H200's 60 MB L2
+
+  std::vector<std::string> records;
+  std::printf("%-36s %-22s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
+  for (const QkCase& c : bench_cases()) {
+    HostProblem h(c);
+    DeviceProblem p(h);
+    const int64_t bytes = h.model_bytes();
+    // The copy ceiling for the same bytes: read bytes/2, write bytes/2.
+    DeviceBuffer src(bytes / 2), dst(bytes / 2);
+    const auto& d = jit::require_cuda_driver();
+    const double copy_us = median_us([&] {
+      check_cu(d.cuMemcpyDtoDAsync(dst.ptr, src.ptr, bytes / 2, nullptr), "copy");
+    }, reps, flush);
+    auto record = [&](const std::string& impl, double us) {
+      const double gbs = bytes / (us * 1e-6) / 1e9;
+      std::printf("%-36s %-22s %10.2f %10.1f %7.1f%%\n", c.name.c_str(), impl.c_str(), us, gbs,
+                  100.0 * copy_us / us);
+      char buf[1024];
+      std::snprintf(buf, sizeof buf,
+                    "{\"op\": \"qknorm_rope\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, "
+                    "\"gb_per_s\": %.1f, \"copy_fraction\": %.4f, \"bytes\": %lld, \"device\": \"%s\", "
+                    "\"date\": \"%s\", \"commit\": \"%s\"}",
+                    c.name.c_str(), impl.c_str(), us, gbs, copy_us / us, static_cast<long long>(bytes),
+                    info.name.c_str(), date.c_str(), commit.c_str());
+      records.push_back(buf);
+    };
+    record("device_copy", copy_us);
+    const Views v = views_of(c, h.cache_rows, dev, p.q.get(), p.k.get(), p.wq.get(), p.wk.get(),
+                             p.cache.get(), p.pos.get());
+    for (Provenance backend : {Provenance::aot, Provenance::jit}) {
+      for (QkRounding rounding : {QkRounding::rounded, QkRounding::fp32}) {
+        QkNormRopeOptions opt;
+        opt.is_neox = c.neox;
+        opt.rounding = rounding;
+        opt.dispatch.backend = backend;
+        opt.dispatch.quality = Quality::high;
+        const QkNormRopeCall call = match_qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
+        if (!explain_qknorm_rope(call).chosen) continue;  // e.g. no prebuilt key
+        const double us = median_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); }, reps, flush);
+        record(std::string("ditops:") + provenance_name(backend) +
+                   (rounding == QkRounding::fp32 ? ":fp32" : ""), us);
+      }
+    }
+  }
+  if (!json_path.empty()) {
+    std::ofstream out(json_path);
+    out << "[\n";
+    for (size_t i = 0; i < records.size(); ++i) out << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
+    out << "]\n";
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+int run_demo(const Args& args) {
+  const QkCase c{"FLUX.1 attention prep", 4608, 24, 24, 128, 128, false};
+  HostProblem h(c, 7);
+  std::string why;
+  const bool gpu = jit::cuda_driver(&why) != nullptr;
+  std::printf("ditops demo: FLUX.1 attention prep, QK RMSNorm + RoPE in place on %lld tokens x %d "
+              "heads x %d (interleaved, bf16, fp32 [cos|sin] cache)\n",
+              static_cast<long long>(c.tokens), c.hq, c.head_dim);
+  // The reference on the host copy.
+  std::vector<uint16_t> q_ref = h.q, k_ref = h.k;
+  const Device cpu{DeviceKind::cpu, 0};
+  const Views hv = views_of(c, h.cache_rows, cpu, q_ref.data(), k_ref.data(), h.wq.data(), h.wk.data(),
+                            h.cache.data(), h.pos.data());
+  QkNormRopeOptions opt;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string ref_impl = qknorm_rope(hv.q, hv.k, hv.wq, hv.wk, hv.cache, hv.pos, opt);
+  const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  if (!gpu) {
+    std::printf("notice: %s -> running the CPU reference backend.\n", why.c_str());
+    std::printf("ran %s in %.2f ms (wall clock, host)\n", ref_impl.c_str(), ref_ms);
+    return 0;
+  }
+  const Device dev{DeviceKind::cuda, 0};
+  jit::bind_primary_context(0);
+  DeviceProblem p(h);
+  const Views v = views_of(c, h.cache_rows, dev, p.q.get(), p.k.get(), p.wq.get(), p.wk.get(),
+                           p.cache.get(), p.pos.get());
+  const std::string impl = qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
+  std::vector<uint16_t> q_gpu(h.q.size()), k_gpu(h.k.size());
+  p.q.download(q_gpu.data());
+  p.k.download(k_gpu.data());
+  int64_t differ = 0;
+  for (size_t i = 0; i < q_gpu.size(); ++i) differ += q_gpu[i] != q_ref[i];
+  for (size_t i = 0; i < k_gpu.size(); ++i) differ += k_gpu[i] != k_ref[i];
+  // Time it (cold L2) on fresh inputs.
+  p.q.upload(h.q.data());
+  p.k.upload(h.k.data());
+  DeviceBuffer flush(256u << 20);
+  const double us = median_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); }, 20, flush);
+  std::printf("ran %s on %s: %.2f us (median of 20, cold L2); %.1f GB/s by the byte model\n", impl.c_str(),
+              jit::device_info(dev).name.c_str(), us, h.model_bytes() / (us * 1e-6) / 1e9);
+  std::printf("check against the CPU reference (%s, %.1f ms): %lld of %zu values differ "
+              "(allowed: rsqrtf vs correctly rounded rsqrt, 1 ulp)\n",
+              ref_impl.c_str(), ref_ms, static_cast<long long>(differ), q_gpu.size() + k_gpu.size());
+  return 0;
+}
+
+}  // namespace ditops::cli
