@@ -356,6 +356,11 @@ const DeviceInfo& device_info(Device device) {
 
 int stream_device(CUstream stream) {
   const CudaDriver& d = require_cuda_driver();
+  // Querying a capturing stream's device invalidates the capture: report "unknown" (-1) then;
+  // the capture itself is bound to the stream's device.
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check_cu(d.cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return -1;
   CUdevice dev = 0;
   check_cu(d.cuStreamGetDevice(stream, &dev), "cuStreamGetDevice");
   return static_cast<int>(dev);

@@ -60,7 +60,8 @@ void launch(const LoadedKernel& kernel, unsigned grid, unsigned block, const voi
 
 // Device facts, queried once per device and cached. For DeviceKind::cpu returns the CPU.
 const DeviceInfo& device_info(Device device);
-// The device a stream belongs to (cuStreamGetDevice), for checking tensors against it.
+// The device a stream belongs to (cuStreamGetDevice), for checking tensors against it; -1 while
+// the stream is capturing a graph (the query is not permitted then).
 int stream_device(CUstream stream);
 
 }  // namespace ditops::jit

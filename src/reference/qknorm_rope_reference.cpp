@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -253,13 +254,19 @@ void qknorm_rope_reference(const QkNormRopeCall& call) {
     run_rows(0, rows);
     return;
   }
+  // Contiguous chunks of rows; chunk 0 runs on the calling thread. Rows are independent, so the
+  // result does not depend on the split.
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(workers - 1));
   const int64_t chunk = (rows + workers - 1) / workers;
   for (int64_t w = 1; w < workers; ++w) {
     const int64_t begin = std::min(rows, w * chunk);
     const int64_t end = std::min(rows, begin + chunk);
-    threads.emplace_back(run_rows, begin, end);
+    try {
+      threads.emplace_back(run_rows, begin, end);
+    } catch (const std::system_error&) {
+      run_rows(begin, end);  // no thread available: do this chunk here
+    }
   }
   run_rows(0, std::min(rows, chunk));
   for (std::thread& thread : threads) thread.join();

@@ -142,7 +142,8 @@ std::string cuda_availability(bool needs_nvrtc) {
 void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel, bool pdl) {
   if (c.num_tokens == 0 || c.num_q_heads + c.num_k_heads == 0) return;
   const int heads = c.num_q_heads + c.num_k_heads;
-  const int heads_per_warp = 32 / (c.head_dim / 8);
+  // Works one warp covers per iteration: heads per warp x the kernel's unroll.
+  const int heads_per_warp = 32 / (c.head_dim / 8) * kQkNormRopeUnroll;
   const int64_t works = c.num_tokens * heads;
   const int64_t warps_needed = (works + heads_per_warp - 1) / heads_per_warp;
   const int64_t blocks_needed = (warps_needed + kThreads / 32 - 1) / (kThreads / 32);
@@ -248,7 +249,7 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
   if (q.device.kind == DeviceKind::cuda) {
     jit::bind_primary_context(q.device.index);
     const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
-    if (stream_dev != q.device.index)
+    if (stream_dev >= 0 && stream_dev != q.device.index)
       throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
                   " but q is on " + device_name(q.device));
   }
@@ -266,7 +267,7 @@ void register_qknorm_rope(Registry& registry) {
   const std::string close_bounds =
       "norm kept in fp32 before RoPE: outputs within 1 ulp of the activation dtype of the eager chain "
       "on most elements; measured bounds in bench/results";
-  const std::vector<Capability> sm90_plus = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  const std::vector<Capability> sm80_plus = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   // The fatbin holds sm_90a, sm_100a and sm_120a images; an "a" image runs on that SM only.
   const std::vector<Capability> prebuilt = {{DeviceKind::cuda, 90, 90, 0},
                                             {DeviceKind::cuda, 100, 100, 0},
@@ -296,7 +297,7 @@ void register_qknorm_rope(Registry& registry) {
     jit_spec.op = kOp;
     jit_spec.name = "qknorm_rope.jit" + suffix;
     jit_spec.provenance = Provenance::jit;
-    jit_spec.capabilities = sm90_plus;
+    jit_spec.capabilities = sm80_plus;
     jit_spec.contract = contract;
     jit_spec.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
                                        "exact arch (cubin cache in memory and on disk), rounding=") +
