@@ -16,9 +16,8 @@
 //
 // Layout: each lane owns 8 consecutive channels (16 bytes of fp16/bf16), so a head occupies
 // D/8 lanes and a warp processes 32/(D/8) heads at once (4 at D=64, 2 at D=128, 1 at D=256).
-// Work index = token * (Hq + Hk) + head; heads >= Hq are k heads. Each lane carries kQkNormRopeUnroll
-// works per iteration with all their loads issued first. The grid is persistent and
-// grid-strides over works; the (token, head) cursors advance without division.
+// Work index = token * (Hq + Hk) + head; heads >= Hq are k heads. The grid is persistent and
+// grid-strides over works; the (token, head) cursor advances without division.
 #pragma once
 
 #include "common/memory.cuh"
@@ -32,7 +31,9 @@ namespace qk_detail {
 using namespace ditops::kernel;
 
 constexpr int kElemsPerLane = 8;
-
+// One work per lane per loop iteration. Tried on the H200 (2026-11-29): two works per lane with
+// all their loads issued first ran slower on every model shape (FLUX 42.3 -> 46.2 us, Wan 504 ->
+// 664 us), so the simple loop stays.
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
@@ -123,135 +124,124 @@ __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
   constexpr int kHeadsPerWarp = 32 / kLanesPerHead;
   constexpr int kRotaryLanes = R / kElemsPerLane;
   constexpr int kHalfRotaryLanes = kRotaryLanes / 2;
-  // Cache values a rotary lane needs: 4 (interleaved compact: one per pair) or 8.
-  constexpr int kCacheVals = (!kNeox && !kFullWidth) ? kElemsPerLane / 2 : kElemsPerLane;
-  constexpr int kUnroll = kQkNormRopeUnroll;
 
   const int lane = threadIdx.x & 31;
   const int slot = lane / kLanesPerHead;       // which head of the warp
   const int head_lane = lane % kLanesPerHead;  // lane within the head
   const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  const bool rotary_lane = head_lane < kRotaryLanes;
-  const bool low_half = head_lane < kHalfRotaryLanes;
-  const int channel0 = head_lane * kElemsPerLane;
-  // Offsets of this lane's cos and sin values inside a cache row.
-  const int cos_offset = kNeox ? (kFullWidth ? channel0 : channel0 - (low_half ? 0 : R / 2))
-                               : (kFullWidth ? channel0 : channel0 / 2);
-  const int sin_offset = cos_offset + (kFullWidth ? R : R / 2);
 
-  // Each lane carries kUnroll works at once (their loads all in flight before any math): work
-  // (u, slot) of warp w starts at (w * kUnroll + u) * kHeadsPerWarp + slot.
-  long long token[kUnroll];
-  int head[kUnroll];
-#pragma unroll
-  for (int u = 0; u < kUnroll; ++u) {
-    const long long first_work = (warp * kUnroll + u) * kHeadsPerWarp + slot;
-    token[u] = first_work / p.num_heads;
-    head[u] = static_cast<int>(first_work - token[u] * p.num_heads);
-  }
+  const long long first_work = warp * kHeadsPerWarp + slot;
+  long long token = first_work / p.num_heads;
+  int head = static_cast<int>(first_work - token * p.num_heads);
 
   if constexpr (kPdl) pdl_wait();
 
   // The weight slice of this lane, both tensors (reused for every work of the loop).
   Act wq[kElemsPerLane], wk[kElemsPerLane];
   load_elements<Act, kElemsPerLane, kAligned, true>(
-      static_cast<const Act*>(p.q_weight) + channel0, wq);
+      static_cast<const Act*>(p.q_weight) + head_lane * kElemsPerLane, wq);
   load_elements<Act, kElemsPerLane, kAligned, true>(
-      static_cast<const Act*>(p.k_weight) + channel0, wk);
+      static_cast<const Act*>(p.k_weight) + head_lane * kElemsPerLane, wk);
 
   // Warp-uniform loop: shuffles need every lane, so a slot past the end computes on zeros and
   // skips its store.
-  while (__any_sync(kFullMask, token[0] < p.num_tokens)) {
-    Act* row[kUnroll];
-    bool active[kUnroll];
-    Act raw[kUnroll][kElemsPerLane];
-    float c[kUnroll][kCacheVals], s[kUnroll][kCacheVals];
-    // Phase 1: issue every load.
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      active[u] = token[u] < p.num_tokens;
-      const bool is_q = head[u] < p.num_q_heads;
-      row[u] = (is_q ? static_cast<Act*>(p.q) + token[u] * p.q_token_stride
-                     : static_cast<Act*>(p.k_shifted) + token[u] * p.k_token_stride) +
-               head[u] * p.head_stride + channel0;
-      if (active[u]) {
-        load_elements<Act, kElemsPerLane, kAligned, false>(row[u], raw[u]);
+  while (__any_sync(kFullMask, token < p.num_tokens)) {
+    const bool active = token < p.num_tokens;
+    const bool is_q = head < p.num_q_heads;
+    Act* row = is_q ? static_cast<Act*>(p.q) + token * p.q_token_stride + head * p.head_stride
+                    : static_cast<Act*>(p.k_shifted) + token * p.k_token_stride + head * p.head_stride;
+    row += head_lane * kElemsPerLane;
+
+    float x[kElemsPerLane];
+    {
+      Act raw[kElemsPerLane];
+      if (active) {
+        load_elements<Act, kElemsPerLane, kAligned, false>(row, raw);
       } else {
 #pragma unroll
-        for (int i = 0; i < kElemsPerLane; ++i) raw[u][i] = from_float<Act>(0.0f);
+        for (int i = 0; i < kElemsPerLane; ++i) raw[i] = from_float<Act>(0.0f);
       }
-      if (active[u] && rotary_lane) {
-        const long long pos = static_cast<long long>(
-            static_cast<const PosT*>(p.positions)[token[u] * p.positions_stride]);
-        const CacheT* cache_row = static_cast<const CacheT*>(p.cos_sin_cache) + pos * p.cache_row_stride;
-        load_cache<CacheT, kCacheVals, kAligned>(cache_row, cos_offset, c[u]);
-        load_cache<CacheT, kCacheVals, kAligned>(cache_row, sin_offset, s[u]);
-      }
+#pragma unroll
+      for (int i = 0; i < kElemsPerLane; ++i) x[i] = to_float(raw[i]);
     }
-    // Phase 2: norm, RoPE, store.
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const bool is_q = head[u] < p.num_q_heads;
-      float x[kElemsPerLane];
-#pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) x[i] = to_float(raw[u][i]);
 
-      const float total = head_sum_of_squares<D, kAtenOrder>(x);
-      const float factor = rsqrtf(__fdiv_rn(total, static_cast<float>(D)) + p.eps);
+    const float total = head_sum_of_squares<D, kAtenOrder>(x);
+    const float factor = rsqrtf(__fdiv_rn(total, static_cast<float>(D)) + p.eps);
 
-      float n[kElemsPerLane];
+    float n[kElemsPerLane];
 #pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) {
-        const float w = to_float(is_q ? wq[i] : wk[i]);
-        n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
-                        : __fmul_rn(x[i], __fmul_rn(factor, w));
-      }
+    for (int i = 0; i < kElemsPerLane; ++i) {
+      const float w = to_float(is_q ? wq[i] : wk[i]);
+      n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
+                      : __fmul_rn(x[i], __fmul_rn(factor, w));
+    }
 
-      // NeoX partners sit kHalfRotaryLanes lanes away; every lane takes part in the shuffle
-      // (non-rotary lanes read themselves).
-      float partner[kElemsPerLane];
-      if constexpr (kNeox) {
-        const int src_in_head = low_half ? head_lane + kHalfRotaryLanes
-                                : rotary_lane ? head_lane - kHalfRotaryLanes
-                                              : head_lane;
-        const int src = slot * kLanesPerHead + src_in_head;
+    // RoPE on the rotary lanes. NeoX partners sit kHalfRotaryLanes lanes away; every lane takes
+    // part in the shuffle (non-rotary lanes read themselves).
+    float partner[kElemsPerLane];
+    if constexpr (kNeox) {
+      const int src_in_head = head_lane < kHalfRotaryLanes   ? head_lane + kHalfRotaryLanes
+                              : head_lane < kRotaryLanes     ? head_lane - kHalfRotaryLanes
+                                                             : head_lane;
+      const int src = slot * kLanesPerHead + src_in_head;
 #pragma unroll
-        for (int i = 0; i < kElemsPerLane; ++i) partner[i] = __shfl_sync(kFullMask, n[i], src);
-      }
+      for (int i = 0; i < kElemsPerLane; ++i) partner[i] = __shfl_sync(kFullMask, n[i], src);
+    }
 
-      float y[kElemsPerLane];
+    float y[kElemsPerLane];
 #pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) y[i] = n[i];
-      if (rotary_lane) {
-        if constexpr (!kNeox) {
-          // Interleaved pairs (2j, 2j+1) inside the lane.
+    for (int i = 0; i < kElemsPerLane; ++i) y[i] = n[i];
+
+    if (active && head_lane < kRotaryLanes) {
+      const long long pos = static_cast<long long>(static_cast<const PosT*>(p.positions)[token * p.positions_stride]);
+      const CacheT* cache_row = static_cast<const CacheT*>(p.cos_sin_cache) + pos * p.cache_row_stride;
+      const int channel0 = head_lane * kElemsPerLane;
+      if constexpr (!kNeox) {
+        // Interleaved pairs (2j, 2j+1) inside the lane.
+        if constexpr (kFullWidth) {
+          float c[kElemsPerLane], s[kElemsPerLane];
+          load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, channel0, c);
+          load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, R + channel0, s);
 #pragma unroll
           for (int i = 0; i < kElemsPerLane; i += 2) {
-            const int ci0 = kFullWidth ? i : i / 2, ci1 = kFullWidth ? i + 1 : i / 2;
-            y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[u][ci0], n[i + 1], s[u][ci0]);
-            y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[u][ci1], n[i], s[u][ci1]);
+            y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[i], n[i + 1], s[i]);
+            y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[i + 1], n[i], s[i + 1]);
           }
         } else {
+          float c[kElemsPerLane / 2], s[kElemsPerLane / 2];
+          load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, channel0 / 2, c);
+          load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, R / 2 + channel0 / 2, s);
 #pragma unroll
-          for (int i = 0; i < kElemsPerLane; ++i)
-            y[i] = low_half ? rotate_minus<CacheT, kRounded, Act>(n[i], c[u][i], partner[i], s[u][i])
-                            : rotate_plus<CacheT, kRounded, Act>(n[i], c[u][i], partner[i], s[u][i]);
+          for (int i = 0; i < kElemsPerLane; i += 2) {
+            y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[i / 2], n[i + 1], s[i / 2]);
+            y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[i / 2], n[i], s[i / 2]);
+          }
         }
-      }
-
-      if (active[u]) {
-        Act out[kElemsPerLane];
+      } else {
+        const bool low_half = head_lane < kHalfRotaryLanes;
+        const int index0 = kFullWidth ? channel0 : channel0 - (low_half ? 0 : R / 2);
+        float c[kElemsPerLane], s[kElemsPerLane];
+        load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, index0, c);
+        load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, (kFullWidth ? R : R / 2) + index0, s);
 #pragma unroll
-        for (int i = 0; i < kElemsPerLane; ++i) out[i] = from_float<Act>(y[i]);
-        store_elements<Act, kElemsPerLane, kAligned>(row[u], out);
+        for (int i = 0; i < kElemsPerLane; ++i)
+          y[i] = low_half ? rotate_minus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i])
+                          : rotate_plus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i]);
       }
+    }
 
-      token[u] += p.token_step;
-      head[u] += p.head_step;
-      if (head[u] >= p.num_heads) {
-        head[u] -= p.num_heads;
-        ++token[u];
-      }
+    if (active) {
+      Act out[kElemsPerLane];
+#pragma unroll
+      for (int i = 0; i < kElemsPerLane; ++i) out[i] = from_float<Act>(y[i]);
+      store_elements<Act, kElemsPerLane, kAligned>(row, out);
+    }
+
+    token += p.token_step;
+    head += p.head_step;
+    if (head >= p.num_heads) {
+      head -= p.num_heads;
+      ++token;
     }
   }
 

@@ -4,11 +4,6 @@
 
 namespace ditops {
 
-// Works each lane carries per loop iteration (the host sizes the grid and the grid stride with
-// it). H200, model shapes: with 1 the kernel reached 64-81% of copy bandwidth (too few bytes in
-// flight per SM); bench/results has the numbers with 2.
-constexpr int kQkNormRopeUnroll = 2;
-
 struct QkNormRopeParams {
   void* q;                      // [T, Hq, D]
   void* k_shifted;              // k base moved back by Hq head strides: head h >= Hq of the

@@ -207,6 +207,30 @@ int run_bench_qknorm_rope(const Args& args) {
       }
     }
   }
+  {
+    // Host cost of one call through the facade (argument matching, dispatch, launch): wall clock
+    // of many back-to-back calls on a tiny problem, divided by their number.
+    const QkCase tiny{"host overhead (1 token, 24 heads)", 1, 24, 24, 128, 128, false};
+    HostProblem h(tiny);
+    DeviceProblem p(h);
+    const Views v = views_of(tiny, h.cache_rows, dev, p.q.get(), p.k.get(), p.wq.get(), p.wk.get(),
+                             p.cache.get(), p.pos.get());
+    QkNormRopeOptions opt;
+    for (int i = 0; i < 200; ++i) qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
+    check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+    const int calls = 5000;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
+    check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+    std::printf("host overhead per call (C++ facade, match + dispatch + launch): %.2f us\n", us);
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "{\"op\": \"qknorm_rope\", \"case\": \"host overhead per call\", \"impl\": \"ditops:c++ facade\", "
+                  "\"us\": %.3f, \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\"}",
+                  us, info.name.c_str(), date.c_str(), commit.c_str());
+    records.push_back(buf);
+  }
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << "[\n";

@@ -142,8 +142,7 @@ std::string cuda_availability(bool needs_nvrtc) {
 void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel, bool pdl) {
   if (c.num_tokens == 0 || c.num_q_heads + c.num_k_heads == 0) return;
   const int heads = c.num_q_heads + c.num_k_heads;
-  // Works one warp covers per iteration: heads per warp x the kernel's unroll.
-  const int heads_per_warp = 32 / (c.head_dim / 8) * kQkNormRopeUnroll;
+  const int heads_per_warp = 32 / (c.head_dim / 8);
   const int64_t works = c.num_tokens * heads;
   const int64_t warps_needed = (works + heads_per_warp - 1) / heads_per_warp;
   const int64_t blocks_needed = (warps_needed + kThreads / 32 - 1) / (kThreads / 32);
