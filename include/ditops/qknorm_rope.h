@@ -58,6 +58,7 @@ struct QkNormRopeCall {
   int num_k_heads = 0;
   int head_dim = 0;
   int rope_dim = 0;
+  int64_t head_stride = 0;  // shared by q and k (bound by whichever has more than one head)
   bool aligned16 = false;  // every pointer and stride allows 16-byte vector access
   Stream stream = nullptr;
 };

@@ -69,6 +69,10 @@ TensorView from_dlpack(const DLTensor& tensor) {
       throw Error("from_dlpack: unsupported device type " +
                   std::to_string(tensor.device.device_type));
   }
+  if (tensor.ndim > 0 && !tensor.shape) throw Error("from_dlpack: shape is NULL for rank " + std::to_string(tensor.ndim));
+  for (int i = 0; i < tensor.ndim; ++i)
+    if (tensor.shape[i] < 0)
+      throw Error("from_dlpack: shape[" + std::to_string(i) + "] must be >= 0 but is " + std::to_string(tensor.shape[i]));
   view.rank = tensor.ndim;
   view.data = static_cast<char*>(tensor.data) + tensor.byte_offset;
   int64_t compact = 1;

@@ -116,6 +116,7 @@ TensorMatch& TensorMatch::same_device(const std::string& symbol) {
 }
 
 TensorMatch& TensorMatch::aligned(int bytes) {
+  if (bytes <= 0) m_.fail("alignment must be positive but is " + std::to_string(bytes));
   const auto address = reinterpret_cast<uintptr_t>(t_.data);
   if (address % bytes != 0) {
     char buf[32];

@@ -217,9 +217,13 @@ std::vector<const KernelSpec*> Registry::list(const std::string& op) const {
   std::vector<const KernelSpec*> out;
   for (const auto& s : state_->specs)
     if (op.empty() || s->op == op) out.push_back(s.get());
-  // Priority order, registration order within one provenance.
-  std::stable_sort(out.begin(), out.end(), [](const KernelSpec* a, const KernelSpec* b) {
-    if (a->op != b->op) return false;
+  // Grouped by op (in the order ops were first registered), then priority, then registration.
+  const std::vector<std::string> op_order = ops();
+  auto op_index = [&](const KernelSpec* s) {
+    return std::find(op_order.begin(), op_order.end(), s->op) - op_order.begin();
+  };
+  std::stable_sort(out.begin(), out.end(), [&](const KernelSpec* a, const KernelSpec* b) {
+    if (a->op != b->op) return op_index(a) < op_index(b);
     return a->provenance < b->provenance;
   });
   return out;

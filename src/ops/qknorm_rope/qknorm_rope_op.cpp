@@ -63,7 +63,8 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   const int64_t T = *m.value("T"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
   // In place: rows of one tensor must not overlap each other, or the result would depend on
   // the order the GPU happens to run them in.
-  const int64_t head_stride = q.strides[1];
+  // Bound by whichever tensor has more than one head (a stride of an extent-1 dim is free).
+  const int64_t head_stride = m.value("head_stride").value_or(q.strides[1]);
   auto check_disjoint_rows = [&](const TensorView& t, const char* name, int64_t heads) {
     if (T == 0 || heads == 0) return;
     if (heads > 1 && head_stride < D)
@@ -92,6 +93,7 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   call.num_k_heads = static_cast<int>(Hk);
   call.head_dim = static_cast<int>(D);
   call.rope_dim = static_cast<int>(rope_dim);
+  call.head_stride = head_stride;
   call.stream = stream;
   const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
   const int64_t csize = static_cast<int64_t>(dtype_size(cos_sin_cache.dtype));
@@ -153,7 +155,7 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel
   QkNormRopeParams params{};
   const int64_t esize = static_cast<int64_t>(dtype_size(c.q.dtype));
   params.q = c.q.data;
-  params.k_shifted = static_cast<char*>(c.k.data) - c.num_q_heads * c.q.strides[1] * esize;
+  params.k_shifted = static_cast<char*>(c.k.data) - c.num_q_heads * c.head_stride * esize;
   params.q_weight = c.q_weight.data;
   params.k_weight = c.k_weight.data;
   params.cos_sin_cache = c.cos_sin_cache.data;
@@ -161,7 +163,7 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel
   params.num_tokens = c.num_tokens;
   params.q_token_stride = c.q.strides[0];
   params.k_token_stride = c.k.strides[0];
-  params.head_stride = c.q.strides[1];
+  params.head_stride = c.head_stride;
   params.cache_row_stride = c.cos_sin_cache.strides[0];
   params.positions_stride = c.positions.strides[0];
   params.num_q_heads = c.num_q_heads;
