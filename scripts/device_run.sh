@@ -26,7 +26,7 @@ tail -25 "$OUT/ctest.log"
 
 echo "== JIT timing: first compile and warm disk-cache load of one key"
 DITOPS_JIT_VERBOSE=1 build-dev/ditops demo 2>&1 | tee -a "$OUT/summary.txt"
-DITOPS_JIT_VERBOSE=1 build-dev/tests/ditops_tests --gtest_filter='*JitTiming*' 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
+DITOPS_JIT_VERBOSE=1 build-dev/tests/test_jit --gtest_filter='*JitTiming*' 2>&1 | tail -15 | tee -a "$OUT/summary.txt"
 
 echo "== C++ benchmark"
 build-dev/ditops bench qknorm_rope --reps 100 --commit "$COMMIT" --json "$OUT/bench_cpp.json" | tee "$OUT/bench_cpp.txt"
