@@ -1,7 +1,7 @@
 // `ditops bench qknorm_rope` and `ditops demo`: CUDA events, L2 flushed between repetitions,
 // median of many runs; GB/s by the byte model (each input read once, each output written once)
 // and the fraction of a device-to-device copy of the same bytes measured in the same run.
-#include "tools/cli_common.h"
+#include "tools/bench_common.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,21 +21,6 @@ namespace ditops::cli {
 namespace {
 
 using jit::check_cu;
-
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  size_t bytes = 0;
-  explicit DeviceBuffer(size_t n) : bytes(n) {
-    if (n) check_cu(jit::require_cuda_driver().cuMemAlloc(&ptr, n), "cuMemAlloc");
-  }
-  ~DeviceBuffer() {
-    if (ptr) jit::require_cuda_driver().cuMemFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  void* get() const { return reinterpret_cast<void*>(ptr); }
-  void upload(const void* host) { check_cu(jit::require_cuda_driver().cuMemcpyHtoD(ptr, host, bytes), "cuMemcpyHtoD"); }
-  void download(void* host) const { check_cu(jit::require_cuda_driver().cuMemcpyDtoH(host, ptr, bytes), "cuMemcpyDtoH"); }
-};
 
 struct QkCase {
   std::string name;
@@ -122,74 +107,18 @@ Views views_of(const QkCase& c, int64_t cache_rows, Device dev, void* q, void* k
           TensorView::contiguous(pos, DType::i64, dev, {c.tokens})};
 }
 
-// Median time of `fn` on the default stream with the L2 flushed before each repetition.
-template <typename F>
-double median_us(F&& fn, int reps, DeviceBuffer& flush) {
-  const auto& d = jit::require_cuda_driver();
-  CUevent start, stop;
-  check_cu(d.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
-  check_cu(d.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
-  for (int i = 0; i < 3; ++i) fn();  // warm-up: module load, JIT, first-touch
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    check_cu(d.cuMemsetD8Async(flush.ptr, static_cast<unsigned char>(i), flush.bytes, nullptr), "flush");
-    check_cu(d.cuEventRecord(start, nullptr), "cuEventRecord");
-    fn();
-    check_cu(d.cuEventRecord(stop, nullptr), "cuEventRecord");
-    check_cu(d.cuEventSynchronize(stop), "cuEventSynchronize");
-    float ms = 0;
-    check_cu(d.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
-    times.push_back(ms * 1000.0);
-  }
-  d.cuEventDestroy(start);
-  d.cuEventDestroy(stop);
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
-}
-
 }  // namespace
 
 int run_bench_qknorm_rope(const Args& args) {
-  std::string why;
-  if (!jit::cuda_driver(&why)) {
-    std::printf("ditops bench qknorm_rope: %s; the benchmark needs a CUDA GPU.\n", why.c_str());
-    return 0;
-  }
-  const int reps = std::stoi(args.get("--reps", "50"));
-  const std::string json_path = args.get("--json", "");
-  const std::string commit = args.get("--commit", "unknown");
+  if (!BenchRun::gpu_available("qknorm_rope")) return 0;
+  BenchRun run("qknorm_rope", args);
   const Device dev{DeviceKind::cuda, 0};
-  const DeviceInfo& info = jit::device_info(dev);
-  jit::bind_primary_context(0);
-  const std::string date = today();
-  DeviceBuffer flush(256u << 20);  // 256 MiB > the H200's 60 MB L2
-
-  std::vector<std::string> records;
-  std::printf("%-36s %-22s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
   for (const QkCase& c : bench_cases()) {
     HostProblem h(c);
     DeviceProblem p(h);
     const int64_t bytes = h.model_bytes();
-    // The copy ceiling for the same bytes: read bytes/2, write bytes/2.
-    DeviceBuffer src(bytes / 2), dst(bytes / 2);
-    const auto& d = jit::require_cuda_driver();
-    const double copy_us = median_us([&] {
-      check_cu(d.cuMemcpyDtoDAsync(dst.ptr, src.ptr, bytes / 2, nullptr), "copy");
-    }, reps, flush);
-    auto record = [&](const std::string& impl, double us) {
-      const double gbs = bytes / (us * 1e-6) / 1e9;
-      std::printf("%-36s %-22s %10.2f %10.1f %7.1f%%\n", c.name.c_str(), impl.c_str(), us, gbs,
-                  100.0 * copy_us / us);
-      char buf[1024];
-      std::snprintf(buf, sizeof buf,
-                    "{\"op\": \"qknorm_rope\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, "
-                    "\"gb_per_s\": %.1f, \"copy_fraction\": %.4f, \"bytes\": %lld, \"device\": \"%s\", "
-                    "\"date\": \"%s\", \"commit\": \"%s\"}",
-                    c.name.c_str(), impl.c_str(), us, gbs, copy_us / us, static_cast<long long>(bytes),
-                    info.name.c_str(), date.c_str(), commit.c_str());
-      records.push_back(buf);
-    };
-    record("device_copy", copy_us);
+    const double copy_us = run.copy_us(bytes);
+    run.record(c.name, "device_copy", copy_us, bytes, copy_us);
     const Views v = views_of(c, h.cache_rows, dev, p.q.get(), p.k.get(), p.wq.get(), p.wk.get(),
                              p.cache.get(), p.pos.get());
     for (Provenance backend : {Provenance::aot, Provenance::jit}) {
@@ -201,9 +130,10 @@ int run_bench_qknorm_rope(const Args& args) {
         opt.dispatch.quality = Quality::high;
         const QkNormRopeCall call = match_qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
         if (!explain_qknorm_rope(call).chosen) continue;  // e.g. no prebuilt key
-        const double us = median_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); }, reps, flush);
-        record(std::string("ditops:") + provenance_name(backend) +
-                   (rounding == QkRounding::fp32 ? ":fp32" : ""), us);
+        const double us = run.time_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); });
+        run.record(c.name, std::string("ditops:") + provenance_name(backend) +
+                               (rounding == QkRounding::fp32 ? ":fp32" : ""),
+                   us, bytes, copy_us);
       }
     }
   }
@@ -223,23 +153,13 @@ int run_bench_qknorm_rope(const Args& args) {
     for (int i = 0; i < calls; ++i) qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
     check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-    std::printf("host overhead per call (C++ facade, match + dispatch + launch): %.2f us\n", us);
-    char buf[512];
-    std::snprintf(buf, sizeof buf,
-                  "{\"op\": \"qknorm_rope\", \"case\": \"host overhead per call\", \"impl\": \"ditops:c++ facade\", "
-                  "\"us\": %.3f, \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\"}",
-                  us, info.name.c_str(), date.c_str(), commit.c_str());
-    records.push_back(buf);
+    run.record_time("host overhead per call (match + dispatch + launch)", "ditops:c++ facade", us);
   }
-  if (!json_path.empty()) {
-    std::ofstream out(json_path);
-    out << "[\n";
-    for (size_t i = 0; i < records.size(); ++i) out << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
-    out << "]\n";
-    std::printf("wrote %s\n", json_path.c_str());
-  }
+  run.write_json();
   return 0;
 }
+
+const BenchRegistration kRegistered("qknorm_rope", run_bench_qknorm_rope);
 
 int run_demo(const Args& args) {
   const QkCase c{"FLUX.1 attention prep", 4608, 24, 24, 128, 128, false};

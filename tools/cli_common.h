@@ -26,7 +26,6 @@ inline std::string today() {
   return buf;
 }
 
-int run_bench_qknorm_rope(const Args& args);
 int run_demo(const Args& args);
 
 }  // namespace ditops::cli

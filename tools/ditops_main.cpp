@@ -7,7 +7,7 @@
 #include "ditops/qknorm_rope.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
-#include "tools/cli_common.h"
+#include "tools/bench_common.h"
 
 namespace ditops::cli {
 namespace {
@@ -23,7 +23,7 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
   info                          devices, SM, driver, NVRTC, cache directory
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
-  bench qknorm_rope [--reps N] [--json PATH] [--commit SHA]
+  bench <op> [--reps N] [--json PATH] [--commit SHA]
                                 model shapes: us, GB/s, fraction of a device copy (needs a GPU)
 )";
 
@@ -167,8 +167,12 @@ int main(int argc, char** argv) {
     if (cmd == "info") return cmd_info();
     if (cmd == "demo") return run_demo(args);
     if (cmd == "bench") {
-      if (args.words.size() < 2 || args.words[1] != "qknorm_rope") throw ditops::Error("bench: only qknorm_rope");
-      return run_bench_qknorm_rope(args);
+      std::string known;
+      for (const auto& [op, run] : bench_commands()) {
+        if (args.words.size() >= 2 && args.words[1] == op) return run(args);
+        known += (known.empty() ? "" : ", ") + op;
+      }
+      throw ditops::Error("bench: expected one of: " + known);
     }
     std::fprintf(stderr, "unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;

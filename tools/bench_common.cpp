@@ -1,0 +1,119 @@
+#include "tools/bench_common.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "jit/jit.h"
+
+namespace ditops::cli {
+
+using jit::check_cu;
+
+DeviceBuffer::DeviceBuffer(size_t n) : bytes(n) {
+  if (n) check_cu(jit::require_cuda_driver().cuMemAlloc(&ptr, n), "cuMemAlloc");
+}
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr) jit::require_cuda_driver().cuMemFree(ptr);
+}
+void DeviceBuffer::upload(const void* host) {
+  check_cu(jit::require_cuda_driver().cuMemcpyHtoD(ptr, host, bytes), "cuMemcpyHtoD");
+}
+void DeviceBuffer::download(void* host) const {
+  check_cu(jit::require_cuda_driver().cuMemcpyDtoH(host, ptr, bytes), "cuMemcpyDtoH");
+}
+
+double median_us(const std::function<void()>& fn, int reps, DeviceBuffer& flush) {
+  const auto& d = jit::require_cuda_driver();
+  CUevent start, stop;
+  check_cu(d.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+  check_cu(d.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    check_cu(d.cuMemsetD8Async(flush.ptr, static_cast<unsigned char>(i), flush.bytes, nullptr), "flush");
+    check_cu(d.cuEventRecord(start, nullptr), "cuEventRecord");
+    fn();
+    check_cu(d.cuEventRecord(stop, nullptr), "cuEventRecord");
+    check_cu(d.cuEventSynchronize(stop), "cuEventSynchronize");
+    float ms = 0;
+    check_cu(d.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+    times.push_back(ms * 1000.0);
+  }
+  d.cuEventDestroy(start);
+  d.cuEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+bool BenchRun::gpu_available(const char* op) {
+  std::string why;
+  if (jit::cuda_driver(&why)) return true;
+  std::printf("ditops bench %s: %s; the benchmark needs a CUDA GPU.\n", op, why.c_str());
+  return false;
+}
+
+BenchRun::BenchRun(const char* op, const Args& args)
+    : op_(op),
+      json_path_(args.get("--json", "")),
+      commit_(args.get("--commit", "unknown")),
+      date_(today()),
+      reps_(std::stoi(args.get("--reps", "50"))),
+      flush_((jit::bind_primary_context(0), size_t{256} << 20)) {  // 256 MiB > the H200's 60 MB L2
+  device_name_ = jit::device_info(Device{DeviceKind::cuda, 0}).name;
+  std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
+}
+
+double BenchRun::copy_us(int64_t bytes) {
+  DeviceBuffer src(bytes / 2), dst(bytes / 2);
+  const auto& d = jit::require_cuda_driver();
+  return time_us([&] { check_cu(d.cuMemcpyDtoDAsync(dst.ptr, src.ptr, bytes / 2, nullptr), "copy"); });
+}
+
+void BenchRun::record(const std::string& case_name, const std::string& impl, double us, int64_t bytes,
+                      double copy_us) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("%-40s %-24s %10.2f %10.1f %7.1f%%\n", case_name.c_str(), impl.c_str(), us, gbs,
+              copy_us > 0 ? 100.0 * copy_us / us : 0.0);
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"op\": \"%s\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, \"gb_per_s\": %.1f, "
+                "\"copy_fraction\": %.4f, \"bytes\": %lld, \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\"}",
+                op_.c_str(), case_name.c_str(), impl.c_str(), us, gbs, copy_us > 0 ? copy_us / us : 0.0,
+                static_cast<long long>(bytes), device_name_.c_str(), date_.c_str(), commit_.c_str());
+  records_.push_back(buf);
+}
+
+void BenchRun::record_time(const std::string& case_name, const std::string& impl, double us) {
+  std::printf("%-40s %-24s %10.2f\n", case_name.c_str(), impl.c_str(), us);
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                "{\"op\": \"%s\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, \"device\": \"%s\", "
+                "\"date\": \"%s\", \"commit\": \"%s\"}",
+                op_.c_str(), case_name.c_str(), impl.c_str(), us, device_name_.c_str(), date_.c_str(),
+                commit_.c_str());
+  records_.push_back(buf);
+}
+
+void BenchRun::write_json() const {
+  if (json_path_.empty()) return;
+  std::ofstream out(json_path_);
+  out << "[\n";
+  for (size_t i = 0; i < records_.size(); ++i) out << "  " << records_[i] << (i + 1 < records_.size() ? ",\n" : "\n");
+  out << "]\n";
+  std::printf("wrote %s\n", json_path_.c_str());
+}
+
+namespace {
+std::vector<std::pair<std::string, BenchFunction>>& mutable_bench_commands() {
+  static std::vector<std::pair<std::string, BenchFunction>> commands;
+  return commands;
+}
+}  // namespace
+
+BenchRegistration::BenchRegistration(const char* op, BenchFunction fn) {
+  mutable_bench_commands().emplace_back(op, fn);
+}
+const std::vector<std::pair<std::string, BenchFunction>>& bench_commands() { return mutable_bench_commands(); }
+
+}  // namespace ditops::cli

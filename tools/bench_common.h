@@ -1,0 +1,66 @@
+// Shared plumbing of the `ditops bench <op>` commands: device buffers, cold-L2 timing with CUDA
+// events, the same-size device copy as the ceiling, and the JSON record format of
+// bench/results/ (op, case, impl, us, gb_per_s, copy_fraction, bytes, device, date, commit).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "jit/cuda_driver.h"
+#include "tools/cli_common.h"
+
+namespace ditops::cli {
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n);
+  ~DeviceBuffer();
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* get() const { return reinterpret_cast<void*>(ptr); }
+  void upload(const void* host);
+  void download(void* host) const;
+};
+
+// Median time in microseconds of `fn` on the default stream; the L2 is flushed (a 256 MiB memset)
+// before each repetition, and 3 warm-up calls run first (module load, JIT, first touch).
+double median_us(const std::function<void()>& fn, int reps, DeviceBuffer& flush);
+
+// One benchmark run: parses --reps/--json/--commit, holds the flush buffer, prints one table
+// row per record and writes the JSON list at the end.
+class BenchRun {
+ public:
+  // Returns false (after printing why) when no CUDA GPU is usable: the caller returns 0.
+  static bool gpu_available(const char* op);
+  BenchRun(const char* op, const Args& args);
+  int reps() const { return reps_; }
+  const std::string& device_name() const { return device_name_; }
+  // Median time of a device-to-device copy of bytes/2 (the ceiling for a kernel that reads
+  // bytes/2 and writes bytes/2).
+  double copy_us(int64_t bytes);
+  double time_us(const std::function<void()>& fn) { return median_us(fn, reps_, flush_); }
+  // Prints and stores one record; copy_us <= 0 leaves copy_fraction out.
+  void record(const std::string& case_name, const std::string& impl, double us, int64_t bytes, double copy_us);
+  // A record with only a time (host overheads, compile times).
+  void record_time(const std::string& case_name, const std::string& impl, double us);
+  void write_json() const;  // to --json PATH when given
+
+ private:
+  std::string op_, json_path_, commit_, date_, device_name_;
+  int reps_ = 50;
+  DeviceBuffer flush_;
+  std::vector<std::string> records_;
+};
+
+// `ditops bench <op>` commands register themselves from their own file:
+//   static const BenchRegistration kRegistered("residual_gate_add", run_bench_residual_gate_add);
+using BenchFunction = int (*)(const Args&);
+struct BenchRegistration {
+  BenchRegistration(const char* op, BenchFunction fn);
+};
+const std::vector<std::pair<std::string, BenchFunction>>& bench_commands();
+
+}  // namespace ditops::cli
