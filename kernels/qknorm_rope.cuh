@@ -15,9 +15,10 @@
 // * Channels >= R pass through as rne16(n).
 //
 // Layout: each lane owns 8 consecutive channels (16 bytes of fp16/bf16), so a head occupies
-// D/8 lanes and a warp processes 32/(D/8) heads at once (4 at D=64, 2 at D=128, 1 at D=256).
-// Work index = token * (Hq + Hk) + head; heads >= Hq are k heads. The grid is persistent and
-// grid-strides over works; the (token, head) cursor advances without division.
+// D/8 lanes and a warp processes 32/(D/8) heads per iteration (4 at D=64, 2 at D=128, 1 at
+// D=256). A warp's unit of work is one token and unit_iterations such iterations of its heads
+// (heads >= Hq are k heads); warps grid-stride over units (persistent grid) with a cursor that
+// advances without division.
 #pragma once
 
 #include "common/memory.cuh"
@@ -31,9 +32,9 @@ namespace qk_detail {
 using namespace ditops::kernel;
 
 constexpr int kElemsPerLane = 8;
-// One work per lane per loop iteration. Tried on the H200 (2026-11-29): two works per lane with
-// all their loads issued first ran slower on every model shape (FLUX 42.3 -> 46.2 us, Wan 504 ->
-// 664 us), so the simple loop stays.
+// Tried on the H200 (2026-11-29): two works per lane with all their loads issued first into
+// registers ran slower on every model shape (FLUX 42.3 -> 46.2 us, Wan 504 -> 664 us): more
+// registers, fewer resident warps. The aligned path pipelines through shared memory instead.
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
@@ -110,137 +111,198 @@ __device__ __forceinline__ void load_cache(const CacheT* row, long long offset, 
   }
 }
 
-}  // namespace qk_detail
-
-template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
-          bool kRounded, bool kAtenOrder, bool kPdl, bool kAligned>
-__device__ void qknorm_rope_body(const QkNormRopeParams& p) {
-  using namespace qk_detail;
+// Geometry of one lane's share of the work.
+template <int D, int R, bool kNeox>
+struct QkLaneShape {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64, 128 or 256");
   static_assert(R > 0 && R <= D, "0 < rope_dim <= head_dim");
   static_assert(R % kElemsPerLane == 0, "rotary channels cover whole lanes");
   static_assert(!kNeox || R % (2 * kElemsPerLane) == 0, "NeoX halves start on a lane boundary");
-  constexpr int kLanesPerHead = D / kElemsPerLane;
-  constexpr int kHeadsPerWarp = 32 / kLanesPerHead;
-  constexpr int kRotaryLanes = R / kElemsPerLane;
-  constexpr int kHalfRotaryLanes = kRotaryLanes / 2;
+  static constexpr int kLanesPerHead = D / kElemsPerLane;
+  static constexpr int kHeadsPerWarp = 32 / kLanesPerHead;
+  static constexpr int kRotaryLanes = R / kElemsPerLane;
+  static constexpr int kHalfRotaryLanes = kRotaryLanes / 2;
+};
+
+// The cos/sin values one rotary lane needs for its 8 channels (interleaved compact caches need
+// 4 of each; the rest of the arrays is unused).
+template <typename CacheT, int R, bool kNeox, bool kFullWidth, bool kAligned, int kHalfRotaryLanes>
+__device__ __forceinline__ void load_lane_cache(const CacheT* cache_row, int head_lane, float (&c)[kElemsPerLane],
+                                                float (&s)[kElemsPerLane]) {
+  const int channel0 = head_lane * kElemsPerLane;
+  if constexpr (!kNeox && !kFullWidth) {
+    float ch[kElemsPerLane / 2], sh[kElemsPerLane / 2];
+    load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, channel0 / 2, ch);
+    load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, R / 2 + channel0 / 2, sh);
+#pragma unroll
+    for (int i = 0; i < kElemsPerLane / 2; ++i) {
+      c[i] = ch[i];
+      s[i] = sh[i];
+    }
+  } else if constexpr (!kNeox) {
+    load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, channel0, c);
+    load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, R + channel0, s);
+  } else {
+    const bool low_half = head_lane < kHalfRotaryLanes;
+    const int index0 = kFullWidth ? channel0 : channel0 - (low_half ? 0 : R / 2);
+    load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, index0, c);
+    load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, (kFullWidth ? R : R / 2) + index0, s);
+  }
+}
+
+// Norm + RoPE of one head slice held by this lane (x converted to fp32; c/s its cos/sin when the
+// lane is rotary), then the store. All lanes of the warp call it together (shuffles); `active`
+// lanes store.
+template <typename Act, typename CacheT, int D, int R, bool kNeox, bool kFullWidth, bool kRounded,
+          bool kAtenOrder, bool kAligned>
+__device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p, Act* row, const float (&x)[kElemsPerLane],
+                                                       const float (&c)[kElemsPerLane], const float (&s)[kElemsPerLane],
+                                                       bool active, int slot, int head_lane,
+                                                       const Act (&weight)[kElemsPerLane]) {
+  using Shape = QkLaneShape<D, R, kNeox>;
+  const float total = head_sum_of_squares<D, kAtenOrder>(x);
+  // total / D: D is a power of two, so the product with its exact reciprocal is the correctly
+  // rounded quotient (what aten's division gives) without the division subroutine.
+  const float factor = rsqrtf(__fmul_rn(total, 1.0f / D) + p.eps);
+
+  float n[kElemsPerLane];
+#pragma unroll
+  for (int i = 0; i < kElemsPerLane; ++i) {
+    const float w = to_float(weight[i]);
+    n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
+                    : __fmul_rn(x[i], __fmul_rn(factor, w));
+  }
+
+  // RoPE on the rotary lanes. NeoX partners sit kHalfRotaryLanes lanes away; every lane takes
+  // part in the shuffle (non-rotary lanes read themselves).
+  float partner[kElemsPerLane];
+  if constexpr (kNeox) {
+    const int src_in_head = head_lane < Shape::kHalfRotaryLanes ? head_lane + Shape::kHalfRotaryLanes
+                            : head_lane < Shape::kRotaryLanes   ? head_lane - Shape::kHalfRotaryLanes
+                                                                : head_lane;
+    const int src = slot * Shape::kLanesPerHead + src_in_head;
+#pragma unroll
+    for (int i = 0; i < kElemsPerLane; ++i) partner[i] = __shfl_sync(kFullMask, n[i], src);
+  }
+
+  float y[kElemsPerLane];
+#pragma unroll
+  for (int i = 0; i < kElemsPerLane; ++i) y[i] = n[i];
+  if (head_lane < Shape::kRotaryLanes) {
+    if constexpr (!kNeox) {
+      // Interleaved pairs (2j, 2j+1) inside the lane.
+#pragma unroll
+      for (int i = 0; i < kElemsPerLane; i += 2) {
+        const int j = kFullWidth ? i : i / 2;
+        const int j1 = kFullWidth ? i + 1 : i / 2;
+        y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[j], n[i + 1], s[j]);
+        y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[j1], n[i], s[j1]);
+      }
+    } else {
+      const bool low_half = head_lane < Shape::kHalfRotaryLanes;
+#pragma unroll
+      for (int i = 0; i < kElemsPerLane; ++i)
+        y[i] = low_half ? rotate_minus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i])
+                        : rotate_plus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i]);
+    }
+  }
+
+  if (active) {
+    Act out[kElemsPerLane];
+#pragma unroll
+    for (int i = 0; i < kElemsPerLane; ++i) out[i] = from_float<Act>(y[i]);
+    store_elements<Act, kElemsPerLane, kAligned>(row, out);
+  }
+}
+
+template <typename Act>
+__device__ __forceinline__ Act* head_row(const QkNormRopeParams& p, long long token, int head, int head_lane) {
+  Act* row = head < p.num_q_heads
+                 ? static_cast<Act*>(p.q) + token * p.q_token_stride + head * p.head_stride
+                 : static_cast<Act*>(p.k_shifted) + token * p.k_token_stride + head * p.head_stride;
+  return row + head_lane * kElemsPerLane;
+}
+
+}  // namespace qk_detail
+
+// Work decomposition (H200 measurements of 2026-11-29 behind it, FLUX 4608x24 / Qwen 6912x24
+// NeoX, cold L2): a warp takes a unit = (token, kQkChunkHeadIterations x heads-per-warp heads),
+// issues the 16-byte loads of all its heads and the position up front, loads its cos/sin slice
+// once (it depends only on the token), then normalizes, rotates and stores head by head. The
+// earlier loop (one head per lane per iteration, position and cos/sin loaded after the
+// reduction) serialized three memory latencies per head: 41.9 / 69.6 us (74% / 63% of a copy).
+// Pipelining only the head loads through shared memory with cp.async (2, 4 or 6 stages) did not
+// help (44.5-46.3 / 81-82 us): the dependent position -> cos/sin chain was the limit.
+template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
+          bool kRounded, bool kAtenOrder, bool kPdl, bool kAligned>
+__device__ void qknorm_rope_body(const QkNormRopeParams& p) {
+  using namespace qk_detail;
+  using Shape = QkLaneShape<D, R, kNeox>;
+  constexpr int kChunk = kQkChunkHeadIterations;
+  const int unit_heads = p.unit_iterations * Shape::kHeadsPerWarp;
 
   const int lane = threadIdx.x & 31;
-  const int slot = lane / kLanesPerHead;       // which head of the warp
-  const int head_lane = lane % kLanesPerHead;  // lane within the head
+  const int slot = lane / Shape::kLanesPerHead;       // which head of an iteration
+  const int head_lane = lane % Shape::kLanesPerHead;  // lane within the head
+  const bool rotary_lane = head_lane < Shape::kRotaryLanes;
   const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-
-  const long long first_work = warp * kHeadsPerWarp + slot;
-  long long token = first_work / p.num_heads;
-  int head = static_cast<int>(first_work - token * p.num_heads);
+  long long token = warp / p.chunks_per_token;
+  int chunk = static_cast<int>(warp - token * p.chunks_per_token);
 
   if constexpr (kPdl) pdl_wait();
 
-  // The weight slice of this lane, both tensors (reused for every work of the loop).
-  Act wq[kElemsPerLane], wk[kElemsPerLane];
-  load_elements<Act, kElemsPerLane, kAligned, true>(
-      static_cast<const Act*>(p.q_weight) + head_lane * kElemsPerLane, wq);
-  load_elements<Act, kElemsPerLane, kAligned, true>(
-      static_cast<const Act*>(p.k_weight) + head_lane * kElemsPerLane, wk);
+  // The weight slices of this lane, both tensors (reused for every head of the loop).
+  // Kept packed (8 registers, not 16): registers bound the resident warps.
+  Word<16> wq, wk;
+  load_packed<Act, kAligned, true>(static_cast<const Act*>(p.q_weight) + head_lane * kElemsPerLane, wq);
+  load_packed<Act, kAligned, true>(static_cast<const Act*>(p.k_weight) + head_lane * kElemsPerLane, wk);
 
-  // Warp-uniform loop: shuffles need every lane, so a slot past the end computes on zeros and
-  // skips its store.
-  while (__any_sync(kFullMask, token < p.num_tokens)) {
-    const bool active = token < p.num_tokens;
-    const bool is_q = head < p.num_q_heads;
-    Act* row = is_q ? static_cast<Act*>(p.q) + token * p.q_token_stride + head * p.head_stride
-                    : static_cast<Act*>(p.k_shifted) + token * p.k_token_stride + head * p.head_stride;
-    row += head_lane * kElemsPerLane;
-
-    float x[kElemsPerLane];
-    {
-      Act raw[kElemsPerLane];
-      if (active) {
-        load_elements<Act, kElemsPerLane, kAligned, false>(row, raw);
+  // token is warp-uniform, so the loop and its shuffles are too.
+  while (token < p.num_tokens) {
+    const int head0 = chunk * unit_heads + slot;
+    // All loads of the unit first: the heads, then the position and this lane's cos/sin.
+    Word<16> raw[kChunk];  // packed: 4 registers per head
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      const int head = head0 + j * Shape::kHeadsPerWarp;
+      if (j < p.unit_iterations && head < p.num_heads) {
+        load_packed<Act, kAligned, false>(head_row<Act>(p, token, head, head_lane), raw[j]);
       } else {
 #pragma unroll
-        for (int i = 0; i < kElemsPerLane; ++i) raw[i] = from_float<Act>(0.0f);
+        for (int i = 0; i < 4; ++i) raw[j].w[i] = 0u;  // +0.0 in fp16 and bf16
       }
-#pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) x[i] = to_float(raw[i]);
     }
-
-    const float total = head_sum_of_squares<D, kAtenOrder>(x);
-    const float factor = rsqrtf(__fdiv_rn(total, static_cast<float>(D)) + p.eps);
-
-    float n[kElemsPerLane];
-#pragma unroll
-    for (int i = 0; i < kElemsPerLane; ++i) {
-      const float w = to_float(is_q ? wq[i] : wk[i]);
-      n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
-                      : __fmul_rn(x[i], __fmul_rn(factor, w));
-    }
-
-    // RoPE on the rotary lanes. NeoX partners sit kHalfRotaryLanes lanes away; every lane takes
-    // part in the shuffle (non-rotary lanes read themselves).
-    float partner[kElemsPerLane];
-    if constexpr (kNeox) {
-      const int src_in_head = head_lane < kHalfRotaryLanes   ? head_lane + kHalfRotaryLanes
-                              : head_lane < kRotaryLanes     ? head_lane - kHalfRotaryLanes
-                                                             : head_lane;
-      const int src = slot * kLanesPerHead + src_in_head;
-#pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) partner[i] = __shfl_sync(kFullMask, n[i], src);
-    }
-
-    float y[kElemsPerLane];
-#pragma unroll
-    for (int i = 0; i < kElemsPerLane; ++i) y[i] = n[i];
-
-    if (active && head_lane < kRotaryLanes) {
+    float c[kElemsPerLane], s[kElemsPerLane];
+    if (rotary_lane) {
       const long long pos = static_cast<long long>(static_cast<const PosT*>(p.positions)[token * p.positions_stride]);
       const CacheT* cache_row = static_cast<const CacheT*>(p.cos_sin_cache) + pos * p.cache_row_stride;
-      const int channel0 = head_lane * kElemsPerLane;
-      if constexpr (!kNeox) {
-        // Interleaved pairs (2j, 2j+1) inside the lane.
-        if constexpr (kFullWidth) {
-          float c[kElemsPerLane], s[kElemsPerLane];
-          load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, channel0, c);
-          load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, R + channel0, s);
+      load_lane_cache<CacheT, R, kNeox, kFullWidth, kAligned, Shape::kHalfRotaryLanes>(cache_row, head_lane, c, s);
+    }
 #pragma unroll
-          for (int i = 0; i < kElemsPerLane; i += 2) {
-            y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[i], n[i + 1], s[i]);
-            y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[i + 1], n[i], s[i + 1]);
-          }
-        } else {
-          float c[kElemsPerLane / 2], s[kElemsPerLane / 2];
-          load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, channel0 / 2, c);
-          load_cache<CacheT, kElemsPerLane / 2, kAligned>(cache_row, R / 2 + channel0 / 2, s);
+    for (int j = 0; j < kChunk; ++j) {
+      // A whole iteration past the last head of the token is skipped (warp-uniform); single heads
+      // past the end compute on zeros (shuffles need every lane) and skip their store.
+      if (j < p.unit_iterations && chunk * unit_heads + j * Shape::kHeadsPerWarp < p.num_heads) {
+        const int head = head0 + j * Shape::kHeadsPerWarp;
+        const bool is_q = head < p.num_q_heads;
+        float x[kElemsPerLane];
+        Act weight[kElemsPerLane];  // chosen word-wise: a chosen array would live in local memory
+        Word<16> wword;
 #pragma unroll
-          for (int i = 0; i < kElemsPerLane; i += 2) {
-            y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[i / 2], n[i + 1], s[i / 2]);
-            y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[i / 2], n[i], s[i / 2]);
-          }
+        for (int i = 0; i < 4; ++i) wword.w[i] = is_q ? wq.w[i] : wk.w[i];
+#pragma unroll
+        for (int i = 0; i < kElemsPerLane; ++i) {
+          x[i] = to_float(word_element<Act>(raw[j], i));
+          weight[i] = word_element<Act>(wword, i);
         }
-      } else {
-        const bool low_half = head_lane < kHalfRotaryLanes;
-        const int index0 = kFullWidth ? channel0 : channel0 - (low_half ? 0 : R / 2);
-        float c[kElemsPerLane], s[kElemsPerLane];
-        load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, index0, c);
-        load_cache<CacheT, kElemsPerLane, kAligned>(cache_row, (kFullWidth ? R : R / 2) + index0, s);
-#pragma unroll
-        for (int i = 0; i < kElemsPerLane; ++i)
-          y[i] = low_half ? rotate_minus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i])
-                          : rotate_plus<CacheT, kRounded, Act>(n[i], c[i], partner[i], s[i]);
+        normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kAtenOrder, kAligned>(
+            p, head_row<Act>(p, token, head, head_lane), x, c, s, head < p.num_heads, slot, head_lane, weight);
       }
     }
-
-    if (active) {
-      Act out[kElemsPerLane];
-#pragma unroll
-      for (int i = 0; i < kElemsPerLane; ++i) out[i] = from_float<Act>(y[i]);
-      store_elements<Act, kElemsPerLane, kAligned>(row, out);
-    }
-
-    token += p.token_step;
-    head += p.head_step;
-    if (head >= p.num_heads) {
-      head -= p.num_heads;
+    token += p.unit_token_step;
+    chunk += p.unit_chunk_step;
+    if (chunk >= p.chunks_per_token) {
+      chunk -= p.chunks_per_token;
       ++token;
     }
   }

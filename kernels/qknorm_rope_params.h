@@ -4,6 +4,14 @@
 
 namespace ditops {
 
+// Heads one warp processes per unit = this many iterations x (32 / (head_dim / 8)) heads.
+// The cos/sin slice of a lane depends only on the token, so a unit loads it once and reuses it
+// for every head of the unit. H200 (2026-11-29): see kernels/qknorm_rope.cuh for the numbers.
+#ifndef DITOPS_QK_CHUNK  // overridable for bench/experiments/qknorm_tune.cu only
+#define DITOPS_QK_CHUNK 4
+#endif
+constexpr int kQkChunkHeadIterations = DITOPS_QK_CHUNK;
+
 struct QkNormRopeParams {
   void* q;                      // [T, Hq, D]
   void* k_shifted;              // k base moved back by Hq head strides: head h >= Hq of the
@@ -20,10 +28,14 @@ struct QkNormRopeParams {
   long long positions_stride;   // elements
   int num_q_heads;
   int num_heads;                // Hq + Hk
-  // Grid-stride advance of one head slot, pre-divided on the host so the loop has no division:
-  // the slot's work index moves by work_stride = token_step * num_heads + head_step.
-  long long token_step;
-  int head_step;
+  // Work decomposition: a unit is (token, chunk of unit_iterations * heads-per-warp consecutive
+  // heads); warps grid-stride over units. The advance of a warp's unit cursor is
+  // pre-divided on the host so the loop has no division: unit += unit_token_step * chunks +
+  // unit_chunk_step.
+  int unit_iterations;          // 1..kQkChunkHeadIterations: small problems use short units
+  int chunks_per_token;
+  int unit_chunk_step;
+  long long unit_token_step;
   float eps;
 };
 

@@ -566,6 +566,75 @@ TEST_F(DispatchTest, FailingRunFallsThroughAndIsCached) {
   EXPECT_EQ(failing_runs.load(), 4);
 }
 
+TEST_F(DispatchTest, SignatureCachesTheDecisionUntilTheRegistryChanges) {
+  std::atomic<int> predicate_calls{0};
+  KernelSpec aot = spec("fake.aot", Provenance::aot);
+  aot.predicate = [&](const void* p) {
+    ++predicate_calls;
+    return static_cast<const FakeCall*>(p)->value == 7 ? std::string("value 7 refused") : std::string();
+  };
+  registry_.add(aot);
+  registry_.add(spec("fake.jit", Provenance::jit));
+  FakeCall call;
+
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 42).name, "fake.aot");
+  const int evaluated = predicate_calls.load();
+  EXPECT_GE(evaluated, 1);
+  // Same signature: the decision is reused, no predicate runs, the implementation still runs.
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 42).name, "fake.aot");
+  EXPECT_EQ(predicate_calls.load(), evaluated);
+  EXPECT_EQ(ran_.size(), 4u);
+  // Without a signature every call evaluates.
+  registry_.dispatch(kOp, &call, h200());
+  EXPECT_GT(predicate_calls.load(), evaluated);
+  // Another signature, device or options is a separate decision.
+  FakeCall refused;
+  refused.value = 7;
+  EXPECT_EQ(registry_.dispatch(kOp, &refused, h200(), {}, 43).name, "fake.jit");
+  DispatchOptions jit_only;
+  jit_only.backend = Provenance::jit;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), jit_only, 42).name, "fake.jit");
+  EXPECT_EQ(registry_.dispatch(kOp, &call, cuda_sm(90, 0, 1), {}, 42).name, "fake.aot");
+  // A configuration reload drops the cached decisions.
+  setenv("DITOPS_DISABLE", "fake_op:aot", 1);
+  ditops::reload_config();
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 42).name, "fake.jit");
+  unsetenv("DITOPS_DISABLE");
+  ditops::reload_config();
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 42).name, "fake.aot");
+}
+
+TEST_F(DispatchTest, CachedDecisionThatFailsFallsThroughOnce) {
+  std::atomic<int> runs{0};
+  std::atomic<bool> fail{false};
+  KernelSpec aot = spec("fake.aot", Provenance::aot);
+  aot.run = [&](const void*) {
+    ++runs;
+    if (fail) throw ditops::Error("launch failed");
+  };
+  registry_.add(aot);
+  registry_.add(spec("fake.jit", Provenance::jit));
+  FakeCall call;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 5).name, "fake.aot");
+  fail = true;
+  // The cached choice fails: recorded, warned once, the next candidate runs; later calls go
+  // straight to it without retrying the failed one.
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 5).name, "fake.jit");
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(registry_.failure_count(), 1u);
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), {}, 5).name, "fake.jit");
+  EXPECT_EQ(runs.load(), 2);
+  EXPECT_EQ(warnings().size(), 1u);
+  // An explicit backend stays strict on the cached path too.
+  fail = false;
+  registry_.clear_failures();
+  DispatchOptions aot_only;
+  aot_only.backend = Provenance::aot;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), aot_only, 5).name, "fake.aot");
+  fail = true;
+  EXPECT_THROW(registry_.dispatch(kOp, &call, h200(), aot_only, 5), ditops::Error);
+}
+
 TEST_F(DispatchTest, EveryEligibleFailedThrows) {
   KernelSpec aot = spec("fake.aot", Provenance::aot);
   aot.run = [](const void*) { throw std::runtime_error("a"); };

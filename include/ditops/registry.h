@@ -141,8 +141,15 @@ class Registry {
   // Select and run; on a failure while resolving or launching, record it per (device, op,
   // provenance, template key), warn once and fall through to the next candidate, unless the
   // backend was requested explicitly. Returns the implementation that ran.
+  //
+  // signature != 0 enables the decision cache: the op promises that `signature` covers everything
+  // its predicates, availability and template keys read from `call` (dtypes, sizes that select a
+  // kernel, alignment, flags). Calls with equal (op, signature, device, options) then reuse the
+  // chosen implementation without evaluating the candidates, until the registry changes (add,
+  // reload_config, a recorded failure, clear_failures). This is what keeps a call's host cost to
+  // argument matching plus the launch.
   const KernelSpec& dispatch(const std::string& op, const void* call, const DeviceInfo& device,
-                             const DispatchOptions& options = {});
+                             const DispatchOptions& options = {}, uint64_t signature = 0);
 
   size_t failure_count() const;
   void clear_failures();

@@ -104,6 +104,20 @@ __device__ __forceinline__ void store_elements(T* dst, const T (&src)[N]) {
   }
 }
 
+// 16 bytes of 2-byte elements as four packed words (8 elements in 4 registers): one vector
+// access when aligned, element by element otherwise.
+template <typename T, bool kAligned, bool kReadOnly>
+__device__ __forceinline__ void load_packed(const T* src, Word<16>& out) {
+  static_assert(sizeof(T) == 2, "8 elements of 2 bytes");
+  if constexpr (kAligned) {
+    out = load_word<16, kReadOnly>(src);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      out.w[i] = static_cast<u32>(src[2 * i].bits) | (static_cast<u32>(src[2 * i + 1].bits) << 16);
+  }
+}
+
 // Programmatic dependent launch: wait for the grid this one depends on before the first read of
 // its outputs, and let the next grid start its prologue once our last store is issued. Both are
 // no-ops when the launch did not enable PDL.
@@ -117,5 +131,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
 
 }  // namespace ditops::kernel

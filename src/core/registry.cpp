@@ -1,12 +1,14 @@
 #include "ditops/registry.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "core/builtin_ops.h"
 
@@ -153,7 +155,14 @@ const Config& config() {
   return *g_config;
 }
 
+namespace {
+// Bumped by every change that can alter a dispatch decision; cached decisions of an older
+// generation are dropped.
+std::atomic<uint64_t> g_dispatch_generation{1};
+}  // namespace
+
 void reload_config() {
+  g_dispatch_generation.fetch_add(1);
   std::lock_guard<std::mutex> lock(config_mutex());
   Config* fresh = new Config(read_config());
   // The old object may still be referenced by a caller mid-dispatch; it is leaked on purpose
@@ -191,6 +200,28 @@ struct Registry::State {
   std::vector<std::unique_ptr<KernelSpec>> specs;
   mutable std::mutex failure_mutex;
   std::map<std::string, std::string> failures;  // key -> first failure message
+
+  // The dispatch decision cache (see Registry::dispatch).
+  struct DecisionKey {
+    std::string op;
+    uint64_t signature;
+    DeviceKind kind;
+    int index, sm;
+    int backend, quality;  // -1: not given
+    bool operator==(const DecisionKey&) const = default;
+  };
+  struct DecisionHash {
+    size_t operator()(const DecisionKey& k) const {
+      uint64_t h = std::hash<std::string>()(k.op) ^ (k.signature * 0x9e3779b97f4a7c15ull);
+      h ^= (static_cast<uint64_t>(k.kind) << 56) ^ (static_cast<uint64_t>(k.index) << 40) ^
+           (static_cast<uint64_t>(k.sm) << 24) ^ (static_cast<uint64_t>(k.backend + 1) << 8) ^
+           static_cast<uint64_t>(k.quality + 1);
+      return static_cast<size_t>(h);
+    }
+  };
+  std::mutex decision_mutex;
+  uint64_t decision_generation = 0;
+  std::unordered_map<DecisionKey, const KernelSpec*, DecisionHash> decisions;
 };
 
 Registry::Registry() : state_(std::make_unique<State>()) {}
@@ -211,6 +242,7 @@ void Registry::add(KernelSpec spec) {
   for (const auto& s : state_->specs)
     if (s->name == spec.name) throw Error("Registry::add: " + spec.name + " is already registered");
   state_->specs.push_back(std::make_unique<KernelSpec>(std::move(spec)));
+  g_dispatch_generation.fetch_add(1);
 }
 
 std::vector<const KernelSpec*> Registry::list(const std::string& op) const {
@@ -346,8 +378,59 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
   return report;
 }
 
+namespace {
+// Records a failed run (once per device, op, provenance, template key) and warns once.
+void record_failure(std::mutex& mutex, std::map<std::string, std::string>& failures, const DeviceInfo& device,
+                    const KernelSpec& spec, const void* call, const std::string& device_label,
+                    const std::exception& e) {
+  const std::string key = spec.template_key ? spec.template_key(call) : "";
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    failures.emplace(failure_key(device, spec, key), e.what());
+  }
+  g_dispatch_generation.fetch_add(1);
+  warn_once("failure:" + failure_key(device, spec, key),
+            spec.name + " failed on " + device_label + " (key " + key + "): " + e.what() +
+                "; falling back to the next implementation");
+}
+}  // namespace
+
 const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
-                                     const DeviceInfo& device, const DispatchOptions& options) {
+                                     const DeviceInfo& device, const DispatchOptions& options,
+                                     uint64_t signature) {
+  State::DecisionKey decision_key;
+  if (signature != 0) {
+    decision_key = {op,
+                    signature,
+                    device.device.kind,
+                    device.device.index,
+                    device.sm,
+                    options.backend ? static_cast<int>(*options.backend) : -1,
+                    options.quality ? static_cast<int>(*options.quality) : -1};
+    const KernelSpec* cached = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(state_->decision_mutex);
+      if (state_->decision_generation != g_dispatch_generation.load()) {
+        state_->decisions.clear();
+        state_->decision_generation = g_dispatch_generation.load();
+      }
+      auto it = state_->decisions.find(decision_key);
+      if (it != state_->decisions.end()) cached = it->second;
+    }
+    if (cached) {
+      try {
+        cached->run(call);
+        return *cached;
+      } catch (const std::exception& e) {
+        if (options.backend) throw;  // explicit requests are strict
+        record_failure(state_->failure_mutex, state_->failures, device, *cached, call,
+                       device_name(device.device), e);
+        // The full selection below now skips the failed implementation.
+      }
+    }
+  }
+
+  const uint64_t generation = g_dispatch_generation.load();
   DispatchReport report = explain(op, call, device, options);
   if (!report.chosen) {
     std::string msg = op + ": no eligible implementation on " + report.device;
@@ -362,17 +445,16 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
       if (s->name == cand.name) spec = s;
     try {
       spec->run(call);
+      if (signature != 0) {
+        std::lock_guard<std::mutex> lock(state_->decision_mutex);
+        // Only a decision made under the current generation is remembered.
+        if (generation == g_dispatch_generation.load() && state_->decision_generation == generation)
+          state_->decisions[decision_key] = spec;
+      }
       return *spec;
     } catch (const std::exception& e) {
       if (options.backend) throw;  // explicit requests are strict
-      const std::string key = spec->template_key ? spec->template_key(call) : "";
-      {
-        std::lock_guard<std::mutex> lock(state_->failure_mutex);
-        state_->failures.emplace(failure_key(device, *spec, key), e.what());
-      }
-      warn_once("failure:" + failure_key(device, *spec, key),
-                spec->name + " failed on " + report.device + " (key " + key + "): " + e.what() +
-                    "; falling back to the next implementation");
+      record_failure(state_->failure_mutex, state_->failures, device, *spec, call, report.device, e);
     }
   }
   throw Error(op + ": every eligible implementation failed on " + report.device +
@@ -387,6 +469,7 @@ size_t Registry::failure_count() const {
 void Registry::clear_failures() {
   std::lock_guard<std::mutex> lock(state_->failure_mutex);
   state_->failures.clear();
+  g_dispatch_generation.fetch_add(1);
 }
 
 std::string DispatchReport::format() const {

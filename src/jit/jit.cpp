@@ -65,7 +65,7 @@ constexpr char kMagic[8] = {'D', 'I', 'T', 'O', 'P', 'S', 'C', '1'};
 
 std::string cache_key(const KernelRequest& r, const std::string& arch) {
   return "ditops-jit-v1|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
-         r.params_type + "|" + std::to_string(r.max_threads) + "|" + arch + "|nvrtc" +
+         r.params_type + "|" + std::to_string(r.max_threads) + "," + std::to_string(r.min_blocks) + "|" + arch + "|nvrtc" +
          std::to_string(nvrtc_version()) + "|src" + hex64(embedded_sources_hash());
 }
 

@@ -15,6 +15,7 @@ struct KernelRequest {
   std::string template_args;  // "ditops::kernel::bf16, float, ..."
   std::string params_type;    // "ditops::QkNormRopeParams"
   int max_threads = 256;      // __launch_bounds__
+  int min_blocks = 0;         // __launch_bounds__' minimum resident blocks per SM (0: ptxas decides)
   std::string template_key;   // human-readable key, part of the cache key
 };
 
