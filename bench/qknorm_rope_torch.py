@@ -16,6 +16,7 @@ built libditops.so.
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import json
 import os
 import sys
@@ -86,40 +87,13 @@ class Ditops:
 
 # ---------------------------------------------------------------- the eager chain (the oracle)
 
-
-def rope_eager(x, cos, sin, R, neox, native):
-    """x: normalized [T, H, D] in the activation dtype; cos/sin [T, R] per rotated channel.
-    native=False: fp32 math (x.float() * cos ...) then one cast, as diffusers writes it for an fp32
-    cache; native=True: every op in the activation dtype (16-bit cache)."""
-    xr = x[..., :R] if native else x[..., :R].float()
-    c, s = cos[:, None, :], sin[:, None, :]
-    if neox:
-        x1, x2 = xr[..., : R // 2], xr[..., R // 2:]
-        rot = torch.cat([-x2, x1], -1)
-    else:
-        pairs = xr.unflatten(-1, (R // 2, 2))
-        rot = torch.stack([-pairs[..., 1], pairs[..., 0]], -1).flatten(-2)
-    o = (xr * c + rot * s).to(x.dtype)
-    return torch.cat([o, x[..., R:]], -1) if R < x.shape[-1] else o
-
-
-def full_cos_sin(cache, pos, R, neox, full_width):
-    rows = cache[pos]
-    if full_width:
-        return rows[:, :R], rows[:, R:]
-    cos, sin = rows[:, : R // 2], rows[:, R // 2:]
-    if neox:
-        return torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
-    return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-
-
-def eager_chain(q, k, wq, wk, cache, pos, R, neox, eps, full_width=False):
-    D = q.shape[-1]
-    cos, sin = full_cos_sin(cache, pos, R, neox, full_width)
-    native = cache.dtype != torch.float32
-    qo = rope_eager(F.rms_norm(q, (D,), wq, eps), cos, sin, R, neox, native)
-    ko = rope_eager(F.rms_norm(k, (D,), wk, eps), cos, sin, R, neox, native)
-    return qo, ko
+# One copy of the chain, in the Python package; loaded by path so this script needs no compiled
+# ditops module (only libditops through ctypes).
+_eager_spec = importlib.util.spec_from_file_location(
+    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
+_eager = importlib.util.module_from_spec(_eager_spec)
+_eager_spec.loader.exec_module(_eager)
+rope_eager, full_cos_sin, eager_chain = _eager.rope_eager, _eager.full_cos_sin, _eager.eager_chain
 
 
 def ulp_diff(a, b):

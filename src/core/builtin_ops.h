@@ -6,4 +6,7 @@ namespace ditops {
 class Registry;
 void register_builtin_ops(Registry& registry);
 void register_qknorm_rope(Registry& registry);
+void register_residual_gate_add(Registry& registry);
+void register_layernorm_modulate(Registry& registry);
+void register_norm_scale_shift(Registry& registry);
 }  // namespace ditops

@@ -1,0 +1,254 @@
+"""layernorm_modulate family on the GPU beside PyTorch (ctypes over the C ABI; needs only libditops).
+
+1. Verification: torch.equal (int16 / uint8 views) against the eager chain on CUDA over the spec
+   §6.7 grid: amplitudes 1e-4/1/100, eps 1e-6/1e-5, shift on/off, chunk(4)/chunk(6) views,
+   signed zeros and scales -1/0/1, every row mapping; per-head QK LayerNorm; fp8 against
+   `(y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)` (eager
+   `1.0 / tensor` is Tensor.reciprocal, an IEEE division: fp8_reciprocal=ieee matches it).
+2. Benchmark at the model shapes: eager, torch.compile, ditops (direct call and as a one-kernel
+   CUDA graph), cold L2 (triton.testing.do_bench), median; GB/s and fraction of a device copy.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("eps", ctypes.c_float), ("fp8_reciprocal", ctypes.c_int32), ("mapping", ctypes.c_int32),
+                ("use_pdl", ctypes.c_int32), ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
+
+
+DL_CODES = {torch.float32: (2, 32), torch.bfloat16: (4, 16), torch.float8_e4m3fn: (10, 8)}
+MAPPINGS = {"auto": 0, "warp": 1, "cta": 2}
+
+
+class Ditops:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self._keep = []
+
+    def dl(self, t):
+        if t is None:
+            return None
+        shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        strides = (ctypes.c_int64 * t.dim())(*t.stride())
+        code, bits = DL_CODES[t.dtype]
+        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2, t.device.index or 0), t.dim(),
+                     DLDataType(code, bits, 1), shape, strides, 0)
+        self._keep.append((shape, strides, d))
+        return ctypes.byref(d)
+
+    def _call(self, fn, tensors, eps, mapping, div_full, stream):
+        self._keep.clear()
+        opts = Options(eps, int(div_full), MAPPINGS[mapping], 1, b"jit", None)
+        impl, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(4096)
+        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+        if getattr(self.lib, fn)(*[self.dl(t) for t in tensors], ctypes.byref(opts), s, impl, 128, err, 4096):
+            raise RuntimeError(err.value.decode())
+        return impl.value.decode()
+
+    def ln_mod(self, x, scale, shift, out, eps, mapping="auto", stream=None):
+        return self._call("ditops_layernorm_modulate", (x, scale, shift, out), eps, mapping, False, stream)
+
+    def ln_mod_fp8(self, x, scale, shift, input_scale, out, eps, mapping="auto", div_full=False, stream=None):
+        return self._call("ditops_layernorm_modulate_fp8", (x, scale, shift, input_scale, out), eps, mapping,
+                          div_full, stream)
+
+    def qk(self, q, k, qo, ko, eps, stream=None):
+        return self._call("ditops_qk_head_layernorm", (q, k, qo, ko), eps, "auto", False, stream)
+
+
+def eager(x, scale, shift, eps):
+    y = F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None])
+    return y + shift[:, None] if shift is not None else y
+
+
+def quant(y, input_scale):
+    return (y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def same(a, b):
+    v = torch.int16 if a.element_size() == 2 else torch.uint8
+    return torch.equal(a.contiguous().view(v), b.contiguous().view(v))
+
+
+def make(B, S, D, chunks, amp, gen):
+    x = (torch.randn(B, S, D, device="cuda", generator=gen) * amp + 0.3 * amp).bfloat16()
+    x.view(-1)[::97] = 0.0
+    x.view(-1)[1::89] = -0.0
+    emb = (torch.randn(B, chunks * D, device="cuda", generator=gen) * 0.3).bfloat16()
+    idx = torch.arange(0, chunks * D, 31, device="cuda")
+    emb[:, idx] = ((idx % 3) - 1).to(torch.bfloat16)[None, :].expand(B, -1)  # scales -1, 0, 1
+    emb[:, 5::41] = -0.0
+    parts = emb.chunk(chunks, dim=1)
+    return x, parts[0], parts[1]
+
+
+def verify(dt, rows, meta):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    ok = True
+    shapes = [(1, 1, 128, 4), (1, 4359, 4096, 4), (2, 1024, 4096, 4), (1, 4608, 3072, 6), (2, 300, 3072, 6),
+              (1, 37, 2240, 6), (2, 1024, 2240, 6), (1, 17, 256, 6), (1, 9, 8192, 4), (1, 64, 5120, 6)]
+    n = 0
+    for B, S, D, chunks in shapes:
+        for amp, eps in ((1e-4, 1e-6), (1.0, 1e-6), (100.0, 1e-5)):
+            x, scale, shift = make(B, S, D, chunks, amp, gen)
+            for sh in (shift, None):
+                ref = eager(x, scale, sh, eps)
+                for mapping in ("auto", "warp", "cta"):
+                    out = torch.empty_like(x)
+                    dt.ln_mod(x, scale, sh, out, eps, mapping)
+                    n += 1
+                    if not same(out, ref):
+                        ok = False
+                        bad = (out.view(torch.int16) != ref.view(torch.int16)).sum().item()
+                        print(f"MISMATCH ln_mod {(B, S, D)} amp={amp} eps={eps} shift={sh is not None} "
+                              f"{mapping}: {bad} elements")
+    print(f"layernorm_modulate: {n} runs, {'all torch.equal' if ok else 'MISMATCHES'}")
+    qk_ok = True
+    for B, S, H, Dh in ((1, 4360, 32, 128), (2, 37, 3, 40), (1, 129, 5, 64), (1, 7, 2, 4)):
+        q = (torch.randn(B, S, H, Dh, device="cuda", generator=gen) * 3 + 1).bfloat16()
+        k = torch.randn(B, S, H, Dh, device="cuda", generator=gen).bfloat16()
+        qo, ko = torch.empty_like(q), torch.empty_like(k)
+        dt.qk(q, k, qo, ko, 1e-6)
+        good = same(qo, F.layer_norm(q, (Dh,), eps=1e-6)) and same(ko, F.layer_norm(k, (Dh,), eps=1e-6))
+        qk_ok &= good
+        if not good:
+            print(f"MISMATCH qk_head {(B, S, H, Dh)}")
+    print(f"qk_head_layernorm: {'all torch.equal' if qk_ok else 'MISMATCHES'}")
+    fp8_ok = True
+    s1 = torch.tensor([0.4754464328289032], device="cuda")
+    print("eager 1.0/input_scale == IEEE fp32 reciprocal:",
+          (1.0 / s1).item() == torch.tensor(1.0 / s1.double().item(), dtype=torch.float32).item())
+    for rows_ in (1, 127, 512):
+        x, scale, shift = make(1, rows_, 6144, 6, 3.0, gen)
+        y = eager(x, scale, shift, 1e-6)
+        for s in (0.005, 0.03125, 0.25, 0.4754464328289032, 1.0):
+            st = torch.tensor([s], device="cuda", dtype=torch.float32)
+            ref = quant(y, st)
+            for mapping in ("auto", "warp", "cta"):
+                out = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn)
+                dt.ln_mod_fp8(x, scale, shift, st, out, 1e-6, mapping)
+                if not same(out, ref):
+                    fp8_ok = False
+                    print(f"MISMATCH fp8 rows={rows_} s={s} {mapping}")
+            out = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn)
+            dt.ln_mod_fp8(x, scale, shift, st, out, 1e-6, div_full=True)
+            d = (out.view(torch.uint8) != ref.view(torch.uint8)).sum().item()
+            print(f"  fp8 div_full rows={rows_} s={s}: {d} bytes differ from the eager (IEEE) quant")
+    print(f"layernorm_modulate_fp8 (ieee): {'all torch.equal' if fp8_ok else 'MISMATCHES'}")
+    rows.append(dict(kind="verify", op="layernorm_modulate", ln_mod=ok, qk_head=qk_ok, fp8=fp8_ok, **meta))
+    return ok and qk_ok and fp8_ok
+
+
+def bench(fn):
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def as_graph(fn):
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=side):
+        fn(side.cuda_stream)
+    return g
+
+
+def run_bench(dt, rows, meta):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2)
+    compiled = torch.compile(eager, dynamic=False)
+    compiled_q = torch.compile(lambda y, s: quant(y, s), dynamic=False)
+    compiled_fp8 = torch.compile(lambda x, a, b, s, e: quant(eager(x, a, b, e), s), dynamic=False)
+    compiled_qk = torch.compile(lambda q, k: (F.layer_norm(q, (q.shape[-1],), eps=1e-6),
+                                              F.layer_norm(k, (k.shape[-1],), eps=1e-6)), dynamic=False)
+    print(f"\n{'case':34s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    cases = [("FLUX.1 (1,4608,3072)", 1, 4608, 3072), ("Qwen CFG (2,6912,3072)", 2, 6912, 3072),
+             ("Wan (1,32760,5120)", 1, 32760, 5120), ("(1,512,3072)", 1, 512, 3072),
+             ("GLM (1,4096,4096)", 1, 4096, 4096), ("FLUX.2 fp8 (1,4608,6144)", 1, 4608, 6144),
+             ("FLUX.2 fp8 (1,512,6144)", 1, 512, 6144), ("GLM qk-head (1,4360,32,128)", 1, 4360, 32 * 128)]
+    for name, B, S, D in cases:
+        fp8, qk = "fp8" in name, "qk-head" in name
+        x, scale, shift = make(B, S, D, 6, 1.0, gen)
+        nbytes = x.numel() * (3 if fp8 else 4) + 4 * B * D
+        if qk:
+            q, k = x.view(B, S, 32, 128), x.clone().view(B, S, 32, 128)
+            qo, ko = torch.empty_like(q), torch.empty_like(k)
+            nbytes = 8 * x.numel()
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy_us = bench(lambda: dst.copy_(src))
+
+        def rec(impl, us):
+            gbs = nbytes / (us * 1e-6) / 1e9
+            print(f"{name:34s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+            rows.append(dict(kind="bench", op="layernorm_modulate", case=name, impl=impl, us=round(us, 3),
+                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
+
+        rec("device_copy", copy_us)
+        if qk:
+            fn = lambda s=None: dt.qk(q, k, qo, ko, 1e-6, stream=s)  # noqa: E731
+            rec("torch_eager", bench(lambda: (F.layer_norm(q, (128,), eps=1e-6), F.layer_norm(k, (128,), eps=1e-6))))
+            rec("torch_compile", bench(lambda: compiled_qk(q, k)))
+        elif fp8:
+            st = torch.tensor([0.03125], device="cuda")
+            out = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn)
+            fn = lambda s=None: dt.ln_mod_fp8(x, scale, shift, st, out, 1e-6, stream=s)  # noqa: E731
+            rec("torch_eager", bench(lambda: quant(eager(x, scale, shift, 1e-6), st)))
+            rec("torch_compile", bench(lambda: compiled_fp8(x, scale, shift, st, 1e-6)))
+            rec("torch_compile:quant_only", bench(lambda: compiled_q(x, st)))
+        else:
+            out = torch.empty_like(x)
+            fn = lambda s=None: dt.ln_mod(x, scale, shift, out, 1e-6, stream=s)  # noqa: E731
+            rec("torch_eager", bench(lambda: eager(x, scale, shift, 1e-6)))
+            rec("torch_compile", bench(lambda: compiled(x, scale, shift, 1e-6)))
+        rec("ditops:jit", bench(fn))
+        rec("ditops:jit:graph", bench(as_graph(fn).replay))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--skip-bench", action="store_true")
+    a = ap.parse_args()
+    dt = Ditops(a.lib)
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
+                torch=torch.__version__)
+    rows = []
+    ok = verify(dt, rows, meta)
+    if not a.skip_bench:
+        run_bench(dt, rows, meta)
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("wrote", a.json)
+    print("VERIFY", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

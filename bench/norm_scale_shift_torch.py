@@ -1,0 +1,333 @@
+"""norm_scale_shift on the GPU beside PyTorch, in one process (run by scripts/device_run.sh).
+
+1. Verification (numerics=eager): torch.equal of y, residual_out and the fp8 bytes against the
+   eager PyTorch chain on CUDA over a grid: odd shapes, bf16/fp16/fp32, LayerNorm and RMSNorm,
+   affine none/weight/weight+bias, every broadcast class of scale/shift/gate, residual on/off,
+   amplitudes 1e-4..100, eps 1e-6/1e-5, signed zeros and the special scales -1/0/1, shift absent.
+   The fp8 oracle is SGLang's static quant of the eager y: inv = 1.0/input_scale as Triton computes
+   it (div.full.f32), then (y.float() * inv).clamp(+-448).to(float8_e4m3fn).
+2. Benchmark: ditops (jit; eager and sglang numerics, timed as one-kernel CUDA graphs: the ctypes
+   call costs tens of us of host time), eager and torch.compile on the model shapes, cold L2
+   (triton.testing.do_bench flushes it), median; GB/s by the byte model and the fraction of a
+   device copy of the same bytes measured in the same run. JSON records in the bench/results format.
+
+Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs only libditops.so.
+"""
+import argparse
+import ctypes
+import datetime
+import itertools
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+TENSOR_FIELDS = ["x", "residual", "gate", "weight", "bias", "scale", "shift", "input_scale", "global_scale",
+                 "y", "residual_out", "fp8", "nvfp4_packed", "nvfp4_scales"]
+
+
+class Tensors(ctypes.Structure):
+    _fields_ = [(n, ctypes.POINTER(DLTensor)) for n in TENSOR_FIELDS]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("norm_type", ctypes.c_int32), ("eps", ctypes.c_float), ("numerics", ctypes.c_int32),
+                ("fp8_reciprocal", ctypes.c_int32), ("e2m1", ctypes.c_int32), ("use_pdl", ctypes.c_int32),
+                ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
+
+
+# kDLFloat 2, kDLBfloat 4, kDLUInt 1, kDLFloat8_e4m3fn 10 (dlpack >= 1.0)
+DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16), torch.uint8: (1, 8),
+            torch.float8_e4m3fn: (10, 8)}
+
+
+class Ditops:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.ditops_norm_scale_shift.restype = ctypes.c_int
+
+    @staticmethod
+    def dl(t, keep):
+        shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        strides = (ctypes.c_int64 * t.dim())(*t.stride())
+        code, bits = DL_CODES[t.dtype]
+        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2 if t.is_cuda else 1, t.device.index or 0),
+                     t.dim(), DLDataType(code, bits, 1), shape, strides, 0)
+        keep.append((shape, strides, d))
+        return ctypes.pointer(d)
+
+    def run(self, *, norm="layer", eps=1e-6, numerics="eager", fp8_reciprocal="div_full", stream=None, **tensors):
+        keep = []
+        t = Tensors(**{k: self.dl(v, keep) for k, v in tensors.items() if v is not None})
+        o = Options(0 if norm == "layer" else 1, eps, 0 if numerics == "eager" else 1,
+                    1 if fp8_reciprocal == "div_full" else 0, 0, 1, b"jit", None)
+        impl = ctypes.create_string_buffer(128)
+        err = ctypes.create_string_buffer(4096)
+        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+        rc = self.lib.ditops_norm_scale_shift(ctypes.byref(t), ctypes.byref(o), s, impl, 128, err, 4096)
+        if rc:
+            raise RuntimeError(err.value.decode())
+        return impl.value.decode()
+
+
+# ---------------------------------------------------------------- the oracles
+
+
+@triton.jit
+def _reciprocal_kernel(s_ptr, o_ptr):
+    tl.store(o_ptr, 1.0 / tl.load(s_ptr))  # Triton lowers this division to div.full.f32
+
+
+def inv_div_full(input_scale):
+    out = torch.empty_like(input_scale)
+    _reciprocal_kernel[(1,)](input_scale, out)
+    return out
+
+
+def bcast(op, B, S, D):
+    """A broadcast operand as a tensor that broadcasts against [B, S, D] in eager ops."""
+    if op is None or op.dim() in (0, 1) or op.dim() == 3:
+        return op
+    if op.dim() == 2:
+        return op[:, None, :]
+    F_ = op.shape[1]  # [B, F, 1, D]: every frame's row repeated over its tokens
+    return op.expand(op.shape[0], F_, S // F_, D).reshape(op.shape[0], S, D)
+
+
+def eager_chain(x, scale, shift=None, *, norm="layer", eps=1e-6, weight=None, bias=None, residual=None, gate=None):
+    B, S, D = x.shape
+    if residual is not None:
+        v = residual + x * bcast(gate, B, S, D) if gate is not None else residual + x
+    else:
+        v = x
+    n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
+    y = n * (1 + bcast(scale, B, S, D))
+    if shift is not None:
+        y = y + bcast(shift, B, S, D)
+    return y, v
+
+
+def static_quant(y, input_scale):
+    inv = inv_div_full(input_scale)
+    return (y.float() * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+# ---------------------------------------------------------------- verification
+
+
+def operand(cls, B, S, D, dtype, gen, chunk_of=None):
+    dev = "cuda"
+    if cls == "scalar":
+        return torch.randn((), device=dev, generator=gen).to(dtype) * 0.3
+    if cls == "D":
+        return (torch.randn(D, device=dev, generator=gen) * 0.3).to(dtype)
+    if cls == "BD_chunk":  # a chunk of an adaLN projection [B, 6 D]: row stride 6 D
+        return (torch.randn(B, 6 * D, device=dev, generator=gen) * 0.3).to(dtype)[:, 2 * D: 3 * D]
+    if cls == "B1D":
+        return (torch.randn(B, 1, D, device=dev, generator=gen) * 0.3).to(dtype)
+    if cls == "BSD":
+        return (torch.randn(B, S, D, device=dev, generator=gen) * 0.3).to(dtype)
+    if cls == "1SD":
+        return (torch.randn(1, S, D, device=dev, generator=gen) * 0.3).to(dtype)
+    if cls == "BF1D":
+        Fr = 3 if S % 3 == 0 else 1
+        return (torch.randn(B, Fr, 1, D, device=dev, generator=gen) * 0.3).to(dtype)
+    raise ValueError(cls)
+
+
+CLASSES = ["scalar", "D", "BD_chunk", "B1D", "BSD", "1SD", "BF1D"]
+
+
+def verify(dt, rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    shapes = [(1, 1, 64), (2, 9, 2240), (1, 257, 3072), (3, 33, 1024), (1, 1031, 3072), (2, 15, 5120)]
+    grid = []
+    for i, ((B, S, D), norm, residual, fp8) in enumerate(itertools.product(shapes, ("layer", "rms"), (False, True),
+                                                                         (False, True))):
+        grid.append(dict(B=B, S=S, D=D, dtype=torch.bfloat16, norm=norm, residual=residual, fp8=fp8,
+                         affine=i % (3 if norm == "layer" else 2), amp=(1e-4, 1.0, 100.0)[i % 3],
+                         eps=(1e-6, 1e-5)[(i // 3) % 2], scale_cls=CLASSES[i % 7], shift_cls=CLASSES[(i + 3) % 7],
+                         gate_cls=CLASSES[(i + 5) % 7], no_shift=(i % 11 == 0)))
+    for dtype, affine in itertools.product((torch.float16, torch.float32), (0, 1, 2)):
+        grid.append(dict(B=2, S=17, D=1024, dtype=dtype, norm="layer", residual=True, fp8=False, affine=affine,
+                         amp=1.0, eps=1e-5, scale_cls="B1D", shift_cls="BSD", gate_cls="BF1D", no_shift=False))
+    summary = dict(cases=0, equal=0)
+    for c in grid:
+        B, S, D, dtype = c["B"], c["S"], c["D"], c["dtype"]
+        x = (torch.randn(B, S, D, device="cuda", generator=gen) * c["amp"] + 0.25 * c["amp"]).to(dtype)
+        x.view(-1)[::97] = 0.0
+        x.view(-1)[1::194] = -0.0
+        scale = operand(c["scale_cls"], B, S, D, dtype, gen)
+        if scale.is_contiguous() and scale.numel() >= 3:  # the special modulation values
+            scale.view(-1)[:3] = torch.tensor([-1.0, 0.0, 1.0], dtype=dtype, device="cuda")
+        shift = None if c["no_shift"] else operand(c["shift_cls"], B, S, D, dtype, gen)
+        weight = (torch.randn(D, device="cuda", generator=gen) * 0.2 + 1).to(dtype) if c["affine"] >= 1 else None
+        bias = (torch.randn(D, device="cuda", generator=gen) * 0.1).to(dtype) if c["affine"] == 2 else None
+        residual = (torch.randn(B, S, D, device="cuda", generator=gen) * c["amp"]).to(dtype) if c["residual"] else None
+        gate = operand(c["gate_cls"], B, S, D, dtype, gen) if c["residual"] else None
+        ref_y, ref_v = eager_chain(x, scale, shift, norm=c["norm"], eps=c["eps"], weight=weight, bias=bias,
+                                   residual=residual, gate=gate)
+        y = torch.full_like(x, 7.0)
+        ro = torch.full_like(x, 7.0) if c["residual"] else None
+        q = torch.empty(B, S, D, device="cuda", dtype=torch.uint8) if c["fp8"] else None
+        isc = torch.tensor([0.4754464328289032], device="cuda") if c["fp8"] else None
+        impl = dt.run(x=x, residual=residual, gate=gate, weight=weight, bias=bias, scale=scale, shift=shift,
+                      input_scale=isc, y=y, residual_out=ro, fp8=q, norm=c["norm"], eps=c["eps"])
+        torch.cuda.synchronize()
+        ok = torch.equal(y, ref_y) and (ro is None or torch.equal(ro, ref_v))
+        if q is not None:
+            ok = ok and torch.equal(q, static_quant(ref_y, isc).view(torch.uint8))
+        differ = int((y != ref_y).sum().item())
+        summary["cases"] += 1
+        summary["equal"] += int(ok)
+        case = {k: (str(v) if not isinstance(v, (int, bool, float)) else v) for k, v in c.items()}
+        rows.append(dict(kind="verify", op="norm_scale_shift", impl=impl, case=case, torch_equal=ok,
+                         differ_fraction=differ / max(y.numel(), 1)))
+        if not ok:
+            print("MISMATCH", impl, case, f"y differ {differ}/{y.numel()}", flush=True)
+    print(f"verification vs the eager chain: {summary['equal']}/{summary['cases']} cases torch.equal")
+    return summary["equal"] == summary["cases"]
+
+
+# ---------------------------------------------------------------- benchmark
+
+CASES = [("FLUX 1x4608x3072", 1, 4608, 3072), ("Qwen-Image CFG 2x6912x3072", 2, 6912, 3072),
+         ("Wan 1x32760x5120", 1, 32760, 5120), ("512 tokens x3072", 1, 512, 3072)]
+
+
+def bench(fn, reps=200):
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median") * 1e3
+
+
+def graph_of(fn):
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=side):
+        fn(side.cuda_stream)
+    return g
+
+
+def run_bench(dt, rows, meta):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2)
+    compiled = {}
+    print(f"\n{'case':48s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    for (name, B, S, D), variant in itertools.product(CASES, ("plain", "residual", "fp8", "nvfp4")):
+        x = torch.randn(B, S, D, device="cuda", generator=gen).to(torch.bfloat16)
+        mod = (torch.randn(B, 6, D, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
+        scale, shift, gate = mod[:, 0:1], mod[:, 1:2], mod[:, 2:3]
+        n = x.numel()
+        t = dict(x=x, scale=scale, shift=shift)
+        nbytes = 2 * n + 4 * B * D
+        residual = None
+        if variant in ("residual", "nvfp4"):
+            residual = torch.randn_like(x)
+            t.update(residual=residual, gate=gate, residual_out=torch.empty_like(x))
+            nbytes += 4 * n + 2 * B * D
+        if variant != "nvfp4":
+            t["y"] = torch.empty_like(x)
+            nbytes += 2 * n
+        isc = torch.tensor([0.03125], device="cuda")
+        if variant == "fp8":
+            t.update(input_scale=isc, fp8=torch.empty(B, S, D, device="cuda", dtype=torch.uint8))
+            nbytes += n
+        if variant == "nvfp4":
+            padded = (B * S + 127) // 128 * 128
+            t.update(global_scale=torch.tensor([0.625], device="cuda"),
+                     nvfp4_packed=torch.empty(B * S, D // 2, device="cuda", dtype=torch.uint8),
+                     nvfp4_scales=torch.empty(padded, D // 16, device="cuda", dtype=torch.uint8))
+            nbytes += n // 2 + padded * D // 16
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy_us = bench(lambda: dst.copy_(src))
+        label = f"{name} {variant}"
+
+        def rec(impl, us):
+            gbs = nbytes / (us * 1e-6) / 1e9
+            print(f"{label:48s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+            rows.append(dict(kind="bench", op="norm_scale_shift", case=label, impl=impl, us=round(us, 3),
+                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
+
+        rec("device_copy", copy_us)
+        for numerics in ("eager", "sglang"):
+            try:
+                dt.run(numerics=numerics, **t)
+                g = graph_of(lambda s: dt.run(numerics=numerics, stream=s, **t))
+                rec(f"ditops:jit:{numerics}", bench(g.replay))
+            except RuntimeError as e:
+                print(label, numerics, "failed:", str(e)[:200])
+        if variant == "nvfp4":
+            continue  # no eager NVFP4 quantizer in torch
+        args = (x, scale, shift)
+        kw = dict(residual=residual, gate=gate if residual is not None else None)
+
+        def eager_fn():
+            y, v = eager_chain(*args, **kw)
+            return static_quant(y, isc) if variant == "fp8" else y
+
+        def chain(x_, s_, sh_, r_, g_, inv_):
+            y, v = eager_chain(x_, s_, sh_, residual=r_, gate=g_)
+            if inv_ is not None:
+                return y, (y.float() * inv_).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), v
+            return y, v
+
+        rec("torch_eager", bench(eager_fn))
+        try:
+            key = variant
+            if key not in compiled:
+                compiled[key] = torch.compile(chain, dynamic=False)
+            inv = inv_div_full(isc) if variant == "fp8" else None
+            cfn = compiled[key]
+            rec("torch_compile", bench(lambda: cfn(x, scale, shift, residual, kw["gate"], inv)))
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            print("torch.compile failed:", repr(e)[:200])
+        del x, src, dst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--skip-bench", action="store_true")
+    a = ap.parse_args()
+    dt = Ditops(a.lib)
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
+                torch=torch.__version__)
+    rows = []
+    ok = verify(dt, rows)
+    if not a.skip_bench:
+        run_bench(dt, rows, meta)
+    for r in rows:
+        r.update({k: v for k, v in meta.items() if k not in r})
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("wrote", a.json)
+    print("VERIFY", "PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""residual_gate_add on the GPU beside PyTorch, in one process (run by scripts/device_run.sh).
+
+1. Verification: ditops (every CUDA backend) against eager `residual + update * gate` on CUDA with
+   torch.equal over the spec's grid: GATE_CASES, per-token, batch and per-frame gates, dtype
+   sweeps (fp16/bf16/fp32), the transposed SANA-Video layout, non-zero storage offsets (pointers
+   off 16-byte alignment); out keeps residual's strides.
+2. CUDA-graph capture and replay with new inputs on a side stream.
+3. Benchmark (cold L2 via triton.testing.do_bench, median): eager, torch.compile, ditops timed as a
+   one-kernel CUDA graph (the ctypes call costs tens of microseconds of host time) and plain
+   through ctypes; GB/s by the byte model (residual, update, gate read once, out written once) and
+   the fraction of a device copy of the same bytes measured in the same run.
+
+Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes: needs only libditops.so.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import sys
+
+import torch
+import triton
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("use_pdl", ctypes.c_int32), ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
+
+
+DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16)}
+
+
+class Ditops:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.ditops_residual_gate_add.restype = ctypes.c_int
+        self._keep = []
+
+    def _dl(self, t):
+        shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        strides = (ctypes.c_int64 * t.dim())(*t.stride())
+        code, bits = DL_CODES[t.dtype]
+        self._keep.append((shape, strides))
+        return DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2, t.device.index or 0), t.dim(),
+                        DLDataType(code, bits, 1), shape, strides, 0)
+
+    def residual_gate_add(self, residual, update, gate, out, backend=None, stream=None):
+        self._keep.clear()
+        opts = Options(1, backend.encode() if backend else None, None)
+        args = [ctypes.byref(self._dl(t)) for t in (residual, update, gate, out)]
+        impl = ctypes.create_string_buffer(128)
+        err = ctypes.create_string_buffer(4096)
+        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+        if self.lib.ditops_residual_gate_add(*args, ctypes.byref(opts), s, impl, 128, err, 4096):
+            raise RuntimeError(err.value.decode())
+        return impl.value.decode()
+
+
+def eager(r, u, g):
+    return r + u * g
+
+
+def make(shape, gate_shape, dtype, transposed=False, offset=0, gen=None):
+    """residual (transposed: a [B, H, T] tensor viewed as [B, T, H]), update, gate; offset > 0
+    places every tensor `offset` elements into a larger buffer (storage offset, misaligned)."""
+    def rand(shp, scale):
+        n = 1
+        for s in shp:
+            n *= s
+        base = torch.empty(n + offset, device="cuda", dtype=dtype)
+        v = base[offset:].view(shp)
+        v.copy_(torch.randn(shp, device="cuda", generator=gen) * scale)
+        return v
+    if transposed:
+        B, T, H = shape
+        r = rand((B, H, T), 4.0).transpose(1, 2)
+    else:
+        r = rand(shape, 4.0)
+    return r, rand(shape, 1.0), rand(gate_shape, 0.5)
+
+
+GATE_CASES = [((1, 1024, 4096), (1, 1, 4096)), ((1, 512, 4096), (1, 512, 4096)), ((1, 17, 65), (1, 1, 65)),
+              ((1, 17, 65), (1, 17, 65)), ((1, 4096, 3072), (1, 1, 3072)), ((1, 512, 3072), (1, 1, 3072)),
+              ((1, 4608, 3072), (1, 1, 3072)), ((1, 4608, 6144), (1, 1, 6144)), ((1, 4216, 4096), (1, 1, 4096))]
+
+
+def grid():
+    bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+    cases = [(s, g, bf16, False, 0) for s, g in GATE_CASES]
+    cases += [((1, 2560, 512), (1, 2560, 1), bf16, False, 0), ((1, 17, 65), (1, 17, 1), bf16, False, 0),
+              ((2, 33, 128), (2, 33, 1), bf16, False, 0)]
+    for dt in (f16, bf16, f32):
+        cases += [((1, 2560, 512), (1, 2560, 1), dt, False, 0), ((1, 9, 64), (1, 1, 64), dt, False, 0),
+                  ((1, 9, 64), (1, 9, 64), dt, False, 0), ((2, 33, 65), (2, 1, 65), dt, False, 0),
+                  ((2, 1031, 128), (2, 1, 128), dt, False, 0), ((2, 3, 5, 64), (2, 3, 1, 64), dt, False, 0)]
+        for s in ((1, 17, 65), (1, 7800, 2240), (2, 33, 128)):
+            cases.append((s, (1, 1, s[2]), dt, True, 0))
+        cases += [((2, 33, 128), (2, 1, 128), dt, True, 0), ((2, 33, 128), (2, 33, 1), dt, True, 0)]
+        # non-zero storage offsets for all three tensors
+        cases += [((1, 1024, 4096), (1, 1, 4096), dt, False, 1), ((2, 33, 128), (2, 33, 1), dt, False, 3),
+                  ((2, 513, 256), (1, 1, 256), dt, True, 1)]
+    cases.append(((1, 32760, 2240), (1, 1, 2240), bf16, True, 0))
+    return cases
+
+
+def verify(dt, rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(0)
+    ok, n = True, 0
+    for shape, gshape, dtype, transposed, offset in grid():
+        r, u, g = make(shape, gshape, dtype, transposed, offset, gen)
+        want = eager(r, u, g)
+        for backend in ("jit",):
+            out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
+            impl = dt.residual_gate_add(r, u, g, out, backend=backend)
+            torch.cuda.synchronize()
+            equal = torch.equal(out, want) and out.stride() == r.stride()
+            n += 1
+            if not equal:
+                ok = False
+                print("MISMATCH", impl, shape, gshape, dtype, "transposed" if transposed else "", offset,
+                      int((out != want).sum()), flush=True)
+            rows.append(dict(kind="verify", impl=impl, shape=list(shape), gate=list(gshape), dtype=str(dtype),
+                             transposed=transposed, storage_offset=offset, torch_equal=equal))
+    print(f"verification: {sum(r['torch_equal'] for r in rows if r['kind'] == 'verify')}/{n} cases torch.equal to eager")
+    return ok
+
+
+def graph_replay(dt, rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(1)
+    results = {}
+    for shape, gshape, transposed in (((1, 4608, 3072), (1, 1, 3072), False), ((1, 7800, 2240), (1, 1, 2240), True)):
+        r, u, g = make(shape, gshape, torch.bfloat16, transposed, 0, gen)
+        out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=r.dtype)
+        dt.residual_gate_add(r, u, g, out)  # resolve outside the capture
+        side = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=side):
+            dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream)
+        for trial in range(3):
+            r2, u2, g2 = make(shape, gshape, torch.bfloat16, transposed, 0, gen)
+            r.copy_(r2)
+            u.copy_(u2)
+            g.copy_(g2)
+            graph.replay()
+            torch.cuda.synchronize()
+            results[f"{'transposed' if transposed else 'flat'}_replay_{trial}_equal"] = torch.equal(out, eager(r2, u2, g2))
+    print("graph replay:", results)
+    rows.append(dict(kind="graph", **results))
+    return all(results.values())
+
+
+BENCH = [("flux_text", (1, 512, 3072), (1, 1, 3072), False), ("flux_image", (1, 4096, 3072), (1, 1, 3072), False),
+         ("flux_joint", (1, 4608, 3072), (1, 1, 3072), False), ("flux2_joint", (1, 4608, 6144), (1, 1, 6144), False),
+         ("full_gate", (1, 512, 4096), (1, 512, 4096), False), ("per_token", (1, 2560, 512), (1, 2560, 1), False),
+         ("odd_width", (2, 33, 65), (1, 1, 65), False), ("sana_transposed", (1, 32760, 2240), (1, 1, 2240), True),
+         ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True)]
+
+
+def bench(fn):
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+
+
+def run_bench(dt, rows, meta):
+    compiled = torch.compile(eager, dynamic=False)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(2)
+    cases = [(n, s, g, t, torch.bfloat16) for n, s, g, t in BENCH]
+    cases += [(n + " fp16", s, g, t, torch.float16) for n, s, g, t in BENCH if n in ("flux_image", "flux_joint", "sana_transposed")]
+    print(f"\n{'case':28s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    for name, shape, gshape, transposed, dtype in cases:
+        r, u, g = make(shape, gshape, dtype, transposed, 0, gen)
+        out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
+        nbytes = (3 * r.numel() + g.numel()) * r.element_size()
+        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+        dst = torch.empty_like(src)
+        copy_us = bench(lambda: dst.copy_(src))
+
+        def rec(impl, us):
+            gbs = nbytes / (us * 1e-6) / 1e9
+            print(f"{name:28s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+            rows.append(dict(kind="bench", op="residual_gate_add", case=name, impl=impl, us=round(us, 3),
+                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
+
+        rec("device_copy", copy_us)
+        rec("torch_eager", bench(lambda: eager(r, u, g)))
+        try:
+            rec("torch_compile", bench(lambda: compiled(r, u, g)))
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            print("torch.compile failed:", repr(e)[:200])
+        side = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        dt.residual_gate_add(r, u, g, out)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=side):
+            dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream)
+        rec("ditops:jit (graph)", bench(graph.replay))
+        rec("ditops:jit (ctypes)", bench(lambda: dt.residual_gate_add(r, u, g, out)))
+        del r, u, g, out, src, dst
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--skip-bench", action="store_true")
+    a = ap.parse_args()
+    dt = Ditops(a.lib)
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
+                torch=torch.__version__)
+    rows = []
+    ok_verify = verify(dt, rows)
+    ok_graph = graph_replay(dt, rows)
+    if not a.skip_bench:
+        run_bench(dt, rows, meta)
+    for r in rows:
+        r.update({k: v for k, v in meta.items() if k not in r})
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("wrote", a.json)
+    print("VERIFY", "PASS" if ok_verify else "FAIL", "GRAPH", "PASS" if ok_graph else "FAIL")
+    return 0 if (ok_verify and ok_graph) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

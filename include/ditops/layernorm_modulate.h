@@ -1,0 +1,129 @@
+// LayerNorm (no affine) + adaLN modulate, bit-identical to the eager PyTorch 2.11 chain on CUDA:
+//
+//   layernorm_modulate:     out = bf16 chain of  F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None])
+//                                                 (+ shift[:, None])
+//   layernorm_modulate_fp8: out = e4m3( clamp( float(that bf16 result) * (1 / input_scale), ±448 ) )
+//   qk_head_layernorm:      q_out, k_out = F.layer_norm(q, (Dh,), eps=eps), same for k
+//
+// Shapes and layouts (every stride counts elements; the last stride must be 1 everywhere):
+//   x, out       [B, S, D] bf16 (out: bf16, or fp8 e4m3fn for the fp8 op); batch and token
+//                strides free (views work); out must not overlap x unless it IS x (same data
+//                pointer and strides: in place is allowed, each row is read fully before it is
+//                written).
+//   scale        [B, D] bf16, row stride free: a chunk of the adaLN projection
+//                (`emb.chunk(6, dim=1)[i]`) is used without a copy.
+//   shift        [B, D] bf16 with its own free row stride, or an empty TensorView (data ==
+//                nullptr, rank 0): no add, so signed zeros of the product survive as in the chain
+//                without a `+ shift`.
+//   input_scale  fp32 with exactly one element (fp8 op), on the device of x; read on the device
+//                (no host sync): inv = 1/input_scale computed per the Fp8Reciprocal option.
+//   D: 0 < D <= 8192, D % 4 == 0 (aten's vectorized kernel; other D take aten's other kernel,
+//   whose order we do not replicate). B*S == 0 is a no-op.
+//   q, k, q_out, k_out  [B, S, H, Dh] bf16 (k may have its own H), Dh % 4 == 0, 0 < Dh <= 128;
+//                (b, s) must collapse into one token stride (stride(0) == S * stride(1)), head
+//                stride free. In place (q_out is q, k_out is k) is allowed; partial overlap is not.
+// The numerics (operation by operation) are in docs/layernorm_modulate.md.
+#pragma once
+
+#include <string>
+
+#include "ditops/registry.h"
+#include "ditops/tensor.h"
+
+namespace ditops {
+
+// How the fp8 op forms inv = 1 / input_scale.
+enum class Fp8Reciprocal : uint8_t {
+  // IEEE division (div.rn): what eager `1.0 / input_scale` does (Tensor.__rtruediv__ ->
+  // reciprocal, an IEEE division on CUDA). Oracle: the eager PyTorch chain.
+  ieee,
+  // PTX div.full.f32 (approximate, <= 2 ulp): what SGLang's Triton static_quant_fp8 does
+  // (Triton lowers 1.0/scale to it). Oracle: SGLang's split chain.
+  div_full,
+};
+const char* fp8_reciprocal_name(Fp8Reciprocal mode);
+
+// Which GPU mapping of aten's 128 virtual threads computes a row. Both give identical bits.
+enum class LnRowMapping : uint8_t {
+  automatic,  // chosen from D (docs/layernorm_modulate.md says how and why)
+  warp,       // one warp per row, the row in registers, 4 Welford states per lane
+  cta,        // one 128-thread CTA per row as aten launches it (inter-warp combine in shared memory)
+};
+const char* ln_row_mapping_name(LnRowMapping mapping);
+
+struct LayerNormModulateOptions {
+  float eps = 1e-6f;
+  Fp8Reciprocal fp8_reciprocal = Fp8Reciprocal::ieee;  // fp8 op only
+  LnRowMapping mapping = LnRowMapping::automatic;
+  // Optional fp32 [B, S, 2] (contiguous): (mean, rstd) of every row, as aten's native_layer_norm
+  // returns them. Empty (data == nullptr): not written.
+  TensorView stats_out;
+  bool use_pdl = true;  // programmatic dependent launch where the device has it
+  DispatchOptions dispatch;
+};
+
+enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head };
+
+// The matched call as every implementation sees it (filled and validated by the facade).
+struct LayerNormModulateCall {
+  LnModulateKind kind = LnModulateKind::bf16_out;
+  // bf16_out / fp8_out: x, scale, shift, out (+ input_scale). qk_head: x = q, out = q_out,
+  // x2 = k, out2 = k_out.
+  TensorView x, scale, shift, out, input_scale, x2, out2;
+  LayerNormModulateOptions options;
+  int64_t batch = 0;    // B
+  int64_t seq = 0;      // S
+  int64_t rows = 0;     // B*S (modulate) or B*S*H (qk: rows of q)
+  int64_t rows2 = 0;    // qk: rows of k (B*S*Hk)
+  int heads = 0;        // qk: H of q
+  int heads2 = 0;       // qk: H of k
+  int dim = 0;          // D, or Dh
+  bool has_shift = false;
+  bool write_stats = false;
+  bool aligned = false;  // every pointer and row stride allows the vector accesses
+  Stream stream = nullptr;
+};
+
+// Validate every argument (throws Error naming the tensor, dimension, expected and actual value,
+// before anything is written), select an implementation, run it on `stream`. Returns the name
+// of the implementation that ran.
+std::string layernorm_modulate(const TensorView& x, const TensorView& scale, const TensorView& shift,
+                               const TensorView& out, const LayerNormModulateOptions& options = {},
+                               Stream stream = nullptr);
+std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
+                                   const TensorView& shift, const TensorView& input_scale,
+                                   const TensorView& out, const LayerNormModulateOptions& options = {},
+                                   Stream stream = nullptr);
+std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                              const TensorView& k_out, const LayerNormModulateOptions& options = {},
+                              Stream stream = nullptr);
+
+// Validation alone: the call every implementation would receive.
+LayerNormModulateCall match_layernorm_modulate(const TensorView& x, const TensorView& scale,
+                                               const TensorView& shift, const TensorView& out,
+                                               const LayerNormModulateOptions& options,
+                                               Stream stream = nullptr);
+LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
+                                                   const TensorView& shift,
+                                                   const TensorView& input_scale,
+                                                   const TensorView& out,
+                                                   const LayerNormModulateOptions& options,
+                                                   Stream stream = nullptr);
+LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
+                                              const TensorView& q_out, const TensorView& k_out,
+                                              const LayerNormModulateOptions& options,
+                                              Stream stream = nullptr);
+
+// The dispatch reasoning for one matched call (any of the three kinds), without running it.
+DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call);
+
+// The CPU reference (the portable oracle) for CPU views of a matched call of any kind.
+void layernorm_modulate_reference(const LayerNormModulateCall& call);
+
+// Exact fp32 -> fp8 e4m3fn, round to nearest even, with the conversion eager `.to(float8_e4m3fn)`
+// applies (c10's): |v| >= 480 (and NaN) -> NaN 0x7F with the sign. The ops clamp to ±448 first,
+// so they never reach the NaN branch for finite v. Exposed for tests and tools.
+uint8_t float_to_e4m3fn(float value);
+float e4m3fn_to_float(uint8_t bits);
+
+}  // namespace ditops

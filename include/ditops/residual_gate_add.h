@@ -1,0 +1,78 @@
+// Gated residual add (the adaLN gate after attention or MLP in a DiT block):
+//
+//   out = residual + update * gate
+//
+// with eager PyTorch's rounding: in fp16/bf16 the product is rounded to the dtype, then the sum
+// (docs/residual_gate_add.md states the contract). residual, update, gate and out share one dtype
+// (f16, bf16 or f32) and one device. update has residual's shape; out is allocated by the caller
+// with residual's shape AND strides and must not overlap any input (in place is refused: an
+// Error, before anything is written). numel == 0 is a no-op.
+//
+// Gate shapes (D = residual.shape[-1], the gate always contiguous):
+//   full    gate.shape == residual.shape                       gate index = element index
+//   row     [1, ..., 1, D]                                     gate index = col
+//   token   residual.shape[:-1] + [1]                          gate index = row
+//   batch   residual.shape[:k] + [1, ..., 1, D], 0 < k < rank-1 gate index = (row / rpb) * D + col
+//           (rpb = rows per gate row = prod(residual.shape[k:-1])): [B, 1, D] for B > 1 batched
+//           modulation, and Cosmos-style per-frame gates [B, T, 1, 1, D] over [B, T, H, W, D].
+// where row = element index / D and col = element index % D.
+//
+// Layouts (rank >= 2):
+//   contiguous  residual, update and out contiguous;
+//   transposed  SANA-Video's residual stream: residual/out rank 3 [B, T, H] with strides
+//               (T*H, 1, T) (physically [B, H, T]); update contiguous [B, T, H]; any gate mode.
+// Anything else is refused with an Error naming the tensor and dimension.
+#pragma once
+
+#include <string>
+
+#include "ditops/registry.h"
+#include "ditops/tensor.h"
+
+namespace ditops {
+
+enum class GateMode : uint8_t { full, row, token, batch };
+const char* gate_mode_name(GateMode mode);
+
+struct ResidualGateAddOptions {
+  bool use_pdl = true;  // programmatic dependent launch where the device has it
+  DispatchOptions dispatch;
+};
+
+// The matched call as every implementation sees it (filled and validated by the facade).
+struct ResidualGateAddCall {
+  TensorView residual, update, gate, out;
+  ResidualGateAddOptions options;
+  GateMode gate_mode = GateMode::full;
+  bool transposed = false;     // residual/out in the [B, H, T]-strided layout
+  int64_t numel = 0;
+  int64_t width = 0;           // D = residual.shape[-1] (H when transposed)
+  int64_t rows = 0;            // numel / D
+  int64_t rows_per_batch = 0;  // batch mode: rows sharing one gate row; else 0
+  int64_t batch = 0, tokens = 0, hidden = 0;  // transposed: B, T, H
+  // Every pointer 16-byte aligned and the vector-contiguous extent (D; T and H when transposed)
+  // a multiple of 16 bytes: the 128-bit path applies.
+  bool aligned16 = false;
+  Stream stream = nullptr;
+};
+
+// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
+// before anything is written), selects an implementation and runs it on `stream`. Returns the
+// name of the implementation that ran.
+std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
+                              const TensorView& out, const ResidualGateAddOptions& options = {},
+                              Stream stream = nullptr);
+
+// Validation alone: the call every implementation would receive.
+ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
+                                            const TensorView& gate, const TensorView& out,
+                                            const ResidualGateAddOptions& options = {},
+                                            Stream stream = nullptr);
+
+// The dispatch reasoning for one call, without running it.
+DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call);
+
+// The CPU reference (the portable oracle): runs on CPU views of a matched call.
+void residual_gate_add_reference(const ResidualGateAddCall& call);
+
+}  // namespace ditops

@@ -1,0 +1,570 @@
+// Norm + scale/shift (adaLN pre-norm), optional gated residual in front and FP8 / NVFP4 behind.
+//
+// Numerics contract (docs/norm_scale_shift.md is the full statement; rne() rounds fp32 to the
+// activation dtype T, to nearest even; every fp32 op below is one IEEE op unless named):
+// * eager (kSglang = false), bit_exact vs the eager PyTorch 2.11 chain on CUDA:
+//     v = rne(r + rne(x * g))                      (residual + x * gate; absent gate = 1)
+//     LayerNorm: aten's vectorized Welford statistics (common/aten_layer_norm.cuh), mean, rstd;
+//     RMSNorm: aten's rms order: per virtual thread ss = fma(e, e, ss) over its vec4s in order,
+//       shfl_down tree per virtual warp, then (w0 + w2) + (w1 + w3); rstd = rsqrtf(ss / D + eps),
+//       mean = 0.
+//     n = rstd * (v - mean); a = fma(w, n, b) | w * n | n (affine weight+bias | weight | none,
+//       nvcc's contraction of aten's `gamma * (rstd * (x - mean)) + beta`); y0 = rne(a)
+//     y = rne(rne(y0 * rne(1 + scale)) + shift)   (no shift: y = rne(y0 * rne(1 + scale)))
+// * sglang (kSglang = true), bit_exact vs SGLang's native Qwen-Image kernel as spec §2.3 defines
+//   it: v = rne(fma(x, g, r)); thread t of D/16 owns elements [16t, 16t+16); per-thread
+//   sequential sums from +0, XOR butterfly per warp, warp totals summed by a butterfly over 32
+//   slots (empty slots +0); mean = sum * fp32(1/D); var the same over fma(d, d, acc) with
+//   d = v - mean; factor = rsqrtf(var + eps); norm = rne((v - mean) * factor);
+//   y = rne(fma(norm, 1 + s, shift)) with 1 + s unrounded.
+// * fp8: q = e4m3_rn_satfinite(y * inv), inv = div.full.f32(1, input_scale) (or div.rn).
+// * nvfp4 (blocks of 16 consecutive y of one row): amax = max |y|; SF = gs * (amax * rcp(6));
+//   sf8 = e4m3_rn_satfinite(SF) (stored, 128x4 swizzle); out = SFf != 0 ?
+//   rcp(SFf * rcp(gs)) : 0 with rcp = rcp.approx.ftz.f32; e2m1_rn_satfinite(y * out), the even
+//   element in the low nibble. E2M1 in software (compares) or by cvt.rn.satfinite.e2m1x2.f32.
+//
+// Layout: one warp per row, the row in registers as raw T words. eager: lane l owns aten's
+// virtual threads l, l+32, l+64, l+96, i.e. the vec4s l + 32j (one coalesced 4*sizeof(T)-byte
+// access per vec4). sglang: lane l owns the 16-element threads l + 32k (two 16-byte accesses).
+// Padding rows of the NVFP4 scale tensor (rows .. pad128(rows)) get one warp each that writes 0.
+#pragma once
+
+#include "common/aten_layer_norm.cuh"
+#include "common/memory.cuh"
+#include "common/types.cuh"
+#include "norm_scale_shift_params.h"
+
+// The hardware E2M1 conversion exists on the arch-specific Blackwell targets only.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000 &&                                       \
+    (defined(__CUDA_ARCH_FEAT_SM100_ALL) || defined(__CUDA_ARCH_FEAT_SM101_ALL) ||           \
+     defined(__CUDA_ARCH_FEAT_SM103_ALL) || defined(__CUDA_ARCH_FEAT_SM110_ALL) ||           \
+     defined(__CUDA_ARCH_FEAT_SM120_ALL) || defined(__CUDA_ARCH_FEAT_SM121_ALL) ||           \
+     defined(__CUDA_ARCH_SPECIFIC__) || defined(__CUDA_ARCH_FAMILY_SPECIFIC__))
+#define DITOPS_HAS_E2M1_CVT 1
+#else
+#define DITOPS_HAS_E2M1_CVT 0
+#endif
+
+namespace ditops {
+
+namespace nss_detail {
+
+using namespace ditops::kernel;
+
+constexpr unsigned kFullMask = 0xffffffffu;
+enum : int { kQuantNone = 0, kQuantFp8 = 1, kQuantFp4Software = 2, kQuantFp4Hardware = 3 };
+
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float div_full(float a, float b) {
+  float r;
+  asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
+// Two fp32 values to E4M3 (RNE, saturating to +-448; NaN stays NaN): lo in bits 0..7.
+__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
+  unsigned short d;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+// E4M3 byte to fp32 (exact; the byte comes from a satfinite conversion, so never NaN).
+__device__ __forceinline__ float e4m3_to_float(u32 byte) {
+  const u32 e = (byte >> 3) & 15u, m = byte & 7u;
+  const float mag = e == 0 ? __fmul_rn(static_cast<float>(m), 0.001953125f)  // m * 2^-9
+                           : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return (byte & 0x80u) ? -mag : mag;
+}
+
+// fp32 to E2M1 by compares, round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating;
+// ties go to the even code: .25 -> 0, .75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+// The sign is kept (a negative value rounding to 0 gives 0x8). NaN -> 0x7 (assumed; unverified).
+__device__ __forceinline__ u32 e2m1_software(float x) {
+  const float a = fabsf(x);
+  if (a != a) return 7u;
+  const u32 code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                   (a >= 3.5f) + (a > 5.0f);
+  return code | ((__float_as_uint(x) >> 28) & 8u);
+}
+
+// Four fp32 values to four E2M1 nibbles (v[0] in bits 0..3).
+template <bool kHardware>
+__device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
+  if constexpr (kHardware) {
+#if DITOPS_HAS_E2M1_CVT
+    u32 out;
+    asm("{\n"
+        "  .reg .b8 b0, b1;\n"
+        "  cvt.rn.satfinite.e2m1x2.f32 b0, %2, %1;\n"
+        "  cvt.rn.satfinite.e2m1x2.f32 b1, %4, %3;\n"
+        "  mov.b32 %0, {b0, b1, b0, b1};\n"
+        "}"
+        : "=r"(out)
+        : "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]));
+    return out & 0xffffu;
+#else
+    static_assert(!kHardware, "hardware E2M1 conversion needs sm_100a / sm_103a / sm_120a");
+    return 0;
+#endif
+  } else {
+    return e2m1_software(v[0]) | (e2m1_software(v[1]) << 4) | (e2m1_software(v[2]) << 8) |
+           (e2m1_software(v[3]) << 12);
+  }
+}
+
+// The NVFP4 output scale of a block from its amax; writes the E4M3 scale byte to *sf8.
+__device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scale, u32* sf8) {
+  const float sf = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(6.0f)));
+  *sf8 = e4m3x2(sf, 0.0f) & 0xffu;
+  const float sff = e4m3_to_float(*sf8);
+  return sff != 0.0f ? rcp_approx_ftz(__fmul_rn(sff, rcp_approx_ftz(global_scale))) : 0.0f;
+}
+
+__device__ __forceinline__ long long nvfp4_scale_offset(long long m, long long k, long long cols) {
+  return (m / 128) * (cols / 4) * 512 + (k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+}
+
+// Element offset of a broadcast operand's row for (batch b, token s).
+__device__ __forceinline__ long long operand_offset(const NssOperandParams& op, long long b, long long s) {
+  return b * op.batch_stride + (s / op.frame_len) * op.frame_stride + s * op.token_stride;
+}
+
+// N values of an operand at channel c: a vector load for a row operand, the scalar otherwise.
+template <typename T, int N>
+__device__ __forceinline__ void operand_values(const NssOperandParams& op, const T* row, float scalar, int c,
+                                               float (&out)[N]) {
+  if (op.kind == 2) {
+    T raw[N];
+    load_elements<T, N, true, true>(row + c, raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = to_float(raw[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = scalar;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ float operand_scalar(const NssOperandParams& op, const T* row, float absent) {
+  return op.kind == 1 ? to_float(row[0]) : absent;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void to_floats(const Word<N * sizeof(T)>& w, float (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) out[i] = to_float(word_element<T>(w, i));
+}
+
+template <typename T, int N>
+__device__ __forceinline__ Word<N * sizeof(T)> from_floats(const float (&v)[N]) {
+  T t[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) t[i] = from_float<T>(v[i]);
+  Word<N * sizeof(T)> w;
+  elements_to_word(t, w);
+  return w;
+}
+
+// Everything of one row that does not depend on the layout.
+template <typename T>
+struct RowPointers {
+  const T* scale;
+  const T* shift;
+  const T* gate;
+  float scale_scalar, shift_scalar, gate_scalar;
+  long long q_offset;  // fp8 element offset of the row
+  float inv;           // fp8: 1 / input_scale
+  float global_scale;  // nvfp4
+};
+
+template <typename T, bool kResidual, int kQuant>
+__device__ __forceinline__ RowPointers<T> row_pointers(const NormScaleShiftParams& p, long long b, long long s) {
+  RowPointers<T> rp;
+  rp.scale = static_cast<const T*>(p.scale.data) + operand_offset(p.scale, b, s);
+  rp.shift = static_cast<const T*>(p.shift.data) + operand_offset(p.shift, b, s);
+  rp.gate = static_cast<const T*>(p.gate.data) + operand_offset(p.gate, b, s);
+  rp.scale_scalar = operand_scalar(p.scale, rp.scale, 0.0f);
+  rp.shift_scalar = operand_scalar(p.shift, rp.shift, 0.0f);
+  rp.gate_scalar = kResidual ? operand_scalar(p.gate, rp.gate, 1.0f) : 1.0f;
+  rp.q_offset = b * p.q_batch_stride + s * p.q_token_stride;
+  rp.inv = 0.0f;
+  rp.global_scale = 0.0f;
+  if constexpr (kQuant == kQuantFp8) {
+    const float input_scale = *p.input_scale;
+    rp.inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
+  }
+  if constexpr (kQuant >= kQuantFp4Software) rp.global_scale = *p.global_scale;
+  return rp;
+}
+
+// aten's rms statistics on the eager layout: 4 sums per lane (one per virtual warp).
+template <typename T, int kSlots, int kVecs>
+__device__ __forceinline__ float aten_rms_rstd(const Word<4 * sizeof(T)> (&vw)[kSlots], int lane, float eps) {
+  float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (lane + 32 * j < kVecs) {
+      float v[4];
+      to_floats<T, 4>(vw[j], v);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ss[j % 4] = __fmaf_rn(v[e], v[e], ss[j % 4]);
+    }
+  }
+  // shfl_down tree per virtual warp; the XOR form leaves lane 0's value in every lane (each add is
+  // commutative, so partner lanes compute identical sums).
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) ss[w] = __fadd_rn(ss[w], __shfl_xor_sync(kFullMask, ss[w], o));
+  const float total = __fadd_rn(__fadd_rn(ss[0], ss[2]), __fadd_rn(ss[1], ss[3]));
+  return aten_rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(4 * kVecs)), eps));
+}
+
+// aten's LayerNorm statistics of a row held as lane l's vec4s l + 32j (state j % 4 = its virtual
+// warp), as aten_row_stats_warp computes them, with one change that keeps the bits: the Welford
+// push's reciprocal rcp4(count) is a compile-time constant. Every push of a virtual thread has a
+// count fixed by its position (the j-th push of a state has count 4*(j/4) + e + 1 whatever the
+// data), and rcp4(k) == fl(1/k) for every k <= 2^24 (tests/test_layernorm_modulate*: the Newton
+// step corrects any MUFU.RCP seed; checked on the device as well). Saves the MUFU + 3 ops per
+// element, which matters because the row statistics are most of this kernel's arithmetic.
+template <typename T, int kSlots, int kVecs>
+__device__ __forceinline__ RowStats aten_layer_norm_stats(const Word<4 * sizeof(T)> (&vw)[kSlots], int lane,
+                                                          float eps) {
+  WelfordState state[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) state[w] = WelfordState{0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (lane + 32 * j < kVecs) {
+      float v[4];
+      to_floats<T, 4>(vw[j], v);
+      WelfordState& s = state[j % 4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        constexpr float kOne = 1.0f;
+        const float count = static_cast<float>(4 * (j / 4) + e + 1);
+        const float delta = __fsub_rn(v[e], s.mean);
+        const float mean = __fmaf_rn(delta, kOne / count, s.mean);
+        s.m2 = __fmaf_rn(delta, __fsub_rn(v[e], mean), s.m2);
+        s.mean = mean;
+        s.count = count;
+      }
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) state[w] = warp_fold_down(state[w]);
+  WelfordState warp[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    warp[w].mean = __shfl_sync(kFullMask, state[w].mean, 0);
+    warp[w].m2 = __shfl_sync(kFullMask, state[w].m2, 0);
+    warp[w].count = __shfl_sync(kFullMask, state[w].count, 0);
+  }
+  return finish_row_stats(combine_four_warps(warp), 4 * kVecs, eps);
+}
+
+// ---------------------------------------------------------------- eager numerics
+
+template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant>
+__device__ __forceinline__ void eager_row(const NormScaleShiftParams& p, long long row, int lane) {
+  constexpr int kVecs = D / 4;
+  constexpr int kSlots = (kVecs + 31) / 32;
+  constexpr int kBytes = 4 * static_cast<int>(sizeof(T));
+  const long long b = row / p.seq;
+  const long long s = row - b * p.seq;
+  const RowPointers<T> rp = row_pointers<T, kResidual, kQuant>(p, b, s);
+  const T* xrow = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
+
+  Word<kBytes> vw[kSlots];
+  if constexpr (kResidual) {
+    const T* rrow = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride;
+    // All loads of the row first (x, residual), then the arithmetic: many accesses in flight.
+    Word<kBytes> rw[kSlots];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (lane + 32 * j < kVecs) {
+        const int c = 4 * (lane + 32 * j);
+        vw[j] = load_word<kBytes, false>(xrow + c);
+        rw[j] = load_word<kBytes, false>(rrow + c);
+      }
+    }
+    T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (lane + 32 * j < kVecs) {
+        const int c = 4 * (lane + 32 * j);
+        float g[4], v[4], xv[4], rv[4];
+        to_floats<T, 4>(vw[j], xv);
+        to_floats<T, 4>(rw[j], rv);
+        operand_values<T, 4>(p.gate, rp.gate, rp.gate_scalar, c, g);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = round_to<T>(__fadd_rn(rv[e], round_to<T>(__fmul_rn(xv[e], g[e]))));
+        vw[j] = from_floats<T, 4>(v);
+        store_word<kBytes>(orow + c, vw[j]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j)
+      if (lane + 32 * j < kVecs) vw[j] = load_word<kBytes, false>(xrow + 4 * (lane + 32 * j));
+  }
+
+  float mean = 0.0f, rstd;
+  if constexpr (kRms) {
+    rstd = aten_rms_rstd<T, kSlots, kVecs>(vw, lane, p.eps);
+  } else {
+    const RowStats st = aten_layer_norm_stats<T, kSlots, kVecs>(vw, lane, p.eps);
+    mean = st.mean;
+    rstd = st.rstd;
+  }
+
+  T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const bool active = lane + 32 * j < kVecs;
+    const int c = 4 * (lane + 32 * j);
+    float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (active) {
+      float v[4], sc[4], sh[4];
+      to_floats<T, 4>(vw[j], v);
+      operand_values<T, 4>(p.scale, rp.scale, rp.scale_scalar, c, sc);
+      if (p.shift.kind) operand_values<T, 4>(p.shift, rp.shift, rp.shift_scalar, c, sh);
+      float w[4], bias[4];
+      if constexpr (kAffine >= 1) {
+        T raw[4];
+        load_elements<T, 4, true, true>(static_cast<const T*>(p.weight) + c, raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w[e] = to_float(raw[e]);
+      }
+      if constexpr (kAffine == 2) {
+        T raw[4];
+        load_elements<T, 4, true, true>(static_cast<const T*>(p.bias) + c, raw);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) bias[e] = to_float(raw[e]);
+      }
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
+        float a = n;
+        if constexpr (kAffine == 1) a = __fmul_rn(w[e], n);
+        if constexpr (kAffine == 2) a = __fmaf_rn(w[e], n, bias[e]);
+        const float y0 = round_to<T>(a);
+        const float y1 = round_to<T>(__fmul_rn(y0, round_to<T>(__fadd_rn(1.0f, sc[e]))));
+        y[e] = p.shift.kind ? round_to<T>(__fadd_rn(y1, sh[e])) : y1;
+      }
+      if (yrow) store_word<kBytes>(yrow + c, from_floats<T, 4>(y));
+      if constexpr (kQuant == kQuantFp8) {
+        const u32 q = e4m3x2(__fmul_rn(y[0], rp.inv), __fmul_rn(y[1], rp.inv)) |
+                      (e4m3x2(__fmul_rn(y[2], rp.inv), __fmul_rn(y[3], rp.inv)) << 16);
+        *reinterpret_cast<u32*>(p.fp8 + rp.q_offset + c) = q;
+      }
+    }
+    if constexpr (kQuant >= kQuantFp4Software) {
+      // A block of 16 is the vec4s of 4 neighbouring lanes (D % 64 == 0: whole blocks per slot).
+      float amax = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+      if (active) {
+        u32 sf8;
+        const float out_scale = nvfp4_block_scale(amax, rp.global_scale, &sf8);
+        float q[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
+        const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
+        *reinterpret_cast<unsigned short*>(p.fp4_packed + row * (D / 2) + c / 2) =
+            static_cast<unsigned short>(nibbles);
+        if ((lane & 3) == 0) p.fp4_scales[nvfp4_scale_offset(row, c / 16, D / 16)] = static_cast<unsigned char>(sf8);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- sglang numerics
+
+// The per-thread partials of the 16-element threads lane + 32k, summed as SGLang's CTA does.
+template <int kThreads>
+__device__ __forceinline__ float sglang_block_sum(float (&part)[(kThreads + 31) / 32]) {
+  constexpr int kK = (kThreads + 31) / 32;
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2)
+#pragma unroll
+    for (int k = 0; k < kK; ++k) part[k] = __fadd_rn(part[k], __shfl_xor_sync(kFullMask, part[k], o));
+  // Warp 0 sums the warp totals with a butterfly over 32 slots (slots >= kK hold +0); every lane
+  // of it ends with lane 0's value, the shfl_down tree below.
+  float slot[32];
+#pragma unroll
+  for (int i = 0; i < 32; ++i) slot[i] = i < kK ? part[i < kK ? i : 0] : 0.0f;
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2)
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      if (i < o) slot[i] = __fadd_rn(slot[i], slot[i + o]);
+  return slot[0];
+}
+
+template <typename T, int D, bool kResidual, int kQuant>
+__device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long long row, int lane) {
+  constexpr int kThreads = D / 16;
+  constexpr int kK = (kThreads + 31) / 32;
+  constexpr int kBytes = 8 * static_cast<int>(sizeof(T));  // 16 bytes of bf16/fp16
+  constexpr float kInvD = 1.0f / D;
+  const long long b = row / p.seq;
+  const long long s = row - b * p.seq;
+  const RowPointers<T> rp = row_pointers<T, kResidual, kQuant>(p, b, s);
+  const T* xrow = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
+
+  Word<kBytes> vw[kK][2];
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (lane + 32 * k < kThreads)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) vw[k][h] = load_word<kBytes, false>(xrow + 16 * (lane + 32 * k) + 8 * h);
+  if constexpr (kResidual) {
+    const T* rrow = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride;
+    T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
+    Word<kBytes> rw[kK][2];
+#pragma unroll
+    for (int k = 0; k < kK; ++k)
+      if (lane + 32 * k < kThreads)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) rw[k][h] = load_word<kBytes, false>(rrow + 16 * (lane + 32 * k) + 8 * h);
+#pragma unroll
+    for (int k = 0; k < kK; ++k) {
+      if (lane + 32 * k < kThreads) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 16 * (lane + 32 * k) + 8 * h;
+          float xv[8], rv[8], g[8], v[8];
+          to_floats<T, 8>(vw[k][h], xv);
+          to_floats<T, 8>(rw[k][h], rv);
+          operand_values<T, 8>(p.gate, rp.gate, rp.gate_scalar, c, g);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) v[e] = round_to<T>(__fmaf_rn(xv[e], g[e], rv[e]));
+          vw[k][h] = from_floats<T, 8>(v);
+          store_word<kBytes>(orow + c, vw[k][h]);
+        }
+      }
+    }
+  }
+
+  float part[kK];
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    part[k] = 0.0f;
+    if (lane + 32 * k < kThreads)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[8];
+        to_floats<T, 8>(vw[k][h], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) part[k] = __fadd_rn(part[k], v[e]);
+      }
+  }
+  const float mean = __fmul_rn(sglang_block_sum<kThreads>(part), kInvD);
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    part[k] = 0.0f;
+    if (lane + 32 * k < kThreads)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float v[8];
+        to_floats<T, 8>(vw[k][h], v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float d = __fsub_rn(v[e], mean);
+          part[k] = __fmaf_rn(d, d, part[k]);
+        }
+      }
+  }
+  const float var = __fmul_rn(sglang_block_sum<kThreads>(part), kInvD);
+  const float factor = aten_rsqrtf(__fadd_rn(var, p.eps));
+
+  T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
+#pragma unroll
+  for (int k = 0; k < kK; ++k) {
+    if (lane + 32 * k >= kThreads) continue;
+    const int t = lane + 32 * k;
+    float y[16];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = 16 * t + 8 * h;
+      float v[8], sc[8], sh[8];
+      to_floats<T, 8>(vw[k][h], v);
+      operand_values<T, 8>(p.scale, rp.scale, rp.scale_scalar, c, sc);
+      if (p.shift.kind) operand_values<T, 8>(p.shift, rp.shift, rp.shift_scalar, c, sh);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float norm = round_to<T>(__fmul_rn(__fsub_rn(v[e], mean), factor));
+        const float op = __fadd_rn(1.0f, sc[e]);
+        y[8 * h + e] = round_to<T>(p.shift.kind ? __fmaf_rn(norm, op, sh[e]) : __fmul_rn(norm, op));
+      }
+      float yh[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) yh[e] = y[8 * h + e];
+      if (yrow) store_word<kBytes>(yrow + c, from_floats<T, 8>(yh));
+    }
+    if constexpr (kQuant == kQuantFp8) {
+      Word<16> q;
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        q.w[i] = e4m3x2(__fmul_rn(y[4 * i], rp.inv), __fmul_rn(y[4 * i + 1], rp.inv)) |
+                 (e4m3x2(__fmul_rn(y[4 * i + 2], rp.inv), __fmul_rn(y[4 * i + 3], rp.inv)) << 16);
+      store_word<16>(p.fp8 + rp.q_offset + 16 * t, q);
+    }
+    if constexpr (kQuant >= kQuantFp4Software) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(y[e]));
+      u32 sf8;
+      const float out_scale = nvfp4_block_scale(amax, rp.global_scale, &sf8);
+      Word<8> packed;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float q0[4], q1[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          q0[e] = __fmul_rn(y[8 * i + e], out_scale);
+          q1[e] = __fmul_rn(y[8 * i + 4 + e], out_scale);
+        }
+        packed.w[i] = e2m1x4<kQuant == kQuantFp4Hardware>(q0) | (e2m1x4<kQuant == kQuantFp4Hardware>(q1) << 16);
+      }
+      store_word<8>(p.fp4_packed + row * (D / 2) + 8 * t, packed);
+      p.fp4_scales[nvfp4_scale_offset(row, t, D / 16)] = static_cast<unsigned char>(sf8);
+    }
+  }
+}
+
+}  // namespace nss_detail
+
+// One warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
+// 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
+template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl>
+__device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
+  using namespace nss_detail;
+  static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
+  static_assert(!kSglang || (D % 16 == 0 && sizeof(T) == 2 && !kRms && kAffine == 0),
+                "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
+  static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
+  const int lane = threadIdx.x & 31;
+  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if constexpr (kPdl) pdl_wait();
+  if (row >= p.grid_rows) return;
+  if (row >= p.rows) {
+    // NVFP4 scale padding row: zero scale bytes, nothing else.
+    if constexpr (kQuant >= kQuantFp4Software)
+      for (int k = lane; k < D / 16; k += 32) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
+    return;
+  }
+  if constexpr (kSglang)
+    sglang_row<T, D, kResidual, kQuant>(p, row, lane);
+  else
+    eager_row<T, D, kRms, kResidual, kAffine, kQuant>(p, row, lane);
+  if constexpr (kPdl) pdl_launch_dependents();
+}
+
+}  // namespace ditops

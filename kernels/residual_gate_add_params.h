@@ -1,0 +1,32 @@
+// Launch parameters of the gated residual add kernels. Plain data, shared by the host op and the
+// device code (built by the host, passed by value as a __grid_constant__ kernel argument).
+#pragma once
+
+namespace ditops {
+
+// Gate modes (template parameter kMode of the kernels); docs/residual_gate_add.md.
+enum : int { kRgaGateFull = 0, kRgaGateRow = 1, kRgaGateToken = 2, kRgaGateBatch = 3 };
+
+struct ResidualGateAddParams {
+  const void* residual;
+  const void* update;
+  const void* gate;
+  void* out;
+  // Flat kernel (contiguous layout), counted in units of kElems elements (one 16-byte vector on
+  // the vector path, one element on the scalar path); a unit never straddles two rows.
+  long long units;           // numel / kElems
+  long long row_units;       // D / kElems
+  long long rows_per_batch;  // batch mode: rows that share one gate row
+  // The grid's thread count as (rows, units) of a row: how far a thread's (row, col) cursor
+  // moves per grid-stride step, pre-divided on the host so the loop has no division.
+  long long step_rows;
+  long long step_units;
+  // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
+  // A 1-D grid of B * tiles_h * tiles_t blocks, token tiles fastest.
+  long long tokens;  // T
+  long long hidden;  // H
+  long long tiles_t;  // ceil(T / tile)
+  long long tiles_h;  // ceil(H / tile)
+};
+
+}  // namespace ditops

@@ -1,0 +1,197 @@
+"""ditops: fused kernels for diffusion-transformer inference, from Python.
+
+A thin layer over the C++ core through TVM-FFI (the ABI SGLang's and FlashInfer's kernels use).
+Tensors from any DLPack producer (PyTorch, numpy, CuPy, JAX) are passed without a copy; CPU
+tensors run the reference backend, CUDA tensors the GPU kernels on the caller's stream (for torch
+tensors the current torch stream). Errors raise ditops.Error with the C++ message.
+
+    import ditops
+    ditops.qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, is_neox=False)
+    ditops.list_kernels()                         # the registry
+    print(ditops.explain("qknorm_rope", q, k, q_weight, k_weight, cos_sin_cache, positions))
+
+PyTorch custom ops (torch.compile, CUDA graphs) and the model-layer helper: ditops.torch.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import tvm_ffi
+
+__all__ = ["Error", "qknorm_rope", "list_kernels", "explain", "DispatchReport", "reload_config",
+           "clear_failures", "__version__"]
+
+
+class Error(RuntimeError, ValueError):
+    """Every failure ditops reports: bad arguments (the message names the op, the tensor, the
+    dimension, the expected and the actual value), no eligible implementation, CUDA/NVRTC errors.
+    A RuntimeError and a ValueError, so either except clause catches it."""
+
+
+# ditops::Error crosses the FFI as the error kind "DitopsError" (src/python/ffi_module.cpp).
+tvm_ffi.register_error("DitopsError", Error)
+
+
+def _load_module():
+    # DITOPS_FFI_MODULE overrides the location (a module built elsewhere).
+    path = Path(os.environ.get("DITOPS_FFI_MODULE") or Path(__file__).with_name("_ditops_ffi.so"))
+    if not path.is_file():
+        raise ImportError(
+            f"ditops: the compiled module {path} is missing. Install the package with `pip install .`, "
+            "or build it with CMake (-DDITOPS_BUILD_PYTHON=ON, needs `pip install apache-tvm-ffi`) and "
+            "put <build>/python on PYTHONPATH.")
+    return tvm_ffi.load_module(str(path))
+
+
+_ffi = _load_module()
+# Looked up once: an attribute lookup on the module per call would cost a string search.
+_ffi_qknorm_rope = _ffi.qknorm_rope
+_ffi_qknorm_rope_explain = _ffi.qknorm_rope_explain
+
+__version__ = str(_ffi.version())
+
+try:  # numpy is optional; only its arrays carry a writeable flag to check
+    from numpy import ndarray as _ndarray
+except ImportError:  # pragma: no cover
+    class _ndarray:  # noqa: N801 (never instantiated: isinstance is always false)
+        pass
+
+# The stream argument of every FFI entry: -1 takes the stream TVM-FFI set for the call (the
+# current torch stream for torch CUDA tensors; the legacy default stream otherwise).
+_ENV_STREAM = -1
+
+
+def _stream_handle(stream) -> int:
+    """A raw CUDA stream handle from an int, a torch/CuPy stream (.cuda_stream / .ptr) or an
+    object with __cuda_stream__."""
+    if stream is None:
+        return _ENV_STREAM
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    raise TypeError(f"stream must be an int handle or a CUDA stream object, not {type(stream).__name__}")
+
+
+def _check_writable(op: str, name: str, x) -> None:
+    """In-place ops refuse read-only numpy arrays before anything is written (numpy would hand a
+    read-only array over DLPack as writable memory otherwise)."""
+    if isinstance(x, _ndarray) and not x.flags.writeable:
+        raise Error(f"{op}: {name} is a read-only numpy array but the op writes to it in place "
+                    "(pass a writable array, e.g. a copy)")
+
+
+def _readable(x):
+    """A read-only numpy array through a DLPack 1.x capsule: TVM-FFI asks numpy for a legacy DLPack
+    export, which numpy refuses for read-only arrays (legacy DLPack cannot mark them); inputs
+    that are only read are fine to pass."""
+    if isinstance(x, _ndarray) and not x.flags.writeable:
+        try:
+            return tvm_ffi.from_dlpack(x.__dlpack__(max_version=(1, 0)))
+        except TypeError:  # numpy < 2 (no DLPack 1.x): a copy is the only way through
+            return x.copy()
+    return x
+
+
+def _opt(value) -> str:
+    return "" if value is None else str(value)
+
+
+# ---------------------------------------------------------------- ops
+# Each op mirrors its C++ facade (include/ditops/<op>.h): the tensors, then the options struct's
+# fields as keywords with the same names and defaults, then backend/quality (DispatchOptions) and
+# stream. Returns the name of the implementation that ran.
+
+
+def qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False, eps=1e-6,
+                rope_dim=0, cache_full_width=False, rounding="rounded", norm_order="aten",
+                use_pdl=True, backend=None, quality=None, stream=None) -> str:
+    """In-place per-head QK RMSNorm + RoPE (include/ditops/qknorm_rope.h, docs/qknorm_rope.md).
+
+    q [T, Hq, D], k [T, Hk, D] fp16/bf16 (written in place), q_weight/k_weight [D],
+    cos_sin_cache [P, rope_dim] (or [P, 2*rope_dim] with cache_full_width) fp32 or the activation
+    dtype, positions [T] int32/int64. rounding: "rounded" (bit_exact vs the eager chain) or
+    "fp32" (close); norm_order: "aten" or "warp"; backend: kda/aot/jit/vendor/reference (strict);
+    quality: lossless/high/extra-high. Returns the implementation that ran."""
+    _check_writable("qknorm_rope", "q", q)
+    _check_writable("qknorm_rope", "k", k)
+    return str(_ffi_qknorm_rope(q, k, _readable(q_weight), _readable(k_weight),
+                                _readable(cos_sin_cache), _readable(positions), is_neox, eps,
+                                rope_dim, cache_full_width, rounding, norm_order, use_pdl,
+                                _opt(backend), _opt(quality), _stream_handle(stream)))
+
+
+def _qknorm_rope_explain(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False,
+                         eps=1e-6, rope_dim=0, cache_full_width=False, rounding="rounded",
+                         norm_order="aten", use_pdl=True, backend=None, quality=None):
+    return _ffi_qknorm_rope_explain(q, k, q_weight, k_weight, cos_sin_cache, positions, is_neox,
+                                    eps, rope_dim, cache_full_width, rounding, norm_order, use_pdl,
+                                    _opt(backend), _opt(quality), _ENV_STREAM)
+
+
+# op name -> its explain entry (same arguments as the op, without stream).
+_EXPLAIN = {"qknorm_rope": _qknorm_rope_explain}
+
+# ---------------------------------------------------------------- registry
+
+
+class DispatchReport:
+    """The dispatch reasoning for one call: every candidate in the order considered, with the
+    reason it was chosen or refused. str() gives the table `ditops explain` prints."""
+
+    def __init__(self, record):
+        self.op = str(record["op"])
+        self.device = str(record["device"])
+        self.template_key = str(record["template_key"])
+        self.chosen = None if record["chosen"] is None else str(record["chosen"])
+        self.candidates = [
+            {"name": str(c["name"]), "provenance": str(c["provenance"]), "eligible": bool(c["eligible"]),
+             "chosen": bool(c["chosen"]), "reason": str(c["reason"])}
+            for c in record["candidates"]]
+        self.text = str(record["text"])
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return f"DispatchReport(op={self.op!r}, device={self.device!r}, chosen={self.chosen!r})"
+
+
+def explain(op: str, *args, **options) -> DispatchReport:
+    """What the dispatcher would run for this call, and why; runs nothing. Takes the op's own
+    arguments: explain("qknorm_rope", q, k, q_weight, k_weight, cache, positions, is_neox=True)."""
+    try:
+        entry = _EXPLAIN[op]
+    except KeyError:
+        raise Error(f"explain: unknown op '{op}' (known: {', '.join(sorted(_EXPLAIN))})") from None
+    return DispatchReport(entry(*args, **options))
+
+
+def _plain(value):
+    """FFI containers (Map, Array, String) as dict, list, str."""
+    if isinstance(value, str) or value is None or isinstance(value, (bool, int, float)):
+        return value if not isinstance(value, str) else str(value)
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value]
+
+
+def list_kernels(op: str | None = None) -> list[dict]:
+    """Every registered implementation (of `op`, or of all ops): op, name, provenance,
+    capabilities, contract (bit_exact/close), oracle, bounds, description, unavailable ("" when
+    usable on this machine, else the reason) and, for kda kernels, evidence."""
+    return [_plain(r) for r in _ffi.list_kernels(op or "")]
+
+
+def reload_config() -> None:
+    """Re-read the DITOPS_* environment variables (read once and cached otherwise)."""
+    _ffi.reload_config()
+
+
+def clear_failures() -> None:
+    """Forget implementations that failed to resolve or launch (skipped until cleared)."""
+    _ffi.clear_failures()

@@ -1,0 +1,576 @@
+// layernorm_modulate, layernorm_modulate_fp8 and qk_head_layernorm: argument matching, the
+// registry entries (provenance, capability, contract, predicate), the template key and the launch.
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/builtin_ops.h"
+#include "core/matcher.h"
+#include "ditops/layernorm_modulate.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/layernorm_modulate_params.h"
+#include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOpBf16 = "layernorm_modulate";
+constexpr const char* kOpFp8 = "layernorm_modulate_fp8";
+constexpr const char* kOpQk = "qk_head_layernorm";
+constexpr int kThreads = 128;        // both mappings: aten's 128 threads per row or 4 rows of a warp
+constexpr int kMaxDim = 8192;
+constexpr int kMaxHeadDim = 128;
+constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
+
+bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+const char* kind_op(LnModulateKind kind) {
+  return kind == LnModulateKind::bf16_out ? kOpBf16 : kind == LnModulateKind::fp8_out ? kOpFp8 : kOpQk;
+}
+
+// Rows of [A, B, D] (strides sa, sb, 1) must not overlap each other (they are written).
+void check_disjoint_rows(const Matcher& m, const TensorView& t, const char* name, int64_t D) {
+  if (t.numel() == 0) return;
+  if (t.shape[1] > 1 && t.strides[1] < D)
+    m.fail(std::string(name) + ".stride(1) must be >= D=" + std::to_string(D) +
+           " (rows may not overlap) but is " + std::to_string(t.strides[1]));
+  const int64_t span = (t.shape[1] - 1) * t.strides[1] + D;
+  if (t.shape[0] > 1 && t.strides[0] < span)
+    m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string(span) +
+           " (batches may not overlap) but is " + std::to_string(t.strides[0]));
+}
+
+void check_nonnegative_strides(const Matcher& m, const TensorView& t, const char* name) {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.strides[i] < 0)
+      m.fail(std::string(name) + ".stride(" + std::to_string(i) + ") must be >= 0 but is " +
+             std::to_string(t.strides[i]));
+}
+
+bool ranges_overlap(const TensorView& a, const TensorView& b) {
+  const int64_t sa = a.span_bytes(), sb = b.span_bytes();
+  if (sa == 0 || sb == 0) return false;
+  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
+  return pa < pb + static_cast<uintptr_t>(sb) && pb < pa + static_cast<uintptr_t>(sa);
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.rank != b.rank || a.dtype != b.dtype) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (a.shape[i] != b.shape[i] || (a.shape[i] > 1 && a.strides[i] != b.strides[i])) return false;
+  return true;
+}
+
+// The output may be the input itself (in place) but must not overlap it any other way.
+void check_output_aliasing(const Matcher& m, const TensorView& in, const char* in_name,
+                           const TensorView& out, const char* out_name) {
+  if (same_view(in, out)) return;
+  if (ranges_overlap(in, out))
+    m.fail(std::string(out_name) + " overlaps " + in_name + " without being the same view (in place "
+           "needs identical data pointer and strides)");
+}
+
+// The shared part of the bf16 and fp8 ops: x, scale, shift, out.
+LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const TensorView& x,
+                                     const TensorView& scale, const TensorView& shift,
+                                     const TensorView& input_scale, const TensorView& out,
+                                     const LayerNormModulateOptions& options, Stream stream) {
+  Matcher m(op);
+  m.tensor("x", x).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1})
+      .dtype({DType::bf16}).same_device("device");
+  const int64_t D = *m.value("D");
+  if (D <= 0 || D > kMaxDim || D % 4 != 0)
+    m.fail("x.shape[2] (D) must be a multiple of 4 in [4, 8192] (aten's vectorized LayerNorm) but is " +
+           std::to_string(D));
+  check_nonnegative_strides(m, x, "x");
+  m.tensor("scale", scale).shape({"B", "D"}).strides({Dim::anything(), 1}).dtype({DType::bf16})
+      .same_device("device");
+  check_nonnegative_strides(m, scale, "scale");
+  const bool has_shift = shift.rank != 0;
+  if (has_shift) {
+    m.tensor("shift", shift).shape({"B", "D"}).strides({Dim::anything(), 1}).dtype({DType::bf16})
+        .same_device("device");
+    check_nonnegative_strides(m, shift, "shift");
+  } else if (shift.data) {
+    m.fail("shift has rank 0 but a data pointer: pass an empty TensorView (no shift) or a [B, D] view");
+  }
+  m.tensor("out", out).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1})
+      .dtype({kind == LnModulateKind::fp8_out ? DType::f8e4m3fn : DType::bf16}).same_device("device");
+  check_disjoint_rows(m, out, "out", D);
+  if (kind == LnModulateKind::fp8_out) {
+    m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
+    if (input_scale.numel() != 1)
+      m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()));
+    if (ranges_overlap(x, out)) m.fail("out (fp8) must not overlap x");
+  } else {
+    check_output_aliasing(m, x, "x", out, "out");
+  }
+  if (ranges_overlap(scale, out) || (has_shift && ranges_overlap(shift, out)))
+    m.fail("out must not overlap scale or shift");
+  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+
+  const int64_t B = *m.value("B"), S = *m.value("S");
+  LayerNormModulateCall call;
+  call.kind = kind;
+  call.x = x;
+  call.scale = scale;
+  call.shift = has_shift ? shift : TensorView{};
+  call.out = out;
+  if (kind == LnModulateKind::fp8_out) call.input_scale = input_scale;
+  call.options = options;
+  call.batch = B;
+  call.seq = S;
+  call.rows = B * S;
+  call.dim = static_cast<int>(D);
+  call.has_shift = has_shift;
+  call.stream = stream;
+  if (options.stats_out.data) {
+    m.tensor("stats_out", options.stats_out).shape({"B", "S", 2}).dtype({DType::f32})
+        .same_device("device").contiguous();
+    if (ranges_overlap(options.stats_out, x) || ranges_overlap(options.stats_out, out))
+      m.fail("stats_out must not overlap x or out");
+    call.write_stats = true;
+  }
+  const int64_t es = 2, os = kind == LnModulateKind::fp8_out ? 1 : 2, ov = 4 * os;
+  call.aligned = aligned_bytes(x.data, 8) && (x.strides[0] * es) % 8 == 0 && (x.strides[1] * es) % 8 == 0 &&
+                 aligned_bytes(scale.data, 8) && (scale.strides[0] * es) % 8 == 0 &&
+                 (!has_shift || (aligned_bytes(shift.data, 8) && (shift.strides[0] * es) % 8 == 0)) &&
+                 aligned_bytes(out.data, static_cast<int>(ov)) && (out.strides[0] * os) % ov == 0 &&
+                 (out.strides[1] * os) % ov == 0;
+  return call;
+}
+
+}  // namespace
+
+const char* fp8_reciprocal_name(Fp8Reciprocal mode) {
+  return mode == Fp8Reciprocal::ieee ? "ieee" : "div_full";
+}
+
+const char* ln_row_mapping_name(LnRowMapping mapping) {
+  return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
+}
+
+LayerNormModulateCall match_layernorm_modulate(const TensorView& x, const TensorView& scale,
+                                               const TensorView& shift, const TensorView& out,
+                                               const LayerNormModulateOptions& options, Stream stream) {
+  return match_modulate(kOpBf16, LnModulateKind::bf16_out, x, scale, shift, TensorView{}, out, options,
+                        stream);
+}
+
+LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
+                                                   const TensorView& shift, const TensorView& input_scale,
+                                                   const TensorView& out,
+                                                   const LayerNormModulateOptions& options, Stream stream) {
+  return match_modulate(kOpFp8, LnModulateKind::fp8_out, x, scale, shift, input_scale, out, options,
+                        stream);
+}
+
+LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
+                                              const TensorView& q_out, const TensorView& k_out,
+                                              const LayerNormModulateOptions& options, Stream stream) {
+  Matcher m(kOpQk);
+  m.tensor("q", q).shape({"B", "S", "Hq", "Dh"}).strides({Dim::anything(), "q_token_stride", Dim::anything(), 1})
+      .dtype({DType::bf16}).same_device("device");
+  m.tensor("k", k).shape({"B", "S", "Hk", "Dh"}).strides({Dim::anything(), "k_token_stride", Dim::anything(), 1})
+      .dtype({DType::bf16}).same_device("device");
+  const int64_t Dh = *m.value("Dh");
+  if (Dh <= 0 || Dh > kMaxHeadDim || Dh % 4 != 0)
+    m.fail("q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh));
+  m.tensor("q_out", q_out).shape({"B", "S", "Hq", "Dh"}).strides({Dim::anything(), "q_out_token_stride", Dim::anything(), 1})
+      .dtype({DType::bf16}).same_device("device");
+  m.tensor("k_out", k_out).shape({"B", "S", "Hk", "Dh"}).strides({Dim::anything(), "k_out_token_stride", Dim::anything(), 1})
+      .dtype({DType::bf16}).same_device("device");
+  const int64_t B = *m.value("B"), S = *m.value("S"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
+  // (b, s) collapse into one token index: stride(0) == S * stride(1) (free when B == 1).
+  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"},
+                                {&q_out, "q_out"}, {&k_out, "k_out"}}) {
+    check_nonnegative_strides(m, *t, name);
+    if (B > 1 && t->strides[0] != S * t->strides[1])
+      m.fail(std::string(name) + ".stride(0) must be S * stride(1) = " + std::to_string(S * t->strides[1]) +
+             " (batch and sequence collapse into one token index) but is " + std::to_string(t->strides[0]));
+  }
+  // Written rows (token, head) must be disjoint.
+  for (const auto& [t, name, heads] : {std::tuple<const TensorView*, const char*, int64_t>{&q_out, "q_out", Hq},
+                                       {&k_out, "k_out", Hk}}) {
+    if (t->numel() == 0) continue;
+    if (heads > 1 && t->strides[2] < Dh)
+      m.fail(std::string(name) + ".stride(2) must be >= head_dim=" + std::to_string(Dh) +
+             " (heads may not overlap) but is " + std::to_string(t->strides[2]));
+    const int64_t span = (heads - 1) * t->strides[2] + Dh;
+    if (B * S > 1 && t->strides[1] < span)
+      m.fail(std::string(name) + ".stride(1) must be >= " + std::to_string(span) +
+             " (tokens may not overlap) but is " + std::to_string(t->strides[1]));
+  }
+  check_output_aliasing(m, q, "q", q_out, "q_out");
+  check_output_aliasing(m, k, "k", k_out, "k_out");
+  if (ranges_overlap(q_out, k_out)) m.fail("q_out and k_out must not overlap");
+  if (ranges_overlap(q, k_out)) m.fail("k_out must not overlap q");
+  if (ranges_overlap(k, q_out)) m.fail("q_out must not overlap k");
+  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+  if (options.stats_out.data) m.fail("stats_out is not produced by qk_head_layernorm");
+
+  LayerNormModulateCall call;
+  call.kind = LnModulateKind::qk_head;
+  call.x = q;
+  call.out = q_out;
+  call.x2 = k;
+  call.out2 = k_out;
+  call.options = options;
+  call.batch = B;
+  call.seq = S;
+  call.rows = B * S * Hq;
+  call.rows2 = B * S * Hk;
+  call.heads = static_cast<int>(Hq);
+  call.heads2 = static_cast<int>(Hk);
+  call.dim = static_cast<int>(Dh);
+  call.stream = stream;
+  call.aligned = true;
+  for (const TensorView* t : {&q, &k, &q_out, &k_out})
+    call.aligned = call.aligned && aligned_bytes(t->data, 8) && (t->strides[1] * 2) % 8 == 0 &&
+                   (t->strides[2] * 2) % 8 == 0;
+  return call;
+}
+
+namespace {
+
+const LayerNormModulateCall& as_call(const void* p) { return *static_cast<const LayerNormModulateCall*>(p); }
+
+// Register slots of a row per thread, rounded up to a few sizes so the number of compiled
+// variants stays small (FLUX/Qwen D=3072 -> 24 warp slots, GLM 4096 -> 32, Wan 5120 -> 10 CTA
+// slots, FLUX.2 6144 -> 12, 8192 -> 16).
+int slot_bucket(int needed) {
+  static constexpr int kBuckets[] = {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 40, 48, 64};
+  for (int b : kBuckets)
+    if (needed <= b) return b;
+  return 64;  // not reached: D <= 8192 needs at most 64 warp slots
+}
+
+// Automatic mapping. A warp per row keeps the row in 2*slots registers per lane: 96 registers
+// at D=3072 (5 CTAs = 20 warps per SM), 168 with a spill slot at D=8192 (ptxas, sm_90a), so rows
+// wider than 4096 go to the CTA mapping (a quarter of the registers). Short inputs (fewer rows
+// than 16 per SM) also take the CTA mapping: 4x more CTAs, 4x shorter per-thread chains.
+bool use_cta(const LayerNormModulateCall& c, const DeviceInfo& device) {
+  if (c.options.mapping == LnRowMapping::cta) return true;
+  if (c.options.mapping == LnRowMapping::warp) return false;
+  const int n_vec = c.dim / 4;
+  return n_vec > 32 * 32 || c.rows < 16LL * std::max(device.multiprocessors, 1);
+}
+
+struct LnmKey {
+  LnModulateKind kind = LnModulateKind::bf16_out;
+  int slots = 1;
+  bool cta = false;
+  bool shift = false;
+  bool div_full = false;
+  bool pdl = true;
+  bool aligned = true;
+
+  std::string to_string() const {
+    if (kind == LnModulateKind::qk_head)
+      return std::string("qk_head,rows_per_warp=") + std::to_string(kQkRowsPerWarp) + (pdl ? ",pdl" : ",nopdl") +
+             (aligned ? ",vec8" : ",scalar");
+    return std::string(kind == LnModulateKind::fp8_out ? "fp8" : "bf16") + ",slots=" + std::to_string(slots) +
+           (cta ? ",cta" : ",warp") + (shift ? ",shift" : ",noshift") +
+           (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
+           (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(kind);
+    v = v * 128 + static_cast<uint64_t>(slots);
+    v = v * 2 + cta;
+    v = v * 2 + shift;
+    v = v * 2 + div_full;
+    v = v * 2 + pdl;
+    v = v * 2 + aligned;
+    return v;
+  }
+};
+
+LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
+  LnmKey key;
+  key.kind = c.kind;
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  key.aligned = c.aligned;
+  if (c.kind == LnModulateKind::qk_head) return key;
+  key.cta = use_cta(c, device);
+  const int n_vec = c.dim / 4;
+  key.slots = slot_bucket(key.cta ? (n_vec + kThreads - 1) / kThreads : (n_vec + 31) / 32);
+  key.shift = c.has_shift;
+  key.div_full = c.kind == LnModulateKind::fp8_out && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  return key;
+}
+
+const char* flag(bool b) { return b ? "true" : "false"; }
+
+jit::KernelRequest request_for(const LnmKey& key) {
+  jit::KernelRequest r;
+  r.header = "layernorm_modulate.cuh";
+  r.max_threads = kThreads;
+  r.template_key = "layernorm_modulate:" + key.to_string();
+  if (key.kind == LnModulateKind::qk_head) {
+    r.function = "ditops::qk_head_layernorm_body";
+    r.template_args = std::to_string(kQkRowsPerWarp) + ", " + flag(key.pdl) + ", " + flag(key.aligned);
+    r.params_type = "ditops::QkHeadLayerNormParams";
+  } else {
+    r.function = "ditops::layernorm_modulate_body";
+    r.template_args = std::to_string(key.slots) + ", " + flag(key.cta) + ", " + flag(key.shift) + ", " +
+                      flag(key.kind == LnModulateKind::fp8_out) + ", " + flag(key.div_full) + ", " +
+                      flag(key.pdl) + ", " + flag(key.aligned);
+    r.params_type = "ditops::LayerNormModulateParams";
+  }
+  return r;
+}
+
+void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::LoadedKernel& kernel) {
+  const CUstream stream = static_cast<CUstream>(c.stream);
+  if (c.kind == LnModulateKind::qk_head) {
+    if (c.rows + c.rows2 == 0) return;
+    QkHeadLayerNormParams p{};
+    p.q = c.x.data;
+    p.q_out = c.out.data;
+    p.k = c.x2.data;
+    p.k_out = c.out2.data;
+    p.q_rows = c.rows;
+    p.total_rows = c.rows + c.rows2;
+    p.q_token_stride = c.x.strides[1];
+    p.q_head_stride = c.x.strides[2];
+    p.q_out_token_stride = c.out.strides[1];
+    p.q_out_head_stride = c.out.strides[2];
+    p.k_token_stride = c.x2.strides[1];
+    p.k_head_stride = c.x2.strides[2];
+    p.k_out_token_stride = c.out2.strides[1];
+    p.k_out_head_stride = c.out2.strides[2];
+    p.q_heads = std::max(c.heads, 1);
+    p.k_heads = std::max(c.heads2, 1);
+    p.n_vec = c.dim / 4;
+    p.eps = c.options.eps;
+    const int64_t warps = (c.rows + kQkRowsPerWarp - 1) / kQkRowsPerWarp +
+                          (c.rows2 + kQkRowsPerWarp - 1) / kQkRowsPerWarp;
+    const int64_t grid = (warps + kThreads / 32 - 1) / (kThreads / 32);
+    jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
+    return;
+  }
+  if (c.rows == 0) return;
+  LayerNormModulateParams p{};
+  p.x = c.x.data;
+  p.out = c.out.data;
+  p.scale = c.scale.data;
+  p.shift = c.has_shift ? c.shift.data : nullptr;
+  p.input_scale = static_cast<const float*>(c.input_scale.data);
+  p.stats = c.write_stats ? static_cast<float*>(c.options.stats_out.data) : nullptr;
+  p.rows = c.rows;
+  p.seq = std::max<int64_t>(c.seq, 1);
+  p.x_batch_stride = c.x.strides[0];
+  p.x_token_stride = c.x.strides[1];
+  p.out_batch_stride = c.out.strides[0];
+  p.out_token_stride = c.out.strides[1];
+  p.scale_row_stride = c.scale.strides[0];
+  p.shift_row_stride = c.has_shift ? c.shift.strides[0] : 0;
+  p.n_vec = c.dim / 4;
+  p.eps = c.options.eps;
+  const int64_t grid = key.cta ? c.rows : (c.rows + kThreads / 32 - 1) / (kThreads / 32);
+  jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
+}
+
+// Resolved kernels per (key, device): one lookup under a mutex per call, no strings.
+struct KernelMemo {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
+};
+
+void run_jit(const void* p) {
+  const LayerNormModulateCall& c = as_call(p);
+  const int device = c.x.device.index;
+  const LnmKey key = key_for(c, jit::device_info(c.x.device));
+  static KernelMemo memo;
+  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
+  const jit::LoadedKernel* kernel = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    auto it = memo.kernels.find(slot);
+    if (it != memo.kernels.end()) kernel = it->second;
+  }
+  if (!kernel) {
+    kernel = &jit::jit_kernel(request_for(key), device);
+    std::lock_guard<std::mutex> lock(memo.mutex);
+    memo.kernels[slot] = kernel;
+  }
+  jit::bind_primary_context(device);
+  launch(c, key, *kernel);
+}
+
+std::string cuda_predicate(const void* p, LnModulateKind kind, bool div_full) {
+  const LayerNormModulateCall& c = as_call(p);
+  if (c.kind != kind) return std::string("handles ") + kind_op(kind) + " only";
+  if (c.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  if (kind == LnModulateKind::fp8_out && (c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
+    return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
+  return "";
+}
+
+std::string cuda_availability() {
+  std::string why;
+  if (!jit::cuda_driver(&why)) return why;
+  if (jit::nvrtc_version(&why) == 0) return why;
+  return "";
+}
+
+std::string template_key_of(const void* p) {
+  const LayerNormModulateCall& c = as_call(p);
+  if (c.x.device.kind != DeviceKind::cuda) return "";
+  return key_for(c, jit::device_info(c.x.device)).to_string();
+}
+
+std::string run_op(const char* op, const LayerNormModulateCall& call) {
+  if (call.x.device.kind == DeviceKind::cuda) {
+    jit::bind_primary_context(call.x.device.index);
+    const int stream_dev = jit::stream_device(static_cast<CUstream>(call.stream));
+    if (stream_dev >= 0 && stream_dev != call.x.device.index)
+      throw Error(std::string(op) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
+                  " but the tensors are on " + device_name(call.x.device));
+  }
+  return Registry::global().dispatch(op, &call, jit::device_info(call.x.device), call.options.dispatch).name;
+}
+
+}  // namespace
+
+std::string layernorm_modulate(const TensorView& x, const TensorView& scale, const TensorView& shift,
+                               const TensorView& out, const LayerNormModulateOptions& options,
+                               Stream stream) {
+  return run_op(kOpBf16, match_layernorm_modulate(x, scale, shift, out, options, stream));
+}
+
+std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale, const TensorView& shift,
+                                   const TensorView& input_scale, const TensorView& out,
+                                   const LayerNormModulateOptions& options, Stream stream) {
+  return run_op(kOpFp8, match_layernorm_modulate_fp8(x, scale, shift, input_scale, out, options, stream));
+}
+
+std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
+                              const TensorView& k_out, const LayerNormModulateOptions& options,
+                              Stream stream) {
+  return run_op(kOpQk, match_qk_head_layernorm(q, k, q_out, k_out, options, stream));
+}
+
+DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
+  return Registry::global().explain(kind_op(call.kind), &call, jit::device_info(call.x.device),
+                                    call.options.dispatch);
+}
+
+void register_layernorm_modulate(Registry& registry) {
+  const std::string eager_chain =
+      "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
+      "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";
+  auto add_jit = [&](const char* op, const std::string& name, LnModulateKind kind, bool div_full,
+                     int sm_min, Contract contract, std::string description) {
+    KernelSpec s;
+    s.op = op;
+    s.name = name;
+    s.provenance = Provenance::jit;
+    s.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
+    s.contract = std::move(contract);
+    s.description = std::move(description);
+    s.availability = [] { return cuda_availability(); };
+    s.predicate = [kind, div_full](const void* p) { return cuda_predicate(p, kind, div_full); };
+    s.template_key = template_key_of;
+    s.run = run_jit;
+    registry.add(std::move(s));
+  };
+  auto add_reference = [&](const char* op, Contract contract, std::string description) {
+    KernelSpec s;
+    s.op = op;
+    s.name = std::string(op) + ".reference";
+    s.provenance = Provenance::reference;
+    s.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
+    s.contract = std::move(contract);
+    s.description = std::move(description);
+    s.predicate = [](const void* p) -> std::string {
+      return as_call(p).x.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
+    };
+    s.template_key = [](const void*) { return std::string(); };
+    s.run = [](const void* p) { layernorm_modulate_reference(as_call(p)); };
+    registry.add(std::move(s));
+  };
+  const std::string mappings =
+      "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
+  const std::string ref_bounds =
+      "rstd correctly rounded where the GPU uses MUFU.RSQ (<= 2 fp32 ulp apart, mean identical): "
+      "elements may differ by 1 bf16 ulp of the normalized value, propagated through the modulate "
+      "(|d| <= 2^-6 * (|y*(1+scale)| + |out|)); docs/layernorm_modulate.md";
+
+  add_jit(kOpBf16, "layernorm_modulate.jit", LnModulateKind::bf16_out, false, 80,
+          Contract::bit_exact(eager_chain),
+          "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings);
+  add_reference(kOpBf16, Contract::close(eager_chain, ref_bounds),
+                "CPU reference (aten statistics order, eager rounding steps), multithreaded over rows");
+
+  add_jit(kOpFp8, "layernorm_modulate_fp8.jit", LnModulateKind::fp8_out, false, 89,
+          Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
+                              ".to(torch.float8_e4m3fn)"),
+          "LayerNorm + modulate + static e4m3 quantization in one pass (no bf16 intermediate), "
+          "inv = IEEE 1/input_scale as eager computes it" + mappings);
+  add_jit(kOpFp8, "layernorm_modulate_fp8.jit_div_full", LnModulateKind::fp8_out, true, 89,
+          Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
+                              "(inv = div.full.f32 1/input_scale)"),
+          "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" + mappings);
+  add_reference(kOpFp8,
+                Contract::close(eager_chain + ", then static e4m3 quantization",
+                                ref_bounds + "; the e4m3 byte may then differ by one code; div_full "
+                                "is evaluated as an IEEE division"),
+                "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
+
+  add_jit(kOpQk, "qk_head_layernorm.jit", LnModulateKind::qk_head, false, 80,
+          Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
+                              "CUDA, applied to q and k"),
+          "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp");
+  add_reference(kOpQk,
+                Contract::close("PyTorch 2.11 eager nn.LayerNorm(head_dim) on CUDA",
+                                "rstd correctly rounded (<= 2 fp32 ulp from MUFU.RSQ): elements may "
+                                "differ by 1 bf16 ulp"),
+                "CPU reference of the per-head LayerNorm (aten statistics order)");
+}
+
+// The primitives' self-check kernel (tests): the request is public so the GPU test can build it.
+jit::KernelRequest aten_ln_selfcheck_request() {
+  jit::KernelRequest r;
+  r.header = "layernorm_modulate.cuh";
+  r.function = "ditops::aten_ln_selfcheck_body";
+  r.template_args = "0";
+  r.params_type = "ditops::AtenLnSelfcheckParams";
+  r.max_threads = 256;
+  r.template_key = "layernorm_modulate:selfcheck";
+  return r;
+}
+
+// Every template key the op can request (for the compile test): both mappings over every
+// bucket, shift on/off, bf16/fp8 x reciprocal, PDL, alignment.
+std::vector<jit::KernelRequest> layernorm_modulate_all_requests() {
+  std::vector<jit::KernelRequest> out;
+  for (int slots : {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 40, 48, 64})
+    for (bool cta : {false, true})
+      for (int variant = 0; variant < 3; ++variant)
+        for (bool shift : {false, true}) {
+          LnmKey key;
+          key.slots = slots;
+          key.cta = cta;
+          key.kind = variant == 0 ? LnModulateKind::bf16_out : LnModulateKind::fp8_out;
+          key.div_full = variant == 2;
+          key.shift = shift;
+          out.push_back(request_for(key));
+        }
+  for (bool pdl : {false, true})
+    for (bool aligned : {false, true}) {
+      LnmKey key;
+      key.slots = 24;
+      key.pdl = pdl;
+      key.aligned = aligned;
+      out.push_back(request_for(key));
+      key.kind = LnModulateKind::qk_head;
+      out.push_back(request_for(key));
+    }
+  return out;
+}
+
+}  // namespace ditops

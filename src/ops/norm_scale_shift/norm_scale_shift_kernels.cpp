@@ -1,0 +1,75 @@
+#include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
+
+namespace ditops {
+
+const char* norm_type_name(NormType type) { return type == NormType::layer ? "layer" : "rms"; }
+
+const char* nss_numerics_name(NssNumerics numerics) {
+  return numerics == NssNumerics::eager ? "eager" : "sglang";
+}
+
+const char* nss_operand_kind_name(NssOperand::Kind kind) {
+  switch (kind) {
+    case NssOperand::Kind::absent: return "absent";
+    case NssOperand::Kind::scalar: return "scalar";
+    case NssOperand::Kind::channel: return "per-channel [D]";
+    case NssOperand::Kind::batch: return "per-batch [B, D]";
+    case NssOperand::Kind::token: return "per-token [B, S, D]";
+    case NssOperand::Kind::frame: return "per-frame [B, F, 1, D]";
+  }
+  return "?";
+}
+
+namespace {
+const char* quant_name(NssKernelQuant q) {
+  switch (q) {
+    case NssKernelQuant::none: return "noquant";
+    case NssKernelQuant::fp8: return "fp8";
+    case NssKernelQuant::fp4_software: return "fp4sw";
+    case NssKernelQuant::fp4_hardware: return "fp4hw";
+  }
+  return "?";
+}
+const char* device_type(DType t) {
+  switch (t) {
+    case DType::bf16: return "ditops::kernel::bf16";
+    case DType::f16: return "ditops::kernel::f16";
+    default: return "float";
+  }
+}
+const char* flag(bool b) { return b ? "true" : "false"; }
+}  // namespace
+
+std::string NssKernelKey::to_string() const {
+  return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) + "," +
+         nss_numerics_name(numerics) + (residual ? ",residual" : ",plain") + ",affine=" + std::to_string(affine) +
+         "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl");
+}
+
+uint64_t NssKernelKey::packed() const {
+  uint64_t v = static_cast<uint64_t>(act);
+  v = v * 16384 + static_cast<uint64_t>(dim);
+  v = v * 2 + (norm == NormType::rms);
+  v = v * 2 + (numerics == NssNumerics::sglang);
+  v = v * 2 + residual;
+  v = v * 4 + static_cast<uint64_t>(affine);
+  v = v * 4 + static_cast<uint64_t>(quant);
+  v = v * 2 + pdl;
+  return v;
+}
+
+jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
+  jit::KernelRequest r;
+  r.header = "norm_scale_shift.cuh";
+  r.function = "ditops::norm_scale_shift_body";
+  r.template_args = std::string(device_type(key.act)) + ", " + std::to_string(key.dim) + ", " +
+                    flag(key.norm == NormType::rms) + ", " + flag(key.numerics == NssNumerics::sglang) + ", " +
+                    flag(key.residual) + ", " + std::to_string(key.affine) + ", " +
+                    std::to_string(static_cast<int>(key.quant)) + ", " + flag(key.pdl);
+  r.params_type = "ditops::NormScaleShiftParams";
+  r.max_threads = kNssMaxThreads;
+  r.template_key = "norm_scale_shift:" + key.to_string();
+  return r;
+}
+
+}  // namespace ditops

@@ -1,0 +1,34 @@
+// The template key of the norm + scale/shift kernel and the kernel request it maps to. Pure data:
+// shared by the op and the tests (NVRTC compile of every key for sm_90a / sm_100a / sm_120a).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ditops/norm_scale_shift.h"
+#include "jit/kernel_request.h"
+
+namespace ditops {
+
+enum class NssKernelQuant : uint8_t { none, fp8, fp4_software, fp4_hardware };
+
+struct NssKernelKey {
+  DType act = DType::bf16;
+  int dim = 3072;
+  NormType norm = NormType::layer;
+  NssNumerics numerics = NssNumerics::eager;
+  bool residual = false;
+  int affine = 0;  // 0 none, 1 weight, 2 weight + bias
+  NssKernelQuant quant = NssKernelQuant::none;
+  bool pdl = true;
+
+  // "bf16,D=3072,layer,eager,residual,affine=0,fp4sw,pdl"
+  std::string to_string() const;
+  uint64_t packed() const;  // unique small integer (memo key)
+};
+
+constexpr int kNssMaxThreads = 128;  // __launch_bounds__: up to 4 rows (warps) per block
+
+jit::KernelRequest nss_kernel_request(const NssKernelKey& key);
+
+}  // namespace ditops

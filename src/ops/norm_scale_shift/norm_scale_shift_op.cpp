@@ -1,0 +1,504 @@
+// norm_scale_shift: argument matching (broadcast classes, layouts, aliasing), the registry entries
+// (provenance, capability, contract, predicate) and the launch of the fused kernel.
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/matcher.h"
+#include "ditops/norm_scale_shift.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/norm_scale_shift_params.h"
+#include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "norm_scale_shift";
+
+bool present(const TensorView& t) { return t.data != nullptr; }
+std::string num(int64_t v) { return std::to_string(v); }
+int64_t pad128(int64_t rows) { return (rows + 127) / 128 * 128; }
+
+// The element count every vector access of the kernel moves (and so the alignment it needs).
+int vector_elems(NssNumerics numerics) { return numerics == NssNumerics::eager ? 4 : 8; }
+
+void check_aligned(const Matcher& m, const std::string& name, const TensorView& t, int64_t bytes,
+                   std::initializer_list<int> stride_dims, int64_t stride_multiple, const char* why) {
+  if (reinterpret_cast<uintptr_t>(t.data) % bytes != 0)
+    m.fail(name + ".data must be " + num(bytes) + "-byte aligned (" + why + ") but is at offset " +
+           num(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data) % bytes)));
+  for (int d : stride_dims)
+    if (t.shape[d] > 1 && t.strides[d] % stride_multiple != 0)
+      m.fail(name + ".strides[" + num(d) + "] must be a multiple of " + num(stride_multiple) + " (" + why +
+             ") but is " + num(t.strides[d]));
+}
+
+void check_non_negative_strides(const Matcher& m, const std::string& name, const TensorView& t) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.strides[d] < 0) m.fail(name + ".strides[" + num(d) + "] must be >= 0 but is " + num(t.strides[d]));
+}
+
+// A [B, S, D] row tensor (x, residual and the outputs): shape, last stride 1, dtype, device.
+void match_rows(Matcher& m, const std::string& name, const TensorView& t, const std::string& dtype_symbol,
+                std::initializer_list<DType> dtypes) {
+  m.tensor(name, t).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1}).same_device("device");
+  if (dtype_symbol.empty())
+    m.tensor(name, t).dtype(dtypes);
+  else
+    m.tensor(name, t).dtype_as(dtype_symbol, dtypes);
+  check_non_negative_strides(m, name, t);
+}
+
+// Rows of a written [B, S, D] tensor must not overlap each other.
+void check_rows_disjoint(const Matcher& m, const std::string& name, const TensorView& t) {
+  const int64_t B = t.shape[0], S = t.shape[1], D = t.shape[2];
+  if (S > 1 && t.strides[1] < D)
+    m.fail(name + ".strides[1] must be >= D=" + num(D) + " (rows are written and may not overlap) but is " +
+           num(t.strides[1]));
+  const int64_t batch_extent = (S > 1 ? (S - 1) * t.strides[1] : 0) + D;
+  if (B > 1 && t.strides[0] < batch_extent)
+    m.fail(name + ".strides[0] must be >= " + num(batch_extent) +
+           " (batches are written and may not overlap) but is " + num(t.strides[0]));
+}
+
+// One broadcast operand (scale, shift, gate): its class from its shape (docs/norm_scale_shift.md §1).
+NssOperand match_operand(Matcher& m, const std::string& name, const TensorView& t, int64_t B, int64_t S, int64_t D,
+                         bool required, int vec, const char* role) {
+  NssOperand op;
+  if (!present(t)) {
+    if (required) m.fail(name + " is required (" + role + ")");
+    return op;
+  }
+  m.tensor(name, t).dtype_as("act").same_device("device");
+  check_non_negative_strides(m, name, t);
+  op.data = t.data;
+  bool all_one = true;
+  for (int d = 0; d < t.rank; ++d) all_one = all_one && t.shape[d] == 1;
+  if (t.rank == 0 || (all_one && D != 1 && t.rank <= 4)) {
+    op.kind = NssOperand::Kind::scalar;
+    return op;
+  }
+  const int r = t.rank;
+  if (r > 4)
+    m.fail(name + " must have rank <= 4 ([D], [B, D], [B, S, D] or [B, F, 1, D]) but has rank " + num(r));
+  if (t.shape[r - 1] != D)
+    m.fail(name + ".shape[" + num(r - 1) + "] must equal D=" + num(D) + " (bound by x.shape[2]) but is " +
+           num(t.shape[r - 1]));
+  if (t.strides[r - 1] != 1)
+    m.fail(name + ".strides[" + num(r - 1) + "] must be 1 but is " + num(t.strides[r - 1]));
+  auto batch_dim = [&](int d) {
+    if (t.shape[d] != B && t.shape[d] != 1)
+      m.fail(name + ".shape[" + num(d) + "] must equal B=" + num(B) + " or 1 (broadcast) but is " + num(t.shape[d]));
+    return t.shape[d] == B && B > 1 ? t.strides[d] : int64_t{0};
+  };
+  op.kind = NssOperand::Kind::channel;
+  if (r == 2) {
+    op.batch_stride = batch_dim(0);
+    if (t.shape[0] == B && B > 1) op.kind = NssOperand::Kind::batch;
+  } else if (r == 3) {
+    op.batch_stride = batch_dim(0);
+    if (t.shape[1] != S && t.shape[1] != 1)
+      m.fail(name + ".shape[1] must equal S=" + num(S) + " (per token) or 1 (per batch) but is " + num(t.shape[1]));
+    if (t.shape[1] == S && S > 1) {
+      op.kind = NssOperand::Kind::token;
+      op.token_stride = t.strides[1];
+    } else if (t.shape[0] == B && B > 1) {
+      op.kind = NssOperand::Kind::batch;
+    }
+  } else if (r == 4) {
+    op.batch_stride = batch_dim(0);
+    if (t.shape[2] != 1)
+      m.fail(name + ".shape[2] must be 1 (per frame [B, F, 1, D]) but is " + num(t.shape[2]));
+    const int64_t F = t.shape[1];
+    if (F < 1 || S % F != 0)
+      m.fail(name + ".shape[1] (frames F) must divide S=" + num(S) + " but is " + num(F));
+    if (F > 1) {
+      op.kind = NssOperand::Kind::frame;
+      op.frame_len = S / F;
+      op.frame_stride = t.strides[1];
+    } else if (t.shape[0] == B && B > 1) {
+      op.kind = NssOperand::Kind::batch;
+    }
+  }
+  const int64_t esize = static_cast<int64_t>(dtype_size(t.dtype));
+  if (reinterpret_cast<uintptr_t>(t.data) % (vec * esize) != 0)
+    m.fail(name + ".data must be " + num(vec * esize) + "-byte aligned (" + num(vec) +
+           "-element vector access) but is at offset " +
+           num(static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data) % (vec * esize))));
+  for (int64_t s : {op.batch_stride, op.frame_stride, op.token_stride})
+    if (s % vec != 0)
+      m.fail(name + " strides must be multiples of " + num(vec) + " (" + num(vec) +
+             "-element vector access) but " + t.describe() + " has one that is not");
+  return op;
+}
+
+struct Range {
+  const char* name;
+  const TensorView* t;
+  uintptr_t lo, hi;
+};
+
+Range range_of(const char* name, const TensorView& t) {
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(t.data);
+  return {name, &t, lo, lo + static_cast<uintptr_t>(t.span_bytes())};
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
+  return true;
+}
+
+}  // namespace
+
+NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const NormScaleShiftOutputs& out,
+                                          const NormScaleShiftOptions& options, Stream stream) {
+  Matcher m(kOp);
+  if (!present(in.x)) m.fail("x is required");
+  match_rows(m, "x", in.x, "act", {DType::bf16, DType::f16, DType::f32});
+  const int64_t B = *m.value("B"), S = *m.value("S"), D = *m.value("D");
+  const DType act = in.x.dtype;
+  const bool sglang = options.numerics == NssNumerics::sglang;
+  const int vec = vector_elems(options.numerics);
+  const int64_t esize = static_cast<int64_t>(dtype_size(act));
+
+  // D and the numerics/norm combinations the kernels implement.
+  const int64_t max_d = act == DType::f32 ? 4096 : 8192;
+  if (D % 4 != 0 || D < 16 || D > max_d)
+    m.fail("x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
+           " (aten's vectorized kernel; the row lives in registers) but is " + num(D));
+  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+  if (sglang) {
+    if (options.norm != NormType::layer) m.fail("numerics=sglang implements LayerNorm only (norm=rms requested)");
+    if (act == DType::f32) m.fail("numerics=sglang needs a 16-bit dtype (bf16/f16) but x.dtype is f32");
+    if (D % 16 != 0) m.fail("numerics=sglang needs D % 16 == 0 (16 elements per thread) but D is " + num(D));
+    if (present(in.weight) || present(in.bias))
+      m.fail("numerics=sglang has no affine weight/bias (SGLang's native kernel has none)");
+  }
+
+  NormScaleShiftCall call;
+  call.in = in;
+  call.out = out;
+  call.options = options;
+  call.batch = B;
+  call.seq = S;
+  call.rows = B * S;
+  call.dim = static_cast<int>(D);
+  call.stream = stream;
+  check_aligned(m, "x", in.x, vec * esize, {0, 1}, vec, "vector access");
+
+  // Gated residual.
+  call.residual = present(in.residual);
+  if (call.residual) {
+    match_rows(m, "residual", in.residual, "act", {});
+    check_aligned(m, "residual", in.residual, vec * esize, {0, 1}, vec, "vector access");
+    if (!present(out.residual_out)) m.fail("residual_out is required with residual (the gated-residual variant)");
+  } else {
+    if (present(in.gate)) m.fail("gate is given without residual (gate scales x in residual + x * gate)");
+    if (present(out.residual_out)) m.fail("residual_out is given without residual");
+  }
+  call.gate = match_operand(m, "gate", in.gate, B, S, D, false, vec, "");
+  call.scale = match_operand(m, "scale", in.scale, B, S, D, true, vec, "y = norm(v) * (1 + scale) + shift");
+  call.shift = match_operand(m, "shift", in.shift, B, S, D, false, vec, "");
+
+  // Affine.
+  if (present(in.bias) && !present(in.weight)) m.fail("bias is given without weight (affine is weight [+ bias])");
+  if (present(in.bias) && options.norm == NormType::rms) m.fail("bias is given with norm=rms (F.rms_norm has no bias)");
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"weight", &in.weight}, {"bias", &in.bias}}) {
+    if (!present(*t)) continue;
+    m.tensor(name, *t).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
+    check_aligned(m, name, *t, vec * esize, {}, 1, "vector access");
+  }
+  call.affine = present(in.bias) ? 2 : present(in.weight) ? 1 : 0;
+
+  // Outputs.
+  if (present(out.fp8) && (present(out.nvfp4_packed) || present(out.nvfp4_scales)))
+    m.fail("request at most one quantized output (fp8 or nvfp4), not both");
+  call.store_y = present(out.y);
+  if (call.store_y) {
+    match_rows(m, "y", out.y, "act", {});
+    check_aligned(m, "y", out.y, vec * esize, {0, 1}, vec, "vector access");
+  }
+  if (call.residual) {
+    match_rows(m, "residual_out", out.residual_out, "act", {});
+    check_aligned(m, "residual_out", out.residual_out, vec * esize, {0, 1}, vec, "vector access");
+  }
+  auto match_scalar = [&](const char* name, const TensorView& t, const char* role) {
+    if (!present(t)) m.fail(std::string(name) + " is required with " + role);
+    m.tensor(name, t).dtype({DType::f32}).same_device("device");
+    if (t.numel() != 1) m.fail(std::string(name) + " must have exactly one element but has " + num(t.numel()));
+  };
+  if (present(out.fp8)) {
+    call.quant = NssQuant::fp8;
+    match_rows(m, "fp8", out.fp8, "", {DType::f8e4m3fn, DType::u8});
+    check_aligned(m, "fp8", out.fp8, vec, {0, 1}, vec, "vector store of the fp8 row");
+    match_scalar("input_scale", in.input_scale, "the fp8 output");
+  }
+  if (present(out.nvfp4_packed) || present(out.nvfp4_scales)) {
+    call.quant = NssQuant::nvfp4;
+    if (!present(out.nvfp4_packed) || !present(out.nvfp4_scales))
+      m.fail("nvfp4 needs both nvfp4_packed and nvfp4_scales");
+    if (act == DType::f32) m.fail("nvfp4 needs a 16-bit dtype (bf16/f16) but x.dtype is f32");
+    if (D % 64 != 0) m.fail("nvfp4 needs D % 64 == 0 (whole 4-column groups of 16-element blocks) but D is " + num(D));
+    const int64_t rows = B * S;
+    m.tensor("nvfp4_packed", out.nvfp4_packed).shape({rows, D / 2}).dtype({DType::u8, DType::fp4e2m1x2})
+        .same_device("device").contiguous();
+    m.tensor("nvfp4_scales", out.nvfp4_scales).shape({pad128(rows), D / 16}).dtype({DType::u8})
+        .same_device("device").contiguous();
+    check_aligned(m, "nvfp4_packed", out.nvfp4_packed, 8, {}, 1, "8-byte stores");
+    match_scalar("global_scale", in.global_scale, "the nvfp4 output");
+  }
+  if (!call.store_y && call.quant == NssQuant::none) m.fail("y is required unless fp8 or nvfp4 is requested");
+  if (present(in.input_scale) && call.quant != NssQuant::fp8)
+    m.fail("input_scale is given without the fp8 output");
+  if (present(in.global_scale) && call.quant != NssQuant::nvfp4) m.fail("global_scale is given without the nvfp4 output");
+  if (B * S > (int64_t{1} << 40)) m.fail("too many rows: " + num(B * S));
+
+  // Written tensors: rows disjoint, no overlap with each other, no overlap with an input unless
+  // they are that input (x or residual, in place).
+  std::vector<Range> outputs, inputs;
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"y", &out.y},
+                                {"residual_out", &out.residual_out}, {"fp8", &out.fp8},
+                                {"nvfp4_packed", &out.nvfp4_packed}, {"nvfp4_scales", &out.nvfp4_scales}}) {
+    if (!present(*t)) continue;
+    if (t->rank == 3) check_rows_disjoint(m, name, *t);
+    if (t->numel() > 0) outputs.push_back(range_of(name, *t));
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &in.x}, {"residual", &in.residual},
+                                {"gate", &in.gate}, {"weight", &in.weight}, {"bias", &in.bias},
+                                {"scale", &in.scale}, {"shift", &in.shift}, {"input_scale", &in.input_scale},
+                                {"global_scale", &in.global_scale}}) {
+    if (present(*t) && t->numel() > 0) inputs.push_back(range_of(name, *t));
+  }
+  auto overlap = [](const Range& a, const Range& b) { return a.lo < b.hi && b.lo < a.hi; };
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j)
+      if (overlap(outputs[i], outputs[j]))
+        m.fail(std::string(outputs[i].name) + " and " + outputs[j].name + " overlap (outputs must be disjoint)");
+    for (const Range& input : inputs) {
+      if (!overlap(outputs[i], input)) continue;
+      const bool in_place = (input.t == &in.x || input.t == &in.residual) && same_view(*outputs[i].t, *input.t);
+      if (!in_place)
+        m.fail(std::string(outputs[i].name) + " overlaps " + input.name +
+               " (an output may only be x or residual itself, same data and strides, for in place)");
+    }
+  }
+  return call;
+}
+
+namespace {
+
+const NormScaleShiftCall& as_call(const void* p) { return *static_cast<const NormScaleShiftCall*>(p); }
+
+bool wants_hardware_e2m1(const NormScaleShiftCall& c, const DeviceInfo& device) {
+  if (c.quant != NssQuant::nvfp4) return false;
+  if (c.options.e2m1 == E2m1Conversion::software) return false;
+  if (c.options.e2m1 == E2m1Conversion::hardware) return true;
+  return (device.features & kFeatureFp4Convert) != 0;
+}
+
+NssKernelKey key_for(const NormScaleShiftCall& c, const DeviceInfo& device) {
+  NssKernelKey key;
+  key.act = c.in.x.dtype;
+  key.dim = c.dim;
+  key.norm = c.options.norm;
+  key.numerics = c.options.numerics;
+  key.residual = c.residual;
+  key.affine = c.affine;
+  key.quant = c.quant == NssQuant::fp8     ? NssKernelQuant::fp8
+              : c.quant == NssQuant::nvfp4 ? (wants_hardware_e2m1(c, device) ? NssKernelQuant::fp4_hardware
+                                                                             : NssKernelQuant::fp4_software)
+                                           : NssKernelQuant::none;
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+NssOperandParams operand_params(const NssOperand& op) {
+  NssOperandParams p{};
+  p.data = op.data;
+  p.batch_stride = op.batch_stride;
+  p.frame_stride = op.frame_stride;
+  p.token_stride = op.token_stride;
+  p.frame_len = op.frame_len;
+  p.kind = op.kind == NssOperand::Kind::absent ? 0 : op.kind == NssOperand::Kind::scalar ? 1 : 2;
+  return p;
+}
+
+void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKernel& kernel, bool pdl) {
+  if (c.rows == 0) return;
+  NormScaleShiftParams p{};
+  p.x = c.in.x.data;
+  p.residual = c.in.residual.data;
+  p.weight = c.in.weight.data;
+  p.bias = c.in.bias.data;
+  p.input_scale = static_cast<const float*>(c.in.input_scale.data);
+  p.global_scale = static_cast<const float*>(c.in.global_scale.data);
+  p.y = c.out.y.data;
+  p.residual_out = c.out.residual_out.data;
+  p.fp8 = static_cast<unsigned char*>(c.out.fp8.data);
+  p.fp4_packed = static_cast<unsigned char*>(c.out.nvfp4_packed.data);
+  p.fp4_scales = static_cast<unsigned char*>(c.out.nvfp4_scales.data);
+  p.scale = operand_params(c.scale);
+  p.shift = operand_params(c.shift);
+  p.gate = operand_params(c.gate);
+  p.seq = c.seq;
+  p.rows = c.rows;
+  p.grid_rows = c.quant == NssQuant::nvfp4 ? pad128(c.rows) : c.rows;
+  p.x_batch_stride = c.in.x.strides[0];
+  p.x_token_stride = c.in.x.strides[1];
+  if (c.residual) {
+    p.r_batch_stride = c.in.residual.strides[0];
+    p.r_token_stride = c.in.residual.strides[1];
+    p.ro_batch_stride = c.out.residual_out.strides[0];
+    p.ro_token_stride = c.out.residual_out.strides[1];
+  }
+  if (c.store_y) {
+    p.y_batch_stride = c.out.y.strides[0];
+    p.y_token_stride = c.out.y.strides[1];
+  }
+  if (c.quant == NssQuant::fp8) {
+    p.q_batch_stride = c.out.fp8.strides[0];
+    p.q_token_stride = c.out.fp8.strides[1];
+  }
+  p.eps = c.options.eps;
+  p.fp8_div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  // One warp per row. Small problems take 2 rows per block so more SMs share them (512 rows:
+  // 256 blocks over 132 SMs); large ones 4.
+  const int warps = p.grid_rows >= 4096 ? 4 : 2;
+  const int64_t blocks = (p.grid_rows + warps - 1) / warps;
+  jit::launch(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(32 * warps), &p, sizeof p,
+              static_cast<CUstream>(c.stream), pdl);
+}
+
+struct KernelMemo {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
+  const jit::LoadedKernel* find(uint64_t slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = kernels.find(slot);
+    return it == kernels.end() ? nullptr : it->second;
+  }
+  void put(uint64_t slot, const jit::LoadedKernel* k) {
+    std::lock_guard<std::mutex> lock(mutex);
+    kernels[slot] = k;
+  }
+};
+
+void run_jit(const void* p) {
+  const NormScaleShiftCall& c = as_call(p);
+  const int device = c.in.x.device.index;
+  const NssKernelKey key = key_for(c, jit::device_info(c.in.x.device));
+  static KernelMemo memo;
+  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
+  const jit::LoadedKernel* kernel = memo.find(slot);
+  if (!kernel) {
+    kernel = &jit::jit_kernel(nss_kernel_request(key), device);
+    memo.put(slot, kernel);
+  }
+  jit::bind_primary_context(device);
+  launch_norm_scale_shift(c, *kernel, key.pdl);
+}
+
+std::string cuda_predicate(const void* p, NssNumerics numerics) {
+  const NormScaleShiftCall& c = as_call(p);
+  if (c.in.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  if (c.options.numerics != numerics)
+    return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
+  const DeviceInfo& device = jit::device_info(c.in.x.device);
+  if (c.quant == NssQuant::nvfp4 && c.options.e2m1 == E2m1Conversion::hardware && !(device.features & kFeatureFp4Convert))
+    return "e2m1=hardware needs cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_120a); this device is sm_" +
+           std::to_string(device.sm);
+  return "";
+}
+
+std::string template_key_of(const void* p) {
+  const NormScaleShiftCall& c = as_call(p);
+  if (c.in.x.device.kind != DeviceKind::cuda) return "";
+  return key_for(c, jit::device_info(c.in.x.device)).to_string();
+}
+
+}  // namespace
+
+std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
+                             const NormScaleShiftOptions& options, Stream stream) {
+  NormScaleShiftCall call = match_norm_scale_shift(inputs, outputs, options, stream);
+  const DeviceInfo& device = jit::device_info(inputs.x.device);
+  if (inputs.x.device.kind == DeviceKind::cuda) {
+    jit::bind_primary_context(inputs.x.device.index);
+    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
+    if (stream_dev >= 0 && stream_dev != inputs.x.device.index)
+      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) + " but x is on " +
+                  device_name(inputs.x.device));
+  }
+  return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
+}
+
+DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
+  return Registry::global().explain(kOp, &call, jit::device_info(call.in.x.device), call.options.dispatch);
+}
+
+void register_norm_scale_shift(Registry& registry) {
+  // sm_90+: the fp8 conversion (cvt e4m3x2, sm_89+) and PDL; nvfp4 runs everywhere there with the
+  // software E2M1 conversion and takes the hardware one where the device has it (the predicate
+  // refuses an explicit e2m1=hardware elsewhere).
+  const std::vector<Capability> sm90_plus = {{DeviceKind::cuda, 90, 1 << 20, kFeatureNvrtc}};
+  struct Variant {
+    NssNumerics numerics;
+    const char* name;
+    Contract contract;
+  };
+  const Variant variants[] = {
+      {NssNumerics::eager, "norm_scale_shift.jit",
+       Contract::bit_exact("PyTorch 2.11 eager chain on CUDA: residual + x * gate, F.layer_norm / F.rms_norm "
+                           "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
+                           "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe)")},
+      {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
+       Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as spec diffusion.md §2.3 defines it "
+                           "(checked against the CPU reference only; the chain itself is not available)")},
+  };
+  for (const Variant& v : variants) {
+    KernelSpec spec;
+    spec.op = kOp;
+    spec.name = v.name;
+    spec.provenance = Provenance::jit;
+    spec.capabilities = sm90_plus;
+    spec.contract = v.contract;
+    spec.description = std::string("one warp per row, NVRTC-compiled per (dtype, D, norm, residual, affine, "
+                                   "quant, pdl); numerics=") +
+                       nss_numerics_name(v.numerics);
+    spec.availability = [] {
+      std::string why;
+      if (!jit::cuda_driver(&why)) return why;
+      if (jit::nvrtc_version(&why) == 0) return why;
+      return std::string();
+    };
+    const NssNumerics numerics = v.numerics;
+    spec.predicate = [numerics](const void* p) { return cuda_predicate(p, numerics); };
+    spec.template_key = template_key_of;
+    spec.run = run_jit;
+    registry.add(std::move(spec));
+  }
+
+  KernelSpec ref;
+  ref.op = kOp;
+  ref.name = "norm_scale_shift.reference";
+  ref.provenance = Provenance::reference;
+  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
+  ref.contract = Contract::bit_exact(
+      "docs/norm_scale_shift.md operation order (the portable oracle; rsqrt, rcp.approx and div.full "
+      "correctly rounded)");
+  ref.description = "CPU reference, multithreaded over rows; both numerics, both norms, every output";
+  ref.predicate = [](const void* p) -> std::string {
+    return as_call(p).in.x.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
+  };
+  ref.template_key = [](const void*) { return std::string(); };
+  ref.run = [](const void* p) { norm_scale_shift_reference(as_call(p)); };
+  registry.add(std::move(ref));
+}
+
+}  // namespace ditops

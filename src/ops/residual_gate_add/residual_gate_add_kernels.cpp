@@ -1,0 +1,63 @@
+#include "ops/residual_gate_add/residual_gate_add_kernels.h"
+
+namespace ditops {
+
+const char* gate_mode_name(GateMode mode) {
+  switch (mode) {
+    case GateMode::full: return "full";
+    case GateMode::row: return "row";
+    case GateMode::token: return "token";
+    case GateMode::batch: return "batch";
+  }
+  return "?";
+}
+
+std::string RgaKernelKey::to_string() const {
+  return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
+         (transposed ? "transposed" + std::to_string(tile) : std::string("flat")) +
+         (vector ? ",vec16" : ",scalar") + (pdl ? ",pdl" : ",nopdl");
+}
+
+uint64_t RgaKernelKey::packed() const {
+  uint64_t v = static_cast<uint64_t>(dtype);
+  v = v * 4 + static_cast<uint64_t>(mode);
+  v = v * 2 + transposed;
+  v = v * 2 + vector;
+  v = v * 128 + static_cast<uint64_t>(tile);
+  v = v * 2 + pdl;
+  return v;
+}
+
+namespace {
+const char* device_type(DType t) {
+  switch (t) {
+    case DType::bf16: return "ditops::kernel::bf16";
+    case DType::f16: return "ditops::kernel::f16";
+    default: return "float";
+  }
+}
+const char* mode_constant(GateMode m) {
+  switch (m) {
+    case GateMode::full: return "ditops::kRgaGateFull";
+    case GateMode::row: return "ditops::kRgaGateRow";
+    case GateMode::token: return "ditops::kRgaGateToken";
+    case GateMode::batch: return "ditops::kRgaGateBatch";
+  }
+  return "?";
+}
+const char* flag(bool b) { return b ? "true" : "false"; }
+}  // namespace
+
+jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
+  jit::KernelRequest r;
+  r.header = "residual_gate_add.cuh";
+  r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
+  r.template_args = std::string(device_type(key.dtype)) + ", " + mode_constant(key.mode) + ", " + flag(key.vector) +
+                    (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + flag(key.pdl);
+  r.params_type = "ditops::ResidualGateAddParams";
+  r.max_threads = kRgaThreads;
+  r.template_key = "residual_gate_add:" + key.to_string();
+  return r;
+}
+
+}  // namespace ditops

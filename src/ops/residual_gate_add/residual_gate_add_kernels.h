@@ -1,0 +1,29 @@
+// The template key of the gated residual add kernels and the kernel request it maps to. Pure data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ditops/residual_gate_add.h"
+#include "jit/kernel_request.h"
+
+namespace ditops {
+
+struct RgaKernelKey {
+  DType dtype = DType::bf16;
+  GateMode mode = GateMode::row;
+  bool transposed = false;
+  bool vector = true;  // 16-byte accesses
+  int tile = 0;        // transposed: tile edge (32 or 64); 0 for the flat kernel
+  bool pdl = true;
+
+  // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl"
+  std::string to_string() const;
+  uint64_t packed() const;  // unique small integer (memo key)
+};
+
+constexpr int kRgaThreads = 256;
+
+jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
+
+}  // namespace ditops

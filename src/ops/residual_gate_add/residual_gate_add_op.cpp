@@ -1,0 +1,341 @@
+// residual_gate_add: argument matching, the registry entries (provenance, capability, contract,
+// predicate) and the launch of the flat and transposed kernels.
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/builtin_ops.h"
+#include "core/matcher.h"
+#include "ditops/residual_gate_add.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/residual_gate_add_params.h"
+#include "ops/residual_gate_add/residual_gate_add_kernels.h"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "residual_gate_add";
+
+bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+std::string shape_string(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+// The first dimension whose stride breaks row-major contiguity (-1 if none), with the stride it
+// should have.
+int first_noncontiguous(const TensorView& t, int64_t* expected) {
+  int64_t want = 1;
+  for (int d = t.rank - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.strides[d] != want) {
+      *expected = want;
+      return d;
+    }
+    want *= t.shape[d];
+  }
+  return -1;
+}
+
+void require_contiguous(const Matcher& m, const TensorView& t, const std::string& name, const std::string& why) {
+  int64_t expected = 0;
+  const int d = first_noncontiguous(t, &expected);
+  if (d >= 0)
+    m.fail(name + ".stride(" + std::to_string(d) + ") must be " + std::to_string(expected) + " (" + why +
+           ") but is " + std::to_string(t.strides[d]) + " (" + t.describe() + ")");
+}
+
+void require_disjoint(const Matcher& m, const TensorView& out, const TensorView& in, const char* name) {
+  const auto o = reinterpret_cast<uintptr_t>(out.data), i = reinterpret_cast<uintptr_t>(in.data);
+  const auto o_end = o + static_cast<uintptr_t>(out.span_bytes()), i_end = i + static_cast<uintptr_t>(in.span_bytes());
+  if (o < i_end && i < o_end)
+    m.fail(std::string("out must not overlap ") + name + " (in place is not supported: out is written while " +
+           name + " is read); pass a separate buffer");
+}
+
+// Classifies the gate against residual (both rank R, D = the last extent). Fails naming the first
+// dimension that fits no mode.
+GateMode classify_gate(const Matcher& m, const TensorView& residual, const TensorView& gate, int64_t* rows_per_batch) {
+  const int R = residual.rank;
+  if (gate.rank != R)
+    m.fail("gate must have rank " + std::to_string(R) + " (as residual) but has rank " + std::to_string(gate.rank) +
+           " (" + gate.describe() + ")");
+  const int64_t D = residual.shape[R - 1];
+  const std::string modes = "gate " + shape_string(gate) + " for residual " + shape_string(residual) +
+                            " must be full (same shape), row [1, ..., 1, D], per-token [..., 1] or batch "
+                            "[B, 1, ..., 1, D]";
+  *rows_per_batch = 0;
+  bool same = true;
+  for (int d = 0; d < R; ++d) same = same && gate.shape[d] == residual.shape[d];
+  if (same) return GateMode::full;
+  if (gate.shape[R - 1] == D) {
+    bool all_ones = true;
+    for (int d = 0; d < R - 1; ++d) all_ones = all_ones && gate.shape[d] == 1;
+    if (all_ones) return GateMode::row;
+    // Batch broadcast: the leading dims are a prefix of residual's, then only 1s.
+    int k = 0;
+    while (k < R - 1 && gate.shape[k] == residual.shape[k]) ++k;
+    int64_t rpb = 1;
+    for (int d = k; d < R - 1; ++d) {
+      if (gate.shape[d] == 1) {
+        rpb *= residual.shape[d];
+        continue;
+      }
+      if (d == k)
+        m.fail("gate.shape[" + std::to_string(d) + "] must be 1 or " + std::to_string(residual.shape[d]) +
+               " (as residual.shape[" + std::to_string(d) + "]) but is " + std::to_string(gate.shape[d]) + ": " + modes);
+      m.fail("gate.shape[" + std::to_string(d) + "] must be 1 (after gate.shape[" + std::to_string(k) +
+             "] broadcasts, every leading dim does) but is " + std::to_string(gate.shape[d]) + ": " + modes);
+    }
+    *rows_per_batch = rpb;
+    return GateMode::batch;
+  }
+  if (gate.shape[R - 1] == 1) {
+    for (int d = 0; d < R - 1; ++d)
+      if (gate.shape[d] != residual.shape[d])
+        m.fail("gate.shape[" + std::to_string(d) + "] must be " + std::to_string(residual.shape[d]) +
+               " (a per-token gate [..., 1] has residual's leading dims) but is " + std::to_string(gate.shape[d]) +
+               ": " + modes);
+    return GateMode::token;
+  }
+  m.fail("gate.shape[" + std::to_string(R - 1) + "] must be " + std::to_string(D) + " (as residual.shape[" +
+         std::to_string(R - 1) + "]) or 1 (per-token) but is " + std::to_string(gate.shape[R - 1]) + ": " + modes);
+}
+
+}  // namespace
+
+ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
+                                            const TensorView& gate, const TensorView& out,
+                                            const ResidualGateAddOptions& options, Stream stream) {
+  Matcher m(kOp);
+  m.tensor("residual", residual).dtype_as("dtype", {DType::bf16, DType::f16, DType::f32}).same_device("device");
+  m.tensor("update", update).dtype_as("dtype").same_device("device");
+  m.tensor("gate", gate).dtype_as("dtype").same_device("device");
+  m.tensor("out", out).dtype_as("dtype").same_device("device");
+  const int R = residual.rank;
+  if (R < 2) m.fail("residual must have rank >= 2 but has rank " + std::to_string(R) + " (" + residual.describe() + ")");
+  auto same_shape = [&](const TensorView& t, const char* name) {
+    if (t.rank != R)
+      m.fail(std::string(name) + " must have rank " + std::to_string(R) + " (as residual) but has rank " +
+             std::to_string(t.rank) + " (" + t.describe() + ")");
+    for (int d = 0; d < R; ++d)
+      if (t.shape[d] != residual.shape[d])
+        m.fail(std::string(name) + ".shape[" + std::to_string(d) + "] must be " + std::to_string(residual.shape[d]) +
+               " (as residual.shape[" + std::to_string(d) + "]) but is " + std::to_string(t.shape[d]));
+  };
+  same_shape(update, "update");
+  same_shape(out, "out");
+  for (int d = 0; d < R; ++d)
+    if (residual.shape[d] != 1 && out.strides[d] != residual.strides[d])
+      m.fail("out.stride(" + std::to_string(d) + ") must be " + std::to_string(residual.strides[d]) +
+             " (as residual.stride(" + std::to_string(d) + "): out takes residual's strides) but is " +
+             std::to_string(out.strides[d]));
+
+  ResidualGateAddCall call;
+  // Layout: contiguous, or SANA-Video's transposed residual stream.
+  int64_t expected = 0;
+  const int bad = first_noncontiguous(residual, &expected);
+  if (bad >= 0) {
+    const int64_t T = residual.shape[R == 3 ? 1 : 0], H = residual.shape[R - 1];
+    const bool transposed = R == 3 && (residual.shape[0] == 1 || residual.strides[0] == T * H) &&
+                            (T == 1 || residual.strides[1] == 1) && (H == 1 || residual.strides[2] == T);
+    if (!transposed)
+      m.fail("residual.stride(" + std::to_string(bad) + ") must be " + std::to_string(expected) +
+             " (contiguous; the one strided layout taken is the transposed [B, T, H] with strides (T*H, 1, T)) "
+             "but is " + std::to_string(residual.strides[bad]) + " (" + residual.describe() + ")");
+    call.transposed = true;
+    call.batch = residual.shape[0];
+    call.tokens = T;
+    call.hidden = H;
+  }
+  require_contiguous(m, update, "update", call.transposed ? "contiguous [B, T, H] beside a transposed residual" : "contiguous");
+  int64_t rows_per_batch = 0;
+  const GateMode mode = classify_gate(m, residual, gate, &rows_per_batch);
+  require_contiguous(m, gate, "gate", "contiguous");
+
+  call.numel = residual.numel();
+  if (call.numel > 0) {
+    require_disjoint(m, out, residual, "residual");
+    require_disjoint(m, out, update, "update");
+    require_disjoint(m, out, gate, "gate");
+  }
+  call.residual = residual;
+  call.update = update;
+  call.gate = gate;
+  call.out = out;
+  call.options = options;
+  call.gate_mode = mode;
+  call.width = residual.shape[R - 1];
+  call.rows = call.width ? call.numel / call.width : 0;
+  call.rows_per_batch = rows_per_batch;
+  call.stream = stream;
+  const int64_t elems = 16 / static_cast<int64_t>(dtype_size(residual.dtype));
+  const bool pointers = aligned_bytes(residual.data, 16) && aligned_bytes(update.data, 16) &&
+                        aligned_bytes(out.data, 16) && (mode == GateMode::token || aligned_bytes(gate.data, 16));
+  call.aligned16 = pointers && (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0
+                                                : call.width % elems == 0);
+  return call;
+}
+
+namespace {
+
+const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const ResidualGateAddCall*>(p); }
+
+// Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32.
+// The scalar path always takes 32: a 64-tile of single elements is 16 loads of each tensor per
+// thread, ~190 registers under ptxas (sm_90a), one block per SM.
+int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
+  if (!c.aligned16) return 32;
+  const int64_t tiles64 = c.batch * ((c.tokens + 63) / 64) * ((c.hidden + 63) / 64);
+  return tiles64 < 2 * static_cast<int64_t>(std::max(multiprocessors, 1)) ? 32 : 64;
+}
+
+RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
+  RgaKernelKey key;
+  key.dtype = c.residual.dtype;
+  key.mode = c.gate_mode;
+  key.transposed = c.transposed;
+  key.vector = c.aligned16;
+  key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& key, const jit::LoadedKernel& kernel) {
+  ResidualGateAddParams p{};
+  p.residual = c.residual.data;
+  p.update = c.update.data;
+  p.gate = c.gate.data;
+  p.out = c.out.data;
+  int64_t grid = 0;
+  if (c.transposed) {
+    p.tokens = c.tokens;
+    p.hidden = c.hidden;
+    p.tiles_t = (c.tokens + key.tile - 1) / key.tile;
+    p.tiles_h = (c.hidden + key.tile - 1) / key.tile;
+    grid = c.batch * p.tiles_t * p.tiles_h;
+  } else {
+    const int64_t elems = key.vector ? 16 / static_cast<int64_t>(dtype_size(key.dtype)) : 1;
+    p.units = c.numel / elems;
+    p.row_units = c.width / elems;
+    p.rows_per_batch = std::max<int64_t>(c.rows_per_batch, 1);
+    // A resident grid (occupancy cached with the kernel), fewer blocks when there is less work.
+    const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
+    grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + kRgaThreads - 1) / kRgaThreads));
+    const int64_t threads = grid * kRgaThreads;
+    p.step_rows = threads / p.row_units;
+    p.step_units = threads % p.row_units;
+  }
+  jit::launch(kernel, static_cast<unsigned>(grid), kRgaThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
+}
+
+// Resolved kernels per (device, key): one lookup under a mutex per call, no strings.
+struct KernelMemo {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
+  const jit::LoadedKernel* find(uint64_t slot) {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = kernels.find(slot);
+    return it == kernels.end() ? nullptr : it->second;
+  }
+  void put(uint64_t slot, const jit::LoadedKernel* k) {
+    std::lock_guard<std::mutex> lock(mutex);
+    kernels[slot] = k;
+  }
+};
+
+void run_jit(const void* p) {
+  const ResidualGateAddCall& c = as_call(p);
+  if (c.numel == 0) return;  // nothing to do: no compile either
+  const int device = c.residual.device.index;
+  const RgaKernelKey key = key_for(c, jit::device_info(c.residual.device));
+  static KernelMemo memo;
+  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
+  const jit::LoadedKernel* kernel = memo.find(slot);
+  if (!kernel) {
+    kernel = &jit::jit_kernel(rga_kernel_request(key), device);
+    memo.put(slot, kernel);
+  }
+  jit::bind_primary_context(device);
+  launch_residual_gate_add(c, key, *kernel);
+}
+
+std::string cuda_predicate(const void* p) {
+  const ResidualGateAddCall& c = as_call(p);
+  if (c.residual.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  if (c.transposed) {
+    const int64_t blocks = c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
+    if (blocks > 0x7fffffff) return "transposed grid of " + std::to_string(blocks) + " tiles exceeds 2^31-1 blocks";
+  }
+  return "";
+}
+
+std::string template_key_of(const void* p) {
+  const ResidualGateAddCall& c = as_call(p);
+  if (c.residual.device.kind != DeviceKind::cuda) return "";
+  return key_for(c, jit::device_info(c.residual.device)).to_string();
+}
+
+}  // namespace
+
+std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
+                              const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
+  ResidualGateAddCall call = match_residual_gate_add(residual, update, gate, out, options, stream);
+  const DeviceInfo& device = jit::device_info(residual.device);
+  if (residual.device.kind == DeviceKind::cuda) {
+    jit::bind_primary_context(residual.device.index);
+    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
+    if (stream_dev >= 0 && stream_dev != residual.device.index)
+      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
+                  " but residual is on " + device_name(residual.device));
+  }
+  return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
+}
+
+DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
+  return Registry::global().explain(kOp, &call, jit::device_info(call.residual.device), call.options.dispatch);
+}
+
+void register_residual_gate_add(Registry& registry) {
+  const std::string oracle =
+      "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
+      "fp16, bf16 and fp32)";
+  KernelSpec jit_spec;
+  jit_spec.op = kOp;
+  jit_spec.name = "residual_gate_add.jit";
+  jit_spec.provenance = Provenance::jit;
+  jit_spec.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  jit_spec.contract = Contract::bit_exact(oracle);
+  jit_spec.description =
+      "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
+      "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
+  jit_spec.availability = [] {
+    std::string why;
+    if (!jit::cuda_driver(&why)) return why;
+    if (jit::nvrtc_version(&why) == 0) return why;
+    return std::string();
+  };
+  jit_spec.predicate = cuda_predicate;
+  jit_spec.template_key = template_key_of;
+  jit_spec.run = run_jit;
+  registry.add(std::move(jit_spec));
+
+  KernelSpec ref;
+  ref.op = kOp;
+  ref.name = "residual_gate_add.reference";
+  ref.provenance = Provenance::reference;
+  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
+  ref.contract = Contract::bit_exact(oracle + "; the portable oracle, compiled without FP contraction");
+  ref.description = "CPU reference: every tensor walked through its own strides, the gate by broadcast";
+  ref.predicate = [](const void* p) -> std::string {
+    return as_call(p).residual.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
+  };
+  ref.template_key = [](const void*) { return std::string(); };
+  ref.run = [](const void* p) { residual_gate_add_reference(as_call(p)); };
+  registry.add(std::move(ref));
+}
+
+}  // namespace ditops

@@ -1,0 +1,75 @@
+"""Shared helpers for the Python package tests (run by ctest as python_pytest, or directly:
+PYTHONPATH=<build>/python python -m pytest tests/python)."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+# ditops.eager and the bench share one eager chain; tests import the package as installed or
+# from the build tree (PYTHONPATH), never from the source tree, which has no compiled module.
+import ditops  # noqa: F401  (fails loudly here when the module is missing)
+
+
+def make_qknorm_rope_inputs(T, Hq, Hk, D, R, *, dtype=np.float16, cache_dtype=np.float32,
+                            pos_dtype=np.int64, full_width=False, packed=False, seed=0):
+    """numpy inputs; packed: q and k are views into one [T, (Hq + 2 Hk) * D] QKV buffer (the V
+    part holds 1.25 so a stray write shows)."""
+    rng = np.random.default_rng(seed)
+    if packed:
+        qkv = np.full((T, (Hq + 2 * Hk) * D), 1.25, dtype=dtype)
+        qkv[:, : (Hq + Hk) * D] = rng.standard_normal((T, (Hq + Hk) * D)).astype(dtype)
+        q = qkv[:, : Hq * D].reshape(T, Hq, D)
+        k = qkv[:, Hq * D: (Hq + Hk) * D].reshape(T, Hk, D)
+        assert np.shares_memory(q, qkv) and np.shares_memory(k, qkv)
+    else:
+        qkv = None
+        q = rng.standard_normal((T, Hq, D)).astype(dtype)
+        k = rng.standard_normal((T, Hk, D)).astype(dtype)
+    wq = (rng.random(D) + 0.5).astype(dtype)
+    wk = (rng.random(D) + 0.5).astype(dtype)
+    P = max(2 * T, 16)
+    if full_width:
+        cache = rng.standard_normal((P, 2 * R))
+    else:
+        inv = 10000.0 ** (-np.arange(0, R // 2) * 2 / R)
+        t = np.arange(P)[:, None]
+        cache = np.concatenate([np.cos(t * inv), np.sin(t * inv)], -1)
+    cache = cache.astype(cache_dtype)
+    pos = rng.permutation(P)[:T].astype(pos_dtype)
+    return q, k, wq, wk, cache, pos, qkv
+
+
+def qknorm_rope_float64(x, w, cache, pos, R, neox, eps, full_width=False):
+    """The op in float64, with the norm rounded to the activation dtype before RoPE as the
+    rounded mode does (docs/qknorm_rope.md §2): a tolerance oracle for the bindings' plumbing."""
+    xd = x.astype(np.float64)
+    inv_rms = 1.0 / np.sqrt(np.mean(xd * xd, -1, keepdims=True) + eps)
+    n = (xd * inv_rms * w.astype(np.float64)).astype(x.dtype).astype(np.float64)
+    rows = cache[pos].astype(np.float64)
+    if full_width:
+        cos, sin = rows[:, :R], rows[:, R:]
+    else:
+        c, s = rows[:, : R // 2], rows[:, R // 2:]
+        cos, sin = (np.concatenate([c, c], -1), np.concatenate([s, s], -1)) if neox else \
+                   (np.repeat(c, 2, -1), np.repeat(s, 2, -1))
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    xr = n[..., :R]
+    if neox:
+        rot = np.concatenate([-xr[..., R // 2:], xr[..., : R // 2]], -1)
+    else:
+        rot = np.stack([-xr[..., 1::2], xr[..., 0::2]], -1).reshape(xr.shape)
+    out = n.copy()
+    out[..., :R] = xr * cos + rot * sin
+    return out
+
+
+def torch_or_skip():
+    return pytest.importorskip("torch", reason="PyTorch is not installed")
+
+
+def cuda_or_skip():
+    torch = torch_or_skip()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (GPU tests run on the device machine)", allow_module_level=True)
+    return torch

@@ -1,0 +1,746 @@
+// norm_scale_shift on the CPU: the E4M3/E2M1 converters (exhaustive over bf16 inputs and every
+// midpoint, against a nearest-value search written here), the NVFP4 128x4 swizzle, the broadcast
+// classes (each against the same operand materialized per token), LayerNorm/RMSNorm statistics
+// against float64, the residual variant, both numerics, argument matching (messages, nothing
+// written on error, overlap rules), explain; and NVRTC compiles of the kernel keys for sm_90a,
+// sm_100a and sm_120a (skipped where NVRTC is missing).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ditops/norm_scale_shift.h"
+#include "jit/jit.h"
+#include "jit/nvrtc.h"
+#include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
+#include "reference/fp8_fp4.h"
+#include "reference/half.h"
+
+namespace ditops {
+namespace {
+
+const Device kCpu{DeviceKind::cpu, 0};
+
+// ------------------------------------------------------------------ converters
+
+// Nearest representable magnitude by search; ties to the even code; beyond the max: the max.
+uint8_t nearest_code(double a, const std::vector<double>& magnitudes) {
+  if (a >= magnitudes.back()) return static_cast<uint8_t>(magnitudes.size() - 1);  // saturate
+  size_t best = 0;
+  for (size_t c = 1; c < magnitudes.size(); ++c) {
+    const double d = std::fabs(a - magnitudes[c]), db = std::fabs(a - magnitudes[best]);
+    if (d < db || (d == db && (c % 2 == 0) && (best % 2 == 1))) best = c;
+  }
+  return static_cast<uint8_t>(best);
+}
+
+std::vector<double> e4m3_magnitudes() {  // codes 0..126 (127 is NaN)
+  std::vector<double> m;
+  for (int c = 0; c < 127; ++c) {
+    const int e = c >> 3, f = c & 7;
+    m.push_back(e == 0 ? std::ldexp(f, -9) : std::ldexp(8 + f, e - 10));
+  }
+  return m;
+}
+
+std::vector<double> e2m1_magnitudes() { return {0, 0.5, 1, 1.5, 2, 3, 4, 6}; }
+
+// Every bf16 value, every midpoint between neighbouring codes and the floats next to it.
+std::vector<float> probe_values(const std::vector<double>& magnitudes) {
+  std::vector<float> v;
+  for (uint32_t b = 0; b < 65536; ++b) v.push_back(ref::bf16_to_float(static_cast<uint16_t>(b)));
+  for (size_t c = 0; c + 1 < magnitudes.size(); ++c) {
+    const float mid = static_cast<float>((magnitudes[c] + magnitudes[c + 1]) / 2);
+    for (float x : {mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 1e30f)}) {
+      v.push_back(x);
+      v.push_back(-x);
+    }
+  }
+  const float top = static_cast<float>(magnitudes.back());
+  for (float x : {top, std::nextafter(top, 1e30f), top * 1.04f, top * 1.1f, INFINITY}) {
+    v.push_back(x);
+    v.push_back(-x);
+  }
+  return v;
+}
+
+TEST(NssConverters, E4m3MatchesNearestValueSearchEverywhere) {
+  const auto mags = e4m3_magnitudes();
+  int64_t checked = 0;
+  for (float x : probe_values(mags)) {
+    const uint8_t got = ref::float_to_e4m3_satfinite(x);
+    if (std::isnan(x)) {
+      EXPECT_EQ(got & 0x7F, 0x7F) << x;
+      continue;
+    }
+    const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+    const uint8_t want = static_cast<uint8_t>(sign | nearest_code(std::fabs(static_cast<double>(x)), mags));
+    ASSERT_EQ(got, want) << "x=" << x;
+    ++checked;
+  }
+  EXPECT_GT(checked, 65000);
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7F) == 0x7F) continue;
+    EXPECT_EQ(ref::float_to_e4m3_satfinite(ref::e4m3_to_float(static_cast<uint8_t>(c))), c) << c;
+  }
+  EXPECT_EQ(ref::float_to_e4m3_satfinite(464.0f), 0x7E);   // saturates rather than NaN
+  EXPECT_EQ(ref::float_to_e4m3_satfinite(-1e9f), 0xFE);
+  EXPECT_EQ(ref::float_to_e4m3_satfinite(0x1p-10f), 0x00);  // tie between 0 and 2^-9: even
+  EXPECT_EQ(ref::float_to_e4m3_satfinite(0x1.8p-9f), 0x02);  // tie 1.5 * 2^-9 -> 2 * 2^-9
+}
+
+TEST(NssConverters, E2m1MatchesNearestValueSearchEverywhere) {
+  const auto mags = e2m1_magnitudes();
+  for (float x : probe_values(mags)) {
+    if (std::isnan(x)) continue;
+    const uint8_t sign = std::signbit(x) ? 8 : 0;
+    const uint8_t want = static_cast<uint8_t>(sign | nearest_code(std::fabs(static_cast<double>(x)), mags));
+    ASSERT_EQ(ref::float_to_e2m1_satfinite(x), want) << "x=" << x;
+  }
+  // The ties spelled out (round half to even code).
+  const std::pair<float, float> ties[] = {{0.25f, 0}, {0.75f, 1}, {1.25f, 1}, {1.75f, 2}, {2.5f, 2}, {3.5f, 4}, {5.0f, 4}};
+  for (auto [x, v] : ties) EXPECT_EQ(ref::e2m1_to_float(ref::float_to_e2m1_satfinite(x)), v) << x;
+  EXPECT_EQ(ref::float_to_e2m1_satfinite(-0.1f), 0x8);  // the sign survives a round to zero
+  EXPECT_EQ(ref::float_to_e2m1_satfinite(1e30f), 0x7);
+}
+
+// ------------------------------------------------------------------ swizzle
+
+TEST(NssSwizzle, OffsetsFollowThe128x4LayoutAndCoverThePaddedTensor) {
+  // Hand-computed anchors for 192 scale columns (D = 3072).
+  EXPECT_EQ(nvfp4_scale_offset(0, 0, 192), 0);
+  EXPECT_EQ(nvfp4_scale_offset(0, 1, 192), 1);
+  EXPECT_EQ(nvfp4_scale_offset(0, 4, 192), 512);
+  EXPECT_EQ(nvfp4_scale_offset(1, 0, 192), 16);
+  EXPECT_EQ(nvfp4_scale_offset(32, 0, 192), 4);
+  EXPECT_EQ(nvfp4_scale_offset(127, 191, 192), 47 * 512 + 31 * 16 + 3 * 4 + 3);
+  EXPECT_EQ(nvfp4_scale_offset(128, 0, 192), 48 * 512);
+  for (int64_t cols : {4, 8, 192, 320}) {
+    for (int64_t rows : {1, 127, 128, 130, 300}) {
+      const int64_t padded = (rows + 127) / 128 * 128;
+      std::set<int64_t> seen;
+      for (int64_t m = 0; m < padded; ++m)
+        for (int64_t k = 0; k < cols; ++k) {
+          const int64_t o = nvfp4_scale_offset(m, k, cols);
+          ASSERT_GE(o, 0);
+          ASSERT_LT(o, padded * cols);
+          // 512-byte tiles: rows 32 apart interleave by 4 bytes, 4 columns are adjacent bytes.
+          ASSERT_EQ(o % 4, k % 4);
+          seen.insert(o);
+        }
+      EXPECT_EQ(static_cast<int64_t>(seen.size()), padded * cols) << "cols " << cols << " rows " << rows;
+    }
+  }
+}
+
+// ------------------------------------------------------------------ problem builder
+
+struct Buf {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  Buf() = default;
+  Buf(DType dt, std::vector<int64_t> shape, size_t extra_bytes = 0) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    bytes.assign(static_cast<size_t>(n) * dtype_size(dt) + extra_bytes + 64, 0);
+    view.data = bytes.data();
+    view.dtype = dt;
+    view.device = kCpu;
+    view.rank = static_cast<int>(shape.size());
+    int64_t stride = 1;
+    for (int d = view.rank - 1; d >= 0; --d) {
+      view.shape[d] = shape[d];
+      view.strides[d] = stride;
+      stride *= shape[d];
+    }
+  }
+  float get(int64_t i) const { return ref::load_act(view.data, i, view.dtype); }
+  void set(int64_t i, float v) { ref::store_act(view.data, i, view.dtype, v); }
+  int64_t numel() const { return view.numel(); }
+};
+
+void fill_random(Buf& b, std::mt19937& rng, float amplitude, float offset = 0.0f) {
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int64_t i = 0; i < b.numel(); ++i) b.set(i, offset + amplitude * n(rng));
+}
+
+float y_at(const Buf& y, int64_t i) { return y.get(i); }
+
+// ------------------------------------------------------------------ broadcast classes
+
+struct Problem {
+  int64_t B = 2, S = 6, D = 64;
+  DType dt = DType::bf16;
+  Buf x, y;
+  Problem(int64_t b, int64_t s, int64_t d, DType t, uint32_t seed, float amp = 1.0f)
+      : B(b), S(s), D(d), dt(t), x(t, {b, s, d}), y(t, {b, s, d}) {
+    std::mt19937 rng(seed);
+    fill_random(x, rng, amp, 0.3f * amp);
+  }
+};
+
+// The per-token [B, S, D] materialization of an operand given in a broadcast class (indexing
+// written here from the class definitions, independently of the op's matcher).
+Buf materialize(const TensorView& op, int64_t B, int64_t S, int64_t D, int64_t frame_len) {
+  Buf full(op.dtype, {B, S, D});
+  const int r = op.rank;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t c = 0; c < D; ++c) {
+        int64_t off = 0;
+        if (r >= 1 && op.shape[r - 1] > 1) off += c;
+        if (r >= 2 && op.shape[0] > 1) off += b * op.strides[0];
+        if (r == 3 && op.shape[1] > 1) off += s * op.strides[1];
+        if (r == 4 && op.shape[1] > 1) off += (s / frame_len) * op.strides[1];
+        full.set((b * S + s) * D + c, ref::load_act(op.data, off, op.dtype));
+      }
+  return full;
+}
+
+TEST(NssBroadcast, EveryClassEqualsItsPerTokenMaterialization) {
+  const int64_t B = 2, S = 6, D = 64, F = 3;
+  std::mt19937 rng(5);
+  struct Case {
+    const char* name;
+    std::vector<int64_t> shape;
+    int64_t row_stride;  // > 0: a strided view (chunk of a wider projection) in dim 0
+  };
+  const Case cases[] = {{"scalar []", {}, 0},        {"scalar [1]", {1}, 0},      {"[D]", {D}, 0},
+                        {"[1,D]", {1, D}, 0},        {"[B,D]", {B, D}, 0},        {"[B,D] chunk", {B, D}, 6 * D},
+                        {"[1,1,D]", {1, 1, D}, 0},   {"[B,1,D]", {B, 1, D}, 0},   {"[1,S,D]", {1, S, D}, 0},
+                        {"[B,S,D]", {B, S, D}, 0},   {"[B,F,1,D]", {B, F, 1, D}, 0}, {"[1,F,1,D]", {1, F, 1, D}, 0}};
+  for (const Case& k : cases) {
+    for (NssNumerics numerics : {NssNumerics::eager, NssNumerics::sglang}) {
+      Problem p(B, S, D, DType::bf16, 11);
+      // The operand storage: a contiguous tensor, or a chunk with a wider row stride.
+      int64_t n = 1;
+      for (int64_t s : k.shape) n *= s;
+      Buf store(DType::bf16, {k.row_stride ? k.shape[0] * k.row_stride : std::max<int64_t>(n, 1)});
+      fill_random(store, rng, 0.5f);
+      TensorView op = store.view;
+      op.rank = static_cast<int>(k.shape.size());
+      int64_t stride = 1;
+      for (int d = op.rank - 1; d >= 0; --d) {
+        op.shape[d] = k.shape[d];
+        op.strides[d] = stride;
+        stride *= k.shape[d];
+      }
+      if (k.row_stride) op.strides[0] = k.row_stride;
+      const int64_t frame_len = k.shape.size() == 4 ? S / k.shape[1] : 1;
+      Buf full = materialize(op, B, S, D, frame_len);
+      Buf shift(DType::bf16, {B, 1, D});
+      fill_random(shift, rng, 0.2f);
+
+      NormScaleShiftOptions o;
+      o.numerics = numerics;
+      NormScaleShiftInputs in;
+      in.x = p.x.view;
+      in.scale = op;
+      in.shift = shift.view;
+      NormScaleShiftOutputs out;
+      out.y = p.y.view;
+      EXPECT_EQ(norm_scale_shift(in, out, o), "norm_scale_shift.reference");
+      Buf y_full(DType::bf16, {B, S, D});
+      in.scale = full.view;
+      out.y = y_full.view;
+      norm_scale_shift(in, out, o);
+      ASSERT_EQ(0, std::memcmp(p.y.view.data, y_full.view.data, B * S * D * 2)) << k.name << " " << nss_numerics_name(numerics);
+      // And as a gate in the residual variant.
+      Buf residual(DType::bf16, {B, S, D}), r1(DType::bf16, {B, S, D}), r2(DType::bf16, {B, S, D});
+      fill_random(residual, rng, 1.0f);
+      in.residual = residual.view;
+      in.gate = op;
+      out.residual_out = r1.view;
+      norm_scale_shift(in, out, o);
+      in.gate = full.view;
+      out.residual_out = r2.view;
+      norm_scale_shift(in, out, o);
+      ASSERT_EQ(0, std::memcmp(r1.view.data, r2.view.data, B * S * D * 2)) << "gate " << k.name;
+    }
+  }
+}
+
+TEST(NssBroadcast, MatchedClassesAreReported) {
+  Problem p(2, 6, 64, DType::bf16, 1);
+  Buf a(DType::bf16, {2, 3, 1, 64}), c(DType::bf16, {64}), t(DType::bf16, {1, 6, 64});
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = a.view;
+  in.shift = t.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  auto call = match_norm_scale_shift(in, out, {});
+  EXPECT_EQ(call.scale.kind, NssOperand::Kind::frame);
+  EXPECT_EQ(call.scale.frame_len, 2);
+  EXPECT_EQ(call.scale.frame_stride, 64);
+  EXPECT_EQ(call.shift.kind, NssOperand::Kind::token);
+  EXPECT_EQ(call.shift.batch_stride, 0);
+  in.scale = c.view;
+  EXPECT_EQ(match_norm_scale_shift(in, out, {}).scale.kind, NssOperand::Kind::channel);
+}
+
+// ------------------------------------------------------------------ statistics vs float64
+
+// y = rne(rstd * (x - mean)) with scale 0 and no shift: within a few bf16 rounding steps of the
+// float64 normalization (rstd from aten's fp32 Welford is within ~1e-5 relative).
+TEST(NssStatistics, LayerAndRmsNormMatchFloat64WithinBounds) {
+  for (NormType norm : {NormType::layer, NormType::rms})
+    for (float amp : {1e-4f, 1.0f, 100.0f})
+      for (float eps : {1e-6f, 1e-5f})
+        for (int64_t D : {64, 2240, 3072}) {
+          Problem p(1, 5, D, DType::f32, static_cast<uint32_t>(D + amp * 7), amp);
+          Buf scale(DType::f32, {D});
+          NormScaleShiftInputs in;
+          in.x = p.x.view;
+          in.scale = scale.view;
+          NormScaleShiftOutputs out;
+          out.y = p.y.view;
+          NormScaleShiftOptions o;
+          o.norm = norm;
+          o.eps = eps;
+          norm_scale_shift(in, out, o);
+          for (int64_t r = 0; r < 5; ++r) {
+            double mean = 0, ss = 0;
+            for (int64_t c = 0; c < D; ++c) mean += p.x.get(r * D + c);
+            mean /= D;
+            for (int64_t c = 0; c < D; ++c) {
+              const double v = p.x.get(r * D + c) - (norm == NormType::layer ? mean : 0.0);
+              ss += v * v;
+            }
+            const double rstd = 1.0 / std::sqrt(ss / D + eps);
+            for (int64_t c = 0; c < D; ++c) {
+              const double want = (p.x.get(r * D + c) - (norm == NormType::layer ? mean : 0.0)) * rstd;
+              ASSERT_NEAR(p.y.get(r * D + c), want, 1e-4 * std::max(1.0, std::fabs(want)))
+                  << norm_type_name(norm) << " amp " << amp << " eps " << eps << " D " << D;
+            }
+          }
+        }
+}
+
+// Affine and modulation follow the eager op-by-op rounding (checked by recomputation from the
+// statistics the reference's own LayerNorm produces with scale 0).
+TEST(NssStatistics, EagerModulationRoundsEachOp) {
+  const int64_t D = 128;
+  Problem p(1, 3, D, DType::bf16, 3);
+  std::mt19937 rng(9);
+  Buf zero(DType::bf16, {D}), scale(DType::bf16, {D}), shift(DType::bf16, {D}), w(DType::bf16, {D}),
+      b(DType::bf16, {D}), norm_only(DType::bf16, {1, 3, D});
+  fill_random(scale, rng, 0.5f);
+  fill_random(shift, rng, 0.5f);
+  fill_random(w, rng, 0.3f, 1.0f);
+  fill_random(b, rng, 0.1f);
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = scale.view;
+  in.shift = shift.view;
+  in.weight = w.view;
+  in.bias = b.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  norm_scale_shift(in, out, {});
+  // LayerNorm alone gives rne(rstd*(x-mean)); affine uses the unrounded product, so compare the
+  // modulation step only where the affine is the identity: run again with w = 1, b = 0.
+  for (int64_t c = 0; c < D; ++c) {
+    w.set(c, 1.0f);
+    b.set(c, 0.0f);
+  }
+  norm_scale_shift(in, out, {});
+  in.scale = zero.view;
+  in.shift = TensorView{};
+  in.weight = TensorView{};
+  in.bias = TensorView{};
+  out.y = norm_only.view;
+  norm_scale_shift(in, out, {});
+  for (int64_t i = 0; i < 3 * D; ++i) {
+    const int64_t c = i % D;
+    const float y0 = norm_only.get(i);
+    const float op = ref::round_to(DType::bf16, 1.0f + scale.get(c));
+    const float y1 = ref::round_to(DType::bf16, y0 * op);
+    ASSERT_EQ(p.y.get(i), ref::round_to(DType::bf16, y1 + shift.get(c))) << i;
+  }
+}
+
+// ------------------------------------------------------------------ residual + numerics
+
+TEST(NssResidual, ResidualOutFollowsEachNumerics) {
+  const int64_t D = 256;
+  std::mt19937 rng(4);
+  for (NssNumerics numerics : {NssNumerics::eager, NssNumerics::sglang}) {
+    Problem p(2, 7, D, DType::bf16, 8);
+    Buf r(DType::bf16, {2, 7, D}), ro(DType::bf16, {2, 7, D}), g(DType::bf16, {2, 1, D}), s(DType::bf16, {2, D});
+    fill_random(r, rng, 2.0f);
+    fill_random(g, rng, 1.0f);
+    fill_random(s, rng, 0.3f);
+    NormScaleShiftInputs in;
+    in.x = p.x.view;
+    in.residual = r.view;
+    in.gate = g.view;
+    in.scale = s.view;
+    NormScaleShiftOutputs out;
+    out.y = p.y.view;
+    out.residual_out = ro.view;
+    NormScaleShiftOptions o;
+    o.numerics = numerics;
+    norm_scale_shift(in, out, o);
+    for (int64_t i = 0; i < 2 * 7 * D; ++i) {
+      const float x = p.x.get(i), rv = r.get(i), gv = g.get((i / (7 * D)) * D + i % D);
+      const float want = numerics == NssNumerics::eager
+                             ? ref::round_to(DType::bf16, rv + ref::round_to(DType::bf16, x * gv))
+                             : ref::round_to(DType::bf16, std::fma(x, gv, rv));
+      ASSERT_EQ(ro.get(i), want) << i;
+    }
+  }
+}
+
+TEST(NssNumericsModes, SglangAndEagerAgreeWithinTwoUlps) {
+  const int64_t D = 3072;
+  Problem p(1, 9, D, DType::bf16, 21);
+  Buf y2(DType::bf16, {1, 9, D}), s(DType::bf16, {1, 1, D}), sh(DType::bf16, {1, 1, D});
+  std::mt19937 rng(2);
+  fill_random(s, rng, 0.2f);
+  fill_random(sh, rng, 0.2f);
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  in.shift = sh.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  norm_scale_shift(in, out, {});
+  NormScaleShiftOptions o;
+  o.numerics = NssNumerics::sglang;
+  out.y = y2.view;
+  norm_scale_shift(in, out, o);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < 9 * D; ++i) {
+    const float a = p.y.get(i), b = y2.get(i);
+    differ += a != b;
+    ASSERT_LE(std::fabs(a - b), 2 * 0x1p-8f * std::max({std::fabs(a), std::fabs(b), 4.0f})) << i;
+  }
+  EXPECT_GT(differ, 0) << "the two numerics should round differently somewhere";
+}
+
+// ------------------------------------------------------------------ quantized outputs
+
+TEST(NssQuant, Fp8IsTheStaticQuantOfY) {
+  const int64_t D = 192;
+  Problem p(1, 4, D, DType::bf16, 30, 3.0f);
+  Buf s(DType::bf16, {D}), q(DType::u8, {1, 4, D}), isc(DType::f32, {1});
+  isc.set(0, 0.4754464328289032f);
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  in.input_scale = isc.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  out.fp8 = q.view;
+  for (Fp8Reciprocal mode : {Fp8Reciprocal::div_full, Fp8Reciprocal::ieee}) {
+    NormScaleShiftOptions o;
+    o.fp8_reciprocal = mode;
+    norm_scale_shift(in, out, o);
+    const float inv = 1.0f / 0.4754464328289032f;
+    for (int64_t i = 0; i < 4 * D; ++i)
+      ASSERT_EQ(q.bytes[i], ref::float_to_e4m3_satfinite(p.y.get(i) * inv)) << i;
+  }
+}
+
+TEST(NssQuant, Nvfp4BlocksScalesAndZeroPaddingRows) {
+  const int64_t D = 128, S = 130;
+  Problem p(1, S, D, DType::bf16, 40, 2.0f);
+  Buf s(DType::bf16, {D}), packed(DType::u8, {S, D / 2}), scales(DType::u8, {256, D / 16}), gs(DType::f32, {1});
+  std::fill(scales.bytes.begin(), scales.bytes.end(), 0xAA);
+  gs.set(0, 0.625f);
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  in.global_scale = gs.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  out.nvfp4_packed = packed.view;
+  out.nvfp4_scales = scales.view;
+  norm_scale_shift(in, out, {});
+  const int cols = D / 16;
+  for (int64_t m = 0; m < 256; ++m)
+    for (int k = 0; k < cols; ++k) {
+      const uint8_t sf = scales.bytes[nvfp4_scale_offset(m, k, cols)];
+      if (m >= S) {
+        ASSERT_EQ(sf, 0) << "padding row " << m;
+        continue;
+      }
+      float amax = 0;
+      for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(p.y.get(m * D + 16 * k + i)));
+      uint8_t want_sf;
+      const float out_scale = ref::nvfp4_block_scale(amax, 0.625f, &want_sf);
+      ASSERT_EQ(sf, want_sf) << m << "," << k;
+      for (int i = 0; i < 16; ++i) {
+        const uint8_t byte = packed.bytes[m * D / 2 + (16 * k + i) / 2];
+        const uint8_t nib = (i % 2) ? byte >> 4 : byte & 15;
+        ASSERT_EQ(nib, ref::float_to_e2m1_satfinite(p.y.get(m * D + 16 * k + i) * out_scale)) << m << "," << k << "," << i;
+        // Dequantized values are within half a step of y (the e2m1 grid spacing <= 2 at the top).
+        const float deq = ref::e2m1_to_float(nib) * ref::e4m3_to_float(sf) / 0.625f;
+        ASSERT_LE(std::fabs(deq - p.y.get(m * D + 16 * k + i)), amax / 6.0f * 1.2f + 1e-6f);
+      }
+    }
+  // A row of zeros normalizes to exact zeros: amax 0 -> scale byte 0 and zero nibbles.
+  for (int64_t c = 0; c < D; ++c) p.x.set(7 * D + c, 0.0f);
+  norm_scale_shift(in, out, {});
+  for (int k = 0; k < cols; ++k) EXPECT_EQ(scales.bytes[nvfp4_scale_offset(7, k, cols)], 0);
+  for (int64_t i = 0; i < D / 2; ++i) EXPECT_EQ(packed.bytes[7 * D / 2 + i], 0);
+}
+
+// ------------------------------------------------------------------ matching
+
+struct Bad {
+  Problem p{2, 4, 64, DType::bf16, 1};
+  Buf s{DType::bf16, {2, 64}}, ro{DType::bf16, {2, 4, 64}}, r{DType::bf16, {2, 4, 64}};
+  NormScaleShiftInputs in;
+  NormScaleShiftOutputs out;
+  Bad() {
+    std::fill(p.y.bytes.begin(), p.y.bytes.end(), 0x5A);
+    in.x = p.x.view;
+    in.scale = s.view;
+    out.y = p.y.view;
+  }
+  std::string error(const NormScaleShiftOptions& o = {}) {
+    try {
+      norm_scale_shift(in, out, o);
+    } catch (const Error& e) {
+      for (uint8_t b : p.y.bytes) EXPECT_EQ(b, 0x5A) << "y was written before the error";
+      return e.what();
+    }
+    return "";
+  }
+};
+
+void expect_error(const std::string& what, const std::string& needle) {
+  EXPECT_NE(what.find(needle), std::string::npos) << "message: '" << what << "' lacks '" << needle << "'";
+}
+
+TEST(NssMatching, BadInputGetsAClearErrorAndNothingIsWritten) {
+  {
+    Bad b;
+    Buf s3(DType::bf16, {3, 64});
+    b.in.scale = s3.view;
+    expect_error(b.error(), "scale.shape[0] must equal B=2 or 1 (broadcast) but is 3");
+  }
+  {
+    Bad b;
+    Buf s3(DType::bf16, {2, 3, 64});
+    b.in.scale = s3.view;
+    expect_error(b.error(), "scale.shape[1] must equal S=4");
+  }
+  {
+    Bad b;
+    Buf f(DType::bf16, {2, 3, 1, 64});
+    b.in.scale = f.view;
+    expect_error(b.error(), "(frames F) must divide S=4 but is 3");
+  }
+  {
+    Bad b;
+    Buf s3(DType::bf16, {2, 60});
+    b.in.scale = s3.view;
+    expect_error(b.error(), "scale.shape[1] must equal D=64");
+  }
+  {
+    Bad b;
+    Buf s16(DType::f16, {2, 64});
+    b.in.scale = s16.view;
+    expect_error(b.error(), "scale.dtype must be bf16");
+  }
+  {
+    Problem p(1, 2, 18, DType::bf16, 1);
+    Buf s(DType::bf16, {18});
+    NormScaleShiftInputs in;
+    in.x = p.x.view;
+    in.scale = s.view;
+    NormScaleShiftOutputs out;
+    out.y = p.y.view;
+    try {
+      norm_scale_shift(in, out, {});
+      FAIL();
+    } catch (const Error& e) {
+      expect_error(e.what(), "x.shape[2] (D) must be a multiple of 4");
+    }
+  }
+  {
+    Bad b;
+    b.out.y.data = static_cast<char*>(b.out.y.data) + 2;
+    expect_error(b.error(), "y.data must be 8-byte aligned");
+  }
+  {
+    Bad b;
+    NormScaleShiftOptions o;
+    o.numerics = NssNumerics::sglang;
+    o.norm = NormType::rms;
+    expect_error(b.error(o), "numerics=sglang implements LayerNorm only");
+  }
+  {
+    Bad b;  // y overlapping x partially (one row further)
+    b.out.y = b.p.x.view;
+    b.out.y.data = static_cast<char*>(b.out.y.data) + 64 * 2;
+    expect_error(b.error(), "y overlaps x");
+  }
+  {
+    Bad b;  // two outputs overlapping
+    b.in.residual = b.r.view;
+    b.out.residual_out = b.p.y.view;
+    expect_error(b.error(), "y and residual_out overlap");
+  }
+  {
+    Bad b;  // output overlapping a broadcast operand
+    b.out.y.data = b.s.view.data;
+    expect_error(b.error(), "y overlaps scale");
+  }
+  {
+    Bad b;  // rows of y overlapping each other
+    b.out.y.strides[1] = 32;
+    expect_error(b.error(), "y.strides[1] must be >= D=64");
+  }
+  {
+    Bad b;
+    Buf q(DType::u8, {2, 4, 64});
+    b.out.fp8 = q.view;
+    expect_error(b.error(), "input_scale is required with the fp8 output");
+  }
+  {
+    Bad b;
+    Buf w(DType::bf16, {64});
+    b.in.bias = w.view;
+    expect_error(b.error(), "bias is given without weight");
+  }
+  {
+    Bad b;
+    Buf packed(DType::u8, {8, 32}), scales(DType::u8, {8, 4}), gs(DType::f32, {1});
+    b.out.nvfp4_packed = packed.view;
+    b.out.nvfp4_scales = scales.view;
+    b.in.global_scale = gs.view;
+    expect_error(b.error(), "nvfp4_scales.shape[0] must be 128");
+  }
+}
+
+TEST(NssMatching, InPlaceOverXGivesTheOutOfPlaceResult) {
+  Problem p(2, 5, 96, DType::bf16, 12);
+  Buf s(DType::bf16, {2, 96}), r(DType::bf16, {2, 5, 96}), ro(DType::bf16, {2, 5, 96});
+  std::mt19937 rng(1);
+  fill_random(s, rng, 0.3f);
+  fill_random(r, rng, 1.0f);
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  in.residual = r.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  out.residual_out = ro.view;
+  norm_scale_shift(in, out, {});
+  const std::vector<uint8_t> y_expected = p.y.bytes, ro_expected = ro.bytes;
+  out.y = p.x.view;           // y over x
+  out.residual_out = r.view;  // residual_out over residual
+  norm_scale_shift(in, out, {});
+  EXPECT_EQ(0, std::memcmp(p.x.view.data, y_expected.data(), 2 * 5 * 96 * 2));
+  EXPECT_EQ(0, std::memcmp(r.view.data, ro_expected.data(), 2 * 5 * 96 * 2));
+}
+
+TEST(NssMatching, ExplainChoosesTheReferenceOnTheCpu) {
+  Problem p(1, 4, 64, DType::bf16, 1);
+  Buf s(DType::bf16, {64});
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  const auto report = explain_norm_scale_shift(match_norm_scale_shift(in, out, {}));
+  ASSERT_NE(report.chosen, nullptr);
+  EXPECT_EQ(report.chosen->name, "norm_scale_shift.reference");
+  bool saw_jit = false;
+  for (const auto& cand : report.candidates)
+    if (cand.name == "norm_scale_shift.jit") {
+      saw_jit = true;
+      EXPECT_FALSE(cand.eligible);
+    }
+  EXPECT_TRUE(saw_jit);
+  EXPECT_NE(report.format().find("norm_scale_shift.reference"), std::string::npos);
+}
+
+TEST(NssMatching, ZeroRowsIsANoOp) {
+  Problem p(1, 0, 64, DType::bf16, 1);
+  Buf s(DType::bf16, {64});
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  EXPECT_NO_THROW(norm_scale_shift(in, out, {}));
+}
+
+// ------------------------------------------------------------------ NVRTC
+
+std::vector<NssKernelKey> compile_keys(bool hardware_fp4) {
+  std::vector<NssKernelKey> keys;
+  auto add = [&](NssKernelKey k) { keys.push_back(k); };
+  NssKernelKey k;  // bf16, 3072, layer, eager
+  add(k);
+  k.residual = true;
+  k.quant = NssKernelQuant::fp8;
+  add(k);
+  k.quant = hardware_fp4 ? NssKernelQuant::fp4_hardware : NssKernelQuant::fp4_software;
+  add(k);
+  k.numerics = NssNumerics::sglang;
+  add(k);
+  k.quant = NssKernelQuant::fp8;
+  add(k);
+  NssKernelKey r;
+  r.norm = NormType::rms;
+  r.affine = 1;
+  r.dim = 5120;
+  add(r);
+  NssKernelKey a;
+  a.act = DType::f16;
+  a.affine = 2;
+  a.dim = 2240;
+  a.pdl = false;
+  add(a);
+  NssKernelKey f;
+  f.act = DType::f32;
+  f.dim = 4096;
+  f.residual = true;
+  add(f);
+  NssKernelKey small;
+  small.dim = 64;
+  small.quant = NssKernelQuant::fp4_software;
+  add(small);
+  return keys;
+}
+
+TEST(NssJit, KernelKeysCompileForEveryTargetArch) {
+  if (jit::nvrtc_version() == 0) GTEST_SKIP() << "NVRTC not loadable here";
+  int compiled = 0;
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
+    const bool hw = std::string(arch) != "sm_90a";
+    for (const auto& key : compile_keys(hw)) {
+      std::vector<uint8_t> cubin;
+      ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(nss_kernel_request(key), "e"), "nss.cu", arch,
+                                                 jit::embedded_sources()))
+          << key.to_string() << " for " << arch;
+      ASSERT_GT(cubin.size(), 1000u);
+      ++compiled;
+    }
+  }
+  std::printf("compiled %d (key, arch) pairs\n", compiled);
+}
+
+TEST(NssJit, HardwareE2m1KeyIsRefusedOnSm90) {
+  if (jit::nvrtc_version() == 0) GTEST_SKIP() << "NVRTC not loadable here";
+  NssKernelKey k;
+  k.quant = NssKernelQuant::fp4_hardware;
+  EXPECT_THROW(jit::nvrtc_compile(jit::wrapper_source(nss_kernel_request(k), "e"), "nss.cu", "sm_90a",
+                                  jit::embedded_sources()),
+               Error);
+}
+
+}  // namespace
+}  // namespace ditops

@@ -1,0 +1,297 @@
+// The norm_scale_shift test driver on the GPU: every CUDA implementation (jit eager, jit sglang;
+// fp8, nvfp4 with software and hardware-where-present E2M1) against the CPU reference on the same
+// inputs over odd shapes, dtypes, both norms, affine, residual, every broadcast class, amplitudes
+// 1e-4..100, eps 1e-6/1e-5 and signed zeros. Skipped without a GPU.
+//
+// What may differ, and why (docs/norm_scale_shift.md §5): the reference computes rstd with a
+// correctly rounded rsqrt and rcp.approx / div.full as correctly rounded operations, the GPU with
+// MUFU. So y may move by one rounding step in rows whose rstd differs in its last bit, and an fp8
+// byte / NVFP4 scale or nibble may flip at a rounding midpoint. residual_out involves no
+// approximation and must be identical. Differences are counted and bounded, and printed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "ditops/norm_scale_shift.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "reference/half.h"
+
+namespace ditops {
+namespace {
+
+using jit::check_cu;
+
+bool have_gpu() { return jit::cuda_driver() != nullptr; }
+
+// A tensor held on the host and the device with the same shape and strides.
+struct Twin {
+  std::vector<uint8_t> host;
+  CUdeviceptr dev = 0;
+  TensorView hv, dv;
+  Twin() = default;
+  Twin(DType dt, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    host.assign(static_cast<size_t>(n) * dtype_size(dt) + 16, 0);
+    check_cu(jit::require_cuda_driver().cuMemAlloc(&dev, host.size()), "alloc");
+    hv.data = host.data();
+    hv.dtype = dt;
+    hv.rank = static_cast<int>(shape.size());
+    int64_t stride = 1;
+    for (int d = hv.rank - 1; d >= 0; --d) {
+      hv.shape[d] = shape[d];
+      hv.strides[d] = stride;
+      stride *= shape[d];
+    }
+    dv = hv;
+    dv.data = reinterpret_cast<void*>(dev);
+    dv.device = {DeviceKind::cuda, 0};
+  }
+  Twin(const Twin&) = delete;
+  Twin& operator=(const Twin&) = delete;
+  ~Twin() {
+    if (dev) jit::require_cuda_driver().cuMemFree(dev);
+  }
+  void upload() { check_cu(jit::require_cuda_driver().cuMemcpyHtoD(dev, host.data(), host.size()), "h2d"); }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> out(host.size());
+    check_cu(jit::require_cuda_driver().cuMemcpyDtoH(out.data(), dev, host.size()), "d2h");
+    return out;
+  }
+  float get(int64_t i) const { return ref::load_act(host.data(), i, hv.dtype); }
+  void set(int64_t i, float v) { ref::store_act(host.data(), i, hv.dtype, v); }
+};
+
+struct GpuCase {
+  int64_t B, S, D;
+  DType dt;
+  NormType norm;
+  NssNumerics numerics;
+  bool residual;
+  int affine;
+  NssQuant quant;
+  int scale_class;  // 0 scalar, 1 [D], 2 [B,1,D], 3 [B,S,D], 4 [B,F,1,D]
+  float amplitude, eps;
+};
+
+std::vector<int64_t> operand_shape(int cls, int64_t B, int64_t S, int64_t D) {
+  switch (cls) {
+    case 0: return {};
+    case 1: return {D};
+    case 2: return {B, 1, D};
+    case 3: return {B, S, D};
+    default: return {B, S % 3 == 0 ? 3 : 1, 1, D};
+  }
+}
+
+struct Stats {
+  int64_t y_differ = 0, y_elems = 0, q_differ = 0, q_elems = 0, sf_differ = 0, sf_elems = 0;
+  float y_max_steps = 0;
+};
+
+// Runs the case on the GPU (explicit jit backend) and on the CPU; accumulates the differences.
+std::string run_case(const GpuCase& c, E2m1Conversion e2m1, Stats* st) {
+  std::mt19937 rng(static_cast<uint32_t>(c.B * 1000 + c.S * 10 + c.D + c.residual));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n = c.B * c.S * c.D, rows = c.B * c.S;
+  Twin x(c.dt, {c.B, c.S, c.D}), y(c.dt, {c.B, c.S, c.D});
+  for (int64_t i = 0; i < n; ++i) x.set(i, c.amplitude * (normal(rng) + 0.25f));
+  for (int64_t i = 0; i < n; i += 97) x.set(i, (i / 97) % 2 ? -0.0f : 0.0f);  // signed zeros
+  Twin scale(c.dt, operand_shape(c.scale_class, c.B, c.S, c.D)), shift(c.dt, {c.B, 1, c.D});
+  for (int64_t i = 0; i < scale.hv.numel(); ++i) scale.set(i, 0.3f * normal(rng));
+  for (int64_t i = 0; i < shift.hv.numel(); ++i) shift.set(i, 0.3f * normal(rng));
+  if (scale.hv.numel() > 2) {
+    scale.set(0, -1.0f);  // special modulation values
+    scale.set(1, 0.0f);
+    scale.set(2, -0.0f);
+  }
+  Twin residual(c.dt, {c.B, c.S, c.D}), residual_out(c.dt, {c.B, c.S, c.D}),
+      gate(c.dt, operand_shape((c.scale_class + 2) % 5, c.B, c.S, c.D));
+  for (int64_t i = 0; i < n; ++i) residual.set(i, c.amplitude * normal(rng));
+  for (int64_t i = 0; i < gate.hv.numel(); ++i) gate.set(i, normal(rng));
+  Twin weight(c.dt, {c.D}), bias(c.dt, {c.D});
+  for (int64_t i = 0; i < c.D; ++i) {
+    weight.set(i, 1.0f + 0.2f * normal(rng));
+    bias.set(i, 0.1f * normal(rng));
+  }
+  Twin fp8(DType::u8, {c.B, c.S, c.D}), input_scale(DType::f32, {1}), global_scale(DType::f32, {1});
+  input_scale.set(0, 0.4754464328289032f);
+  global_scale.set(0, 0.625f);
+  const int64_t padded = (rows + 127) / 128 * 128;
+  Twin packed(DType::u8, {rows, c.D / 2}), scales(DType::u8, {padded, std::max<int64_t>(c.D / 16, 1)});
+  std::memset(scales.host.data(), 0x77, scales.host.size());
+
+  for (Twin* t : {&x, &y, &scale, &shift, &residual, &residual_out, &gate, &weight, &bias, &fp8, &input_scale,
+                  &global_scale, &packed, &scales})
+    t->upload();
+  auto build = [&](bool device, NormScaleShiftInputs* in, NormScaleShiftOutputs* out) {
+    auto v = [&](Twin& t) { return device ? t.dv : t.hv; };
+    in->x = v(x);
+    in->scale = v(scale);
+    in->shift = v(shift);
+    if (c.residual) {
+      in->residual = v(residual);
+      in->gate = v(gate);
+      out->residual_out = v(residual_out);
+    }
+    if (c.affine >= 1) in->weight = v(weight);
+    if (c.affine == 2) in->bias = v(bias);
+    out->y = v(y);
+    if (c.quant == NssQuant::fp8) {
+      in->input_scale = v(input_scale);
+      out->fp8 = v(fp8);
+    }
+    if (c.quant == NssQuant::nvfp4) {
+      in->global_scale = v(global_scale);
+      out->nvfp4_packed = v(packed);
+      out->nvfp4_scales = v(scales);
+    }
+  };
+  NormScaleShiftOptions o;
+  o.norm = c.norm;
+  o.eps = c.eps;
+  o.numerics = c.numerics;
+  o.e2m1 = e2m1;
+  NormScaleShiftInputs hin, din;
+  NormScaleShiftOutputs hout, dout;
+  build(false, &hin, &hout);
+  build(true, &din, &dout);
+  norm_scale_shift(hin, hout, o);
+  o.dispatch.backend = Provenance::jit;
+  jit::bind_primary_context(0);
+  const std::string impl = norm_scale_shift(din, dout, o);
+  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+
+  if (c.residual) EXPECT_EQ(residual_out.download(), residual_out.host) << "residual_out must be identical";
+  const auto gy = y.download();
+  const float unit = c.dt == DType::bf16 ? 0x1p-8f : c.dt == DType::f16 ? 0x1p-11f : 0x1p-24f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = ref::load_act(gy.data(), i, c.dt), b = y.get(i);
+    st->y_elems++;
+    if (std::memcmp(&a, &b, 4) == 0) continue;
+    st->y_differ++;
+    const float scale_mag = std::max({std::fabs(a), std::fabs(b), 1.0f});
+    st->y_max_steps = std::max(st->y_max_steps, std::fabs(a - b) / (scale_mag * unit));
+  }
+  if (c.quant == NssQuant::fp8) {
+    const auto g = fp8.download();
+    for (int64_t i = 0; i < n; ++i) {
+      st->q_elems++;
+      st->q_differ += g[i] != fp8.host[i];
+    }
+  }
+  if (c.quant == NssQuant::nvfp4) {
+    const auto gp = packed.download(), gs = scales.download();
+    for (int64_t i = 0; i < rows * c.D / 2; ++i) {
+      st->q_elems++;
+      st->q_differ += gp[i] != packed.host[i];
+    }
+    for (int64_t i = 0; i < padded * (c.D / 16); ++i) {
+      st->sf_elems++;
+      st->sf_differ += gs[i] != scales.host[i];
+      if (i / (c.D / 16) >= rows) EXPECT_EQ(gs[i], 0) << "padding scale rows must be zero";
+    }
+  }
+  return impl;
+}
+
+class NormScaleShiftGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the GPU implementations are checked on the device run";
+  }
+};
+
+TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
+  std::vector<GpuCase> cases;
+  int k = 0;
+  const float amps[] = {1e-4f, 1.0f, 100.0f};
+  const float epss[] = {1e-6f, 1e-5f};
+  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 1}, {2, 9}, {1, 257}, {3, 33}})
+    for (int64_t D : {64, 2240, 3072, 5120})
+      for (NormType norm : {NormType::layer, NormType::rms})
+        for (bool residual : {false, true}) {
+          ++k;
+          cases.push_back({B, S, D, DType::bf16, norm, NssNumerics::eager, residual,
+                           norm == NormType::rms ? k % 2 : k % 3, NssQuant::none, k % 5,
+                           amps[k % 3], epss[k % 2]});
+        }
+  for (DType dt : {DType::f16, DType::f32})
+    for (int affine : {0, 1, 2}) {
+      ++k;
+      cases.push_back({2, 17, 1024, dt, NormType::layer, NssNumerics::eager, true, affine, NssQuant::none, k % 5,
+                       amps[k % 3], 1e-5f});
+    }
+  for (NssNumerics numerics : {NssNumerics::eager, NssNumerics::sglang})
+    for (NssQuant quant : {NssQuant::none, NssQuant::fp8, NssQuant::nvfp4})
+      for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 127}, {2, 65}}) {
+        ++k;
+        cases.push_back({B, S, 3072, DType::bf16, NormType::layer, numerics, true, 0, quant, k % 5, amps[k % 3],
+                         1e-6f});
+      }
+  Stats st;
+  int runs = 0;
+  for (const auto& c : cases) {
+    for (E2m1Conversion e2m1 : {E2m1Conversion::software, E2m1Conversion::automatic}) {
+      if (e2m1 == E2m1Conversion::automatic && c.quant != NssQuant::nvfp4) continue;
+      run_case(c, e2m1, &st);
+      ++runs;
+    }
+  }
+  std::printf("%d runs: y differs in %lld of %lld values (max %.2f rounding steps at max(|y|,1)); "
+              "fp8/fp4 bytes differ in %lld of %lld; nvfp4 scale bytes differ in %lld of %lld\n",
+              runs, static_cast<long long>(st.y_differ), static_cast<long long>(st.y_elems), st.y_max_steps,
+              static_cast<long long>(st.q_differ), static_cast<long long>(st.q_elems),
+              static_cast<long long>(st.sf_differ), static_cast<long long>(st.sf_elems));
+  // rsqrtf vs a correctly rounded rsqrt moves rstd by <= 2 fp32 ulp: y by at most a couple of
+  // rounding steps, in few rows.
+  EXPECT_LE(st.y_max_steps, 2.5f);
+  EXPECT_LE(st.y_differ, st.y_elems / 50 + 64);
+  EXPECT_LE(st.q_differ, st.q_elems / 50 + 64);
+  EXPECT_LE(st.sf_differ, st.sf_elems / 50 + 16);
+}
+
+TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
+  Twin x(DType::bf16, {1, 4, 64}), y(DType::bf16, {1, 4, 64}), s(DType::bf16, {2, 64});
+  NormScaleShiftInputs in;
+  in.x = x.dv;
+  in.scale = s.dv;  // B mismatch
+  NormScaleShiftOutputs out;
+  out.y = y.dv;
+  std::memset(y.host.data(), 0x33, y.host.size());
+  y.upload();
+  NormScaleShiftOptions o;
+  o.dispatch.backend = Provenance::jit;
+  EXPECT_THROW(norm_scale_shift(in, out, o), Error);
+  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+  EXPECT_EQ(y.download(), y.host);
+}
+
+TEST_F(NormScaleShiftGpu, HardwareE2m1IsRefusedWhereTheDeviceLacksIt) {
+  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  if (info.features & kFeatureFp4Convert) GTEST_SKIP() << "this device has the hardware conversion";
+  Twin x(DType::bf16, {1, 4, 64}), s(DType::bf16, {64}), packed(DType::u8, {4, 32}), sc(DType::u8, {128, 4}),
+      gs(DType::f32, {1});
+  NormScaleShiftInputs in;
+  in.x = x.dv;
+  in.scale = s.dv;
+  in.global_scale = gs.dv;
+  NormScaleShiftOutputs out;
+  out.nvfp4_packed = packed.dv;
+  out.nvfp4_scales = sc.dv;
+  NormScaleShiftOptions o;
+  o.e2m1 = E2m1Conversion::hardware;
+  o.dispatch.backend = Provenance::jit;
+  try {
+    norm_scale_shift(in, out, o);
+    FAIL() << "expected a refusal";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("e2m1=hardware needs"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ditops
