@@ -15,6 +15,7 @@ import json
 import sys
 
 import torch
+from torch_bench_common import allow_recompiles
 import torch.nn.functional as F
 import triton
 
@@ -178,6 +179,7 @@ def as_graph(fn):
 
 
 def run_bench(dt, rows, meta):
+    allow_recompiles()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(2)
     compiled = torch.compile(eager, dynamic=False)

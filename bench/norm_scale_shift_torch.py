@@ -21,6 +21,7 @@ import json
 import sys
 
 import torch
+from torch_bench_common import allow_recompiles
 import torch.nn.functional as F
 import triton
 import triton.language as tl
@@ -230,6 +231,7 @@ def graph_of(fn):
 
 
 def run_bench(dt, rows, meta):
+    allow_recompiles()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(2)
     compiled = {}

@@ -4,12 +4,18 @@
 #   bash scripts/device_run.sh verify   build; every test (CPU + GPU, pytest incl. torch.compile,
 #                                        CUDA graphs, streams); C++ benchmarks of every op;
 #                                        bit-exactness of every op against the PyTorch eager chain
-#   bash scripts/device_run.sh bench    PyTorch eager and torch.compile beside ditops, same run
+#   bash scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
+#                                        run (all four ops by default; split them over two calls
+#                                        to stay inside the limit)
+#   bash scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
+#                                        figures (C++ facade, Python, torch.ops)
 # Outputs go to $OUT (at most 7 files: summary.txt, build.log, ctest.log, bench_cpp.{txt,json},
 # torch.{txt,json}); the developer copies them into bench/results/ with device, date and commit.
 # Needs the tvm_ffi wheel in .whl/ (carried) for the Python package: see docs/python.md.
 set -uo pipefail
 PHASE=${1:-verify}
+shift || true
+OPS=${*:-qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift}
 OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
@@ -73,15 +79,28 @@ if [ "$PHASE" = verify ]; then
     timeout 300 python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_torch_gpu.py -k overhead 2>&1 | tee -a "$OUT/torch.txt" | tail -8
   merge_json "$OUT/torch.json" "$TMP"/verify_*.json "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+elif [ "$PHASE" = gpu ]; then
+  REGEX=${1:-Gpu}
+  echo "== GPU tests matching $REGEX"
+  ctest --test-dir build-dev -j 4 -R "$REGEX" --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+  CTEST_RC=$?
+  grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
+  echo "== host overhead per call"
+  build-dev/ditops bench qknorm_rope --host-only --commit "$COMMIT" --json "$TMP/cpp_host.json" | tee "$OUT/bench_cpp.txt"
+  DITOPS_COMMIT=$COMMIT DITOPS_BENCH_JSON=$TMP/py_overhead.json PYTHONPATH=build-dev/python:${PYTHONPATH:-} \
+    timeout 300 python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_torch_gpu.py -k overhead 2>&1 | tee "$OUT/torch.txt" | grep -E "overhead|passed|failed"
+  merge_json "$OUT/bench_cpp.json" "$TMP/cpp_host.json"
+  merge_json "$OUT/torch.json" "$TMP/py_overhead.json"
+  echo "== summary: ctest rc=$CTEST_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 else
-  echo "== PyTorch eager and torch.compile beside ditops (cold L2)"
+  echo "== PyTorch eager and torch.compile beside ditops (cold L2): $OPS"
   : > "$OUT/torch.txt"
   PY_RC=0
-  for op in qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift; do
+  for op in $OPS; do
     echo "---- $op" | tee -a "$OUT/torch.txt"
-    timeout 280 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/torch_$op.json" \
+    timeout 400 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/torch_$op.json" \
       >> "$OUT/torch.txt" 2>&1 || PY_RC=1
-    grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | grep -E "torch_|ditops|copy|PASS|FAIL|Error|error" | tail -40
+    grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | grep -E "torch_|ditops|copy|PASS|FAIL|Error|error|Traceback" | tail -60
   done
   merge_json "$OUT/torch.json" "$TMP"/torch_*.json
   echo "== summary: python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"

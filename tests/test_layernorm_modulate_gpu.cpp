@@ -63,6 +63,7 @@ class LayerNormModulateGpu : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the GPU implementations are checked on the device run";
+    jit::bind_primary_context(0);  // the buffers below are allocated before any op call binds it
   }
 };
 

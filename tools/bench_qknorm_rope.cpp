@@ -113,7 +113,8 @@ int run_bench_qknorm_rope(const Args& args) {
   if (!BenchRun::gpu_available("qknorm_rope")) return 0;
   BenchRun run("qknorm_rope", args);
   const Device dev{DeviceKind::cuda, 0};
-  for (const QkCase& c : bench_cases()) {
+  // --host-only: just the per-call host cost below.
+  for (const QkCase& c : args.has("--host-only") ? std::vector<QkCase>{} : bench_cases()) {
     HostProblem h(c);
     DeviceProblem p(h);
     const int64_t bytes = h.model_bytes();

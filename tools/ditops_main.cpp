@@ -23,7 +23,7 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
   info                          devices, SM, driver, NVRTC, cache directory
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
-  bench <op> [--reps N] [--json PATH] [--commit SHA]
+  bench <op> [--reps N] [--json PATH] [--commit SHA] [--host-only (qknorm_rope)]
                                 model shapes: us, GB/s, fraction of a device copy (needs a GPU)
 )";
 
@@ -32,7 +32,7 @@ Args parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     if (s.rfind("--", 0) == 0) {
-      const bool is_switch = s == "--neox" || s == "--full-width" || s == "--keys";
+      const bool is_switch = s == "--neox" || s == "--full-width" || s == "--keys" || s == "--host-only";
       if (!is_switch && i + 1 < argc) a.flags[s] = argv[++i];
       else if (!is_switch) throw Error("option " + s + " needs a value");
       else a.flags[s] = "1";

@@ -95,6 +95,16 @@ void check_cu(CUresult result, const char* what) {
 
 void bind_primary_context(int device_index) {
   const CudaDriver& d = require_cuda_driver();
+  // Per-call fast path without the lock: the primary context of a device never changes once
+  // retained.
+  thread_local int last_index = -1;
+  thread_local CUcontext last_ctx = nullptr;
+  if (device_index == last_index) {
+    CUcontext current = nullptr;
+    d.cuCtxGetCurrent(&current);
+    if (current != last_ctx) check_cu(d.cuCtxSetCurrent(last_ctx), "cuCtxSetCurrent");
+    return;
+  }
   DriverState& s = state();
   if (device_index < 0 || device_index >= d.device_count)
     throw Error("CUDA device " + std::to_string(device_index) + " does not exist (" +
@@ -112,6 +122,8 @@ void bind_primary_context(int device_index) {
   CUcontext current = nullptr;
   d.cuCtxGetCurrent(&current);
   if (current != ctx) check_cu(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent");
+  last_index = device_index;
+  last_ctx = ctx;
 }
 
 }  // namespace ditops::jit

@@ -322,9 +322,22 @@ void launch(const LoadedKernel& kernel, unsigned grid, unsigned block, const voi
   check_cu(d.cuLaunchKernelEx(&cfg, kernel.function, nullptr, extra), "cuLaunchKernelEx");
 }
 
+static const DeviceInfo& device_info_slow(Device device);
+
 const DeviceInfo& device_info(Device device) {
   static const DeviceInfo cpu{{DeviceKind::cpu, 0}, 0, 0, 0, "host CPU"};
   if (device.kind == DeviceKind::cpu) return cpu;
+  // Per-call fast path: the entries never move or change once made (std::map nodes are stable).
+  thread_local int last_index = -1;
+  thread_local const DeviceInfo* last_info = nullptr;
+  if (last_info && device.index == last_index) return *last_info;
+  const DeviceInfo& info = device_info_slow(device);
+  last_index = device.index;
+  last_info = &info;
+  return info;
+}
+
+static const DeviceInfo& device_info_slow(Device device) {
   static std::mutex mutex;
   static std::map<int, DeviceInfo>* infos = new std::map<int, DeviceInfo>();
   std::lock_guard<std::mutex> lock(mutex);
@@ -355,6 +368,15 @@ const DeviceInfo& device_info(Device device) {
 }
 
 int stream_device(CUstream stream) {
+  // One thread-local entry saves two driver calls per launch: a stream's device never changes.
+  // The special handles (0: legacy default, 1: CU_STREAM_LEGACY, 2: CU_STREAM_PER_THREAD) mean
+  // "the current context's" stream and are not cached. (A stream destroyed and its handle reused
+  // for a stream of another device between two calls would be misreported; the launch itself
+  // then fails with the driver's error instead of ours.)
+  thread_local CUstream last_stream = nullptr;
+  thread_local int last_device = -1;
+  const bool cacheable = reinterpret_cast<uintptr_t>(stream) > 2;
+  if (cacheable && stream == last_stream) return last_device;
   const CudaDriver& d = require_cuda_driver();
   // Querying a capturing stream's device invalidates the capture: report "unknown" (-1) then;
   // the capture itself is bound to the stream's device.
@@ -363,6 +385,10 @@ int stream_device(CUstream stream) {
   if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return -1;
   CUdevice dev = 0;
   check_cu(d.cuStreamGetDevice(stream, &dev), "cuStreamGetDevice");
+  if (cacheable) {
+    last_stream = stream;
+    last_device = static_cast<int>(dev);
+  }
   return static_cast<int>(dev);
 }
 
