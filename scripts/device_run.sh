@@ -18,7 +18,7 @@ shift || true
 OPS=${*:-qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift}
 OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)  # .commit: written by the caller
 DATE=$(date -u +%Y-%m-%d)
 export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-device-cache}
 export PYTHONUNBUFFERED=1
@@ -44,7 +44,10 @@ echo "== build ($PHASE, commit $COMMIT)"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv; echo "commit $COMMIT date $DATE phase $PHASE"; } | tee -a "$OUT/summary.txt"
 cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_PYTHON=AUTO -DPython3_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 grep -E "ditops: Python" "$OUT/build.log"
-cmake --build build-dev -j 16 >> "$OUT/build.log" 2>&1 || { grep -E -A5 'error' "$OUT/build.log" | head -80; exit 1; }
+# The bench phase needs only the library (its scripts load it through the C ABI) and the CLI.
+TARGETS=""
+[ "$PHASE" = bench ] && TARGETS="--target ditops ditops_cli ${BENCH_EXTRA_TARGETS:-}"
+cmake --build build-dev -j 16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E -A5 'error' "$OUT/build.log" | head -80; exit 1; }
 build-dev/ditops info | tee -a "$OUT/summary.txt"
 
 if [ "$PHASE" = verify ]; then
@@ -101,7 +104,10 @@ else
     timeout 400 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/torch_$op.json" \
       >> "$OUT/torch.txt" 2>&1 || PY_RC=1
     grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | grep -E "torch_|ditops|copy|PASS|FAIL|Error|error|Traceback" | tail -60
+    merge_json "$OUT/torch.json" "$TMP"/torch_*.json  # after every op: a later timeout keeps these
   done
-  merge_json "$OUT/torch.json" "$TMP"/torch_*.json
+  if [ -n "${BENCH_EXTRA_TARGETS:-}" ]; then  # e.g. a GPU test to re-check in the same call
+    for t in $BENCH_EXTRA_TARGETS; do build-dev/tests/$t 2>&1 | tail -8 | tee -a "$OUT/ctest.log"; done
+  fi
   echo "== summary: python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 fi
