@@ -93,6 +93,7 @@ class Ditops:
 _eager_spec = importlib.util.spec_from_file_location(
     "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
 _eager = importlib.util.module_from_spec(_eager_spec)
+sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
 _eager_spec.loader.exec_module(_eager)
 rope_eager, full_cos_sin, eager_chain = _eager.rope_eager, _eager.full_cos_sin, _eager.eager_chain
 

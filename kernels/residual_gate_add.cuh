@@ -85,10 +85,11 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   using U = Unit<T, kVector>;
   constexpr int kElems = U::kElems;
-  // Bytes in flight: the vector path keeps 4 x 3 x 16 B per thread outstanding. Fewer (2 units)
-  // leaves the H200's copy rate out of reach at 8 resident blocks of 256; the scalar path moves
-  // 2-4 bytes per load and needs more of them.
-  constexpr int kUnroll = kVector ? 4 : 8;
+  // Bytes in flight: the vector path keeps 2 x 3 x 16 B per thread outstanding (48 registers,
+  // 5 resident blocks of 256). H200, 2026-11-29, bf16 row gate, cold L2: 4 units per thread
+  // (80 registers, 3 blocks) ran FLUX (1,4608,3072) in 27.2 us, 1-7% behind torch.compile; see
+  // bench/results for 2 units. The scalar path moves 2-4 bytes per load and needs more of them.
+  constexpr int kUnroll = kVector ? 2 : 8;
   constexpr bool kGateUnit = kMode != kRgaGateToken;  // token mode: one scalar gate per row
 
   const T* residual = static_cast<const T*>(p.residual);
