@@ -2,7 +2,7 @@
 // kernels/qknorm_rope.cuh on model shapes, cold L2, against a device copy of the same bytes.
 // Built and run by scripts/device_run.sh --tune; the variants are compile-time:
 //   -DDITOPS_QK_CHUNK=N    head iterations per warp unit (kQkChunkHeadIterations)
-//   -DQK_OLD               the one-work-per-lane loop of commit a68ceb2 (qknorm_rope_v0.cuh)
+// (The earlier one-work-per-lane kernel it was compared with is `git show a68ceb2:kernels/qknorm_rope.cuh`.)
 // and, inside one binary, the minimum resident blocks of __launch_bounds__ (1 = ptxas' choice).
 #include <cuda_runtime.h>
 
@@ -14,11 +14,7 @@
 #include <random>
 #include <vector>
 
-#ifdef QK_OLD
-#include "qknorm_rope_v0.cuh"
-#else
 #include "qknorm_rope.cuh"
-#endif
 
 #define CHECK(x)                                                                    \
   do {                                                                              \
@@ -74,18 +70,11 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   cudaFuncAttributes attr;
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   const int heads = 2 * c.heads;
-#ifdef QK_OLD
-  const long long works = c.tokens * heads;
-  const long long blocks_needed = (works / 2 + 7) / 8;
-  const long long grid = std::max<long long>(1, std::min<long long>((long long)blocks_per_sm * sms, blocks_needed));
-  const long long stride = grid * 8 * 2;
-#else
   const int unit_heads = ditops::kQkChunkHeadIterations * 2;
   const int cpt = (heads + unit_heads - 1) / unit_heads;
   const long long units = c.tokens * cpt;
   const long long grid = std::max<long long>(1, std::min<long long>((long long)blocks_per_sm * sms, (units + 7) / 8));
   const long long warps = grid * 8;
-#endif
   QkNormRopeParams p{};
   p.q = q;
   p.k_shifted = static_cast<char*>(k) - (long long)c.heads * 128 * 2;
@@ -101,15 +90,10 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   p.positions_stride = 1;
   p.num_q_heads = c.heads;
   p.num_heads = heads;
-#ifdef QK_OLD
-  p.token_step = stride / heads;
-  p.head_step = static_cast<int>(stride % heads);
-#else
   p.unit_iterations = ditops::kQkChunkHeadIterations;
   p.chunks_per_token = cpt;
   p.unit_token_step = warps / cpt;
   p.unit_chunk_step = static_cast<int>(warps % cpt);
-#endif
   p.eps = 1e-6f;
   const float us = median_us([&] { kernel<<<grid, 256>>>(p); }, flush, fb);
   CHECK(cudaGetLastError());
@@ -127,11 +111,7 @@ int main(int argc, char** argv) {
   const size_t fb = 256u << 20;
   void* flush;
   CHECK(cudaMalloc(&flush, fb));
-#ifdef QK_OLD
-  std::printf("variant: one work per lane (a68ceb2)\n");
-#else
   std::printf("variant: units of %d head iterations\n", DITOPS_QK_CHUNK);
-#endif
   for (int ci = 0; ci < 5; ++ci) {
     const Case& c = cases[ci];
     if (only >= 0 && ci != only) continue;

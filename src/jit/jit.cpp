@@ -367,6 +367,15 @@ static const DeviceInfo& device_info_slow(Device device) {
   return infos->emplace(device.index, info).first->second;
 }
 
+void bind_and_check_stream(const char* op, const char* tensor, Device device, Stream stream) {
+  if (device.kind != DeviceKind::cuda) return;
+  bind_primary_context(device.index);
+  const int stream_dev = stream_device(static_cast<CUstream>(stream));
+  if (stream_dev >= 0 && stream_dev != device.index)
+    throw Error(std::string(op) + ": the stream belongs to cuda:" + std::to_string(stream_dev) + " but " + tensor +
+                " is on " + device_name(device));
+}
+
 int stream_device(CUstream stream) {
   // One thread-local entry saves two driver calls per launch: a stream's device never changes.
   // The special handles (0: legacy default, 1: CU_STREAM_LEGACY, 2: CU_STREAM_PER_THREAD) mean

@@ -6,7 +6,9 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "ditops/registry.h"
@@ -41,6 +43,33 @@ struct LoadedKernel {
 
 // The JIT kernel for `request` on CUDA device `device_index`, compiled/loaded once (thread-safe).
 const LoadedKernel& jit_kernel(const KernelRequest& request, int device_index);
+
+// Resolved kernels of one op per slot (the op's packed template key and the device index): one
+// lookup under a mutex per call, no strings; `resolve()` runs the first time a slot is asked for.
+class KernelMemo {
+ public:
+  template <typename Resolve>
+  const LoadedKernel& get(uint64_t slot, Resolve&& resolve) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = kernels_.find(slot);
+      if (it != kernels_.end()) return *it->second;
+    }
+    const LoadedKernel& kernel = resolve();  // may compile: outside the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    kernels_[slot] = &kernel;
+    return kernel;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<uint64_t, const LoadedKernel*> kernels_;
+};
+
+// Before dispatching a call on CUDA tensors: makes the device's primary context current and
+// refuses a stream of another device, naming `op` and the tensor that carries the device.
+// Nothing for CPU tensors.
+void bind_and_check_stream(const char* op, const char* tensor, Device device, Stream stream);
 // A prebuilt (aot) kernel from the embedded fatbin, by entry name; nullptr when the fatbin has
 // no image for this device.
 const LoadedKernel* aot_kernel(const std::string& entry_name, int max_threads, int device_index);

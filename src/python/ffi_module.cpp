@@ -18,6 +18,7 @@
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
 #include <tvm/ffi/function.h>
+#include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
 #include <string>
@@ -26,7 +27,10 @@
 // After tvm-ffi's dlpack/dlpack.h: ditops/dlpack.h then uses those definitions.
 #include "ditops/c_api.h"
 #include "ditops/dlpack.h"
+#include "ditops/layernorm_modulate.h"
+#include "ditops/norm_scale_shift.h"
 #include "ditops/qknorm_rope.h"
+#include "ditops/residual_gate_add.h"
 #include "ditops/registry.h"
 
 namespace {
@@ -34,6 +38,7 @@ namespace {
 using tvm::ffi::Any;
 using tvm::ffi::Array;
 using tvm::ffi::Map;
+using tvm::ffi::Optional;
 using tvm::ffi::String;
 using FfiTensor = tvm::ffi::TensorView;
 
@@ -64,6 +69,12 @@ ditops::TensorView view(const FfiTensor& t, const char* name, const char* op) {
   } catch (const ditops::Error& e) {
     raise_ditops(std::string(op) + ": " + name + ": " + e.what());
   }
+}
+
+// An optional tensor (None in Python): absent is the default TensorView (data == nullptr), what
+// the facades take for "not given".
+ditops::TensorView opt_view(const Optional<FfiTensor>& t, const char* name, const char* op) {
+  return t.has_value() ? view(t.value(), name, op) : ditops::TensorView{};
 }
 
 // Every entry's last argument: a raw stream handle, or -1 for the stream TVM-FFI set for this
@@ -169,6 +180,135 @@ Any qknorm_rope_entry(FfiTensor q, FfiTensor k, FfiTensor q_weight, FfiTensor k_
       [&] { return ditops::explain_qknorm_rope(ditops::match_qknorm_rope(vq, vk, vqw, vkw, vc, vp, o)); });
 }
 
+template <bool kExplain>
+Any residual_gate_add_entry(FfiTensor residual, FfiTensor update, FfiTensor gate, FfiTensor out,
+                            bool use_pdl, String backend, String quality, int64_t stream) {
+  static constexpr const char* op = "residual_gate_add";
+  ditops::ResidualGateAddOptions o;
+  o.use_pdl = use_pdl;
+  o.dispatch = dispatch_options(backend, quality);
+  const auto vr = view(residual, "residual", op), vu = view(update, "update", op),
+             vg = view(gate, "gate", op), vo = view(out, "out", op);
+  return run_or_explain<kExplain>(
+      [&] { return ditops::residual_gate_add(vr, vu, vg, vo, o, stream_of(residual, stream)); },
+      [&] { return ditops::explain_residual_gate_add(ditops::match_residual_gate_add(vr, vu, vg, vo, o)); });
+}
+
+// The options every layernorm_modulate-family facade takes (one struct for the three ops; the
+// facade refuses what its op does not use, e.g. stats_out for qk_head_layernorm).
+ditops::LayerNormModulateOptions ln_options(const char* op, double eps, const String& fp8_reciprocal,
+                                            const String& mapping, const Optional<FfiTensor>& stats_out,
+                                            bool use_pdl, const String& backend, const String& quality) {
+  static constexpr std::pair<const char*, ditops::Fp8Reciprocal> kReciprocals[] = {
+      {"ieee", ditops::Fp8Reciprocal::ieee}, {"div_full", ditops::Fp8Reciprocal::div_full}};
+  static constexpr std::pair<const char*, ditops::LnRowMapping> kMappings[] = {
+      {"automatic", ditops::LnRowMapping::automatic},
+      {"warp", ditops::LnRowMapping::warp},
+      {"cta", ditops::LnRowMapping::cta}};
+  ditops::LayerNormModulateOptions o;
+  o.eps = static_cast<float>(eps);
+  o.fp8_reciprocal = parse_choice("fp8_reciprocal", fp8_reciprocal, kReciprocals);
+  o.mapping = parse_choice("mapping", mapping, kMappings);
+  o.stats_out = opt_view(stats_out, "stats_out", op);
+  o.use_pdl = use_pdl;
+  o.dispatch = dispatch_options(backend, quality);
+  return o;
+}
+
+template <bool kExplain>
+Any layernorm_modulate_entry(FfiTensor x, FfiTensor scale, Optional<FfiTensor> shift, FfiTensor out,
+                             double eps, String fp8_reciprocal, String mapping,
+                             Optional<FfiTensor> stats_out, bool use_pdl, String backend,
+                             String quality, int64_t stream) {
+  static constexpr const char* op = "layernorm_modulate";
+  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
+  const auto vx = view(x, "x", op), vs = view(scale, "scale", op), vsh = opt_view(shift, "shift", op),
+             vo = view(out, "out", op);
+  return run_or_explain<kExplain>(
+      [&] { return ditops::layernorm_modulate(vx, vs, vsh, vo, o, stream_of(x, stream)); },
+      [&] { return ditops::explain_layernorm_modulate(ditops::match_layernorm_modulate(vx, vs, vsh, vo, o)); });
+}
+
+template <bool kExplain>
+Any layernorm_modulate_fp8_entry(FfiTensor x, FfiTensor scale, Optional<FfiTensor> shift,
+                                 FfiTensor input_scale, FfiTensor out, double eps,
+                                 String fp8_reciprocal, String mapping, Optional<FfiTensor> stats_out,
+                                 bool use_pdl, String backend, String quality, int64_t stream) {
+  static constexpr const char* op = "layernorm_modulate_fp8";
+  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
+  const auto vx = view(x, "x", op), vs = view(scale, "scale", op), vsh = opt_view(shift, "shift", op),
+             vi = view(input_scale, "input_scale", op), vo = view(out, "out", op);
+  return run_or_explain<kExplain>(
+      [&] { return ditops::layernorm_modulate_fp8(vx, vs, vsh, vi, vo, o, stream_of(x, stream)); },
+      [&] {
+        return ditops::explain_layernorm_modulate(ditops::match_layernorm_modulate_fp8(vx, vs, vsh, vi, vo, o));
+      });
+}
+
+template <bool kExplain>
+Any qk_head_layernorm_entry(FfiTensor q, FfiTensor k, FfiTensor q_out, FfiTensor k_out, double eps,
+                            String fp8_reciprocal, String mapping, Optional<FfiTensor> stats_out,
+                            bool use_pdl, String backend, String quality, int64_t stream) {
+  static constexpr const char* op = "qk_head_layernorm";
+  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
+  const auto vq = view(q, "q", op), vk = view(k, "k", op), vqo = view(q_out, "q_out", op),
+             vko = view(k_out, "k_out", op);
+  return run_or_explain<kExplain>(
+      [&] { return ditops::qk_head_layernorm(vq, vk, vqo, vko, o, stream_of(q, stream)); },
+      [&] { return ditops::explain_layernorm_modulate(ditops::match_qk_head_layernorm(vq, vk, vqo, vko, o)); });
+}
+
+// Inputs (NormScaleShiftInputs' order), outputs (NormScaleShiftOutputs'), then the options; every
+// optional tensor may be None.
+template <bool kExplain>
+Any norm_scale_shift_entry(FfiTensor x, Optional<FfiTensor> residual, Optional<FfiTensor> gate,
+                           Optional<FfiTensor> weight, Optional<FfiTensor> bias, FfiTensor scale,
+                           Optional<FfiTensor> shift, Optional<FfiTensor> input_scale,
+                           Optional<FfiTensor> global_scale, Optional<FfiTensor> y,
+                           Optional<FfiTensor> residual_out, Optional<FfiTensor> fp8,
+                           Optional<FfiTensor> nvfp4_packed, Optional<FfiTensor> nvfp4_scales,
+                           String norm, double eps, String numerics, String fp8_reciprocal,
+                           String e2m1, bool use_pdl, String backend, String quality, int64_t stream) {
+  static constexpr const char* op = "norm_scale_shift";
+  static constexpr std::pair<const char*, ditops::NormType> kNorms[] = {
+      {"layer", ditops::NormType::layer}, {"rms", ditops::NormType::rms}};
+  static constexpr std::pair<const char*, ditops::NssNumerics> kNumerics[] = {
+      {"eager", ditops::NssNumerics::eager}, {"sglang", ditops::NssNumerics::sglang}};
+  static constexpr std::pair<const char*, ditops::Fp8Reciprocal> kReciprocals[] = {
+      {"ieee", ditops::Fp8Reciprocal::ieee}, {"div_full", ditops::Fp8Reciprocal::div_full}};
+  static constexpr std::pair<const char*, ditops::E2m1Conversion> kE2m1[] = {
+      {"automatic", ditops::E2m1Conversion::automatic},
+      {"software", ditops::E2m1Conversion::software},
+      {"hardware", ditops::E2m1Conversion::hardware}};
+  ditops::NormScaleShiftOptions o;
+  o.norm = parse_choice("norm", norm, kNorms);
+  o.eps = static_cast<float>(eps);
+  o.numerics = parse_choice("numerics", numerics, kNumerics);
+  o.fp8_reciprocal = parse_choice("fp8_reciprocal", fp8_reciprocal, kReciprocals);
+  o.e2m1 = parse_choice("e2m1", e2m1, kE2m1);
+  o.use_pdl = use_pdl;
+  o.dispatch = dispatch_options(backend, quality);
+  ditops::NormScaleShiftInputs in;
+  in.x = view(x, "x", op);
+  in.residual = opt_view(residual, "residual", op);
+  in.gate = opt_view(gate, "gate", op);
+  in.weight = opt_view(weight, "weight", op);
+  in.bias = opt_view(bias, "bias", op);
+  in.scale = view(scale, "scale", op);
+  in.shift = opt_view(shift, "shift", op);
+  in.input_scale = opt_view(input_scale, "input_scale", op);
+  in.global_scale = opt_view(global_scale, "global_scale", op);
+  ditops::NormScaleShiftOutputs outs;
+  outs.y = opt_view(y, "y", op);
+  outs.residual_out = opt_view(residual_out, "residual_out", op);
+  outs.fp8 = opt_view(fp8, "fp8", op);
+  outs.nvfp4_packed = opt_view(nvfp4_packed, "nvfp4_packed", op);
+  outs.nvfp4_scales = opt_view(nvfp4_scales, "nvfp4_scales", op);
+  return run_or_explain<kExplain>(
+      [&] { return ditops::norm_scale_shift(in, outs, o, stream_of(x, stream)); },
+      [&] { return ditops::explain_norm_scale_shift(ditops::match_norm_scale_shift(in, outs, o)); });
+}
+
 // ---------------------------------------------------------------- registry
 
 // Every implementation of every op: what `ditops list` prints, as records.
@@ -212,6 +352,16 @@ void clear_failures() { ditops::Registry::global().clear_failures(); }
 
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qknorm_rope, qknorm_rope_entry<false>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(qknorm_rope_explain, qknorm_rope_entry<true>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(residual_gate_add, residual_gate_add_entry<false>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(residual_gate_add_explain, residual_gate_add_entry<true>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate, layernorm_modulate_entry<false>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_explain, layernorm_modulate_entry<true>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_fp8, layernorm_modulate_fp8_entry<false>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_fp8_explain, layernorm_modulate_fp8_entry<true>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_head_layernorm, qk_head_layernorm_entry<false>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_head_layernorm_explain, qk_head_layernorm_entry<true>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(norm_scale_shift, norm_scale_shift_entry<false>);
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(norm_scale_shift_explain, norm_scale_shift_entry<true>);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(list_kernels, list_kernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(version, version);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reload_config, reload_config);

@@ -373,31 +373,16 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
 }
 
-// Resolved kernels per (key, device): one lookup under a mutex per call, no strings.
-struct KernelMemo {
-  std::mutex mutex;
-  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
-};
 
 void run_jit(const void* p) {
   const LayerNormModulateCall& c = as_call(p);
   const int device = c.x.device.index;
   const LnmKey key = key_for(c, jit::device_info(c.x.device));
-  static KernelMemo memo;
-  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
-  const jit::LoadedKernel* kernel = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(memo.mutex);
-    auto it = memo.kernels.find(slot);
-    if (it != memo.kernels.end()) kernel = it->second;
-  }
-  if (!kernel) {
-    kernel = &jit::jit_kernel(request_for(key), device);
-    std::lock_guard<std::mutex> lock(memo.mutex);
-    memo.kernels[slot] = kernel;
-  }
+  static jit::KernelMemo memo;
+  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
+                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(request_for(key), device); });
   jit::bind_primary_context(device);
-  launch(c, key, *kernel);
+  launch(c, key, kernel);
 }
 
 std::string cuda_predicate(const void* p, LnModulateKind kind, bool div_full) {
@@ -423,13 +408,7 @@ std::string template_key_of(const void* p) {
 }
 
 std::string run_op(const char* op, const LayerNormModulateCall& call) {
-  if (call.x.device.kind == DeviceKind::cuda) {
-    jit::bind_primary_context(call.x.device.index);
-    const int stream_dev = jit::stream_device(static_cast<CUstream>(call.stream));
-    if (stream_dev >= 0 && stream_dev != call.x.device.index)
-      throw Error(std::string(op) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
-                  " but the tensors are on " + device_name(call.x.device));
-  }
+  jit::bind_and_check_stream(op, "x", call.x.device, call.stream);
   return Registry::global().dispatch(op, &call, jit::device_info(call.x.device), call.options.dispatch).name;
 }
 

@@ -375,33 +375,16 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKerne
               static_cast<CUstream>(c.stream), pdl);
 }
 
-struct KernelMemo {
-  std::mutex mutex;
-  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
-  const jit::LoadedKernel* find(uint64_t slot) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = kernels.find(slot);
-    return it == kernels.end() ? nullptr : it->second;
-  }
-  void put(uint64_t slot, const jit::LoadedKernel* k) {
-    std::lock_guard<std::mutex> lock(mutex);
-    kernels[slot] = k;
-  }
-};
 
 void run_jit(const void* p) {
   const NormScaleShiftCall& c = as_call(p);
   const int device = c.in.x.device.index;
   const NssKernelKey key = key_for(c, jit::device_info(c.in.x.device));
-  static KernelMemo memo;
-  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
-  const jit::LoadedKernel* kernel = memo.find(slot);
-  if (!kernel) {
-    kernel = &jit::jit_kernel(nss_kernel_request(key), device);
-    memo.put(slot, kernel);
-  }
+  static jit::KernelMemo memo;
+  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
+                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(nss_kernel_request(key), device); });
   jit::bind_primary_context(device);
-  launch_norm_scale_shift(c, *kernel, key.pdl);
+  launch_norm_scale_shift(c, kernel, key.pdl);
 }
 
 std::string cuda_predicate(const void* p, NssNumerics numerics) {
@@ -428,13 +411,7 @@ std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScale
                              const NormScaleShiftOptions& options, Stream stream) {
   NormScaleShiftCall call = match_norm_scale_shift(inputs, outputs, options, stream);
   const DeviceInfo& device = jit::device_info(inputs.x.device);
-  if (inputs.x.device.kind == DeviceKind::cuda) {
-    jit::bind_primary_context(inputs.x.device.index);
-    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
-    if (stream_dev >= 0 && stream_dev != inputs.x.device.index)
-      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) + " but x is on " +
-                  device_name(inputs.x.device));
-  }
+  jit::bind_and_check_stream(kOp, "x", inputs.x.device, stream);
   return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
 }
 

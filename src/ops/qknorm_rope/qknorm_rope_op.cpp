@@ -188,20 +188,6 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel
               static_cast<CUstream>(c.stream), pdl);
 }
 
-// Resolved kernels per (device, key): one lookup under a mutex per call, no strings.
-struct KernelMemo {
-  std::mutex mutex;
-  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
-  const jit::LoadedKernel* find(uint64_t slot) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = kernels.find(slot);
-    return it == kernels.end() ? nullptr : it->second;
-  }
-  void put(uint64_t slot, const jit::LoadedKernel* k) {
-    std::lock_guard<std::mutex> lock(mutex);
-    kernels[slot] = k;
-  }
-};
 
 uint64_t memo_slot(const QkKernelKey& key, int device) { return key.packed() * 64 + device; }
 
@@ -209,32 +195,27 @@ void run_jit(const void* p) {
   const QkNormRopeCall& c = as_call(p);
   const int device = c.q.device.index;
   const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
-  static KernelMemo memo;
-  const jit::LoadedKernel* kernel = memo.find(memo_slot(key, device));
-  if (!kernel) {
-    kernel = &jit::jit_kernel(qk_kernel_request(key), device);
-    memo.put(memo_slot(key, device), kernel);
-  }
+  static jit::KernelMemo memo;
+  const jit::LoadedKernel& kernel =
+      memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(qk_kernel_request(key), device); });
   jit::bind_primary_context(device);
-  launch_qknorm_rope(c, *kernel, key.pdl);
+  launch_qknorm_rope(c, kernel, key.pdl);
 }
 
 void run_aot(const void* p) {
   const QkNormRopeCall& c = as_call(p);
   const int device = c.q.device.index;
   const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
-  static KernelMemo memo;
-  const jit::LoadedKernel* kernel = memo.find(memo_slot(key, device));
-  if (!kernel) {
+  static jit::KernelMemo memo;
+  const jit::LoadedKernel& kernel = memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& {
     const jit::AotEntry* entry = jit::find_aot(qk_kernel_request(key).template_key);
     if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
-    kernel = jit::aot_kernel(entry->entry_name, kThreads, device);
-    if (!kernel) throw Error("the prebuilt fatbin has no image for sm_" +
-                             std::to_string(jit::device_info(c.q.device).sm));
-    memo.put(memo_slot(key, device), kernel);
-  }
+    const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, kThreads, device);
+    if (!loaded) throw Error("the prebuilt fatbin has no image for sm_" + std::to_string(jit::device_info(c.q.device).sm));
+    return *loaded;
+  });
   jit::bind_primary_context(device);
-  launch_qknorm_rope(c, *kernel, key.pdl);
+  launch_qknorm_rope(c, kernel, key.pdl);
 }
 
 std::string aot_predicate(const void* p, bool rounded) {
@@ -260,13 +241,7 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
                         Stream stream) {
   QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
   const DeviceInfo& device = jit::device_info(q.device);
-  if (q.device.kind == DeviceKind::cuda) {
-    jit::bind_primary_context(q.device.index);
-    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
-    if (stream_dev >= 0 && stream_dev != q.device.index)
-      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
-                  " but q is on " + device_name(q.device));
-  }
+  jit::bind_and_check_stream(kOp, "q", q.device, stream);
   // Everything the specs' predicates and template keys read: the kernel key (dtypes, sizes,
   // flags, alignment) and the device kind.
   const uint64_t signature = key_for(call, device).packed() * 4 + static_cast<uint64_t>(q.device.kind) + 1;

@@ -232,35 +232,17 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
   jit::launch(kernel, static_cast<unsigned>(grid), kRgaThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
-// Resolved kernels per (device, key): one lookup under a mutex per call, no strings.
-struct KernelMemo {
-  std::mutex mutex;
-  std::unordered_map<uint64_t, const jit::LoadedKernel*> kernels;
-  const jit::LoadedKernel* find(uint64_t slot) {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = kernels.find(slot);
-    return it == kernels.end() ? nullptr : it->second;
-  }
-  void put(uint64_t slot, const jit::LoadedKernel* k) {
-    std::lock_guard<std::mutex> lock(mutex);
-    kernels[slot] = k;
-  }
-};
 
 void run_jit(const void* p) {
   const ResidualGateAddCall& c = as_call(p);
   if (c.numel == 0) return;  // nothing to do: no compile either
   const int device = c.residual.device.index;
   const RgaKernelKey key = key_for(c, jit::device_info(c.residual.device));
-  static KernelMemo memo;
-  const uint64_t slot = key.packed() * 64 + static_cast<uint64_t>(device);
-  const jit::LoadedKernel* kernel = memo.find(slot);
-  if (!kernel) {
-    kernel = &jit::jit_kernel(rga_kernel_request(key), device);
-    memo.put(slot, kernel);
-  }
+  static jit::KernelMemo memo;
+  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
+                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(rga_kernel_request(key), device); });
   jit::bind_primary_context(device);
-  launch_residual_gate_add(c, key, *kernel);
+  launch_residual_gate_add(c, key, kernel);
 }
 
 std::string cuda_predicate(const void* p) {
@@ -285,13 +267,7 @@ std::string residual_gate_add(const TensorView& residual, const TensorView& upda
                               const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
   ResidualGateAddCall call = match_residual_gate_add(residual, update, gate, out, options, stream);
   const DeviceInfo& device = jit::device_info(residual.device);
-  if (residual.device.kind == DeviceKind::cuda) {
-    jit::bind_primary_context(residual.device.index);
-    const int stream_dev = jit::stream_device(static_cast<CUstream>(stream));
-    if (stream_dev >= 0 && stream_dev != residual.device.index)
-      throw Error(std::string(kOp) + ": the stream belongs to cuda:" + std::to_string(stream_dev) +
-                  " but residual is on " + device_name(residual.device));
-  }
+  jit::bind_and_check_stream(kOp, "residual", residual.device, stream);
   return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
 }
 
