@@ -11,12 +11,13 @@
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import json
+import os
 import sys
 
 import torch
 from torch_bench_common import allow_recompiles
-import torch.nn.functional as F
 import triton
 
 
@@ -79,13 +80,15 @@ class Ditops:
         return self._call("ditops_qk_head_layernorm", (q, k, qo, ko), eps, "auto", False, stream)
 
 
-def eager(x, scale, shift, eps):
-    y = F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None])
-    return y + shift[:, None] if shift is not None else y
-
-
-def quant(y, input_scale):
-    return (y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
+# One copy of the eager chains, in the Python package; loaded by path so this script needs no
+# compiled ditops module (only libditops through ctypes).
+_eager_spec = importlib.util.spec_from_file_location(
+    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
+_eager = importlib.util.module_from_spec(_eager_spec)
+sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
+_eager_spec.loader.exec_module(_eager)
+eager, quant = _eager.layernorm_modulate_eager, _eager.static_quant_fp8_eager
+qk_eager = _eager.qk_head_layernorm_eager
 
 
 def same(a, b):
@@ -133,7 +136,8 @@ def verify(dt, rows, meta):
         k = torch.randn(B, S, H, Dh, device="cuda", generator=gen).bfloat16()
         qo, ko = torch.empty_like(q), torch.empty_like(k)
         dt.qk(q, k, qo, ko, 1e-6)
-        good = same(qo, F.layer_norm(q, (Dh,), eps=1e-6)) and same(ko, F.layer_norm(k, (Dh,), eps=1e-6))
+        ref_q, ref_k = qk_eager(q, k, 1e-6)
+        good = same(qo, ref_q) and same(ko, ref_k)
         qk_ok &= good
         if not good:
             print(f"MISMATCH qk_head {(B, S, H, Dh)}")
@@ -185,8 +189,7 @@ def run_bench(dt, rows, meta):
     compiled = torch.compile(eager, dynamic=False)
     compiled_q = torch.compile(lambda y, s: quant(y, s), dynamic=False)
     compiled_fp8 = torch.compile(lambda x, a, b, s, e: quant(eager(x, a, b, e), s), dynamic=False)
-    compiled_qk = torch.compile(lambda q, k: (F.layer_norm(q, (q.shape[-1],), eps=1e-6),
-                                              F.layer_norm(k, (k.shape[-1],), eps=1e-6)), dynamic=False)
+    compiled_qk = torch.compile(lambda q, k: qk_eager(q, k, 1e-6), dynamic=False)
     print(f"\n{'case':34s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
     cases = [("FLUX.1 (1,4608,3072)", 1, 4608, 3072), ("Qwen CFG (2,6912,3072)", 2, 6912, 3072),
              ("Wan (1,32760,5120)", 1, 32760, 5120), ("(1,512,3072)", 1, 512, 3072),
@@ -213,7 +216,7 @@ def run_bench(dt, rows, meta):
         rec("device_copy", copy_us)
         if qk:
             fn = lambda s=None: dt.qk(q, k, qo, ko, 1e-6, stream=s)  # noqa: E731
-            rec("torch_eager", bench(lambda: (F.layer_norm(q, (128,), eps=1e-6), F.layer_norm(k, (128,), eps=1e-6))))
+            rec("torch_eager", bench(lambda: qk_eager(q, k, 1e-6)))
             rec("torch_compile", bench(lambda: compiled_qk(q, k)))
         elif fp8:
             st = torch.tensor([0.03125], device="cuda")

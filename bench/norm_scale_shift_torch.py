@@ -16,13 +16,14 @@ Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import itertools
 import json
+import os
 import sys
 
 import torch
 from torch_bench_common import allow_recompiles
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -103,27 +104,14 @@ def inv_div_full(input_scale):
     return out
 
 
-def bcast(op, B, S, D):
-    """A broadcast operand as a tensor that broadcasts against [B, S, D] in eager ops."""
-    if op is None or op.dim() in (0, 1) or op.dim() == 3:
-        return op
-    if op.dim() == 2:
-        return op[:, None, :]
-    F_ = op.shape[1]  # [B, F, 1, D]: every frame's row repeated over its tokens
-    return op.expand(op.shape[0], F_, S // F_, D).reshape(op.shape[0], S, D)
-
-
-def eager_chain(x, scale, shift=None, *, norm="layer", eps=1e-6, weight=None, bias=None, residual=None, gate=None):
-    B, S, D = x.shape
-    if residual is not None:
-        v = residual + x * bcast(gate, B, S, D) if gate is not None else residual + x
-    else:
-        v = x
-    n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
-    y = n * (1 + bcast(scale, B, S, D))
-    if shift is not None:
-        y = y + bcast(shift, B, S, D)
-    return y, v
+# One copy of the eager chains, in the Python package; loaded by path so this script needs no
+# compiled ditops module (only libditops through ctypes).
+_eager_spec = importlib.util.spec_from_file_location(
+    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
+_eager = importlib.util.module_from_spec(_eager_spec)
+sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
+_eager_spec.loader.exec_module(_eager)
+bcast, eager_chain = _eager.nss_broadcast, _eager.norm_scale_shift_eager
 
 
 def static_quant(y, input_scale):

@@ -15,7 +15,9 @@ Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes: needs only 
 import argparse
 import ctypes
 import datetime
+import importlib.util
 import json
+import os
 import sys
 
 import torch
@@ -70,8 +72,14 @@ class Ditops:
         return impl.value.decode()
 
 
-def eager(r, u, g):
-    return r + u * g
+# One copy of the eager chains, in the Python package; loaded by path so this script needs no
+# compiled ditops module (only libditops through ctypes).
+_eager_spec = importlib.util.spec_from_file_location(
+    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
+_eager = importlib.util.module_from_spec(_eager_spec)
+sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
+_eager_spec.loader.exec_module(_eager)
+eager = _eager.residual_gate_add_eager
 
 
 def make(shape, gate_shape, dtype, transposed=False, offset=0, gen=None):

@@ -58,3 +58,58 @@ def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_d
 # The name bench/qknorm_rope_torch.py has always used.
 def eager_chain(q, k, wq, wk, cache, pos, R, neox, eps, full_width=False):
     return qknorm_rope_eager(q, k, wq, wk, cache, pos, R, neox, eps, full_width)
+
+
+# ---------------------------------------------------------------- adaLN family
+# One copy each: bench/residual_gate_add_torch.py, bench/layernorm_modulate_torch.py and
+# bench/norm_scale_shift_torch.py load this file by path, tests/python/test_torch_gpu.py imports it.
+
+
+def residual_gate_add_eager(residual, update, gate):
+    """The gated residual as models write it: the product rounded to the dtype, then the sum."""
+    return residual + update * gate
+
+
+def layernorm_modulate_eager(x, scale, shift, eps):
+    """F.layer_norm (no affine) * (1 + scale[:, None]) (+ shift[:, None]); x [B, S, D],
+    scale/shift [B, D] (shift None: no add)."""
+    y = F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None])
+    return y + shift[:, None] if shift is not None else y
+
+
+def static_quant_fp8_eager(y, input_scale):
+    """Static e4m3 quantization with eager's IEEE reciprocal (layernorm_modulate_fp8's
+    fp8_reciprocal="ieee")."""
+    return (y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def qk_head_layernorm_eager(q, k, eps):
+    """F.layer_norm over the head dim of q and k (no affine)."""
+    return F.layer_norm(q, (q.shape[-1],), eps=eps), F.layer_norm(k, (k.shape[-1],), eps=eps)
+
+
+def nss_broadcast(op, B, S, D):
+    """A norm_scale_shift broadcast operand as a tensor that broadcasts against [B, S, D] in eager
+    ops ([B, D] -> [B, 1, D]; per-frame [B, F, 1, D] -> every frame's row over its tokens)."""
+    if op is None or op.dim() in (0, 1) or op.dim() == 3:
+        return op
+    if op.dim() == 2:
+        return op[:, None, :]
+    F_ = op.shape[1]
+    return op.expand(op.shape[0], F_, S // F_, D).reshape(op.shape[0], S, D)
+
+
+def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weight=None, bias=None,
+                           residual=None, gate=None):
+    """v = residual + x * gate (or residual + x; or x), y = norm(v) * (1 + scale) (+ shift).
+    Returns (y, v)."""
+    B, S, D = x.shape
+    if residual is not None:
+        v = residual + x * nss_broadcast(gate, B, S, D) if gate is not None else residual + x
+    else:
+        v = x
+    n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
+    y = n * (1 + nss_broadcast(scale, B, S, D))
+    if shift is not None:
+        y = y + nss_broadcast(shift, B, S, D)
+    return y, v

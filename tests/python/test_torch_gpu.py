@@ -240,3 +240,114 @@ def test_host_overhead_per_call():
             json.dump(rows, f, indent=1)
     # A sanity bound (the target is 10 us for the torch call; the figure is reported, not gated).
     assert all(r["us"] < 200 for r in rows)
+
+
+# ---------------------------------------------------------------- adaLN family
+# Each custom op against its eager chain (ditops.eager, the chains the benches verify with),
+# through torch.compile(fullgraph=True), and inside a CUDA graph replayed on mutated inputs.
+from ditops.eager import (layernorm_modulate_eager, norm_scale_shift_eager,  # noqa: E402
+                          qk_head_layernorm_eager, residual_gate_add_eager, static_quant_fp8_eager)
+
+
+def _bits(t):
+    return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+def _same(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bits(a), _bits(b))
+
+
+def _rand(*shape, dtype=torch.bfloat16, seed=0, scale=1.0):
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    return (scale * torch.randn(*shape, device=DEV, generator=g)).to(dtype)
+
+
+def _adaln_cases():
+    """(name, fn(*inputs) -> tuple of outputs through the custom op, eager fn, inputs)."""
+    B, S, D = 2, 300, 3072
+    x = _rand(B, S, D)
+    emb = _rand(B, 6 * D, seed=1, scale=0.3)
+    scale, shift, gate = emb[:, :D], emb[:, D:2 * D], emb[:, 2 * D:3 * D]
+    res16 = _rand(B, S, D, dtype=torch.float16, seed=2)
+    upd16 = _rand(B, S, D, dtype=torch.float16, seed=3)
+    rt = _rand(B, D, S, seed=4).transpose(1, 2)  # SANA-Video's transposed residual stream
+    inv = torch.tensor([0.02], device=DEV)
+    q, k = _rand(1, 257, 24, 128, seed=5), _rand(1, 257, 8, 128, seed=6)
+    w, b = _rand(D, seed=7), _rand(D, seed=8)
+    return [
+        ("rga_row_fp16", lambda r, u, g: (dt.residual_gate_add(r, u, g),),
+         lambda r, u, g: (residual_gate_add_eager(r, u, g),), (res16, upd16, upd16[:1, :1].clone())),
+        ("rga_batch_bf16", lambda r, u, g: (dt.residual_gate_add(r, u, g),),
+         lambda r, u, g: (residual_gate_add_eager(r, u, g),), (x, _rand(B, S, D, seed=9), gate[:, None].contiguous())),
+        ("rga_transposed", lambda r, u, g: (dt.residual_gate_add(r, u, g),),
+         lambda r, u, g: (residual_gate_add_eager(r, u, g),), (rt, x, gate[:, None].contiguous())),
+        ("ln_mod", lambda x, s, h: (dt.layernorm_modulate(x, s, h),),
+         lambda x, s, h: (layernorm_modulate_eager(x, s, h, 1e-6),), (x, scale, shift)),
+        ("ln_mod_no_shift", lambda x, s: (dt.layernorm_modulate(x, s, None),),
+         lambda x, s: (layernorm_modulate_eager(x, s, None, 1e-6),), (x, scale)),
+        ("ln_mod_fp8", lambda x, s, h, i: (dt.layernorm_modulate_fp8(x, s, h, i),),
+         lambda x, s, h, i: (static_quant_fp8_eager(layernorm_modulate_eager(x, s, h, 1e-6), i),),
+         (x, scale, shift, inv)),
+        ("qk_head", lambda q, k: tuple(dt.qk_head_layernorm(q, k)),
+         lambda q, k: qk_head_layernorm_eager(q, k, 1e-6), (q, k)),
+        ("nss_layer", lambda x, s, h: dt.norm_scale_shift(x, s, h)[:1],
+         lambda x, s, h: norm_scale_shift_eager(x, s, h)[:1], (x, scale, shift)),
+        ("nss_gated_residual_rms_affine",
+         lambda x, s, h, r, g, w: dt.norm_scale_shift(x, s, h, residual=r, gate=g, weight=w, norm="rms")[:2],
+         lambda x, s, h, r, g, w: norm_scale_shift_eager(x, s, h, residual=r, gate=g, weight=w, norm="rms"),
+         (x, scale[:, None], shift[:, None], _rand(B, S, D, seed=10), gate[:, None], w)),
+        ("nss_layer_affine", lambda x, s, h, w, b: dt.norm_scale_shift(x, s, h, weight=w, bias=b)[:1],
+         lambda x, s, h, w, b: norm_scale_shift_eager(x, s, h, weight=w, bias=b)[:1],
+         (x, scale, shift, w, b)),
+    ]
+
+
+_ADALN_NAMES = [
+    "rga_row_fp16", "rga_batch_bf16", "rga_transposed", "ln_mod", "ln_mod_no_shift", "ln_mod_fp8",
+    "qk_head", "nss_layer", "nss_gated_residual_rms_affine", "nss_layer_affine"]
+
+
+def _adaln_case(name):
+    return next(c for c in _adaln_cases() if c[0] == name)
+
+
+@pytest.mark.parametrize("name", _ADALN_NAMES)
+def test_adaln_op_is_bit_exact_to_the_eager_chain(name):
+    _, op, eager, inputs = _adaln_case(name)
+    got, want = op(*inputs), eager(*inputs)
+    for a, b in zip(got, want):
+        assert _same(a, b), f"{name}: {int((a.float() != b.float()).sum())} of {a.numel()} differ"
+    if name.startswith("rga"):
+        assert got[0].stride() == inputs[0].stride()
+
+
+@pytest.mark.parametrize("name", _ADALN_NAMES)
+def test_adaln_op_compile_fullgraph(name):
+    _, op, eager, inputs = _adaln_case(name)
+    compiled = torch.compile(op, fullgraph=True)
+    for a, b in zip(compiled(*inputs), eager(*inputs)):
+        assert _same(a, b)
+
+
+@pytest.mark.parametrize("name", _ADALN_NAMES)
+def test_adaln_op_cuda_graph_replay_with_mutated_inputs(name):
+    _, op, eager, inputs = _adaln_case(name)
+    # empty_like keeps a dense permuted layout (the transposed residual stream)
+    static = [torch.empty_like(t).copy_(t) for t in inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (resolves kernels, caches decisions)
+        op(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = op(*static)
+    for seed in (11, 12):
+        for i, t in enumerate(static):
+            if t.numel() > 1:  # every tensor but input_scale gets new values
+                t.copy_(_rand(*t.shape, dtype=t.dtype, seed=seed * 10 + i, scale=0.5))
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(outs, eager(*static)):
+            assert _same(a, b), name
