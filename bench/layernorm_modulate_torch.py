@@ -11,28 +11,12 @@
 import argparse
 import ctypes
 import datetime
-import importlib.util
 import json
-import os
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles
+from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager
 import triton
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
 class Options(ctypes.Structure):
@@ -40,7 +24,6 @@ class Options(ctypes.Structure):
                 ("use_pdl", ctypes.c_int32), ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
 
 
-DL_CODES = {torch.float32: (2, 32), torch.bfloat16: (4, 16), torch.float8_e4m3fn: (10, 8)}
 MAPPINGS = {"auto": 0, "warp": 1, "cta": 2}
 
 
@@ -50,15 +33,7 @@ class Ditops:
         self._keep = []
 
     def dl(self, t):
-        if t is None:
-            return None
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        strides = (ctypes.c_int64 * t.dim())(*t.stride())
-        code, bits = DL_CODES[t.dtype]
-        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2, t.device.index or 0), t.dim(),
-                     DLDataType(code, bits, 1), shape, strides, 0)
-        self._keep.append((shape, strides, d))
-        return ctypes.byref(d)
+        return None if t is None else ctypes.byref(dltensor(t, self._keep))
 
     def _call(self, fn, tensors, eps, mapping, div_full, stream):
         self._keep.clear()
@@ -82,11 +57,7 @@ class Ditops:
 
 # One copy of the eager chains, in the Python package; loaded by path so this script needs no
 # compiled ditops module (only libditops through ctypes).
-_eager_spec = importlib.util.spec_from_file_location(
-    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
-_eager = importlib.util.module_from_spec(_eager_spec)
-sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
-_eager_spec.loader.exec_module(_eager)
+_eager = load_eager()
 eager, quant = _eager.layernorm_modulate_eager, _eager.static_quant_fp8_eager
 qk_eager = _eager.qk_head_layernorm_eager
 

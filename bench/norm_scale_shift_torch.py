@@ -16,30 +16,14 @@ Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs
 import argparse
 import ctypes
 import datetime
-import importlib.util
 import itertools
 import json
-import os
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles
+from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager
 import triton
 import triton.language as tl
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
 TENSOR_FIELDS = ["x", "residual", "gate", "weight", "bias", "scale", "shift", "input_scale", "global_scale",
@@ -56,9 +40,6 @@ class Options(ctypes.Structure):
                 ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
 
 
-# kDLFloat 2, kDLBfloat 4, kDLUInt 1, kDLFloat8_e4m3fn 10 (dlpack >= 1.0)
-DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16), torch.uint8: (1, 8),
-            torch.float8_e4m3fn: (10, 8)}
 
 
 class Ditops:
@@ -68,13 +49,7 @@ class Ditops:
 
     @staticmethod
     def dl(t, keep):
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        strides = (ctypes.c_int64 * t.dim())(*t.stride())
-        code, bits = DL_CODES[t.dtype]
-        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2 if t.is_cuda else 1, t.device.index or 0),
-                     t.dim(), DLDataType(code, bits, 1), shape, strides, 0)
-        keep.append((shape, strides, d))
-        return ctypes.pointer(d)
+        return ctypes.pointer(dltensor(t, keep))
 
     def run(self, *, norm="layer", eps=1e-6, numerics="eager", fp8_reciprocal="div_full", stream=None, **tensors):
         keep = []
@@ -106,11 +81,7 @@ def inv_div_full(input_scale):
 
 # One copy of the eager chains, in the Python package; loaded by path so this script needs no
 # compiled ditops module (only libditops through ctypes).
-_eager_spec = importlib.util.spec_from_file_location(
-    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
-_eager = importlib.util.module_from_spec(_eager_spec)
-sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
-_eager_spec.loader.exec_module(_eager)
+_eager = load_eager()
 bcast, eager_chain = _eager.nss_broadcast, _eager.norm_scale_shift_eager
 
 

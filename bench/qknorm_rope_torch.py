@@ -16,32 +16,16 @@ built libditops.so.
 import argparse
 import ctypes
 import datetime
-import importlib.util
 import json
-import os
 import sys
 import time
 
 import torch
-from torch_bench_common import allow_recompiles
+from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager
 import torch.nn.functional as F
 import triton
 
 # ---------------------------------------------------------------- C ABI
-
-
-class DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
 class Options(ctypes.Structure):
@@ -51,8 +35,6 @@ class Options(ctypes.Structure):
                 ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
 
 
-DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
-            torch.int32: (0, 32), torch.int64: (0, 64)}
 
 
 class Ditops:
@@ -62,13 +44,7 @@ class Ditops:
         self._keep = []
 
     def dl(self, t):
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        strides = (ctypes.c_int64 * t.dim())(*t.stride())
-        code, bits = DL_CODES[t.dtype]
-        d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2 if t.is_cuda else 1, t.device.index or 0),
-                     t.dim(), DLDataType(code, bits, 1), shape, strides, 0)
-        self._keep.append((shape, strides))
-        return d
+        return dltensor(t, self._keep)
 
     def qknorm_rope(self, q, k, wq, wk, cache, pos, *, neox, eps=1e-6, rope_dim=0, full_width=False,
                     rounding="rounded", order="aten", backend=None, quality=None, stream=None):
@@ -90,11 +66,7 @@ class Ditops:
 
 # One copy of the chain, in the Python package; loaded by path so this script needs no compiled
 # ditops module (only libditops through ctypes).
-_eager_spec = importlib.util.spec_from_file_location(
-    "ditops_eager", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py"))
-_eager = importlib.util.module_from_spec(_eager_spec)
-sys.modules["ditops_eager"] = _eager  # torch.compile re-imports the module of traced functions
-_eager_spec.loader.exec_module(_eager)
+_eager = load_eager()
 rope_eager, full_cos_sin, eager_chain = _eager.rope_eager, _eager.full_cos_sin, _eager.eager_chain
 
 

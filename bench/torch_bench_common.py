@@ -1,5 +1,55 @@
-"""Shared by the bench/*_torch.py scripts (imported from the script's own folder)."""
+"""Shared by the bench/*_torch.py scripts (imported from the script's own folder): the DLPack
+structs of the C ABI (include/ditops/c_api.h), torch tensor -> DLTensor, the eager chains of the
+Python package loaded by path (the scripts need only libditops, not the compiled module), and
+the torch.compile recompile limits."""
+import ctypes
+import importlib.util
+import os
+import sys
+
 import torch
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+# DLPack type codes: kDLInt 0, kDLUInt 1, kDLFloat 2, kDLBfloat 4, kDLFloat8_e4m3fn 10 (dlpack 1.x)
+DL_CODES = {torch.float32: (2, 32), torch.float16: (2, 16), torch.bfloat16: (4, 16),
+            torch.int32: (0, 32), torch.int64: (0, 64), torch.uint8: (1, 8), torch.float8_e4m3fn: (10, 8)}
+
+
+def dltensor(t, keep):
+    """A DLTensor viewing torch tensor `t` (no copy). It and its shape/stride arrays are appended
+    to `keep`, which must outlive the C call."""
+    shape = (ctypes.c_int64 * t.dim())(*t.shape)
+    strides = (ctypes.c_int64 * t.dim())(*t.stride())
+    code, bits = DL_CODES[t.dtype]
+    d = DLTensor(ctypes.c_void_p(t.data_ptr()), DLDevice(2 if t.is_cuda else 1, t.device.index or 0),
+                 t.dim(), DLDataType(code, bits, 1), shape, strides, 0)
+    keep.append((shape, strides, d))
+    return d
+
+
+def load_eager():
+    """python/ditops/eager.py (the one copy of every eager chain), registered as `ditops_eager`:
+    torch.compile re-imports the module of the functions it traces."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py")
+    spec = importlib.util.spec_from_file_location("ditops_eager", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["ditops_eager"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def allow_recompiles(limit=256):
