@@ -8,14 +8,11 @@
 2. Benchmark at the model shapes: eager, torch.compile, ditops (direct call and as a one-kernel
    CUDA graph), cold L2 (triton.testing.do_bench), median; GB/s and fraction of a device copy.
 """
-import argparse
 import ctypes
-import datetime
-import json
 import sys
 
 import torch
-from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager
+from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
 import triton
 
 
@@ -206,24 +203,7 @@ def run_bench(dt, rows, meta):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--skip-bench", action="store_true")
-    a = ap.parse_args()
-    dt = Ditops(a.lib)
-    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
-                torch=torch.__version__)
-    rows = []
-    ok = verify(dt, rows, meta)
-    if not a.skip_bench:
-        run_bench(dt, rows, meta)
-    with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
-    print("wrote", a.json)
-    print("VERIFY", "PASS" if ok else "FAIL")
-    return 0 if ok else 1
+    return script_main(Ditops, [("VERIFY", verify)], run_bench)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,12 @@
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs only the
 built libditops.so.
 """
-import argparse
 import ctypes
-import datetime
-import json
 import sys
 import time
 
 import torch
-from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager
+from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
 import torch.nn.functional as F
 import triton
 
@@ -317,27 +314,8 @@ def run_bench(dt, rows, meta):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--commit", default="unknown")
-    ap.add_argument("--skip-bench", action="store_true")
-    a = ap.parse_args()
-    dt = Ditops(a.lib)
-    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
-                torch=torch.__version__)
-    rows = []
-    ok_verify, _ = verify(dt, rows)
-    ok_graph = graph_and_streams(dt, rows)
-    if not a.skip_bench:
-        run_bench(dt, rows, meta)
-    for r in rows:
-        r.update({k: v for k, v in meta.items() if k not in r})
-    with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
-    print("wrote", a.json)
-    print("VERIFY", "PASS" if ok_verify else "FAIL", "GRAPH", "PASS" if ok_graph else "FAIL")
-    return 0 if (ok_verify and ok_graph) else 1
+    return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows)[0]),
+                                ("GRAPH", lambda dt, rows, meta: graph_and_streams(dt, rows))], run_bench)
 
 
 if __name__ == "__main__":

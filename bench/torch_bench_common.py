@@ -63,3 +63,33 @@ def allow_recompiles(limit=256):
     for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
         if hasattr(cfg, name):
             setattr(cfg, name, 16 * limit)
+
+
+def script_main(make_ditops, checks, run_bench):
+    """The command line every bench/*_torch.py script shares: --lib PATH (libditops), --json PATH,
+    --commit SHA, --skip-bench. Runs each (label, check(dt, rows, meta) -> bool) of `checks`, then
+    run_bench(dt, rows, meta) unless --skip-bench; writes the records with device, date, commit
+    and torch version filled in; prints e.g. "VERIFY PASS GRAPH PASS"; returns the exit code."""
+    import argparse
+    import datetime
+    import json
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--skip-bench", action="store_true")
+    a = ap.parse_args()
+    dt = make_ditops(a.lib)
+    meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
+                torch=torch.__version__)
+    rows = []
+    results = [(label, bool(check(dt, rows, meta))) for label, check in checks]
+    if not a.skip_bench:
+        run_bench(dt, rows, meta)
+    for r in rows:
+        r.update({k: v for k, v in meta.items() if k not in r})
+    with open(a.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    print("wrote", a.json)
+    print(" ".join(f"{label} {'PASS' if ok else 'FAIL'}" for label, ok in results))
+    return 0 if all(ok for _, ok in results) else 1
