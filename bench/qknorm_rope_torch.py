@@ -19,7 +19,6 @@ import time
 
 import torch
 from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
-import torch.nn.functional as F
 import triton
 
 # ---------------------------------------------------------------- C ABI
