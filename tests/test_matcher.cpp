@@ -426,6 +426,43 @@ TEST_F(QkNormRopeMatch, QAndKAlias) {
   expect_error(a, {"q and k must not alias"});
 }
 
+// Views into one packed buffer [T, 5 heads, D]: disjoint head ranges interleave in memory
+// (accepted); any shared element is refused.
+TEST_F(QkNormRopeMatch, PartialOverlapOfQAndKIsRefusedPackedViewsAreNot) {
+  constexpr int64_t T = 4, D = 128, H = 5;
+  std::vector<uint16_t> packed(T * H * D, 0x3f80);
+  auto view_at = [&](int64_t head0, int64_t heads, int64_t element_shift = 0) {
+    TensorView v = TensorView::contiguous(packed.data() + head0 * D + element_shift, DType::bf16, kCpu, {T, heads, D});
+    v.strides[0] = H * D;
+    return v;
+  };
+  Args a = args();
+  a.q = view_at(0, 2);  // heads 0-1
+  a.k = view_at(2, 1);  // head 2: the packed QKV case
+  EXPECT_EQ(match_error(a), "<no error>");
+  a.k = view_at(4, 1);  // head 4, the last of each token: still disjoint
+  EXPECT_EQ(match_error(a), "<no error>");
+  a.k = view_at(1, 1);  // head 1 is q's second head
+  expect_error(a, {"q and k overlap in memory"});
+  a.k = view_at(2, 1, -8);  // k starts 8 elements inside q's last head
+  expect_error(a, {"q and k overlap in memory"});
+  // k's rows one token later than q's (same stride): k head 0 of token t is q head 0 of t+1.
+  Args b = args();
+  b.q = view_at(0, 2);
+  b.k = view_at(H, 1);
+  b.q.shape[0] = b.k.shape[0] = b.pos.shape[0] = T - 1;
+  expect_error(b, {"q and k overlap in memory"});
+  // Different token strides whose byte ranges meet: refused (no exact test for such layouts).
+  Args c = args();
+  c.q = view_at(0, 2);
+  c.k = view_at(2, 1);
+  c.k.strides[0] = 3 * D;
+  c.q.shape[0] = c.k.shape[0] = c.pos.shape[0] = 2;
+  expect_error(c, {"q and k overlap in memory"});
+  // Separate buffers: fine.
+  EXPECT_EQ(match_error(args()), "<no error>");
+}
+
 TEST_F(QkNormRopeMatch, FailedInPlaceCallWritesNothing) {
   // First show that a valid facade call does write (so "unchanged" below means something).
   {

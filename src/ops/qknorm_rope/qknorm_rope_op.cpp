@@ -22,6 +22,50 @@ bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t
 
 }  // namespace
 
+namespace {
+
+// Whether q[t, h, d] and k[t', h', d'] can be the same element. Both are written, so sharing one
+// would make the result depend on which store lands last. Views of one packed QKV projection
+// interleave in memory (same token stride, k's heads after q's) without sharing an element, so a
+// byte-range test is not enough. Same token stride S: element offsets differ by
+// delta + j*S + (h - h')*hs + (d - d') with j = t' - t; rows of each tensor are disjoint
+// (checked before), so S >= either row's span and only the j with delta + j*S inside
+// (-k_span, q_span) matter (at most three). Other layouts: the byte ranges must not meet.
+bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int64_t Hq, int64_t Hk, int64_t D,
+                        int64_t hs) {
+  const int64_t es = static_cast<int64_t>(dtype_size(q.dtype));
+  const intptr_t qb = reinterpret_cast<intptr_t>(q.data), kb = reinterpret_cast<intptr_t>(k.data);
+  const int64_t q_span = (Hq - 1) * hs + D, k_span = (Hk - 1) * hs + D;  // elements of one row
+  const int64_t q_end = qb + ((T - 1) * q.strides[0] + q_span) * es;
+  const int64_t k_end = kb + ((T - 1) * k.strides[0] + k_span) * es;
+  if (q_end <= kb || k_end <= qb) return false;  // the byte ranges do not meet
+  const int64_t S = q.strides[0];
+  if ((kb - qb) % es != 0 || (T > 1 && k.strides[0] != S)) return true;  // conservative
+  const int64_t delta = (kb - qb) / es;
+  auto rows_share = [&](int64_t offset) {  // k row starts `offset` elements after the q row
+    if (offset <= -k_span || offset >= q_span) return false;
+    // Some m = h - h' in [-(Hk-1), Hq-1] with |offset - m*hs| < D.
+    const int64_t heads_max = Hq - 1, heads_min = -(Hk - 1);
+    int64_t m0 = hs > 0 ? offset / hs : 0;
+    for (int64_t m = m0 - 1; m <= m0 + 1; ++m) {
+      if (m < heads_min || m > heads_max) continue;
+      const int64_t gap = offset - m * hs;
+      if (gap > -D && gap < D) return true;
+    }
+    return false;
+  };
+  if (T == 1 || S == 0) return rows_share(delta);
+  // j*S in (-k_span - delta, q_span - delta), |j| < T.
+  int64_t j_lo = (-k_span - delta) / S - 1, j_hi = (q_span - delta) / S + 1;
+  j_lo = std::max(j_lo, -(T - 1));
+  j_hi = std::min(j_hi, T - 1);
+  for (int64_t j = j_lo; j <= j_hi; ++j)
+    if (rows_share(delta + j * S)) return true;
+  return false;
+}
+
+}  // namespace
+
 QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
                                  const TensorView& k_weight, const TensorView& cos_sin_cache,
                                  const TensorView& positions, const QkNormRopeOptions& options,
@@ -77,6 +121,9 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   check_disjoint_rows(q, "q", Hq);
   check_disjoint_rows(k, "k", Hk);
   if (q.data == k.data && T > 0 && Hq > 0 && Hk > 0) m.fail("q and k must not alias (both are written)");
+  else if (T > 0 && Hq > 0 && Hk > 0 && q_k_share_elements(q, k, T, Hq, Hk, D, head_stride))
+    m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q "
+           "and k heads of one packed QKV projection");
   if (T > INT64_MAX / 4 || Hq + Hk > (1 << 30)) m.fail("too many tokens or heads");
 
   QkNormRopeCall call;
