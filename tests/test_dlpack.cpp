@@ -186,6 +186,12 @@ TEST(DLPack, Fp4Forms) {
   t.dtype = {kDLFloat4_e2m1fn, 8, 1};
   EXPECT_EQ(ditops::from_dlpack(t).dtype, DType::fp4e2m1x2);
   EXPECT_EQ(ditops::from_dlpack(t).shape[1], 8);
+  // Other lane counts of the 8-bit and 4-bit float types are not ours.
+  for (DLDataType bad : {DLDataType{kDLFloat4_e2m1fn, 4, 1}, DLDataType{kDLFloat4_e2m1fn, 8, 2},
+                         DLDataType{kDLFloat8_e4m3fn, 8, 2}, DLDataType{kDLFloat8_e5m2, 8, 4}}) {
+    t.dtype = bad;
+    EXPECT_THROW(ditops::from_dlpack(t), ditops::Error) << int(bad.code) << "/" << int(bad.bits) << "x" << bad.lanes;
+  }
 }
 
 TEST(DLPack, RankAboveEightThrows) {

@@ -10,9 +10,10 @@ bool dtype_from_dlpack(DLDataType t, DType* out) {
   if (t.code == kDLFloat && t.bits == 32 && t.lanes == 1) return *out = DType::f32, true;
   if (t.code == kDLFloat && t.bits == 16 && t.lanes == 1) return *out = DType::f16, true;
   if (t.code == kDLBfloat && t.bits == 16 && t.lanes == 1) return *out = DType::bf16, true;
-  if (t.code == kDLFloat8_e4m3fn && t.bits == 8) return *out = DType::f8e4m3fn, true;
-  if (t.code == kDLFloat8_e5m2 && t.bits == 8) return *out = DType::f8e5m2, true;
-  if (t.code == kDLFloat4_e2m1fn && ((t.bits == 4 && t.lanes == 2) || t.bits == 8))
+  if (t.code == kDLFloat8_e4m3fn && t.bits == 8 && t.lanes == 1) return *out = DType::f8e4m3fn, true;
+  if (t.code == kDLFloat8_e5m2 && t.bits == 8 && t.lanes == 1) return *out = DType::f8e5m2, true;
+  // Packed fp4 pairs: two 4-bit lanes, or one byte holding the pair.
+  if (t.code == kDLFloat4_e2m1fn && ((t.bits == 4 && t.lanes == 2) || (t.bits == 8 && t.lanes == 1)))
     return *out = DType::fp4e2m1x2, true;
   if (t.code == kDLUInt && t.bits == 8 && t.lanes == 1) return *out = DType::u8, true;
   if (t.code == kDLInt && t.bits == 32 && t.lanes == 1) return *out = DType::i32, true;
