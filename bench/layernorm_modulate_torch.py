@@ -12,8 +12,7 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
-import triton
+from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench, graph_on_side_stream as as_graph
 
 
 class Options(ctypes.Structure):
@@ -135,19 +134,6 @@ def verify(dt, rows, meta):
     return ok and qk_ok and fp8_ok
 
 
-def bench(fn):
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
-
-
-def as_graph(fn):
-    side = torch.cuda.Stream()
-    g = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g, stream=side):
-        fn(side.cuda_stream)
-    return g
 
 
 def run_bench(dt, rows, meta):

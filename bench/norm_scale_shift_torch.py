@@ -18,7 +18,7 @@ import itertools
 import sys
 
 import torch
-from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager, script_main
+from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager, script_main, median_us as bench, graph_on_side_stream as graph_of
 import triton
 import triton.language as tl
 
@@ -171,19 +171,6 @@ CASES = [("FLUX 1x4608x3072", 1, 4608, 3072), ("Qwen-Image CFG 2x6912x3072", 2, 
          ("Wan 1x32760x5120", 1, 32760, 5120), ("512 tokens x3072", 1, 512, 3072)]
 
 
-def bench(fn, reps=200):
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median") * 1e3
-
-
-def graph_of(fn):
-    side = torch.cuda.Stream()
-    g = torch.cuda.CUDAGraph()
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g, stream=side):
-        fn(side.cuda_stream)
-    return g
 
 
 def run_bench(dt, rows, meta):

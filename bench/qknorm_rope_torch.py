@@ -18,8 +18,7 @@ import sys
 import time
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
-import triton
+from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench
 
 # ---------------------------------------------------------------- C ABI
 
@@ -250,11 +249,6 @@ CASES = [
     ("small: 256 tok 24h", 256, 24, 24, 128, 128, False),
 ]
 
-
-def bench(fn, reps=200):
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=reps, return_mode="median") * 1e3
 
 
 def rms_manual(x, w, eps):

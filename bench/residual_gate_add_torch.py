@@ -16,8 +16,7 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main
-import triton
+from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench
 
 
 class Options(ctypes.Structure):
@@ -151,11 +150,6 @@ BENCH = [("flux_text", (1, 512, 3072), (1, 1, 3072), False), ("flux_image", (1, 
          ("odd_width", (2, 33, 65), (1, 1, 65), False), ("sana_transposed", (1, 32760, 2240), (1, 1, 2240), True),
          ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True)]
 
-
-def bench(fn):
-    fn()
-    torch.cuda.synchronize()
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
 
 
 def run_bench(dt, rows, meta):

@@ -93,3 +93,22 @@ def script_main(make_ditops, checks, run_bench):
     print("wrote", a.json)
     print(" ".join(f"{label} {'PASS' if ok else 'FAIL'}" for label, ok in results))
     return 0 if all(ok for _, ok in results) else 1
+
+
+def median_us(fn, rep_ms=200):
+    """Median time of fn() in µs: triton.testing.do_bench (cold L2: it clears the cache before
+    every repetition; repetitions for rep_ms milliseconds after 25 ms of warm-up)."""
+    import triton
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median") * 1e3
+
+
+def graph_on_side_stream(fn):
+    """A CUDA graph of fn(stream_handle) captured on a side stream (replay with .replay())."""
+    side = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(g, stream=side):
+        fn(side.cuda_stream)
+    return g
