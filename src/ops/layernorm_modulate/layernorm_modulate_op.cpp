@@ -409,7 +409,11 @@ std::string template_key_of(const void* p) {
 
 std::string run_op(const char* op, const LayerNormModulateCall& call) {
   jit::bind_and_check_stream(op, "x", call.x.device, call.stream);
-  return Registry::global().dispatch(op, &call, jit::device_info(call.x.device), call.options.dispatch).name;
+  // Everything the specs' predicates and template keys read: the kernel key (op kind, fp8
+  // reciprocal, layout) and the device kind.
+  const DeviceInfo& device = jit::device_info(call.x.device);
+  const uint64_t signature = key_for(call, device).packed() * 4 + static_cast<uint64_t>(call.x.device.kind) + 1;
+  return Registry::global().dispatch(op, &call, device, call.options.dispatch, signature).name;
 }
 
 }  // namespace

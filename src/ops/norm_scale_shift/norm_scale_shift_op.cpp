@@ -412,7 +412,11 @@ std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScale
   NormScaleShiftCall call = match_norm_scale_shift(inputs, outputs, options, stream);
   const DeviceInfo& device = jit::device_info(inputs.x.device);
   jit::bind_and_check_stream(kOp, "x", inputs.x.device, stream);
-  return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
+  // Everything the specs' predicates and template keys read: the kernel key (dtype, D, norm,
+  // numerics, outputs), the requested E2M1 conversion and the device kind.
+  const uint64_t signature = (key_for(call, device).packed() * 4 + static_cast<uint64_t>(options.e2m1)) * 4 +
+                             static_cast<uint64_t>(inputs.x.device.kind) + 1;
+  return Registry::global().dispatch(kOp, &call, device, options.dispatch, signature).name;
 }
 
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {

@@ -187,6 +187,12 @@ const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const Re
 // Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32.
 // The scalar path always takes 32: a 64-tile of single elements is 16 loads of each tensor per
 // thread, ~190 registers under ptxas (sm_90a), one block per SM.
+// Blocks of the transposed kernel at its smallest tile (32): the launch takes a 1-D grid.
+int64_t transposed_blocks(const ResidualGateAddCall& c) {
+  return c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
+}
+bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed || transposed_blocks(c) <= 0x7fffffff; }
+
 int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
   if (!c.aligned16) return 32;
   const int64_t tiles64 = c.batch * ((c.tokens + 63) / 64) * ((c.hidden + 63) / 64);
@@ -248,10 +254,8 @@ void run_jit(const void* p) {
 std::string cuda_predicate(const void* p) {
   const ResidualGateAddCall& c = as_call(p);
   if (c.residual.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
-  if (c.transposed) {
-    const int64_t blocks = c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
-    if (blocks > 0x7fffffff) return "transposed grid of " + std::to_string(blocks) + " tiles exceeds 2^31-1 blocks";
-  }
+  if (!transposed_grid_fits(c))
+    return "transposed grid of " + std::to_string(transposed_blocks(c)) + " tiles exceeds 2^31-1 blocks";
   return "";
 }
 
@@ -268,7 +272,12 @@ std::string residual_gate_add(const TensorView& residual, const TensorView& upda
   ResidualGateAddCall call = match_residual_gate_add(residual, update, gate, out, options, stream);
   const DeviceInfo& device = jit::device_info(residual.device);
   jit::bind_and_check_stream(kOp, "residual", residual.device, stream);
-  return Registry::global().dispatch(kOp, &call, device, options.dispatch).name;
+  // Everything the specs' predicates and template keys read: the kernel key (dtype, gate mode,
+  // layout, alignment, tile), whether a transposed grid fits, and the device kind.
+  const bool grid_fits = transposed_grid_fits(call);
+  const uint64_t signature =
+      (key_for(call, device).packed() * 2 + grid_fits) * 4 + static_cast<uint64_t>(residual.device.kind) + 1;
+  return Registry::global().dispatch(kOp, &call, device, options.dispatch, signature).name;
 }
 
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
