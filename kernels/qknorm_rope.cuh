@@ -5,7 +5,8 @@
 //   elements with fp32 FMA from +0, then a fixed tree: kAtenOrder replicates aten's vectorized
 //   RMSNorm (G = 4, shfl_down tree inside 32 virtual threads, then the inter-warp tree), else
 //   SGLang's per-head order (G = D/32, XOR butterfly over 32). factor = rsqrtf(total/D + eps)
-//   with an IEEE division and CUDA's rsqrtf, as aten computes it.
+//   with the correctly rounded quotient (aten divides; D is a power of two, so multiplying by
+//   1/D gives the same bits) and CUDA's rsqrtf, as aten computes it.
 // * kRounded: n = rne16(w * (factor * x)) (aten's `gamma * (rstd * x)`), then RoPE with the
 //   eager chain's op-by-op rounding: fp32 cache: rne16(fmul(a,c) -/+ fmul(b,s)) with no FMA;
 //   16-bit cache: every product and the sum rounded to the dtype. Contract: bit_exact against
@@ -34,7 +35,8 @@ using namespace ditops::kernel;
 constexpr int kElemsPerLane = 8;
 // Tried on the H200 (2026-11-29): two works per lane with all their loads issued first into
 // registers ran slower on every model shape (FLUX 42.3 -> 46.2 us, Wan 504 -> 664 us): more
-// registers, fewer resident warps. The aligned path pipelines through shared memory instead.
+// registers, fewer resident warps. What helped instead: units of several heads per warp whose
+// loads are all issued up front, with the cos/sin slice loaded once per unit (qknorm_rope_body).
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
