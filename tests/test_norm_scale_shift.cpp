@@ -149,16 +149,7 @@ struct Buf {
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     bytes.assign(static_cast<size_t>(n) * dtype_size(dt) + extra_bytes + 64, 0);
-    view.data = bytes.data();
-    view.dtype = dt;
-    view.device = kCpu;
-    view.rank = static_cast<int>(shape.size());
-    int64_t stride = 1;
-    for (int d = view.rank - 1; d >= 0; --d) {
-      view.shape[d] = shape[d];
-      view.strides[d] = stride;
-      stride *= shape[d];
-    }
+    view = TensorView::contiguous(bytes.data(), dt, kCpu, shape);
   }
   float get(int64_t i) const { return ref::load_act(view.data, i, view.dtype); }
   void set(int64_t i, float v) { ref::store_act(view.data, i, view.dtype, v); }
@@ -223,14 +214,7 @@ TEST(NssBroadcast, EveryClassEqualsItsPerTokenMaterialization) {
       for (int64_t s : k.shape) n *= s;
       Buf store(DType::bf16, {k.row_stride ? k.shape[0] * k.row_stride : std::max<int64_t>(n, 1)});
       fill_random(store, rng, 0.5f);
-      TensorView op = store.view;
-      op.rank = static_cast<int>(k.shape.size());
-      int64_t stride = 1;
-      for (int d = op.rank - 1; d >= 0; --d) {
-        op.shape[d] = k.shape[d];
-        op.strides[d] = stride;
-        stride *= k.shape[d];
-      }
+      TensorView op = TensorView::contiguous(store.view.data, store.view.dtype, store.view.device, k.shape);
       if (k.row_stride) op.strides[0] = k.row_stride;
       const int64_t frame_len = k.shape.size() == 4 ? S / k.shape[1] : 1;
       Buf full = materialize(op, B, S, D, frame_len);

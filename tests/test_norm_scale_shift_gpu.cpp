@@ -37,15 +37,7 @@ struct Twin {
     for (int64_t s : shape) n *= s;
     host.assign(static_cast<size_t>(n) * dtype_size(dt) + 16, 0);
     check_cu(jit::require_cuda_driver().cuMemAlloc(&dev, host.size()), "alloc");
-    hv.data = host.data();
-    hv.dtype = dt;
-    hv.rank = static_cast<int>(shape.size());
-    int64_t stride = 1;
-    for (int d = hv.rank - 1; d >= 0; --d) {
-      hv.shape[d] = shape[d];
-      hv.strides[d] = stride;
-      stride *= shape[d];
-    }
+    hv = TensorView::contiguous(host.data(), dt, Device{DeviceKind::cpu, 0}, shape);
     dv = hv;
     dv.data = reinterpret_cast<void*>(dev);
     dv.device = {DeviceKind::cuda, 0};

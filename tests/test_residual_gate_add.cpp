@@ -60,16 +60,7 @@ struct HostTensor {
     for (int64_t s : shape) n *= s;
     const size_t elems = storage_elems ? storage_elems : static_cast<size_t>(n);
     bytes.assign(elems * dtype_size(dtype) + 16, 0);
-    view.data = bytes.data();
-    view.dtype = dtype;
-    view.device = kCpu;
-    view.rank = static_cast<int>(shape.size());
-    int64_t stride = 1;
-    for (int i = view.rank - 1; i >= 0; --i) {
-      view.shape[i] = shape[i];
-      view.strides[i] = stride;
-      stride *= shape[i];
-    }
+    view = TensorView::contiguous(bytes.data(), dtype, kCpu, shape);
   }
   float get(int64_t i) const { return ref::load_act(view.data, i, view.dtype); }
   void set(int64_t i, float v) { ref::store_act(view.data, i, view.dtype, v); }

@@ -57,17 +57,7 @@ int64_t product(const std::vector<int64_t>& v) {
 }
 
 TensorView view_of(void* data, const GpuCase& c, const std::vector<int64_t>& shape, Device dev, bool transposed) {
-  TensorView v;
-  v.data = data;
-  v.dtype = c.dtype;
-  v.device = dev;
-  v.rank = static_cast<int>(shape.size());
-  int64_t stride = 1;
-  for (int i = v.rank - 1; i >= 0; --i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = stride;
-    stride *= shape[i];
-  }
+  TensorView v = TensorView::contiguous(data, c.dtype, dev, shape);
   if (transposed) {
     v.strides[0] = shape[1] * shape[2];
     v.strides[1] = 1;

@@ -59,17 +59,7 @@ int64_t product(const std::vector<int64_t>& v) {
 }
 
 TensorView view_of(void* data, DType dtype, const std::vector<int64_t>& shape, bool transposed) {
-  TensorView v;
-  v.data = data;
-  v.dtype = dtype;
-  v.device = {DeviceKind::cuda, 0};
-  v.rank = static_cast<int>(shape.size());
-  int64_t stride = 1;
-  for (int i = v.rank - 1; i >= 0; --i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = stride;
-    stride *= shape[i];
-  }
+  TensorView v = TensorView::contiguous(data, dtype, {DeviceKind::cuda, 0}, shape);
   if (transposed) {
     v.strides[0] = shape[1] * shape[2];
     v.strides[1] = 1;

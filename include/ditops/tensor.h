@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace ditops {
 
@@ -58,6 +59,10 @@ struct TensorView {
   // Contiguous (row-major) view over `data`.
   static TensorView contiguous(void* data, DType dtype, Device device,
                                std::initializer_list<int64_t> shape);
+  // The same with the shape known at run time (rank = shape.size() <= kMaxRank).
+  static TensorView contiguous(void* data, DType dtype, Device device, const std::vector<int64_t>& shape);
+  // The same for `rank` extents at `shape`.
+  static TensorView contiguous(void* data, DType dtype, Device device, const int64_t* shape, int rank);
 
   int64_t size(int dim) const { return shape[dim < 0 ? dim + rank : dim]; }
   int64_t stride(int dim) const { return strides[dim < 0 ? dim + rank : dim]; }

@@ -51,16 +51,22 @@ std::string device_name(Device device) {
 
 TensorView TensorView::contiguous(void* data, DType dtype, Device device,
                                   std::initializer_list<int64_t> shape) {
-  if (shape.size() > static_cast<size_t>(kMaxRank))
-    throw Error("TensorView: rank " + std::to_string(shape.size()) + " exceeds " +
-                std::to_string(kMaxRank));
+  return contiguous(data, dtype, device, shape.begin(), static_cast<int>(shape.size()));
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, Device device, const std::vector<int64_t>& shape) {
+  return contiguous(data, dtype, device, shape.data(), static_cast<int>(shape.size()));
+}
+
+TensorView TensorView::contiguous(void* data, DType dtype, Device device, const int64_t* shape, int rank) {
+  if (rank < 0 || rank > kMaxRank)
+    throw Error("TensorView: rank " + std::to_string(rank) + " exceeds " + std::to_string(kMaxRank));
   TensorView view;
   view.data = data;
   view.dtype = dtype;
   view.device = device;
-  view.rank = static_cast<int>(shape.size());
-  int d = 0;
-  for (int64_t extent : shape) view.shape[d++] = extent;
+  view.rank = rank;
+  for (int d = 0; d < rank; ++d) view.shape[d] = shape[d];
   int64_t stride = 1;
   for (int i = view.rank - 1; i >= 0; --i) {
     view.strides[i] = stride;
