@@ -225,49 +225,6 @@ __device__ __forceinline__ float aten_rms_rstd(const Word<4 * sizeof(T)> (&vw)[k
   return aten_rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(4 * kVecs)), eps));
 }
 
-// aten's LayerNorm statistics of a row held as lane l's vec4s l + 32j (state j % 4 = its virtual
-// warp), as aten_row_stats_warp computes them, with one change that keeps the bits: the Welford
-// push's reciprocal rcp4(count) is a compile-time constant. Every push of a virtual thread has a
-// count fixed by its position (the j-th push of a state has count 4*(j/4) + e + 1 whatever the
-// data), and rcp4(k) == fl(1/k) for every k <= 2^24 (tests/test_layernorm_modulate*: the Newton
-// step corrects any MUFU.RCP seed; checked on the device as well). Saves the MUFU + 3 ops per
-// element, which matters because the row statistics are most of this kernel's arithmetic.
-template <typename T, int kSlots, int kVecs>
-__device__ __forceinline__ RowStats aten_layer_norm_stats(const Word<4 * sizeof(T)> (&vw)[kSlots], int lane,
-                                                          float eps) {
-  WelfordState state[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) state[w] = WelfordState{0.0f, 0.0f, 0.0f};
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    if (lane + 32 * j < kVecs) {
-      float v[4];
-      to_floats<T, 4>(vw[j], v);
-      WelfordState& s = state[j % 4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        constexpr float kOne = 1.0f;
-        const float count = static_cast<float>(4 * (j / 4) + e + 1);
-        const float delta = __fsub_rn(v[e], s.mean);
-        const float mean = __fmaf_rn(delta, kOne / count, s.mean);
-        s.m2 = __fmaf_rn(delta, __fsub_rn(v[e], mean), s.m2);
-        s.mean = mean;
-        s.count = count;
-      }
-    }
-  }
-#pragma unroll
-  for (int w = 0; w < 4; ++w) state[w] = warp_fold_down(state[w]);
-  WelfordState warp[4];
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    warp[w].mean = __shfl_sync(kFullMask, state[w].mean, 0);
-    warp[w].m2 = __shfl_sync(kFullMask, state[w].m2, 0);
-    warp[w].count = __shfl_sync(kFullMask, state[w].count, 0);
-  }
-  return finish_row_stats(combine_four_warps(warp), 4 * kVecs, eps);
-}
-
 // ---------------------------------------------------------------- eager numerics
 
 template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant>
@@ -318,7 +275,9 @@ __device__ __forceinline__ void eager_row(const NormScaleShiftParams& p, long lo
   if constexpr (kRms) {
     rstd = aten_rms_rstd<T, kSlots, kVecs>(vw, lane, p.eps);
   } else {
-    const RowStats st = aten_layer_norm_stats<T, kSlots, kVecs>(vw, lane, p.eps);
+    // aten's LayerNorm statistics of the row held as lane l's vec4s l + 32j.
+    const RowStats st = aten_row_stats_warp<kSlots>([&](int j, float (&v)[4]) { to_floats<T, 4>(vw[j], v); },
+                                                    kVecs, lane, p.eps);
     mean = st.mean;
     rstd = st.rstd;
   }
