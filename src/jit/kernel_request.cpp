@@ -2,6 +2,17 @@
 
 namespace ditops::jit {
 
+const char* kernel_type_name(DType dtype) {
+  switch (dtype) {
+    case DType::bf16: return "ditops::kernel::bf16";
+    case DType::f16: return "ditops::kernel::f16";
+    case DType::f32: return "float";
+    case DType::i32: return "int";
+    case DType::i64: return "long long";
+    default: throw Error(std::string("no kernel type for dtype ") + dtype_name(dtype));
+  }
+}
+
 std::string wrapper_entry(const KernelRequest& r, const std::string& entry_name) {
   const std::string bounds =
       std::to_string(r.max_threads) + (r.min_blocks > 0 ? ", " + std::to_string(r.min_blocks) : "");

@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "ditops/tensor.h"
+
 namespace ditops::jit {
 
 // A __device__ function template of a kernel header instantiated with template arguments; it is
@@ -18,6 +20,11 @@ struct KernelRequest {
   int min_blocks = 0;         // __launch_bounds__' minimum resident blocks per SM (0: ptxas decides)
   std::string template_key;   // human-readable key, part of the cache key
 };
+
+// Template arguments as the kernel sources spell them: the device type of a DType
+// ("ditops::kernel::bf16", "float", "long long", ...) and a bool ("true"/"false").
+const char* kernel_type_name(DType dtype);
+inline const char* kernel_bool(bool b) { return b ? "true" : "false"; }
 
 // Source of the wrapper translation unit for `request`, with its entry named `entry_name`.
 std::string wrapper_source(const KernelRequest& request, const std::string& entry_name);

@@ -301,7 +301,6 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   return key;
 }
 
-const char* flag(bool b) { return b ? "true" : "false"; }
 
 jit::KernelRequest request_for(const LnmKey& key) {
   jit::KernelRequest r;
@@ -310,13 +309,13 @@ jit::KernelRequest request_for(const LnmKey& key) {
   r.template_key = "layernorm_modulate:" + key.to_string();
   if (key.kind == LnModulateKind::qk_head) {
     r.function = "ditops::qk_head_layernorm_body";
-    r.template_args = std::to_string(kQkRowsPerWarp) + ", " + flag(key.pdl) + ", " + flag(key.aligned);
+    r.template_args = std::to_string(kQkRowsPerWarp) + ", " + jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned);
     r.params_type = "ditops::QkHeadLayerNormParams";
   } else {
     r.function = "ditops::layernorm_modulate_body";
-    r.template_args = std::to_string(key.slots) + ", " + flag(key.cta) + ", " + flag(key.shift) + ", " +
-                      flag(key.kind == LnModulateKind::fp8_out) + ", " + flag(key.div_full) + ", " +
-                      flag(key.pdl) + ", " + flag(key.aligned);
+    r.template_args = std::to_string(key.slots) + ", " + jit::kernel_bool(key.cta) + ", " + jit::kernel_bool(key.shift) + ", " +
+                      jit::kernel_bool(key.kind == LnModulateKind::fp8_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
+                      jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned);
     r.params_type = "ditops::LayerNormModulateParams";
   }
   return r;

@@ -30,14 +30,6 @@ const char* quant_name(NssKernelQuant q) {
   }
   return "?";
 }
-const char* device_type(DType t) {
-  switch (t) {
-    case DType::bf16: return "ditops::kernel::bf16";
-    case DType::f16: return "ditops::kernel::f16";
-    default: return "float";
-  }
-}
-const char* flag(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 std::string NssKernelKey::to_string() const {
@@ -62,10 +54,10 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
   jit::KernelRequest r;
   r.header = "norm_scale_shift.cuh";
   r.function = "ditops::norm_scale_shift_body";
-  r.template_args = std::string(device_type(key.act)) + ", " + std::to_string(key.dim) + ", " +
-                    flag(key.norm == NormType::rms) + ", " + flag(key.numerics == NssNumerics::sglang) + ", " +
-                    flag(key.residual) + ", " + std::to_string(key.affine) + ", " +
-                    std::to_string(static_cast<int>(key.quant)) + ", " + flag(key.pdl);
+  r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + std::to_string(key.dim) + ", " +
+                    jit::kernel_bool(key.norm == NormType::rms) + ", " + jit::kernel_bool(key.numerics == NssNumerics::sglang) + ", " +
+                    jit::kernel_bool(key.residual) + ", " + std::to_string(key.affine) + ", " +
+                    std::to_string(static_cast<int>(key.quant)) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::NormScaleShiftParams";
   r.max_threads = kNssMaxThreads;
   r.template_key = "norm_scale_shift:" + key.to_string();

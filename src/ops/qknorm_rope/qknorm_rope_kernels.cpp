@@ -33,30 +33,17 @@ uint64_t QkKernelKey::packed() const {
   return v;
 }
 
-namespace {
-const char* device_type(DType t) {
-  switch (t) {
-    case DType::bf16: return "ditops::kernel::bf16";
-    case DType::f16: return "ditops::kernel::f16";
-    case DType::f32: return "float";
-    case DType::i32: return "int";
-    case DType::i64: return "long long";
-    default: return "void";
-  }
-}
-const char* flag(bool b) { return b ? "true" : "false"; }
-}  // namespace
 
 jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
   jit::KernelRequest r;
   r.header = "qknorm_rope.cuh";
   r.function = "ditops::qknorm_rope_body";
-  r.template_args = std::string(device_type(key.act)) + ", " + device_type(key.cache) + ", " +
-                    device_type(key.pos) + ", " + std::to_string(key.head_dim) + ", " +
-                    std::to_string(key.rope_dim) + ", " + flag(key.neox) + ", " +
-                    flag(key.full_width) + ", " + flag(key.rounding == QkRounding::rounded) + ", " +
-                    flag(key.order == QkNormOrder::aten) + ", " + flag(key.pdl) + ", " +
-                    flag(key.aligned);
+  r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + jit::kernel_type_name(key.cache) + ", " +
+                    jit::kernel_type_name(key.pos) + ", " + std::to_string(key.head_dim) + ", " +
+                    std::to_string(key.rope_dim) + ", " + jit::kernel_bool(key.neox) + ", " +
+                    jit::kernel_bool(key.full_width) + ", " + jit::kernel_bool(key.rounding == QkRounding::rounded) + ", " +
+                    jit::kernel_bool(key.order == QkNormOrder::aten) + ", " + jit::kernel_bool(key.pdl) + ", " +
+                    jit::kernel_bool(key.aligned);
   r.params_type = "ditops::QkNormRopeParams";
   r.max_threads = 256;
   // Four resident blocks (64 registers): H200, Qwen-Image NeoX 6912x24, 2026-11-29: 54.4 us

@@ -29,13 +29,6 @@ uint64_t RgaKernelKey::packed() const {
 }
 
 namespace {
-const char* device_type(DType t) {
-  switch (t) {
-    case DType::bf16: return "ditops::kernel::bf16";
-    case DType::f16: return "ditops::kernel::f16";
-    default: return "float";
-  }
-}
 const char* mode_constant(GateMode m) {
   switch (m) {
     case GateMode::full: return "ditops::kRgaGateFull";
@@ -45,15 +38,14 @@ const char* mode_constant(GateMode m) {
   }
   return "?";
 }
-const char* flag(bool b) { return b ? "true" : "false"; }
 }  // namespace
 
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
   jit::KernelRequest r;
   r.header = "residual_gate_add.cuh";
   r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
-  r.template_args = std::string(device_type(key.dtype)) + ", " + mode_constant(key.mode) + ", " + flag(key.vector) +
-                    (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + flag(key.pdl);
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " + jit::kernel_bool(key.vector) +
+                    (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::ResidualGateAddParams";
   r.max_threads = kRgaThreads;
   r.template_key = "residual_gate_add:" + key.to_string();
