@@ -74,12 +74,6 @@ __device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
   return out;
 }
 
-// Two fp32 values to e4m3 (RNE, satfinite) packed in 16 bits: lo in the low byte.
-__device__ __forceinline__ u32 pack_e4m3x2(float lo, float hi) {
-  unsigned short out;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(out) : "f"(hi), "f"(lo));
-  return out;
-}
 
 template <bool kDivFull>
 __device__ __forceinline__ float fp8_inverse(const float* input_scale) {
@@ -110,8 +104,8 @@ __device__ __forceinline__ void modulate(const Vec4& x, const Vec4& scale, const
 template <bool kFp8, bool kAligned>
 __device__ __forceinline__ void store_out(void* out_row, int vec, const float (&v)[4], float inv) {
   if constexpr (kFp8) {
-    const u32 word = pack_e4m3x2(__fmul_rn(v[0], inv), __fmul_rn(v[1], inv)) |
-                     (pack_e4m3x2(__fmul_rn(v[2], inv), __fmul_rn(v[3], inv)) << 16);
+    const u32 word = e4m3x2_rn_satfinite(__fmul_rn(v[0], inv), __fmul_rn(v[1], inv)) |
+                     (e4m3x2_rn_satfinite(__fmul_rn(v[2], inv), __fmul_rn(v[3], inv)) << 16);
     unsigned char* p = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
     if constexpr (kAligned) {
       Word<4> w;

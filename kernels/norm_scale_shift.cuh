@@ -66,12 +66,6 @@ __device__ __forceinline__ float div_full(float a, float b) {
   return r;
 }
 
-// Two fp32 values to E4M3 (RNE, saturating to +-448; NaN stays NaN): lo in bits 0..7.
-__device__ __forceinline__ u32 e4m3x2(float lo, float hi) {
-  unsigned short d;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
-  return d;
-}
 
 // E4M3 byte to fp32 (exact; the byte comes from a satfinite conversion, so never NaN).
 __device__ __forceinline__ float e4m3_to_float(u32 byte) {
@@ -120,7 +114,7 @@ __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
 // The NVFP4 output scale of a block from its amax; writes the E4M3 scale byte to *sf8.
 __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scale, u32* sf8) {
   const float sf = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(6.0f)));
-  *sf8 = e4m3x2(sf, 0.0f) & 0xffu;
+  *sf8 = e4m3x2_rn_satfinite(sf, 0.0f) & 0xffu;
   const float sff = e4m3_to_float(*sf8);
   return sff != 0.0f ? rcp_approx_ftz(__fmul_rn(sff, rcp_approx_ftz(global_scale))) : 0.0f;
 }
@@ -318,8 +312,8 @@ __device__ __forceinline__ void eager_row(const NormScaleShiftParams& p, long lo
       }
       if (yrow) store_word<kBytes>(yrow + c, from_floats<T, 4>(y));
       if constexpr (kQuant == kQuantFp8) {
-        const u32 q = e4m3x2(__fmul_rn(y[0], rp.inv), __fmul_rn(y[1], rp.inv)) |
-                      (e4m3x2(__fmul_rn(y[2], rp.inv), __fmul_rn(y[3], rp.inv)) << 16);
+        const u32 q = e4m3x2_rn_satfinite(__fmul_rn(y[0], rp.inv), __fmul_rn(y[1], rp.inv)) |
+                      (e4m3x2_rn_satfinite(__fmul_rn(y[2], rp.inv), __fmul_rn(y[3], rp.inv)) << 16);
         *reinterpret_cast<u32*>(p.fp8 + rp.q_offset + c) = q;
       }
     }
@@ -471,8 +465,8 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
       Word<16> q;
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        q.w[i] = e4m3x2(__fmul_rn(y[4 * i], rp.inv), __fmul_rn(y[4 * i + 1], rp.inv)) |
-                 (e4m3x2(__fmul_rn(y[4 * i + 2], rp.inv), __fmul_rn(y[4 * i + 3], rp.inv)) << 16);
+        q.w[i] = e4m3x2_rn_satfinite(__fmul_rn(y[4 * i], rp.inv), __fmul_rn(y[4 * i + 1], rp.inv)) |
+                 (e4m3x2_rn_satfinite(__fmul_rn(y[4 * i + 2], rp.inv), __fmul_rn(y[4 * i + 3], rp.inv)) << 16);
       store_word<16>(p.fp8 + rp.q_offset + 16 * t, q);
     }
     if constexpr (kQuant >= kQuantFp4Software) {

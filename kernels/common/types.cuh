@@ -47,6 +47,14 @@ __device__ __forceinline__ f16 from_float<f16>(float x) {
   return out;
 }
 
+// Two fp32 values to E4M3 (round to nearest even, saturating to +-448; NaN stays NaN), packed in
+// the low 16 bits: lo in bits 0..7, hi in bits 8..15 (sm_89+).
+__device__ __forceinline__ u32 e4m3x2_rn_satfinite(float lo, float hi) {
+  unsigned short packed;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(packed) : "f"(hi), "f"(lo));
+  return packed;
+}
+
 // x rounded to T and back: the value a 16-bit store followed by a reload would give.
 template <typename T>
 __device__ __forceinline__ float round_to(float x) {
