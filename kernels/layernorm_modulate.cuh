@@ -67,12 +67,6 @@ __device__ __forceinline__ void to_floats(const Vec4& v, float (&f)[4]) {
   for (int e = 0; e < 4; ++e) f[e] = element(v, e);
 }
 
-// Two fp32 values rounded (RNE) to bf16 and packed: lo in the low half.
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-  u32 out;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
-  return out;
-}
 
 
 template <bool kDivFull>
@@ -88,24 +82,12 @@ __device__ __forceinline__ float fp8_inverse(const float* input_scale) {
   }
 }
 
-// The eager chain for one vector: x, scale, shift -> the 4 output values (bf16-exact floats).
-template <bool kShift>
-__device__ __forceinline__ void modulate(const Vec4& x, const Vec4& scale, const Vec4& shift,
-                                         RowStats st, float (&out)[4]) {
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    const float y = round_to<bf16>(__fmul_rn(st.rstd, __fsub_rn(element(x, e), st.mean)));
-    const float op = round_to<bf16>(__fadd_rn(1.0f, element(scale, e)));
-    const float p = round_to<bf16>(__fmul_rn(y, op));
-    out[e] = kShift ? round_to<bf16>(__fadd_rn(p, element(shift, e))) : p;
-  }
-}
-
+// Stores 4 output values given as bf16 (packed); fp8: q = e4m3(float(bf16) * inv).
 template <bool kFp8, bool kAligned>
-__device__ __forceinline__ void store_out(void* out_row, int vec, const float (&v)[4], float inv) {
+__device__ __forceinline__ void store_out(void* out_row, int vec, const Vec4& v, float inv) {
   if constexpr (kFp8) {
-    const u32 word = e4m3x2_rn_satfinite(__fmul_rn(v[0], inv), __fmul_rn(v[1], inv)) |
-                     (e4m3x2_rn_satfinite(__fmul_rn(v[2], inv), __fmul_rn(v[3], inv)) << 16);
+    const u32 word = e4m3x2_rn_satfinite(__fmul_rn(element(v, 0), inv), __fmul_rn(element(v, 1), inv)) |
+                     (e4m3x2_rn_satfinite(__fmul_rn(element(v, 2), inv), __fmul_rn(element(v, 3), inv)) << 16);
     unsigned char* p = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
     if constexpr (kAligned) {
       Word<4> w;
@@ -116,79 +98,158 @@ __device__ __forceinline__ void store_out(void* out_row, int vec, const float (&
       for (int e = 0; e < 4; ++e) p[e] = static_cast<unsigned char>(word >> (8 * e));
     }
   } else {
-    const u32 w0 = pack_bf16x2(v[0], v[1]), w1 = pack_bf16x2(v[2], v[3]);
     unsigned short* p = static_cast<unsigned short*>(out_row) + 4 * static_cast<long long>(vec);
     if constexpr (kAligned) {
       Word<8> w;
-      w.w[0] = w0;
-      w.w[1] = w1;
+      w.w[0] = v.w[0];
+      w.w[1] = v.w[1];
       store_word<8>(p, w);
     } else {
-      p[0] = static_cast<unsigned short>(w0);
-      p[1] = static_cast<unsigned short>(w0 >> 16);
-      p[2] = static_cast<unsigned short>(w1);
-      p[3] = static_cast<unsigned short>(w1 >> 16);
+      p[0] = static_cast<unsigned short>(v.w[0]);
+      p[1] = static_cast<unsigned short>(v.w[0] >> 16);
+      p[2] = static_cast<unsigned short>(v.w[1]);
+      p[3] = static_cast<unsigned short>(v.w[1] >> 16);
+    }
+  }
+}
+
+// Where row `row` lives: its batch, and the start of its x and output rows.
+struct RowPlace {
+  long long b;
+  const bf16* x;
+  void* out;
+};
+
+template <bool kFp8>
+__device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, long long row) {
+  RowPlace r;
+  r.b = row / p.seq;
+  const long long s = row - r.b * p.seq;
+  r.x = static_cast<const bf16*>(p.x) + r.b * p.x_batch_stride + s * p.x_token_stride;
+  const long long o = r.b * p.out_batch_stride + s * p.out_token_stride;
+  r.out = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(p.out) + o)
+               : static_cast<void*>(static_cast<unsigned short*>(p.out) + o);
+  return r;
+}
+
+// The row's x as this thread's vectors t + kStride*j (j < kSlots, those < n_vec).
+template <int kSlots, int kStride, bool kEven, bool kAligned>
+__device__ __forceinline__ void load_row(const bf16* x, int n_vec, int t, Vec4 (&xv)[kSlots]) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j)
+    if (kEven || t + kStride * j < n_vec) xv[j] = load_vec4<kAligned, false>(x + 4 * (t + kStride * j));
+}
+
+// One row in registers -> modulated output. `op` holds bf16(1 + scale) and `sh` the shift of the
+// row's batch, as this thread's vectors. y = bf16(rstd * (x - mean)) in fp32 (two roundings, as
+// eager), then bf16(y * op) and bf16(p + shift) as packed bf16x2 operations: for bf16 operands
+// these single roundings equal eager's fp32 operation + bf16 rounding (the product of two bf16
+// values is exact in fp32: 16 significant bits, and its least significant bit is >= 2^-148
+// because op = bf16(1 + scale) is 0 or has its lsb >= 2^-15; a sum is exact in fp32 or its
+// operands are >= 2^16 apart, and then fp32's 24 >= 2*8 + 2 bits make the double rounding
+// innocuous).
+template <int kSlots, int kStride, bool kEven, bool kShift, bool kFp8, bool kAligned>
+__device__ __forceinline__ void finish_row(void* out_row, int n_vec, int t, const Vec4 (&xv)[kSlots],
+                                           const Vec4 (&op)[kSlots], const Vec4 (&sh)[kSlots], RowStats st,
+                                           float inv) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int vec = t + kStride * j;
+    if (kEven || vec < n_vec) {
+      Vec4 o;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 y = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(element(xv[j], 2 * h), st.mean)),
+                                         __fmul_rn(st.rstd, __fsub_rn(element(xv[j], 2 * h + 1), st.mean)));
+        o.w[h] = mul_rn_bf16x2(y, op[j].w[h]);
+        if constexpr (kShift) o.w[h] = add_rn_bf16x2(o.w[h], sh[j].w[h]);
+      }
+      store_out<kFp8, kAligned>(out_row, vec, o, inv);
+    }
+  }
+}
+
+// bf16(1 + scale) and the shift of batch b as this thread's vectors (read-only path).
+template <int kSlots, int kStride, bool kEven, bool kShift, bool kAligned>
+__device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p, long long b, int t,
+                                                Vec4 (&op)[kSlots], Vec4 (&sh)[kSlots]) {
+  const bf16* scale = static_cast<const bf16*>(p.scale) + b * p.scale_row_stride;
+  const bf16* shift = static_cast<const bf16*>(p.shift) + (kShift ? b * p.shift_row_stride : 0);
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int vec = t + kStride * j;
+    if (kEven || vec < p.n_vec) {
+      const Vec4 sc = load_vec4<kAligned, true>(scale + 4 * vec);
+      op[j].w[0] = bf16x2_from_floats(__fadd_rn(1.0f, element(sc, 0)), __fadd_rn(1.0f, element(sc, 1)));
+      op[j].w[1] = bf16x2_from_floats(__fadd_rn(1.0f, element(sc, 2)), __fadd_rn(1.0f, element(sc, 3)));
+      if constexpr (kShift) sh[j] = load_vec4<kAligned, true>(shift + 4 * vec);
     }
   }
 }
 
 }  // namespace lnm_detail
 
-// One row per warp (kCta false) or per CTA (kCta true); see the top of the file.
-template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned>
+// kCta false: one row per warp, 4 rows per CTA, grid = ceil(rows / 4).
+// kCta true: a CTA per row at a time, looping over rows blockIdx.x, + gridDim.x, ... (the host
+// sizes the grid to the resident CTAs, every CTA the same number of rows). bf16(1 + scale) and
+// shift stay in registers while the batch does not change (rows of one batch share them);
+// kPrefetch loads the next row's x before the current row's statistics. kEven: every thread owns
+// kSlots vectors (n_vec == kSlots * threads per row), so counts fold to constants. Measured on
+// the H200: see the host's launch (layernorm_modulate_op.cpp).
+template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned,
+          bool kEven = false, bool kPrefetch = false>
 __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   using namespace lnm_detail;
   constexpr int kStride = kCta ? kThreads : 32;  // vectors between a thread's slots
-
+  constexpr bool kPipelined = kCta && kPrefetch;  // a warp-mapped grid covers every row once
   const int lane = threadIdx.x & 31;
   const int t = kCta ? static_cast<int>(threadIdx.x) : lane;  // this thread's first vector
-  const long long row = kCta ? static_cast<long long>(blockIdx.x)
-                             : static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const long long first = kCta ? static_cast<long long>(blockIdx.x)
+                               : static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const long long step = kCta ? static_cast<long long>(gridDim.x) : p.rows;
   const int n_vec = p.n_vec;
+  __shared__ WelfordState shared[2][4];  // kCta: per row parity, so one barrier per row suffices
 
   if constexpr (kPdl) pdl_wait();
-  if (row < p.rows) {  // uniform per warp (and per CTA when kCta)
-    const long long b = row / p.seq;
-    const long long s = row - b * p.seq;
-    const bf16* x = static_cast<const bf16*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
-
-    Vec4 xv[kSlots];
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j)
-      if (t + kStride * j < n_vec) xv[j] = load_vec4<kAligned, false>(x + 4 * (t + kStride * j));
-
+  float inv = 1.0f;
+  if constexpr (kFp8) inv = fp8_inverse<kDivFull>(p.input_scale);
+  Vec4 xv[kSlots], next[kSlots], op[kSlots], sh[kSlots];
+  long long modulation_batch = -1;
+  RowPlace at = place<kFp8>(p, first);
+  if (first < p.rows) load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
+  int parity = 0;
+  for (long long row = first; row < p.rows; row += step) {  // uniform per warp (and per CTA when kCta)
+    const long long following = row + step;
+    RowPlace next_at;
+    if constexpr (kPipelined) {
+      next_at = place<kFp8>(p, following);
+      if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, next);
+    }
+    if (at.b != modulation_batch) {
+      load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.b, t, op, sh);
+      modulation_batch = at.b;
+    }
     auto get_vec = [&](int j, float (&v)[4]) { to_floats(xv[j], v); };
     RowStats st;
     if constexpr (kCta) {
-      __shared__ WelfordState shared[4];
-      st = aten_row_stats_cta<kSlots>(get_vec, n_vec, p.eps, shared);
+      st = aten_row_stats_cta<kSlots, kEven>(get_vec, n_vec, p.eps, shared[parity]);
+      parity ^= 1;
     } else {
       st = aten_row_stats_warp<kSlots>(get_vec, n_vec, lane, p.eps);
     }
-
     if (p.stats && t == 0) {
       p.stats[2 * row] = st.mean;
       p.stats[2 * row + 1] = st.rstd;
     }
-
-    float inv = 1.0f;
-    if constexpr (kFp8) inv = fp8_inverse<kDivFull>(p.input_scale);
-    const bf16* scale = static_cast<const bf16*>(p.scale) + b * p.scale_row_stride;
-    const bf16* shift = static_cast<const bf16*>(p.shift) + (kShift ? b * p.shift_row_stride : 0);
-    void* out_row = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(p.out) + b * p.out_batch_stride +
-                                              s * p.out_token_stride)
-                         : static_cast<void*>(static_cast<unsigned short*>(p.out) + b * p.out_batch_stride +
-                                              s * p.out_token_stride);
+    finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
+    if (following < p.rows) {
+      if constexpr (kPipelined) {
+        at = next_at;
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const int vec = t + kStride * j;
-      if (vec < n_vec) {
-        const Vec4 sc = load_vec4<kAligned, true>(scale + 4 * vec);
-        Vec4 sh{{0u, 0u}};
-        if constexpr (kShift) sh = load_vec4<kAligned, true>(shift + 4 * vec);
-        float v[4];
-        modulate<kShift>(xv[j], sc, sh, st, v);
-        store_out<kFp8, kAligned>(out_row, vec, v, inv);
+        for (int j = 0; j < kSlots; ++j) xv[j] = next[j];
+      } else {
+        at = place<kFp8>(p, following);
+        load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
       }
     }
   }
@@ -244,9 +305,9 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
       // Every lane takes part in the shuffles, also for an invalid row (its result is unused).
       const RowStats st = aten_head_stats_warp(v, p.n_vec, lane, p.eps);
       if (valid[i] && has_data) {
-        float y[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) y[e] = __fmul_rn(st.rstd, __fsub_rn(v[e], st.mean));
+        Vec4 y;
+        y.w[0] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[0], st.mean)), __fmul_rn(st.rstd, __fsub_rn(v[1], st.mean)));
+        y.w[1] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[2], st.mean)), __fmul_rn(st.rstd, __fsub_rn(v[3], st.mean)));
         store_out<false, kAligned>(out + out_off[i], lane, y, 1.0f);
       }
     }

@@ -124,8 +124,9 @@ __device__ __forceinline__ long long nvfp4_scale_offset(long long m, long long k
 }
 
 // Element offset of a broadcast operand's row for (batch b, token s).
+// (The per-frame division only for a per-frame operand: a 64-bit division is a long subroutine.)
 __device__ __forceinline__ long long operand_offset(const NssOperandParams& op, long long b, long long s) {
-  return b * op.batch_stride + (s / op.frame_len) * op.frame_stride + s * op.token_stride;
+  return b * op.batch_stride + (op.frame_stride ? (s / op.frame_len) * op.frame_stride : 0) + s * op.token_stride;
 }
 
 // N values of an operand at channel c: a vector load for a row operand, the scalar otherwise.
@@ -196,142 +197,273 @@ __device__ __forceinline__ RowPointers<T> row_pointers(const NormScaleShiftParam
   return rp;
 }
 
-// aten's rms statistics on the eager layout: 4 sums per lane (one per virtual warp).
-template <typename T, int kSlots, int kVecs>
-__device__ __forceinline__ float aten_rms_rstd(const Word<4 * sizeof(T)> (&vw)[kSlots], int lane, float eps) {
-  float ss[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+// ---------------------------------------------------------------- eager numerics
+
+// A vec4 of T as raw words (8 bytes for bf16/f16, 16 for fp32).
+template <typename T>
+using Vec = Word<4 * sizeof(T)>;
+
+// Four fp32 values rounded (RNE) to T.
+__device__ __forceinline__ Vec<bf16> round_vec(bf16, const float (&v)[4]) {
+  Vec<bf16> w;
+  w.w[0] = bf16x2_from_floats(v[0], v[1]);
+  w.w[1] = bf16x2_from_floats(v[2], v[3]);
+  return w;
+}
+__device__ __forceinline__ Vec<f16> round_vec(f16, const float (&v)[4]) {
+  Vec<f16> w;
+  w.w[0] = f16x2_from_floats(v[0], v[1]);
+  w.w[1] = f16x2_from_floats(v[2], v[3]);
+  return w;
+}
+__device__ __forceinline__ Vec<float> round_vec(float, const float (&v)[4]) {
+  Vec<float> w;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w.w[i] = __float_as_uint(v[i]);
+  return w;
+}
+
+// a * b and a + b of T values, one rounding to T each. For 16-bit T the packed instructions equal
+// eager's fp32 operation followed by a rounding to T on every operand pair used here: a sum or a
+// product of two values of T is exact in fp32 or (normal range) fp32's 24 >= 2p + 2 bits
+// (p = 8 bf16, 11 f16) make the double rounding innocuous; the products y0 * bf16(1 + scale) have
+// their least significant bit >= 2^-148 (bf16(1 + scale) is 0 or has lsb >= 2^-8), so they are
+// exact in fp32 also below 2^-126.
+__device__ __forceinline__ Vec<bf16> mul_vec(bf16, const Vec<bf16>& a, const Vec<bf16>& b) {
+  Vec<bf16> w;
+  w.w[0] = mul_rn_bf16x2(a.w[0], b.w[0]);
+  w.w[1] = mul_rn_bf16x2(a.w[1], b.w[1]);
+  return w;
+}
+__device__ __forceinline__ Vec<bf16> add_vec(bf16, const Vec<bf16>& a, const Vec<bf16>& b) {
+  Vec<bf16> w;
+  w.w[0] = add_rn_bf16x2(a.w[0], b.w[0]);
+  w.w[1] = add_rn_bf16x2(a.w[1], b.w[1]);
+  return w;
+}
+__device__ __forceinline__ Vec<f16> mul_vec(f16, const Vec<f16>& a, const Vec<f16>& b) {
+  Vec<f16> w;
+  w.w[0] = mul_rn_f16x2(a.w[0], b.w[0]);
+  w.w[1] = mul_rn_f16x2(a.w[1], b.w[1]);
+  return w;
+}
+__device__ __forceinline__ Vec<f16> add_vec(f16, const Vec<f16>& a, const Vec<f16>& b) {
+  Vec<f16> w;
+  w.w[0] = add_rn_f16x2(a.w[0], b.w[0]);
+  w.w[1] = add_rn_f16x2(a.w[1], b.w[1]);
+  return w;
+}
+__device__ __forceinline__ Vec<float> mul_vec(float, const Vec<float>& a, const Vec<float>& b) {
+  Vec<float> w;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w.w[i] = __float_as_uint(__fmul_rn(__uint_as_float(a.w[i]), __uint_as_float(b.w[i])));
+  return w;
+}
+__device__ __forceinline__ Vec<float> add_vec(float, const Vec<float>& a, const Vec<float>& b) {
+  Vec<float> w;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) w.w[i] = __float_as_uint(__fadd_rn(__uint_as_float(a.w[i]), __uint_as_float(b.w[i])));
+  return w;
+}
+
+// A broadcast operand of the row as this thread's vec4s t + 128j, kept in registers while its
+// offset does not change (a [D] or [B, D] operand is loaded once per CTA and batch). kOnePlus:
+// holds rne(1 + value) instead (the scale). An absent operand holds `absent`.
+template <typename T, int kSlots, bool kEven, bool kOnePlus>
+__device__ __forceinline__ void hold_operand(const NssOperandParams& op, long long b, long long s, int t, int n_vec,
+                                             float absent, Vec<T> (&held)[kSlots], long long& held_offset) {
+  const long long offset = op.kind ? operand_offset(op, b, s) : 0;
+  if (offset == held_offset) return;
+  held_offset = offset;
+  const T* row = static_cast<const T*>(op.data) + offset;
+  float scalar = op.kind == 1 ? to_float(row[0]) : absent;
+  if constexpr (kOnePlus) scalar = __fadd_rn(1.0f, scalar);
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
-    if (lane + 32 * j < kVecs) {
+    if (kEven || t + 128 * j < n_vec) {
+      float v[4] = {scalar, scalar, scalar, scalar};
+      if (op.kind == 2) {
+        to_floats<T, 4>(load_word<4 * sizeof(T), true>(row + 4 * (t + 128 * j)), v);
+        if constexpr (kOnePlus)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
+      }
+      held[j] = round_vec(T{}, v);
+    }
+  }
+}
+
+// x (and the residual) of one row as this thread's vec4s.
+template <typename T, int D, bool kResidual>
+__device__ __forceinline__ void load_inputs(const NormScaleShiftParams& p, long long row, int t,
+                                            Vec<T> (&xw)[(D / 4 + 127) / 128], Vec<T> (&rw)[(D / 4 + 127) / 128]) {
+  constexpr int kVecs = D / 4;
+  constexpr int kSlots = (kVecs + 127) / 128;
+  const long long b = row / p.seq;
+  const long long s = row - b * p.seq;
+  const T* xrow = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
+  const T* rrow = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
+      xw[j] = load_word<4 * sizeof(T), false>(xrow + 4 * (t + 128 * j));
+      if constexpr (kResidual) rw[j] = load_word<4 * sizeof(T), false>(rrow + 4 * (t + 128 * j));
+    }
+  }
+}
+
+// aten's rms statistics on the CTA layout: per thread ss = fma(e, e, ss) over its vec4s in
+// order, a tree per warp (the XOR form leaves lane 0's shfl_down value in every lane: each add is
+// commutative, so partner lanes compute identical sums), then (w0 + w2) + (w1 + w3).
+template <typename T, int kSlots, int kVecs>
+__device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], int t, float eps, float* shared) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
       float v[4];
       to_floats<T, 4>(vw[j], v);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ss[j % 4] = __fmaf_rn(v[e], v[e], ss[j % 4]);
+      for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[e], v[e], ss);
     }
   }
-  // shfl_down tree per virtual warp; the XOR form leaves lane 0's value in every lane (each add is
-  // commutative, so partner lanes compute identical sums).
 #pragma unroll
-  for (int o = 16; o >= 1; o /= 2)
-#pragma unroll
-    for (int w = 0; w < 4; ++w) ss[w] = __fadd_rn(ss[w], __shfl_xor_sync(kFullMask, ss[w], o));
-  const float total = __fadd_rn(__fadd_rn(ss[0], ss[2]), __fadd_rn(ss[1], ss[3]));
+  for (int o = 16; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(kFullMask, ss, o));
+  if ((t & 31) == 0) shared[t >> 5] = ss;
+  __syncthreads();
+  const float total = __fadd_rn(__fadd_rn(shared[0], shared[2]), __fadd_rn(shared[1], shared[3]));
   return aten_rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(4 * kVecs)), eps));
 }
 
-// ---------------------------------------------------------------- eager numerics
-
-template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant>
-__device__ __forceinline__ void eager_row(const NormScaleShiftParams& p, long long row, int lane) {
+// The eager rows: one 128-thread CTA per row at a time (aten's launch of a row), looping over rows
+// blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Thread t owns
+// vec4s t + 128j. kPrefetch: the next row's x (and residual) is loaded before the current row's
+// statistics. Scale (as rne(1 + scale)), shift and gate stay in registers while their row does
+// not change. NVFP4: a block of 16 is the vec4s of 4 neighbouring threads.
+template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch>
+__device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   constexpr int kVecs = D / 4;
-  constexpr int kSlots = (kVecs + 31) / 32;
+  constexpr int kSlots = (kVecs + 127) / 128;
+  constexpr bool kEven = kVecs % 128 == 0;
   constexpr int kBytes = 4 * static_cast<int>(sizeof(T));
-  const long long b = row / p.seq;
-  const long long s = row - b * p.seq;
-  const RowPointers<T> rp = row_pointers<T, kResidual, kQuant>(p, b, s);
-  const T* xrow = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
+  using V = Vec<T>;
+  const int t = threadIdx.x;
+  const int lane = t & 31;
+  __shared__ WelfordState shared[2][4];  // per row parity: one barrier per row suffices
+  __shared__ float rms_shared[2][4];
 
-  Word<kBytes> vw[kSlots];
-  if constexpr (kResidual) {
-    const T* rrow = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride;
-    // All loads of the row first (x, residual), then the arithmetic: many accesses in flight.
-    Word<kBytes> rw[kSlots];
+  float inv = 0.0f, global_scale = 0.0f;
+  if constexpr (kQuant == kQuantFp8) {
+    const float input_scale = *p.input_scale;
+    inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
+  }
+  if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
+
+  V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots], op[kSlots], sh[kSlots], g[kSlots];
+  long long held_scale = -1, held_shift = -1, held_gate = -1;
+  const long long step = gridDim.x;
+  if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(p, blockIdx.x, t, xw, rw);
+  int parity = 0;
+  for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
+    if (row >= p.rows) {
+      // NVFP4 scale padding row: zero scale bytes, nothing else.
+      if constexpr (kQuant >= kQuantFp4Software)
+        for (int k = t; k < D / 16; k += 128) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
+      continue;
+    }
+    const long long following = row + step;
+    if constexpr (kPrefetch)
+      if (following < p.rows) load_inputs<T, D, kResidual>(p, following, t, nx, nr);
+    const long long b = row / p.seq;
+    const long long s = row - b * p.seq;
+    hold_operand<T, kSlots, kEven, true>(p.scale, b, s, t, kVecs, 0.0f, op, held_scale);
+    if (p.shift.kind) hold_operand<T, kSlots, kEven, false>(p.shift, b, s, t, kVecs, 0.0f, sh, held_shift);
+
+    if constexpr (kResidual) {
+      hold_operand<T, kSlots, kEven, false>(p.gate, b, s, t, kVecs, 1.0f, g, held_gate);
+      T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (kEven || t + 128 * j < kVecs) {
+          // v = rne(r + rne(x * g)): the product in fp32 (x * g of two tiny values may be inexact
+          // there), the sum packed.
+          float xv[4], gv[4], prod[4];
+          to_floats<T, 4>(xw[j], xv);
+          to_floats<T, 4>(g[j], gv);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) prod[e] = __fmul_rn(xv[e], gv[e]);
+          xw[j] = add_vec(T{}, rw[j], round_vec(T{}, prod));
+          store_word<kBytes>(orow + 4 * (t + 128 * j), xw[j]);
+        }
+      }
+    }
+
+    float mean = 0.0f, rstd;
+    if constexpr (kRms) {
+      rstd = aten_rms_rstd_cta<T, kSlots, kVecs>(xw, t, p.eps, rms_shared[parity]);
+    } else {
+      const RowStats st = aten_row_stats_cta<kSlots, kEven>([&](int j, float (&v)[4]) { to_floats<T, 4>(xw[j], v); },
+                                                            kVecs, p.eps, shared[parity]);
+      mean = st.mean;
+      rstd = st.rstd;
+    }
+    parity ^= 1;
+
+    T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
+    const long long q_offset = b * p.q_batch_stride + s * p.q_token_stride;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
-      if (lane + 32 * j < kVecs) {
-        const int c = 4 * (lane + 32 * j);
-        vw[j] = load_word<kBytes, false>(xrow + c);
-        rw[j] = load_word<kBytes, false>(rrow + c);
-      }
-    }
-    T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      if (lane + 32 * j < kVecs) {
-        const int c = 4 * (lane + 32 * j);
-        float g[4], v[4], xv[4], rv[4];
-        to_floats<T, 4>(vw[j], xv);
-        to_floats<T, 4>(rw[j], rv);
-        operand_values<T, 4>(p.gate, rp.gate, rp.gate_scalar, c, g);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = round_to<T>(__fadd_rn(rv[e], round_to<T>(__fmul_rn(xv[e], g[e]))));
-        vw[j] = from_floats<T, 4>(v);
-        store_word<kBytes>(orow + c, vw[j]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j)
-      if (lane + 32 * j < kVecs) vw[j] = load_word<kBytes, false>(xrow + 4 * (lane + 32 * j));
-  }
-
-  float mean = 0.0f, rstd;
-  if constexpr (kRms) {
-    rstd = aten_rms_rstd<T, kSlots, kVecs>(vw, lane, p.eps);
-  } else {
-    // aten's LayerNorm statistics of the row held as lane l's vec4s l + 32j.
-    const RowStats st = aten_row_stats_warp<kSlots>([&](int j, float (&v)[4]) { to_floats<T, 4>(vw[j], v); },
-                                                    kVecs, lane, p.eps);
-    mean = st.mean;
-    rstd = st.rstd;
-  }
-
-  T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
-#pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    const bool active = lane + 32 * j < kVecs;
-    const int c = 4 * (lane + 32 * j);
-    float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (active) {
-      float v[4], sc[4], sh[4];
-      to_floats<T, 4>(vw[j], v);
-      operand_values<T, 4>(p.scale, rp.scale, rp.scale_scalar, c, sc);
-      if (p.shift.kind) operand_values<T, 4>(p.shift, rp.shift, rp.shift_scalar, c, sh);
-      float w[4], bias[4];
-      if constexpr (kAffine >= 1) {
-        T raw[4];
-        load_elements<T, 4, true, true>(static_cast<const T*>(p.weight) + c, raw);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w[e] = to_float(raw[e]);
-      }
-      if constexpr (kAffine == 2) {
-        T raw[4];
-        load_elements<T, 4, true, true>(static_cast<const T*>(p.bias) + c, raw);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) bias[e] = to_float(raw[e]);
-      }
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
-        float a = n;
-        if constexpr (kAffine == 1) a = __fmul_rn(w[e], n);
-        if constexpr (kAffine == 2) a = __fmaf_rn(w[e], n, bias[e]);
-        const float y0 = round_to<T>(a);
-        const float y1 = round_to<T>(__fmul_rn(y0, round_to<T>(__fadd_rn(1.0f, sc[e]))));
-        y[e] = p.shift.kind ? round_to<T>(__fadd_rn(y1, sh[e])) : y1;
-      }
-      if (yrow) store_word<kBytes>(yrow + c, from_floats<T, 4>(y));
-      if constexpr (kQuant == kQuantFp8) {
-        const u32 q = e4m3x2_rn_satfinite(__fmul_rn(y[0], rp.inv), __fmul_rn(y[1], rp.inv)) |
-                      (e4m3x2_rn_satfinite(__fmul_rn(y[2], rp.inv), __fmul_rn(y[3], rp.inv)) << 16);
-        *reinterpret_cast<u32*>(p.fp8 + rp.q_offset + c) = q;
-      }
-    }
-    if constexpr (kQuant >= kQuantFp4Software) {
-      // A block of 16 is the vec4s of 4 neighbouring lanes (D % 64 == 0: whole blocks per slot).
-      float amax = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+      const bool active = kEven || t + 128 * j < kVecs;
+      const int c = 4 * (t + 128 * j);
+      float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (active) {
-        u32 sf8;
-        const float out_scale = nvfp4_block_scale(amax, rp.global_scale, &sf8);
-        float q[4];
+        float v[4], a[4], w[4], bias[4];
+        to_floats<T, 4>(xw[j], v);
+        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + c), w);
+        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + c), bias);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
-        const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
-        *reinterpret_cast<unsigned short*>(p.fp4_packed + row * (D / 2) + c / 2) =
-            static_cast<unsigned short>(nibbles);
-        if ((lane & 3) == 0) p.fp4_scales[nvfp4_scale_offset(row, c / 16, D / 16)] = static_cast<unsigned char>(sf8);
+        for (int e = 0; e < 4; ++e) {
+          const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
+          a[e] = n;
+          if constexpr (kAffine == 1) a[e] = __fmul_rn(w[e], n);
+          if constexpr (kAffine == 2) a[e] = __fmaf_rn(w[e], n, bias[e]);
+        }
+        V out = mul_vec(T{}, round_vec(T{}, a), op[j]);
+        if (p.shift.kind) out = add_vec(T{}, out, sh[j]);
+        if (yrow) store_word<kBytes>(yrow + c, out);
+        to_floats<T, 4>(out, y);
+        if constexpr (kQuant == kQuantFp8) {
+          const u32 q = e4m3x2_rn_satfinite(__fmul_rn(y[0], inv), __fmul_rn(y[1], inv)) |
+                        (e4m3x2_rn_satfinite(__fmul_rn(y[2], inv), __fmul_rn(y[3], inv)) << 16);
+          *reinterpret_cast<u32*>(p.fp8 + q_offset + c) = q;
+        }
+      }
+      if constexpr (kQuant >= kQuantFp4Software) {
+        // A block of 16 is the vec4s of 4 neighbouring threads (D % 64 == 0: whole blocks).
+        float amax = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
+        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+        if (active) {
+          u32 sf8;
+          const float out_scale = nvfp4_block_scale(amax, global_scale, &sf8);
+          float q[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
+          const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
+          *reinterpret_cast<unsigned short*>(p.fp4_packed + row * (D / 2) + c / 2) = static_cast<unsigned short>(nibbles);
+          if ((lane & 3) == 0) p.fp4_scales[nvfp4_scale_offset(row, c / 16, D / 16)] = static_cast<unsigned char>(sf8);
+        }
+      }
+    }
+    if (following < p.rows) {
+      if constexpr (kPrefetch) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          xw[j] = nx[j];
+          if constexpr (kResidual) rw[j] = nr[j];
+        }
+      } else {
+        load_inputs<T, D, kResidual>(p, following, t, xw, rw);
       }
     }
   }
@@ -494,29 +626,31 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 
 }  // namespace nss_detail
 
-// One warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
+// eager numerics: a 128-thread CTA per row, persistent over rows (eager_rows); sglang numerics:
+// one warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
 // 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
-template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl>
+template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
+          bool kPrefetch = false>
 __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   using namespace nss_detail;
   static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
   static_assert(!kSglang || (D % 16 == 0 && sizeof(T) == 2 && !kRms && kAffine == 0),
                 "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
   static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
-  const int lane = threadIdx.x & 31;
-  const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   if constexpr (kPdl) pdl_wait();
-  if (row >= p.grid_rows) return;
-  if (row >= p.rows) {
-    // NVFP4 scale padding row: zero scale bytes, nothing else.
-    if constexpr (kQuant >= kQuantFp4Software)
-      for (int k = lane; k < D / 16; k += 32) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
-    return;
+  if constexpr (kSglang) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    if (row < p.rows) {
+      sglang_row<T, D, kResidual, kQuant>(p, row, lane);
+    } else if (row < p.grid_rows) {
+      // NVFP4 scale padding row: zero scale bytes, nothing else.
+      if constexpr (kQuant >= kQuantFp4Software)
+        for (int k = lane; k < D / 16; k += 32) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
+    }
+  } else {
+    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch>(p);
   }
-  if constexpr (kSglang)
-    sglang_row<T, D, kResidual, kQuant>(p, row, lane);
-  else
-    eager_row<T, D, kRms, kResidual, kAffine, kQuant>(p, row, lane);
   if constexpr (kPdl) pdl_launch_dependents();
 }
 

@@ -94,6 +94,24 @@ __device__ __forceinline__ WelfordState welford_combine(const WelfordState& self
   return out;
 }
 
+// welford_combine with both counts known when compiling (positive): the same operations, so the
+// same bits, with the count terms (1/n, n_b/n, n_a/n) folded to constants. 1.0f / n folds to the
+// IEEE quotient, which rcp4 equals on these counts (device test).
+__device__ __forceinline__ WelfordState welford_combine_known(const WelfordState& self_b, const WelfordState& other_a,
+                                                              float count_b, float count_a) {
+  const float n = count_a + count_b;
+  const float coef = 1.0f / n;
+  const float nb = coef * count_b;
+  const float na = count_a * coef;
+  const float delta = __fsub_rn(self_b.mean, other_a.mean);
+  const float d2 = __fmul_rn(delta, delta);
+  WelfordState out;
+  out.mean = __fmaf_rn(other_a.mean, na, __fmul_rn(nb, self_b.mean));
+  out.m2 = __fmaf_rn(nb, __fmul_rn(count_a, d2), __fadd_rn(other_a.m2, self_b.m2));
+  out.count = n;
+  return out;
+}
+
 // One warp's shfl_down tree over 32 lanes (offsets 16..1); lane 0 holds the warp's state after.
 // Lanes whose source is past lane 31 combine with their own value, as in aten (harmless: only
 // lane 0 is used).
@@ -105,6 +123,21 @@ __device__ __forceinline__ WelfordState warp_fold_down(WelfordState s) {
     other.m2 = __shfl_down_sync(0xffffffffu, s.m2, offset);
     other.count = __shfl_down_sync(0xffffffffu, s.count, offset);
     s = welford_combine(s, other);
+  }
+  return s;
+}
+
+// warp_fold_down when every lane's state holds `count` values (known when compiling): the count
+// doubles per level, so only mean and m2 travel. Lanes whose partner is past lane 31 compute
+// something aten does not (their counts differ there), which is never used: only lane 0 is read.
+__device__ __forceinline__ WelfordState warp_fold_down_known(WelfordState s, float count) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    WelfordState other;
+    other.mean = __shfl_down_sync(0xffffffffu, s.mean, offset);
+    other.m2 = __shfl_down_sync(0xffffffffu, s.m2, offset);
+    s = welford_combine_known(s, other, count, count);
+    count = count + count;
   }
   return s;
 }
@@ -184,25 +217,37 @@ __device__ __forceinline__ RowStats aten_row_stats_warp(const GetVec& get_vec, i
 // must be 128; every thread calls this). Thread t owns vectors t + 128*k for k < kSlots (the
 // caller guarantees n_vec <= 128 * kSlots); get_vec(k, v) writes vector t + 128*k. `shared`
 // points to 4 WelfordStates of shared memory, not reused by the caller before a __syncthreads.
-template <int kSlots, typename GetVec>
+// kEven: n_vec == 128 * kSlots (every thread owns kSlots vectors), so every count is known when
+// compiling and the folds run welford_combine_known (same bits, about half the instructions).
+template <int kSlots, bool kEven, typename GetVec>
 __device__ __forceinline__ RowStats aten_row_stats_cta(const GetVec& get_vec, int n_vec, float eps,
                                                        WelfordState* shared) {
   const int t = threadIdx.x;
   WelfordState s{0.0f, 0.0f, 0.0f};
 #pragma unroll
   for (int k = 0; k < kSlots; ++k) {
-    if (t + 128 * k < n_vec) {
+    if (kEven || t + 128 * k < n_vec) {
       float v[4];
       get_vec(k, v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) welford_push_known(s, v[e], 1.0f / static_cast<float>(4 * k + e + 1));
     }
   }
-  s = warp_fold_down(s);
-  if ((t & 31) == 0) shared[t >> 5] = s;
-  __syncthreads();
-  const WelfordState warp[4] = {shared[0], shared[1], shared[2], shared[3]};
-  return finish_row_stats(combine_four_warps(warp), 4 * n_vec, eps);
+  if constexpr (kEven) {
+    constexpr float kThreadCount = 4.0f * kSlots;
+    s = warp_fold_down_known(s, kThreadCount);
+    if ((t & 31) == 0) shared[t >> 5] = s;
+    __syncthreads();
+    const WelfordState w0 = welford_combine_known(shared[0], shared[2], 32 * kThreadCount, 32 * kThreadCount);
+    const WelfordState w1 = welford_combine_known(shared[1], shared[3], 32 * kThreadCount, 32 * kThreadCount);
+    return finish_row_stats(welford_combine_known(w0, w1, 64 * kThreadCount, 64 * kThreadCount), 4 * n_vec, eps);
+  } else {
+    s = warp_fold_down(s);
+    if ((t & 31) == 0) shared[t >> 5] = s;
+    __syncthreads();
+    const WelfordState warp[4] = {shared[0], shared[1], shared[2], shared[3]};
+    return finish_row_stats(combine_four_warps(warp), 4 * n_vec, eps);
+  }
 }
 
 // Per-head statistics (the qk-head variant, N = 4 * n_vec <= 128): one vector per lane for lanes

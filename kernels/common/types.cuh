@@ -61,4 +61,51 @@ __device__ __forceinline__ float round_to(float x) {
   return to_float(from_float<T>(x));
 }
 
+// Packed bf16x2 multiply and add with one rounding (RNE) per lane: mul.rn/add.rn.bf16x2 on sm_90+,
+// the exact fp32 operation and an RNE conversion elsewhere (identical whenever the fp32 result is
+// exact; callers state why it is, or why the double rounding cannot differ, for their operands).
+__device__ __forceinline__ u32 bf16x2_from_floats(float lo, float hi) {
+  u32 out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+__device__ __forceinline__ float bf16x2_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16x2_hi(u32 w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+__device__ __forceinline__ u32 mul_rn_bf16x2(u32 a, u32 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  u32 out;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+#else
+  return bf16x2_from_floats(__fmul_rn(bf16x2_lo(a), bf16x2_lo(b)), __fmul_rn(bf16x2_hi(a), bf16x2_hi(b)));
+#endif
+}
+__device__ __forceinline__ u32 add_rn_bf16x2(u32 a, u32 b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  u32 out;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+#else
+  return bf16x2_from_floats(__fadd_rn(bf16x2_lo(a), bf16x2_lo(b)), __fadd_rn(bf16x2_hi(a), bf16x2_hi(b)));
+#endif
+}
+
+// The same for f16x2 (mul.rn/add.rn.f16x2 exist from sm_53).
+__device__ __forceinline__ u32 f16x2_from_floats(float lo, float hi) {
+  u32 out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+__device__ __forceinline__ u32 mul_rn_f16x2(u32 a, u32 b) {
+  u32 out;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+__device__ __forceinline__ u32 add_rn_f16x2(u32 a, u32 b) {
+  u32 out;
+  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(out) : "r"(a), "r"(b));
+  return out;
+}
+
 }  // namespace ditops::kernel

@@ -257,10 +257,22 @@ bool use_cta(const LayerNormModulateCall& c, const DeviceInfo& device) {
   return c.options.mapping != LnRowMapping::warp;
 }
 
+// The persistent CTA loop's knobs, from bench/experiments/adaln_tune.cu on the H200 (2026-11-29,
+// cold L2, % of a same-size copy; run 2026-11-29-h200-runs/10-tune):
+//   FLUX (1,4608,3072), 6 slots: one row per CTA 72 %; persistent 81 %; persistent with the next
+//     row prefetched 84 % (123 registers, 4 CTAs/SM), with __launch_bounds__(128, 6) 92.7 %
+//     (80 registers), (128, 8) 90 %; Qwen CFG the same order (92.0 % at (128, 6)).
+//   Wan (1,32760,5120), 10 slots: prefetch at ptxas' choice (168 registers, 3 CTAs/SM) 89 %;
+//     (128, 6) spills: 81 %; (128, 8) 57 %; no prefetch 81 %.
+// Wider rows (12+ slots) hold too much for a second row: no prefetch there (not measured).
+constexpr int kPrefetchMaxSlots = 10;
+constexpr int kMinBlocksSmallRows = 6;  // rows of <= 6 slots
 struct LnmKey {
   LnModulateKind kind = LnModulateKind::bf16_out;
   int slots = 1;
   bool cta = false;
+  bool even = false;      // n_vec == slots * threads per row: counts fold to constants
+  bool prefetch = false;  // the persistent loop loads the next row before the current statistics
   bool shift = false;
   bool div_full = false;
   bool pdl = true;
@@ -271,7 +283,8 @@ struct LnmKey {
       return std::string("qk_head,rows_per_warp=") + std::to_string(kQkRowsPerWarp) + (pdl ? ",pdl" : ",nopdl") +
              (aligned ? ",vec8" : ",scalar");
     return std::string(kind == LnModulateKind::fp8_out ? "fp8" : "bf16") + ",slots=" + std::to_string(slots) +
-           (cta ? ",cta" : ",warp") + (shift ? ",shift" : ",noshift") +
+           (cta ? ",cta" : ",warp") + (even ? ",even" : "") + (prefetch ? ",prefetch" : "") +
+           (shift ? ",shift" : ",noshift") +
            (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
            (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar");
   }
@@ -279,6 +292,8 @@ struct LnmKey {
     uint64_t v = static_cast<uint64_t>(kind);
     v = v * 128 + static_cast<uint64_t>(slots);
     v = v * 2 + cta;
+    v = v * 2 + even;
+    v = v * 2 + prefetch;
     v = v * 2 + shift;
     v = v * 2 + div_full;
     v = v * 2 + pdl;
@@ -295,7 +310,10 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   if (c.kind == LnModulateKind::qk_head) return key;
   key.cta = use_cta(c, device);
   const int n_vec = c.dim / 4;
-  key.slots = slot_bucket(key.cta ? (n_vec + kThreads - 1) / kThreads : (n_vec + 31) / 32);
+  const int per_row_threads = key.cta ? kThreads : 32;
+  key.slots = slot_bucket((n_vec + per_row_threads - 1) / per_row_threads);
+  key.even = n_vec == key.slots * per_row_threads;
+  key.prefetch = key.cta && key.slots <= kPrefetchMaxSlots;
   key.shift = c.has_shift;
   key.div_full = c.kind == LnModulateKind::fp8_out && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
   return key;
@@ -315,7 +333,9 @@ jit::KernelRequest request_for(const LnmKey& key) {
     r.function = "ditops::layernorm_modulate_body";
     r.template_args = std::to_string(key.slots) + ", " + jit::kernel_bool(key.cta) + ", " + jit::kernel_bool(key.shift) + ", " +
                       jit::kernel_bool(key.kind == LnModulateKind::fp8_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
-                      jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned);
+                      jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.even) +
+                      ", " + jit::kernel_bool(key.prefetch);
+    if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
     r.params_type = "ditops::LayerNormModulateParams";
   }
   return r;
@@ -368,7 +388,14 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   p.shift_row_stride = c.has_shift ? c.shift.strides[0] : 0;
   p.n_vec = c.dim / 4;
   p.eps = c.options.eps;
-  const int64_t grid = key.cta ? c.rows : (c.rows + kThreads / 32 - 1) / (kThreads / 32);
+  int64_t grid = (c.rows + kThreads / 32 - 1) / (kThreads / 32);
+  if (key.cta) {
+    // As many CTAs as are resident, every one looping over the same number of rows (a last
+    // partial round would leave most SMs idle while a few finish).
+    const int64_t resident = std::max<int64_t>(1, int64_t{kernel.blocks_per_sm} * kernel.multiprocessors);
+    const int64_t rows_per_cta = (c.rows + resident - 1) / resident;
+    grid = (c.rows + rows_per_cta - 1) / rows_per_cta;
+  }
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
 }
 
@@ -526,21 +553,24 @@ jit::KernelRequest aten_ln_selfcheck_request() {
 }
 
 // Every template key the op can request (for the compile test): both mappings over every
-// bucket, shift on/off, bf16/fp8 x reciprocal, PDL, alignment.
+// bucket, even/uneven rows, shift on/off, bf16/fp8 x reciprocal, PDL, alignment.
 std::vector<jit::KernelRequest> layernorm_modulate_all_requests() {
   std::vector<jit::KernelRequest> out;
   for (int slots : {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 40, 48, 64})
     for (bool cta : {false, true})
       for (int variant = 0; variant < 3; ++variant)
-        for (bool shift : {false, true}) {
-          LnmKey key;
-          key.slots = slots;
-          key.cta = cta;
-          key.kind = variant == 0 ? LnModulateKind::bf16_out : LnModulateKind::fp8_out;
-          key.div_full = variant == 2;
-          key.shift = shift;
-          out.push_back(request_for(key));
-        }
+        for (bool shift : {false, true})
+          for (bool even : {false, true}) {
+            LnmKey key;
+            key.slots = slots;
+            key.cta = cta;
+            key.even = even;
+            key.prefetch = cta && slots <= kPrefetchMaxSlots;
+            key.kind = variant == 0 ? LnModulateKind::bf16_out : LnModulateKind::fp8_out;
+            key.div_full = variant == 2;
+            key.shift = shift;
+            out.push_back(request_for(key));
+          }
   for (bool pdl : {false, true})
     for (bool aligned : {false, true}) {
       LnmKey key;

@@ -50,6 +50,29 @@ uint64_t NssKernelKey::packed() const {
   return v;
 }
 
+NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
+  // Register words of a thread's vec4 slots: D/4 vectors over 128 threads, 2 words per bf16/f16
+  // vector, 4 per fp32 one (counted here in 16-bit slots).
+  const int slots = (key.dim / 4 + 127) / 128 * (key.act == DType::f32 ? 2 : 1);
+  // bench/experiments/adaln_tune.cu on the H200 (2026-11-29, cold L2, % of a copy of the same
+  // bytes; bench/results/2026-11-29-h200-runs/12-tune):
+  //   Qwen CFG (2,6912,3072) residual, 6 slots: (128,6) no prefetch 90.1 %; prefetch at ptxas'
+  //     190 registers 69.9 %, (128,4) 89.0 %, (128,6) spills 68.7 %; plain: (128,6) 83.3 %
+  //     against 81.0 % with prefetch and 69.5 % at ptxas' choice (128 registers).
+  //   Wan (1,32760,5120) residual, 10 slots: prefetch (128,3) 92.2 %; no prefetch at ptxas' 234
+  //     registers 85.4 %, (128,6) spills 71.3 %; plain: no prefetch (128,6) 88.5 %, prefetch
+  //     (128,4) 84.4 %.
+  // Wider rows (fp32, D > 5120) are not measured: ptxas decides, no prefetch.
+  NssEagerSchedule s;
+  if (slots <= 6) {
+    s.min_blocks = 6;
+  } else if (slots <= 10) {
+    s.prefetch = key.residual;
+    s.min_blocks = key.residual ? 3 : 6;
+  }
+  return s;
+}
+
 jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
   jit::KernelRequest r;
   r.header = "norm_scale_shift.cuh";
@@ -60,6 +83,11 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
                     std::to_string(static_cast<int>(key.quant)) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::NormScaleShiftParams";
   r.max_threads = kNssMaxThreads;
+  if (key.numerics == NssNumerics::eager) {
+    const NssEagerSchedule schedule = nss_eager_schedule(key);
+    r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch);
+    r.min_blocks = schedule.min_blocks;
+  }
   r.template_key = "norm_scale_shift:" + key.to_string();
   return r;
 }

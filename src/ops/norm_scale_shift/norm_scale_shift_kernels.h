@@ -27,7 +27,16 @@ struct NssKernelKey {
   uint64_t packed() const;  // unique small integer (memo key)
 };
 
-constexpr int kNssMaxThreads = 128;  // __launch_bounds__: up to 4 rows (warps) per block
+constexpr int kNssMaxThreads = 128;  // eager: one row per 128-thread CTA; sglang: up to 4 rows (warps)
+
+// The eager kernel's persistent-loop knobs, a function of the key (measured; see the .cpp):
+// load the next row before the current row's statistics, and __launch_bounds__' minimum
+// resident CTAs per SM (0: ptxas decides).
+struct NssEagerSchedule {
+  bool prefetch = false;
+  int min_blocks = 0;
+};
+NssEagerSchedule nss_eager_schedule(const NssKernelKey& key);
 
 jit::KernelRequest nss_kernel_request(const NssKernelKey& key);
 

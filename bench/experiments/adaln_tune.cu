@@ -1,0 +1,348 @@
+// Tuning experiment for the adaLN row kernels (not part of the library): times variants of
+// kernels/layernorm_modulate.cuh (and, with -DDITOPS_TUNE_NSS, kernels/norm_scale_shift.cuh's
+// eager numerics, the copy there timed cold only) on
+// model shapes, cold L2 (256 MiB memset before each repetition) and with rotated buffers (24 input
+// and output sets back to back, > 2x the L2), against a device copy of the same bytes. Every
+// variant's output is compared byte for byte with the one-row-per-CTA variant (the schedule whose
+// numerics the GPU tests and the torch.equal runs verified). Built and run by run_tune.sh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "layernorm_modulate.cuh"
+#include "norm_scale_shift.cuh"
+
+#define CHECK(x)                                                                                  \
+  do {                                                                                            \
+    cudaError_t e = (x);                                                                          \
+    if (e != cudaSuccess) {                                                                       \
+      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);        \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+using ditops::LayerNormModulateParams;
+using ditops::NormScaleShiftParams;
+using ditops::kernel::bf16;
+
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven>
+__global__ void __launch_bounds__(128, kMinBlocks) lnm_variant(const __grid_constant__ LayerNormModulateParams p) {
+  ditops::layernorm_modulate_body<kSlots, true, true, false, false, false, true, kEven, kPrefetch>(p);
+}
+
+static void* g_flush;
+static const size_t kFlushBytes = 256u << 20;
+
+float median_us(const std::function<void()>& f) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < 40; ++i) {
+    CHECK(cudaMemsetAsync(g_flush, i, kFlushBytes));
+    CHECK(cudaEventRecord(a));
+    f();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Time per call of f(set) for sets 0..n-1 launched back to back (each set untouched since the
+// previous round of n sets), median of 15 rounds.
+float rotated_us(int n, const std::function<void(int)>& f) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < n; ++i) f(i);
+  std::vector<float> t;
+  for (int r = 0; r < 15; ++r) {
+    CHECK(cudaEventRecord(a));
+    for (int i = 0; i < n; ++i) f(i);
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000 / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Case {
+  const char* name;
+  long long batch, seq;
+  int dim;
+};
+
+struct Buffers {
+  void *x, *out, *scale, *shift;
+};
+
+std::vector<unsigned short> g_reference;  // output of the first variant of the case
+
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven = true>
+void run_variant(const char* label, const Case& c, const std::vector<Buffers>& sets, bool persistent,
+                 double copy_cold, double copy_rot) {
+  auto kernel = lnm_variant<kSlots, kPrefetch, kMinBlocks, kEven>;
+  int per_sm = 0, sms = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaFuncAttributes attr;
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const long long rows = c.batch * c.seq;
+  long long grid = rows;
+  if (persistent) {
+    const long long resident = (long long)per_sm * sms;
+    const long long per_cta = (rows + resident - 1) / resident;
+    grid = (rows + per_cta - 1) / per_cta;
+  }
+  auto params = [&](const Buffers& b) {
+    LayerNormModulateParams p{};
+    p.x = b.x;
+    p.out = b.out;
+    p.scale = b.scale;
+    p.shift = b.shift;
+    p.rows = rows;
+    p.seq = c.seq;
+    p.x_batch_stride = c.seq * c.dim;
+    p.x_token_stride = c.dim;
+    p.out_batch_stride = c.seq * c.dim;
+    p.out_token_stride = c.dim;
+    p.scale_row_stride = 6 * c.dim;  // a chunk of a [B, 6D] adaLN projection
+    p.shift_row_stride = 6 * c.dim;
+    p.n_vec = c.dim / 4;
+    p.eps = 1e-6f;
+    return p;
+  };
+  const LayerNormModulateParams p0 = params(sets[0]);
+  CHECK(cudaMemset(sets[0].out, 0xff, rows * c.dim * 2));
+  kernel<<<grid, 128>>>(p0);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned short> out(rows * c.dim);
+  CHECK(cudaMemcpy(out.data(), sets[0].out, out.size() * 2, cudaMemcpyDeviceToHost));
+  const char* equal = "reference";
+  if (g_reference.empty()) g_reference = out;
+  else equal = out == g_reference ? "equal" : "DIFFERENT";
+  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
+  std::vector<LayerNormModulateParams> ps;
+  for (const Buffers& b : sets) ps.push_back(params(b));
+  const float rot = rotated_us((int)sets.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
+  CHECK(cudaGetLastError());
+  std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
+              label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
+              100.0 * copy_rot / rot, equal);
+}
+
+template <int kSlots>
+void run_case(const Case& c) {
+  const long long rows = c.batch * c.seq;
+  const size_t xbytes = rows * c.dim * 2;
+  // Enough sets that one round moves > 2x the L2 (50 MB), at least 2.
+  const int nsets = (int)std::min<long long>(24, std::max<long long>(2, (long long)(120e6 / (2.0 * xbytes)) + 1));
+  std::vector<Buffers> sets(nsets);
+  std::vector<unsigned short> hx(rows * c.dim), hm(c.batch * 6 * c.dim);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  auto bf = [](float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  };
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf(nd(rng) * (i % 97 == 0 ? 30.f : 1.f) + 0.25f);
+  for (auto& v : hm) v = bf(0.3f * nd(rng));
+  for (auto& s : sets) {
+    CHECK(cudaMalloc(&s.x, xbytes));
+    CHECK(cudaMalloc(&s.out, xbytes));
+    void* mod;
+    CHECK(cudaMalloc(&mod, hm.size() * 2));
+    CHECK(cudaMemcpy(s.x, hx.data(), xbytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(mod, hm.data(), hm.size() * 2, cudaMemcpyHostToDevice));
+    s.scale = static_cast<char*>(mod) + 2 * c.dim;  // chunk 1 scale, chunk 0 shift (as FLUX)
+    s.shift = mod;
+  }
+  const double copy_cold = median_us([&] { CHECK(cudaMemcpyAsync(sets[0].out, sets[0].x, xbytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_rot = rotated_us(nsets, [&](int i) { CHECK(cudaMemcpyAsync(sets[i].out, sets[i].x, xbytes, cudaMemcpyDeviceToDevice)); });
+  std::printf("%s: copy cold %.2f us, rotated %.2f us (%d sets)\n", c.name, copy_cold, copy_rot, nsets);
+  g_reference.clear();
+  run_variant<kSlots, false, 1, false>("one row per CTA, general", c, sets, false, copy_cold, copy_rot);
+  run_variant<kSlots, false, 1>("one row per CTA", c, sets, false, copy_cold, copy_rot);
+  run_variant<kSlots, false, 1>("persistent", c, sets, true, copy_cold, copy_rot);
+  run_variant<kSlots, false, 8>("persistent mb8", c, sets, true, copy_cold, copy_rot);
+  run_variant<kSlots, false, 12>("persistent mb12", c, sets, true, copy_cold, copy_rot);
+  run_variant<kSlots, true, 1>("persistent+prefetch", c, sets, true, copy_cold, copy_rot);
+  run_variant<kSlots, true, 6>("persistent+prefetch mb6", c, sets, true, copy_cold, copy_rot);
+  run_variant<kSlots, true, 8>("persistent+prefetch mb8", c, sets, true, copy_cold, copy_rot);
+  for (auto& s : sets) {
+    cudaFree(s.x);
+    cudaFree(s.out);
+    cudaFree(s.shift);
+  }
+}
+
+// ---------------------------------------------------------------- norm_scale_shift (eager numerics)
+
+template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks>
+__global__ void __launch_bounds__(128, kMinBlocks) nss_variant(const __grid_constant__ NormScaleShiftParams p) {
+  ditops::norm_scale_shift_body<bf16, D, false, false, kResidual, 0, kQuant, false, kPrefetch>(p);
+}
+
+struct NssBuffers {
+  void *x, *r, *y, *ro, *mod, *fp4, *sf;
+  float* gs;
+};
+
+std::vector<unsigned char> g_nss_reference;
+
+template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks>
+void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuffers>& sets, double copy_cold,
+                     double copy_rot) {
+  auto kernel = nss_variant<D, kResidual, kQuant, kPrefetch, kMinBlocks>;
+  int per_sm = 0, sms = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaFuncAttributes attr;
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const long long rows = c.batch * c.seq;
+  const long long grid_rows = kQuant >= 2 ? (rows + 127) / 128 * 128 : rows;
+  const long long resident = (long long)per_sm * sms;
+  const long long per_cta = (grid_rows + resident - 1) / resident;
+  const long long grid = (grid_rows + per_cta - 1) / per_cta;
+  auto params = [&](const NssBuffers& b) {
+    NormScaleShiftParams p{};
+    p.x = b.x;
+    p.residual = kResidual ? b.r : nullptr;
+    p.y = kQuant >= 2 ? nullptr : b.y;
+    p.residual_out = kResidual ? b.ro : nullptr;
+    p.fp4_packed = static_cast<unsigned char*>(b.fp4);
+    p.fp4_scales = static_cast<unsigned char*>(b.sf);
+    p.global_scale = b.gs;
+    auto operand = [&](int chunk) {
+      ditops::NssOperandParams o{};
+      o.data = static_cast<char*>(b.mod) + 2 * chunk * D;
+      o.batch_stride = 6LL * D;
+      o.frame_len = c.seq;
+      o.kind = 2;
+      return o;
+    };
+    p.shift = operand(0);
+    p.scale = operand(1);
+    p.gate = operand(2);
+    p.seq = c.seq;
+    p.rows = rows;
+    p.grid_rows = grid_rows;
+    p.x_batch_stride = p.r_batch_stride = p.y_batch_stride = p.ro_batch_stride = c.seq * D;
+    p.x_token_stride = p.r_token_stride = p.y_token_stride = p.ro_token_stride = D;
+    p.eps = 1e-6f;
+    return p;
+  };
+  const NormScaleShiftParams p0 = params(sets[0]);
+  kernel<<<grid, 128>>>(p0);
+  CHECK(cudaDeviceSynchronize());
+  const size_t ybytes = rows * D * 2;
+  std::vector<unsigned char> out(kQuant >= 2 ? rows * D / 2 + grid_rows * D / 16 : 2 * ybytes);
+  if (kQuant >= 2) {
+    CHECK(cudaMemcpy(out.data(), sets[0].fp4, rows * D / 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(out.data() + rows * D / 2, sets[0].sf, grid_rows * D / 16, cudaMemcpyDeviceToHost));
+  } else {
+    CHECK(cudaMemcpy(out.data(), sets[0].y, ybytes, cudaMemcpyDeviceToHost));
+    if (kResidual) CHECK(cudaMemcpy(out.data() + ybytes, sets[0].ro, ybytes, cudaMemcpyDeviceToHost));
+  }
+  const char* equal = "reference";
+  if (g_nss_reference.empty()) g_nss_reference = out;
+  else equal = out == g_nss_reference ? "equal" : "DIFFERENT";
+  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
+  std::vector<NormScaleShiftParams> ps;
+  for (const NssBuffers& b : sets) ps.push_back(params(b));
+  const float rot = rotated_us((int)sets.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
+  CHECK(cudaGetLastError());
+  std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
+              label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
+              100.0 * copy_rot / rot, equal);
+}
+
+template <int D, bool kResidual, int kQuant>
+void run_nss_case(const Case& c) {
+  const long long rows = c.batch * c.seq;
+  const size_t xbytes = rows * D * 2;
+  // bytes moved: x (+ residual) read, y (+ residual_out) written; nvfp4: 1/4 + 1/16 written
+  const double in_bytes = (kResidual ? 2.0 : 1.0) * xbytes;
+  const double out_bytes = kQuant >= 2 ? xbytes / 4.0 + rows * D / 16.0 : (kResidual ? 2.0 : 1.0) * xbytes;
+  const size_t copy_bytes = (size_t)((in_bytes + out_bytes) / 2);
+  const int nsets = (int)std::min<long long>(12, std::max<long long>(2, (long long)(120e6 / (in_bytes + out_bytes)) + 1));
+  std::vector<NssBuffers> sets(nsets);
+  std::vector<unsigned short> hx(rows * D), hm(c.batch * 6 * D);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  auto bf = [](float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  };
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf(nd(rng) * (i % 89 == 0 ? 20.f : 1.f) - 0.125f);
+  for (auto& v : hm) v = bf(0.3f * nd(rng));
+  const long long grid_rows = (rows + 127) / 128 * 128;
+  for (auto& s : sets) {
+    CHECK(cudaMalloc(&s.x, xbytes));
+    CHECK(cudaMalloc(&s.r, xbytes));
+    CHECK(cudaMalloc(&s.y, xbytes));
+    CHECK(cudaMalloc(&s.ro, xbytes));
+    CHECK(cudaMalloc(&s.mod, hm.size() * 2));
+    CHECK(cudaMalloc(&s.fp4, rows * D / 2));
+    CHECK(cudaMalloc(&s.sf, grid_rows * D / 16));
+    CHECK(cudaMalloc(&s.gs, 4));
+    const float gs = 448.0f * 6.0f / 20.0f;
+    CHECK(cudaMemcpy(s.gs, &gs, 4, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(s.x, hx.data(), xbytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(s.r, hx.data() + 7, xbytes - 14, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(s.mod, hm.data(), hm.size() * 2, cudaMemcpyHostToDevice));
+  }
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, copy_bytes));
+  CHECK(cudaMalloc(&dst, copy_bytes));
+  const double copy_cold = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice)); });
+  const double copy_rot = copy_cold;  // (the copy is not rotated here: compare the cold columns)
+  std::printf("nss %s%s%s: copy of the same bytes cold %.2f us\n", c.name, kResidual ? " residual" : " plain",
+              kQuant >= 2 ? " nvfp4" : "", copy_cold);
+  g_nss_reference.clear();
+  run_nss_variant<D, kResidual, kQuant, false, 1>("no prefetch", c, sets, copy_cold, copy_rot);
+  run_nss_variant<D, kResidual, kQuant, true, 1>("prefetch", c, sets, copy_cold, copy_rot);
+  run_nss_variant<D, kResidual, kQuant, true, 3>("prefetch mb3", c, sets, copy_cold, copy_rot);
+  run_nss_variant<D, kResidual, kQuant, true, 4>("prefetch mb4", c, sets, copy_cold, copy_rot);
+  run_nss_variant<D, kResidual, kQuant, true, 6>("prefetch mb6", c, sets, copy_cold, copy_rot);
+  run_nss_variant<D, kResidual, kQuant, false, 6>("no prefetch mb6", c, sets, copy_cold, copy_rot);
+  for (auto& s : sets) {
+    cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
+  }
+  cudaFree(src);
+  cudaFree(dst);
+}
+
+int main() {
+  CHECK(cudaMalloc(&g_flush, kFlushBytes));
+  run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+  run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+  run_case<10>({"Wan (1,32760,5120)", 1, 32760, 5120});
+  run_case<6>({"(1,512,3072)", 1, 512, 3072});
+#ifdef DITOPS_TUNE_NSS
+  run_nss_case<3072, true, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+  run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+  run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+  run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+  run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+  run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});
+#endif
+  return 0;
+}
