@@ -315,6 +315,107 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
+// Per-head LayerNorm for head_dim 128 (n_vec 32) with 16-byte aligned rows: 8 lanes per head,
+// 4 heads per warp at a time, kIterations rounds (4 * kIterations consecutive rows of one side per
+// warp). Lane q of a group plays aten's virtual threads 4q..4q+3 (elements 16q..16q+15: two
+// 16-byte accesses). aten's shfl_down tree over 32 virtual threads keeps its order: offsets 16, 8
+// and 4 are shuffles by 4, 2 and 1 lanes of the 4 states each lane holds, offsets 2 and 1 combine
+// a lane's own states; only group lane 0's result is used, as only aten's lane 0 is. Every count
+// is known (4 values per virtual thread), so the folds are welford_combine_known.
+template <int kIterations, bool kPdl>
+__device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
+  using namespace lnm_detail;
+  constexpr int kRowsPerWarp = 4 * kIterations;
+  const int lane = threadIdx.x & 31;
+  const int group = lane >> 3, q = lane & 7;
+  const long long warp = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const long long q_groups = (p.q_rows + kRowsPerWarp - 1) / kRowsPerWarp;
+  const bool is_q = warp < q_groups;
+  const long long first = is_q ? warp * kRowsPerWarp : (warp - q_groups) * kRowsPerWarp;
+  const long long side_rows = is_q ? p.q_rows : p.total_rows - p.q_rows;
+  const int heads = is_q ? p.q_heads : p.k_heads;
+  const bf16* in = static_cast<const bf16*>(is_q ? p.q : p.k);
+  unsigned short* out = static_cast<unsigned short*>(is_q ? p.q_out : p.k_out);
+  const long long in_ts = is_q ? p.q_token_stride : p.k_token_stride;
+  const long long in_hs = is_q ? p.q_head_stride : p.k_head_stride;
+  const long long out_ts = is_q ? p.q_out_token_stride : p.k_out_token_stride;
+  const long long out_hs = is_q ? p.q_out_head_stride : p.k_out_head_stride;
+
+  if constexpr (kPdl) pdl_wait();
+  if (first < side_rows) {  // uniform per warp
+    Word<16> xw[kIterations][2];
+    long long out_off[kIterations];
+    bool valid[kIterations];
+#pragma unroll
+    for (int i = 0; i < kIterations; ++i) {
+      const long long row = first + 4 * i + group;
+      valid[i] = row < side_rows;
+      const long long token = row / heads;
+      const long long head = row - token * heads;
+      out_off[i] = token * out_ts + head * out_hs + 16 * q;
+      if (valid[i]) {
+        const bf16* src = in + token * in_ts + head * in_hs + 16 * q;
+        xw[i][0] = load_word<16, false>(src);
+        xw[i][1] = load_word<16, false>(src + 8);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kIterations; ++i) {
+      // The 4 virtual threads' states (vector r = elements 4r..4r+3 of this lane's 16).
+      WelfordState vt[4];
+      float v[16];
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const u32 w = valid[i] ? xw[i][e / 8].w[(e % 8) / 2] : 0u;
+        v[e] = (e & 1) ? __uint_as_float(w & 0xFFFF0000u) : __uint_as_float(w << 16);
+      }
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        vt[r] = WelfordState{0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) welford_push_known(vt[r], v[4 * r + e], 1.0f / static_cast<float>(e + 1));
+      }
+      float count = 4.0f;
+#pragma unroll
+      for (int lanes = 4; lanes >= 1; lanes >>= 1) {  // virtual offsets 16, 8, 4
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          WelfordState other;
+          other.mean = __shfl_down_sync(0xffffffffu, vt[r].mean, lanes);
+          other.m2 = __shfl_down_sync(0xffffffffu, vt[r].m2, lanes);
+          vt[r] = welford_combine_known(vt[r], other, count, count);
+        }
+        count = count + count;
+      }
+      vt[0] = welford_combine_known(vt[0], vt[2], count, count);  // virtual offset 2 (vt 0 and 1)
+      vt[1] = welford_combine_known(vt[1], vt[3], count, count);
+      count = count + count;
+      WelfordState w0 = welford_combine_known(vt[0], vt[1], count, count);  // virtual offset 1
+      count = count + count;  // 128
+      // aten's inter-warp combines with its empty warps 2 and 1 (n_vec = 32: one warp carries data).
+      const WelfordState empty{0.0f, 0.0f, 0.0f};
+      w0 = welford_combine_known(w0, empty, count, 0.0f);
+      w0 = welford_combine_known(w0, empty, count, 0.0f);
+      const RowStats local = finish_row_stats(w0, 128, p.eps);
+      RowStats st;
+      st.mean = __shfl_sync(0xffffffffu, local.mean, lane & ~7);
+      st.rstd = __shfl_sync(0xffffffffu, local.rstd, lane & ~7);
+      if (valid[i]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          Word<16> o;
+#pragma unroll
+          for (int k = 0; k < 4; ++k)
+            o.w[k] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[8 * h + 2 * k], st.mean)),
+                                        __fmul_rn(st.rstd, __fsub_rn(v[8 * h + 2 * k + 1], st.mean)));
+          store_word<16>(out + out_off[i] + 8 * h, o);
+        }
+      }
+    }
+  }
+  if constexpr (kPdl) pdl_launch_dependents();
+}
+
 // Device-side checks of the primitives for the GPU tests: rcp4(n) for n = 1..count, and
 // aten_rsqrtf vs its explicit subnormal form (AtenLnSelfcheckParams in the params header).
 template <int kUnused>

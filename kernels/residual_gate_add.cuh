@@ -68,6 +68,7 @@ struct Unit {
   static constexpr int kElems = 16 / static_cast<int>(sizeof(T));
   Word<16> word;
   __device__ __forceinline__ void load(const T* p) { word = load_word<16, false>(p); }
+  __device__ __forceinline__ void load_streaming(const T* p) { word = load_word_streaming(p); }
   __device__ __forceinline__ T get(int e) const { return word_element<T>(word, e); }
 };
 template <typename T>
@@ -75,12 +76,16 @@ struct Unit<T, false> {
   static constexpr int kElems = 1;
   T value;
   __device__ __forceinline__ void load(const T* p) { value = *p; }
+  __device__ __forceinline__ void load_streaming(const T* p) { value = *p; }
   __device__ __forceinline__ T get(int) const { return value; }
 };
 
 }  // namespace rga_detail
 
-template <typename T, int kMode, bool kVector, bool kPdl>
+// kUnits: units per thread per iteration (0: 2 on the vector path, 8 on the scalar one).
+// kStreaming: residual and update read with ld.global.cs, out written with st.global.cs
+// (evict-first: every byte is touched once). Measured: see the host's key_for.
+template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false>
 __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   using U = Unit<T, kVector>;
@@ -89,7 +94,7 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   // 5 resident blocks of 256). H200, 2026-11-29, bf16 row gate, cold L2: 4 units per thread
   // (80 registers, 3 blocks) ran FLUX (1,4608,3072) in 27.2 us, 1-7% behind torch.compile; see
   // bench/results for 2 units. The scalar path moves 2-4 bytes per load and needs more of them.
-  constexpr int kUnroll = kVector ? 2 : 8;
+  constexpr int kUnroll = kUnits > 0 ? kUnits : kVector ? 2 : 8;
   constexpr bool kGateUnit = kMode != kRgaGateToken;  // token mode: one scalar gate per row
 
   const T* residual = static_cast<const T*>(p.residual);
@@ -114,8 +119,13 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
     for (int k = 0; k < kUnroll; ++k) {
       const long long unit = base + k * threads;
       if (unit < p.units) {
-        r[k].load(residual + unit * kElems);
-        u[k].load(update + unit * kElems);
+        if constexpr (kStreaming) {
+          r[k].load_streaming(residual + unit * kElems);
+          u[k].load_streaming(update + unit * kElems);
+        } else {
+          r[k].load(residual + unit * kElems);
+          u[k].load(update + unit * kElems);
+        }
         if constexpr (kMode == kRgaGateFull) {
           g[k].load(gate + unit * kElems);
         } else if constexpr (kMode == kRgaGateRow) {
@@ -141,7 +151,13 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
           else
             o[e] = gated_sum(r[k].get(e), u[k].get(e), g_scalar[k]);
         }
-        store_elements<T, kElems, kVector>(out + unit * kElems, o);
+        if constexpr (kStreaming && kVector) {
+          Word<16> w;
+          elements_to_word(o, w);
+          store_word_streaming(out + unit * kElems, w);
+        } else {
+          store_elements<T, kElems, kVector>(out + unit * kElems, o);
+        }
       }
     }
   }
@@ -177,8 +193,12 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   if constexpr (kPdl) pdl_wait();
 
   // Every global load first: update units along H (line = token), residual units along T
-  // (line = channel); the same (line, unit) split serves both.
-  T u[kPerThread][kElems], g[kPerThread][kElems], r[kPerThread][kElems];
+  // (line = channel); the same (line, unit) split serves both. Units stay packed words: with T
+  // arrays ptxas took 64 registers for bf16 (48 for f16) and the bf16 kernel ran at 68 % of a
+  // copy against 96 % for f16 (H200, SANA (1,32760,2240), bench/results/.../13-tune).
+  using U = Unit<T, kVector>;
+  U u[kPerThread], g[kPerThread], r[kPerThread];
+  T g_token[kMode == kRgaGateToken ? kPerThread : 1];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
@@ -186,22 +206,20 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
     const int line = idx / kLineUnits, offset = (idx % kLineUnits) * kElems;
     const long long t = t0 + line, h = h0 + offset;
     if (t < T_ && h < H) {
-      load_elements<T, kElems, kVector, false>(update + t * H + h, u[k]);
+      u[k].load(update + t * H + h);
       if constexpr (kMode == kRgaGateFull) {
-        load_elements<T, kElems, kVector, false>(gate + batch_offset + t * H + h, g[k]);
+        g[k].load(gate + batch_offset + t * H + h);
       } else if constexpr (kMode == kRgaGateRow) {
-        load_elements<T, kElems, kVector, false>(gate + h, g[k]);
+        g[k].load(gate + h);
       } else if constexpr (kMode == kRgaGateBatch) {
-        load_elements<T, kElems, kVector, false>(gate + b * H + h, g[k]);
+        g[k].load(gate + b * H + h);
       } else {
         static_assert(kMode == kRgaGateToken, "gate mode");
-        const T scalar = gate[b * T_ + t];
-#pragma unroll
-        for (int e = 0; e < kElems; ++e) g[k][e] = scalar;
+        g_token[k] = gate[b * T_ + t];
       }
     }
     const long long rh = h0 + line, rt = t0 + offset;
-    if (rh < H && rt < T_) load_elements<T, kElems, kVector, false>(residual + rh * T_ + rt, r[k]);
+    if (rh < H && rt < T_) r[k].load(residual + rh * T_ + rt);
   }
 
 #pragma unroll
@@ -211,8 +229,10 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
     const int line = idx / kLineUnits, offset = (idx % kLineUnits) * kElems;
     if (t0 + line < T_ && h0 + offset < H) {
 #pragma unroll
-      for (int e = 0; e < kElems; ++e)
-        product[line][offset + e] = round_to<T>(__fmul_rn(to_float(u[k][e]), to_float(g[k][e])));
+      for (int e = 0; e < kElems; ++e) {
+        const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
+        product[line][offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
+      }
     }
   }
   __syncthreads();
@@ -227,7 +247,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       T o[kElems];
 #pragma unroll
       for (int e = 0; e < kElems; ++e)
-        o[e] = from_float<T>(__fadd_rn(to_float(r[k][e]), product[offset + e][line]));
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[offset + e][line]));
       store_elements<T, kElems, kVector>(out + rh * T_ + rt, o);
     }
   }

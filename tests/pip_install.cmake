@@ -22,7 +22,13 @@ out = ditops.residual_gate_add(r, u, g)
 assert np.array_equal(out, r + u * g), "residual_gate_add differs from numpy's fp32 rounding"
 print("installed at", ditops.__file__, "ran", sorted(ops))
 ]=])
-execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${WORK_DIR}/site ${PYTHON} ${WORK_DIR}/smoke.py
+# The scratch site first; an existing PYTHONPATH stays behind it (where the environment provides
+# dependencies such as tvm_ffi that way, as the GPU machine does).
+set(site_path ${WORK_DIR}/site)
+if(DEFINED ENV{PYTHONPATH} AND NOT "$ENV{PYTHONPATH}" STREQUAL "")
+  set(site_path "${site_path}:$ENV{PYTHONPATH}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -E env PYTHONPATH=${site_path} ${PYTHON} ${WORK_DIR}/smoke.py
                 WORKING_DIRECTORY ${WORK_DIR} RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "the installed package failed its smoke test (${rc})")

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 
 #include "jit/jit.h"
 
@@ -62,6 +63,47 @@ BenchRun::BenchRun(const char* op, const Args& args)
       flush_((jit::bind_primary_context(0), size_t{256} << 20)) {  // 256 MiB > the H200's 60 MB L2
   device_name_ = jit::device_info(Device{DeviceKind::cuda, 0}).name;
   std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
+}
+
+double BenchRun::rotated_us(int sets, const std::function<void(int)>& fn) {
+  const auto& d = jit::require_cuda_driver();
+  CUevent start, stop;
+  check_cu(d.cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+  check_cu(d.cuEventCreate(&stop, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; i < sets; ++i) fn(i);  // warm-up round
+  std::vector<double> times;
+  const int rounds = std::max(5, reps_ / 4);
+  for (int r = 0; r < rounds; ++r) {
+    check_cu(d.cuEventRecord(start, nullptr), "cuEventRecord");
+    for (int i = 0; i < sets; ++i) fn(i);
+    check_cu(d.cuEventRecord(stop, nullptr), "cuEventRecord");
+    check_cu(d.cuEventSynchronize(stop), "cuEventSynchronize");
+    float ms = 0;
+    check_cu(d.cuEventElapsedTime(&ms, start, stop), "cuEventElapsedTime");
+    times.push_back(ms * 1000.0 / sets);
+  }
+  d.cuEventDestroy(start);
+  d.cuEventDestroy(stop);
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int BenchRun::rotation_sets(int64_t bytes) {
+  const int64_t round = int64_t{128} << 20;
+  return static_cast<int>(std::max<int64_t>(2, (round + bytes - 1) / std::max<int64_t>(bytes, 1)));
+}
+
+double BenchRun::copy_rotated_us(int64_t bytes) {
+  const int sets = rotation_sets(bytes);
+  std::vector<std::unique_ptr<DeviceBuffer>> src, dst;
+  for (int i = 0; i < sets; ++i) {
+    src.push_back(std::make_unique<DeviceBuffer>(bytes / 2));
+    dst.push_back(std::make_unique<DeviceBuffer>(bytes / 2));
+  }
+  const auto& d = jit::require_cuda_driver();
+  return rotated_us(sets, [&](int i) {
+    check_cu(d.cuMemcpyDtoDAsync(dst[i]->ptr, src[i]->ptr, bytes / 2, nullptr), "copy");
+  });
 }
 
 double BenchRun::copy_us(int64_t bytes) {

@@ -42,6 +42,15 @@ class BenchRun {
   // bytes/2 and writes bytes/2).
   double copy_us(int64_t bytes);
   double time_us(const std::function<void()>& fn) { return median_us(fn, reps_, flush_); }
+  // The other cold-L2 method, for calls too short for the memset flush (whose write-back of
+  // 256 MiB of dirty lines overlaps a short kernel): `sets` independent buffer sets, together
+  // more than 2x the L2, launched back to back as fn(0), fn(1), ...; the median over rounds of
+  // the time per call. No set is touched again until the others have passed through the L2.
+  double rotated_us(int sets, const std::function<void(int)>& fn);
+  // Sets needed so that one round moves >= 128 MiB when one set moves `bytes`.
+  static int rotation_sets(int64_t bytes);
+  // A device copy of bytes/2 timed the same way.
+  double copy_rotated_us(int64_t bytes);
   // Prints and stores one record; copy_us <= 0 leaves copy_fraction out.
   void record(const std::string& case_name, const std::string& impl, double us, int64_t bytes, double copy_us);
   // A record with only a time (host overheads, compile times).

@@ -3,6 +3,7 @@
 // automatic choice, against a device copy of the same bytes measured in the same run.
 // Byte model: x read once, out written once, the [B, D] scale/shift rows read once.
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -67,6 +68,23 @@ int run_bench_layernorm_modulate(const Args& args) {
       o.mapping = m;
       const double us = run.time_us([&] { layernorm_modulate(xv, scale, shift, ov, o); });
       run.record(c.name, std::string("ditops:jit:") + ln_row_mapping_name(m), us, bytes, copy_us);
+    }
+    if (c.B * c.S <= 512) {
+      // Short calls: also timed over rotated buffer sets (BenchRun::rotated_us).
+      const int sets = BenchRun::rotation_sets(bytes);
+      std::vector<std::unique_ptr<DeviceBuffer>> xs, outs;
+      for (int i = 0; i < sets; ++i) {
+        xs.push_back(std::make_unique<DeviceBuffer>(n * 2));
+        outs.push_back(std::make_unique<DeviceBuffer>(n * 2));
+        jit::check_cu(jit::require_cuda_driver().cuMemcpyDtoD(xs.back()->ptr, x.ptr, n * 2), "cuMemcpyDtoD");
+      }
+      const double copy_rot = run.copy_rotated_us(bytes);
+      run.record(c.name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+      const double us = run.rotated_us(sets, [&](int i) {
+        layernorm_modulate(TensorView::contiguous(xs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}), scale, shift,
+                           TensorView::contiguous(outs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}));
+      });
+      run.record(c.name + " (rotated)", "ditops:jit:automatic", us, bytes, copy_rot);
     }
   }
   {

@@ -3,11 +3,13 @@
 // device copy of the same bytes measured in the same run. Eager PyTorch and torch.compile are
 // beside it in bench/norm_scale_shift_torch.py (same shapes).
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "ditops/norm_scale_shift.h"
+#include "jit/jit.h"
 #include "reference/half.h"
 #include "tools/bench_common.h"
 
@@ -43,6 +45,11 @@ std::vector<uint16_t> random_bf16(size_t n, std::mt19937& rng, float amplitude) 
   std::vector<uint16_t> v(n);
   for (auto& e : v) e = ref::float_to_bf16_rne(normal(rng));
   return v;
+}
+
+// Fills dst with the first `bytes` of src (device to device).
+void check_cu_copy(DeviceBuffer& dst, const DeviceBuffer& src, size_t bytes) {
+  jit::check_cu(jit::require_cuda_driver().cuMemcpyDtoD(dst.ptr, src.ptr, bytes), "cuMemcpyDtoD");
 }
 
 }  // namespace
@@ -107,6 +114,29 @@ int run_bench_norm_scale_shift(const Args& args) {
         } catch (const Error& e) {
           std::printf("%s %s: %s\n", case_name.c_str(), nss_numerics_name(numerics), e.what());
         }
+      }
+      if (rows <= 512 && (v == Variant::plain || v == Variant::residual)) {
+        // Short calls: also timed over rotated buffer sets (BenchRun::rotated_us).
+        const int sets = BenchRun::rotation_sets(bytes);
+        std::vector<std::unique_ptr<DeviceBuffer>> buffers;
+        std::vector<std::pair<NormScaleShiftInputs, NormScaleShiftOutputs>> calls;
+        for (int i = 0; i < sets; ++i) {
+          NormScaleShiftInputs in_i = in;
+          NormScaleShiftOutputs out_i = out;
+          for (TensorView* t : {&in_i.x, &in_i.residual, &out_i.y, &out_i.residual_out}) {
+            if (!t->data) continue;
+            buffers.push_back(std::make_unique<DeviceBuffer>(n * 2));
+            check_cu_copy(*buffers.back(), i == 0 ? x : r, n * 2);
+            t->data = buffers.back()->get();
+          }
+          calls.emplace_back(in_i, out_i);
+        }
+        const double copy_rot = run.copy_rotated_us(bytes);
+        run.record(case_name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+        NormScaleShiftOptions o;
+        o.dispatch.backend = Provenance::jit;
+        const double us = run.rotated_us(sets, [&](int i) { norm_scale_shift(calls[i].first, calls[i].second, o); });
+        run.record(case_name + " (rotated)", "ditops:jit:eager", us, bytes, copy_rot);
       }
     }
   }

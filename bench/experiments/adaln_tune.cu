@@ -14,10 +14,12 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "layernorm_modulate.cuh"
 #include "norm_scale_shift.cuh"
+#include "residual_gate_add.cuh"
 
 #define CHECK(x)                                                                                  \
   do {                                                                                            \
@@ -330,13 +332,193 @@ void run_nss_case(const Case& c) {
   cudaFree(dst);
 }
 
-int main() {
+// ---------------------------------------------------------------- qk_head_layernorm, Dh = 128
+
+template <int kRows>
+__global__ void __launch_bounds__(128) qk_generic(const __grid_constant__ ditops::QkHeadLayerNormParams p) {
+  ditops::qk_head_layernorm_body<kRows, false, true>(p);
+}
+template <int kIterations>
+__global__ void __launch_bounds__(128) qk_d128(const __grid_constant__ ditops::QkHeadLayerNormParams p) {
+  ditops::qk_head_layernorm_d128_body<kIterations, false>(p);
+}
+
+template <typename Kernel>
+void run_qk_variant(const char* label, Kernel kernel, int rows_per_warp, const ditops::QkHeadLayerNormParams& p,
+                    void* qo, void* ko, size_t bytes, std::vector<unsigned short>& reference, double copy) {
+  const long long warps = (p.q_rows + rows_per_warp - 1) / rows_per_warp +
+                          (p.total_rows - p.q_rows + rows_per_warp - 1) / rows_per_warp;
+  const long long grid = (warps + 3) / 4;
+  CHECK(cudaMemset(qo, 0xff, bytes));
+  CHECK(cudaMemset(ko, 0xff, bytes));
+  kernel<<<grid, 128>>>(p);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned short> out(bytes);  // q_out then k_out (bytes/2 elements each)
+  CHECK(cudaMemcpy(out.data(), qo, bytes, cudaMemcpyDeviceToHost));
+  CHECK(cudaMemcpy(out.data() + bytes / 2, ko, bytes, cudaMemcpyDeviceToHost));
+  const char* equal = "reference";
+  if (reference.empty()) reference = out;
+  else equal = out == reference ? "equal" : "DIFFERENT";
+  cudaFuncAttributes attr;
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const float us = median_us([&] { kernel<<<grid, 128>>>(p); });
+  std::printf("  %-26s regs %3d  cold %8.2f us (%5.1f%%)  %s\n", label, attr.numRegs, us, 100.0 * copy / us, equal);
+}
+
+void run_qk_case() {
+  const long long tokens = 4360, heads = 32;
+  const size_t n = tokens * heads * 128, bytes = n * 2;
+  std::vector<unsigned short> hx(n);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  for (auto& v : hx) {
+    float f = 2.0f * nd(rng) + 0.5f;
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    v = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  void *q, *k, *qo, *ko;
+  CHECK(cudaMalloc(&q, bytes));
+  CHECK(cudaMalloc(&k, bytes));
+  CHECK(cudaMalloc(&qo, bytes));
+  CHECK(cudaMalloc(&ko, bytes));
+  CHECK(cudaMemcpy(q, hx.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(k, hx.data() + 3, bytes - 6, cudaMemcpyHostToDevice));
+  ditops::QkHeadLayerNormParams p{};
+  p.q = q; p.k = k; p.q_out = qo; p.k_out = ko;
+  p.q_rows = tokens * heads;
+  p.total_rows = 2 * tokens * heads;
+  p.q_token_stride = p.k_token_stride = p.q_out_token_stride = p.k_out_token_stride = heads * 128;
+  p.q_head_stride = p.k_head_stride = p.q_out_head_stride = p.k_out_head_stride = 128;
+  p.q_heads = p.k_heads = heads;
+  p.n_vec = 32;
+  p.eps = 1e-6f;
+  void *src, *dst;
+  CHECK(cudaMalloc(&src, 2 * bytes));
+  CHECK(cudaMalloc(&dst, 2 * bytes));
+  const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, 2 * bytes, cudaMemcpyDeviceToDevice)); });
+  std::printf("qk-head GLM (1,4360,32,128): copy cold %.2f us\n", copy);
+  std::vector<unsigned short> reference;
+  run_qk_variant("generic, 4 rows/warp", qk_generic<4>, 4, p, qo, ko, bytes, reference, copy);
+  run_qk_variant("d128, 1 round", qk_d128<1>, 4, p, qo, ko, bytes, reference, copy);
+  run_qk_variant("d128, 2 rounds", qk_d128<2>, 8, p, qo, ko, bytes, reference, copy);
+  run_qk_variant("d128, 4 rounds", qk_d128<4>, 16, p, qo, ko, bytes, reference, copy);
+  cudaFree(q); cudaFree(k); cudaFree(qo); cudaFree(ko); cudaFree(src); cudaFree(dst);
+}
+
+// ---------------------------------------------------------------- residual_gate_add
+
+template <typename T, int kUnits, bool kStreaming>
+__global__ void __launch_bounds__(256) rga_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
+  ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming>(p);
+}
+template <typename T>
+__global__ void __launch_bounds__(256) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
+  ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, true, 64, false>(p);
+}
+
+template <int kUnits, bool kStreaming>
+void run_rga_variant(const char* label, bool resident_grid, ditops::ResidualGateAddParams p, void* out, size_t bytes,
+                     std::vector<unsigned short>& reference, double copy) {
+  auto kernel = rga_flat<bf16, kUnits, kStreaming>;
+  int per_sm = 0, sms = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, 0));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const long long per_pass = 256LL * kUnits;
+  long long grid = (p.units + per_pass - 1) / per_pass;
+  if (resident_grid) grid = std::min<long long>(grid, (long long)per_sm * sms);
+  const long long threads = grid * 256;
+  p.step_rows = threads / p.row_units;
+  p.step_units = threads % p.row_units;
+  CHECK(cudaMemset(out, 0xff, bytes));
+  kernel<<<grid, 256>>>(p);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned short> o(bytes / 2);
+  CHECK(cudaMemcpy(o.data(), out, bytes, cudaMemcpyDeviceToHost));
+  const char* equal = "reference";
+  if (reference.empty()) reference = o;
+  else equal = o == reference ? "equal" : "DIFFERENT";
+  const float us = median_us([&] { kernel<<<grid, 256>>>(p); });
+  std::printf("  %-30s %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  %s\n", label, per_sm, grid, us, 100.0 * copy / us, equal);
+}
+
+void run_rga_cases() {
+  {
+    const long long rows = 4608, D = 3072;
+    const size_t n = rows * D, bytes = n * 2;
+    std::vector<unsigned short> h(n);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (auto& v : h) {
+      float f = nd(rng);
+      unsigned u;
+      std::memcpy(&u, &f, 4);
+      v = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+    void *r, *u, *g, *o, *src, *dst;
+    CHECK(cudaMalloc(&r, bytes)); CHECK(cudaMalloc(&u, bytes)); CHECK(cudaMalloc(&g, D * 2)); CHECK(cudaMalloc(&o, bytes));
+    CHECK(cudaMemcpy(r, h.data(), bytes, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(u, h.data() + 5, bytes - 10, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(g, h.data() + 11, D * 2, cudaMemcpyHostToDevice));
+    const size_t model = 3 * bytes + D * 2;
+    CHECK(cudaMalloc(&src, model / 2)); CHECK(cudaMalloc(&dst, model / 2));
+    const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, model / 2, cudaMemcpyDeviceToDevice)); });
+    std::printf("rga FLUX joint (1,4608,3072) row gate bf16: copy cold %.2f us\n", copy);
+    ditops::ResidualGateAddParams p{};
+    p.residual = r; p.update = u; p.gate = g; p.out = o;
+    p.units = n / 8;
+    p.row_units = D / 8;
+    p.rows_per_batch = rows;
+    std::vector<unsigned short> reference;
+    run_rga_variant<2, false>("2 units, resident grid", true, p, o, bytes, reference, copy);
+    run_rga_variant<2, false>("2 units, full grid", false, p, o, bytes, reference, copy);
+    run_rga_variant<1, false>("1 unit, resident grid", true, p, o, bytes, reference, copy);
+    run_rga_variant<1, false>("1 unit, full grid", false, p, o, bytes, reference, copy);
+    run_rga_variant<4, false>("4 units, full grid", false, p, o, bytes, reference, copy);
+    run_rga_variant<2, true>("2 units, resident, streaming", true, p, o, bytes, reference, copy);
+    run_rga_variant<2, true>("2 units, full, streaming", false, p, o, bytes, reference, copy);
+    run_rga_variant<1, true>("1 unit, full, streaming", false, p, o, bytes, reference, copy);
+    run_rga_variant<4, true>("4 units, full, streaming", false, p, o, bytes, reference, copy);
+    cudaFree(r); cudaFree(u); cudaFree(g); cudaFree(o); cudaFree(src); cudaFree(dst);
+  }
+  {
+    // SANA-Video transposed: residual/out [B, T, H] stored [B, H, T], update [B, T, H].
+    const long long T_ = 32760, H = 2240;
+    const size_t n = T_ * H, bytes = n * 2;
+    void *r, *u, *g, *o, *src, *dst;
+    CHECK(cudaMalloc(&r, bytes)); CHECK(cudaMalloc(&u, bytes)); CHECK(cudaMalloc(&g, H * 2)); CHECK(cudaMalloc(&o, bytes));
+    CHECK(cudaMemset(r, 0x3c, bytes)); CHECK(cudaMemset(u, 0x3b, bytes)); CHECK(cudaMemset(g, 0x3a, H * 2));
+    const size_t model = 3 * bytes + H * 2;
+    CHECK(cudaMalloc(&src, model / 2)); CHECK(cudaMalloc(&dst, model / 2));
+    const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, model / 2, cudaMemcpyDeviceToDevice)); });
+    ditops::ResidualGateAddParams p{};
+    p.residual = r; p.update = u; p.gate = g; p.out = o;
+    p.tokens = T_;
+    p.hidden = H;
+    p.tiles_t = (T_ + 63) / 64;
+    p.tiles_h = (H + 63) / 64;
+    const long long grid = p.tiles_t * p.tiles_h;
+    const float bf = median_us([&] { rga_transposed<bf16><<<grid, 256>>>(p); });
+    const float hf = median_us([&] { rga_transposed<ditops::kernel::f16><<<grid, 256>>>(p); });
+    CHECK(cudaGetLastError());
+    std::printf("rga SANA transposed (1,32760,2240): copy cold %.2f us; bf16 %.2f us (%5.1f%%), f16 %.2f us (%5.1f%%)\n",
+                copy, bf, 100.0 * copy / bf, hf, 100.0 * copy / hf);
+    cudaFree(r); cudaFree(u); cudaFree(g); cudaFree(o); cudaFree(src); cudaFree(dst);
+  }
+}
+
+int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
+  const std::string only = argc > 1 ? argv[1] : "";  // lnm | nss | qk | rga (default: all)
+  if (only == "qk" || only.empty()) run_qk_case();
+  if (only == "rga" || only.empty()) run_rga_cases();
+  if (only == "qk" || only == "rga") return 0;
   run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
   run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
   run_case<10>({"Wan (1,32760,5120)", 1, 32760, 5120});
   run_case<6>({"(1,512,3072)", 1, 512, 3072});
 #ifdef DITOPS_TUNE_NSS
+  if (only == "lnm") return 0;
   run_nss_case<3072, true, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
   run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
   run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});

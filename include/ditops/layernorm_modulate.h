@@ -81,6 +81,7 @@ struct LayerNormModulateCall {
   bool has_shift = false;
   bool write_stats = false;
   bool aligned = false;  // every pointer and row stride allows the vector accesses
+  bool aligned16 = false;  // qk: ... 16-byte accesses (the 8-lanes-per-head kernel for Dh = 128)
   Stream stream = nullptr;
 };
 

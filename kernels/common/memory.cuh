@@ -51,6 +51,21 @@ __device__ __forceinline__ void store_word(void* p, const Word<Bytes>& v) {
     asm volatile("st.global.u32 [%0], %1;" ::"l"(p), "r"(v.w[0]) : "memory");
 }
 
+// 16 bytes read once and never again by this grid: ld.global.cs (evict-first in L1 and L2).
+__device__ __forceinline__ Word<16> load_word_streaming(const void* p) {
+  Word<16> out;
+  asm volatile("ld.global.cs.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p));
+  return out;
+}
+
+// 16 bytes not read again by this grid: st.global.cs (evict-first).
+__device__ __forceinline__ void store_word_streaming(void* p, const Word<16>& v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+               "r"(v.w[3])
+               : "memory");
+}
+
 // Element i of a vector word, and back (T is a 2-byte storage type or float).
 template <typename T, int Bytes>
 __device__ __forceinline__ T word_element(const Word<Bytes>& w, int i) {

@@ -1,7 +1,7 @@
 """The adaLN-family bindings on the CPU (reference backend): residual_gate_add, layernorm_modulate,
 layernorm_modulate_fp8, qk_head_layernorm and norm_scale_shift through ditops' plain functions.
 
-numpy has no bfloat16 (without ml_dtypes), so the bf16-only layernorm ops take CPU torch
+numpy has no bfloat16 it can export through DLPack (ml_dtypes' is refused), so the bf16-only layernorm ops take CPU torch
 tensors (skipped without torch); everything numpy can express uses numpy."""
 import numpy as np
 import pytest

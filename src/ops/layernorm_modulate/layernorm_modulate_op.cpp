@@ -23,6 +23,11 @@ constexpr int kThreads = 128;        // both mappings: aten's 128 threads per ro
 constexpr int kMaxDim = 8192;
 constexpr int kMaxHeadDim = 128;
 constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
+// Dh = 128 with 16-byte rows: 8 lanes per head, 4 heads per warp at a time, this many rounds.
+// H200 (2026-11-29, GLM (1,4360,32,128), cold L2, bench/experiments/adaln_tune.cu, run 13-tune):
+// 1 round 41.9 us, 2 rounds 41.1 us (91.7 % of a copy), 4 rounds 42.3 us; the one-warp-per-head
+// kernel (any Dh, 8-byte rows) 93.1 us.
+constexpr int kQkD128Iterations = 2;
 
 bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -227,9 +232,13 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   call.dim = static_cast<int>(Dh);
   call.stream = stream;
   call.aligned = true;
-  for (const TensorView* t : {&q, &k, &q_out, &k_out})
+  call.aligned16 = true;
+  for (const TensorView* t : {&q, &k, &q_out, &k_out}) {
     call.aligned = call.aligned && aligned_bytes(t->data, 8) && (t->strides[1] * 2) % 8 == 0 &&
                    (t->strides[2] * 2) % 8 == 0;
+    call.aligned16 = call.aligned16 && aligned_bytes(t->data, 16) && (t->strides[1] * 2) % 16 == 0 &&
+                     (t->strides[2] * 2) % 16 == 0;
+  }
   return call;
 }
 
@@ -277,8 +286,11 @@ struct LnmKey {
   bool div_full = false;
   bool pdl = true;
   bool aligned = true;
+  bool head128 = false;  // qk: the 8-lanes-per-head kernel (Dh = 128, 16-byte rows)
 
   std::string to_string() const {
+    if (kind == LnModulateKind::qk_head && head128)
+      return std::string("qk_head,d128,iterations=") + std::to_string(kQkD128Iterations) + (pdl ? ",pdl" : ",nopdl");
     if (kind == LnModulateKind::qk_head)
       return std::string("qk_head,rows_per_warp=") + std::to_string(kQkRowsPerWarp) + (pdl ? ",pdl" : ",nopdl") +
              (aligned ? ",vec8" : ",scalar");
@@ -298,6 +310,7 @@ struct LnmKey {
     v = v * 2 + div_full;
     v = v * 2 + pdl;
     v = v * 2 + aligned;
+    v = v * 2 + head128;
     return v;
   }
 };
@@ -307,7 +320,10 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   key.kind = c.kind;
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   key.aligned = c.aligned;
-  if (c.kind == LnModulateKind::qk_head) return key;
+  if (c.kind == LnModulateKind::qk_head) {
+    key.head128 = c.dim == 128 && c.aligned16;
+    return key;
+  }
   key.cta = use_cta(c, device);
   const int n_vec = c.dim / 4;
   const int per_row_threads = key.cta ? kThreads : 32;
@@ -325,7 +341,11 @@ jit::KernelRequest request_for(const LnmKey& key) {
   r.header = "layernorm_modulate.cuh";
   r.max_threads = kThreads;
   r.template_key = "layernorm_modulate:" + key.to_string();
-  if (key.kind == LnModulateKind::qk_head) {
+  if (key.kind == LnModulateKind::qk_head && key.head128) {
+    r.function = "ditops::qk_head_layernorm_d128_body";
+    r.template_args = std::to_string(kQkD128Iterations) + ", " + jit::kernel_bool(key.pdl);
+    r.params_type = "ditops::QkHeadLayerNormParams";
+  } else if (key.kind == LnModulateKind::qk_head) {
     r.function = "ditops::qk_head_layernorm_body";
     r.template_args = std::to_string(kQkRowsPerWarp) + ", " + jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned);
     r.params_type = "ditops::QkHeadLayerNormParams";
@@ -364,8 +384,8 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
     p.k_heads = std::max(c.heads2, 1);
     p.n_vec = c.dim / 4;
     p.eps = c.options.eps;
-    const int64_t warps = (c.rows + kQkRowsPerWarp - 1) / kQkRowsPerWarp +
-                          (c.rows2 + kQkRowsPerWarp - 1) / kQkRowsPerWarp;
+    const int64_t per_warp = key.head128 ? 4 * kQkD128Iterations : kQkRowsPerWarp;
+    const int64_t warps = (c.rows + per_warp - 1) / per_warp + (c.rows2 + per_warp - 1) / per_warp;
     const int64_t grid = (warps + kThreads / 32 - 1) / (kThreads / 32);
     jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
     return;
@@ -579,6 +599,8 @@ std::vector<jit::KernelRequest> layernorm_modulate_all_requests() {
       key.aligned = aligned;
       out.push_back(request_for(key));
       key.kind = LnModulateKind::qk_head;
+      out.push_back(request_for(key));
+      key.head128 = true;
       out.push_back(request_for(key));
     }
   return out;

@@ -40,12 +40,22 @@ const char* mode_constant(GateMode m) {
 }
 }  // namespace
 
+int rga_flat_units(const RgaKernelKey& key) {
+  // H200, 2026-11-29, FLUX (1,4608,3072) bf16 row gate, cold L2 (bench/experiments/adaln_tune.cu,
+  // bench/results/2026-11-29-h200-runs/13-tune): one 16-byte unit per thread over a full grid
+  // 25.4 us (106 % of a copy) against 2 units on a resident grid 27.2 us (99.5 %), 2 units full
+  // grid 25.8, 1 unit resident 26.1, 4 units full 26.2; ld/st.global.cs hints changed < 1 %.
+  // The scalar path moves 2-4 bytes per load and keeps 8 units.
+  return key.vector ? 1 : 8;
+}
+
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
   jit::KernelRequest r;
   r.header = "residual_gate_add.cuh";
   r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " + jit::kernel_bool(key.vector) +
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
+  if (!key.transposed) r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
   r.params_type = "ditops::ResidualGateAddParams";
   r.max_threads = kRgaThreads;
   r.template_key = "residual_gate_add:" + key.to_string();

@@ -25,5 +25,8 @@ struct RgaKernelKey {
 constexpr int kRgaThreads = 256;
 
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
+// Units (16-byte vectors, or single elements on the scalar path) per thread and iteration of
+// the flat kernel; with one unit the grid covers the tensor once (no grid-stride rounds).
+int rga_flat_units(const RgaKernelKey& key);
 
 }  // namespace ditops

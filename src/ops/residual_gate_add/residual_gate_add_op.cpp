@@ -228,9 +228,12 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     p.units = c.numel / elems;
     p.row_units = c.width / elems;
     p.rows_per_batch = std::max<int64_t>(c.rows_per_batch, 1);
-    // A resident grid (occupancy cached with the kernel), fewer blocks when there is less work.
+    // One unit per thread: a grid over the whole tensor (measured, rga_flat_units). Otherwise a
+    // resident grid (occupancy cached with the kernel), fewer blocks when there is less work.
+    const int64_t one_unit_each = (p.units + kRgaThreads - 1) / kRgaThreads;
     const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
-    grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + kRgaThreads - 1) / kRgaThreads));
+    const int64_t cap = rga_flat_units(key) == 1 ? int64_t{0x7fffffff} : resident;
+    grid = std::max<int64_t>(1, std::min<int64_t>(cap, one_unit_each));
     const int64_t threads = grid * kRgaThreads;
     p.step_rows = threads / p.row_units;
     p.step_units = threads % p.row_units;
