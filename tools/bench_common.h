@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "ditops/tensor.h"
 #include "jit/cuda_driver.h"
 #include "tools/cli_common.h"
 
@@ -44,9 +45,11 @@ class BenchRun {
   double time_us(const std::function<void()>& fn) { return median_us(fn, reps_, flush_); }
   // The other cold-L2 method, for calls too short for the memset flush (whose write-back of
   // 256 MiB of dirty lines overlaps a short kernel): `sets` independent buffer sets, together
-  // more than 2x the L2, launched back to back as fn(0), fn(1), ...; the median over rounds of
-  // the time per call. No set is touched again until the others have passed through the L2.
-  double rotated_us(int sets, const std::function<void(int)>& fn);
+  // more than 2x the L2. fn(set, stream) is captured once per set into one CUDA graph on a
+  // stream of its own, so replays time the GPU alone (a back-to-back host loop would time the
+  // facade's ~5 us per call instead); the result is the median over replays of the time per call.
+  // No set is touched again until the others have passed through the L2.
+  double rotated_us(int sets, const std::function<void(int, Stream)>& fn);
   // Sets needed so that one round moves >= 128 MiB when one set moves `bytes`.
   static int rotation_sets(int64_t bytes);
   // A device copy of bytes/2 timed the same way.

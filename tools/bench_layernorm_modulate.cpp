@@ -80,9 +80,9 @@ int run_bench_layernorm_modulate(const Args& args) {
       }
       const double copy_rot = run.copy_rotated_us(bytes);
       run.record(c.name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
-      const double us = run.rotated_us(sets, [&](int i) {
+      const double us = run.rotated_us(sets, [&](int i, Stream stream) {
         layernorm_modulate(TensorView::contiguous(xs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}), scale, shift,
-                           TensorView::contiguous(outs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}));
+                           TensorView::contiguous(outs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}), {}, stream);
       });
       run.record(c.name + " (rotated)", "ditops:jit:automatic", us, bytes, copy_rot);
     }

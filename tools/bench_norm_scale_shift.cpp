@@ -135,7 +135,8 @@ int run_bench_norm_scale_shift(const Args& args) {
         run.record(case_name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
         NormScaleShiftOptions o;
         o.dispatch.backend = Provenance::jit;
-        const double us = run.rotated_us(sets, [&](int i) { norm_scale_shift(calls[i].first, calls[i].second, o); });
+        const double us =
+            run.rotated_us(sets, [&](int i, Stream stream) { norm_scale_shift(calls[i].first, calls[i].second, o, stream); });
         run.record(case_name + " (rotated)", "ditops:jit:eager", us, bytes, copy_rot);
       }
     }
