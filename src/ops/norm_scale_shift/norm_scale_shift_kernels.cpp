@@ -55,7 +55,7 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // vector, 4 per fp32 one (counted here in 16-bit slots).
   const int slots = (key.dim / 4 + 127) / 128 * (key.act == DType::f32 ? 2 : 1);
   // bench/experiments/adaln_tune.cu on the H200 (2026-11-29, cold L2, % of a copy of the same
-  // bytes; bench/results/2026-11-29-h200-runs/12-tune):
+  // bytes; bench/results/2026-11-29-h200-runs/11-tune):
   //   Qwen CFG (2,6912,3072) residual, 6 slots: (128,6) no prefetch 90.1 %; prefetch at ptxas'
   //     190 registers 69.9 %, (128,4) 89.0 %, (128,6) spills 68.7 %; plain: (128,6) 83.3 %
   //     against 81.0 % with prefetch and 69.5 % at ptxas' choice (128 registers).
