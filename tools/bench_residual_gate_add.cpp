@@ -3,6 +3,7 @@
 // device-to-device copy of the same bytes measured in the same run.
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,8 @@ std::vector<RgaCase> bench_cases() {
       {"flux_image (1,4096,3072) row", {1, 4096, 3072}, {1, 1, 3072}, false, DType::bf16},
       {"flux_joint (1,4608,3072) row", {1, 4608, 3072}, {1, 1, 3072}, false, DType::bf16},
       {"flux2_joint (1,4608,6144) row", {1, 4608, 6144}, {1, 1, 6144}, false, DType::bf16},
+      {"qwen_cfg (2,6912,3072) batch", {2, 6912, 3072}, {2, 1, 3072}, false, DType::bf16},
+      {"wan (1,32760,5120) row", {1, 32760, 5120}, {1, 1, 5120}, false, DType::bf16},
       {"ernie (1,4216,4096) row", {1, 4216, 4096}, {1, 1, 4096}, false, DType::bf16},
       {"full_gate (1,512,4096)", {1, 512, 4096}, {1, 512, 4096}, false, DType::bf16},
       {"per_token (1,2560,512)", {1, 2560, 512}, {1, 2560, 1}, false, DType::bf16},
@@ -108,6 +111,25 @@ int run_bench_residual_gate_add(const Args& args) {
       const double us = run.time_us([&] { residual_gate_add(rv, uv, gv, ov, opt); });
       run.record(c.name, "ditops:" + std::string(provenance_name(spec->provenance)) + " " + report.template_key, us,
                  bytes, copy_us);
+    }
+    if (!c.transposed && n <= 512 * 4096) {
+      // Short calls: also timed over rotated buffer sets (BenchRun::rotated_us).
+      const int sets = BenchRun::rotation_sets(bytes);
+      std::vector<std::unique_ptr<DeviceBuffer>> rs, us_, os;
+      for (int i = 0; i < sets; ++i) {
+        rs.push_back(std::make_unique<DeviceBuffer>(n * es));
+        us_.push_back(std::make_unique<DeviceBuffer>(n * es));
+        os.push_back(std::make_unique<DeviceBuffer>(n * es));
+        upload_random(*rs.back(), c.dtype, n, 1);
+        upload_random(*us_.back(), c.dtype, n, 2);
+      }
+      const double copy_rot = run.copy_rotated_us(bytes);
+      run.record(c.name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+      const double us = run.rotated_us(sets, [&](int i, Stream stream) {
+        residual_gate_add(view_of(rs[i]->get(), c.dtype, c.shape, false), view_of(us_[i]->get(), c.dtype, c.shape, false),
+                          gv, view_of(os[i]->get(), c.dtype, c.shape, false), {}, stream);
+      });
+      run.record(c.name + " (rotated)", "ditops:jit", us, bytes, copy_rot);
     }
   }
   {
