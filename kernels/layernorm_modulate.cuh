@@ -256,39 +256,58 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
+namespace lnm_detail {
+
+// The rows of one side (q or k) this warp handles: rows_per_warp consecutive (token, head) rows
+// from `first`. Rows are grouped per side so one warp never mixes q and k: side q has
+// ceil(q_rows / rows_per_warp) groups, side k the rest.
+struct QkWarpRows {
+  long long first, side_rows;
+  int heads;
+  const bf16* in;
+  unsigned short* out;
+  long long in_ts, in_hs, out_ts, out_hs;
+};
+
+__device__ __forceinline__ QkWarpRows qk_warp_rows(const QkHeadLayerNormParams& p, int rows_per_warp) {
+  const long long warp = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  const long long q_groups = (p.q_rows + rows_per_warp - 1) / rows_per_warp;
+  const bool is_q = warp < q_groups;
+  QkWarpRows w;
+  w.first = is_q ? warp * rows_per_warp : (warp - q_groups) * rows_per_warp;
+  w.side_rows = is_q ? p.q_rows : p.total_rows - p.q_rows;
+  w.heads = is_q ? p.q_heads : p.k_heads;
+  w.in = static_cast<const bf16*>(is_q ? p.q : p.k);
+  w.out = static_cast<unsigned short*>(is_q ? p.q_out : p.k_out);
+  w.in_ts = is_q ? p.q_token_stride : p.k_token_stride;
+  w.in_hs = is_q ? p.q_head_stride : p.k_head_stride;
+  w.out_ts = is_q ? p.q_out_token_stride : p.k_out_token_stride;
+  w.out_hs = is_q ? p.q_out_head_stride : p.k_out_head_stride;
+  return w;
+}
+
+}  // namespace lnm_detail
+
 // Per-head LayerNorm of q and k: one warp per head row, kRowsPerWarp consecutive rows of one side
 // per warp (their loads are issued together). Lanes >= n_vec are aten's idle threads.
 template <int kRowsPerWarp, bool kPdl, bool kAligned>
 __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
   using namespace lnm_detail;
   const int lane = threadIdx.x & 31;
-  const long long warp = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  // Rows are grouped per side so one warp never mixes q and k: side 0 has ceil(q_rows / R)
-  // groups, side 1 the rest.
-  const long long q_groups = (p.q_rows + kRowsPerWarp - 1) / kRowsPerWarp;
-  const bool is_q = warp < q_groups;
-  const long long first = is_q ? warp * kRowsPerWarp : (warp - q_groups) * kRowsPerWarp;
-  const long long side_rows = is_q ? p.q_rows : p.total_rows - p.q_rows;
-  const int heads = is_q ? p.q_heads : p.k_heads;
-  const bf16* in = static_cast<const bf16*>(is_q ? p.q : p.k);
-  unsigned short* out = static_cast<unsigned short*>(is_q ? p.q_out : p.k_out);
-  const long long in_ts = is_q ? p.q_token_stride : p.k_token_stride;
-  const long long in_hs = is_q ? p.q_head_stride : p.k_head_stride;
-  const long long out_ts = is_q ? p.q_out_token_stride : p.k_out_token_stride;
-  const long long out_hs = is_q ? p.q_out_head_stride : p.k_out_head_stride;
+  const QkWarpRows w = qk_warp_rows(p, kRowsPerWarp);
 
   if constexpr (kPdl) pdl_wait();
-  if (first < side_rows) {
-    long long token = first / heads;
-    int head = static_cast<int>(first - token * heads);
+  if (w.first < w.side_rows) {
+    long long token = w.first / w.heads;
+    int head = static_cast<int>(w.first - token * w.heads);
     long long in_off[kRowsPerWarp], out_off[kRowsPerWarp];
     bool valid[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
-      valid[i] = first + i < side_rows;
-      in_off[i] = token * in_ts + head * in_hs;
-      out_off[i] = token * out_ts + head * out_hs;
-      if (++head == heads) {
+      valid[i] = w.first + i < w.side_rows;
+      in_off[i] = token * w.in_ts + head * w.in_hs;
+      out_off[i] = token * w.out_ts + head * w.out_hs;
+      if (++head == w.heads) {
         head = 0;
         ++token;
       }
@@ -297,7 +316,7 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
     Vec4 xv[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i)
-      if (valid[i] && has_data) xv[i] = load_vec4<kAligned, false>(in + in_off[i] + 4 * lane);
+      if (valid[i] && has_data) xv[i] = load_vec4<kAligned, false>(w.in + in_off[i] + 4 * lane);
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -308,7 +327,7 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
         Vec4 y;
         y.w[0] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[0], st.mean)), __fmul_rn(st.rstd, __fsub_rn(v[1], st.mean)));
         y.w[1] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[2], st.mean)), __fmul_rn(st.rstd, __fsub_rn(v[3], st.mean)));
-        store_out<false, kAligned>(out + out_off[i], lane, y, 1.0f);
+        store_out<false, kAligned>(w.out + out_off[i], lane, y, 1.0f);
       }
     }
   }
@@ -325,36 +344,24 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
 template <int kIterations, bool kPdl>
 __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
   using namespace lnm_detail;
-  constexpr int kRowsPerWarp = 4 * kIterations;
   const int lane = threadIdx.x & 31;
   const int group = lane >> 3, q = lane & 7;
-  const long long warp = static_cast<long long>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
-  const long long q_groups = (p.q_rows + kRowsPerWarp - 1) / kRowsPerWarp;
-  const bool is_q = warp < q_groups;
-  const long long first = is_q ? warp * kRowsPerWarp : (warp - q_groups) * kRowsPerWarp;
-  const long long side_rows = is_q ? p.q_rows : p.total_rows - p.q_rows;
-  const int heads = is_q ? p.q_heads : p.k_heads;
-  const bf16* in = static_cast<const bf16*>(is_q ? p.q : p.k);
-  unsigned short* out = static_cast<unsigned short*>(is_q ? p.q_out : p.k_out);
-  const long long in_ts = is_q ? p.q_token_stride : p.k_token_stride;
-  const long long in_hs = is_q ? p.q_head_stride : p.k_head_stride;
-  const long long out_ts = is_q ? p.q_out_token_stride : p.k_out_token_stride;
-  const long long out_hs = is_q ? p.q_out_head_stride : p.k_out_head_stride;
+  const QkWarpRows w = qk_warp_rows(p, 4 * kIterations);
 
   if constexpr (kPdl) pdl_wait();
-  if (first < side_rows) {  // uniform per warp
+  if (w.first < w.side_rows) {  // uniform per warp
     Word<16> xw[kIterations][2];
     long long out_off[kIterations];
     bool valid[kIterations];
 #pragma unroll
     for (int i = 0; i < kIterations; ++i) {
-      const long long row = first + 4 * i + group;
-      valid[i] = row < side_rows;
-      const long long token = row / heads;
-      const long long head = row - token * heads;
-      out_off[i] = token * out_ts + head * out_hs + 16 * q;
+      const long long row = w.first + 4 * i + group;
+      valid[i] = row < w.side_rows;
+      const long long token = row / w.heads;
+      const long long head = row - token * w.heads;
+      out_off[i] = token * w.out_ts + head * w.out_hs + 16 * q;
       if (valid[i]) {
-        const bf16* src = in + token * in_ts + head * in_hs + 16 * q;
+        const bf16* src = w.in + token * w.in_ts + head * w.in_hs + 16 * q;
         xw[i][0] = load_word<16, false>(src);
         xw[i][1] = load_word<16, false>(src + 8);
       }
@@ -408,7 +415,7 @@ __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
           for (int k = 0; k < 4; ++k)
             o.w[k] = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(v[8 * h + 2 * k], st.mean)),
                                         __fmul_rn(st.rstd, __fsub_rn(v[8 * h + 2 * k + 1], st.mean)));
-          store_word<16>(out + out_off[i] + 8 * h, o);
+          store_word<16>(w.out + out_off[i] + 8 * h, o);
         }
       }
     }

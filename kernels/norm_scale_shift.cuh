@@ -229,41 +229,39 @@ __device__ __forceinline__ Vec<float> round_vec(float, const float (&v)[4]) {
 // (p = 8 bf16, 11 f16) make the double rounding innocuous; the products y0 * bf16(1 + scale) have
 // their least significant bit >= 2^-148 (bf16(1 + scale) is 0 or has lsb >= 2^-8), so they are
 // exact in fp32 also below 2^-126.
-__device__ __forceinline__ Vec<bf16> mul_vec(bf16, const Vec<bf16>& a, const Vec<bf16>& b) {
-  Vec<bf16> w;
-  w.w[0] = mul_rn_bf16x2(a.w[0], b.w[0]);
-  w.w[1] = mul_rn_bf16x2(a.w[1], b.w[1]);
+// Lane by lane: two packed 16-bit lanes per word through `packed`, or an fp32 operation per word.
+template <typename T, typename Packed, typename Scalar>
+__device__ __forceinline__ Vec<T> lanewise(const Vec<T>& a, const Vec<T>& b, Packed packed, Scalar scalar) {
+  Vec<T> w;
+#pragma unroll
+  for (int i = 0; i < 4 * static_cast<int>(sizeof(T)) / 4; ++i) {
+    if constexpr (sizeof(T) == 2)
+      w.w[i] = packed(a.w[i], b.w[i]);
+    else
+      w.w[i] = __float_as_uint(scalar(__uint_as_float(a.w[i]), __uint_as_float(b.w[i])));
+  }
   return w;
+}
+__device__ __forceinline__ float fmul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float fadd(float a, float b) { return __fadd_rn(a, b); }
+
+__device__ __forceinline__ Vec<bf16> mul_vec(bf16, const Vec<bf16>& a, const Vec<bf16>& b) {
+  return lanewise<bf16>(a, b, mul_rn_bf16x2, fmul);
 }
 __device__ __forceinline__ Vec<bf16> add_vec(bf16, const Vec<bf16>& a, const Vec<bf16>& b) {
-  Vec<bf16> w;
-  w.w[0] = add_rn_bf16x2(a.w[0], b.w[0]);
-  w.w[1] = add_rn_bf16x2(a.w[1], b.w[1]);
-  return w;
+  return lanewise<bf16>(a, b, add_rn_bf16x2, fadd);
 }
 __device__ __forceinline__ Vec<f16> mul_vec(f16, const Vec<f16>& a, const Vec<f16>& b) {
-  Vec<f16> w;
-  w.w[0] = mul_rn_f16x2(a.w[0], b.w[0]);
-  w.w[1] = mul_rn_f16x2(a.w[1], b.w[1]);
-  return w;
+  return lanewise<f16>(a, b, mul_rn_f16x2, fmul);
 }
 __device__ __forceinline__ Vec<f16> add_vec(f16, const Vec<f16>& a, const Vec<f16>& b) {
-  Vec<f16> w;
-  w.w[0] = add_rn_f16x2(a.w[0], b.w[0]);
-  w.w[1] = add_rn_f16x2(a.w[1], b.w[1]);
-  return w;
+  return lanewise<f16>(a, b, add_rn_f16x2, fadd);
 }
 __device__ __forceinline__ Vec<float> mul_vec(float, const Vec<float>& a, const Vec<float>& b) {
-  Vec<float> w;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w.w[i] = __float_as_uint(__fmul_rn(__uint_as_float(a.w[i]), __uint_as_float(b.w[i])));
-  return w;
+  return lanewise<float>(a, b, mul_rn_bf16x2, fmul);
 }
 __device__ __forceinline__ Vec<float> add_vec(float, const Vec<float>& a, const Vec<float>& b) {
-  Vec<float> w;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w.w[i] = __float_as_uint(__fadd_rn(__uint_as_float(a.w[i]), __uint_as_float(b.w[i])));
-  return w;
+  return lanewise<float>(a, b, add_rn_bf16x2, fadd);
 }
 
 // A broadcast operand of the row as this thread's vec4s t + 128j, kept in registers while its

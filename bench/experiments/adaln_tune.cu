@@ -18,17 +18,9 @@
 #include <vector>
 
 #include "layernorm_modulate.cuh"
+#include "tune_common.cuh"
 #include "norm_scale_shift.cuh"
 #include "residual_gate_add.cuh"
-
-#define CHECK(x)                                                                                  \
-  do {                                                                                            \
-    cudaError_t e = (x);                                                                          \
-    if (e != cudaSuccess) {                                                                       \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__);        \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 using ditops::LayerNormModulateParams;
 using ditops::NormScaleShiftParams;
@@ -42,25 +34,7 @@ __global__ void __launch_bounds__(128, kMinBlocks) lnm_variant(const __grid_cons
 static void* g_flush;
 static const size_t kFlushBytes = 256u << 20;
 
-float median_us(const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 40; ++i) {
-    CHECK(cudaMemsetAsync(g_flush, i, kFlushBytes));
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
+float median_us(const std::function<void()>& f) { return median_us(f, g_flush, kFlushBytes); }
 
 // Time per call of f(set) for sets 0..n-1 launched back to back (each set untouched since the
 // previous round of n sets), median of 15 rounds.

@@ -15,15 +15,7 @@
 #include <vector>
 
 #include "qknorm_rope.cuh"
-
-#define CHECK(x)                                                                    \
-  do {                                                                              \
-    cudaError_t e = (x);                                                            \
-    if (e != cudaSuccess) {                                                         \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e), __FILE__, __LINE__); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "tune_common.cuh"
 
 using ditops::QkNormRopeParams;
 using bf16 = ditops::kernel::bf16;
@@ -39,27 +31,6 @@ struct Case {
   int heads;
   bool neox;
 };
-
-template <typename F>
-float median_us(F&& f, void* flush, size_t flush_bytes) {
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < 40; ++i) {
-    CHECK(cudaMemsetAsync(flush, i, flush_bytes));
-    CHECK(cudaEventRecord(a));
-    f();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 template <int MinBlocks, bool kNeox>
 float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* pos, void* flush, size_t fb) {
