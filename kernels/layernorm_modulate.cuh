@@ -19,9 +19,9 @@
 // * kCta == false: one warp per row, 4 rows per 128-thread CTA, the row kept in registers
 //   (kSlots 8-byte vectors per lane, n_vec <= 32 * kSlots). One read of
 //   x, no shared memory, no barrier.
-// * kCta == true: one 128-thread CTA per row exactly as aten launches it (n_vec <= 128 * kSlots),
-//   the inter-warp combine through shared memory: 4x fewer registers per thread for wide rows and
-//   4x more CTAs for short inputs.
+// * kCta == true (the default): one 128-thread CTA per row at a time exactly as aten launches it
+//   (n_vec <= 128 * kSlots), the inter-warp combine through shared memory, persistent over rows
+//   with the next row prefetched (layernorm_modulate_body below).
 #pragma once
 
 #include "common/aten_layer_norm.cuh"

@@ -23,10 +23,11 @@
 //   rcp(SFf * rcp(gs)) : 0 with rcp = rcp.approx.ftz.f32; e2m1_rn_satfinite(y * out), the even
 //   element in the low nibble. E2M1 in software (compares) or by cvt.rn.satfinite.e2m1x2.f32.
 //
-// Layout: one warp per row, the row in registers as raw T words. eager: lane l owns aten's
-// virtual threads l, l+32, l+64, l+96, i.e. the vec4s l + 32j (one coalesced 4*sizeof(T)-byte
-// access per vec4). sglang: lane l owns the 16-element threads l + 32k (two 16-byte accesses).
-// Padding rows of the NVFP4 scale tensor (rows .. pad128(rows)) get one warp each that writes 0.
+// Layout, the row in registers as raw T words. eager: one 128-thread CTA per row at a time, as
+// aten launches it (thread t owns the vec4s t + 128j: one coalesced 4*sizeof(T)-byte access per
+// vec4), persistent over rows (eager_rows). sglang: one warp per row, lane l owns the 16-element
+// threads l + 32k (two 16-byte accesses). Padding rows of the NVFP4 scale tensor
+// (rows .. pad128(rows)) only get zero scale bytes.
 #pragma once
 
 #include "common/aten_layer_norm.cuh"

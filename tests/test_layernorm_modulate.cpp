@@ -527,6 +527,29 @@ TEST(LayerNormModulateKernels, EveryKeyCompilesWithNvrtcForTheTargetArchs) {
   for (const char* arch : {"sm_100a", "sm_120a"})
     for (size_t i = 0; i < requests.size(); i += 31)
       EXPECT_FALSE(jit::get_cubin(requests[i], arch).empty()) << arch << " " << requests[i].template_key;
+  // Every qk-head key (one warp per head and 8 lanes per head for Dh = 128) on every target.
+  int qk_keys = 0, head128_keys = 0;
+  for (const auto& request : requests) {
+    if (request.template_key.find("qk_head") == std::string::npos) continue;
+    ++qk_keys;
+    head128_keys += request.template_key.find("d128") != std::string::npos;
+    for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
+      EXPECT_FALSE(jit::get_cubin(request, arch).empty()) << arch << " " << request.template_key;
+  }
+  EXPECT_GE(qk_keys, 4);
+  EXPECT_GE(head128_keys, 2);
+  // The persistent CTA keys carry the measured knobs: even rows, prefetch up to 10 slots, and
+  // __launch_bounds__(128, 6) up to 6 slots.
+  bool saw_even_prefetch = false;
+  for (const auto& request : requests)
+    if (request.template_key.find("slots=6,cta,even,prefetch") != std::string::npos) {
+      saw_even_prefetch = true;
+      EXPECT_EQ(request.min_blocks, 6) << request.template_key;
+    } else if (request.template_key.find("slots=12,cta") != std::string::npos) {
+      EXPECT_EQ(request.template_key.find("prefetch"), std::string::npos) << request.template_key;
+      EXPECT_EQ(request.min_blocks, 0) << request.template_key;
+    }
+  EXPECT_TRUE(saw_even_prefetch);
   EXPECT_FALSE(jit::get_cubin(aten_ln_selfcheck_request(), "sm_90a").empty());
   std::filesystem::remove_all(dir);
   unsetenv("DITOPS_CACHE_DIR");

@@ -693,6 +693,10 @@ std::vector<NssKernelKey> compile_keys(bool hardware_fp4) {
   f.dim = 4096;
   f.residual = true;
   add(f);
+  NssKernelKey wide;  // 10 slots with the residual: the prefetching schedule
+  wide.dim = 5120;
+  wide.residual = true;
+  add(wide);
   NssKernelKey small;
   small.dim = 64;
   small.quant = NssKernelQuant::fp4_software;
@@ -715,6 +719,40 @@ TEST(NssJit, KernelKeysCompileForEveryTargetArch) {
     }
   }
   std::printf("compiled %d (key, arch) pairs\n", compiled);
+}
+
+// The eager kernel's persistent-loop knobs follow the measured rules (norm_scale_shift_kernels.cpp)
+// and reach the request: prefetch as the last template argument, the launch bound's minimum.
+TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
+  NssKernelKey k;  // bf16 D=3072: 6 slots
+  k.residual = true;
+  NssEagerSchedule s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.prefetch);
+  EXPECT_EQ(s.min_blocks, 6);
+  k.dim = 5120;  // 10 slots
+  s = nss_eager_schedule(k);
+  EXPECT_TRUE(s.prefetch);
+  EXPECT_EQ(s.min_blocks, 3);
+  jit::KernelRequest r = nss_kernel_request(k);
+  EXPECT_EQ(r.min_blocks, 3);
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 6), ", true") << r.template_args;
+  k.residual = false;
+  s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.prefetch);
+  EXPECT_EQ(s.min_blocks, 6);
+  k.act = DType::f32;
+  k.dim = 4096;  // 8 fp32 slots = 16 in 16-bit words: ptxas decides
+  s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.prefetch);
+  EXPECT_EQ(s.min_blocks, 0);
+  // sglang numerics: warp per row, no schedule argument (8 template arguments against 9).
+  auto arguments = [](const std::string& args) { return 1 + std::count(args.begin(), args.end(), ','); };
+  EXPECT_EQ(arguments(r.template_args), 9) << r.template_args;
+  NssKernelKey g;
+  g.numerics = NssNumerics::sglang;
+  r = nss_kernel_request(g);
+  EXPECT_EQ(r.min_blocks, 0);
+  EXPECT_EQ(arguments(r.template_args), 8) << r.template_args;
 }
 
 TEST(NssJit, HardwareE2m1KeyIsRefusedOnSm90) {

@@ -457,4 +457,23 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
   std::printf("compiled %d (key, arch) pairs\n", compiled);
 }
 
+// The flat kernel's measured schedule reaches the kernel: one 16-byte unit per thread (a grid over
+// the whole tensor), 8 single elements on the scalar path; the transposed kernel takes no units.
+TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
+  RgaKernelKey k;
+  k.dtype = DType::bf16;
+  k.mode = GateMode::row;
+  k.vector = true;
+  EXPECT_EQ(rga_flat_units(k), 1);
+  EXPECT_NE(rga_kernel_request(k).template_args.find(", 1, false"), std::string::npos)
+      << rga_kernel_request(k).template_args;
+  k.vector = false;
+  EXPECT_EQ(rga_flat_units(k), 8);
+  EXPECT_NE(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos);
+  k.transposed = true;
+  k.tile = 32;
+  EXPECT_EQ(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos)
+      << "the transposed kernel has no units parameter";
+}
+
 }  // namespace

@@ -45,9 +45,9 @@ const char* fp8_reciprocal_name(Fp8Reciprocal mode);
 
 // Which GPU mapping of aten's 128 virtual threads computes a row. Both give identical bits.
 enum class LnRowMapping : uint8_t {
-  automatic,  // chosen from D (docs/layernorm_modulate.md says how and why)
+  automatic,  // the CTA mapping (measured faster everywhere; docs/layernorm_modulate.md)
   warp,       // one warp per row, the row in registers, 4 Welford states per lane
-  cta,        // one 128-thread CTA per row as aten launches it (inter-warp combine in shared memory)
+  cta,        // a 128-thread CTA per row as aten launches it, persistent over rows (shared-memory combine)
 };
 const char* ln_row_mapping_name(LnRowMapping mapping);
 

@@ -459,8 +459,10 @@ void register_norm_scale_shift(Registry& registry) {
     spec.provenance = Provenance::jit;
     spec.capabilities = sm90_plus;
     spec.contract = v.contract;
-    spec.description = std::string("one warp per row, NVRTC-compiled per (dtype, D, norm, residual, affine, "
-                                   "quant, pdl); numerics=") +
+    spec.description = std::string(v.numerics == NssNumerics::eager
+                                       ? "a persistent 128-thread CTA per row (aten's layout)"
+                                       : "one warp per row") +
+                       ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
                        nss_numerics_name(v.numerics);
     spec.availability = [] {
       std::string why;
