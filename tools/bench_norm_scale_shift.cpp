@@ -123,10 +123,12 @@ int run_bench_norm_scale_shift(const Args& args) {
         for (int i = 0; i < sets; ++i) {
           NormScaleShiftInputs in_i = in;
           NormScaleShiftOutputs out_i = out;
-          for (TensorView* t : {&in_i.x, &in_i.residual, &out_i.y, &out_i.residual_out}) {
+          // Inputs get copies of x and residual; outputs are only written.
+          for (const auto& [t, source] : {std::pair<TensorView*, const DeviceBuffer*>{&in_i.x, &x}, {&in_i.residual, &r},
+                                          {&out_i.y, nullptr}, {&out_i.residual_out, nullptr}}) {
             if (!t->data) continue;
             buffers.push_back(std::make_unique<DeviceBuffer>(n * 2));
-            check_cu_copy(*buffers.back(), i == 0 ? x : r, n * 2);
+            if (source) check_cu_copy(*buffers.back(), *source, n * 2);
             t->data = buffers.back()->get();
           }
           calls.emplace_back(in_i, out_i);

@@ -565,7 +565,7 @@ jit::KernelRequest aten_ln_selfcheck_request() {
   jit::KernelRequest r;
   r.header = "layernorm_modulate.cuh";
   r.function = "ditops::aten_ln_selfcheck_body";
-  r.template_args = "0";
+  r.template_args = std::string(1, '0');  // (assigning the literal "0" trips GCC 12's bogus -Wrestrict)
   r.params_type = "ditops::AtenLnSelfcheckParams";
   r.max_threads = 256;
   r.template_key = "layernorm_modulate:selfcheck";
