@@ -57,6 +57,23 @@ float rotated_us(int n, const std::function<void(int)>& f) {
   return t[t.size() / 2];
 }
 
+// One variant's line: output compared with the case's first variant, cold and rotated times.
+template <typename Kernel, typename Params, typename Out>
+void report(const char* label, Kernel kernel, int per_sm, long long grid, const Params& p0, const std::vector<Params>& ps,
+            const Out& out, Out& reference, double copy_cold, double copy_rot) {
+  cudaFuncAttributes attr;
+  CHECK(cudaFuncGetAttributes(&attr, kernel));
+  const char* equal = "reference";
+  if (reference.empty()) reference = out;
+  else equal = out == reference ? "equal" : "DIFFERENT";
+  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
+  const float rot = rotated_us((int)ps.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
+  CHECK(cudaGetLastError());
+  std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
+              label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
+              100.0 * copy_rot / rot, equal);
+}
+
 struct Case {
   const char* name;
   long long batch, seq;
@@ -76,8 +93,6 @@ void run_variant(const char* label, const Case& c, const std::vector<Buffers>& s
   int per_sm = 0, sms = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaFuncAttributes attr;
-  CHECK(cudaFuncGetAttributes(&attr, kernel));
   const long long rows = c.batch * c.seq;
   long long grid = rows;
   if (persistent) {
@@ -109,17 +124,9 @@ void run_variant(const char* label, const Case& c, const std::vector<Buffers>& s
   CHECK(cudaDeviceSynchronize());
   std::vector<unsigned short> out(rows * c.dim);
   CHECK(cudaMemcpy(out.data(), sets[0].out, out.size() * 2, cudaMemcpyDeviceToHost));
-  const char* equal = "reference";
-  if (g_reference.empty()) g_reference = out;
-  else equal = out == g_reference ? "equal" : "DIFFERENT";
-  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
   std::vector<LayerNormModulateParams> ps;
   for (const Buffers& b : sets) ps.push_back(params(b));
-  const float rot = rotated_us((int)sets.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
-  CHECK(cudaGetLastError());
-  std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
-              label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
-              100.0 * copy_rot / rot, equal);
+  report(label, kernel, per_sm, grid, p0, ps, out, g_reference, copy_cold, copy_rot);
 }
 
 template <int kSlots>
@@ -189,8 +196,6 @@ void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuff
   int per_sm = 0, sms = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaFuncAttributes attr;
-  CHECK(cudaFuncGetAttributes(&attr, kernel));
   const long long rows = c.batch * c.seq;
   const long long grid_rows = kQuant >= 2 ? (rows + 127) / 128 * 128 : rows;
   const long long resident = (long long)per_sm * sms;
@@ -236,17 +241,9 @@ void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuff
     CHECK(cudaMemcpy(out.data(), sets[0].y, ybytes, cudaMemcpyDeviceToHost));
     if (kResidual) CHECK(cudaMemcpy(out.data() + ybytes, sets[0].ro, ybytes, cudaMemcpyDeviceToHost));
   }
-  const char* equal = "reference";
-  if (g_nss_reference.empty()) g_nss_reference = out;
-  else equal = out == g_nss_reference ? "equal" : "DIFFERENT";
-  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
   std::vector<NormScaleShiftParams> ps;
   for (const NssBuffers& b : sets) ps.push_back(params(b));
-  const float rot = rotated_us((int)sets.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
-  CHECK(cudaGetLastError());
-  std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
-              label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
-              100.0 * copy_rot / rot, equal);
+  report(label, kernel, per_sm, grid, p0, ps, out, g_nss_reference, copy_cold, copy_rot);
 }
 
 template <int D, bool kResidual, int kQuant>
