@@ -144,8 +144,8 @@ __device__ __forceinline__ void load_row(const bf16* x, int n_vec, int t, Vec4 (
 // row's batch, as this thread's vectors. y = bf16(rstd * (x - mean)) in fp32 (two roundings, as
 // eager), then bf16(y * op) and bf16(p + shift) as packed bf16x2 operations: for bf16 operands
 // these single roundings equal eager's fp32 operation + bf16 rounding (the product of two bf16
-// values is exact in fp32: 16 significant bits, and its least significant bit is >= 2^-148
-// because op = bf16(1 + scale) is 0 or has its lsb >= 2^-15; a sum is exact in fp32 or its
+// values is exact in fp32: 16 significant bits, and its least significant bit is >= 2^-141
+// because y has lsb >= 2^-133 and op = bf16(1 + scale) is 0 or has its lsb >= 2^-8; a sum is exact in fp32 or its
 // operands are >= 2^16 apart, and then fp32's 24 >= 2*8 + 2 bits make the double rounding
 // innocuous).
 template <int kSlots, int kStride, bool kEven, bool kShift, bool kFp8, bool kAligned>

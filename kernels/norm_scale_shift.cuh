@@ -227,9 +227,9 @@ __device__ __forceinline__ Vec<float> round_vec(float, const float (&v)[4]) {
 // a * b and a + b of T values, one rounding to T each. For 16-bit T the packed instructions equal
 // eager's fp32 operation followed by a rounding to T on every operand pair used here: a sum or a
 // product of two values of T is exact in fp32 or (normal range) fp32's 24 >= 2p + 2 bits
-// (p = 8 bf16, 11 f16) make the double rounding innocuous; the products y0 * bf16(1 + scale) have
-// their least significant bit >= 2^-148 (bf16(1 + scale) is 0 or has lsb >= 2^-8), so they are
-// exact in fp32 also below 2^-126.
+// (p = 8 bf16, 11 f16) make the double rounding innocuous; the products y0 * rne(1 + scale) have
+// their least significant bit >= 2^-141 (bf16: y0's lsb >= 2^-133, rne(1 + scale) is 0 or has lsb
+// >= 2^-8; f16: 2^-24 and 2^-11), so they are exact in fp32 also below 2^-126.
 // Lane by lane: two packed 16-bit lanes per word through `packed`, or an fp32 operation per word.
 template <typename T, typename Packed, typename Scalar>
 __device__ __forceinline__ Vec<T> lanewise(const Vec<T>& a, const Vec<T>& b, Packed packed, Scalar scalar) {
