@@ -5,10 +5,13 @@
    sweeps (fp16/bf16/fp32), the transposed SANA-Video layout, non-zero storage offsets (pointers
    off 16-byte alignment); out keeps residual's strides.
 2. CUDA-graph capture and replay with new inputs on a side stream.
-3. Benchmark (cold L2 via triton.testing.do_bench, median): eager, torch.compile, ditops timed as a
-   one-kernel CUDA graph (the ctypes call costs tens of microseconds of host time) and plain
-   through ctypes; GB/s by the byte model (residual, update, gate read once, out written once) and
-   the fraction of a device copy of the same bytes measured in the same run.
+3. Benchmark, every implementation (device copy, eager, torch.compile, ditops with and without
+   PDL) timed two ways in the same run: "cold" = triton.testing.do_bench (a 256 MiB cache clear
+   before each call, median; ditops launched as a one-kernel CUDA graph, since the ctypes call
+   costs tens of microseconds of host time), and "rotated" = rotated_graph_us (round after round
+   over buffer sets > 3x the L2, captured in one CUDA graph: GPU time only, no flush write-back
+   overlapping the call, the same for every implementation). GB/s by the byte model (residual,
+   update, gate read once, out written once) and the fraction of a device copy of the same bytes.
 
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes: needs only libditops.so.
 """
@@ -16,7 +19,8 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench
+from torch_bench_common import (allow_recompiles, dltensor, load_eager, median_us as bench, rotated_graph_us,
+                                rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -34,9 +38,9 @@ class Ditops:
     def _dl(self, t):
         return dltensor(t, self._keep)
 
-    def residual_gate_add(self, residual, update, gate, out, backend=None, stream=None):
+    def residual_gate_add(self, residual, update, gate, out, backend=None, stream=None, pdl=True):
         self._keep.clear()
-        opts = Options(1, backend.encode() if backend else None, None)
+        opts = Options(1 if pdl else 0, backend.encode() if backend else None, None)
         args = [ctypes.byref(self._dl(t)) for t in (residual, update, gate, out)]
         impl = ctypes.create_string_buffer(128)
         err = ctypes.create_string_buffer(4096)
@@ -160,36 +164,59 @@ def run_bench(dt, rows, meta):
     gen.manual_seed(2)
     cases = [(n, s, g, t, torch.bfloat16) for n, s, g, t in BENCH]
     cases += [(n + " fp16", s, g, t, torch.float16) for n, s, g, t in BENCH if n in ("flux_image", "flux_joint", "sana_transposed")]
-    print(f"\n{'case':28s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    print(f"\n{'case':22s} {'impl':18s} {'cold us':>9s} {'copy%':>6s} {'rotated us':>11s} {'GB/s':>7s} {'copy%':>6s}")
     for name, shape, gshape, transposed, dtype in cases:
-        r, u, g = make(shape, gshape, dtype, transposed, 0, gen)
-        out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
-        nbytes = (3 * r.numel() + g.numel()) * r.element_size()
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy_us = bench(lambda: dst.copy_(src))
-
-        def rec(impl, us):
-            gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{name:28s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-            rows.append(dict(kind="bench", op="residual_gate_add", case=name, impl=impl, us=round(us, 3),
-                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
-
-        rec("device_copy", copy_us)
-        rec("torch_eager", bench(lambda: eager(r, u, g)))
-        try:
-            rec("torch_compile", bench(lambda: compiled(r, u, g)))
-        except Exception as e:  # noqa: BLE001 (report and go on)
-            print("torch.compile failed:", repr(e)[:200])
-        side = torch.cuda.Stream()
-        graph = torch.cuda.CUDAGraph()
-        dt.residual_gate_add(r, u, g, out)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=side):
-            dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream)
-        rec("ditops:jit (graph)", bench(graph.replay))
-        rec("ditops:jit (ctypes)", bench(lambda: dt.residual_gate_add(r, u, g, out)))
-        del r, u, g, out, src, dst
+        numel = 1
+        for d in shape:
+            numel *= d
+        gnumel = 1
+        for d in gshape:
+            gnumel *= d
+        nbytes = (3 * numel + gnumel) * torch.empty((), dtype=dtype).element_size()
+        sets = []
+        for _ in range(rotation_count(nbytes)):
+            r, u, g = make(shape, gshape, dtype, transposed, 0, gen)
+            out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
+            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+            sets.append((r, u, g, out, src, torch.empty_like(src)))
+        r, u, g, out, src, dst = sets[0]
+        ditops_graph = {}
+        for pdl in (True, False):
+            dt.residual_gate_add(r, u, g, out, pdl=pdl)
+            side = torch.cuda.Stream()
+            graph = torch.cuda.CUDAGraph()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, stream=side):
+                dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream, pdl=pdl)
+            ditops_graph[pdl] = graph
+        # (label, one call on set 0 for the cold timing, one call per set for the rotated timing)
+        impls = [("device_copy", lambda: dst.copy_(src), [lambda s=s: s[5].copy_(s[4]) for s in sets]),
+                 ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(s[0], s[1], s[2]) for s in sets]),
+                 ("torch_compile", lambda: compiled(r, u, g), [lambda s=s: compiled(s[0], s[1], s[2]) for s in sets]),
+                 ("ditops:jit", ditops_graph[True].replay,
+                  [lambda s=s: dt.residual_gate_add(s[0], s[1], s[2], s[3]) for s in sets]),
+                 ("ditops:jit nopdl", ditops_graph[False].replay,
+                  [lambda s=s: dt.residual_gate_add(s[0], s[1], s[2], s[3], pdl=False) for s in sets])]
+        measured = {}
+        for label, cold_fn, rotated_fns in impls:
+            try:
+                measured[label] = (bench(cold_fn), rotated_graph_us(rotated_fns))
+            except Exception as e:  # noqa: BLE001 (report and go on)
+                print(f"{name}: {label} failed:", repr(e)[:200])
+        copy_cold, copy_rot = measured["device_copy"]
+        for label, (cold, rot) in measured.items():
+            gbs = nbytes / (rot * 1e-6) / 1e9
+            print(f"{name:22s} {label:18s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:11.2f} {gbs:7.1f} "
+                  f"{100 * copy_rot / rot:5.1f}%", flush=True)
+            for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot)):
+                rows.append(dict(kind="bench", op="residual_gate_add", case=name, impl=label, method=method,
+                                 us=round(us, 3), gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1),
+                                 copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
+        if "torch_compile" in measured:
+            ratio = measured["torch_compile"][1] / measured["ditops:jit"][1]
+            print(f"{name:22s} torch.compile / ditops (rotated): {ratio:.3f}", flush=True)
+        del sets, r, u, g, out, src, dst, ditops_graph
+        torch.cuda.empty_cache()
 
 
 def main():

@@ -112,3 +112,48 @@ def graph_on_side_stream(fn):
     with torch.cuda.graph(g, stream=side):
         fn(side.cuda_stream)
     return g
+
+
+def rotation_count(set_bytes, max_sets=64):
+    """Buffer sets for rotated timing: enough that the sets together are over 3x the L2, so a set
+    is never read from the L2 its previous use filled (2 at least, max_sets at most)."""
+    l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+    return max(2, min(max_sets, -(-3 * l2 // max(set_bytes, 1))))
+
+
+def rotated_graph_us(calls, reps=15, target_us=3000.0):
+    """GPU time per call in µs, the same way for every implementation: `calls` (one zero-argument
+    callable per buffer set, each launching on the current stream) are captured round after round
+    into one CUDA graph on a side stream, so no host time (Python, ctypes, Dynamo guards) and no
+    cache flush overlaps the kernels; the rounds fill about target_us of GPU time. Returns the
+    median over `reps` replays of replay time / calls captured. Outputs allocated by a call come
+    from the graph's private pool and are freed before the next call."""
+    for c in calls:  # compile, JIT, autotune outside the capture
+        c()
+    torch.cuda.synchronize()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for c in calls:
+        c()
+    stop.record()
+    torch.cuda.synchronize()
+    round_us = max(start.elapsed_time(stop) * 1e3, 1.0)  # an upper bound (host time included)
+    rounds = max(2, min(200, int(target_us / round_us) + 1))
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for _ in range(rounds):
+            for c in calls:
+                c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        stop.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / (rounds * len(calls)))
+    del graph
+    times.sort()
+    return times[len(times) // 2]

@@ -20,7 +20,9 @@
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTile tokens x kTile channels: update is read along
 // H, its product with the gate rounded and parked in shared memory, then residual is read and out
-// written along T, so every global access is coalesced.
+// written along T, so every global access is coalesced. A tile's accesses are kTile-element pieces
+// of many rows; the block order decides which pieces are in flight together (see
+// kChannelTilesFastest).
 #pragma once
 
 #include "common/memory.cuh"
@@ -165,12 +167,16 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
-template <typename T, int kMode, bool kVector, int kTile, bool kPdl>
+// kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens.
+// With ~1000 blocks resident (H200) the blocks in flight then read whole update rows and
+// ~30-tile runs of every residual row; token tiles fastest would read whole residual rows but
+// only 1-2 tiles (128-256 bytes) of each update row. Measured: see the host's transposed_tile.
+template <typename T, int kMode, bool kVector, int kTile, bool kPdl, bool kChannelTilesFastest = true>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   constexpr int kElems = kVector ? 16 / static_cast<int>(sizeof(T)) : 1;
-  constexpr int kThreads = 256;                 // the launch's block size
-  constexpr int kLineUnits = kTile / kElems;    // units along one tile line
+  constexpr int kThreads = rga_transposed_threads(kTile, kElems);  // the launch's block size
+  constexpr int kLineUnits = kTile / kElems;                       // units along one tile line
   constexpr int kTileUnits = kTile * kLineUnits;
   constexpr int kPerThread = (kTileUnits + kThreads - 1) / kThreads;
   static_assert(kTile % kElems == 0, "tile lines hold whole units");
@@ -182,8 +188,9 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   const long long block = blockIdx.x;
   const long long b = block / (p.tiles_t * p.tiles_h);
   const long long tile_in_batch = block - b * p.tiles_t * p.tiles_h;
-  const long long h0 = (tile_in_batch / p.tiles_t) * kTile;
-  const long long t0 = (tile_in_batch % p.tiles_t) * kTile;
+  const long long h_tile = kChannelTilesFastest ? tile_in_batch % p.tiles_h : tile_in_batch / p.tiles_t;
+  const long long t_tile = kChannelTilesFastest ? tile_in_batch / p.tiles_h : tile_in_batch % p.tiles_t;
+  const long long h0 = h_tile * kTile, t0 = t_tile * kTile;
   const long long batch_offset = b * T_ * H;
   const T* residual = static_cast<const T*>(p.residual) + batch_offset;  // [H, T] of batch b
   const T* update = static_cast<const T*>(p.update) + batch_offset;      // [T, H] of batch b

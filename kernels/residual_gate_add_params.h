@@ -22,11 +22,21 @@ struct ResidualGateAddParams {
   long long step_rows;
   long long step_units;
   // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
-  // A 1-D grid of B * tiles_h * tiles_t blocks, token tiles fastest.
+  // A 1-D grid of B * tiles_t * tiles_h blocks (the block order: rga_transposed_channel_fastest).
   long long tokens;  // T
   long long hidden;  // H
   long long tiles_t;  // ceil(T / tile)
   long long tiles_h;  // ceil(H / tile)
 };
+
+// Threads of a transposed-kernel block: one per 16-byte unit (or element) of a tile, at most 256.
+// A 32-tile of 16-bit elements has 128 units: a 256-thread block would leave half its threads idle.
+// (__host__ __device__ under nvcc and NVRTC: NVRTC rejects unannotated functions.)
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__
+#endif
+constexpr int rga_transposed_threads(int tile, int elems_per_unit) {
+  return tile * (tile / elems_per_unit) < 256 ? tile * (tile / elems_per_unit) : 256;
+}
 
 }  // namespace ditops

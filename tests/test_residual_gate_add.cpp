@@ -476,4 +476,31 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
       << "the transposed kernel has no units parameter";
 }
 
+// The transposed kernel's block has one thread per unit of a tile, at most 256; the launch, the
+// request's __launch_bounds__ and the kernel's own count (rga_transposed_threads) agree.
+TEST(ResidualGateAddJit, TransposedBlockHasOneThreadPerTileUnit) {
+  RgaKernelKey k;
+  k.transposed = true;
+  k.vector = true;
+  k.tile = 32;
+  for (DType dt : {DType::bf16, DType::f16}) {
+    k.dtype = dt;
+    EXPECT_EQ(rga_block_threads(k), 128) << "32 x 32 tile of 16-bit elements = 128 16-byte units";
+  }
+  k.dtype = DType::f32;
+  EXPECT_EQ(rga_block_threads(k), 256);
+  k.tile = 64;
+  EXPECT_EQ(rga_block_threads(k), 256) << "a 64-tile has 512 units: two per thread";
+  k.vector = false;
+  k.tile = 32;
+  EXPECT_EQ(rga_block_threads(k), 256);
+  k.dtype = DType::bf16;
+  k.vector = true;
+  EXPECT_EQ(rga_kernel_request(k).max_threads, 128);
+  k.transposed = false;
+  k.tile = 0;
+  EXPECT_EQ(rga_block_threads(k), kRgaThreads);
+  EXPECT_EQ(rga_kernel_request(k).max_threads, kRgaThreads);
+}
+
 }  // namespace

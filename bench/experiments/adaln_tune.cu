@@ -383,9 +383,9 @@ template <typename T, int kUnits, bool kStreaming, int kBlock = 256>
 __global__ void __launch_bounds__(kBlock) rga_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming>(p);
 }
-template <typename T>
+template <typename T, int kTile, bool kChannelTilesFastest>
 __global__ void __launch_bounds__(256) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
-  ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, true, 64, false>(p);
+  ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, true, kTile, false, kChannelTilesFastest>(p);
 }
 
 template <int kUnits, bool kStreaming, int kBlock = 256, typename T = bf16>
@@ -411,6 +411,54 @@ void run_rga_variant(const char* label, bool resident_grid, ditops::ResidualGate
   else equal = o == reference ? "equal" : "DIFFERENT";
   const float us = median_us([&] { kernel<<<grid, kBlock>>>(p); });
   std::printf("  %-30s %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  %s\n", label, per_sm, grid, us, 100.0 * copy / us, equal);
+}
+
+// One transposed variant: tile edge x block order, checked equal to the first variant's output.
+template <typename T, int kTile, bool kChannelTilesFastest>
+void run_rga_transposed_variant(const char* label, ditops::ResidualGateAddParams p, long long batch, size_t bytes,
+                                std::vector<unsigned short>& reference, double copy) {
+  constexpr int kThreads = ditops::rga_transposed_threads(kTile, 8);
+  p.tiles_t = (p.tokens + kTile - 1) / kTile;
+  p.tiles_h = (p.hidden + kTile - 1) / kTile;
+  const long long grid = batch * p.tiles_t * p.tiles_h;
+  CHECK(cudaMemset(p.out, 0xff, bytes));
+  rga_transposed<T, kTile, kChannelTilesFastest><<<grid, kThreads>>>(p);
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned short> o(bytes / 2);
+  CHECK(cudaMemcpy(o.data(), p.out, bytes, cudaMemcpyDeviceToHost));
+  const char* equal = "reference";
+  if (reference.empty()) reference = o;
+  else equal = o == reference ? "equal" : "DIFFERENT";
+  const float us = median_us([&] { rga_transposed<T, kTile, kChannelTilesFastest><<<grid, kThreads>>>(p); });
+  std::printf("  %-36s grid %6lld x %3d  cold %8.2f us (%5.1f%%)  %s\n", label, grid, kThreads, us, 100.0 * copy / us,
+              equal);
+}
+
+template <typename T>
+void run_rga_transposed_case(const char* name, long long B, long long T_, long long H) {
+  const size_t n = B * T_ * H, bytes = n * 2;
+  std::vector<unsigned short> h(n);
+  std::mt19937 rng(5);
+  for (auto& v : h) v = (unsigned short)(0x3c00 + (rng() & 0x3ff) - 0x200);  // finite in bf16 and f16
+  void *r, *u, *g, *o, *src, *dst;
+  CHECK(cudaMalloc(&r, bytes)); CHECK(cudaMalloc(&u, bytes)); CHECK(cudaMalloc(&g, H * 2)); CHECK(cudaMalloc(&o, bytes));
+  CHECK(cudaMemcpy(r, h.data(), bytes, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(u, h.data() + 3, bytes - 6, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(g, h.data() + 7, H * 2, cudaMemcpyHostToDevice));
+  const size_t model = 3 * bytes + H * 2;
+  CHECK(cudaMalloc(&src, model / 2)); CHECK(cudaMalloc(&dst, model / 2));
+  const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, model / 2, cudaMemcpyDeviceToDevice)); });
+  std::printf("rga transposed %s: copy cold %.2f us\n", name, copy);
+  ditops::ResidualGateAddParams p{};
+  p.residual = r; p.update = u; p.gate = g; p.out = o;
+  p.tokens = T_;
+  p.hidden = H;
+  std::vector<unsigned short> reference;
+  run_rga_transposed_variant<T, 64, false>("tile 64, token tiles fastest", p, B, bytes, reference, copy);
+  run_rga_transposed_variant<T, 64, true>("tile 64, channel tiles fastest", p, B, bytes, reference, copy);
+  run_rga_transposed_variant<T, 32, false>("tile 32, token tiles fastest", p, B, bytes, reference, copy);
+  run_rga_transposed_variant<T, 32, true>("tile 32, channel tiles fastest", p, B, bytes, reference, copy);
+  cudaFree(r); cudaFree(u); cudaFree(g); cudaFree(o); cudaFree(src); cudaFree(dst);
 }
 
 void run_rga_cases() {
@@ -456,30 +504,10 @@ void run_rga_cases() {
     run_rga_variant<1, false, 128, ditops::kernel::f16>("fp16 1 unit, 128", false, p, o, bytes, ref16, copy);
     cudaFree(r); cudaFree(u); cudaFree(g); cudaFree(o); cudaFree(src); cudaFree(dst);
   }
-  {
-    // SANA-Video transposed: residual/out [B, T, H] stored [B, H, T], update [B, T, H].
-    const long long T_ = 32760, H = 2240;
-    const size_t n = T_ * H, bytes = n * 2;
-    void *r, *u, *g, *o, *src, *dst;
-    CHECK(cudaMalloc(&r, bytes)); CHECK(cudaMalloc(&u, bytes)); CHECK(cudaMalloc(&g, H * 2)); CHECK(cudaMalloc(&o, bytes));
-    CHECK(cudaMemset(r, 0x3c, bytes)); CHECK(cudaMemset(u, 0x3b, bytes)); CHECK(cudaMemset(g, 0x3a, H * 2));
-    const size_t model = 3 * bytes + H * 2;
-    CHECK(cudaMalloc(&src, model / 2)); CHECK(cudaMalloc(&dst, model / 2));
-    const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, model / 2, cudaMemcpyDeviceToDevice)); });
-    ditops::ResidualGateAddParams p{};
-    p.residual = r; p.update = u; p.gate = g; p.out = o;
-    p.tokens = T_;
-    p.hidden = H;
-    p.tiles_t = (T_ + 63) / 64;
-    p.tiles_h = (H + 63) / 64;
-    const long long grid = p.tiles_t * p.tiles_h;
-    const float bf = median_us([&] { rga_transposed<bf16><<<grid, 256>>>(p); });
-    const float hf = median_us([&] { rga_transposed<ditops::kernel::f16><<<grid, 256>>>(p); });
-    CHECK(cudaGetLastError());
-    std::printf("rga SANA transposed (1,32760,2240): copy cold %.2f us; bf16 %.2f us (%5.1f%%), f16 %.2f us (%5.1f%%)\n",
-                copy, bf, 100.0 * copy / bf, hf, 100.0 * copy / hf);
-    cudaFree(r); cudaFree(u); cudaFree(g); cudaFree(o); cudaFree(src); cudaFree(dst);
-  }
+  // SANA-Video transposed: residual/out [B, T, H] stored [B, H, T], update [B, T, H].
+  run_rga_transposed_case<bf16>("SANA (1,32760,2240) bf16", 1, 32760, 2240);
+  run_rga_transposed_case<ditops::kernel::f16>("SANA (1,32760,2240) f16", 1, 32760, 2240);
+  run_rga_transposed_case<bf16>("(2,513,256) bf16", 2, 513, 256);
 }
 
 int main(int argc, char** argv) {

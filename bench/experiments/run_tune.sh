@@ -2,6 +2,7 @@
 # Builds the tuning experiments and runs them one after another (on the GPU machine):
 #   bash bench/experiments/run_tune.sh qknorm   the qknorm_rope unit sizes (three builds in parallel)
 #   bash bench/experiments/run_tune.sh adaln    layernorm_modulate and norm_scale_shift schedules
+#   bash bench/experiments/run_tune.sh rga      residual_gate_add variants (flat and transposed)
 set -u
 cd "$(dirname "$0")"
 case "${1:-adaln}" in
@@ -11,4 +12,6 @@ case "${1:-adaln}" in
     for v in c2 c4 c8; do /tmp/qk_tune_$v; done ;;
   adaln)
     nvcc -O3 -std=c++17 -arch=sm_90a -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu -o /tmp/adaln_tune && /tmp/adaln_tune ;;
+  rga)
+    nvcc -O3 -std=c++17 -arch=sm_90a -I../../kernels adaln_tune.cu -o /tmp/rga_tune && /tmp/rga_tune rga ;;
 esac

@@ -1,5 +1,7 @@
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 
+#include "kernels/residual_gate_add_params.h"
+
 namespace ditops {
 
 const char* gate_mode_name(GateMode mode) {
@@ -51,6 +53,12 @@ int rga_flat_units(const RgaKernelKey& key) {
   return key.vector ? 1 : 8;
 }
 
+int rga_block_threads(const RgaKernelKey& key) {
+  if (!key.transposed) return kRgaThreads;
+  const int elems = key.vector ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;
+  return rga_transposed_threads(key.tile, elems);
+}
+
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
   jit::KernelRequest r;
   r.header = "residual_gate_add.cuh";
@@ -59,7 +67,7 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
   if (!key.transposed) r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
   r.params_type = "ditops::ResidualGateAddParams";
-  r.max_threads = kRgaThreads;
+  r.max_threads = rga_block_threads(key);
   r.template_key = "residual_gate_add:" + key.to_string();
   return r;
 }

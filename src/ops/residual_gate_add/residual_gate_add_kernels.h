@@ -28,5 +28,8 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
 // Units (16-byte vectors, or single elements on the scalar path) per thread and iteration of
 // the flat kernel; with one unit the grid covers the tensor once (no grid-stride rounds).
 int rga_flat_units(const RgaKernelKey& key);
+// Threads per block: kRgaThreads for the flat kernel; one per unit of a tile (at most 256) for
+// the transposed one (rga_transposed_threads, shared with the kernel).
+int rga_block_threads(const RgaKernelKey& key);
 
 }  // namespace ditops

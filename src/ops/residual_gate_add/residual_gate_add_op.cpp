@@ -184,9 +184,10 @@ namespace {
 
 const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const ResidualGateAddCall*>(p); }
 
-// Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32.
-// The scalar path always takes 32: a 64-tile of single elements is 16 loads of each tensor per
-// thread, ~190 registers under ptxas (sm_90a), one block per SM.
+// Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32
+// (128-thread blocks for 16-bit vectors: rga_block_threads). The scalar path always takes 32: a
+// 64-tile of single elements is 16 loads of each tensor per thread, ~190 registers under ptxas
+// (sm_90a), one block per SM.
 // Blocks of the transposed kernel at its smallest tile (32): the launch takes a 1-D grid.
 int64_t transposed_blocks(const ResidualGateAddCall& c) {
   return c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
@@ -238,7 +239,7 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     p.step_rows = threads / p.row_units;
     p.step_units = threads % p.row_units;
   }
-  jit::launch(kernel, static_cast<unsigned>(grid), kRgaThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
+  jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
 
