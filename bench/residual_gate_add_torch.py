@@ -11,7 +11,8 @@
    costs tens of microseconds of host time), and "rotated" = rotated_graph_us (round after round
    over buffer sets > 3x the L2, captured in one CUDA graph: GPU time only, no flush write-back
    overlapping the call, the same for every implementation). GB/s by the byte model (residual,
-   update, gate read once, out written once) and the fraction of a device copy of the same bytes.
+   update, gate read once, out written once) and the fraction of a device copy of the same bytes
+   (cold: torch's copy_; rotated: a Triton copy kernel, as a captured copy_ runs on a copy engine).
 
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes: needs only libditops.so.
 """
@@ -19,8 +20,8 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, dltensor, load_eager, median_us as bench, rotated_graph_us,
-                                rotation_count, script_main)
+from torch_bench_common import (allow_recompiles, copy_kernel, dltensor, load_eager, median_us as bench,
+                                rotated_graph_us, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -190,7 +191,7 @@ def run_bench(dt, rows, meta):
                 dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream, pdl=pdl)
             ditops_graph[pdl] = graph
         # (label, one call on set 0 for the cold timing, one call per set for the rotated timing)
-        impls = [("device_copy", lambda: dst.copy_(src), [lambda s=s: s[5].copy_(s[4]) for s in sets]),
+        impls = [("device_copy", lambda: dst.copy_(src), [lambda s=s: copy_kernel(s[4], s[5]) for s in sets]),
                  ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(s[0], s[1], s[2]) for s in sets]),
                  ("torch_compile", lambda: compiled(r, u, g), [lambda s=s: compiled(s[0], s[1], s[2]) for s in sets]),
                  ("ditops:jit", ditops_graph[True].replay,

@@ -14,8 +14,10 @@
 // Flat kernel (contiguous layout): a grid-stride loop over units (kElems consecutive elements of
 // one row: a 16-byte vector, or one element on the scalar path). A thread's units are one grid
 // width apart, kUnroll of them per iteration with every load issued before any arithmetic, so each
-// thread keeps 3 * kUnroll independent loads in flight. The gate index comes from a (row, col)
-// cursor advanced without division.
+// thread keeps 3 * kUnroll independent loads in flight. With one unit per thread the grid covers
+// the tensor and the loop runs once. Indices are 32-bit whenever the host says they fit
+// (params.index32): a thread then finds its gate by one 32-bit division where the 64-bit path
+// spent ~70 instructions before its first load.
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTile tokens x kTile channels: update is read along
@@ -42,26 +44,6 @@ __device__ __forceinline__ T gated_sum(T r, T u, T g) {
   return from_float<T>(__fadd_rn(to_float(r), product));
 }
 
-// A division-free (row, col) cursor over units: col in [0, row_units).
-struct Cursor {
-  long long row, col;
-  __device__ __forceinline__ void advance(long long step_rows, long long step_units, long long row_units) {
-    row += step_rows;
-    col += step_units;
-    if (col >= row_units) {
-      col -= row_units;
-      ++row;
-    }
-  }
-};
-
-__device__ __forceinline__ long long divide(long long a, long long b) {
-  // 32-bit division where it fits (always, for real tensors): a fraction of the 64-bit cost.
-  if (a < 0xffffffffll && b < 0xffffffffll)
-    return static_cast<long long>(static_cast<unsigned>(a) / static_cast<unsigned>(b));
-  return a / b;
-}
-
 // One unit of kElems elements as loaded: a 16-byte vector kept as four packed 32-bit words (16-bit
 // elements unpacked into a register each would double the register count of the flat kernel and
 // halve its occupancy), or a single element.
@@ -82,69 +64,56 @@ struct Unit<T, false> {
   __device__ __forceinline__ T get(int) const { return value; }
 };
 
-}  // namespace rga_detail
+// The gate of `unit`: the element offset of its gate vector (of its one gate on token mode).
+// Division in the index type, the offset in 64 bits (numel may pass 2^32 where units do not).
+template <int kMode, typename Index>
+__device__ __forceinline__ unsigned long long gate_offset(Index unit, Index row_units, Index units_per_gate_row,
+                                                          int elems) {
+  using Offset = unsigned long long;
+  if constexpr (kMode == kRgaGateFull) return static_cast<Offset>(unit) * elems;
+  else if constexpr (kMode == kRgaGateRow) return static_cast<Offset>(unit % row_units) * elems;
+  else if constexpr (kMode == kRgaGateBatch)
+    return (static_cast<Offset>(unit / units_per_gate_row) * row_units + unit % row_units) * elems;
+  else return unit / row_units;  // token: one gate per row
+}
 
-// kUnits: units per thread per iteration (0: 2 on the vector path, 8 on the scalar one).
-// kStreaming: residual and update read with ld.global.cs, out written with st.global.cs
-// (evict-first: every byte is touched once). Measured: see the host's key_for.
-template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false>
-__device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
-  using namespace rga_detail;
+template <typename Index, typename T, int kMode, bool kVector, int kUnroll, bool kStreaming>
+__device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   using U = Unit<T, kVector>;
   constexpr int kElems = U::kElems;
-  // Bytes in flight: the vector path keeps 2 x 3 x 16 B per thread outstanding (48 registers,
-  // 5 resident blocks of 256). H200, 2026-11-29, bf16 row gate, cold L2: 4 units per thread
-  // (80 registers, 3 blocks) ran FLUX (1,4608,3072) in 27.2 us, 1-7% behind torch.compile; see
-  // bench/results for 2 units. The scalar path moves 2-4 bytes per load and needs more of them.
-  constexpr int kUnroll = kUnits > 0 ? kUnits : kVector ? 2 : 8;
   constexpr bool kGateUnit = kMode != kRgaGateToken;  // token mode: one scalar gate per row
-
   const T* residual = static_cast<const T*>(p.residual);
   const T* update = static_cast<const T*>(p.update);
   const T* gate = static_cast<const T*>(p.gate);
   T* out = static_cast<T*>(p.out);
+  const Index units = static_cast<Index>(p.units), row_units = static_cast<Index>(p.row_units);
+  const Index units_per_gate_row = static_cast<Index>(p.units_per_gate_row);
+  const Index threads = static_cast<Index>(gridDim.x) * blockDim.x;
+  const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
 
-  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
-  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  Cursor cursor{0, 0};
-  if constexpr (kMode != kRgaGateFull) {
-    cursor.row = first / p.row_units;
-    cursor.col = first - cursor.row * p.row_units;
-  }
-
-  if constexpr (kPdl) pdl_wait();
-
-  for (long long base = first; base < p.units; base += kUnroll * threads) {
+  for (Index base = first; base < units; base += kUnroll * threads) {
     U r[kUnroll], u[kUnroll], g[kGateUnit ? kUnroll : 1];
     T g_scalar[kGateUnit ? 1 : kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      const long long unit = base + k * threads;
-      if (unit < p.units) {
+      const Index unit = base + k * threads;
+      if (unit < units) {
         if constexpr (kStreaming) {
-          r[k].load_streaming(residual + unit * kElems);
-          u[k].load_streaming(update + unit * kElems);
+          r[k].load_streaming(residual + static_cast<unsigned long long>(unit) * kElems);
+          u[k].load_streaming(update + static_cast<unsigned long long>(unit) * kElems);
         } else {
-          r[k].load(residual + unit * kElems);
-          u[k].load(update + unit * kElems);
+          r[k].load(residual + static_cast<unsigned long long>(unit) * kElems);
+          u[k].load(update + static_cast<unsigned long long>(unit) * kElems);
         }
-        if constexpr (kMode == kRgaGateFull) {
-          g[k].load(gate + unit * kElems);
-        } else if constexpr (kMode == kRgaGateRow) {
-          g[k].load(gate + cursor.col * kElems);
-        } else if constexpr (kMode == kRgaGateBatch) {
-          g[k].load(gate + (divide(cursor.row, p.rows_per_batch) * p.row_units + cursor.col) * kElems);
-        } else {
-          static_assert(kMode == kRgaGateToken, "gate mode");
-          g_scalar[k] = gate[cursor.row];
-        }
+        const unsigned long long at = gate_offset<kMode>(unit, row_units, units_per_gate_row, kElems);
+        if constexpr (kGateUnit) g[k].load(gate + at);
+        else g_scalar[k] = gate[at];
       }
-      if constexpr (kMode != kRgaGateFull) cursor.advance(p.step_rows, p.step_units, p.row_units);
     }
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
-      const long long unit = base + k * threads;
-      if (unit < p.units) {
+      const Index unit = base + k * threads;
+      if (unit < units) {
         T o[kElems];
 #pragma unroll
         for (int e = 0; e < kElems; ++e) {
@@ -156,22 +125,38 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
         if constexpr (kStreaming && kVector) {
           Word<16> w;
           elements_to_word(o, w);
-          store_word_streaming(out + unit * kElems, w);
+          store_word_streaming(out + static_cast<unsigned long long>(unit) * kElems, w);
         } else {
-          store_elements<T, kElems, kVector>(out + unit * kElems, o);
+          store_elements<T, kElems, kVector>(out + static_cast<unsigned long long>(unit) * kElems, o);
         }
       }
     }
   }
+}
 
+}  // namespace rga_detail
+
+// kUnits: units per thread per iteration (0: 2 on the vector path, 8 on the scalar one).
+// kStreaming: residual and update read with ld.global.cs, out written with st.global.cs
+// (evict-first: every byte is touched once). Measured: see the host's rga_flat_units.
+template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false>
+__device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
+  using namespace rga_detail;
+  constexpr int kUnroll = kUnits > 0 ? kUnits : kVector ? 2 : 8;
+  if constexpr (kPdl) pdl_wait();
+  // A uniform branch: both index widths are compiled, the host's flag picks one per launch.
+  if (p.index32)
+    flat_units<unsigned, T, kMode, kVector, kUnroll, kStreaming>(p);
+  else
+    flat_units<unsigned long long, T, kMode, kVector, kUnroll, kStreaming>(p);
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
-// kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens.
-// With ~1000 blocks resident (H200) the blocks in flight then read whole update rows and
-// ~30-tile runs of every residual row; token tiles fastest would read whole residual rows but
-// only 1-2 tiles (128-256 bytes) of each update row. Measured: see the host's transposed_tile.
-template <typename T, int kMode, bool kVector, int kTile, bool kPdl, bool kChannelTilesFastest = true>
+// kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
+// blocks in flight then read whole update rows) instead of consecutive token tiles (whole
+// residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
+// bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us.
+template <typename T, int kMode, bool kVector, int kTile, bool kPdl, bool kChannelTilesFastest = false>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   constexpr int kElems = kVector ? 16 / static_cast<int>(sizeof(T)) : 1;
@@ -185,13 +170,14 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   __shared__ float product[kTile][kTile + 1];  // [token offset][channel offset]
 
   const long long T_ = p.tokens, H = p.hidden;
-  const long long block = blockIdx.x;
-  const long long b = block / (p.tiles_t * p.tiles_h);
-  const long long tile_in_batch = block - b * p.tiles_t * p.tiles_h;
-  const long long h_tile = kChannelTilesFastest ? tile_in_batch % p.tiles_h : tile_in_batch / p.tiles_t;
-  const long long t_tile = kChannelTilesFastest ? tile_in_batch / p.tiles_h : tile_in_batch % p.tiles_t;
-  const long long h0 = h_tile * kTile, t0 = t_tile * kTile;
-  const long long batch_offset = b * T_ * H;
+  // The grid has < 2^31 blocks (the host checks): the block's coordinates in 32-bit divisions.
+  const unsigned tiles_t = static_cast<unsigned>(p.tiles_t), tiles_h = static_cast<unsigned>(p.tiles_h);
+  const unsigned b = blockIdx.x / (tiles_t * tiles_h);
+  const unsigned tile_in_batch = blockIdx.x - b * tiles_t * tiles_h;
+  const unsigned h_tile = kChannelTilesFastest ? tile_in_batch % tiles_h : tile_in_batch / tiles_t;
+  const unsigned t_tile = kChannelTilesFastest ? tile_in_batch / tiles_h : tile_in_batch % tiles_t;
+  const long long h0 = static_cast<long long>(h_tile) * kTile, t0 = static_cast<long long>(t_tile) * kTile;
+  const long long batch_offset = static_cast<long long>(b) * T_ * H;
   const T* residual = static_cast<const T*>(p.residual) + batch_offset;  // [H, T] of batch b
   const T* update = static_cast<const T*>(p.update) + batch_offset;      // [T, H] of batch b
   const T* gate = static_cast<const T*>(p.gate);

@@ -14,15 +14,14 @@ struct ResidualGateAddParams {
   void* out;
   // Flat kernel (contiguous layout), counted in units of kElems elements (one 16-byte vector on
   // the vector path, one element on the scalar path); a unit never straddles two rows.
-  long long units;           // numel / kElems
-  long long row_units;       // D / kElems
-  long long rows_per_batch;  // batch mode: rows that share one gate row
-  // The grid's thread count as (rows, units) of a row: how far a thread's (row, col) cursor
-  // moves per grid-stride step, pre-divided on the host so the loop has no division.
-  long long step_rows;
-  long long step_units;
+  long long units;               // numel / kElems
+  long long row_units;           // D / kElems
+  long long units_per_gate_row;  // batch mode: the units of the rows that share one gate row
+  // 1 when every unit index the grid visits (up to units + a grid's width) fits in 32 bits: the
+  // kernel then indexes and divides in 32-bit (a 64-bit division is ~70 instructions per thread).
+  int index32;
   // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
-  // A 1-D grid of B * tiles_t * tiles_h blocks (the block order: rga_transposed_channel_fastest).
+  // A 1-D grid of B * tiles_t * tiles_h blocks (< 2^31), token tiles fastest.
   long long tokens;  // T
   long long hidden;  // H
   long long tiles_t;  // ceil(T / tile)

@@ -13,6 +13,8 @@
 #include "ditops/residual_gate_add.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "kernels/residual_gate_add_params.h"
+#include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
 
 namespace ditops {
@@ -228,6 +230,66 @@ TEST_F(ResidualGateAddGpu, PointersOffSixteenBytesTakeTheScalarPathAndAgree) {
     run_case({{2, 33, 128}, {2, 1, 128}, dt, false, 3}, seed++);
     run_case({{2, 513, 256}, {1, 1, 256}, dt, true, 1}, seed++);
   }
+}
+
+// The flat kernel launched directly: 32- and 64-bit indices (the op takes 64-bit only past 2^32
+// units, so the tests above never reach it), on a grid that covers the tensor and on a 3-block
+// grid that loops; every gate mode, vector (bf16) and scalar (fp32) path, against the reference.
+TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
+  const Device cpu{DeviceKind::cpu, 0};
+  struct ModeCase {
+    GateMode mode;
+    std::vector<int64_t> gate;
+    int64_t rows_per_gate_row;
+  };
+  const std::vector<int64_t> shape = {2, 33, 128};
+  const std::vector<ModeCase> modes = {{GateMode::row, {1, 1, 128}, 66},
+                                       {GateMode::batch, {2, 1, 128}, 33},
+                                       {GateMode::token, {2, 33, 1}, 1},
+                                       {GateMode::full, {2, 33, 128}, 1}};
+  uint32_t seed = 400;
+  for (DType dt : {DType::bf16, DType::f32})
+    for (const ModeCase& m : modes) {
+      const GpuCase c{shape, m.gate, dt};
+      SCOPED_TRACE(c.describe());
+      const size_t es = dtype_size(dt);
+      const int64_t n = product(shape);
+      const HostInputs h = make_inputs(c, seed++);
+      std::vector<uint8_t> want(n * es);
+      residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, shape, cpu, false),
+                        view_of(const_cast<uint8_t*>(h.update.data()), c, shape, cpu, false),
+                        view_of(const_cast<uint8_t*>(h.gate.data()), c, m.gate, cpu, false),
+                        view_of(want.data(), c, shape, cpu, false));
+      DeviceTensor r(h.residual.size(), 0), u(h.update.size(), 0), g(h.gate.size(), 0);
+      r.upload(h.residual);
+      u.upload(h.update);
+      g.upload(h.gate);
+      RgaKernelKey key;
+      key.dtype = dt;
+      key.mode = m.mode;
+      key.vector = dt != DType::f32;  // fp32 here exercises the scalar path
+      key.pdl = false;
+      const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
+      const int64_t elems = key.vector ? 16 / static_cast<int64_t>(es) : 1;
+      for (int index32 : {1, 0})
+        for (int64_t grid : {int64_t{0}, int64_t{3}}) {
+          DeviceTensor o(n * es, 0);
+          ResidualGateAddParams p{};
+          p.residual = r.data();
+          p.update = u.data();
+          p.gate = g.data();
+          p.out = o.data();
+          p.units = n / elems;
+          p.row_units = shape[2] / elems;
+          p.units_per_gate_row = m.rows_per_gate_row * p.row_units;
+          p.index32 = index32;
+          const int64_t blocks = grid ? grid : (p.units + kRgaThreads - 1) / kRgaThreads;
+          jit::launch(kernel, static_cast<unsigned>(blocks), kRgaThreads, &p, sizeof p, nullptr, false);
+          check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+          EXPECT_EQ(compare(o, want, es), "") << (index32 ? "32" : "64") << "-bit indices, " << blocks << " blocks, "
+                                              << key.to_string();
+        }
+    }
 }
 
 TEST_F(ResidualGateAddGpu, CapturedInACudaGraphReplaysOnNewInputs) {

@@ -228,16 +228,15 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     const int64_t elems = key.vector ? 16 / static_cast<int64_t>(dtype_size(key.dtype)) : 1;
     p.units = c.numel / elems;
     p.row_units = c.width / elems;
-    p.rows_per_batch = std::max<int64_t>(c.rows_per_batch, 1);
+    p.units_per_gate_row = std::max<int64_t>(c.rows_per_batch, 1) * p.row_units;
     // One unit per thread: a grid over the whole tensor (measured, rga_flat_units). Otherwise a
     // resident grid (occupancy cached with the kernel), fewer blocks when there is less work.
     const int64_t one_unit_each = (p.units + kRgaThreads - 1) / kRgaThreads;
     const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
     const int64_t cap = rga_flat_units(key) == 1 ? int64_t{0x7fffffff} : resident;
     grid = std::max<int64_t>(1, std::min<int64_t>(cap, one_unit_each));
-    const int64_t threads = grid * kRgaThreads;
-    p.step_rows = threads / p.row_units;
-    p.step_units = threads % p.row_units;
+    // The largest unit index a thread forms is below units + one pass of the grid.
+    p.index32 = p.units + grid * kRgaThreads * rga_flat_units(key) <= int64_t{0xffffffff};
   }
   jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
