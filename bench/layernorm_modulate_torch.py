@@ -5,14 +5,17 @@
    signed zeros and scales -1/0/1, every row mapping; per-head QK LayerNorm; fp8 against
    `(y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)` (eager
    `1.0 / tensor` is Tensor.reciprocal, an IEEE division: fp8_reciprocal=ieee matches it).
-2. Benchmark at the model shapes: eager, torch.compile, ditops (direct call and as a one-kernel
-   CUDA graph), cold L2 (triton.testing.do_bench), median; GB/s and fraction of a device copy.
+2. Benchmark at the model shapes: device copy, eager, torch.compile, ditops, each timed cold
+   (triton.testing.do_bench; ditops launched as a one-kernel CUDA graph) and rotated (buffer sets
+   over 3x the L2 captured round after round in one CUDA graph), medians; GB/s by the byte model
+   and the fraction of a device copy timed the same way (torch_bench_common.measure / report).
 """
 import ctypes
 import sys
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench, graph_on_side_stream as as_graph
+from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as as_graph,
+                                load_eager, measure, report, report_header, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -144,48 +147,48 @@ def run_bench(dt, rows, meta):
     compiled_q = torch.compile(lambda y, s: quant(y, s), dynamic=False)
     compiled_fp8 = torch.compile(lambda x, a, b, s, e: quant(eager(x, a, b, e), s), dynamic=False)
     compiled_qk = torch.compile(lambda q, k: qk_eager(q, k, 1e-6), dynamic=False)
-    print(f"\n{'case':34s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+    report_header()
     cases = [("FLUX.1 (1,4608,3072)", 1, 4608, 3072), ("Qwen CFG (2,6912,3072)", 2, 6912, 3072),
              ("Wan (1,32760,5120)", 1, 32760, 5120), ("(1,512,3072)", 1, 512, 3072),
              ("GLM (1,4096,4096)", 1, 4096, 4096), ("FLUX.2 fp8 (1,4608,6144)", 1, 4608, 6144),
              ("FLUX.2 fp8 (1,512,6144)", 1, 512, 6144), ("GLM qk-head (1,4360,32,128)", 1, 4360, 32 * 128)]
+    st = torch.tensor([0.03125], device="cuda")
     for name, B, S, D in cases:
         fp8, qk = "fp8" in name, "qk-head" in name
-        x, scale, shift = make(B, S, D, 6, 1.0, gen)
-        nbytes = x.numel() * (3 if fp8 else 4) + 4 * B * D
+        nbytes = 8 * B * S * D if qk else B * S * D * (3 if fp8 else 4) + 4 * B * D
+        sets = []  # dicts of one call's tensors
+        for _ in range(rotation_count(nbytes)):
+            x, scale, shift = make(B, S, D, 6, 1.0, gen)
+            t = dict(x=x, scale=scale, shift=shift)
+            if qk:
+                t.update(q=x.view(B, S, 32, 128), k=x.clone().view(B, S, 32, 128))
+                t.update(qo=torch.empty_like(t["q"]), ko=torch.empty_like(t["k"]))
+            else:
+                t["out"] = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn if fp8 else x.dtype)
+            t["src"], t["dst"] = copy_buffers(nbytes)
+            sets.append(t)
         if qk:
-            q, k = x.view(B, S, 32, 128), x.clone().view(B, S, 32, 128)
-            qo, ko = torch.empty_like(q), torch.empty_like(k)
-            nbytes = 8 * x.numel()
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy_us = bench(lambda: dst.copy_(src))
-
-        def rec(impl, us):
-            gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{name:34s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-            rows.append(dict(kind="bench", op="layernorm_modulate", case=name, impl=impl, us=round(us, 3),
-                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
-
-        rec("device_copy", copy_us)
-        if qk:
-            fn = lambda s=None: dt.qk(q, k, qo, ko, 1e-6, stream=s)  # noqa: E731
-            rec("torch_eager", bench(lambda: qk_eager(q, k, 1e-6)))
-            rec("torch_compile", bench(lambda: compiled_qk(q, k)))
+            ditops_fn = lambda t, s=None: dt.qk(t["q"], t["k"], t["qo"], t["ko"], 1e-6, stream=s)  # noqa: E731
+            torch_fns = [("torch_eager", lambda t: qk_eager(t["q"], t["k"], 1e-6)),
+                         ("torch_compile", lambda t: compiled_qk(t["q"], t["k"]))]
         elif fp8:
-            st = torch.tensor([0.03125], device="cuda")
-            out = torch.empty(x.shape, device="cuda", dtype=torch.float8_e4m3fn)
-            fn = lambda s=None: dt.ln_mod_fp8(x, scale, shift, st, out, 1e-6, stream=s)  # noqa: E731
-            rec("torch_eager", bench(lambda: quant(eager(x, scale, shift, 1e-6), st)))
-            rec("torch_compile", bench(lambda: compiled_fp8(x, scale, shift, st, 1e-6)))
-            rec("torch_compile:quant_only", bench(lambda: compiled_q(x, st)))
+            ditops_fn = lambda t, s=None: dt.ln_mod_fp8(t["x"], t["scale"], t["shift"], st, t["out"], 1e-6, stream=s)  # noqa: E731
+            torch_fns = [("torch_eager", lambda t: quant(eager(t["x"], t["scale"], t["shift"], 1e-6), st)),
+                         ("torch_compile", lambda t: compiled_fp8(t["x"], t["scale"], t["shift"], st, 1e-6)),
+                         ("torch_compile:quant_only", lambda t: compiled_q(t["x"], st))]
         else:
-            out = torch.empty_like(x)
-            fn = lambda s=None: dt.ln_mod(x, scale, shift, out, 1e-6, stream=s)  # noqa: E731
-            rec("torch_eager", bench(lambda: eager(x, scale, shift, 1e-6)))
-            rec("torch_compile", bench(lambda: compiled(x, scale, shift, 1e-6)))
-        rec("ditops:jit", bench(fn))
-        rec("ditops:jit:graph", bench(as_graph(fn).replay))
+            ditops_fn = lambda t, s=None: dt.ln_mod(t["x"], t["scale"], t["shift"], t["out"], 1e-6, stream=s)  # noqa: E731
+            torch_fns = [("torch_eager", lambda t: eager(t["x"], t["scale"], t["shift"], 1e-6)),
+                         ("torch_compile", lambda t: compiled(t["x"], t["scale"], t["shift"], 1e-6))]
+        t0 = sets[0]
+        ditops_fn(t0)
+        one_kernel_graph = as_graph(lambda s: ditops_fn(t0, s))  # cold: the ctypes call costs ~20 us of host time
+        impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"])]
+        impls += [(label, lambda f=f: f(t0), [lambda t=t, f=f: f(t) for t in sets]) for label, f in torch_fns]
+        impls.append(("ditops:jit", one_kernel_graph.replay, [lambda t=t: ditops_fn(t) for t in sets]))
+        report(measure(impls), rows, meta, "layernorm_modulate", name, nbytes)
+        del sets, t0, one_kernel_graph
+        torch.cuda.empty_cache()
 
 
 def main():

@@ -6,10 +6,11 @@
    amplitudes 1e-4..100, eps 1e-6/1e-5, signed zeros and the special scales -1/0/1, shift absent.
    The fp8 oracle is SGLang's static quant of the eager y: inv = 1.0/input_scale as Triton computes
    it (div.full.f32), then (y.float() * inv).clamp(+-448).to(float8_e4m3fn).
-2. Benchmark: ditops (jit; eager and sglang numerics, timed as one-kernel CUDA graphs: the ctypes
-   call costs tens of us of host time), eager and torch.compile on the model shapes, cold L2
-   (triton.testing.do_bench flushes it), median; GB/s by the byte model and the fraction of a
-   device copy of the same bytes measured in the same run. JSON records in the bench/results format.
+2. Benchmark: device copy, ditops (jit; eager and sglang numerics), eager and torch.compile on the
+   model shapes, each timed cold (triton.testing.do_bench; ditops as a one-kernel CUDA graph, the
+   ctypes call costs tens of us of host time) and rotated (buffer sets over 3x the L2 captured
+   round after round in one CUDA graph), medians; GB/s by the byte model and the fraction of a
+   device copy timed the same way. JSON records in the bench/results format.
 
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs only libditops.so.
 """
@@ -18,7 +19,8 @@ import itertools
 import sys
 
 import torch
-from torch_bench_common import DLTensor, allow_recompiles, dltensor, load_eager, script_main, median_us as bench, graph_on_side_stream as graph_of
+from torch_bench_common import (DLTensor, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as graph_of,
+                                load_eager, measure, report, report_header, rotation_count, script_main)
 import triton
 import triton.language as tl
 
@@ -173,82 +175,86 @@ CASES = [("FLUX 1x4608x3072", 1, 4608, 3072), ("Qwen-Image CFG 2x6912x3072", 2, 
 
 
 
+def bench_tensors(B, S, D, variant, gen):
+    """One buffer set of a benchmark case: the ditops call's tensors (keyword arguments of
+    Ditops.run) and the byte model."""
+    x = torch.randn(B, S, D, device="cuda", generator=gen).to(torch.bfloat16)
+    mod = (torch.randn(B, 6, D, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
+    n = x.numel()
+    t = dict(x=x, scale=mod[:, 0:1], shift=mod[:, 1:2])
+    nbytes = 2 * n + 4 * B * D
+    if variant in ("residual", "nvfp4"):
+        t.update(residual=torch.randn_like(x), gate=mod[:, 2:3], residual_out=torch.empty_like(x))
+        nbytes += 4 * n + 2 * B * D
+    if variant != "nvfp4":
+        t["y"] = torch.empty_like(x)
+        nbytes += 2 * n
+    if variant == "fp8":
+        t.update(input_scale=torch.tensor([0.03125], device="cuda"),
+                 fp8=torch.empty(B, S, D, device="cuda", dtype=torch.uint8))
+        nbytes += n
+    if variant == "nvfp4":
+        padded = (B * S + 127) // 128 * 128
+        t.update(global_scale=torch.tensor([0.625], device="cuda"),
+                 nvfp4_packed=torch.empty(B * S, D // 2, device="cuda", dtype=torch.uint8),
+                 nvfp4_scales=torch.empty(padded, D // 16, device="cuda", dtype=torch.uint8))
+        nbytes += n // 2 + padded * D // 16
+    return t, nbytes
+
+
 def run_bench(dt, rows, meta):
     allow_recompiles()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(2)
     compiled = {}
-    print(f"\n{'case':48s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
+
+    def chain(x_, s_, sh_, r_, g_, inv_):
+        y, v = eager_chain(x_, s_, sh_, residual=r_, gate=g_)
+        if inv_ is not None:
+            return y, (y.float() * inv_).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), v
+        return y, v
+
+    report_header(44)
     for (name, B, S, D), variant in itertools.product(CASES, ("plain", "residual", "fp8", "nvfp4")):
-        x = torch.randn(B, S, D, device="cuda", generator=gen).to(torch.bfloat16)
-        mod = (torch.randn(B, 6, D, device="cuda", generator=gen) * 0.2).to(torch.bfloat16)
-        scale, shift, gate = mod[:, 0:1], mod[:, 1:2], mod[:, 2:3]
-        n = x.numel()
-        t = dict(x=x, scale=scale, shift=shift)
-        nbytes = 2 * n + 4 * B * D
-        residual = None
-        if variant in ("residual", "nvfp4"):
-            residual = torch.randn_like(x)
-            t.update(residual=residual, gate=gate, residual_out=torch.empty_like(x))
-            nbytes += 4 * n + 2 * B * D
-        if variant != "nvfp4":
-            t["y"] = torch.empty_like(x)
-            nbytes += 2 * n
-        isc = torch.tensor([0.03125], device="cuda")
-        if variant == "fp8":
-            t.update(input_scale=isc, fp8=torch.empty(B, S, D, device="cuda", dtype=torch.uint8))
-            nbytes += n
-        if variant == "nvfp4":
-            padded = (B * S + 127) // 128 * 128
-            t.update(global_scale=torch.tensor([0.625], device="cuda"),
-                     nvfp4_packed=torch.empty(B * S, D // 2, device="cuda", dtype=torch.uint8),
-                     nvfp4_scales=torch.empty(padded, D // 16, device="cuda", dtype=torch.uint8))
-            nbytes += n // 2 + padded * D // 16
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy_us = bench(lambda: dst.copy_(src))
         label = f"{name} {variant}"
-
-        def rec(impl, us):
-            gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{label:48s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-            rows.append(dict(kind="bench", op="norm_scale_shift", case=label, impl=impl, us=round(us, 3),
-                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
-
-        rec("device_copy", copy_us)
+        sets = []
+        first, nbytes = bench_tensors(B, S, D, variant, gen)
+        sets.append(first)
+        for _ in range(rotation_count(nbytes) - 1):
+            sets.append(bench_tensors(B, S, D, variant, gen)[0])
+        for t in sets:
+            t["src"], t["dst"] = copy_buffers(nbytes)
+            if variant == "fp8":  # torch.compile's chain takes the reciprocal, computed once per set
+                t["inv"] = inv_div_full(t["input_scale"])
+        args = lambda t: {k: v for k, v in t.items() if k not in ("src", "dst", "inv")}  # noqa: E731
+        t0 = sets[0]
+        impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"])]
         for numerics in ("eager", "sglang"):
             try:
-                dt.run(numerics=numerics, **t)
-                g = graph_of(lambda s: dt.run(numerics=numerics, stream=s, **t))
-                rec(f"ditops:jit:{numerics}", bench(g.replay))
+                dt.run(numerics=numerics, **args(t0))
             except RuntimeError as e:
                 print(label, numerics, "failed:", str(e)[:200])
-        if variant == "nvfp4":
-            continue  # no eager NVFP4 quantizer in torch
-        args = (x, scale, shift)
-        kw = dict(residual=residual, gate=gate if residual is not None else None)
+                continue
+            g = graph_of(lambda s, numerics=numerics: dt.run(numerics=numerics, stream=s, **args(t0)))
+            impls.append(("ditops:jit" if numerics == "eager" else "ditops:jit:sglang", g.replay,
+                          [lambda t=t, numerics=numerics: dt.run(numerics=numerics, **args(t)) for t in sets]))
+        if variant != "nvfp4":  # (no eager NVFP4 quantizer in torch)
+            if variant not in compiled:
+                compiled[variant] = torch.compile(chain, dynamic=False)
+            cfn = compiled[variant]
 
-        def eager_fn():
-            y, v = eager_chain(*args, **kw)
-            return static_quant(y, isc) if variant == "fp8" else y
+            def torch_args(t):
+                return t["x"], t["scale"], t["shift"], t.get("residual"), t.get("gate"), t.get("inv")
 
-        def chain(x_, s_, sh_, r_, g_, inv_):
-            y, v = eager_chain(x_, s_, sh_, residual=r_, gate=g_)
-            if inv_ is not None:
-                return y, (y.float() * inv_).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), v
-            return y, v
+            def eager_fn(t):
+                y, _ = eager_chain(t["x"], t["scale"], t["shift"], residual=t.get("residual"), gate=t.get("gate"))
+                return static_quant(y, t["input_scale"]) if variant == "fp8" else y
 
-        rec("torch_eager", bench(eager_fn))
-        try:
-            key = variant
-            if key not in compiled:
-                compiled[key] = torch.compile(chain, dynamic=False)
-            inv = inv_div_full(isc) if variant == "fp8" else None
-            cfn = compiled[key]
-            rec("torch_compile", bench(lambda: cfn(x, scale, shift, residual, kw["gate"], inv)))
-        except Exception as e:  # noqa: BLE001 (report and go on)
-            print("torch.compile failed:", repr(e)[:200])
-        del x, src, dst
+            impls.append(("torch_eager", lambda: eager_fn(t0), [lambda t=t: eager_fn(t) for t in sets]))
+            impls.append(("torch_compile", lambda: cfn(*torch_args(t0)), [lambda t=t: cfn(*torch_args(t)) for t in sets]))
+        report(measure(impls), rows, meta, "norm_scale_shift", label, nbytes, 44)
+        del sets, t0, impls
+        torch.cuda.empty_cache()
 
 
 def main():

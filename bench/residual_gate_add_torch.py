@@ -20,8 +20,8 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, copy_kernel, dltensor, load_eager, median_us as bench,
-                                rotated_graph_us, rotation_count, script_main)
+from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, load_eager, measure, report,
+                                report_header, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -165,23 +165,20 @@ def run_bench(dt, rows, meta):
     gen.manual_seed(2)
     cases = [(n, s, g, t, torch.bfloat16) for n, s, g, t in BENCH]
     cases += [(n + " fp16", s, g, t, torch.float16) for n, s, g, t in BENCH if n in ("flux_image", "flux_joint", "sana_transposed")]
-    print(f"\n{'case':22s} {'impl':18s} {'cold us':>9s} {'copy%':>6s} {'rotated us':>11s} {'GB/s':>7s} {'copy%':>6s}")
+    report_header(22)
     for name, shape, gshape, transposed, dtype in cases:
-        numel = 1
+        numel, gnumel = 1, 1
         for d in shape:
             numel *= d
-        gnumel = 1
         for d in gshape:
             gnumel *= d
         nbytes = (3 * numel + gnumel) * torch.empty((), dtype=dtype).element_size()
-        sets = []
+        sets = []  # (residual, update, gate, out, copy src, copy dst)
         for _ in range(rotation_count(nbytes)):
             r, u, g = make(shape, gshape, dtype, transposed, 0, gen)
-            out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
-            src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-            sets.append((r, u, g, out, src, torch.empty_like(src)))
-        r, u, g, out, src, dst = sets[0]
-        ditops_graph = {}
+            sets.append((r, u, g, torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype), *copy_buffers(nbytes)))
+        r, u, g, out = sets[0][:4]
+        one_kernel_graph = {}  # the cold timing launches ditops as a graph: ctypes costs ~20 us of host time
         for pdl in (True, False):
             dt.residual_gate_add(r, u, g, out, pdl=pdl)
             side = torch.cuda.Stream()
@@ -189,34 +186,16 @@ def run_bench(dt, rows, meta):
             torch.cuda.synchronize()
             with torch.cuda.graph(graph, stream=side):
                 dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream, pdl=pdl)
-            ditops_graph[pdl] = graph
-        # (label, one call on set 0 for the cold timing, one call per set for the rotated timing)
-        impls = [("device_copy", lambda: dst.copy_(src), [lambda s=s: copy_kernel(s[4], s[5]) for s in sets]),
-                 ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(s[0], s[1], s[2]) for s in sets]),
-                 ("torch_compile", lambda: compiled(r, u, g), [lambda s=s: compiled(s[0], s[1], s[2]) for s in sets]),
-                 ("ditops:jit", ditops_graph[True].replay,
-                  [lambda s=s: dt.residual_gate_add(s[0], s[1], s[2], s[3]) for s in sets]),
-                 ("ditops:jit nopdl", ditops_graph[False].replay,
-                  [lambda s=s: dt.residual_gate_add(s[0], s[1], s[2], s[3], pdl=False) for s in sets])]
-        measured = {}
-        for label, cold_fn, rotated_fns in impls:
-            try:
-                measured[label] = (bench(cold_fn), rotated_graph_us(rotated_fns))
-            except Exception as e:  # noqa: BLE001 (report and go on)
-                print(f"{name}: {label} failed:", repr(e)[:200])
-        copy_cold, copy_rot = measured["device_copy"]
-        for label, (cold, rot) in measured.items():
-            gbs = nbytes / (rot * 1e-6) / 1e9
-            print(f"{name:22s} {label:18s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:11.2f} {gbs:7.1f} "
-                  f"{100 * copy_rot / rot:5.1f}%", flush=True)
-            for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot)):
-                rows.append(dict(kind="bench", op="residual_gate_add", case=name, impl=label, method=method,
-                                 us=round(us, 3), gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1),
-                                 copy_fraction=round(copy_us / us, 4), bytes=nbytes, **meta))
-        if "torch_compile" in measured:
-            ratio = measured["torch_compile"][1] / measured["ditops:jit"][1]
-            print(f"{name:22s} torch.compile / ditops (rotated): {ratio:.3f}", flush=True)
-        del sets, r, u, g, out, src, dst, ditops_graph
+            one_kernel_graph[pdl] = graph
+        measured = measure([
+            copy_impl(sets, lambda s: s[4], lambda s: s[5]),
+            ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(*s[:3]) for s in sets]),
+            ("torch_compile", lambda: compiled(r, u, g), [lambda s=s: compiled(*s[:3]) for s in sets]),
+            ("ditops:jit", one_kernel_graph[True].replay, [lambda s=s: dt.residual_gate_add(*s[:4]) for s in sets]),
+            ("ditops:jit nopdl", one_kernel_graph[False].replay,
+             [lambda s=s: dt.residual_gate_add(*s[:4], pdl=False) for s in sets])])
+        report(measured, rows, meta, "residual_gate_add", name, nbytes, 22)
+        del sets, r, u, g, out, one_kernel_graph
         torch.cuda.empty_cache()
 
 

@@ -121,13 +121,25 @@ def rotation_count(set_bytes, max_sets=64):
     return max(2, min(max_sets, -(-3 * l2 // max(set_bytes, 1))))
 
 
+def _tensors(value):
+    """The tensors in a call's return value (a tensor, a tuple of them, or anything else)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
 def rotated_graph_us(calls, reps=15, target_us=3000.0):
     """GPU time per call in µs, the same way for every implementation: `calls` (one zero-argument
     callable per buffer set, each launching on the current stream) are captured round after round
     into one CUDA graph on a side stream, so no host time (Python, ctypes, Dynamo guards) and no
     cache flush overlaps the kernels; the rounds fill about target_us of GPU time. Returns the
-    median over `reps` replays of replay time / calls captured. Outputs allocated by a call come
-    from the graph's private pool and are freed before the next call."""
+    median over `reps` replays of replay time / calls captured. Outputs a call returns (eager,
+    torch.compile) are held until the capture ends, so every captured call writes its own buffer
+    from the graph's pool: freed at once, the next call would get the same block back and write
+    into lines the previous call left in the L2 (a 25 MB output is half the H200's L2), an
+    advantage the rotating ditops outputs do not get. Temporaries inside a call are still reused."""
     for c in calls:  # compile, JIT, autotune outside the capture
         c()
     torch.cuda.synchronize()
@@ -139,12 +151,20 @@ def rotated_graph_us(calls, reps=15, target_us=3000.0):
     torch.cuda.synchronize()
     round_us = max(start.elapsed_time(stop) * 1e3, 1.0)  # an upper bound (host time included)
     rounds = max(2, min(200, int(target_us / round_us) + 1))
+    # Held outputs cost rounds x calls x the output size: stay under ~8 GiB of them.
+    probe = calls[0]()
+    out_bytes = sum(t.untyped_storage().nbytes() for t in _tensors(probe))
+    del probe
+    if out_bytes:
+        rounds = max(1, min(rounds, (8 << 30) // (out_bytes * len(calls))))
     side = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
+    held = []
     with torch.cuda.graph(graph, stream=side):
         for _ in range(rounds):
             for c in calls:
-                c()
+                held.append(c())
+    del held  # the graph keeps its pool: the replays write the same distinct buffers
     graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -159,21 +179,72 @@ def rotated_graph_us(calls, reps=15, target_us=3000.0):
     return times[len(times) // 2]
 
 
-def copy_kernel(src, dst):
-    """A device copy of src's bytes into dst as a Triton kernel (int32 words). For rotated timing:
-    `dst.copy_(src)` captured in a CUDA graph becomes a memcpy node that runs on a copy engine,
-    ~1.5x slower than a copy by the SMs; outside a graph it is an SM copy like this one."""
+try:  # triton comes with torch on the GPU machine
     import triton
     import triton.language as tl
 
-    global _copy_words
-    if "_copy_words" not in globals():
-        @triton.jit
-        def words(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
-            offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-            mask = offsets < n
-            tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
-        _copy_words = words
+    @triton.jit
+    def _copy_words(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(dst_ptr + offsets, tl.load(src_ptr + offsets, mask=mask), mask=mask)
+except ImportError:
+    _copy_words = None
+
+
+def copy_kernel(src, dst):
+    """A device copy of src's bytes into dst as a Triton kernel (int32 words). For rotated timing:
+    `dst.copy_(src)` captured in a CUDA graph becomes a memcpy node that runs on a copy engine,
+    ~1.5x slower than a copy by the SMs (run 20); outside a graph it is an SM copy like this one."""
     s, d = src.view(torch.int32), dst.view(torch.int32)
     n = s.numel()
     _copy_words[(triton.cdiv(n, 2048),)](s, d, n, BLOCK=2048, num_warps=4)
+
+
+def measure(impls):
+    """{label: (cold_us, rotated_us)} for impls = [(label, cold_fn, rotated_fns)]: cold_fn timed by
+    median_us (cache cleared before each call), rotated_fns (one call per buffer set) by
+    rotated_graph_us. An implementation that raises is reported and left out."""
+    measured = {}
+    for label, cold_fn, rotated_fns in impls:
+        try:
+            measured[label] = (median_us(cold_fn), rotated_graph_us(rotated_fns))
+        except Exception as e:  # noqa: BLE001 (report and go on)
+            print(f"  {label} failed: {repr(e)[:200]}", flush=True)
+    return measured
+
+
+def report(measured, rows, meta, op, case, nbytes, width=34):
+    """Prints one line per implementation (cold and rotated µs, GB/s by the byte model, fraction of
+    the "device_copy" entry timed the same way) and appends one record per (implementation,
+    method) to rows; then torch.compile's rotated time over ditops's ("ditops:jit")."""
+    if "device_copy" not in measured:
+        print(f"{case}: no device copy measured; records left out")
+        return
+    copy_cold, copy_rot = measured["device_copy"]
+    for label, (cold, rot) in measured.items():
+        print(f"{case:{width}s} {label:24s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:10.2f} "
+              f"{nbytes / (rot * 1e-6) / 1e9:7.1f} {100 * copy_rot / rot:5.1f}%", flush=True)
+        for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot)):
+            rows.append(dict(kind="bench", op=op, case=case, impl=label, method=method, us=round(us, 3),
+                             gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1), copy_fraction=round(copy_us / us, 4),
+                             bytes=nbytes, **meta))
+    if "torch_compile" in measured and "ditops:jit" in measured:
+        print(f"{case:{width}s} torch.compile / ditops (rotated): "
+              f"{measured['torch_compile'][1] / measured['ditops:jit'][1]:.3f}", flush=True)
+
+
+def report_header(width=34):
+    print(f"\n{'case':{width}s} {'impl':24s} {'cold us':>9s} {'copy%':>6s} {'rotated':>10s} {'GB/s':>7s} {'copy%':>6s}")
+
+
+def copy_impl(sets, src_of, dst_of):
+    """The "device_copy" entry of measure(): torch's copy_ cold, the Triton copy kernel rotated."""
+    return ("device_copy", lambda: dst_of(sets[0]).copy_(src_of(sets[0])),
+            [lambda s=s: copy_kernel(src_of(s), dst_of(s)) for s in sets])
+
+
+def copy_buffers(nbytes):
+    """src, dst of a device copy of the byte model: nbytes / 2 each, rounded up to int32 words."""
+    src = torch.empty((nbytes // 2 + 3) // 4 * 4, dtype=torch.uint8, device="cuda")
+    return src, torch.empty_like(src)
