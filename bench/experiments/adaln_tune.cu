@@ -422,6 +422,12 @@ template <typename T, int kUnits, bool kStreaming, int kBlock = 256>
 __global__ void __launch_bounds__(kBlock) rga_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming>(p);
 }
+template <int kUnits, int kBlock>
+__global__ void __launch_bounds__(kBlock) rga_flat_scalar(const __grid_constant__ ditops::ResidualGateAddParams p) {
+  ditops::residual_gate_add_flat<bf16, ditops::kRgaGateRow, false, false, kUnits, false>(p);
+}
+__device__ __forceinline__ bf16 rga_detail_gated(bf16 r, bf16 u, bf16 g) { return ditops::rga_detail::gated_sum(r, u, g); }
+
 template <typename T, int kTile, bool kChannelTilesFastest, bool kVector>
 __global__ void __launch_bounds__(256) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, kVector, kTile, false, kChannelTilesFastest>(p);
@@ -534,6 +540,72 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
   sets.run("scalar, tile 16", rga_transposed_launch<T, 16, false, false>(B), reference);
 }
 
+// The floor of a tiny launch: the same arithmetic with int indices, four pointers and two ints
+// as parameters, one element per thread, no index-width branch (not a library candidate: it knows
+// only the row gate and the transposed layout by a flag).
+template <bool kTransposed>
+__global__ void __launch_bounds__(256) rga_minimal(const bf16* __restrict__ r, const bf16* __restrict__ u,
+                                                   const bf16* __restrict__ g, bf16* __restrict__ o, int n, int H, int T) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;  // logical [B, T, H] index, h fastest
+  if (i >= n) return;
+  const int h = i % H;
+  int at = i;
+  if (kTransposed) {
+    const int bt = i / H, b = bt / T, t = bt - b * T;
+    at = (b * H + h) * T + t;
+  }
+  o[at] = rga_detail_gated(r[at], u[i], g[h]);
+}
+
+void run_rga_tiny_cases() {
+  {
+    const long long B = 2, S = 33, D = 65;
+    RgaSets sets(B * S * D * 2, D * 2, 7);
+    for (auto& p : sets.params) {
+      p.units = B * S * D;
+      p.row_units = D;
+      p.units_per_gate_row = p.units;
+    }
+    std::printf("rga odd width (2,33,65) row gate bf16 (scalar path), %d sets: copy rotated %.2f us\n", sets.size(),
+                sets.copy_rotated);
+    std::vector<unsigned short> reference;
+    auto scalar = [](auto kernel, int block, int units_per_thread) {
+      return [=](const ditops::ResidualGateAddParams& p0) {
+        ditops::ResidualGateAddParams p = p0;
+        p.index32 = 1;
+        kernel<<<(p.units + (long long)block * units_per_thread - 1) / ((long long)block * units_per_thread), block>>>(p);
+      };
+    };
+    sets.run("scalar 8 units, 256 threads (library)", scalar(rga_flat_scalar<8, 256>, 256, 8), reference);
+    sets.run("scalar 1 unit, 256 threads", scalar(rga_flat_scalar<1, 256>, 256, 1), reference);
+    sets.run("scalar 1 unit, 128 threads", scalar(rga_flat_scalar<1, 128>, 128, 1), reference);
+    sets.run("scalar 2 units, 128 threads", scalar(rga_flat_scalar<2, 128>, 128, 2), reference);
+    sets.run("minimal kernel", [&](const ditops::ResidualGateAddParams& p) {
+      const int n = (int)p.units;
+      rga_minimal<false><<<(n + 255) / 256, 256>>>((const bf16*)p.residual, (const bf16*)p.update, (const bf16*)p.gate,
+                                                   (bf16*)p.out, n, (int)D, (int)S);
+    }, reference);
+  }
+  {
+    const long long B = 1, T_ = 17, H = 65;
+    RgaSets sets(B * T_ * H * 2, H * 2, 9);
+    for (auto& p : sets.params) {
+      p.tokens = T_;
+      p.hidden = H;
+    }
+    std::printf("rga transposed small (1,17,65) bf16 (scalar path), %d sets: copy rotated %.2f us\n", sets.size(),
+                sets.copy_rotated);
+    std::vector<unsigned short> reference;
+    sets.run("scalar, tile 32 (library)", rga_transposed_launch<bf16, 32, false, false>(B), reference);
+    sets.run("scalar, tile 16", rga_transposed_launch<bf16, 16, false, false>(B), reference);
+    sets.run("minimal kernel (no tile)", [&](const ditops::ResidualGateAddParams& p) {
+      const int n = (int)(B * T_ * H);
+      rga_minimal<true><<<(n + 255) / 256, 256>>>((const bf16*)p.residual, (const bf16*)p.update, (const bf16*)p.gate,
+                                                  (bf16*)p.out, n, (int)H, (int)T_);
+    }, reference);
+  }
+}
+
 void run_rga_cases() {
   {
     const long long rows = 4608, D = 3072;
@@ -566,6 +638,8 @@ int main(int argc, char** argv) {
   const std::string only = argc > 1 ? argv[1] : "";  // lnm | nss | qk | rga (default: all)
   if (only == "qk" || only.empty()) run_qk_case();
   if (only == "rga" || only.empty()) run_rga_cases();
+  if (only == "rga" || only == "rga_tiny" || only.empty()) run_rga_tiny_cases();
+  if (only == "rga_tiny") return 0;
   if (only == "qk" || only == "rga") return 0;
   run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
   run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});

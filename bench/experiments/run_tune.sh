@@ -13,5 +13,5 @@ case "${1:-adaln}" in
   adaln)
     nvcc -O3 -std=c++17 -arch=sm_90a -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu -o /tmp/adaln_tune && /tmp/adaln_tune ;;
   rga)
-    nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -I../../kernels adaln_tune.cu -o /tmp/rga_tune && /tmp/rga_tune rga ;;
+    nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -I../../kernels adaln_tune.cu -o /tmp/rga_tune && /tmp/rga_tune "${2:-rga}" ;;
 esac
