@@ -433,7 +433,8 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
   for (DType dt : {DType::bf16, DType::f16, DType::f32})
     for (GateMode mode : {GateMode::full, GateMode::row, GateMode::token, GateMode::batch})
       for (bool vector : {true, false})
-        for (int tile : {0, 32, 64}) {
+        for (int tile : {0, 16, 32, 64}) {
+          if (tile == 16 && vector) continue;  // 16-tiles: the scalar path only
           RgaKernelKey k;
           k.dtype = dt;
           k.mode = mode;
@@ -441,6 +442,10 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
           k.transposed = tile != 0;
           k.tile = tile;
           keys.push_back(k);
+          if (tile == 0 && !vector) {  // the scalar flat kernel of one element per thread
+            k.one_wave = true;
+            keys.push_back(k);
+          }
         }
   int compiled = 0;
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
@@ -470,6 +475,14 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
   k.vector = false;
   EXPECT_EQ(rga_flat_units(k), 8);
   EXPECT_NE(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos);
+  k.one_wave = true;
+  EXPECT_EQ(rga_flat_units(k), 1) << "a scalar call one wave of threads covers: one element per thread";
+  EXPECT_NE(rga_kernel_request(k).template_args.find(", 1, false"), std::string::npos);
+  RgaKernelKey eight_units = k;
+  eight_units.one_wave = false;
+  EXPECT_NE(k.packed(), eight_units.packed());
+  EXPECT_NE(k.to_string(), eight_units.to_string());
+  k.one_wave = false;
   k.transposed = true;
   k.tile = 32;
   EXPECT_EQ(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos)

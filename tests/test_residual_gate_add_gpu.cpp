@@ -292,6 +292,31 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
     }
 }
 
+// The measured schedules reach the kernel key: small scalar calls take one element per thread
+// (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles. (Run by
+// PointersOffSixteenBytes... and TransposedLayout for their results; here only the choice.)
+TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
+  const Device gpu{DeviceKind::cuda, 0};
+  auto key_of = [&](const GpuCase& c) {
+    const size_t es = dtype_size(c.dtype);
+    DeviceTensor r(product(c.shape) * es, c.misalign * static_cast<int>(es)), u(product(c.shape) * es, 0),
+        g(product(c.gate) * es, 0), o(product(c.shape) * es, c.misalign * static_cast<int>(es));
+    const ResidualGateAddCall call = match_residual_gate_add(
+        view_of(r.data(), c, c.shape, gpu, c.transposed), view_of(u.data(), c, c.shape, gpu, false),
+        view_of(g.data(), c, c.gate, gpu, false), view_of(o.data(), c, c.shape, gpu, c.transposed));
+    return explain_residual_gate_add(call).template_key;
+  };
+  const std::string odd = key_of({{2, 33, 65}, {1, 1, 65}, DType::bf16});
+  EXPECT_NE(odd.find("flat,scalar,one_wave"), std::string::npos) << odd;
+  const std::string big = key_of({{1, 1024, 4096}, {1, 1, 4096}, DType::bf16, false, 1});
+  EXPECT_NE(big.find("flat,scalar,"), std::string::npos) << big;
+  EXPECT_EQ(big.find("one_wave"), std::string::npos) << big;
+  const std::string small_t = key_of({{1, 17, 65}, {1, 1, 65}, DType::bf16, true});
+  EXPECT_NE(small_t.find("transposed16,scalar"), std::string::npos) << small_t;
+  const std::string medium_t = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true});
+  EXPECT_NE(medium_t.find("transposed32,scalar"), std::string::npos) << medium_t;
+}
+
 TEST_F(ResidualGateAddGpu, CapturedInACudaGraphReplaysOnNewInputs) {
   const auto& d = jit::require_cuda_driver();
   const GpuCase c{{1, 4608, 3072}, {1, 1, 3072}, DType::bf16};

@@ -353,6 +353,10 @@ __global__ void __launch_bounds__(128) qk_d128(const __grid_constant__ ditops::Q
   ditops::qk_head_layernorm_d128_body<kIterations, false>(p);
 }
 
+// The second buffer set of the rotated timing (q, k, q_out, k_out of their own: together with the
+// first set over 3x the L2).
+static ditops::QkHeadLayerNormParams g_qk_second;
+
 template <typename Kernel>
 void run_qk_variant(const char* label, Kernel kernel, int rows_per_warp, const ditops::QkHeadLayerNormParams& p,
                     void* qo, void* ko, size_t bytes, std::vector<unsigned short>& reference, double copy) {
@@ -372,7 +376,9 @@ void run_qk_variant(const char* label, Kernel kernel, int rows_per_warp, const d
   cudaFuncAttributes attr;
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   const float us = median_us([&] { kernel<<<grid, 128>>>(p); });
-  std::printf("  %-26s regs %3d  cold %8.2f us (%5.1f%%)  %s\n", label, attr.numRegs, us, 100.0 * copy / us, equal);
+  const float rotated = rotated_graph_us(2, [&](int i) { kernel<<<grid, 128>>>(i ? g_qk_second : p); });
+  std::printf("  %-26s regs %3d  cold %8.2f us (%5.1f%%)  rotated %8.2f us  %s\n", label, attr.numRegs, us, 100.0 * copy / us,
+              rotated, equal);
 }
 
 void run_qk_case() {
@@ -407,13 +413,28 @@ void run_qk_case() {
   CHECK(cudaMalloc(&src, 2 * bytes));
   CHECK(cudaMalloc(&dst, 2 * bytes));
   const double copy = median_us([&] { CHECK(cudaMemcpyAsync(dst, src, 2 * bytes, cudaMemcpyDeviceToDevice)); });
-  std::printf("qk-head GLM (1,4360,32,128): copy cold %.2f us\n", copy);
+  g_qk_second = p;
+  CHECK(cudaMalloc(&g_qk_second.q, bytes));
+  CHECK(cudaMalloc(&g_qk_second.k, bytes));
+  CHECK(cudaMalloc(&g_qk_second.q_out, bytes));
+  CHECK(cudaMalloc(&g_qk_second.k_out, bytes));
+  CHECK(cudaMemcpy((void*)g_qk_second.q, q, bytes, cudaMemcpyDeviceToDevice));
+  CHECK(cudaMemcpy((void*)g_qk_second.k, k, bytes, cudaMemcpyDeviceToDevice));
+  const size_t words = 2 * bytes / 16;
+  void *src2, *dst2;
+  CHECK(cudaMalloc(&src2, 2 * bytes));
+  CHECK(cudaMalloc(&dst2, 2 * bytes));
+  const double copy_rotated = rotated_graph_us(2, [&](int i) {
+    copy_words<<<132 * 8, 256>>>((const uint4*)(i ? src2 : src), (uint4*)(i ? dst2 : dst), words);
+  });
+  std::printf("qk-head GLM (1,4360,32,128): copy cold %.2f us, rotated %.2f us (copy kernel)\n", copy, copy_rotated);
   std::vector<unsigned short> reference;
   run_qk_variant("generic, 4 rows/warp", qk_generic<4>, 4, p, qo, ko, bytes, reference, copy);
   run_qk_variant("d128, 1 round", qk_d128<1>, 4, p, qo, ko, bytes, reference, copy);
   run_qk_variant("d128, 2 rounds", qk_d128<2>, 8, p, qo, ko, bytes, reference, copy);
   run_qk_variant("d128, 4 rounds", qk_d128<4>, 16, p, qo, ko, bytes, reference, copy);
-  cudaFree(q); cudaFree(k); cudaFree(qo); cudaFree(ko); cudaFree(src); cudaFree(dst);
+  cudaFree(q); cudaFree(k); cudaFree(qo); cudaFree(ko); cudaFree(src); cudaFree(dst); cudaFree(src2); cudaFree(dst2);
+  cudaFree((void*)g_qk_second.q); cudaFree((void*)g_qk_second.k); cudaFree(g_qk_second.q_out); cudaFree(g_qk_second.k_out);
 }
 
 // ---------------------------------------------------------------- residual_gate_add
@@ -635,24 +656,30 @@ void run_rga_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  const std::string only = argc > 1 ? argv[1] : "";  // lnm | nss | qk | rga (default: all)
-  if (only == "qk" || only.empty()) run_qk_case();
-  if (only == "rga" || only.empty()) run_rga_cases();
-  if (only == "rga" || only == "rga_tiny" || only.empty()) run_rga_tiny_cases();
-  if (only == "rga_tiny") return 0;
-  if (only == "qk" || only == "rga") return 0;
-  run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-  run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-  run_case<10>({"Wan (1,32760,5120)", 1, 32760, 5120});
-  run_case<6>({"(1,512,3072)", 1, 512, 3072});
+  // all (default) | qk | rga | rga_tiny | lnm | nss | nss512 (the last two with -DDITOPS_TUNE_NSS)
+  const std::string only = argc > 1 ? argv[1] : "";
+  const bool all = only.empty();
+  if (all || only == "qk") run_qk_case();
+  if (all || only == "rga") run_rga_cases();
+  if (all || only == "rga" || only == "rga_tiny") run_rga_tiny_cases();
+  if (all || only == "lnm") {
+    run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+    run_case<10>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_case<6>({"(1,512,3072)", 1, 512, 3072});
+  }
 #ifdef DITOPS_TUNE_NSS
-  if (only == "lnm") return 0;
-  run_nss_case<3072, true, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-  run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-  run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
-  run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
-  run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-  run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});
+  if (all || only == "nss") {
+    run_nss_case<3072, true, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+    run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+    run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+  }
+  if (all || only == "nss" || only == "nss512") {
+    run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});
+    run_nss_case<3072, true, 0>({"(1,512,3072)", 1, 512, 3072});
+  }
 #endif
   return 0;
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the tuning experiments and runs them one after another (on the GPU machine):
 #   bash bench/experiments/run_tune.sh qknorm   the qknorm_rope unit sizes (three builds in parallel)
-#   bash bench/experiments/run_tune.sh adaln    layernorm_modulate and norm_scale_shift schedules
-#   bash bench/experiments/run_tune.sh rga      residual_gate_add variants (flat and transposed)
+#   bash bench/experiments/run_tune.sh adaln [PART]  layernorm_modulate, norm_scale_shift, qk-head,
+#                                        residual_gate_add variants (PART: see adaln_tune.cu's main)
 set -u
 cd "$(dirname "$0")"
 case "${1:-adaln}" in
@@ -10,8 +10,7 @@ case "${1:-adaln}" in
     build() { nvcc -O3 -std=c++17 -arch=sm_90a -I../../kernels -I. "$2" qknorm_tune.cu -o "/tmp/qk_tune_$1" 2>&1 | grep -E "error" ; }
     build c2 -DDITOPS_QK_CHUNK=2 & build c4 -DDITOPS_QK_CHUNK=4 & build c8 -DDITOPS_QK_CHUNK=8 & wait
     for v in c2 c4 c8; do /tmp/qk_tune_$v; done ;;
-  adaln)
-    nvcc -O3 -std=c++17 -arch=sm_90a -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu -o /tmp/adaln_tune && /tmp/adaln_tune ;;
-  rga)
-    nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -I../../kernels adaln_tune.cu -o /tmp/rga_tune && /tmp/rga_tune "${2:-rga}" ;;
+  adaln)  # --default-stream per-thread: rotated_graph_us captures the <<<>>> launches
+    nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu \
+      -o /tmp/adaln_tune && /tmp/adaln_tune ${2:-} ;;
 esac

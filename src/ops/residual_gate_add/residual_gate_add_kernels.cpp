@@ -17,7 +17,7 @@ const char* gate_mode_name(GateMode mode) {
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
          (transposed ? "transposed" + std::to_string(tile) : std::string("flat")) +
-         (vector ? ",vec16" : ",scalar") + (pdl ? ",pdl" : ",nopdl");
+         (vector ? ",vec16" : ",scalar") + (one_wave ? ",one_wave" : "") + (pdl ? ",pdl" : ",nopdl");
 }
 
 uint64_t RgaKernelKey::packed() const {
@@ -26,6 +26,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 2 + transposed;
   v = v * 2 + vector;
   v = v * 128 + static_cast<uint64_t>(tile);
+  v = v * 2 + one_wave;
   v = v * 2 + pdl;
   return v;
 }
@@ -49,8 +50,11 @@ int rga_flat_units(const RgaKernelKey& key) {
   // grid 25.8, 1 unit resident 26.1, 4 units full 26.2; ld/st.global.cs hints changed < 1 %.
   // Run 17-tune: blocks of 128/256/512 threads 25.5/25.6/26.1 us, the gate through ld.global.nc
   // 25.5, fp16 the same: every variant within 0.5 %, at 107 % of a copy (the memory floor).
-  // The scalar path moves 2-4 bytes per load and keeps 8 units.
-  return key.vector ? 1 : 8;
+  // The scalar path moves 2-4 bytes per load and keeps 8 in flight per thread, except on tensors
+  // that one wave of resident threads covers: there the 8-unit loop ran (2,33,65) bf16 in 1.76 us
+  // per call against 1.10 us with one element per thread over the full grid (H200, rotated CUDA
+  // graph, bench/results/2026-11-29-h200-runs/23-bench; a floor kernel of 4 pointers took 1.08).
+  return key.vector || key.one_wave ? 1 : 8;
 }
 
 int rga_block_threads(const RgaKernelKey& key) {

@@ -14,7 +14,8 @@ struct RgaKernelKey {
   GateMode mode = GateMode::row;
   bool transposed = false;
   bool vector = true;  // 16-byte accesses
-  int tile = 0;        // transposed: tile edge (32 or 64); 0 for the flat kernel
+  int tile = 0;        // transposed: tile edge (16, 32 or 64); 0 for the flat kernel
+  bool one_wave = false;  // flat scalar path over at most one wave of resident threads
   bool pdl = true;
 
   // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl"

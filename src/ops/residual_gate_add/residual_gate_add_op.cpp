@@ -184,20 +184,33 @@ namespace {
 
 const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const ResidualGateAddCall*>(p); }
 
-// Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32
-// (128-thread blocks for 16-bit vectors: rga_block_threads). The scalar path always takes 32: a
-// 64-tile of single elements is 16 loads of each tensor per thread, ~190 registers under ptxas
-// (sm_90a), one block per SM.
-// Blocks of the transposed kernel at its smallest tile (32): the launch takes a 1-D grid.
+// Blocks of the transposed kernel with 32-tiles, the most any call launches (16-tiles are taken
+// only below two 32-tiles per SM): the launch takes a 1-D grid.
 int64_t transposed_blocks(const ResidualGateAddCall& c) {
   return c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
 }
 bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed || transposed_blocks(c) <= 0x7fffffff; }
 
+// Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32
+// (128-thread blocks for 16-bit vectors: rga_block_threads). The scalar path takes 32 (a 64-tile
+// of single elements is 16 loads of each tensor per thread, ~190 registers under ptxas, sm_90a,
+// one block per SM), and 16 below two 32-tiles per SM: H200, rotated CUDA graph, (1,17,65) bf16
+// 1.20 us per call against 1.67 us with 32-tiles; at (2,513,256) 2.94 against 2.87 us, and at
+// SANA's (1,32760,2240) 392 against 294 us (bench/results/2026-11-29-h200-runs/21-bench, 23-bench).
+int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
+  return c.batch * ((c.tokens + tile - 1) / tile) * ((c.hidden + tile - 1) / tile);
+}
+
 int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
-  if (!c.aligned16) return 32;
-  const int64_t tiles64 = c.batch * ((c.tokens + 63) / 64) * ((c.hidden + 63) / 64);
-  return tiles64 < 2 * static_cast<int64_t>(std::max(multiprocessors, 1)) ? 32 : 64;
+  const int64_t two_per_sm = 2 * static_cast<int64_t>(std::max(multiprocessors, 1));
+  if (!c.aligned16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
+  return transposed_tiles(c, 64) < two_per_sm ? 32 : 64;
+}
+
+// A scalar flat call that one wave of resident threads covers (2048 per SM on sm_90/sm_100,
+// 1536 on sm_120: a threshold, not a limit) runs one element per thread (rga_flat_units).
+bool flat_one_wave(const ResidualGateAddCall& c, int multiprocessors) {
+  return !c.transposed && !c.aligned16 && c.numel <= int64_t{2048} * std::max(multiprocessors, 1);
 }
 
 RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
@@ -207,6 +220,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.transposed = c.transposed;
   key.vector = c.aligned16;
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
+  key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
 }
