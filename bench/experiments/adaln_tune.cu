@@ -656,7 +656,7 @@ void run_rga_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | lnm | nss | nss512 (the last two with -DDITOPS_TUNE_NSS)
+  // all (default) | qk | rga | rga_tiny | lnm | nss | nssflux | nss512 (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
   if (all || only == "qk") run_qk_case();
@@ -675,6 +675,10 @@ int main(int argc, char** argv) {
     run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
     run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
     run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+  }
+  if (all || only == "nss" || only == "nssflux") {
+    run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<3072, true, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
   }
   if (all || only == "nss" || only == "nss512") {
     run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});
