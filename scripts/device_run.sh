@@ -96,7 +96,7 @@ elif [ "$PHASE" = gpu ]; then
   merge_json "$OUT/torch.json" "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 else
-  echo "== PyTorch eager and torch.compile beside ditops (cold L2): $OPS"
+  echo "== PyTorch eager and torch.compile beside ditops (cold and rotated): $OPS"
   : > "$OUT/torch.txt"
   PY_RC=0
   for op in $OPS; do
