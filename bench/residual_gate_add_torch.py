@@ -154,7 +154,8 @@ BENCH = [("flux_text", (1, 512, 3072), (1, 1, 3072), False), ("flux_image", (1, 
          ("qwen_cfg", (2, 6912, 3072), (2, 1, 3072), False), ("wan", (1, 32760, 5120), (1, 1, 5120), False),
          ("full_gate", (1, 512, 4096), (1, 512, 4096), False), ("per_token", (1, 2560, 512), (1, 2560, 1), False),
          ("odd_width", (2, 33, 65), (1, 1, 65), False), ("sana_transposed", (1, 32760, 2240), (1, 1, 2240), True),
-         ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True)]
+         ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True),
+         ("sana_odd_tokens", (1, 32761, 2240), (1, 1, 2240), True)]
 
 
 

@@ -152,19 +152,29 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
+// kVectorResidual: residual and out by 16-byte units along T (needs T % 8 (16-bit) / 4 (fp32) and
+// aligned pointers); kVectorUpdate: update and the gate by 16-byte units along H (H % 8 / 4,
+// aligned pointers). Either may hold alone: an odd T keeps the update side vectorized, as
+// Inductor's tiled kernel does (run 24: (2,513,256) bf16 3.00 us all-scalar against 2.65 us).
 // kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
 // residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
 // bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us.
-template <typename T, int kMode, bool kVector, int kTile, bool kPdl, bool kChannelTilesFastest = false>
+template <typename T, int kMode, bool kVectorResidual, int kTile, bool kPdl, bool kVectorUpdate = kVectorResidual,
+          bool kChannelTilesFastest = false>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
-  constexpr int kElems = kVector ? 16 / static_cast<int>(sizeof(T)) : 1;
-  constexpr int kThreads = rga_transposed_threads(kTile, kElems);  // the launch's block size
-  constexpr int kLineUnits = kTile / kElems;                       // units along one tile line
-  constexpr int kTileUnits = kTile * kLineUnits;
-  constexpr int kPerThread = (kTileUnits + kThreads - 1) / kThreads;
-  static_assert(kTile % kElems == 0, "tile lines hold whole units");
+  constexpr int kElemsR = kVectorResidual ? 16 / static_cast<int>(sizeof(T)) : 1;
+  constexpr int kElemsU = kVectorUpdate ? 16 / static_cast<int>(sizeof(T)) : 1;
+  static_assert(kElemsR <= kElemsU, "a vectorized residual side needs a vectorized update side");
+  constexpr int kThreads = rga_transposed_threads(kTile, kElemsR);  // the launch's block size
+  // Units of a tile and per thread: residual/out along T (line = channel), update/gate along H
+  // (line = token).
+  constexpr int kLineUnitsR = kTile / kElemsR, kTileUnitsR = kTile * kLineUnitsR;
+  constexpr int kLineUnitsU = kTile / kElemsU, kTileUnitsU = kTile * kLineUnitsU;
+  constexpr int kPerThreadR = (kTileUnitsR + kThreads - 1) / kThreads;
+  constexpr int kPerThreadU = (kTileUnitsU + kThreads - 1) / kThreads;
+  static_assert(kTile % kElemsU == 0, "tile lines hold whole units");
   // Products as fp32 (exact: they are T values). One word of padding per line keeps the
   // transposed read at most 2-way bank conflicted; shared bandwidth is far from the limit here.
   __shared__ float product[kTile][kTile + 1];  // [token offset][channel offset]
@@ -185,18 +195,19 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 
   if constexpr (kPdl) pdl_wait();
 
-  // Every global load first: update units along H (line = token), residual units along T
-  // (line = channel); the same (line, unit) split serves both. Units stay packed words: with T
-  // arrays ptxas took 64 registers for bf16 (48 for f16) and the bf16 kernel ran at 68 % of a
-  // copy against 96 % for f16 (H200, SANA (1,32760,2240), bench/results/.../13-tune).
-  using U = Unit<T, kVector>;
-  U u[kPerThread], g[kPerThread], r[kPerThread];
-  T g_token[kMode == kRgaGateToken ? kPerThread : 1];
+  // Every global load first. Units stay packed words: with T arrays ptxas took 64 registers for
+  // bf16 (48 for f16) and the bf16 kernel ran at 68 % of a copy against 96 % for f16 (H200, SANA
+  // (1,32760,2240), bench/results/.../13-tune).
+  using UU = Unit<T, kVectorUpdate>;
+  using UR = Unit<T, kVectorResidual>;
+  UU u[kPerThreadU], g[kPerThreadU];
+  UR r[kPerThreadR];
+  T g_token[kMode == kRgaGateToken ? kPerThreadU : 1];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPerThreadU; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnits % kThreads != 0 && idx >= kTileUnits) continue;
-    const int line = idx / kLineUnits, offset = (idx % kLineUnits) * kElems;
+    if (kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
+    const int line = idx / kLineUnitsU, offset = (idx % kLineUnitsU) * kElemsU;
     const long long t = t0 + line, h = h0 + offset;
     if (t < T_ && h < H) {
       u[k].load(update + t * H + h);
@@ -211,18 +222,24 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
         g_token[k] = gate[b * T_ + t];
       }
     }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerThreadR; ++k) {
+    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
+    if (kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
+    const int line = idx / kLineUnitsR, offset = (idx % kLineUnitsR) * kElemsR;
     const long long rh = h0 + line, rt = t0 + offset;
     if (rh < H && rt < T_) r[k].load(residual + rh * T_ + rt);
   }
 
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPerThreadU; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnits % kThreads != 0 && idx >= kTileUnits) continue;
-    const int line = idx / kLineUnits, offset = (idx % kLineUnits) * kElems;
+    if (kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
+    const int line = idx / kLineUnitsU, offset = (idx % kLineUnitsU) * kElemsU;
     if (t0 + line < T_ && h0 + offset < H) {
 #pragma unroll
-      for (int e = 0; e < kElems; ++e) {
+      for (int e = 0; e < kElemsU; ++e) {
         const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
         product[line][offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
       }
@@ -231,17 +248,17 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   __syncthreads();
 
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) {
+  for (int k = 0; k < kPerThreadR; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnits % kThreads != 0 && idx >= kTileUnits) continue;
-    const int line = idx / kLineUnits, offset = (idx % kLineUnits) * kElems;
+    if (kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
+    const int line = idx / kLineUnitsR, offset = (idx % kLineUnitsR) * kElemsR;
     const long long rh = h0 + line, rt = t0 + offset;
     if (rh < H && rt < T_) {
-      T o[kElems];
+      T o[kElemsR];
 #pragma unroll
-      for (int e = 0; e < kElems; ++e)
+      for (int e = 0; e < kElemsR; ++e)
         o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[offset + e][line]));
-      store_elements<T, kElems, kVector>(out + rh * T_ + rt, o);
+      store_elements<T, kElemsR, kVectorResidual>(out + rh * T_ + rt, o);
     }
   }
 

@@ -446,6 +446,10 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
             k.one_wave = true;
             keys.push_back(k);
           }
+          if (tile != 0 && !vector) {  // scalar residual side, 16-byte update side
+            k.vector_update = true;
+            keys.push_back(k);
+          }
         }
   int compiled = 0;
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"})
@@ -487,6 +491,17 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
   k.tile = 32;
   EXPECT_EQ(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos)
       << "the transposed kernel has no units parameter";
+  // Its last argument is kVectorUpdate: with the vector path, or alone on a scalar residual side.
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  k.pdl = false;
+  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, false")) << rga_kernel_request(k).template_args;
+  k.vector_update = true;
+  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, true")) << rga_kernel_request(k).template_args;
+  EXPECT_NE(k.to_string().find("transposed32,update16"), std::string::npos) << k.to_string();
+  k.vector = true;
+  EXPECT_NE(k.to_string().find("transposed32,vec16"), std::string::npos) << k.to_string();
 }
 
 // The transposed kernel's block has one thread per unit of a tile, at most 256; the launch, the

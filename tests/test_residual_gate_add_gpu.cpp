@@ -293,14 +293,16 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
 }
 
 // The measured schedules reach the kernel key: small scalar calls take one element per thread
-// (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles. (Run by
+// (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles; an odd T
+// keeps a 16-byte update side. (Run by
 // PointersOffSixteenBytes... and TransposedLayout for their results; here only the choice.)
 TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const Device gpu{DeviceKind::cuda, 0};
   auto key_of = [&](const GpuCase& c) {
     const size_t es = dtype_size(c.dtype);
-    DeviceTensor r(product(c.shape) * es, c.misalign * static_cast<int>(es)), u(product(c.shape) * es, 0),
-        g(product(c.gate) * es, 0), o(product(c.shape) * es, c.misalign * static_cast<int>(es));
+    const int mis = c.misalign * static_cast<int>(es);  // every tensor, as run_case does
+    DeviceTensor r(product(c.shape) * es, mis), u(product(c.shape) * es, mis), g(product(c.gate) * es, mis),
+        o(product(c.shape) * es, mis);
     const ResidualGateAddCall call = match_residual_gate_add(
         view_of(r.data(), c, c.shape, gpu, c.transposed), view_of(u.data(), c, c.shape, gpu, false),
         view_of(g.data(), c, c.gate, gpu, false), view_of(o.data(), c, c.shape, gpu, c.transposed));
@@ -314,7 +316,10 @@ TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const std::string small_t = key_of({{1, 17, 65}, {1, 1, 65}, DType::bf16, true});
   EXPECT_NE(small_t.find("transposed16,scalar"), std::string::npos) << small_t;
   const std::string medium_t = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true});
-  EXPECT_NE(medium_t.find("transposed32,scalar"), std::string::npos) << medium_t;
+  EXPECT_NE(medium_t.find("transposed32,update16"), std::string::npos) << medium_t << ": T = 513 leaves only "
+                                                                                     "the residual side scalar";
+  const std::string medium_off = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true, 1});
+  EXPECT_NE(medium_off.find("transposed32,scalar"), std::string::npos) << medium_off;
 }
 
 TEST_F(ResidualGateAddGpu, CapturedInACudaGraphReplaysOnNewInputs) {

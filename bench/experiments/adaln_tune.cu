@@ -449,9 +449,9 @@ __global__ void __launch_bounds__(kBlock) rga_flat_scalar(const __grid_constant_
 }
 __device__ __forceinline__ bf16 rga_detail_gated(bf16 r, bf16 u, bf16 g) { return ditops::rga_detail::gated_sum(r, u, g); }
 
-template <typename T, int kTile, bool kChannelTilesFastest, bool kVector>
+template <typename T, int kTile, bool kChannelTilesFastest, bool kVector, bool kVectorUpdate>
 __global__ void __launch_bounds__(256) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
-  ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, kVector, kTile, false, kChannelTilesFastest>(p);
+  ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, kVector, kTile, false, kVectorUpdate, kChannelTilesFastest>(p);
 }
 
 // Buffer sets of one residual_gate_add case (residual, update, out each `bytes`; one gate of
@@ -531,14 +531,14 @@ std::function<void(const ditops::ResidualGateAddParams&)> rga_flat_launch(bool r
   };
 }
 
-template <typename T, int kTile, bool kChannelTilesFastest, bool kVector = true>
+template <typename T, int kTile, bool kChannelTilesFastest, bool kVector = true, bool kVectorUpdate = kVector>
 std::function<void(const ditops::ResidualGateAddParams&)> rga_transposed_launch(long long batch) {
   return [=](const ditops::ResidualGateAddParams& p0) {
     ditops::ResidualGateAddParams p = p0;
     p.tiles_t = (p.tokens + kTile - 1) / kTile;
     p.tiles_h = (p.hidden + kTile - 1) / kTile;
     constexpr int kThreads = ditops::rga_transposed_threads(kTile, kVector ? 16 / sizeof(T) : 1);
-    rga_transposed<T, kTile, kChannelTilesFastest, kVector><<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
+    rga_transposed<T, kTile, kChannelTilesFastest, kVector, kVectorUpdate><<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
   };
 }
 
@@ -559,6 +559,10 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
   }
   sets.run("scalar, tile 32", rga_transposed_launch<T, 32, false, false>(B), reference);
   sets.run("scalar, tile 16", rga_transposed_launch<T, 16, false, false>(B), reference);
+  if (H % 8 == 0) {  // 16-byte update rows: the update side vectorized alone
+    sets.run("update16, tile 32", rga_transposed_launch<T, 32, false, false, true>(B), reference);
+    sets.run("update16, tile 16", rga_transposed_launch<T, 16, false, false, true>(B), reference);
+  }
 }
 
 // The floor of a tiny launch: the same arithmetic with int indices, four pointers and two ints
@@ -654,14 +658,20 @@ void run_rga_cases() {
   run_rga_transposed_case<bf16>("(2,513,256) bf16", 2, 513, 256);
 }
 
+void run_rga_odd_tokens_cases() {
+  run_rga_transposed_case<bf16>("(2,513,256) bf16", 2, 513, 256);
+  run_rga_transposed_case<bf16>("SANA odd T (1,32761,2240) bf16", 1, 32761, 2240);
+}
+
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | lnm | nss | nssflux | nss512 (nss*: -DDITOPS_TUNE_NSS)
+  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
   if (all || only == "qk") run_qk_case();
   if (all || only == "rga") run_rga_cases();
   if (all || only == "rga" || only == "rga_tiny") run_rga_tiny_cases();
+  if (all || only == "rga_odd") run_rga_odd_tokens_cases();
   if (all || only == "lnm") {
     run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
     run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});

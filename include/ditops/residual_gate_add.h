@@ -53,6 +53,9 @@ struct ResidualGateAddCall {
   // Every pointer 16-byte aligned and the vector-contiguous extent (D; T and H when transposed)
   // a multiple of 16 bytes: the 128-bit path applies.
   bool aligned16 = false;
+  // Transposed: update (and a vector gate) allow 16-byte accesses along H, whatever residual/out
+  // allow along T (an odd T leaves the residual side scalar).
+  bool update_aligned16 = false;
   Stream stream = nullptr;
 };
 

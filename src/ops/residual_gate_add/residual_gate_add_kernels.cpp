@@ -17,7 +17,8 @@ const char* gate_mode_name(GateMode mode) {
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
          (transposed ? "transposed" + std::to_string(tile) : std::string("flat")) +
-         (vector ? ",vec16" : ",scalar") + (one_wave ? ",one_wave" : "") + (pdl ? ",pdl" : ",nopdl");
+         (vector ? ",vec16" : transposed && vector_update ? ",update16" : ",scalar") + (one_wave ? ",one_wave" : "") +
+         (pdl ? ",pdl" : ",nopdl");
 }
 
 uint64_t RgaKernelKey::packed() const {
@@ -27,6 +28,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 2 + vector;
   v = v * 128 + static_cast<uint64_t>(tile);
   v = v * 2 + one_wave;
+  v = v * 2 + vector_update;
   v = v * 2 + pdl;
   return v;
 }
@@ -70,6 +72,7 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " + jit::kernel_bool(key.vector) +
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
   if (!key.transposed) r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
+  else r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update);
   r.params_type = "ditops::ResidualGateAddParams";
   r.max_threads = rga_block_threads(key);
   r.template_key = "residual_gate_add:" + key.to_string();

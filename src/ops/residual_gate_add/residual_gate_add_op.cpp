@@ -173,10 +173,11 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   call.rows_per_batch = rows_per_batch;
   call.stream = stream;
   const int64_t elems = 16 / static_cast<int64_t>(dtype_size(residual.dtype));
-  const bool pointers = aligned_bytes(residual.data, 16) && aligned_bytes(update.data, 16) &&
-                        aligned_bytes(out.data, 16) && (mode == GateMode::token || aligned_bytes(gate.data, 16));
-  call.aligned16 = pointers && (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0
-                                                : call.width % elems == 0);
+  const bool update_side = aligned_bytes(update.data, 16) && (mode == GateMode::token || aligned_bytes(gate.data, 16));
+  const bool residual_side = aligned_bytes(residual.data, 16) && aligned_bytes(out.data, 16);
+  call.aligned16 = update_side && residual_side &&
+                   (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0 : call.width % elems == 0);
+  call.update_aligned16 = call.transposed && update_side && call.hidden % elems == 0;
   return call;
 }
 
@@ -219,6 +220,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.mode = c.gate_mode;
   key.transposed = c.transposed;
   key.vector = c.aligned16;
+  key.vector_update = c.transposed && (c.aligned16 || c.update_aligned16);
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
