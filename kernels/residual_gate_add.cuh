@@ -203,16 +203,27 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   UU u[kPerThreadU], g[kPerThreadU];
   UR r[kPerThreadR];
   T g_token[kMode == kRgaGateToken ? kPerThreadU : 1];
+  // Where whole passes of the block cover whole tile lines (all but a 16-byte update side with
+  // fewer units than the block has threads), a thread keeps its offset along the line and steps
+  // kLinesPerPass lines per unit: one base offset and one stride instead of an address per unit
+  // (a scalar 64-tile took 224 registers with per-unit addresses, 64 this way).
+  constexpr bool kFixedU = kThreads % kLineUnitsU == 0 && kTileUnitsU % kThreads == 0;
+  constexpr int kLinesPerPassU = kFixedU ? kThreads / kLineUnitsU : 0;
+  const int u_line0 = static_cast<int>(threadIdx.x) / kLineUnitsU;
+  const int u_offset0 = (static_cast<int>(threadIdx.x) % kLineUnitsU) * kElemsU;
+  const long long u_first = (t0 + u_line0) * H + h0 + u_offset0;
 #pragma unroll
   for (int k = 0; k < kPerThreadU; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
-    const int line = idx / kLineUnitsU, offset = (idx % kLineUnitsU) * kElemsU;
+    if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
+    const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
+    const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
     const long long t = t0 + line, h = h0 + offset;
     if (t < T_ && h < H) {
-      u[k].load(update + t * H + h);
+      const long long at = kFixedU ? u_first + k * kLinesPerPassU * H : t * H + h;
+      u[k].load(update + at);
       if constexpr (kMode == kRgaGateFull) {
-        g[k].load(gate + batch_offset + t * H + h);
+        g[k].load(gate + batch_offset + at);
       } else if constexpr (kMode == kRgaGateRow) {
         g[k].load(gate + h);
       } else if constexpr (kMode == kRgaGateBatch) {
@@ -223,20 +234,31 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       }
     }
   }
+  // Residual/out the same way along T (line = channel).
+  constexpr bool kFixedOffset = kThreads % kLineUnitsR == 0 && kTileUnitsR % kThreads == 0;
+  constexpr int kLinesPerPass = kFixedOffset ? kThreads / kLineUnitsR : 0;
+  const int r_line0 = static_cast<int>(threadIdx.x) / kLineUnitsR;
+  const long long r_t = t0 + (static_cast<int>(threadIdx.x) % kLineUnitsR) * kElemsR;
+  const long long r_first = (h0 + r_line0) * T_ + r_t;
 #pragma unroll
   for (int k = 0; k < kPerThreadR; ++k) {
-    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
-    const int line = idx / kLineUnitsR, offset = (idx % kLineUnitsR) * kElemsR;
-    const long long rh = h0 + line, rt = t0 + offset;
-    if (rh < H && rt < T_) r[k].load(residual + rh * T_ + rt);
+    if constexpr (kFixedOffset) {
+      if (h0 + r_line0 + k * kLinesPerPass < H && r_t < T_) r[k].load(residual + r_first + k * kLinesPerPass * T_);
+    } else {
+      const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
+      if (kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
+      const int line = idx / kLineUnitsR, offset = (idx % kLineUnitsR) * kElemsR;
+      const long long rh = h0 + line, rt = t0 + offset;
+      if (rh < H && rt < T_) r[k].load(residual + rh * T_ + rt);
+    }
   }
 
 #pragma unroll
   for (int k = 0; k < kPerThreadU; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
-    const int line = idx / kLineUnitsU, offset = (idx % kLineUnitsU) * kElemsU;
+    if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
+    const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
+    const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
     if (t0 + line < T_ && h0 + offset < H) {
 #pragma unroll
       for (int e = 0; e < kElemsU; ++e) {
@@ -250,15 +272,17 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 #pragma unroll
   for (int k = 0; k < kPerThreadR; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
-    const int line = idx / kLineUnitsR, offset = (idx % kLineUnitsR) * kElemsR;
+    if (!kFixedOffset && kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
+    const int line = kFixedOffset ? r_line0 + k * kLinesPerPass : idx / kLineUnitsR;
+    const int offset = kFixedOffset ? static_cast<int>(r_t - t0) : (idx % kLineUnitsR) * kElemsR;
     const long long rh = h0 + line, rt = t0 + offset;
     if (rh < H && rt < T_) {
       T o[kElemsR];
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
         o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[offset + e][line]));
-      store_elements<T, kElemsR, kVectorResidual>(out + rh * T_ + rt, o);
+      const long long at = kFixedOffset ? r_first + k * kLinesPerPass * T_ : rh * T_ + rt;
+      store_elements<T, kElemsR, kVectorResidual>(out + at, o);
     }
   }
 

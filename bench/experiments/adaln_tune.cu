@@ -559,9 +559,11 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
   }
   sets.run("scalar, tile 32", rga_transposed_launch<T, 32, false, false>(B), reference);
   sets.run("scalar, tile 16", rga_transposed_launch<T, 16, false, false>(B), reference);
+  sets.run("scalar, tile 64", rga_transposed_launch<T, 64, false, false>(B), reference);
   if (H % 8 == 0) {  // 16-byte update rows: the update side vectorized alone
     sets.run("update16, tile 32", rga_transposed_launch<T, 32, false, false, true>(B), reference);
     sets.run("update16, tile 16", rga_transposed_launch<T, 16, false, false, true>(B), reference);
+    sets.run("update16, tile 64", rga_transposed_launch<T, 64, false, false, true>(B), reference);
   }
 }
 
