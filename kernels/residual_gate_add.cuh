@@ -154,8 +154,8 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 
 // kVectorResidual: residual and out by 16-byte units along T (needs T % 8 (16-bit) / 4 (fp32) and
 // aligned pointers); kVectorUpdate: update and the gate by 16-byte units along H (H % 8 / 4,
-// aligned pointers). Either may hold alone: an odd T keeps the update side vectorized, as
-// Inductor's tiled kernel does (run 24: (2,513,256) bf16 3.00 us all-scalar against 2.65 us).
+// aligned pointers). The update side may be vectorized alone (an odd T), as Inductor's tiled
+// kernel does: (2,513,256) bf16 2.41 us per call against 3.20 us all-scalar (H200, run 27).
 // kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
 // residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,

@@ -193,21 +193,21 @@ int64_t transposed_blocks(const ResidualGateAddCall& c) {
 bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed || transposed_blocks(c) <= 0x7fffffff; }
 
 // Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32
-// (128-thread blocks for 16-bit vectors: rga_block_threads). The same with a 16-byte update side
-// and a scalar residual side (odd T): a 64-tile holds 16 residual elements per thread but only 2
-// update units; 32-tiles move 64-byte pieces of each residual row, which ran SANA-sized odd T
-// (1,32761,2240) at 46 % of a copy (run 26). All-scalar calls take 32 (a 64-tile of single
-// elements is 16 loads of each tensor per thread, ~190 registers under ptxas, sm_90a, one block
-// per SM), and 16 below two 32-tiles per SM: H200, rotated CUDA graph, (1,17,65) bf16 1.20 us per
-// call against 1.67 us with 32-tiles; at (2,513,256) 2.94 against 2.87 us, and at SANA's
-// (1,32760,2240) 392 against 294 us (bench/results/2026-11-29-h200-runs/21-bench, 23-bench).
+// (128-thread blocks for 16-bit vectors: rga_block_threads). A scalar residual side (odd T, or
+// pointers off 16 bytes) takes 32, and 16 below two 32-tiles per SM, whether the update side is
+// 16-byte or scalar. H200, rotated CUDA graph, bf16 (bench/results/2026-11-29-h200-runs/21-27):
+//   SANA-sized odd T (1,32761,2240), 16-byte update side: 32-tiles 168.3 us, 64-tiles 196.7,
+//     16-tiles 375.2; all scalar: 32-tiles 248.2, 64-tiles 534.9 (run 27);
+//   (2,513,256), 16-byte update side: 32-tiles 2.41 us, 16-tiles 2.79, 64-tiles 5.23; all scalar
+//     32-tiles 3.20, 16-tiles 2.90 (run 27);
+//   (1,17,65), all scalar: 16-tiles 1.21 us against 1.65 with 32-tiles (runs 23, 27).
 int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
   return c.batch * ((c.tokens + tile - 1) / tile) * ((c.hidden + tile - 1) / tile);
 }
 
 int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
   const int64_t two_per_sm = 2 * static_cast<int64_t>(std::max(multiprocessors, 1));
-  if (!c.aligned16 && !c.update_aligned16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
+  if (!c.aligned16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
   return transposed_tiles(c, 64) < two_per_sm ? 32 : 64;
 }
 
