@@ -16,8 +16,10 @@
 // width apart, kUnroll of them per iteration with every load issued before any arithmetic, so each
 // thread keeps 3 * kUnroll independent loads in flight. With one unit per thread the grid covers
 // the tensor and the loop runs once. Indices are 32-bit whenever the host says they fit
-// (params.index32): a thread then finds its gate by one 32-bit division where the 64-bit path
-// spent ~70 instructions before its first load.
+// (params.index32): a thread then finds its gate by a 32-bit division instead of a 64-bit one
+// (~70 instructions). Measured (H200, run 21, FLUX joint, rotated): 21.30 us either way, the
+// loads being issued before the division; the 32-bit path stays for its shorter instruction
+// stream, the 64-bit one for tensors past 2^32 units.
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTile tokens x kTile channels: update is read along

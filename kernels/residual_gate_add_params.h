@@ -18,7 +18,7 @@ struct ResidualGateAddParams {
   long long row_units;           // D / kElems
   long long units_per_gate_row;  // batch mode: the units of the rows that share one gate row
   // 1 when every unit index the grid visits (up to units + a grid's width) fits in 32 bits: the
-  // kernel then indexes and divides in 32-bit (a 64-bit division is ~70 instructions per thread).
+  // kernel then indexes and divides in 32-bit (see the flat kernel's comment for what it gains).
   int index32;
   // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
   // A 1-D grid of B * tiles_t * tiles_h blocks (< 2^31), token tiles fastest.
