@@ -187,7 +187,7 @@ def run_bench(dt, rows, meta):
         impls += [(label, lambda f=f: f(t0), [lambda t=t, f=f: f(t) for t in sets]) for label, f in torch_fns]
         impls.append(("ditops:jit", one_kernel_graph.replay, [lambda t=t: ditops_fn(t) for t in sets]))
         report(measure(impls), rows, meta, "layernorm_modulate", name, nbytes)
-        del sets, t0, one_kernel_graph
+        sets = t0 = one_kernel_graph = None  # release before the next case allocates
         torch.cuda.empty_cache()
 
 

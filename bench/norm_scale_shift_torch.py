@@ -253,7 +253,7 @@ def run_bench(dt, rows, meta):
             impls.append(("torch_eager", lambda: eager_fn(t0), [lambda t=t: eager_fn(t) for t in sets]))
             impls.append(("torch_compile", lambda: cfn(*torch_args(t0)), [lambda t=t: cfn(*torch_args(t)) for t in sets]))
         report(measure(impls), rows, meta, "norm_scale_shift", label, nbytes, 44)
-        del sets, t0, impls
+        sets = t0 = impls = None  # release before the next case allocates
         torch.cuda.empty_cache()
 
 

@@ -20,8 +20,8 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, load_eager, measure, report,
-                                report_header, rotation_count, script_main)
+from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream, load_eager,
+                                measure, report, report_header, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -131,11 +131,7 @@ def graph_replay(dt, rows):
         r, u, g = make(shape, gshape, torch.bfloat16, transposed, 0, gen)
         out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=r.dtype)
         dt.residual_gate_add(r, u, g, out)  # resolve outside the capture
-        side = torch.cuda.Stream()
-        graph = torch.cuda.CUDAGraph()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=side):
-            dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream)
+        graph = graph_on_side_stream(lambda stream: dt.residual_gate_add(r, u, g, out, stream=stream))
         for trial in range(3):
             r2, u2, g2 = make(shape, gshape, torch.bfloat16, transposed, 0, gen)
             r.copy_(r2)
@@ -182,12 +178,8 @@ def run_bench(dt, rows, meta):
         one_kernel_graph = {}  # the cold timing launches ditops as a graph: ctypes costs ~20 us of host time
         for pdl in (True, False):
             dt.residual_gate_add(r, u, g, out, pdl=pdl)
-            side = torch.cuda.Stream()
-            graph = torch.cuda.CUDAGraph()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=side):
-                dt.residual_gate_add(r, u, g, out, stream=side.cuda_stream, pdl=pdl)
-            one_kernel_graph[pdl] = graph
+            one_kernel_graph[pdl] = graph_on_side_stream(
+                lambda stream, pdl=pdl: dt.residual_gate_add(r, u, g, out, stream=stream, pdl=pdl))
         measured = measure([
             copy_impl(sets, lambda s: s[4], lambda s: s[5]),
             ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(*s[:3]) for s in sets]),
@@ -196,7 +188,7 @@ def run_bench(dt, rows, meta):
             ("ditops:jit nopdl", one_kernel_graph[False].replay,
              [lambda s=s: dt.residual_gate_add(*s[:4], pdl=False) for s in sets])])
         report(measured, rows, meta, "residual_gate_add", name, nbytes, 22)
-        del sets, r, u, g, out, one_kernel_graph
+        sets = r = u = g = out = one_kernel_graph = None  # release before the next case allocates
         torch.cuda.empty_cache()
 
 
