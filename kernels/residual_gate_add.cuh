@@ -162,10 +162,18 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
 // residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
 // bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us.
+// kChunkedResidual (with kVectorResidual): the residual and out lines need not start on 16 bytes
+// (an odd T, or a residual off 16 bytes; out must share residual's offset within 16 bytes). A
+// line of the tile is read as the aligned 16-byte chunks that cover it: one more chunk than
+// units when the line starts off alignment, its bytes outside the tile read and dropped (an
+// aligned chunk holding one byte of the tensor cannot cross a page; out never overlaps residual,
+// so no block writes what another reads). Out is written by 16-byte stores where a chunk lies
+// wholly inside the tile and the tensor, element by element at the line's two ends.
 template <typename T, int kMode, bool kVectorResidual, int kTile, bool kPdl, bool kVectorUpdate = kVectorResidual,
-          bool kChannelTilesFastest = false>
+          bool kChunkedResidual = false, bool kChannelTilesFastest = false>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
+  static_assert(!kChunkedResidual || kVectorResidual, "chunks are 16-byte units");
   constexpr int kElemsR = kVectorResidual ? 16 / static_cast<int>(sizeof(T)) : 1;
   constexpr int kElemsU = kVectorUpdate ? 16 / static_cast<int>(sizeof(T)) : 1;
   static_assert(kElemsR <= kElemsU, "a vectorized residual side needs a vectorized update side");
@@ -242,9 +250,23 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   const int r_line0 = static_cast<int>(threadIdx.x) / kLineUnitsR;
   const long long r_t = t0 + (static_cast<int>(threadIdx.x) % kLineUnitsR) * kElemsR;
   const long long r_first = (h0 + r_line0) * T_ + r_t;
+  static_assert(!kChunkedResidual || kFixedOffset, "chunked lines keep one unit position per thread");
+  const int r_unit = static_cast<int>(threadIdx.x) % kLineUnitsR;  // the thread's chunk of its lines
+  // Chunked: each line's element offset from 16-byte alignment, and the extra chunk at its end
+  // (loaded by the line's last thread).
+  int r_misalign[kChunkedResidual ? kPerThreadR : 1];
+  UR r_tail[kChunkedResidual ? kPerThreadR : 1];
 #pragma unroll
   for (int k = 0; k < kPerThreadR; ++k) {
-    if constexpr (kFixedOffset) {
+    if constexpr (kChunkedResidual) {
+      if (h0 + r_line0 + k * kLinesPerPass >= H) continue;
+      const T* line = residual + (r_first - r_unit * kElemsR) + k * kLinesPerPass * T_;  // element t0
+      const int mis = static_cast<int>((reinterpret_cast<unsigned long long>(line) / sizeof(T)) % kElemsR);
+      r_misalign[k] = mis;
+      // The chunk's first element lies in this line (before t0 only for unit 0, which holds t0).
+      if (t0 + r_unit * kElemsR - mis < T_) r[k].load(line - mis + r_unit * kElemsR);
+      if (r_unit == kLineUnitsR - 1 && mis > 0 && t0 + kTile - mis < T_) r_tail[k].load(line - mis + kTile);
+    } else if constexpr (kFixedOffset) {
       if (h0 + r_line0 + k * kLinesPerPass < H && r_t < T_) r[k].load(residual + r_first + k * kLinesPerPass * T_);
     } else {
       const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
@@ -273,6 +295,34 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 
 #pragma unroll
   for (int k = 0; k < kPerThreadR; ++k) {
+    if constexpr (kChunkedResidual) {
+      const int line = r_line0 + k * kLinesPerPass;
+      if (h0 + line >= H) continue;
+      const int mis = r_misalign[k];
+      T* out_line = out + (r_first - r_unit * kElemsR) + k * kLinesPerPass * T_;  // element t0
+      const int first = r_unit * kElemsR - mis;  // tile offset of the chunk's element 0
+      T o[kElemsR];
+#pragma unroll
+      for (int e = 0; e < kElemsR; ++e)
+        if (first + e >= 0 && t0 + first + e < T_)
+          o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[first + e][line]));
+      if (mis == 0 && t0 + first + kElemsR <= T_) {
+        store_elements<T, kElemsR, true>(out_line + first, o);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kElemsR; ++e)
+          if (first + e >= 0 && t0 + first + e < T_) out_line[first + e] = o[e];
+      }
+      if (r_unit == kLineUnitsR - 1 && mis > 0) {
+#pragma unroll
+        for (int e = 0; e < kElemsR - 1; ++e) {
+          const int offset = kTile - mis + e;
+          if (e < mis && t0 + offset < T_)
+            out_line[offset] = from_float<T>(__fadd_rn(to_float(r_tail[k].get(e)), product[offset][line]));
+        }
+      }
+      continue;
+    }
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
     if (!kFixedOffset && kTileUnitsR % kThreads != 0 && idx >= kTileUnitsR) continue;
     const int line = kFixedOffset ? r_line0 + k * kLinesPerPass : idx / kLineUnitsR;

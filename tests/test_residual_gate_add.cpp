@@ -273,6 +273,49 @@ TEST(ResidualGateAddMatch, GateModesAndAlignment) {
   EXPECT_FALSE(match_residual_gate_add(r.view, u.view, g.view, o.view).aligned16);
 }
 
+// A transposed residual whose lines cannot all start on 16 bytes (odd T, or residual off 16 bytes)
+// is walked by aligned 16-byte chunks when the update side is 16-byte and out shares residual's
+// offset within 16 bytes; otherwise it stays on the scalar residual side.
+TEST(ResidualGateAddMatch, TransposedResidualTakesAlignedChunksWhenOutSharesItsOffset) {
+  auto place = [](HostTensor& t, size_t offset_bytes) {  // 16-byte aligned start + offset_bytes
+    const auto base = reinterpret_cast<uintptr_t>(t.bytes.data());
+    t.view.data = t.bytes.data() + (16 - base % 16) % 16 + offset_bytes;
+  };
+  auto transposed = [](HostTensor& t, int64_t T, int64_t H) {
+    t.view.shape[1] = T;
+    t.view.shape[2] = H;
+    t.view.strides[1] = 1;
+    t.view.strides[2] = T;
+  };
+  for (int64_t T : {33, 32}) {
+    const int64_t H = 64;
+    HostTensor r(DType::bf16, {1, H, T}, H * T + 16), u(DType::bf16, {1, T, H}, T * H + 16),
+        g(DType::bf16, {1, 1, H}, H + 16), o(DType::bf16, {1, H, T}, H * T + 16);
+    transposed(r, T, H);
+    transposed(o, T, H);
+    for (auto [r_off, o_off] : {std::pair<size_t, size_t>{0, 0}, {2, 2}, {2, 0}, {0, 6}}) {
+      place(r, r_off);
+      place(o, o_off);
+      place(u, 0);
+      place(g, 0);
+      const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, g.view, o.view);
+      SCOPED_TRACE("T " + std::to_string(T) + ", residual +" + std::to_string(r_off) + " B, out +" +
+                   std::to_string(o_off) + " B");
+      EXPECT_TRUE(call.transposed);
+      EXPECT_TRUE(call.update_aligned16);
+      const bool all_aligned = T % 8 == 0 && r_off == 0 && o_off == 0;
+      EXPECT_EQ(call.aligned16, all_aligned);
+      EXPECT_EQ(call.residual_chunks16, !all_aligned && r_off == o_off);
+    }
+    place(r, 0);
+    place(o, 0);
+    place(u, 2);  // a scalar update side: no chunks either
+    const ResidualGateAddCall scalar_update = match_residual_gate_add(r.view, u.view, g.view, o.view);
+    EXPECT_FALSE(scalar_update.update_aligned16);
+    EXPECT_FALSE(scalar_update.residual_chunks16);
+  }
+}
+
 std::string error_of(const TensorView& r, const TensorView& u, const TensorView& g, const TensorView& o) {
   try {
     residual_gate_add(r, u, g, o);
@@ -449,6 +492,10 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
           if (tile != 0 && !vector) {  // scalar residual side, 16-byte update side
             k.vector_update = true;
             keys.push_back(k);
+            if (tile != 16) {  // the residual side by the aligned 16-byte chunks of each line
+              k.chunked_residual = true;
+              keys.push_back(k);
+            }
           }
         }
   int compiled = 0;
@@ -491,15 +538,28 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
   k.tile = 32;
   EXPECT_EQ(rga_kernel_request(k).template_args.find(", 8, false"), std::string::npos)
       << "the transposed kernel has no units parameter";
-  // Its last argument is kVectorUpdate: with the vector path, or alone on a scalar residual side.
+  // Its last two arguments are kVectorUpdate (with the vector path, or alone on a scalar residual
+  // side) and kChunkedResidual.
   auto ends_with = [](const std::string& s, const std::string& tail) {
     return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
   };
   k.pdl = false;
-  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, false")) << rga_kernel_request(k).template_args;
+  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, false, false")) << rga_kernel_request(k).template_args;
   k.vector_update = true;
-  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, true")) << rga_kernel_request(k).template_args;
+  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, true, false")) << rga_kernel_request(k).template_args;
   EXPECT_NE(k.to_string().find("transposed32,update16"), std::string::npos) << k.to_string();
+  // A chunked residual side: 16-byte residual units (third argument) and kChunkedResidual last.
+  RgaKernelKey chunked = k;
+  chunked.chunked_residual = true;
+  EXPECT_TRUE(ends_with(rga_kernel_request(chunked).template_args, "32, false, true, true"))
+      << rga_kernel_request(chunked).template_args;
+  EXPECT_NE(rga_kernel_request(chunked).template_args.find(", true, 32"), std::string::npos)
+      << rga_kernel_request(chunked).template_args;
+  EXPECT_NE(chunked.to_string().find("transposed32,chunk16"), std::string::npos) << chunked.to_string();
+  EXPECT_NE(chunked.packed(), k.packed());
+  EXPECT_EQ(rga_block_threads(chunked), 128) << "one thread per 16-byte chunk of a 32 x 32 bf16 tile";
+  EXPECT_TRUE(ends_with(rga_kernel_request(k).template_args, "32, false, true, false"))
+      << rga_kernel_request(k).template_args;
   k.vector = true;
   EXPECT_NE(k.to_string().find("transposed32,vec16"), std::string::npos) << k.to_string();
 }

@@ -39,6 +39,7 @@ struct GpuCase {
   DType dtype = DType::bf16;
   bool transposed = false;  // residual/out [B, T, H] with strides (T*H, 1, T)
   int misalign = 0;         // elements every pointer is moved off 16-byte alignment
+  int residual_misalign = 0;  // elements residual and out alone are moved (after misalign)
   std::string describe() const {
     std::string s = dtype_name(dtype);
     s += " [";
@@ -48,6 +49,7 @@ struct GpuCase {
     s += "]";
     if (transposed) s += " transposed";
     if (misalign) s += " misaligned by " + std::to_string(misalign);
+    if (residual_misalign) s += " residual and out misaligned by " + std::to_string(residual_misalign);
     return s;
   }
 };
@@ -151,12 +153,13 @@ void run_case(const GpuCase& c, uint32_t seed) {
                     view_of(const_cast<uint8_t*>(h.gate.data()), c, c.gate, cpu, false),
                     view_of(want.data(), c, c.shape, cpu, c.transposed));
   const int mis = c.misalign * static_cast<int>(es);
-  DeviceTensor r(h.residual.size(), mis), u(h.update.size(), mis), g(h.gate.size(), mis);
+  const int r_mis = mis + c.residual_misalign * static_cast<int>(es);
+  DeviceTensor r(h.residual.size(), r_mis), u(h.update.size(), mis), g(h.gate.size(), mis);
   r.upload(h.residual);
   u.upload(h.update);
   g.upload(h.gate);
   for (Provenance backend : cuda_backends()) {
-    DeviceTensor o(n * es, mis);
+    DeviceTensor o(n * es, r_mis);
     ResidualGateAddOptions opt;
     opt.dispatch.backend = backend;
     const TensorView rv = view_of(r.data(), c, c.shape, gpu, c.transposed);
@@ -166,7 +169,7 @@ void run_case(const GpuCase& c, uint32_t seed) {
     check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
     const ResidualGateAddCall call = match_residual_gate_add(rv, view_of(u.data(), c, c.shape, gpu, false),
                                                              view_of(g.data(), c, c.gate, gpu, false), ov);
-    if (c.misalign) EXPECT_FALSE(call.aligned16) << "misaligned pointers must take the scalar path";
+    if (c.misalign || c.residual_misalign) EXPECT_FALSE(call.aligned16) << "misaligned pointers leave the vector path";
     const std::string problem = compare(o, want, es);
     EXPECT_EQ(problem, "") << impl << " on " << c.describe() << " (template key "
                            << explain_residual_gate_add(call).template_key << ")";
@@ -218,6 +221,12 @@ TEST_F(ResidualGateAddGpu, TransposedLayout) {
     run_case({{2, 33, 128}, {2, 33, 1}, dt, true}, seed++);     // per-token gate
     run_case({{2, 130, 72}, {2, 130, 72}, dt, true}, seed++);   // full gate
     run_case({{1, 7801, 2240}, {1, 1, 2240}, dt, true}, seed++);  // odd T: 16-byte update side
+    // Residual lines off 16 bytes, the update side aligned: the residual side by aligned chunks.
+    run_case({{2, 515, 256}, {2, 515, 1}, dt, true, 0, 0}, seed++);  // odd T, per-token gate
+    run_case({{3, 37, 40}, {3, 37, 40}, dt, true}, seed++);          // T below a tile, full gate
+    run_case({{2, 64, 64}, {1, 1, 64}, dt, true, 0, 1}, seed++);     // T % 8 == 0, residual off
+    run_case({{2, 1003, 72}, {2, 1, 72}, dt, true, 0, 3}, seed++);   // both, batch gate
+    run_case({{1, 4999, 1024}, {1, 1, 1024}, dt, true, 0, 5}, seed++);  // 64-tiles
   }
   run_case({{1, 32760, 2240}, {1, 1, 2240}, DType::bf16, true}, seed++);  // SANA-Video 480p
 }
@@ -295,7 +304,7 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
 
 // The measured schedules reach the kernel key: small scalar calls take one element per thread
 // (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles; an odd T
-// keeps a 16-byte update side. (Run by
+// keeps a 16-byte update side and walks the residual side by aligned 16-byte chunks. (Run by
 // PointersOffSixteenBytes... and TransposedLayout for their results; here only the choice.)
 TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const Device gpu{DeviceKind::cuda, 0};
@@ -317,10 +326,10 @@ TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const std::string small_t = key_of({{1, 17, 65}, {1, 1, 65}, DType::bf16, true});
   EXPECT_NE(small_t.find("transposed16,scalar"), std::string::npos) << small_t;
   const std::string medium_t = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true});
-  EXPECT_NE(medium_t.find("transposed32,update16"), std::string::npos) << medium_t << ": T = 513 leaves only "
-                                                                                     "the residual side scalar";
+  EXPECT_NE(medium_t.find("transposed32,chunk16"), std::string::npos)
+      << medium_t << ": T = 513 walks the residual side by aligned chunks, in 32-tiles below two 64-tiles per SM";
   const std::string odd_t = key_of({{1, 7801, 2240}, {1, 1, 2240}, DType::bf16, true});
-  EXPECT_NE(odd_t.find("transposed32,update16"), std::string::npos) << odd_t;
+  EXPECT_NE(odd_t.find("transposed64,chunk16"), std::string::npos) << odd_t;
   const std::string medium_off = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true, 1});
   EXPECT_NE(medium_off.find("transposed32,scalar"), std::string::npos) << medium_off;
 }

@@ -56,6 +56,9 @@ struct ResidualGateAddCall {
   // Transposed: update (and a vector gate) allow 16-byte accesses along H, whatever residual/out
   // allow along T (an odd T leaves the residual side scalar).
   bool update_aligned16 = false;
+  // Transposed, update side 16-byte, residual side not: out and residual share their offset within
+  // 16 bytes, so both are walked by the aligned 16-byte chunks covering each line (any T).
+  bool residual_chunks16 = false;
   Stream stream = nullptr;
 };
 

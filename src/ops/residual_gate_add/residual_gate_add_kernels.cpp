@@ -17,7 +17,11 @@ const char* gate_mode_name(GateMode mode) {
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
          (transposed ? "transposed" + std::to_string(tile) : std::string("flat")) +
-         (vector ? ",vec16" : transposed && vector_update ? ",update16" : ",scalar") + (one_wave ? ",one_wave" : "") +
+         (vector                          ? ",vec16"
+          : transposed && chunked_residual ? ",chunk16"
+          : transposed && vector_update    ? ",update16"
+                                           : ",scalar") +
+         (one_wave ? ",one_wave" : "") +
          (pdl ? ",pdl" : ",nopdl");
 }
 
@@ -29,6 +33,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 128 + static_cast<uint64_t>(tile);
   v = v * 2 + one_wave;
   v = v * 2 + vector_update;
+  v = v * 2 + chunked_residual;
   v = v * 2 + pdl;
   return v;
 }
@@ -61,7 +66,7 @@ int rga_flat_units(const RgaKernelKey& key) {
 
 int rga_block_threads(const RgaKernelKey& key) {
   if (!key.transposed) return kRgaThreads;
-  const int elems = key.vector ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;
+  const int elems = key.vector || key.chunked_residual ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;
   return rga_transposed_threads(key.tile, elems);
 }
 
@@ -69,10 +74,15 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
   jit::KernelRequest r;
   r.header = "residual_gate_add.cuh";
   r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
-  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " + jit::kernel_bool(key.vector) +
+  const bool vector_residual = key.vector || (key.transposed && key.chunked_residual);
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " +
+                    jit::kernel_bool(vector_residual) +
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
-  if (!key.transposed) r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
-  else r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update);
+  if (!key.transposed)
+    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
+  else
+    r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update) + ", " +
+                       jit::kernel_bool(key.chunked_residual && !key.vector);
   r.params_type = "ditops::ResidualGateAddParams";
   r.max_threads = rga_block_threads(key);
   r.template_key = "residual_gate_add:" + key.to_string();

@@ -17,9 +17,11 @@ struct RgaKernelKey {
   int tile = 0;        // transposed: tile edge (16, 32 or 64); 0 for the flat kernel
   bool one_wave = false;  // flat scalar path over at most one wave of resident threads
   bool vector_update = false;  // transposed: update and gate by 16-byte units (true with vector)
+  bool chunked_residual = false;  // transposed: residual/out by the aligned 16-byte chunks of each line
   bool pdl = true;
 
-  // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl" / "...,transposed32,update16,pdl"
+  // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl" / "...,transposed64,chunk16,pdl" /
+  // "...,transposed32,update16,pdl"
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
 };

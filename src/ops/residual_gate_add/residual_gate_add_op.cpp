@@ -178,6 +178,8 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   call.aligned16 = update_side && residual_side &&
                    (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0 : call.width % elems == 0);
   call.update_aligned16 = call.transposed && update_side && call.hidden % elems == 0;
+  const auto r_addr = reinterpret_cast<uintptr_t>(residual.data), o_addr = reinterpret_cast<uintptr_t>(out.data);
+  call.residual_chunks16 = call.update_aligned16 && !call.aligned16 && (r_addr > o_addr ? r_addr - o_addr : o_addr - r_addr) % 16 == 0;
   return call;
 }
 
@@ -207,7 +209,7 @@ int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
 
 int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
   const int64_t two_per_sm = 2 * static_cast<int64_t>(std::max(multiprocessors, 1));
-  if (!c.aligned16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
+  if (!c.aligned16 && !c.residual_chunks16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
   return transposed_tiles(c, 64) < two_per_sm ? 32 : 64;
 }
 
@@ -224,6 +226,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.transposed = c.transposed;
   key.vector = c.aligned16;
   key.vector_update = c.transposed && (c.aligned16 || c.update_aligned16);
+  key.chunked_residual = c.residual_chunks16;
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
