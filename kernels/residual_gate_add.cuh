@@ -162,18 +162,22 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
 // residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
 // bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us.
-// kChunkedResidual (with kVectorResidual): the residual and out lines need not start on 16 bytes
-// (an odd T, or a residual off 16 bytes; out must share residual's offset within 16 bytes). A
-// line of the tile is read as the aligned 16-byte chunks that cover it: one more chunk than
-// units when the line starts off alignment, its bytes outside the tile read and dropped (an
-// aligned chunk holding one byte of the tensor cannot cross a page; out never overlaps residual,
-// so no block writes what another reads). Out is written by 16-byte stores where a chunk lies
-// wholly inside the tile and the tensor, element by element at the line's two ends.
+// kChunkedResidual (with kVectorResidual): residual and out lines that do not start on 16 bytes
+// (an odd T, or residual off 16 bytes; out shares residual's offset within 16 bytes, the host
+// checks). A line is walked by the aligned 16-byte chunks of memory: the block of token tile i
+// takes, on each line, the kTile / kElems chunks that start at t0 - mis (mis: the line's element
+// offset from 16 bytes at t0), so consecutive tiles share no chunk and every chunk is one 16-byte
+// load and store except where it crosses the line's ends (element stores there; the load of a
+// chunk holding one element of the tensor cannot fault: it does not cross a page). A line's
+// window reaches up to kElems - 1 tokens before t0: the update side loads kElems more token rows,
+// and the token tiles number ceil((T + kElems - 1) / kTile). The product of (token t0 + off,
+// channel c) is parked at row off + mis_c: the residual side then reads row `unit * kElems + e` of
+// its line, the same banks as on aligned lines whatever T is.
 template <typename T, int kMode, bool kVectorResidual, int kTile, bool kPdl, bool kVectorUpdate = kVectorResidual,
           bool kChunkedResidual = false, bool kChannelTilesFastest = false>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
-  static_assert(!kChunkedResidual || kVectorResidual, "chunks are 16-byte units");
+  static_assert(!kChunkedResidual || (kVectorResidual && kVectorUpdate), "chunks need 16-byte units on both sides");
   constexpr int kElemsR = kVectorResidual ? 16 / static_cast<int>(sizeof(T)) : 1;
   constexpr int kElemsU = kVectorUpdate ? 16 / static_cast<int>(sizeof(T)) : 1;
   static_assert(kElemsR <= kElemsU, "a vectorized residual side needs a vectorized update side");
@@ -183,11 +187,14 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   constexpr int kLineUnitsR = kTile / kElemsR, kTileUnitsR = kTile * kLineUnitsR;
   constexpr int kLineUnitsU = kTile / kElemsU, kTileUnitsU = kTile * kLineUnitsU;
   constexpr int kPerThreadR = (kTileUnitsR + kThreads - 1) / kThreads;
-  constexpr int kPerThreadU = (kTileUnitsU + kThreads - 1) / kThreads;
+  // Token rows the update side reads: the tile's, and on chunked lines kElems before it.
+  constexpr int kLeadRows = kChunkedResidual ? kElemsR : 0;
+  constexpr int kRowsU = kTile + kLeadRows;
+  constexpr int kPerThreadU = (kRowsU * kLineUnitsU + kThreads - 1) / kThreads;
   static_assert(kTile % kElemsU == 0, "tile lines hold whole units");
   // Products as fp32 (exact: they are T values). One word of padding per line keeps the
   // transposed read at most 2-way bank conflicted; shared bandwidth is far from the limit here.
-  __shared__ float product[kTile][kTile + 1];  // [token offset][channel offset]
+  __shared__ float product[kTile][kTile + 1];  // [token offset (+ mis when chunked)][channel offset]
 
   const long long T_ = p.tokens, H = p.hidden;
   // The grid has < 2^31 blocks (the host checks): the block's coordinates in 32-bit divisions.
@@ -202,6 +209,13 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   const T* update = static_cast<const T*>(p.update) + batch_offset;      // [T, H] of batch b
   const T* gate = static_cast<const T*>(p.gate);
   T* out = static_cast<T*>(p.out) + batch_offset;
+  // Chunked: the element offset from 16 bytes of (channel h0 + c, token t0) is
+  // (mis_base + c * T) mod kElems.
+  const int t_mod = static_cast<int>(T_ % kElemsR);
+  const int mis_base =
+      kChunkedResidual
+          ? static_cast<int>((reinterpret_cast<unsigned long long>(residual + h0 * T_ + t0) / sizeof(T)) % kElemsR)
+          : 0;
 
   if constexpr (kPdl) pdl_wait();
 
@@ -218,18 +232,21 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   // kLinesPerPass lines per unit: one base offset and one stride instead of an address per unit
   // (a scalar 64-tile took 224 registers with per-unit addresses, 64 this way).
   constexpr bool kFixedU = kThreads % kLineUnitsU == 0 && kTileUnitsU % kThreads == 0;
+  static_assert(!kChunkedResidual || kFixedU, "chunked tiles keep one unit position per thread");
   constexpr int kLinesPerPassU = kFixedU ? kThreads / kLineUnitsU : 0;
   const int u_line0 = static_cast<int>(threadIdx.x) / kLineUnitsU;
   const int u_offset0 = (static_cast<int>(threadIdx.x) % kLineUnitsU) * kElemsU;
-  const long long u_first = (t0 + u_line0) * H + h0 + u_offset0;
+  const long long u_t0 = t0 - kLeadRows;  // the token of update row 0
+  const long long u_first = (u_t0 + u_line0) * H + h0 + u_offset0;
 #pragma unroll
   for (int k = 0; k < kPerThreadU; ++k) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
     if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
     const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
+    if (kRowsU * kLineUnitsU % kThreads != 0 && line >= kRowsU) continue;
     const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
-    const long long t = t0 + line, h = h0 + offset;
-    if (t < T_ && h < H) {
+    const long long t = u_t0 + line, h = h0 + offset;
+    if (t >= 0 && t < T_ && h < H) {
       const long long at = kFixedU ? u_first + k * kLinesPerPassU * H : t * H + h;
       u[k].load(update + at);
       if constexpr (kMode == kRgaGateFull) {
@@ -244,28 +261,24 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       }
     }
   }
-  // Residual/out the same way along T (line = channel).
+  // Residual/out the same way along T (line = channel). Chunked: chunk `r_unit` of a line starts
+  // at element t0 - mis + r_unit * kElems.
   constexpr bool kFixedOffset = kThreads % kLineUnitsR == 0 && kTileUnitsR % kThreads == 0;
+  static_assert(!kChunkedResidual || kFixedOffset, "chunked lines keep one unit position per thread");
   constexpr int kLinesPerPass = kFixedOffset ? kThreads / kLineUnitsR : 0;
   const int r_line0 = static_cast<int>(threadIdx.x) / kLineUnitsR;
-  const long long r_t = t0 + (static_cast<int>(threadIdx.x) % kLineUnitsR) * kElemsR;
+  const int r_unit = static_cast<int>(threadIdx.x) % kLineUnitsR;
+  const long long r_t = t0 + r_unit * kElemsR;
   const long long r_first = (h0 + r_line0) * T_ + r_t;
-  static_assert(!kChunkedResidual || kFixedOffset, "chunked lines keep one unit position per thread");
-  const int r_unit = static_cast<int>(threadIdx.x) % kLineUnitsR;  // the thread's chunk of its lines
-  // Chunked: each line's element offset from 16-byte alignment, and the extra chunk at its end
-  // (loaded by the line's last thread).
-  int r_misalign[kChunkedResidual ? kPerThreadR : 1];
-  UR r_tail[kChunkedResidual ? kPerThreadR : 1];
+  int r_mis[kChunkedResidual ? kPerThreadR : 1];
 #pragma unroll
   for (int k = 0; k < kPerThreadR; ++k) {
     if constexpr (kChunkedResidual) {
-      if (h0 + r_line0 + k * kLinesPerPass >= H) continue;
-      const T* line = residual + (r_first - r_unit * kElemsR) + k * kLinesPerPass * T_;  // element t0
-      const int mis = static_cast<int>((reinterpret_cast<unsigned long long>(line) / sizeof(T)) % kElemsR);
-      r_misalign[k] = mis;
-      // The chunk's first element lies in this line (before t0 only for unit 0, which holds t0).
-      if (t0 + r_unit * kElemsR - mis < T_) r[k].load(line - mis + r_unit * kElemsR);
-      if (r_unit == kLineUnitsR - 1 && mis > 0 && t0 + kTile - mis < T_) r_tail[k].load(line - mis + kTile);
+      const int line = r_line0 + k * kLinesPerPass;
+      r_mis[k] = (mis_base + line * t_mod) % kElemsR;
+      const long long chunk_t = r_t - r_mis[k];  // the token of the chunk's element 0
+      if (h0 + line < H && chunk_t + kElemsR > 0 && chunk_t < T_)
+        r[k].load(residual + r_first + k * kLinesPerPass * T_ - r_mis[k]);
     } else if constexpr (kFixedOffset) {
       if (h0 + r_line0 + k * kLinesPerPass < H && r_t < T_) r[k].load(residual + r_first + k * kLinesPerPass * T_);
     } else {
@@ -282,12 +295,21 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
     const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
     if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
     const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
+    if (kRowsU * kLineUnitsU % kThreads != 0 && line >= kRowsU) continue;
     const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
-    if (t0 + line < T_ && h0 + offset < H) {
+    const long long t = u_t0 + line;
+    if (t >= 0 && t < T_ && h0 + offset < H) {
 #pragma unroll
       for (int e = 0; e < kElemsU; ++e) {
         const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
-        product[line][offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
+        const float value = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
+        if constexpr (kChunkedResidual) {
+          // Row line - kElems + mis of channel offset + e; rows outside the tile's windows dropped.
+          const int row = line - kLeadRows + (mis_base + (offset + e) * t_mod) % kElemsR;
+          if (row >= 0 && row < kTile) product[row][offset + e] = value;
+        } else {
+          product[line][offset + e] = value;
+        }
       }
     }
   }
@@ -298,28 +320,19 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
     if constexpr (kChunkedResidual) {
       const int line = r_line0 + k * kLinesPerPass;
       if (h0 + line >= H) continue;
-      const int mis = r_misalign[k];
-      T* out_line = out + (r_first - r_unit * kElemsR) + k * kLinesPerPass * T_;  // element t0
-      const int first = r_unit * kElemsR - mis;  // tile offset of the chunk's element 0
+      const long long chunk_t = r_t - r_mis[k];
+      if (chunk_t + kElemsR <= 0 || chunk_t >= T_) continue;
       T o[kElemsR];
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
-        if (first + e >= 0 && t0 + first + e < T_)
-          o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[first + e][line]));
-      if (mis == 0 && t0 + first + kElemsR <= T_) {
-        store_elements<T, kElemsR, true>(out_line + first, o);
-      } else {
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[r_unit * kElemsR + e][line]));
+      T* chunk = out + r_first + k * kLinesPerPass * T_ - r_mis[k];
+      if (chunk_t >= 0 && chunk_t + kElemsR <= T_) {
+        store_elements<T, kElemsR, true>(chunk, o);
+      } else {  // the chunk crosses an end of the line: its elements inside, one by one
 #pragma unroll
         for (int e = 0; e < kElemsR; ++e)
-          if (first + e >= 0 && t0 + first + e < T_) out_line[first + e] = o[e];
-      }
-      if (r_unit == kLineUnitsR - 1 && mis > 0) {
-#pragma unroll
-        for (int e = 0; e < kElemsR - 1; ++e) {
-          const int offset = kTile - mis + e;
-          if (e < mis && t0 + offset < T_)
-            out_line[offset] = from_float<T>(__fadd_rn(to_float(r_tail[k].get(e)), product[offset][line]));
-        }
+          if (chunk_t + e >= 0 && chunk_t + e < T_) chunk[e] = o[e];
       }
       continue;
     }

@@ -449,8 +449,9 @@ __global__ void __launch_bounds__(kBlock) rga_flat_scalar(const __grid_constant_
 }
 __device__ __forceinline__ bf16 rga_detail_gated(bf16 r, bf16 u, bf16 g) { return ditops::rga_detail::gated_sum(r, u, g); }
 
-template <typename T, int kTile, bool kChannelTilesFastest, bool kVector, bool kVectorUpdate, bool kChunked>
-__global__ void __launch_bounds__(256) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
+template <typename T, int kTile, bool kChannelTilesFastest, bool kVector, bool kVectorUpdate, bool kChunked,
+          int kMinBlocks = 0>
+__global__ void __launch_bounds__(256, kMinBlocks) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, kVector, kTile, false, kVectorUpdate, kChunked,
                                        kChannelTilesFastest>(p);
 }
@@ -533,14 +534,14 @@ std::function<void(const ditops::ResidualGateAddParams&)> rga_flat_launch(bool r
 }
 
 template <typename T, int kTile, bool kChannelTilesFastest, bool kVector = true, bool kVectorUpdate = kVector,
-          bool kChunked = false>
+          bool kChunked = false, int kMinBlocks = 0>
 std::function<void(const ditops::ResidualGateAddParams&)> rga_transposed_launch(long long batch) {
   return [=](const ditops::ResidualGateAddParams& p0) {
     ditops::ResidualGateAddParams p = p0;
-    p.tiles_t = (p.tokens + kTile - 1) / kTile;
+    p.tiles_t = (p.tokens + (kChunked ? 16 / sizeof(T) - 1 : 0) + kTile - 1) / kTile;
     p.tiles_h = (p.hidden + kTile - 1) / kTile;
     constexpr int kThreads = ditops::rga_transposed_threads(kTile, kVector ? 16 / sizeof(T) : 1);
-    rga_transposed<T, kTile, kChannelTilesFastest, kVector, kVectorUpdate, kChunked><<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
+    rga_transposed<T, kTile, kChannelTilesFastest, kVector, kVectorUpdate, kChunked, kMinBlocks><<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
   };
 }
 
@@ -569,6 +570,7 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
     // The residual side by aligned 16-byte chunks whatever T (kChunkedResidual).
     sets.run("chunk16, tile 64", rga_transposed_launch<T, 64, false, true, true, true>(B), reference);
     sets.run("chunk16, tile 32", rga_transposed_launch<T, 32, false, true, true, true>(B), reference);
+
   }
 }
 

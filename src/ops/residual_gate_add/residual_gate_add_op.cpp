@@ -187,10 +187,17 @@ namespace {
 
 const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const ResidualGateAddCall*>(p); }
 
+// Token tiles of the transposed kernel: chunked lines reach up to kElems - 1 tokens before their
+// tile, so one more tile may be needed at the end (kernels/residual_gate_add.cuh).
+int64_t token_tiles(const ResidualGateAddCall& c, int64_t tile, bool chunked) {
+  const int64_t lead = chunked ? 16 / static_cast<int64_t>(dtype_size(c.residual.dtype)) - 1 : 0;
+  return (c.tokens + lead + tile - 1) / tile;
+}
+
 // Blocks of the transposed kernel with 32-tiles, the most any call launches (16-tiles are taken
 // only below two 32-tiles per SM): the launch takes a 1-D grid.
 int64_t transposed_blocks(const ResidualGateAddCall& c) {
-  return c.batch * ((c.tokens + 31) / 32) * ((c.hidden + 31) / 32);
+  return c.batch * token_tiles(c, 32, c.residual_chunks16) * ((c.hidden + 31) / 32);
 }
 bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed || transposed_blocks(c) <= 0x7fffffff; }
 
@@ -243,7 +250,7 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
   if (c.transposed) {
     p.tokens = c.tokens;
     p.hidden = c.hidden;
-    p.tiles_t = (c.tokens + key.tile - 1) / key.tile;
+    p.tiles_t = token_tiles(c, key.tile, key.chunked_residual);
     p.tiles_h = (c.hidden + key.tile - 1) / key.tile;
     grid = c.batch * p.tiles_t * p.tiles_h;
   } else {
