@@ -169,10 +169,11 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // offset from 16 bytes at t0), so consecutive tiles share no chunk and every chunk is one 16-byte
 // load and store except where it crosses the line's ends (element stores there; the load of a
 // chunk holding one element of the tensor cannot fault: it does not cross a page). A line's
-// window reaches up to kElems - 1 tokens before t0: the update side loads kElems more token rows,
-// and the token tiles number ceil((T + kElems - 1) / kTile). The product of (token t0 + off,
-// channel c) is parked at row off + mis_c: the residual side then reads row `unit * kElems + e` of
-// its line, the same banks as on aligned lines whatever T is.
+// window reaches up to kElems - 1 tokens before t0: the update side parks kElems more token rows,
+// and the token tiles number ceil((T + kElems - 1) / kTile). The residual side reads its line's
+// products from row unit * kElems + e + kElems - mis; the products' row stride is kTile + 1, or
+// kTile + 3 where T % 4 == 1, so that the lines a warp reads, whose mis step by T, fall in
+// distinct banks (at most 2-way conflicts on both sides, as on aligned lines).
 template <typename T, int kMode, bool kVectorResidual, int kTile, bool kPdl, bool kVectorUpdate = kVectorResidual,
           bool kChunkedResidual = false, bool kChannelTilesFastest = false>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
@@ -192,9 +193,10 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   constexpr int kRowsU = kTile + kLeadRows;
   constexpr int kPerThreadU = (kRowsU * kLineUnitsU + kThreads - 1) / kThreads;
   static_assert(kTile % kElemsU == 0, "tile lines hold whole units");
-  // Products as fp32 (exact: they are T values). One word of padding per line keeps the
-  // transposed read at most 2-way bank conflicted; shared bandwidth is far from the limit here.
-  __shared__ float product[kTile][kTile + 1];  // [token offset (+ mis when chunked)][channel offset]
+  // Products as fp32 (exact: they are T values), [token row][channel offset] with a row stride of
+  // kTile + 1 (one word of padding keeps the transposed read at most 2-way bank conflicted;
+  // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above).
+  __shared__ float product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];
 
   const long long T_ = p.tokens, H = p.hidden;
   // The grid has < 2^31 blocks (the host checks): the block's coordinates in 32-bit divisions.
@@ -216,6 +218,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       kChunkedResidual
           ? static_cast<int>((reinterpret_cast<unsigned long long>(residual + h0 * T_ + t0) / sizeof(T)) % kElemsR)
           : 0;
+  const int stride = kChunkedResidual && t_mod % 4 == 1 ? kTile + 3 : kTile + 1;  // of the product rows
 
   if constexpr (kPdl) pdl_wait();
 
@@ -275,7 +278,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   for (int k = 0; k < kPerThreadR; ++k) {
     if constexpr (kChunkedResidual) {
       const int line = r_line0 + k * kLinesPerPass;
-      r_mis[k] = (mis_base + line * t_mod) % kElemsR;
+      r_mis[k] = (mis_base + line * t_mod) & (kElemsR - 1);
       const long long chunk_t = r_t - r_mis[k];  // the token of the chunk's element 0
       if (h0 + line < H && chunk_t + kElemsR > 0 && chunk_t < T_)
         r[k].load(residual + r_first + k * kLinesPerPass * T_ - r_mis[k]);
@@ -302,14 +305,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 #pragma unroll
       for (int e = 0; e < kElemsU; ++e) {
         const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
-        const float value = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
-        if constexpr (kChunkedResidual) {
-          // Row line - kElems + mis of channel offset + e; rows outside the tile's windows dropped.
-          const int row = line - kLeadRows + (mis_base + (offset + e) * t_mod) % kElemsR;
-          if (row >= 0 && row < kTile) product[row][offset + e] = value;
-        } else {
-          product[line][offset + e] = value;
-        }
+        product[line * stride + offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
       }
     }
   }
@@ -323,9 +319,10 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       const long long chunk_t = r_t - r_mis[k];
       if (chunk_t + kElemsR <= 0 || chunk_t >= T_) continue;
       T o[kElemsR];
+      const float* products = product + (r_unit * kElemsR + kLeadRows - r_mis[k]) * stride + line;
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
-        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[r_unit * kElemsR + e][line]));
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), products[e * stride]));
       T* chunk = out + r_first + k * kLinesPerPass * T_ - r_mis[k];
       if (chunk_t >= 0 && chunk_t + kElemsR <= T_) {
         store_elements<T, kElemsR, true>(chunk, o);
@@ -345,7 +342,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       T o[kElemsR];
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
-        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[offset + e][line]));
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[(offset + e) * stride + line]));
       const long long at = kFixedOffset ? r_first + k * kLinesPerPass * T_ : rh * T_ + rt;
       store_elements<T, kElemsR, kVectorResidual>(out + at, o);
     }

@@ -570,6 +570,8 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
     // The residual side by aligned 16-byte chunks whatever T (kChunkedResidual).
     sets.run("chunk16, tile 64", rga_transposed_launch<T, 64, false, true, true, true>(B), reference);
     sets.run("chunk16, tile 32", rga_transposed_launch<T, 32, false, true, true, true>(B), reference);
+    sets.run("chunk16, tile 64, 5 blocks/SM", rga_transposed_launch<T, 64, false, true, true, true, 5>(B), reference);
+    sets.run("chunk16, tile 64, 6 blocks/SM", rga_transposed_launch<T, 64, false, true, true, true, 6>(B), reference);
 
   }
 }
