@@ -221,12 +221,13 @@ TEST_F(ResidualGateAddGpu, TransposedLayout) {
     run_case({{2, 33, 128}, {2, 33, 1}, dt, true}, seed++);     // per-token gate
     run_case({{2, 130, 72}, {2, 130, 72}, dt, true}, seed++);   // full gate
     run_case({{1, 7801, 2240}, {1, 1, 2240}, dt, true}, seed++);  // odd T: 16-byte update side
-    // Residual lines off 16 bytes, the update side aligned: the residual side by aligned chunks.
-    run_case({{2, 515, 256}, {2, 515, 1}, dt, true, 0, 0}, seed++);  // odd T, per-token gate
-    run_case({{3, 37, 40}, {3, 37, 40}, dt, true}, seed++);          // T below a tile, full gate
-    run_case({{2, 64, 64}, {1, 1, 64}, dt, true, 0, 1}, seed++);     // T % 8 == 0, residual off
-    run_case({{2, 1003, 72}, {2, 1, 72}, dt, true, 0, 3}, seed++);   // both, batch gate
-    run_case({{1, 4999, 1024}, {1, 1, 1024}, dt, true, 0, 5}, seed++);  // 64-tiles
+    // Residual lines off 16 bytes, the update side aligned: small calls keep a scalar residual
+    // side, large ones (two 64-tiles per SM) take aligned chunks (ChunkedResidualKernel below
+    // launches the chunked kernel at small shapes too).
+    run_case({{2, 515, 256}, {2, 515, 1}, dt, true, 0, 0}, seed++);     // odd T, per-token gate
+    run_case({{2, 64, 64}, {1, 1, 64}, dt, true, 0, 1}, seed++);        // T % 8 == 0, residual off
+    run_case({{1, 4999, 1024}, {1, 1, 1024}, dt, true, 0, 5}, seed++);  // chunks, residual off
+    run_case({{2, 2049, 640}, {2, 2049, 640}, dt, true, 0, 0}, seed++);  // chunks, full gate
   }
   run_case({{1, 32760, 2240}, {1, 1, 2240}, DType::bf16, true}, seed++);  // SANA-Video 480p
 }
@@ -302,9 +303,74 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
     }
 }
 
+// The chunked transposed kernel launched directly at shapes the op gives to other tiles (small
+// calls): both tile sizes, every gate mode, T below, at and across a tile, batches whose lines
+// start at every offset, residual and out off 16 bytes; against the reference, nothing written
+// outside out.
+TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
+  const Device cpu{DeviceKind::cpu, 0};
+  struct Shape {
+    std::vector<int64_t> shape, gate;
+    GateMode mode;
+    int residual_misalign;
+  };
+  const std::vector<Shape> shapes = {{{2, 33, 128}, {1, 1, 128}, GateMode::row, 0},
+                                     {{3, 7, 64}, {3, 7, 1}, GateMode::token, 1},
+                                     {{2, 64, 72}, {2, 1, 72}, GateMode::batch, 3},
+                                     {{1, 131, 136}, {1, 131, 136}, GateMode::full, 0},
+                                     {{2, 515, 256}, {1, 1, 256}, GateMode::row, 7}};
+  uint32_t seed = 500;
+  for (DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (const Shape& s : shapes)
+      for (int tile : {32, 64}) {
+        GpuCase c{s.shape, s.gate, dt, true};
+        c.residual_misalign = s.residual_misalign;
+        SCOPED_TRACE(c.describe() + ", tile " + std::to_string(tile));
+        const size_t es = dtype_size(dt);
+        const int64_t n = product(s.shape);
+        const HostInputs h = make_inputs(c, seed++);
+        std::vector<uint8_t> want(n * es);
+        residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, s.shape, cpu, true),
+                          view_of(const_cast<uint8_t*>(h.update.data()), c, s.shape, cpu, false),
+                          view_of(const_cast<uint8_t*>(h.gate.data()), c, s.gate, cpu, false),
+                          view_of(want.data(), c, s.shape, cpu, true));
+        const int r_mis = s.residual_misalign * static_cast<int>(es);
+        DeviceTensor r(h.residual.size(), r_mis), u(h.update.size(), 0), g(h.gate.size(), 0), o(n * es, r_mis);
+        r.upload(h.residual);
+        u.upload(h.update);
+        g.upload(h.gate);
+        RgaKernelKey key;
+        key.dtype = dt;
+        key.mode = s.mode;
+        key.transposed = true;
+        key.vector = false;
+        key.vector_update = true;
+        key.chunked_residual = true;
+        key.tile = tile;
+        key.pdl = false;
+        const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
+        ResidualGateAddParams p{};
+        p.residual = r.data();
+        p.update = u.data();
+        p.gate = g.data();
+        p.out = o.data();
+        p.tokens = s.shape[1];
+        p.hidden = s.shape[2];
+        const int64_t lead = 16 / static_cast<int64_t>(es) - 1;  // a line reaches this far before its tile
+        p.tiles_t = (p.tokens + lead + tile - 1) / tile;
+        p.tiles_h = (p.hidden + tile - 1) / tile;
+        const int64_t blocks = s.shape[0] * p.tiles_t * p.tiles_h;
+        jit::launch(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p,
+                    nullptr, false);
+        check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+        EXPECT_EQ(compare(o, want, es), "") << key.to_string();
+      }
+}
+
 // The measured schedules reach the kernel key: small scalar calls take one element per thread
 // (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles; an odd T
-// keeps a 16-byte update side and walks the residual side by aligned 16-byte chunks. (Run by
+// keeps a 16-byte update side, and walks the residual side by aligned 16-byte chunks in 64-tiles
+// where there are two 64-tiles per SM. (Run by
 // PointersOffSixteenBytes... and TransposedLayout for their results; here only the choice.)
 TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const Device gpu{DeviceKind::cuda, 0};
@@ -326,8 +392,8 @@ TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   const std::string small_t = key_of({{1, 17, 65}, {1, 1, 65}, DType::bf16, true});
   EXPECT_NE(small_t.find("transposed16,scalar"), std::string::npos) << small_t;
   const std::string medium_t = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true});
-  EXPECT_NE(medium_t.find("transposed32,chunk16"), std::string::npos)
-      << medium_t << ": T = 513 walks the residual side by aligned chunks, in 32-tiles below two 64-tiles per SM";
+  EXPECT_NE(medium_t.find("transposed32,update16"), std::string::npos)
+      << medium_t << ": T = 513 in fewer than two 64-tiles per SM keeps a scalar residual side";
   const std::string odd_t = key_of({{1, 7801, 2240}, {1, 1, 2240}, DType::bf16, true});
   EXPECT_NE(odd_t.find("transposed64,chunk16"), std::string::npos) << odd_t;
   const std::string medium_off = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true, 1});

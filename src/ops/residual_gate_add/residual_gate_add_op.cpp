@@ -202,22 +202,33 @@ int64_t transposed_blocks(const ResidualGateAddCall& c) {
 bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed || transposed_blocks(c) <= 0x7fffffff; }
 
 // Tiles of 64 unless that leaves fewer than two blocks per SM (small transposed calls): then 32
-// (128-thread blocks for 16-bit vectors: rga_block_threads). A scalar residual side (odd T, or
-// pointers off 16 bytes) takes 32, and 16 below two 32-tiles per SM, whether the update side is
-// 16-byte or scalar. H200, rotated CUDA graph, bf16 (bench/results/2026-11-29-h200-runs/21-27):
-//   SANA-sized odd T (1,32761,2240), 16-byte update side: 32-tiles 168.3 us, 64-tiles 196.7,
-//     16-tiles 375.2; all scalar: 32-tiles 248.2, 64-tiles 534.9 (run 27);
-//   (2,513,256), 16-byte update side: 32-tiles 2.41 us, 16-tiles 2.79, 64-tiles 5.23; all scalar
+// (128-thread blocks for 16-bit vectors: rga_block_threads). Residual lines off 16 bytes (odd T,
+// residual off 16 bytes) beside a 16-byte update side are walked by aligned chunks in 64-tiles
+// where there are two 64-tiles per SM; below that, and beside a scalar update side, the residual
+// side is scalar in 32-tiles (16 below two 32-tiles per SM). H200, rotated CUDA graph, bf16
+// (bench/results/2026-11-29-h200-runs/21-30):
+//   SANA-sized odd T (1,32761,2240): chunks in 64-tiles 129.2 us, in 32-tiles 130.4 (run 30;
+//     torch.compile 127.8-128.4 in runs 27-28); before chunks, a scalar residual side beside a
+//     16-byte update side: 32-tiles 168.3 us, 64-tiles 196.7, 16-tiles 375.2; all scalar:
+//     32-tiles 248.2, 64-tiles 534.9 (run 27);
+//   (2,513,256): scalar residual side, 16-byte update side, 32-tiles 2.45 us, against chunks in
+//     32-tiles 2.86, in 64-tiles 3.14 (run 30); 16-tiles 2.79, 64-tiles 5.23; all scalar
 //     32-tiles 3.20, 16-tiles 2.90 (run 27);
 //   (1,17,65), all scalar: 16-tiles 1.21 us against 1.65 with 32-tiles (runs 23, 27).
 int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
   return c.batch * ((c.tokens + tile - 1) / tile) * ((c.hidden + tile - 1) / tile);
 }
 
+int64_t two_per_sm(int multiprocessors) { return 2 * static_cast<int64_t>(std::max(multiprocessors, 1)); }
+
+bool chunked_residual(const ResidualGateAddCall& c, int multiprocessors) {
+  return c.residual_chunks16 && transposed_tiles(c, 64) >= two_per_sm(multiprocessors);
+}
+
 int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
-  const int64_t two_per_sm = 2 * static_cast<int64_t>(std::max(multiprocessors, 1));
-  if (!c.aligned16 && !c.residual_chunks16) return transposed_tiles(c, 32) < two_per_sm ? 16 : 32;
-  return transposed_tiles(c, 64) < two_per_sm ? 32 : 64;
+  if (chunked_residual(c, multiprocessors)) return 64;
+  if (!c.aligned16) return transposed_tiles(c, 32) < two_per_sm(multiprocessors) ? 16 : 32;
+  return transposed_tiles(c, 64) < two_per_sm(multiprocessors) ? 32 : 64;
 }
 
 // A scalar flat call that one wave of resident threads covers (2048 per SM on sm_90/sm_100,
@@ -233,7 +244,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.transposed = c.transposed;
   key.vector = c.aligned16;
   key.vector_update = c.transposed && (c.aligned16 || c.update_aligned16);
-  key.chunked_residual = c.residual_chunks16;
+  key.chunked_residual = c.transposed && chunked_residual(c, device.multiprocessors);
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
