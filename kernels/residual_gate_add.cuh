@@ -26,7 +26,8 @@
 // H, its product with the gate rounded and parked in shared memory, then residual is read and out
 // written along T, so every global access is coalesced. A tile's accesses are kTile-element pieces
 // of many rows; the block order decides which pieces are in flight together (see
-// kChannelTilesFastest).
+// kChannelTilesFastest). Residual lines off 16 bytes (odd T) go by aligned 16-byte chunks (see
+// kChunkedResidual).
 #pragma once
 
 #include "common/memory.cuh"
