@@ -266,27 +266,40 @@ __device__ __forceinline__ Vec<float> add_vec(float, const Vec<float>& a, const 
 }
 
 // A broadcast operand of the row as this thread's vec4s t + 128j, kept in registers while its
-// offset does not change (a [D] or [B, D] operand is loaded once per CTA and batch). kOnePlus:
-// holds rne(1 + value) instead (the scale). An absent operand holds `absent`.
-template <typename T, int kSlots, bool kEven, bool kOnePlus>
-__device__ __forceinline__ void hold_operand(const NssOperandParams& op, long long b, long long s, int t, int n_vec,
+// offset does not change (a [D] or [B, D] operand is loaded once per CTA and batch): the T values
+// as stored (a scalar operand broadcast, an absent one `absent`). Returns whether it was reloaded.
+// Only loads: the caller issues every operand's loads before it converts any (one memory round
+// trip for scale, shift and gate, not three: a CTA of the 512-token calls runs one row).
+template <typename T, int kSlots, bool kEven>
+__device__ __forceinline__ bool load_operand(const NssOperandParams& op, long long b, long long s, int t, int n_vec,
                                              float absent, Vec<T> (&held)[kSlots], long long& held_offset) {
   const long long offset = op.kind ? operand_offset(op, b, s) : 0;
-  if (offset == held_offset) return;
+  if (offset == held_offset) return false;
   held_offset = offset;
   const T* row = static_cast<const T*>(op.data) + offset;
-  float scalar = op.kind == 1 ? to_float(row[0]) : absent;
-  if constexpr (kOnePlus) scalar = __fadd_rn(1.0f, scalar);
+  if (op.kind == 2) {
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j)
+      if (kEven || t + 128 * j < n_vec) held[j] = load_word<4 * sizeof(T), true>(row + 4 * (t + 128 * j));
+  } else {
+    const float scalar = op.kind == 1 ? to_float(row[0]) : absent;  // a T value: exact in T again
+    const float v[4] = {scalar, scalar, scalar, scalar};
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) held[j] = round_vec(T{}, v);
+  }
+  return true;
+}
+
+// The scale as held: rne(1 + value) of each T value (fp32 add, one rounding), as eager's 1 + scale.
+template <typename T, int kSlots, bool kEven>
+__device__ __forceinline__ void one_plus(Vec<T> (&held)[kSlots], int t, int n_vec) {
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     if (kEven || t + 128 * j < n_vec) {
-      float v[4] = {scalar, scalar, scalar, scalar};
-      if (op.kind == 2) {
-        to_floats<T, 4>(load_word<4 * sizeof(T), true>(row + 4 * (t + 128 * j)), v);
-        if constexpr (kOnePlus)
+      float v[4];
+      to_floats<T, 4>(held[j], v);
 #pragma unroll
-          for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
-      }
+      for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
       held[j] = round_vec(T{}, v);
     }
   }
@@ -375,11 +388,12 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       if (following < p.rows) load_inputs<T, D, kResidual>(p, following, t, nx, nr);
     const long long b = row / p.seq;
     const long long s = row - b * p.seq;
-    hold_operand<T, kSlots, kEven, true>(p.scale, b, s, t, kVecs, 0.0f, op, held_scale);
-    if (p.shift.kind) hold_operand<T, kSlots, kEven, false>(p.shift, b, s, t, kVecs, 0.0f, sh, held_shift);
+    const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, kVecs, 0.0f, op, held_scale);
+    if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, kVecs, 0.0f, sh, held_shift);
+    if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, kVecs, 1.0f, g, held_gate);
+    if (new_scale) one_plus<T, kSlots, kEven>(op, t, kVecs);
 
     if constexpr (kResidual) {
-      hold_operand<T, kSlots, kEven, false>(p.gate, b, s, t, kVecs, 1.0f, g, held_gate);
       T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
