@@ -728,7 +728,10 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   k.residual = true;
   NssEagerSchedule s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
-  EXPECT_EQ(s.min_blocks, 6);
+  EXPECT_EQ(s.min_blocks, 7);
+  k.quant = NssKernelQuant::fp4_software;  // quantizing keys keep 6 (nvfp4 spills at 7)
+  EXPECT_EQ(nss_eager_schedule(k).min_blocks, 6);
+  k.quant = NssKernelQuant::none;
   k.dim = 5120;  // 10 slots
   s = nss_eager_schedule(k);
   EXPECT_TRUE(s.prefetch);

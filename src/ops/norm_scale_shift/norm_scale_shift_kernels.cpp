@@ -63,9 +63,13 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   //     registers 85.4 %, (128,6) spills 71.3 %; plain: no prefetch (128,6) 88.5 %, prefetch
   //     (128,4) 84.4 %.
   // Wider rows (fp32, D > 5120) are not measured: ptxas decides, no prefetch.
+  // Run 33 (79b1330, operands loaded before conversion): ptxas took 80 registers at (128,6) for
+  // plain D=3072, 6 CTAs per SM where it had taken 72 (7 CTAs), and Qwen CFG plain ran 51.36 us
+  // against 48.69 in run 23; (128,7) fits plain and residual D=3072 in 72 registers without
+  // spills (nvcc -Xptxas -v on the harness; nvfp4 spills there, so quantizing keys keep 6).
   NssEagerSchedule s;
   if (slots <= 6) {
-    s.min_blocks = 6;
+    s.min_blocks = key.quant == NssKernelQuant::none ? 7 : 6;
   } else if (slots <= 10) {
     s.prefetch = key.residual;
     s.min_blocks = key.residual ? 3 : 6;
