@@ -140,24 +140,39 @@ std::vector<Provenance> cuda_backends() {
   return out;
 }
 
+// The CPU reference's output for a case's inputs (storage order of out = residual's).
+std::vector<uint8_t> reference_of(const GpuCase& c, const HostInputs& h) {
+  const Device cpu{DeviceKind::cpu, 0};
+  std::vector<uint8_t> want(product(c.shape) * dtype_size(c.dtype));
+  residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, c.shape, cpu, c.transposed),
+                    view_of(const_cast<uint8_t*>(h.update.data()), c, c.shape, cpu, false),
+                    view_of(const_cast<uint8_t*>(h.gate.data()), c, c.gate, cpu, false),
+                    view_of(want.data(), c, c.shape, cpu, c.transposed));
+  return want;
+}
+
+// The inputs on the device: residual `residual_bytes` and the others `bytes` off 16 bytes.
+struct DeviceInputs {
+  DeviceTensor r, u, g;
+  DeviceInputs(const HostInputs& h, int residual_bytes, int bytes)
+      : r(h.residual.size(), residual_bytes), u(h.update.size(), bytes), g(h.gate.size(), bytes) {
+    r.upload(h.residual);
+    u.upload(h.update);
+    g.upload(h.gate);
+  }
+};
+
 void run_case(const GpuCase& c, uint32_t seed) {
   SCOPED_TRACE(c.describe());
   const size_t es = dtype_size(c.dtype);
   const int64_t n = product(c.shape);
   const HostInputs h = make_inputs(c, seed);
-  const Device cpu{DeviceKind::cpu, 0}, gpu{DeviceKind::cuda, 0};
-  // Reference.
-  std::vector<uint8_t> want(n * es);
-  residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, c.shape, cpu, c.transposed),
-                    view_of(const_cast<uint8_t*>(h.update.data()), c, c.shape, cpu, false),
-                    view_of(const_cast<uint8_t*>(h.gate.data()), c, c.gate, cpu, false),
-                    view_of(want.data(), c, c.shape, cpu, c.transposed));
+  const Device gpu{DeviceKind::cuda, 0};
+  const std::vector<uint8_t> want = reference_of(c, h);
   const int mis = c.misalign * static_cast<int>(es);
   const int r_mis = mis + c.residual_misalign * static_cast<int>(es);
-  DeviceTensor r(h.residual.size(), r_mis), u(h.update.size(), mis), g(h.gate.size(), mis);
-  r.upload(h.residual);
-  u.upload(h.update);
-  g.upload(h.gate);
+  const DeviceInputs in(h, r_mis, mis);
+  const DeviceTensor &r = in.r, &u = in.u, &g = in.g;
   for (Provenance backend : cuda_backends()) {
     DeviceTensor o(n * es, r_mis);
     ResidualGateAddOptions opt;
@@ -247,7 +262,6 @@ TEST_F(ResidualGateAddGpu, PointersOffSixteenBytesTakeTheScalarPathAndAgree) {
 // units, so the tests above never reach it), on a grid that covers the tensor and on a 3-block
 // grid that loops; every gate mode, vector (bf16) and scalar (fp32) path, against the reference.
 TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
-  const Device cpu{DeviceKind::cpu, 0};
   struct ModeCase {
     GateMode mode;
     std::vector<int64_t> gate;
@@ -266,15 +280,9 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
       const size_t es = dtype_size(dt);
       const int64_t n = product(shape);
       const HostInputs h = make_inputs(c, seed++);
-      std::vector<uint8_t> want(n * es);
-      residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, shape, cpu, false),
-                        view_of(const_cast<uint8_t*>(h.update.data()), c, shape, cpu, false),
-                        view_of(const_cast<uint8_t*>(h.gate.data()), c, m.gate, cpu, false),
-                        view_of(want.data(), c, shape, cpu, false));
-      DeviceTensor r(h.residual.size(), 0), u(h.update.size(), 0), g(h.gate.size(), 0);
-      r.upload(h.residual);
-      u.upload(h.update);
-      g.upload(h.gate);
+      const std::vector<uint8_t> want = reference_of(c, h);
+      const DeviceInputs in(h, 0, 0);
+      const DeviceTensor &r = in.r, &u = in.u, &g = in.g;
       RgaKernelKey key;
       key.dtype = dt;
       key.mode = m.mode;
@@ -308,7 +316,6 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
 // start at every offset, residual and out off 16 bytes; against the reference, nothing written
 // outside out.
 TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
-  const Device cpu{DeviceKind::cpu, 0};
   struct Shape {
     std::vector<int64_t> shape, gate;
     GateMode mode;
@@ -329,16 +336,10 @@ TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
         const size_t es = dtype_size(dt);
         const int64_t n = product(s.shape);
         const HostInputs h = make_inputs(c, seed++);
-        std::vector<uint8_t> want(n * es);
-        residual_gate_add(view_of(const_cast<uint8_t*>(h.residual.data()), c, s.shape, cpu, true),
-                          view_of(const_cast<uint8_t*>(h.update.data()), c, s.shape, cpu, false),
-                          view_of(const_cast<uint8_t*>(h.gate.data()), c, s.gate, cpu, false),
-                          view_of(want.data(), c, s.shape, cpu, true));
+        const std::vector<uint8_t> want = reference_of(c, h);
         const int r_mis = s.residual_misalign * static_cast<int>(es);
-        DeviceTensor r(h.residual.size(), r_mis), u(h.update.size(), 0), g(h.gate.size(), 0), o(n * es, r_mis);
-        r.upload(h.residual);
-        u.upload(h.update);
-        g.upload(h.gate);
+        const DeviceInputs in(h, r_mis, 0);
+        DeviceTensor o(n * es, r_mis);
         RgaKernelKey key;
         key.dtype = dt;
         key.mode = s.mode;
@@ -350,9 +351,9 @@ TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
         key.pdl = false;
         const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
         ResidualGateAddParams p{};
-        p.residual = r.data();
-        p.update = u.data();
-        p.gate = g.data();
+        p.residual = in.r.data();
+        p.update = in.u.data();
+        p.gate = in.g.data();
         p.out = o.data();
         p.tokens = s.shape[1];
         p.hidden = s.shape[2];
