@@ -506,36 +506,18 @@ void expect_error(const std::string& what, const std::string& needle) {
 }
 
 TEST(NssMatching, BadInputGetsAClearErrorAndNothingIsWritten) {
-  {
+  // A scale that fits no broadcast class of x [2, 4, 64] bf16, or has the wrong dtype.
+  auto expect_scale_error = [](DType dtype, std::vector<int64_t> shape, const std::string& needle) {
     Bad b;
-    Buf s3(DType::bf16, {3, 64});
-    b.in.scale = s3.view;
-    expect_error(b.error(), "scale.shape[0] must equal B=2 or 1 (broadcast) but is 3");
-  }
-  {
-    Bad b;
-    Buf s3(DType::bf16, {2, 3, 64});
-    b.in.scale = s3.view;
-    expect_error(b.error(), "scale.shape[1] must equal S=4");
-  }
-  {
-    Bad b;
-    Buf f(DType::bf16, {2, 3, 1, 64});
-    b.in.scale = f.view;
-    expect_error(b.error(), "(frames F) must divide S=4 but is 3");
-  }
-  {
-    Bad b;
-    Buf s3(DType::bf16, {2, 60});
-    b.in.scale = s3.view;
-    expect_error(b.error(), "scale.shape[1] must equal D=64");
-  }
-  {
-    Bad b;
-    Buf s16(DType::f16, {2, 64});
-    b.in.scale = s16.view;
-    expect_error(b.error(), "scale.dtype must be bf16");
-  }
+    Buf scale(dtype, std::move(shape));
+    b.in.scale = scale.view;
+    expect_error(b.error(), needle);
+  };
+  expect_scale_error(DType::bf16, {3, 64}, "scale.shape[0] must equal B=2 or 1 (broadcast) but is 3");
+  expect_scale_error(DType::bf16, {2, 3, 64}, "scale.shape[1] must equal S=4");
+  expect_scale_error(DType::bf16, {2, 3, 1, 64}, "(frames F) must divide S=4 but is 3");
+  expect_scale_error(DType::bf16, {2, 60}, "scale.shape[1] must equal D=64");
+  expect_scale_error(DType::f16, {2, 64}, "scale.dtype must be bf16");
   {
     Problem p(1, 2, 18, DType::bf16, 1);
     Buf s(DType::bf16, {18});
