@@ -68,23 +68,36 @@ __device__ __forceinline__ float div_full(float a, float b) {
 }
 
 
-// E4M3 byte to fp32 (exact; the byte comes from a satfinite conversion, so never NaN).
+// E4M3 byte to fp32 (exact: E4M3 is a subset of fp16; sm_89+ convert E4M3 pairs in hardware;
+// the byte comes from a satfinite conversion, so never NaN).
 __device__ __forceinline__ float e4m3_to_float(u32 byte) {
-  const u32 e = (byte >> 3) & 15u, m = byte & 7u;
-  const float mag = e == 0 ? __fmul_rn(static_cast<float>(m), 0.001953125f)  // m * 2^-9
-                           : __uint_as_float(((e + 120u) << 23) | (m << 20));
-  return (byte & 0x80u) ? -mag : mag;
+  u32 halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<unsigned short>(byte & 0xffu)));
+  float value;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(static_cast<unsigned short>(halves & 0xffffu)));
+  return value;
 }
 
-// fp32 to E2M1 by compares, round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating;
-// ties go to the even code: .25 -> 0, .75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
-// The sign is kept (a negative value rounding to 0 gives 0x8). NaN -> 0x7 (assumed; unverified).
+// fp32 to E2M1 (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the sign
+// kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
+// assumes for the hardware conversion) without a compare ladder: ~14 integer/fp32 ops against
+// 7 compares, 7 adds and a NaN branch per value (which made the nvfp4 rows issue-bound: 2896
+// SASS instructions per 6-slot row with 152 bytes of spills at (128,6), 2176 and none now).
+// Equal to the ladder for all 2^32 inputs (GPU test Nvfp4Conversions.E2m1MatchesTheLadder...).
+// * |x| >= 1: an E2M1 value 2^e * (1 + m/2) has code ((e + 1) << 1) | m, and fp32's top 9 bits
+//   below the sign are ((127 + e) << 1) | m, i.e. the code + 252. Rounding fp32's mantissa to
+//   one bit, to nearest even, is the integer add of 0x1FFFFF plus the kept bit (bit 22); a carry
+//   steps the exponent, as it should. Codes above 7 (>= 7 rounds to 8, inf) saturate to 7.
+// * |x| < 1: the code is rint(2|x|) in {0, 1, 2}; |x| + 2^22 lands in [2^22, 2^22 + 1), where the
+//   fp32 spacing is 0.5, so the add rounds to nearest even and the low bits hold rint(2|x|).
 __device__ __forceinline__ u32 e2m1_software(float x) {
-  const float a = fabsf(x);
-  if (a != a) return 7u;
-  const u32 code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                   (a >= 3.5f) + (a > 5.0f);
-  return code | ((__float_as_uint(x) >> 28) & 8u);
+  const u32 bits = __float_as_uint(x);
+  const u32 mag = bits & 0x7FFFFFFFu;
+  const u32 rounded = (mag + 0x1FFFFFu + ((mag >> 22) & 1u)) >> 22;  // mag <= 0x7FFFFFFF: no overflow
+  const u32 large = min(rounded, 259u) - 252u;
+  const u32 small = __float_as_uint(__fadd_rn(__uint_as_float(mag), 4194304.0f)) - 0x4A800000u;
+  const u32 code = (mag < 0x3F800000u ? small : large) | ((bits >> 28) & 8u);
+  return mag > 0x7F800000u ? 7u : code;
 }
 
 // Four fp32 values to four E2M1 nibbles (v[0] in bits 0..3).
@@ -120,9 +133,15 @@ __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scal
   return sff != 0.0f ? rcp_approx_ftz(__fmul_rn(sff, rcp_approx_ftz(global_scale))) : 0.0f;
 }
 
-__device__ __forceinline__ long long nvfp4_scale_offset(long long m, long long k, long long cols) {
-  return (m / 128) * (cols / 4) * 512 + (k / 4) * 512 + (m % 32) * 16 + ((m % 128) / 32) * 4 + (k % 4);
+// The 128x4 swizzled NVFP4 scale layout: scale (m, k) of a [rows, cols] tensor (cols = D / 16,
+// a multiple of 4) at (m / 128) * (cols / 4) * 512 + (k / 4) * 512 + (m % 32) * 16 +
+// ((m % 128) / 32) * 4 + k % 4, split into the row's part (once per row, 64-bit) and the
+// column's part (32-bit; the 64-bit signed form had cost ~150 instructions per row in run 36).
+__device__ __forceinline__ long long nvfp4_scale_row_offset(long long m, int cols) {
+  const unsigned long long um = static_cast<unsigned long long>(m);
+  return static_cast<long long>((um / 128) * static_cast<unsigned>(cols / 4) * 512 + (um % 32) * 16 + ((um % 128) / 32) * 4);
 }
+__device__ __forceinline__ int nvfp4_scale_column_offset(int k) { return (k / 4) * 512 + k % 4; }
 
 // Element offset of a broadcast operand's row for (batch b, token s).
 // (The per-frame division only for a per-frame operand: a 64-bit division is a long subroutine.)
@@ -380,7 +399,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     if (row >= p.rows) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
       if constexpr (kQuant >= kQuantFp4Software)
-        for (int k = t; k < D / 16; k += 128) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
+        for (int k = t; k < D / 16; k += 128)
+          p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(k)] = 0;
       continue;
     }
     const long long following = row + step;
@@ -424,6 +444,11 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
 
     T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
     const long long q_offset = b * p.q_batch_stride + s * p.q_token_stride;
+    // Thread t's NVFP4 scale byte of slot j (block column (t >> 2) + 32j) is sf_thread[4096 * j].
+    unsigned char* const sf_thread =
+        kQuant >= kQuantFp4Software
+            ? p.fp4_scales + nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(t >> 2)
+            : nullptr;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const bool active = kEven || t + 128 * j < kVecs;
@@ -464,7 +489,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
           const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
           *reinterpret_cast<unsigned short*>(p.fp4_packed + row * (D / 2) + c / 2) = static_cast<unsigned short>(nibbles);
-          if ((lane & 3) == 0) p.fp4_scales[nvfp4_scale_offset(row, c / 16, D / 16)] = static_cast<unsigned char>(sf8);
+          if ((lane & 3) == 0) sf_thread[4096 * j] = static_cast<unsigned char>(sf8);
         }
       }
     }
@@ -632,7 +657,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
         packed.w[i] = e2m1x4<kQuant == kQuantFp4Hardware>(q0) | (e2m1x4<kQuant == kQuantFp4Hardware>(q1) << 16);
       }
       store_word<8>(p.fp4_packed + row * (D / 2) + 8 * t, packed);
-      p.fp4_scales[nvfp4_scale_offset(row, t, D / 16)] = static_cast<unsigned char>(sf8);
+      p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(t)] = static_cast<unsigned char>(sf8);
     }
   }
 }
@@ -659,7 +684,8 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
     } else if (row < p.grid_rows) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
       if constexpr (kQuant >= kQuantFp4Software)
-        for (int k = lane; k < D / 16; k += 32) p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
+        for (int k = lane; k < D / 16; k += 32)
+          p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(k)] = 0;
     }
   } else {
     eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch>(p);

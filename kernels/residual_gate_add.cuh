@@ -242,15 +242,30 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   const int u_offset0 = (static_cast<int>(threadIdx.x) % kLineUnitsU) * kElemsU;
   const long long u_t0 = t0 - kLeadRows;  // the token of update row 0
   const long long u_first = (u_t0 + u_line0) * H + h0 + u_offset0;
+  // Where this thread's update unit k lies: its row of the tile (line), its channel offset in the
+  // tile, its token, and whether it is inside both the tile and the tensor. The load loop and
+  // the product loop below walk the same units.
+  struct UpdateUnit {
+    int line, offset;
+    long long t;
+    bool inside;
+  };
+  const auto update_unit = [&](int k) {
+    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
+    UpdateUnit q;
+    q.line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
+    q.offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
+    q.t = u_t0 + q.line;
+    const bool in_tile = !(!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) &&
+                         !(kRowsU * kLineUnitsU % kThreads != 0 && q.line >= kRowsU);
+    q.inside = in_tile && q.t >= 0 && q.t < T_ && h0 + q.offset < H;
+    return q;
+  };
 #pragma unroll
   for (int k = 0; k < kPerThreadU; ++k) {
-    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
-    const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
-    if (kRowsU * kLineUnitsU % kThreads != 0 && line >= kRowsU) continue;
-    const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
-    const long long t = u_t0 + line, h = h0 + offset;
-    if (t >= 0 && t < T_ && h < H) {
+    const UpdateUnit q = update_unit(k);
+    if (q.inside) {
+      const long long t = q.t, h = h0 + q.offset;
       const long long at = kFixedU ? u_first + k * kLinesPerPassU * H : t * H + h;
       u[k].load(update + at);
       if constexpr (kMode == kRgaGateFull) {
@@ -296,17 +311,12 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 
 #pragma unroll
   for (int k = 0; k < kPerThreadU; ++k) {
-    const int idx = static_cast<int>(threadIdx.x) + k * kThreads;
-    if (!kFixedU && kTileUnitsU % kThreads != 0 && idx >= kTileUnitsU) continue;
-    const int line = kFixedU ? u_line0 + k * kLinesPerPassU : idx / kLineUnitsU;
-    if (kRowsU * kLineUnitsU % kThreads != 0 && line >= kRowsU) continue;
-    const int offset = kFixedU ? u_offset0 : (idx % kLineUnitsU) * kElemsU;
-    const long long t = u_t0 + line;
-    if (t >= 0 && t < T_ && h0 + offset < H) {
+    const UpdateUnit q = update_unit(k);
+    if (q.inside) {
 #pragma unroll
       for (int e = 0; e < kElemsU; ++e) {
         const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
-        product[line * stride + offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
+        product[q.line * stride + q.offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
       }
     }
   }

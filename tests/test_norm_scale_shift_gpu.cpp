@@ -17,6 +17,8 @@
 #include "ditops/norm_scale_shift.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "jit/nvrtc.h"
+#include "reference/fp8_fp4.h"
 #include "reference/half.h"
 
 namespace ditops {
@@ -251,6 +253,81 @@ TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
   EXPECT_LE(st.y_differ, st.y_elems / 50 + 64);
   EXPECT_LE(st.q_differ, st.q_elems / 50 + 64);
   EXPECT_LE(st.sf_differ, st.sf_elems / 50 + 16);
+}
+
+// The kernel's NVFP4 conversions checked exhaustively on the device: the software E2M1
+// conversion (integer rounding, kernels/norm_scale_shift.cuh) against the compare ladder that
+// defines it (the reference's float_to_e2m1_satfinite, written here as device code) for all 2^32
+// fp32 bit patterns, and the hardware E4M3 decode against the reference for all 256 bytes. The
+// grid test above tolerates nibble differences (approximate reciprocals), so it cannot see a
+// conversion that is wrong at a few inputs; this test can.
+constexpr const char* kConversionCheckSource = R"(
+#include "norm_scale_shift.cuh"
+struct ConversionCheckParams {
+  unsigned long long* e2m1_mismatches;
+  unsigned* e2m1_first_mismatch;
+  float* e4m3_decoded;
+};
+__device__ unsigned e2m1_by_compares(float x) {
+  const unsigned bits = __float_as_uint(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 7u;
+  const float a = fabsf(x);
+  const unsigned code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) + (a > 5.0f);
+  return code | ((bits >> 28) & 8u);
+}
+extern "C" __global__ void conversion_check(const __grid_constant__ ConversionCheckParams p) {
+  const unsigned long long threads = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  unsigned long long mismatches = 0;
+  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+       i += threads) {
+    const float x = __uint_as_float(static_cast<unsigned>(i));
+    if (ditops::nss_detail::e2m1_software(x) != e2m1_by_compares(x)) {
+      ++mismatches;
+      atomicMin(p.e2m1_first_mismatch, static_cast<unsigned>(i));
+    }
+  }
+  if (mismatches) atomicAdd(p.e2m1_mismatches, mismatches);
+  if (blockIdx.x == 0) p.e4m3_decoded[threadIdx.x] = ditops::nss_detail::e4m3_to_float(threadIdx.x);
+}
+)";
+
+struct ConversionCheckParams {
+  CUdeviceptr e2m1_mismatches, e2m1_first_mismatch, e4m3_decoded;
+};
+
+TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
+  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const std::vector<uint8_t> cubin = jit::nvrtc_compile(kConversionCheckSource, "conversion_check.cu",
+                                                        jit::arch_for_sm(info.sm), jit::embedded_sources());
+  const auto& d = jit::require_cuda_driver();
+  CUmodule module = nullptr;
+  check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
+  jit::LoadedKernel kernel;
+  check_cu(d.cuModuleGetFunction(&kernel.function, module, "conversion_check"), "function");
+  Twin mismatches(DType::u8, {8}), first(DType::u8, {4}), decoded(DType::f32, {256});
+  std::memset(first.host.data(), 0xff, 4);
+  mismatches.upload();
+  first.upload();
+  const ConversionCheckParams params{mismatches.dev, first.dev, decoded.dev};
+  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
+  check_cu(d.cuCtxSynchronize(), "sync");
+  unsigned long long count = 0;
+  uint32_t first_bad = 0;
+  std::memcpy(&count, mismatches.download().data(), sizeof count);
+  std::memcpy(&first_bad, first.download().data(), sizeof first_bad);
+  float bad_value;
+  std::memcpy(&bad_value, &first_bad, sizeof bad_value);
+  EXPECT_EQ(count, 0u) << "E2M1 differs from the compare ladder at " << count << " inputs, first 0x" << std::hex
+                       << first_bad << " (" << bad_value << ")";
+  const std::vector<uint8_t> raw = decoded.download();
+  for (int byte = 0; byte < 256; ++byte) {
+    if ((byte & 0x7F) == 0x7F) continue;  // NaN codes: satfinite conversions never produce them
+    float got;
+    std::memcpy(&got, raw.data() + 4 * byte, sizeof got);
+    const float want = ref::e4m3_to_float(static_cast<uint8_t>(byte));
+    EXPECT_EQ(ref::float_bits(got), ref::float_bits(want)) << "E4M3 byte 0x" << std::hex << byte;
+  }
+  d.cuModuleUnload(module);
 }
 
 TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
