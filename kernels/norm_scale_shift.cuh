@@ -676,10 +676,6 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
                 "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
   static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
   if constexpr (kPdl) pdl_wait();
-  // The eager grid is one wave of persistent CTAs: letting the next kernel launch now (its CTAs
-  // take free slots and wait in griddepcontrol.wait for this grid to finish) hides its launch
-  // where this grid leaves slots free (few rows); with every slot taken it changes nothing.
-  if constexpr (kPdl && !kSglang) pdl_launch_dependents();
   if constexpr (kSglang) {
     const int lane = threadIdx.x & 31;
     const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -694,7 +690,7 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   } else {
     eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch>(p);
   }
-  if constexpr (kPdl && kSglang) pdl_launch_dependents();
+  if constexpr (kPdl) pdl_launch_dependents();
 }
 
 }  // namespace ditops
