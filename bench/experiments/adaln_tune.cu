@@ -329,12 +329,22 @@ void run_nss_case(const Case& c) {
   std::printf("nss %s%s%s: copy of the same bytes cold %.2f us\n", c.name, kResidual ? " residual" : " plain",
               kQuant >= 2 ? " nvfp4" : "", copy_cold);
   g_nss_reference.clear();
-  run_nss_variant<D, kResidual, kQuant, false, 1>("no prefetch", c, sets, copy_cold, copy_rot);
-  run_nss_variant<D, kResidual, kQuant, true, 1>("prefetch", c, sets, copy_cold, copy_rot);
-  run_nss_variant<D, kResidual, kQuant, true, 3>("prefetch mb3", c, sets, copy_cold, copy_rot);
-  run_nss_variant<D, kResidual, kQuant, true, 4>("prefetch mb4", c, sets, copy_cold, copy_rot);
-  run_nss_variant<D, kResidual, kQuant, true, 6>("prefetch mb6", c, sets, copy_cold, copy_rot);
-  run_nss_variant<D, kResidual, kQuant, false, 6>("no prefetch mb6", c, sets, copy_cold, copy_rot);
+  if constexpr (kQuant >= 2) {  // issue-bound rows: occupancy against registers, no spills wanted
+    run_nss_variant<D, kResidual, kQuant, false, 1>("no prefetch", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, true, 3>("prefetch mb3", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 3>("no prefetch mb3", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 4>("no prefetch mb4", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 5>("no prefetch mb5", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 6>("no prefetch mb6", c, sets, copy_cold, copy_rot);
+    if constexpr (D <= 3072) run_nss_variant<D, kResidual, kQuant, false, 7>("no prefetch mb7", c, sets, copy_cold, copy_rot);
+  } else {
+    run_nss_variant<D, kResidual, kQuant, false, 1>("no prefetch", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, true, 1>("prefetch", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, true, 3>("prefetch mb3", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, true, 4>("prefetch mb4", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, true, 6>("prefetch mb6", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 6>("no prefetch mb6", c, sets, copy_cold, copy_rot);
+  }
   for (auto& s : sets) {
     cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
   }
@@ -677,7 +687,8 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 (nss*: -DDITOPS_TUNE_NSS)
+  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4
+  // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
   if (all || only == "qk") run_qk_case();
@@ -696,7 +707,12 @@ int main(int argc, char** argv) {
     run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
     run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
     run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+  }
+  if (all || only == "nss" || only == "nssfp4") {
     run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<3072, true, 2>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
+    run_nss_case<5120, true, 2>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_nss_case<3072, true, 2>({"(1,512,3072)", 1, 512, 3072});
   }
   if (all || only == "nss" || only == "nssflux") {
     run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
