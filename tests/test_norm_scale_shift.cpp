@@ -711,10 +711,15 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   NssEagerSchedule s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
   EXPECT_EQ(s.min_blocks, 7);
-  k.quant = NssKernelQuant::fp4_software;  // quantizing keys keep 6 (nvfp4 spills at 7)
+  k.quant = NssKernelQuant::fp8;  // quantizing keys keep 6
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 6);
-  k.quant = NssKernelQuant::none;
-  k.dim = 5120;  // 10 slots
+  k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38)
+  EXPECT_EQ(nss_eager_schedule(k).min_blocks, 5);
+  k.dim = 5120;  // 10 nvfp4 slots: no prefetch, 4
+  s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.prefetch);
+  EXPECT_EQ(s.min_blocks, 4);
+  k.quant = NssKernelQuant::none;  // 10 slots
   s = nss_eager_schedule(k);
   EXPECT_TRUE(s.prefetch);
   EXPECT_EQ(s.min_blocks, 3);
