@@ -81,9 +81,11 @@ __device__ __forceinline__ float e4m3_to_float(u32 byte) {
 // fp32 to E2M1 (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the sign
 // kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
 // assumes for the hardware conversion) without a compare ladder: ~14 integer/fp32 ops against
-// 7 compares, 7 adds and a NaN branch per value (which made the nvfp4 rows issue-bound: 2896
-// SASS instructions per 6-slot row with 152 bytes of spills at (128,6), 2176 and none now).
-// Equal to the ladder for all 2^32 inputs (GPU test Nvfp4Conversions.E2m1MatchesTheLadder...).
+// 7 compares, 7 adds and a NaN branch per value. The ladder made the nvfp4 rows issue-bound
+// (sm_90a SASS of a 6-slot residual row at (128,6): 2896 instructions and 152 bytes of spills
+// with it, 2224 and none with this and the per-row scale offsets; FLUX 56.25 -> 36.20 us, runs
+// 34 and 42). Equal to the ladder for all 2^32 inputs (GPU test
+// NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput).
 // * |x| >= 1: an E2M1 value 2^e * (1 + m/2) has code ((e + 1) << 1) | m, and fp32's top 9 bits
 //   below the sign are ((127 + e) << 1) | m, i.e. the code + 252. Rounding fp32's mantissa to
 //   one bit, to nearest even, is the integer add of 0x1FFFFF plus the kept bit (bit 22); a carry
@@ -136,12 +138,16 @@ __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scal
 // The 128x4 swizzled NVFP4 scale layout: scale (m, k) of a [rows, cols] tensor (cols = D / 16,
 // a multiple of 4) at (m / 128) * (cols / 4) * 512 + (k / 4) * 512 + (m % 32) * 16 +
 // ((m % 128) / 32) * 4 + k % 4, split into the row's part (once per row, 64-bit) and the
-// column's part (32-bit; the 64-bit signed form had cost ~150 instructions per row in run 36).
+// column's part (32-bit): in one 64-bit signed expression per scale byte it had taken ~150 of a
+// 6-slot row's SASS instructions.
 __device__ __forceinline__ long long nvfp4_scale_row_offset(long long m, int cols) {
   const unsigned long long um = static_cast<unsigned long long>(m);
   return static_cast<long long>((um / 128) * static_cast<unsigned>(cols / 4) * 512 + (um % 32) * 16 + ((um % 128) / 32) * 4);
 }
 __device__ __forceinline__ int nvfp4_scale_column_offset(int k) { return (k / 4) * 512 + k % 4; }
+__device__ __forceinline__ long long nvfp4_scale_offset(long long m, int k, int cols) {
+  return nvfp4_scale_row_offset(m, cols) + nvfp4_scale_column_offset(k);
+}
 
 // Element offset of a broadcast operand's row for (batch b, token s).
 // (The per-frame division only for a per-frame operand: a 64-bit division is a long subroutine.)
@@ -419,7 +425,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
       if constexpr (kQuant >= kQuantFp4Software)
         for (int k = t; k < D / 16; k += 128)
-          p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(k)] = 0;
+          p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
       continue;  // (padding rows follow every real row: no position is needed any more)
     }
     const long long following = row + step;
@@ -466,7 +472,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     // Thread t's NVFP4 scale byte of slot j (block column (t >> 2) + 32j) is sf_thread[4096 * j].
     unsigned char* const sf_thread =
         kQuant >= kQuantFp4Software
-            ? p.fp4_scales + nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(t >> 2)
+            ? p.fp4_scales + nvfp4_scale_offset(row, t >> 2, D / 16)
             : nullptr;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
@@ -677,7 +683,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
         packed.w[i] = e2m1x4<kQuant == kQuantFp4Hardware>(q0) | (e2m1x4<kQuant == kQuantFp4Hardware>(q1) << 16);
       }
       store_word<8>(p.fp4_packed + row * (D / 2) + 8 * t, packed);
-      p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(t)] = static_cast<unsigned char>(sf8);
+      p.fp4_scales[nvfp4_scale_offset(row, t, D / 16)] = static_cast<unsigned char>(sf8);
     }
   }
 }
@@ -705,7 +711,7 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
       if constexpr (kQuant >= kQuantFp4Software)
         for (int k = lane; k < D / 16; k += 32)
-          p.fp4_scales[nvfp4_scale_row_offset(row, D / 16) + nvfp4_scale_column_offset(k)] = 0;
+          p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
     }
   } else {
     eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch>(p);
