@@ -66,10 +66,10 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // Run 33 (79b1330, operands loaded before conversion): ptxas took 80 registers at (128,6) for
   // plain D=3072, 6 CTAs per SM where it had taken 72 (7 CTAs), and Qwen CFG plain ran 51.36 us
   // against 48.69 in run 23; (128,7) fits plain and residual D=3072 in 72 registers without
-  // spills (nvcc -Xptxas -v on the harness; nvfp4 spills there, so quantizing keys keep 6).
-  // NVFP4 rows are issue-bound (the software E2M1 conversion), so they trade registers for
-  // occupancy differently (run 38 at 350fef5, residual rows, cold us): FLUX (128,5) 39.39 against
-  // (128,6) 40.70, (128,7) 42.27 (spills) and (128,4) 43.42; Qwen CFG (128,5) 104.29 against
+  // spills (nvcc -Xptxas -v on the harness); fp8 keys keep 6 (not re-measured).
+  // NVFP4 rows are issue-bound (the software block scale and E2M1 per element), so they trade
+  // registers for occupancy differently (run 38 at 350fef5, residual rows, cold us): FLUX (128,5)
+  // 39.39 against (128,6) 40.70, (128,7) 42.27 (spills) and (128,4) 43.42; Qwen CFG (128,5) 104.29 against
   // (128,6) 107.42; Wan (10 slots) no prefetch (128,4) 378.1 against prefetch (128,3) 418.0 and
   // (128,5) 455.3 (spills); 512 x 3072 (128,5) 10.62 against (128,6) 10.85. The hardware
   // conversion (sm_100a / sm_120a, compiled, not run) takes the same schedule, unmeasured.
