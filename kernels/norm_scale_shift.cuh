@@ -330,14 +330,9 @@ __device__ __forceinline__ void one_plus(Vec<T> (&held)[kSlots], int t, int n_ve
   }
 }
 
-// A row's (batch, token): the eager rows advance it by the grid's step without dividing.
-struct RowPosition {
-  long long b, s;
-};
-
 // x (and the residual) of row (b, s) as this thread's vec4s.
 template <typename T, int D, bool kResidual>
-__device__ __forceinline__ void load_inputs(const NormScaleShiftParams& p, RowPosition at, int t,
+__device__ __forceinline__ void load_inputs(const NormScaleShiftParams& p, NssRowPosition at, int t,
                                             Vec<T> (&xw)[(D / 4 + 127) / 128], Vec<T> (&rw)[(D / 4 + 127) / 128]) {
   constexpr int kVecs = D / 4;
   constexpr int kSlots = (kVecs + 127) / 128;
@@ -403,21 +398,9 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots], op[kSlots], sh[kSlots], g[kSlots];
   long long held_scale = -1, held_shift = -1, held_gate = -1;
   const long long step = gridDim.x;
-  // (batch, token) of the row and of the row a step on: one division per CTA instead of two
-  // 64-bit divisions per row (~50 instructions of a plain row's ~700 per thread).
-  const long long step_b = step / p.seq, step_s = step - step_b * p.seq;
-  const auto advance = [&](RowPosition at) {
-    at.b += step_b;
-    at.s += step_s;
-    if (at.s >= p.seq) {
-      at.s -= p.seq;
-      ++at.b;
-    }
-    return at;
-  };
-  RowPosition at;
-  at.b = static_cast<long long>(blockIdx.x) / p.seq;
-  at.s = static_cast<long long>(blockIdx.x) - at.b * p.seq;
+  // (batch, token) of the row, advanced by the step: no division per row (norm_scale_shift_params.h).
+  const NssRowPosition stride = nss_row_position(step, p.seq);
+  NssRowPosition at = nss_row_position(blockIdx.x, p.seq);
   if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(p, at, t, xw, rw);
   int parity = 0;
   for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
@@ -429,7 +412,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       continue;  // (padding rows follow every real row: no position is needed any more)
     }
     const long long following = row + step;
-    const RowPosition next = advance(at);
+    const NssRowPosition next = nss_advance_row_position(at, stride, p.seq);
     if constexpr (kPrefetch)
       if (following < p.rows) load_inputs<T, D, kResidual>(p, next, t, nx, nr);
     const long long b = at.b, s = at.s;

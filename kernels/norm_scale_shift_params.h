@@ -41,4 +41,33 @@ struct NormScaleShiftParams {
   int fp8_div_full;  // inv = div.full.f32(1, input_scale) (else IEEE division)
 };
 
+// A row's (batch, token) = (row / S, row % S), and its advance through a persistent loop that steps
+// rows by `step` (the grid): a CTA divides its first row once and then adds step / S and step % S,
+// carrying a token overflow into the batch (64-bit divisions per row had cost ~50 instructions of
+// a plain row's ~700 per thread). Shared with the host so the CPU tests check it against division.
+// (__host__ __device__ under nvcc and NVRTC: NVRTC rejects unannotated functions.)
+struct NssRowPosition {
+  long long b, s;
+};
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__
+#endif
+inline NssRowPosition nss_row_position(long long row, long long seq) {
+  const long long b = row / seq;
+  return {b, row - b * seq};
+}
+// `stride` is nss_row_position(step, seq): whole batches and the remaining tokens of one step.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+__host__ __device__
+#endif
+inline NssRowPosition nss_advance_row_position(NssRowPosition at, NssRowPosition stride, long long seq) {
+  at.b += stride.b;
+  at.s += stride.s;  // < 2 * seq
+  if (at.s >= seq) {
+    at.s -= seq;
+    ++at.b;
+  }
+  return at;
+}
+
 }  // namespace ditops

@@ -18,6 +18,7 @@
 #include "ditops/norm_scale_shift.h"
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
+#include "kernels/norm_scale_shift_params.h"
 #include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
 #include "reference/fp8_fp4.h"
 #include "reference/half.h"
@@ -701,6 +702,29 @@ TEST(NssJit, KernelKeysCompileForEveryTargetArch) {
     }
   }
   std::printf("compiled %d (key, arch) pairs\n", compiled);
+}
+
+// The eager kernel's persistent CTAs find each row's (batch, token) by adding the grid step to the
+// previous row's, not by dividing (kernels/norm_scale_shift_params.h): every row a CTA visits must
+// get row / S and row % S, also where a step crosses one or many batches (the GPU grids have too
+// few rows for a CTA to take a second row of another batch).
+TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
+  int checked = 0;
+  for (long long seq : {1LL, 2LL, 7LL, 9LL, 33LL, 257LL, 1031LL, 4608LL, 6912LL, 32760LL})
+    for (long long step : {1LL, 5LL, 9LL, 132LL, 516LL, 768LL, 922LL, 924LL, 13829LL}) {
+      const NssRowPosition stride = nss_row_position(step, seq);
+      for (long long first : {0LL, 1LL, step / 2, step - 1}) {
+        const long long rows = 2 * seq + 5 * step + 3;
+        NssRowPosition at = nss_row_position(first, seq);
+        for (long long row = first; row < rows; row += step) {
+          ASSERT_EQ(at.b, row / seq) << "S " << seq << " step " << step << " row " << row;
+          ASSERT_EQ(at.s, row % seq) << "S " << seq << " step " << step << " row " << row;
+          at = nss_advance_row_position(at, stride, seq);
+          ++checked;
+        }
+      }
+    }
+  EXPECT_GT(checked, 1000);
 }
 
 // The eager kernel's persistent-loop knobs follow the measured rules (norm_scale_shift_kernels.cpp)
