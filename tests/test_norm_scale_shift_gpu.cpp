@@ -230,6 +230,15 @@ TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
         cases.push_back({B, S, 3072, DType::bf16, NormType::layer, numerics, true, 0, quant, k % 5, amps[k % 3],
                          1e-6f});
       }
+  // More rows than resident CTAs (2100 and 2176 against at most 7 x 132): a CTA takes several
+  // rows, its steps crossing batches of 700 / 17 tokens ((batch, token) advanced, not divided),
+  // with operands per batch, per token and per frame.
+  cases.push_back({3, 700, 3072, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::none, 2,
+                   1.0f, 1e-6f});
+  cases.push_back({3, 700, 3072, DType::bf16, NormType::layer, NssNumerics::eager, false, 0, NssQuant::nvfp4, 3,
+                   1.0f, 1e-6f});
+  cases.push_back({128, 17, 1024, DType::bf16, NormType::rms, NssNumerics::eager, true, 1, NssQuant::fp8, 4,
+                   100.0f, 1e-5f});
   Stats st;
   int runs = 0;
   for (const auto& c : cases) {
