@@ -31,6 +31,13 @@ __global__ void __launch_bounds__(128, kMinBlocks) lnm_variant(const __grid_cons
   ditops::layernorm_modulate_body<kSlots, true, true, false, false, false, true, kEven, kPrefetch>(p);
 }
 
+// The bf16 bits of a finite float, rounded to nearest even (host inputs of the cases).
+static unsigned short bf16_bits(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
 static void* g_flush;
 static const size_t kFlushBytes = 256u << 20;
 
@@ -178,13 +185,8 @@ void run_case(const Case& c) {
   std::vector<unsigned short> hx(rows * c.dim), hm(c.batch * 6 * c.dim);
   std::mt19937 rng(7);
   std::normal_distribution<float> nd;
-  auto bf = [](float f) {
-    unsigned u;
-    std::memcpy(&u, &f, 4);
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  };
-  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf(nd(rng) * (i % 97 == 0 ? 30.f : 1.f) + 0.25f);
-  for (auto& v : hm) v = bf(0.3f * nd(rng));
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf16_bits(nd(rng) * (i % 97 == 0 ? 30.f : 1.f) + 0.25f);
+  for (auto& v : hm) v = bf16_bits(0.3f * nd(rng));
   for (auto& s : sets) {
     CHECK(cudaMalloc(&s.x, xbytes));
     CHECK(cudaMalloc(&s.out, xbytes));
@@ -298,13 +300,8 @@ void run_nss_case(const Case& c) {
   std::vector<unsigned short> hx(rows * D), hm(c.batch * 6 * D);
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
-  auto bf = [](float f) {
-    unsigned u;
-    std::memcpy(&u, &f, 4);
-    return (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  };
-  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf(nd(rng) * (i % 89 == 0 ? 20.f : 1.f) - 0.125f);
-  for (auto& v : hm) v = bf(0.3f * nd(rng));
+  for (size_t i = 0; i < hx.size(); ++i) hx[i] = bf16_bits(nd(rng) * (i % 89 == 0 ? 20.f : 1.f) - 0.125f);
+  for (auto& v : hm) v = bf16_bits(0.3f * nd(rng));
   const long long grid_rows = (rows + 127) / 128 * 128;
   for (auto& s : sets) {
     CHECK(cudaMalloc(&s.x, xbytes));
@@ -397,12 +394,7 @@ void run_qk_case() {
   std::vector<unsigned short> hx(n);
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
-  for (auto& v : hx) {
-    float f = 2.0f * nd(rng) + 0.5f;
-    unsigned u;
-    std::memcpy(&u, &f, 4);
-    v = (unsigned short)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  }
+  for (auto& v : hx) v = bf16_bits(2.0f * nd(rng) + 0.5f);
   void *q, *k, *qo, *ko;
   CHECK(cudaMalloc(&q, bytes));
   CHECK(cudaMalloc(&k, bytes));
