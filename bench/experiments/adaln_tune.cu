@@ -229,6 +229,8 @@ struct NssBuffers {
 };
 
 std::vector<unsigned char> g_nss_reference;
+// Part `profile`: each case runs the library's schedule once (for ncu), nothing timed.
+static bool g_profile_only = false;
 
 template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks>
 void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuffers>& sets, double copy_cold,
@@ -273,6 +275,10 @@ void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuff
   const NormScaleShiftParams p0 = params(sets[0]);
   kernel<<<grid, 128>>>(p0);
   CHECK(cudaDeviceSynchronize());
+  if (g_profile_only) {
+    std::printf("nss %s %s: one launch, grid %lld, %d CTAs per SM\n", c.name, label, grid, per_sm);
+    return;
+  }
   const size_t ybytes = rows * D * 2;
   std::vector<unsigned char> out(kQuant >= 2 ? rows * D / 2 + grid_rows * D / 16 : 2 * ybytes);
   if (kQuant >= 2) {
@@ -317,6 +323,16 @@ void run_nss_case(const Case& c) {
     CHECK(cudaMemcpy(s.x, hx.data(), xbytes, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(s.r, hx.data() + 7, xbytes - 14, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(s.mod, hm.data(), hm.size() * 2, cudaMemcpyHostToDevice));
+  }
+  if (g_profile_only) {  // the library's schedule (nss_eager_schedule) only
+    if constexpr (kQuant >= 2)
+      run_nss_variant<D, kResidual, kQuant, false, D <= 3072 ? 5 : 4>("library schedule", c, sets, 0, 0);
+    else if constexpr (D <= 3072)
+      run_nss_variant<D, kResidual, kQuant, false, kResidual ? 6 : 7>("library schedule", c, sets, 0, 0);
+    for (auto& s : sets) {
+      cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
+    }
+    return;
   }
   void *src, *dst;
   CHECK(cudaMalloc(&src, copy_bytes));
@@ -679,7 +695,7 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4
+  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4 | profile
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
@@ -709,6 +725,13 @@ int main(int argc, char** argv) {
   if (all || only == "nss" || only == "nssflux") {
     run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
     run_nss_case<3072, true, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+  }
+  if (only == "profile") {  // for ncu: one launch of the library's schedule per case
+    g_profile_only = true;
+    run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<3072, true, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<5120, true, 2>({"Wan (1,32760,5120)", 1, 32760, 5120});
   }
   if (all || only == "nss" || only == "nss512") {
     run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});

@@ -3,6 +3,8 @@
 #   bash bench/experiments/run_tune.sh qknorm   the qknorm_rope unit sizes (three builds in parallel)
 #   bash bench/experiments/run_tune.sh adaln [PART]  layernorm_modulate, norm_scale_shift, qk-head,
 #                                        residual_gate_add variants (PART: see adaln_tune.cu's main)
+#   bash bench/experiments/run_tune.sh profile  Nsight Compute (ncu) on the norm_scale_shift rows
+#                                        (library schedules: FLUX plain / residual / nvfp4, Wan nvfp4)
 set -u
 cd "$(dirname "$0")"
 case "${1:-adaln}" in
@@ -13,4 +15,10 @@ case "${1:-adaln}" in
   adaln)  # --default-stream per-thread: rotated_graph_us captures the <<<>>> launches
     nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu \
       -o /tmp/adaln_tune && /tmp/adaln_tune ${2:-} ;;
+  profile)  # --clock-control none: the device tool's METHOD.md asks to leave the clocks alone
+    nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -lineinfo -I../../kernels \
+      adaln_tune.cu -o /tmp/adaln_tune &&
+      ncu --clock-control none -k regex:nss_variant --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section InstructionStats --section Occupancy --section LaunchStats \
+        --section MemoryWorkloadAnalysis /tmp/adaln_tune profile ;;
 esac
