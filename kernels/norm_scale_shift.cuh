@@ -78,31 +78,29 @@ __device__ __forceinline__ float e4m3_to_float(u32 byte) {
   return value;
 }
 
-// fp32 to E2M1 (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the sign
-// kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
-// assumes for the hardware conversion) without a compare ladder: ~14 integer/fp32 ops against
-// 7 compares, 7 adds and a NaN branch per value. The ladder made the nvfp4 rows issue-bound
-// (sm_90a SASS of a 6-slot residual row at (128,6): 2896 instructions and 152 bytes of spills
-// with it, 2224 and none with this and the per-row scale offsets; FLUX 56.25 -> 36.20 us, runs
-// 34 and 42). Equal to the ladder for all 2^32 inputs (GPU test
-// NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput).
-// * |x| >= 1: an E2M1 value 2^e * (1 + m/2) has code ((e + 1) << 1) | m, and fp32's top 9 bits
-//   below the sign are ((127 + e) << 1) | m, i.e. the code + 252. Rounding fp32's mantissa to
-//   one bit, to nearest even, is the integer add of 0x1FFFFF plus the kept bit (bit 22); a carry
-//   steps the exponent, as it should. Codes above 7 (>= 7 rounds to 8, inf) saturate to 7.
-// * |x| < 1: the code is rint(2|x|) in {0, 1, 2}; |x| + 2^22 lands in [2^22, 2^22 + 1), where the
-//   fp32 spacing is 0.5, so the add rounds to nearest even and the low bits hold rint(2|x|).
-__device__ __forceinline__ u32 e2m1_software(float x) {
+// E2M1 of a product (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the
+// sign kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
+// assumes for the hardware conversion), as the magnitude's code plus kE2m1Bias. The input must be the result
+// of an fp32 multiplication: a NaN is then the positive canonical NaN 0x7FFFFFFF (the GPU test
+// NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput checks that on the device,
+// and this function through `x * 1` against the compare ladder for all 2^32 fp32 inputs).
+// * |x| + 2^(e + 22), with 2^e <= |x| < 2^(e+1) and e clamped below at 0, lands in the binade
+//   [2^(e+22), 2^(e+23)), whose fp32 spacing 2^(e-1) is E2M1's spacing at |x| (0.5 below 2, 1 in
+//   [2, 4), 2 from 4): the one fp32 add rounds |x| onto the E2M1 grid, to nearest even. The sum's
+//   low 23 bits count the steps k, its bits 22.. hold 2 * (e + 149), so low + high = code + 298
+//   (code = k + 2e); >= 305 (7 + 298) saturates, which also covers inf, NaN and huge |x| (the
+//   magic's exponent then overflows into its sign: the sum is |x| itself, high bits >= 468).
+// Against the former integer rounding plus compares (15 SASS instructions per value, most on the
+// half-rate integer pipe): 10, see the schedule comment in norm_scale_shift_kernels.cpp.
+constexpr u32 kE2m1Bias = 298;
+__device__ __forceinline__ u32 e2m1_biased_of_product(float x) {
   const u32 bits = __float_as_uint(x);
-  const u32 mag = bits & 0x7FFFFFFFu;
-  const u32 rounded = (mag + 0x1FFFFFu + ((mag >> 22) & 1u)) >> 22;  // mag <= 0x7FFFFFFF: no overflow
-  const u32 large = min(rounded, 259u) - 252u;
-  const u32 small = __float_as_uint(__fadd_rn(__uint_as_float(mag), 4194304.0f)) - 0x4A800000u;
-  const u32 code = (mag < 0x3F800000u ? small : large) | ((bits >> 28) & 8u);
-  return mag > 0x7F800000u ? 7u : code;
+  const u32 magic = max(bits & 0x7F800000u, 0x3F800000u) + 0x0B000000u;  // 2^(max(e, 0) + 22)
+  const u32 sum = __float_as_uint(__fadd_rn(fabsf(x), __uint_as_float(magic)));
+  return min((sum & 0x7FFFFFu) + (sum >> 22), 7u + kE2m1Bias);
 }
 
-// Four fp32 values to four E2M1 nibbles (v[0] in bits 0..3).
+// Four fp32 products (see e2m1_biased_of_product) to four E2M1 nibbles (v[0] in bits 0..3).
 template <bool kHardware>
 __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
   if constexpr (kHardware) {
@@ -122,8 +120,18 @@ __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
     return 0;
 #endif
   } else {
-    return e2m1_software(v[0]) | (e2m1_software(v[1]) << 4) | (e2m1_software(v[2]) << 8) |
-           (e2m1_software(v[3]) << 12);
+    // Biased codes (< 2^9) summed at their nibbles, the bias taken off once (no carries between
+    // nibbles are left: each code + 8 * sign is < 16). The signs: the top bytes of v[0] and v[2]
+    // (v[1] and v[3]) side by side put v[0]'s sign at bit 7 and v[2]'s at 15 (v[1]'s at 7, v[3]'s
+    // at 15), which is bit 3 and 11 after a shift by 4 (bit 7 and 15 as they are): 6 instructions
+    // for the four signs against 12 for a shift and a mask each.
+    u32 sum = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) sum += e2m1_biased_of_product(v[i]) << (4 * i);
+    const u32 signs02 = __byte_perm(__float_as_uint(v[0]), __float_as_uint(v[2]), 0x0073u);
+    const u32 signs13 = __byte_perm(__float_as_uint(v[1]), __float_as_uint(v[3]), 0x0073u);
+    sum += ((signs02 >> 4) & 0x0808u) + (signs13 & 0x8080u);
+    return sum - kE2m1Bias * 0x1111u;
   }
 }
 
@@ -303,9 +311,10 @@ __device__ __forceinline__ bool load_operand(const NssOperandParams& op, long lo
   held_offset = offset;
   const T* row = static_cast<const T*>(op.data) + offset;
   if (op.kind == 2) {
+    const T* const row_t = row + 4 * t;  // slot j at the constant offset 512 j (see load_inputs)
 #pragma unroll
     for (int j = 0; j < kSlots; ++j)
-      if (kEven || t + 128 * j < n_vec) held[j] = load_word<4 * sizeof(T), true>(row + 4 * (t + 128 * j));
+      if (kEven || t + 128 * j < n_vec) held[j] = load_word<4 * sizeof(T), true>(row_t + 512 * j);
   } else {
     const float scalar = op.kind == 1 ? to_float(row[0]) : absent;  // a T value: exact in T again
     const float v[4] = {scalar, scalar, scalar, scalar};
@@ -337,13 +346,15 @@ __device__ __forceinline__ void load_inputs(const NormScaleShiftParams& p, NssRo
   constexpr int kVecs = D / 4;
   constexpr int kSlots = (kVecs + 127) / 128;
   const long long b = at.b, s = at.s;
-  const T* xrow = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride;
-  const T* rrow = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride;
+  // Thread t's first vec4 as a pointer, slot j at the constant offset 512 j: an immediate in the
+  // load, where the index 4 (t + 128 j) took four 64-bit address instructions per slot.
+  const T* xt = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride + 4 * t;
+  const T* rt = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride + 4 * t;
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
-      xw[j] = load_word<4 * sizeof(T), false>(xrow + 4 * (t + 128 * j));
-      if constexpr (kResidual) rw[j] = load_word<4 * sizeof(T), false>(rrow + 4 * (t + 128 * j));
+      xw[j] = load_word<4 * sizeof(T), false>(xt + 512 * j);
+      if constexpr (kResidual) rw[j] = load_word<4 * sizeof(T), false>(rt + 512 * j);
     }
   }
 }
@@ -422,7 +433,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     if (new_scale) one_plus<T, kSlots, kEven>(op, t, kVecs);
 
     if constexpr (kResidual) {
-      T* orow = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride;
+      T* const ot = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         if (kEven || t + 128 * j < kVecs) {
@@ -434,7 +445,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) prod[e] = __fmul_rn(xv[e], gv[e]);
           xw[j] = add_vec(T{}, rw[j], round_vec(T{}, prod));
-          store_word<kBytes>(orow + 4 * (t + 128 * j), xw[j]);
+          store_word<kBytes>(ot + 512 * j, xw[j]);
         }
       }
     }
@@ -450,8 +461,11 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     }
     parity ^= 1;
 
-    T* yrow = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride : nullptr;
-    const long long q_offset = b * p.q_batch_stride + s * p.q_token_stride;
+    // Thread t's first vec4 in each output (slot j at the constant offsets 512 j, 256 j bytes).
+    T* const yt = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride + 4 * t : nullptr;
+    unsigned char* const fp8_t =
+        kQuant == kQuantFp8 ? p.fp8 + (b * p.q_batch_stride + s * p.q_token_stride) + 4 * t : nullptr;
+    unsigned char* const fp4_t = kQuant >= kQuantFp4Software ? p.fp4_packed + row * (D / 2) + 2 * t : nullptr;
     // Thread t's NVFP4 scale byte of slot j (block column (t >> 2) + 32j) is sf_thread[4096 * j].
     unsigned char* const sf_thread =
         kQuant >= kQuantFp4Software
@@ -460,13 +474,12 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const bool active = kEven || t + 128 * j < kVecs;
-      const int c = 4 * (t + 128 * j);
       float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (active) {
         float v[4], a[4], w[4], bias[4];
         to_floats<T, 4>(xw[j], v);
-        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + c), w);
-        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + c), bias);
+        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + 4 * t + 512 * j), w);
+        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + 4 * t + 512 * j), bias);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
@@ -476,12 +489,12 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         }
         V out = mul_vec(T{}, round_vec(T{}, a), op[j]);
         if (p.shift.kind) out = add_vec(T{}, out, sh[j]);
-        if (yrow) store_word<kBytes>(yrow + c, out);
+        if (yt) store_word<kBytes>(yt + 512 * j, out);
         to_floats<T, 4>(out, y);
         if constexpr (kQuant == kQuantFp8) {
           const u32 q = e4m3x2_rn_satfinite(__fmul_rn(y[0], inv), __fmul_rn(y[1], inv)) |
                         (e4m3x2_rn_satfinite(__fmul_rn(y[2], inv), __fmul_rn(y[3], inv)) << 16);
-          *reinterpret_cast<u32*>(p.fp8 + q_offset + c) = q;
+          *reinterpret_cast<u32*>(fp8_t + 512 * j) = q;
         }
       }
       if constexpr (kQuant >= kQuantFp4Software) {
@@ -496,7 +509,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
           const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
-          *reinterpret_cast<unsigned short*>(p.fp4_packed + row * (D / 2) + c / 2) = static_cast<unsigned short>(nibbles);
+          *reinterpret_cast<unsigned short*>(fp4_t + 256 * j) = static_cast<unsigned short>(nibbles);
           if ((lane & 3) == 0) sf_thread[4096 * j] = static_cast<unsigned char>(sf8);
         }
       }

@@ -265,17 +265,21 @@ TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
 }
 
 // The kernel's NVFP4 conversions checked exhaustively on the device: the software E2M1
-// conversion (integer rounding, kernels/norm_scale_shift.cuh) against the compare ladder that
-// defines it (the reference's float_to_e2m1_satfinite, written here as device code) for all 2^32
-// fp32 bit patterns, and the hardware E4M3 decode against the reference for all 256 bytes. The
-// grid test above tolerates nibble differences (approximate reciprocals), so it cannot see a
-// conversion that is wrong at a few inputs; this test can.
+// conversion of products (kernels/norm_scale_shift.cuh e2m1x4<false>, fed `x * one` as the kernel
+// feeds it y * scale) against the compare ladder that defines it (the reference's
+// float_to_e2m1_satfinite, written here as device code) for all 2^32 fp32 bit patterns, four
+// neighbouring patterns per call; that the device's fp32 product of a NaN is the canonical NaN
+// 0x7FFFFFFF, which the conversion relies on; and the hardware E4M3 decode against the reference
+// for all 256 bytes. The grid test above tolerates nibble differences (approximate reciprocals),
+// so it cannot see a conversion that is wrong at a few inputs; this test can.
 constexpr const char* kConversionCheckSource = R"(
 #include "norm_scale_shift.cuh"
 struct ConversionCheckParams {
   unsigned long long* e2m1_mismatches;
   unsigned* e2m1_first_mismatch;
+  unsigned long long* noncanonical_nans;
   float* e4m3_decoded;
+  float one;
 };
 __device__ unsigned e2m1_by_compares(float x) {
   const unsigned bits = __float_as_uint(x);
@@ -286,22 +290,35 @@ __device__ unsigned e2m1_by_compares(float x) {
 }
 extern "C" __global__ void conversion_check(const __grid_constant__ ConversionCheckParams p) {
   const unsigned long long threads = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
-  unsigned long long mismatches = 0;
-  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
-       i += threads) {
-    const float x = __uint_as_float(static_cast<unsigned>(i));
-    if (ditops::nss_detail::e2m1_software(x) != e2m1_by_compares(x)) {
-      ++mismatches;
-      atomicMin(p.e2m1_first_mismatch, static_cast<unsigned>(i));
+  unsigned long long mismatches = 0, noncanonical = 0;
+  for (unsigned long long i = (static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x) * 4;
+       i < (1ull << 32); i += 4 * threads) {
+    float products[4];
+    unsigned want = 0;
+    for (int k = 0; k < 4; ++k) {
+      const float x = __uint_as_float(static_cast<unsigned>(i + k));
+      products[k] = __fmul_rn(x, p.one);
+      want |= e2m1_by_compares(x) << (4 * k);
+      if (x != x && __float_as_uint(products[k]) != 0x7FFFFFFFu) ++noncanonical;
+    }
+    const unsigned got = ditops::nss_detail::e2m1x4<false>(products);
+    if (got != want) {
+      for (int k = 0; k < 4; ++k)
+        if (((got ^ want) >> (4 * k)) & 0xFu) {
+          ++mismatches;
+          atomicMin(p.e2m1_first_mismatch, static_cast<unsigned>(i + k));
+        }
     }
   }
   if (mismatches) atomicAdd(p.e2m1_mismatches, mismatches);
+  if (noncanonical) atomicAdd(p.noncanonical_nans, noncanonical);
   if (blockIdx.x == 0) p.e4m3_decoded[threadIdx.x] = ditops::nss_detail::e4m3_to_float(threadIdx.x);
 }
 )";
 
 struct ConversionCheckParams {
-  CUdeviceptr e2m1_mismatches, e2m1_first_mismatch, e4m3_decoded;
+  CUdeviceptr e2m1_mismatches, e2m1_first_mismatch, noncanonical_nans, e4m3_decoded;
+  float one;
 };
 
 TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
@@ -313,19 +330,22 @@ TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
   check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
   jit::LoadedKernel kernel;
   check_cu(d.cuModuleGetFunction(&kernel.function, module, "conversion_check"), "function");
-  Twin mismatches(DType::u8, {8}), first(DType::u8, {4}), decoded(DType::f32, {256});
+  Twin mismatches(DType::u8, {8}), first(DType::u8, {4}), noncanonical(DType::u8, {8}), decoded(DType::f32, {256});
   std::memset(first.host.data(), 0xff, 4);
   mismatches.upload();
   first.upload();
-  const ConversionCheckParams params{mismatches.dev, first.dev, decoded.dev};
+  noncanonical.upload();
+  const ConversionCheckParams params{mismatches.dev, first.dev, noncanonical.dev, decoded.dev, 1.0f};
   jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
   check_cu(d.cuCtxSynchronize(), "sync");
-  unsigned long long count = 0;
+  unsigned long long count = 0, noncanonical_count = 0;
   uint32_t first_bad = 0;
   std::memcpy(&count, mismatches.download().data(), sizeof count);
+  std::memcpy(&noncanonical_count, noncanonical.download().data(), sizeof noncanonical_count);
   std::memcpy(&first_bad, first.download().data(), sizeof first_bad);
   float bad_value;
   std::memcpy(&bad_value, &first_bad, sizeof bad_value);
+  EXPECT_EQ(noncanonical_count, 0u) << "products of NaN that are not the canonical NaN";
   EXPECT_EQ(count, 0u) << "E2M1 differs from the compare ladder at " << count << " inputs, first 0x" << std::hex
                        << first_bad << " (" << bad_value << ")";
   const std::vector<uint8_t> raw = decoded.download();

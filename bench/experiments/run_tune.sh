@@ -3,6 +3,9 @@
 #   bash bench/experiments/run_tune.sh qknorm   the qknorm_rope unit sizes (three builds in parallel)
 #   bash bench/experiments/run_tune.sh adaln [PART]  layernorm_modulate, norm_scale_shift, qk-head,
 #                                        residual_gate_add variants (PART: see adaln_tune.cu's main)
+#   bash bench/experiments/run_tune.sh ab PART BASE  PART of adaln_tune.cu built against BASE/kernels (an
+#                                        earlier commit's kernels, e.g. from git archive) and against
+#                                        this tree's, run one after the other (A/B in one session)
 #   bash bench/experiments/run_tune.sh profile  Nsight Compute (ncu) on the norm_scale_shift rows
 #                                        (library schedules: FLUX plain / residual / nvfp4, Wan nvfp4)
 set -u
@@ -15,6 +18,12 @@ case "${1:-adaln}" in
   adaln)  # --default-stream per-thread: rotated_graph_us captures the <<<>>> launches
     nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu \
       -o /tmp/adaln_tune && /tmp/adaln_tune ${2:-} ;;
+  ab)
+    build() { nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -I"$1" adaln_tune.cu -o "$2"; }
+    base=$(cd "$3" && pwd)/kernels
+    build "$base" /tmp/adaln_tune_base & build ../../kernels /tmp/adaln_tune_new & wait
+    echo "== A: $base"; /tmp/adaln_tune_base "$2"
+    echo "== B: this tree"; /tmp/adaln_tune_new "$2" ;;
   profile)  # --clock-control none: the device tool's METHOD.md asks to leave the clocks alone
     nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -lineinfo -I../../kernels \
       adaln_tune.cu -o /tmp/adaln_tune &&
