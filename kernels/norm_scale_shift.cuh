@@ -298,14 +298,32 @@ __device__ __forceinline__ Vec<float> add_vec(float, const Vec<float>& a, const 
   return lanewise<float>(a, b, add_rn_bf16x2, fadd);
 }
 
-// A broadcast operand of the row as this thread's vec4s t + 128j, kept in registers while its
+// Where a broadcast operand's row is held between rows: in registers, or (kShared) in this
+// thread's own words of a shared array, slot j at t + 128 j. No other thread reads a thread's
+// words, so no barrier is needed; each operand held there frees two registers a slot (16-bit T).
+template <typename T, int kSlots, bool kShared>
+struct HeldOperand {
+  Vec<T> reg[kShared ? 1 : kSlots];
+  Vec<T>* own;  // kShared: this thread's slot 0
+  __device__ __forceinline__ Vec<T> get(int j) const {
+    if constexpr (kShared) return own[128 * j];
+    else return reg[j];
+  }
+  __device__ __forceinline__ void set(int j, const Vec<T>& v) {
+    if constexpr (kShared) own[128 * j] = v;
+    else reg[j] = v;
+  }
+};
+
+// A broadcast operand of the row as this thread's vec4s t + 128j, kept (HeldOperand) while its
 // offset does not change (a [D] or [B, D] operand is loaded once per CTA and batch): the T values
 // as stored (a scalar operand broadcast, an absent one `absent`). Returns whether it was reloaded.
 // Only loads: the caller issues every operand's loads before it converts any (one memory round
 // trip for scale, shift and gate, not three: a CTA of the 512-token calls runs one row).
-template <typename T, int kSlots, bool kEven>
+template <typename T, int kSlots, bool kEven, bool kShared>
 __device__ __forceinline__ bool load_operand(const NssOperandParams& op, long long b, long long s, int t, int n_vec,
-                                             float absent, Vec<T> (&held)[kSlots], long long& held_offset) {
+                                             float absent, HeldOperand<T, kSlots, kShared>& held,
+                                             long long& held_offset) {
   const long long offset = op.kind ? operand_offset(op, b, s) : 0;
   if (offset == held_offset) return false;
   held_offset = offset;
@@ -314,27 +332,28 @@ __device__ __forceinline__ bool load_operand(const NssOperandParams& op, long lo
     const T* const row_t = row + 4 * t;  // slot j at the constant offset 512 j (see load_inputs)
 #pragma unroll
     for (int j = 0; j < kSlots; ++j)
-      if (kEven || t + 128 * j < n_vec) held[j] = load_word<4 * sizeof(T), true>(row_t + 512 * j);
+      if (kEven || t + 128 * j < n_vec) held.set(j, load_word<4 * sizeof(T), true>(row_t + 512 * j));
   } else {
     const float scalar = op.kind == 1 ? to_float(row[0]) : absent;  // a T value: exact in T again
     const float v[4] = {scalar, scalar, scalar, scalar};
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j) held[j] = round_vec(T{}, v);
+    for (int j = 0; j < kSlots; ++j)
+      if (kEven || t + 128 * j < n_vec) held.set(j, round_vec(T{}, v));
   }
   return true;
 }
 
 // The scale as held: rne(1 + value) of each T value (fp32 add, one rounding), as eager's 1 + scale.
-template <typename T, int kSlots, bool kEven>
-__device__ __forceinline__ void one_plus(Vec<T> (&held)[kSlots], int t, int n_vec) {
+template <typename T, int kSlots, bool kEven, bool kShared>
+__device__ __forceinline__ void one_plus(HeldOperand<T, kSlots, kShared>& held, int t, int n_vec) {
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     if (kEven || t + 128 * j < n_vec) {
       float v[4];
-      to_floats<T, 4>(held[j], v);
+      to_floats<T, 4>(held.get(j), v);
 #pragma unroll
       for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
-      held[j] = round_vec(T{}, v);
+      held.set(j, round_vec(T{}, v));
     }
   }
 }
@@ -387,7 +406,7 @@ __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], i
 // vec4s t + 128j. kPrefetch: the next row's x (and residual) is loaded before the current row's
 // statistics. Scale (as rne(1 + scale)), shift and gate stay in registers while their row does
 // not change. NVFP4: a block of 16 is the vec4s of 4 neighbouring threads.
-template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch>
+template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands>
 __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   constexpr int kVecs = D / 4;
   constexpr int kSlots = (kVecs + 127) / 128;
@@ -406,7 +425,14 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   }
   if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
 
-  V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots], op[kSlots], sh[kSlots], g[kSlots];
+  V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots];
+  HeldOperand<T, kSlots, kSharedOperands> op, sh, g;
+  if constexpr (kSharedOperands) {
+    __shared__ V held_shared[3][kSharedOperands ? 128 * kSlots : 1];
+    op.own = held_shared[0] + t;
+    sh.own = held_shared[1] + t;
+    g.own = held_shared[2] + t;
+  }
   long long held_scale = -1, held_shift = -1, held_gate = -1;
   const long long step = gridDim.x;
   // (batch, token) of the row, advanced by the step: no division per row (norm_scale_shift_params.h).
@@ -441,7 +467,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           // there), the sum packed.
           float xv[4], gv[4], prod[4];
           to_floats<T, 4>(xw[j], xv);
-          to_floats<T, 4>(g[j], gv);
+          to_floats<T, 4>(g.get(j), gv);
 #pragma unroll
           for (int e = 0; e < 4; ++e) prod[e] = __fmul_rn(xv[e], gv[e]);
           xw[j] = add_vec(T{}, rw[j], round_vec(T{}, prod));
@@ -487,8 +513,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           if constexpr (kAffine == 1) a[e] = __fmul_rn(w[e], n);
           if constexpr (kAffine == 2) a[e] = __fmaf_rn(w[e], n, bias[e]);
         }
-        V out = mul_vec(T{}, round_vec(T{}, a), op[j]);
-        if (p.shift.kind) out = add_vec(T{}, out, sh[j]);
+        V out = mul_vec(T{}, round_vec(T{}, a), op.get(j));
+        if (p.shift.kind) out = add_vec(T{}, out, sh.get(j));
         if (yt) store_word<kBytes>(yt + 512 * j, out);
         to_floats<T, 4>(out, y);
         if constexpr (kQuant == kQuantFp8) {
@@ -690,13 +716,15 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 // one warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
 // 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
 template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
-          bool kPrefetch = false>
+          bool kPrefetch = false, bool kSharedOperands = false>
 __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   using namespace nss_detail;
   static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
   static_assert(!kSglang || (D % 16 == 0 && sizeof(T) == 2 && !kRms && kAffine == 0),
                 "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
   static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
+  static_assert(!kSharedOperands || (!kSglang && 3 * D * sizeof(T) <= 40960),
+                "operands in shared memory: eager numerics, 3 rows of D within 40 KB of static shared memory");
   if constexpr (kPdl) pdl_wait();
   if constexpr (kSglang) {
     const int lane = threadIdx.x & 31;
@@ -710,7 +738,7 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
     }
   } else {
-    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch>(p);
+    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch, kSharedOperands>(p);
   }
   if constexpr (kPdl) pdl_launch_dependents();
 }
