@@ -68,11 +68,12 @@ __device__ __forceinline__ float div_full(float a, float b) {
 }
 
 
-// E4M3 byte to fp32 (exact: E4M3 is a subset of fp16; sm_89+ convert E4M3 pairs in hardware;
-// the byte comes from a satfinite conversion, so never NaN).
-__device__ __forceinline__ float e4m3_to_float(u32 byte) {
+// The E4M3 byte in bits 0..7 of `pair` to fp32 (exact: E4M3 is a subset of fp16; sm_89+ convert
+// E4M3 pairs in hardware, bits 8..15 go to the unused upper half, higher bits are not read; the
+// byte comes from a satfinite conversion, so never NaN).
+__device__ __forceinline__ float e4m3_to_float(u32 pair) {
   u32 halves;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<unsigned short>(byte & 0xffu)));
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<unsigned short>(pair)));
   float value;
   asm("cvt.f32.f16 %0, %1;" : "=f"(value) : "h"(static_cast<unsigned short>(halves & 0xffffu)));
   return value;
@@ -135,10 +136,11 @@ __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
   }
 }
 
-// The NVFP4 output scale of a block from its amax; writes the E4M3 scale byte to *sf8.
+// The NVFP4 output scale of a block from its amax; writes the E4M3 scale byte to bits 0..7 of
+// *sf8 (bits 8..15 hold E4M3 zero, the rest zero: callers store it as an unsigned char).
 __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scale, u32* sf8) {
   const float sf = __fmul_rn(global_scale, __fmul_rn(amax, rcp_approx_ftz(6.0f)));
-  *sf8 = e4m3x2_rn_satfinite(sf, 0.0f) & 0xffu;
+  *sf8 = e4m3x2_rn_satfinite(sf, 0.0f);
   const float sff = e4m3_to_float(*sf8);
   return sff != 0.0f ? rcp_approx_ftz(__fmul_rn(sff, rcp_approx_ftz(global_scale))) : 0.0f;
 }

@@ -664,7 +664,10 @@ std::vector<NssKernelKey> compile_keys(bool hardware_fp4) {
   r.norm = NormType::rms;
   r.affine = 1;
   r.dim = 5120;
-  add(r);
+  add(r);  // 10 plain slots: operands in shared memory, prefetch
+  r.residual = true;
+  r.quant = hardware_fp4 ? NssKernelQuant::fp4_hardware : NssKernelQuant::fp4_software;
+  add(r);  // 10 nvfp4 slots: operands in shared memory
   NssKernelKey a;
   a.act = DType::f16;
   a.affine = 2;
@@ -739,29 +742,44 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 6);
   k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38)
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 5);
-  k.dim = 5120;  // 10 nvfp4 slots: no prefetch, 4
+  EXPECT_FALSE(nss_eager_schedule(k).shared_operands);
+  k.dim = 5120;  // 10 nvfp4 slots: operands in shared memory, no prefetch, 5 (run 46)
   s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
-  EXPECT_EQ(s.min_blocks, 4);
-  k.quant = NssKernelQuant::none;  // 10 slots
+  EXPECT_TRUE(s.shared_operands);
+  EXPECT_EQ(s.min_blocks, 5);
+  k.quant = NssKernelQuant::none;  // 10 residual slots: prefetch, 3, operands in registers
   s = nss_eager_schedule(k);
   EXPECT_TRUE(s.prefetch);
+  EXPECT_FALSE(s.shared_operands);
   EXPECT_EQ(s.min_blocks, 3);
   jit::KernelRequest r = nss_kernel_request(k);
   EXPECT_EQ(r.min_blocks, 3);
-  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 6), ", true") << r.template_args;
-  k.residual = false;
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 13), ", true, false") << r.template_args;
+  k.residual = false;  // 10 plain slots: shared memory and prefetch, 5
+  s = nss_eager_schedule(k);
+  EXPECT_TRUE(s.prefetch);
+  EXPECT_TRUE(s.shared_operands);
+  EXPECT_EQ(s.min_blocks, 5);
+  r = nss_kernel_request(k);
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 12), ", true, true") << r.template_args;
+  k.quant = NssKernelQuant::fp8;  // fp8 10 slots: not re-measured, registers, 6
   s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
+  EXPECT_FALSE(s.shared_operands);
   EXPECT_EQ(s.min_blocks, 6);
+  k.quant = NssKernelQuant::none;
   k.act = DType::f32;
   k.dim = 4096;  // 8 fp32 slots = 16 in 16-bit words: ptxas decides
   s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
+  EXPECT_FALSE(s.shared_operands);
   EXPECT_EQ(s.min_blocks, 0);
-  // sglang numerics: warp per row, no schedule argument (8 template arguments against 9).
+  k.dim = 2048;  // 8 fp32-word slots: fp32 not measured with shared operands
+  EXPECT_FALSE(nss_eager_schedule(k).shared_operands);
+  // sglang numerics: warp per row, no schedule arguments (8 template arguments against 10).
   auto arguments = [](const std::string& args) { return 1 + std::count(args.begin(), args.end(), ','); };
-  EXPECT_EQ(arguments(r.template_args), 9) << r.template_args;
+  EXPECT_EQ(arguments(r.template_args), 10) << r.template_args;
   NssKernelKey g;
   g.numerics = NssNumerics::sglang;
   r = nss_kernel_request(g);

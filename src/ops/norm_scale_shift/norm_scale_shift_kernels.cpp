@@ -73,13 +73,26 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // (128,6) 107.42; Wan (10 slots) no prefetch (128,4) 378.1 against prefetch (128,3) 418.0 and
   // (128,5) 455.3 (spills); 512 x 3072 (128,5) 10.62 against (128,6) 10.85. The hardware
   // conversion (sm_100a / sm_120a, compiled, not run) takes the same schedule, unmeasured.
+  // Run 46 (dd9f6cd: E2M1 by one add, constant slot offsets; bench/results/2026-11-29-h200-runs/
+  // 46-tune-dd9f6cd), the held scale / shift / gate rows in shared memory (72 registers at
+  // (128,7), none spilled), cold us: a win only at 10 slots: Wan nvfp4 (128,5) shared 308.06
+  // against (128,4) in registers 321.41 (shared (128,6) 320.16, (128,7) 366.50); Wan plain
+  // shared + prefetch (128,5) 175.90 against 179.65 (rotated 176.58 against 185.79). Lost at 6
+  // slots (FLUX nvfp4 best shared 36.16 against 34.82; FLUX plain 21.25 against 20.42) and for Wan
+  // residual rows (355.39 against prefetch (128,3) 347.07). Measured for 16-bit rows only.
   const bool nvfp4 = key.quant == NssKernelQuant::fp4_software || key.quant == NssKernelQuant::fp4_hardware;
+  const bool half = key.act != DType::f32;
   NssEagerSchedule s;
   if (slots <= 6) {
     s.min_blocks = nvfp4 ? 5 : key.quant == NssKernelQuant::none ? 7 : 6;
   } else if (slots <= 10) {
     s.prefetch = key.residual && !nvfp4;
     s.min_blocks = nvfp4 ? 4 : key.residual ? 3 : 6;
+    if (half && (nvfp4 || (key.quant == NssKernelQuant::none && !key.residual))) {
+      s.shared_operands = true;
+      s.prefetch = !nvfp4;
+      s.min_blocks = 5;
+    }
   }
   return s;
 }
@@ -96,7 +109,8 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
   r.max_threads = kNssMaxThreads;
   if (key.numerics == NssNumerics::eager) {
     const NssEagerSchedule schedule = nss_eager_schedule(key);
-    r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch);
+    r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch) + ", " +
+                       jit::kernel_bool(schedule.shared_operands);
     r.min_blocks = schedule.min_blocks;
   }
   r.template_key = "norm_scale_shift:" + key.to_string();

@@ -30,10 +30,12 @@ struct NssKernelKey {
 constexpr int kNssMaxThreads = 128;  // eager: one row per 128-thread CTA; sglang: up to 4 rows (warps)
 
 // The eager kernel's persistent-loop knobs, a function of the key (measured; see the .cpp):
-// load the next row before the current row's statistics, and __launch_bounds__' minimum
-// resident CTAs per SM (0: ptxas decides).
+// load the next row before the current row's statistics, hold the scale / shift / gate rows in
+// shared memory instead of registers, and __launch_bounds__' minimum resident CTAs per SM
+// (0: ptxas decides).
 struct NssEagerSchedule {
   bool prefetch = false;
+  bool shared_operands = false;
   int min_blocks = 0;
 };
 NssEagerSchedule nss_eager_schedule(const NssKernelKey& key);
