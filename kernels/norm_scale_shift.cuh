@@ -465,14 +465,17 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         if (kEven || t + 128 * j < kVecs) {
-          // v = rne(r + rne(x * g)): the product in fp32 (x * g of two tiny values may be inexact
-          // there), the sum packed.
-          float xv[4], gv[4], prod[4];
-          to_floats<T, 4>(xw[j], xv);
-          to_floats<T, 4>(g.get(j), gv);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) prod[e] = __fmul_rn(xv[e], gv[e]);
-          xw[j] = add_vec(T{}, rw[j], round_vec(T{}, prod));
+          // v = rne(r + rne(x * g)), both packed. Eager rounds the product to fp32 first; the
+          // packed multiply rounds the exact product once, the same value: an f16 product is exact
+          // in fp32 (22 significant bits, >= 2^-48). A bf16 product M * 2^E (M < 2^16) is exact in
+          // fp32 unless p < 2^-126 and E <= -150; there the roundings differ only where the fp32
+          // one (spacing 2^-149) lands on a bf16 midpoint (odd multiple of 2^-134) from off it,
+          // |p - midpoint| <= 2^-150. As p < 2^16 * 2^E <= 2^-134, that is the midpoint 2^-134
+          // with E = -150 and M = 2^16 - 1, a tie that rounds to 2^-134 and then to 0, as p
+          // itself does. GPU test NormScaleShiftGpu.PackedProductsEqualTheFp32ProductRounded
+          // checks every bf16 and f16 pair. Against unpacking x and g, an fp32 multiply and a
+          // repack: 3 instructions per element fewer.
+          xw[j] = add_vec(T{}, rw[j], mul_vec(T{}, xw[j], g.get(j)));
           store_word<kBytes>(ot + 512 * j, xw[j]);
         }
       }

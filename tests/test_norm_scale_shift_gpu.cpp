@@ -359,6 +359,73 @@ TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
   d.cuModuleUnload(module);
 }
 
+// The eager residual step multiplies x by the gate with the packed 16-bit instruction (one
+// rounding of the exact product) where eager PyTorch rounds the fp32 product to the dtype; the
+// kernel argues they agree (kernels/norm_scale_shift.cuh, eager_rows). Checked for every pair of
+// bf16 values and every pair of f16 values, in both lanes, bit for bit (NaNs included).
+constexpr const char* kPackedProductSource = R"(
+#include "common/types.cuh"
+struct PackedProductParams {
+  unsigned long long* mismatches;  // [bf16, f16]
+  unsigned* first_mismatch;        // [bf16, f16]: x | g << 16
+};
+extern "C" __global__ void packed_product_check(const __grid_constant__ PackedProductParams p) {
+  using namespace ditops::kernel;
+  const unsigned long long threads = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  unsigned long long bad_bf16 = 0, bad_f16 = 0;
+  for (unsigned long long i = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < (1ull << 32);
+       i += threads) {
+    const unsigned x = static_cast<unsigned>(i) & 0xFFFFu, g = static_cast<unsigned>(i >> 16);
+    const unsigned a = x | (g << 16), b = g | (x << 16);  // x * g in the low lane, g * x in the high
+    const unsigned bf16_want = bf16x2_from_floats(__fmul_rn(bf16x2_lo(a), bf16x2_lo(b)), __fmul_rn(bf16x2_hi(a), bf16x2_hi(b)));
+    if (mul_rn_bf16x2(a, b) != bf16_want) {
+      ++bad_bf16;
+      atomicMin(p.first_mismatch, static_cast<unsigned>(i));
+    }
+    const float xl = to_float(f16{static_cast<unsigned short>(x)});
+    const float gl = to_float(f16{static_cast<unsigned short>(g)});
+    const unsigned f16_want = f16x2_from_floats(__fmul_rn(xl, gl), __fmul_rn(gl, xl));
+    if (mul_rn_f16x2(a, b) != f16_want) {
+      ++bad_f16;
+      atomicMin(p.first_mismatch + 1, static_cast<unsigned>(i));
+    }
+  }
+  if (bad_bf16) atomicAdd(p.mismatches, bad_bf16);
+  if (bad_f16) atomicAdd(p.mismatches + 1, bad_f16);
+}
+)";
+
+struct PackedProductParams {
+  CUdeviceptr mismatches, first_mismatch;
+};
+
+TEST_F(NormScaleShiftGpu, PackedProductsEqualTheFp32ProductRounded) {
+  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const std::vector<uint8_t> cubin = jit::nvrtc_compile(kPackedProductSource, "packed_product_check.cu",
+                                                        jit::arch_for_sm(info.sm), jit::embedded_sources());
+  const auto& d = jit::require_cuda_driver();
+  CUmodule module = nullptr;
+  check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
+  jit::LoadedKernel kernel;
+  check_cu(d.cuModuleGetFunction(&kernel.function, module, "packed_product_check"), "function");
+  Twin mismatches(DType::u8, {16}), first(DType::u8, {8});
+  std::memset(first.host.data(), 0xff, 8);
+  mismatches.upload();
+  first.upload();
+  const PackedProductParams params{mismatches.dev, first.dev};
+  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
+  check_cu(d.cuCtxSynchronize(), "sync");
+  unsigned long long count[2];
+  uint32_t first_bad[2];
+  std::memcpy(count, mismatches.download().data(), sizeof count);
+  std::memcpy(first_bad, first.download().data(), sizeof first_bad);
+  EXPECT_EQ(count[0], 0u) << "bf16: packed product differs at " << count[0] << " pairs, first x | g << 16 = 0x"
+                          << std::hex << first_bad[0];
+  EXPECT_EQ(count[1], 0u) << "f16: packed product differs at " << count[1] << " pairs, first x | g << 16 = 0x"
+                          << std::hex << first_bad[1];
+  d.cuModuleUnload(module);
+}
+
 TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
   Twin x(DType::bf16, {1, 4, 64}), y(DType::bf16, {1, 4, 64}), s(DType::bf16, {2, 64});
   NormScaleShiftInputs in;
