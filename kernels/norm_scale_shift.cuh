@@ -81,8 +81,9 @@ __device__ __forceinline__ float e4m3_to_float(u32 pair) {
 
 // E2M1 of a product (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the
 // sign kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
-// assumes for the hardware conversion), as the magnitude's code plus kE2m1Bias. The input must be the result
-// of an fp32 multiplication: a NaN is then the positive canonical NaN 0x7FFFFFFF (the GPU test
+// assumes for the hardware conversion), as the magnitude's code plus kE2m1Bias (e2m1x4 adds the
+// sign). The input must be the result of an fp32 multiplication: a NaN is then the positive
+// canonical NaN 0x7FFFFFFF (the GPU test
 // NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput checks that on the device,
 // and this function through `x * 1` against the compare ladder for all 2^32 fp32 inputs).
 // * |x| + 2^(e + 22), with 2^e <= |x| < 2^(e+1) and e clamped below at 0, lands in the binade
@@ -91,8 +92,9 @@ __device__ __forceinline__ float e4m3_to_float(u32 pair) {
 //   low 23 bits count the steps k, its bits 22.. hold 2 * (e + 149), so low + high = code + 298
 //   (code = k + 2e); >= 305 (7 + 298) saturates, which also covers inf, NaN and huge |x| (the
 //   magic's exponent then overflows into its sign: the sum is |x| itself, high bits >= 468).
-// Against the former integer rounding plus compares (15 SASS instructions per value, most on the
-// half-rate integer pipe): 10, see the schedule comment in norm_scale_shift_kernels.cpp.
+// sm_90a SASS: 9.5 instructions per value with e2m1x4's signs, against 15 for the former integer
+// rounding with compares and a NaN test (with the constant slot offsets of load_inputs, FLUX
+// NVFP4 38.46 -> 34.82 us cold, bench/results run 45).
 constexpr u32 kE2m1Bias = 298;
 __device__ __forceinline__ u32 e2m1_biased_of_product(float x) {
   const u32 bits = __float_as_uint(x);
@@ -406,8 +408,9 @@ __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], i
 // The eager rows: one 128-thread CTA per row at a time (aten's launch of a row), looping over rows
 // blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Thread t owns
 // vec4s t + 128j. kPrefetch: the next row's x (and residual) is loaded before the current row's
-// statistics. Scale (as rne(1 + scale)), shift and gate stay in registers while their row does
-// not change. NVFP4: a block of 16 is the vec4s of 4 neighbouring threads.
+// statistics. Scale (as rne(1 + scale)), shift and gate stay in registers (kSharedOperands: in
+// shared memory, HeldOperand) while their row does not change. NVFP4: a block of 16 is the vec4s
+// of 4 neighbouring threads.
 template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands>
 __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   constexpr int kVecs = D / 4;
@@ -430,7 +433,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots];
   HeldOperand<T, kSlots, kSharedOperands> op, sh, g;
   if constexpr (kSharedOperands) {
-    __shared__ V held_shared[3][kSharedOperands ? 128 * kSlots : 1];
+    __shared__ V held_shared[3][128 * kSlots];
     op.own = held_shared[0] + t;
     sh.own = held_shared[1] + t;
     g.own = held_shared[2] + t;

@@ -321,23 +321,31 @@ struct ConversionCheckParams {
   float one;
 };
 
-TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
+// Compiles an exhaustive check (`source`, kernel `name`) with NVRTC for device 0, runs it on 16
+// CTAs of 256 threads per multiprocessor (grid-stride over its inputs) with `params`, waits.
+template <typename Params>
+void run_device_check(const char* source, const char* name, const Params& params) {
   const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
-  const std::vector<uint8_t> cubin = jit::nvrtc_compile(kConversionCheckSource, "conversion_check.cu",
-                                                        jit::arch_for_sm(info.sm), jit::embedded_sources());
+  const std::vector<uint8_t> cubin = jit::nvrtc_compile(source, std::string(name) + ".cu", jit::arch_for_sm(info.sm),
+                                                        jit::embedded_sources());
   const auto& d = jit::require_cuda_driver();
   CUmodule module = nullptr;
   check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
   jit::LoadedKernel kernel;
-  check_cu(d.cuModuleGetFunction(&kernel.function, module, "conversion_check"), "function");
+  check_cu(d.cuModuleGetFunction(&kernel.function, module, name), "function");
+  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
+  check_cu(d.cuCtxSynchronize(), "sync");
+  d.cuModuleUnload(module);
+}
+
+TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
   Twin mismatches(DType::u8, {8}), first(DType::u8, {4}), noncanonical(DType::u8, {8}), decoded(DType::f32, {256});
   std::memset(first.host.data(), 0xff, 4);
   mismatches.upload();
   first.upload();
   noncanonical.upload();
-  const ConversionCheckParams params{mismatches.dev, first.dev, noncanonical.dev, decoded.dev, 1.0f};
-  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
-  check_cu(d.cuCtxSynchronize(), "sync");
+  run_device_check(kConversionCheckSource, "conversion_check",
+                   ConversionCheckParams{mismatches.dev, first.dev, noncanonical.dev, decoded.dev, 1.0f});
   unsigned long long count = 0, noncanonical_count = 0;
   uint32_t first_bad = 0;
   std::memcpy(&count, mismatches.download().data(), sizeof count);
@@ -356,7 +364,6 @@ TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
     const float want = ref::e4m3_to_float(static_cast<uint8_t>(byte));
     EXPECT_EQ(ref::float_bits(got), ref::float_bits(want)) << "E4M3 byte 0x" << std::hex << byte;
   }
-  d.cuModuleUnload(module);
 }
 
 // The eager residual step multiplies x by the gate with the packed 16-bit instruction (one
@@ -400,21 +407,11 @@ struct PackedProductParams {
 };
 
 TEST_F(NormScaleShiftGpu, PackedProductsEqualTheFp32ProductRounded) {
-  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
-  const std::vector<uint8_t> cubin = jit::nvrtc_compile(kPackedProductSource, "packed_product_check.cu",
-                                                        jit::arch_for_sm(info.sm), jit::embedded_sources());
-  const auto& d = jit::require_cuda_driver();
-  CUmodule module = nullptr;
-  check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
-  jit::LoadedKernel kernel;
-  check_cu(d.cuModuleGetFunction(&kernel.function, module, "packed_product_check"), "function");
   Twin mismatches(DType::u8, {16}), first(DType::u8, {8});
   std::memset(first.host.data(), 0xff, 8);
   mismatches.upload();
   first.upload();
-  const PackedProductParams params{mismatches.dev, first.dev};
-  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
-  check_cu(d.cuCtxSynchronize(), "sync");
+  run_device_check(kPackedProductSource, "packed_product_check", PackedProductParams{mismatches.dev, first.dev});
   unsigned long long count[2];
   uint32_t first_bad[2];
   std::memcpy(count, mismatches.download().data(), sizeof count);
@@ -423,7 +420,6 @@ TEST_F(NormScaleShiftGpu, PackedProductsEqualTheFp32ProductRounded) {
                           << std::hex << first_bad[0];
   EXPECT_EQ(count[1], 0u) << "f16: packed product differs at " << count[1] << " pairs, first x | g << 16 = 0x"
                           << std::hex << first_bad[1];
-  d.cuModuleUnload(module);
 }
 
 TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
