@@ -727,43 +727,45 @@ int main(int argc, char** argv) {
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
+  const Case flux{"FLUX (1,4608,3072)", 1, 4608, 3072}, qwen{"Qwen CFG (2,6912,3072)", 2, 6912, 3072},
+      wan{"Wan (1,32760,5120)", 1, 32760, 5120}, tokens512{"(1,512,3072)", 1, 512, 3072};
   if (all || only == "qk") run_qk_case();
   if (all || only == "rga") run_rga_cases();
   if (all || only == "rga" || only == "rga_tiny") run_rga_tiny_cases();
   if (all || only == "rga_odd") run_rga_odd_tokens_cases();
   if (all || only == "lnm") {
-    run_case<6>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_case<6>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-    run_case<10>({"Wan (1,32760,5120)", 1, 32760, 5120});
-    run_case<6>({"(1,512,3072)", 1, 512, 3072});
+    run_case<6>(flux);
+    run_case<6>(qwen);
+    run_case<10>(wan);
+    run_case<6>(tokens512);
   }
 #ifdef DITOPS_TUNE_NSS
   if (all || only == "nss") {
-    run_nss_case<3072, true, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-    run_nss_case<3072, false, 0>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-    run_nss_case<5120, true, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
-    run_nss_case<5120, false, 0>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_nss_case<3072, true, 0>(qwen);
+    run_nss_case<3072, false, 0>(qwen);
+    run_nss_case<5120, true, 0>(wan);
+    run_nss_case<5120, false, 0>(wan);
   }
   if (all || only == "nss" || only == "nssfp4") {
-    run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_nss_case<3072, true, 2>({"Qwen CFG (2,6912,3072)", 2, 6912, 3072});
-    run_nss_case<5120, true, 2>({"Wan (1,32760,5120)", 1, 32760, 5120});
-    run_nss_case<3072, true, 2>({"(1,512,3072)", 1, 512, 3072});
+    run_nss_case<3072, true, 2>(flux);
+    run_nss_case<3072, true, 2>(qwen);
+    run_nss_case<5120, true, 2>(wan);
+    run_nss_case<3072, true, 2>(tokens512);
   }
   if (all || only == "nss" || only == "nssflux") {
-    run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_nss_case<3072, true, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
+    run_nss_case<3072, false, 0>(flux);
+    run_nss_case<3072, true, 0>(flux);
   }
   if (only == "profile") {  // for ncu: one launch of the library's schedule per case
     g_profile_only = true;
-    run_nss_case<3072, false, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_nss_case<3072, true, 0>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_nss_case<3072, true, 2>({"FLUX (1,4608,3072)", 1, 4608, 3072});
-    run_nss_case<5120, true, 2>({"Wan (1,32760,5120)", 1, 32760, 5120});
+    run_nss_case<3072, false, 0>(flux);
+    run_nss_case<3072, true, 0>(flux);
+    run_nss_case<3072, true, 2>(flux);
+    run_nss_case<5120, true, 2>(wan);
   }
   if (all || only == "nss" || only == "nss512") {
-    run_nss_case<3072, false, 0>({"(1,512,3072)", 1, 512, 3072});
-    run_nss_case<3072, true, 0>({"(1,512,3072)", 1, 512, 3072});
+    run_nss_case<3072, false, 0>(tokens512);
+    run_nss_case<3072, true, 0>(tokens512);
   }
 #endif
   return 0;
