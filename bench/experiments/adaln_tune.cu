@@ -241,6 +241,12 @@ struct NssBuffers {
   float* gs;
 };
 
+void free_nss_buffers(std::vector<NssBuffers>& sets) {
+  for (auto& s : sets) {
+    cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
+  }
+}
+
 std::vector<unsigned char> g_nss_reference;
 // Part `profile`: each case runs the library's schedule once (for ncu), nothing timed.
 static bool g_profile_only = false;
@@ -342,9 +348,7 @@ void run_nss_case(const Case& c) {
       run_nss_variant<D, kResidual, kQuant, false, 5, (D > 3072)>("library schedule", c, sets, 0, 0);
     else if constexpr (D <= 3072)
       run_nss_variant<D, kResidual, kQuant, false, 7>("library schedule", c, sets, 0, 0);
-    for (auto& s : sets) {
-      cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
-    }
+    free_nss_buffers(sets);
     return;
   }
   void *src, *dst;
@@ -387,9 +391,7 @@ void run_nss_case(const Case& c) {
     run_nss_variant<D, kResidual, kQuant, true, 5, true>("shared prefetch mb5", c, sets, copy_cold, copy_rot);
     run_nss_variant<D, kResidual, kQuant, true, 6, true>("shared prefetch mb6", c, sets, copy_cold, copy_rot);
   }
-  for (auto& s : sets) {
-    cudaFree(s.x); cudaFree(s.r); cudaFree(s.y); cudaFree(s.ro); cudaFree(s.mod); cudaFree(s.fp4); cudaFree(s.sf); cudaFree(s.gs);
-  }
+  free_nss_buffers(sets);
   cudaFree(src);
   cudaFree(dst);
 }

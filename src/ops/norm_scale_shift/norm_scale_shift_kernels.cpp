@@ -86,12 +86,13 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   if (slots <= 6) {
     s.min_blocks = nvfp4 ? 5 : key.quant == NssKernelQuant::none ? 7 : 6;
   } else if (slots <= 10) {
-    s.prefetch = key.residual && !nvfp4;
-    s.min_blocks = nvfp4 ? 4 : key.residual ? 3 : 6;
-    if (half && (nvfp4 || (key.quant == NssKernelQuant::none && !key.residual))) {
+    if (nvfp4 || (half && key.quant == NssKernelQuant::none && !key.residual)) {  // NVFP4: 16-bit only
       s.shared_operands = true;
       s.prefetch = !nvfp4;
       s.min_blocks = 5;
+    } else {
+      s.prefetch = key.residual;
+      s.min_blocks = key.residual ? 3 : 6;
     }
   }
   return s;
