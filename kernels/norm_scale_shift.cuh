@@ -81,26 +81,28 @@ __device__ __forceinline__ float e4m3_to_float(u32 pair) {
 
 // E2M1 of a product (round to nearest even onto {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating; the
 // sign kept, so a negative value rounding to 0 gives 0x8; NaN -> 0x7, as src/reference/fp8_fp4.h
-// assumes for the hardware conversion), as the magnitude's code plus kE2m1Bias (e2m1x4 adds the
-// sign). The input must be the result of an fp32 multiplication: a NaN is then the positive
-// canonical NaN 0x7FFFFFFF (the GPU test
+// assumes for the hardware conversion): the magnitude's code plus kE2m1Bias in bits 0..22, the
+// rounded sum's exponent in bits 23.. (multiples of 2^23: e2m1x4 keeps the low 16 bits of its
+// nibble sum and adds the sign). The input must be the result of an fp32 multiplication: a NaN is
+// then the positive canonical NaN 0x7FFFFFFF (the GPU test
 // NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput checks that on the device,
 // and this function through `x * 1` against the compare ladder for all 2^32 fp32 inputs).
-// * |x| + 2^(e + 22), with 2^e <= |x| < 2^(e+1) and e clamped below at 0, lands in the binade
-//   [2^(e+22), 2^(e+23)), whose fp32 spacing 2^(e-1) is E2M1's spacing at |x| (0.5 below 2, 1 in
-//   [2, 4), 2 from 4): the one fp32 add rounds |x| onto the E2M1 grid, to nearest even. The sum's
-//   low 23 bits count the steps k, its bits 22.. hold 2 * (e + 149), so low + high = code + 298
-//   (code = k + 2e); >= 305 (7 + 298) saturates, which also covers inf, NaN and huge |x| (the
-//   magic's exponent then overflows into its sign: the sum is |x| itself, high bits >= 468).
-// sm_90a SASS: 9.5 instructions per value with e2m1x4's signs, against 15 for the former integer
-// rounding with compares and a NaN test (with the constant slot offsets of load_inputs, FLUX
-// NVFP4 38.46 -> 34.82 us cold, bench/results run 45).
+// * Saturation first: a = min(|x|, 6) (fminf gives 6 for NaN, inf and anything above 6: code 7).
+// * a + 2^(e + 22), with 2^e <= a < 2^(e+1) and e clamped below at 0 (e <= 2), lands in the
+//   binade [2^(e+22), 2^(e+23)), whose fp32 spacing 2^(e-1) is E2M1's spacing at a (0.5 below 2,
+//   1 in [2, 4), 2 from 4): the one fp32 add rounds a onto the E2M1 grid, to nearest even. The
+//   sum is (e + 149) * 2^23 + k (k <= 4 steps); sum >> 22 = 2e + 298, so the low 23 bits of
+//   sum + (sum >> 22) are k + 2e + 298 = code + 298.
+// sm_90a SASS: 6 instructions per value (min, exponent mask, add-and-max, add, shift-add, the
+// nibble's shift-add) plus e2m1x4's signs, against 7 with saturation by an integer min after
+// the add, 9.5 in run 45 and 15 for the former integer rounding with compares and a NaN test
+// (with the constant slot offsets of load_inputs, FLUX NVFP4 38.46 -> 34.82 us cold, run 45).
 constexpr u32 kE2m1Bias = 298;
 __device__ __forceinline__ u32 e2m1_biased_of_product(float x) {
-  const u32 bits = __float_as_uint(x);
-  const u32 magic = max(bits & 0x7F800000u, 0x3F800000u) + 0x0B000000u;  // 2^(max(e, 0) + 22)
-  const u32 sum = __float_as_uint(__fadd_rn(fabsf(x), __uint_as_float(magic)));
-  return min((sum & 0x7FFFFFu) + (sum >> 22), 7u + kE2m1Bias);
+  const float a = fminf(fabsf(x), 6.0f);
+  const u32 magic = max((__float_as_uint(a) & 0x7F800000u) + 0x0B000000u, 0x4A800000u);  // 2^(max(e, 0) + 22)
+  const u32 sum = __float_as_uint(__fadd_rn(a, __uint_as_float(magic)));
+  return sum + (sum >> 22);
 }
 
 // Four fp32 products (see e2m1_biased_of_product) to four E2M1 nibbles (v[0] in bits 0..3).
@@ -123,8 +125,9 @@ __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
     return 0;
 #endif
   } else {
-    // Biased codes (< 2^9) summed at their nibbles, the bias taken off once (no carries between
-    // nibbles are left: each code + 8 * sign is < 16). The signs: the top bytes of v[0] and v[2]
+    // Biased codes (< 2^9, above bit 22 multiples of 2^23 that leave bits 0..15 alone) summed at
+    // their nibbles, the bias taken off once (no carries between nibbles are left: each code +
+    // 8 * sign is < 16), bits 0..15 kept. The signs: the top bytes of v[0] and v[2]
     // (v[1] and v[3]) side by side put v[0]'s sign at bit 7 and v[2]'s at 15 (v[1]'s at 7, v[3]'s
     // at 15), which is bit 3 and 11 after a shift by 4 (bit 7 and 15 as they are): 6 instructions
     // for the four signs against 12 for a shift and a mask each.
@@ -134,7 +137,7 @@ __device__ __forceinline__ u32 e2m1x4(const float (&v)[4]) {
     const u32 signs02 = __byte_perm(__float_as_uint(v[0]), __float_as_uint(v[2]), 0x0073u);
     const u32 signs13 = __byte_perm(__float_as_uint(v[1]), __float_as_uint(v[3]), 0x0073u);
     sum += ((signs02 >> 4) & 0x0808u) + (signs13 & 0x8080u);
-    return sum - kE2m1Bias * 0x1111u;
+    return (sum - kE2m1Bias * 0x1111u) & 0xffffu;
   }
 }
 
@@ -324,111 +327,137 @@ struct HeldOperand {
 // as stored (a scalar operand broadcast, an absent one `absent`). Returns whether it was reloaded.
 // Only loads: the caller issues every operand's loads before it converts any (one memory round
 // trip for scale, shift and gate, not three: a CTA of the 512-token calls runs one row).
+// This thread's slots are j0 + j, j < kSlots (j0 = 0 unless the row is split: eager_rows).
 template <typename T, int kSlots, bool kEven, bool kShared>
-__device__ __forceinline__ bool load_operand(const NssOperandParams& op, long long b, long long s, int t, int n_vec,
-                                             float absent, HeldOperand<T, kSlots, kShared>& held,
+__device__ __forceinline__ bool load_operand(const NssOperandParams& op, long long b, long long s, int t, int j0,
+                                             int n_vec, float absent, HeldOperand<T, kSlots, kShared>& held,
                                              long long& held_offset) {
   const long long offset = op.kind ? operand_offset(op, b, s) : 0;
   if (offset == held_offset) return false;
   held_offset = offset;
   const T* row = static_cast<const T*>(op.data) + offset;
   if (op.kind == 2) {
-    const T* const row_t = row + 4 * t;  // slot j at the constant offset 512 j (see load_inputs)
+    const T* const row_t = row + 4 * t + 512 * j0;  // slot j at the constant offset 512 j (see load_inputs)
 #pragma unroll
     for (int j = 0; j < kSlots; ++j)
-      if (kEven || t + 128 * j < n_vec) held.set(j, load_word<4 * sizeof(T), true>(row_t + 512 * j));
+      if (kEven || t + 128 * (j0 + j) < n_vec) held.set(j, load_word<4 * sizeof(T), true>(row_t + 512 * j));
   } else {
     const float scalar = op.kind == 1 ? to_float(row[0]) : absent;  // a T value: exact in T again
     const float v[4] = {scalar, scalar, scalar, scalar};
 #pragma unroll
     for (int j = 0; j < kSlots; ++j)
-      if (kEven || t + 128 * j < n_vec) held.set(j, round_vec(T{}, v));
+      if (kEven || t + 128 * (j0 + j) < n_vec) held.set(j, round_vec(T{}, v));
   }
   return true;
 }
 
-// The scale as held: rne(1 + value) of each T value (fp32 add, one rounding), as eager's 1 + scale.
+// The scale as held: rne(1 + value) of each T value, eager's 1 + scale (fp32 add, one rounding);
+// add_vec's packed add gives the same bits for 16-bit T (a sum of two T values, see lanewise), in
+// a fifth of the instructions (they run once per CTA and batch: per row at 512 tokens).
 template <typename T, int kSlots, bool kEven, bool kShared>
-__device__ __forceinline__ void one_plus(HeldOperand<T, kSlots, kShared>& held, int t, int n_vec) {
+__device__ __forceinline__ void one_plus(HeldOperand<T, kSlots, kShared>& held, int t, int j0, int n_vec) {
+  const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  const Vec<T> ones = round_vec(T{}, one);
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    if (kEven || t + 128 * j < n_vec) {
-      float v[4];
-      to_floats<T, 4>(held.get(j), v);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
-      held.set(j, round_vec(T{}, v));
-    }
-  }
+  for (int j = 0; j < kSlots; ++j)
+    if (kEven || t + 128 * (j0 + j) < n_vec) held.set(j, add_vec(T{}, ones, held.get(j)));
 }
 
-// x (and the residual) of row (b, s) as this thread's vec4s.
-template <typename T, int D, bool kResidual>
-__device__ __forceinline__ void load_inputs(const NormScaleShiftParams& p, NssRowPosition at, int t,
-                                            Vec<T> (&xw)[(D / 4 + 127) / 128], Vec<T> (&rw)[(D / 4 + 127) / 128]) {
+// Where this thread's vec4s of x (and the residual) of row (b, s) start, slot j at the constant
+// offset 512 j: an immediate in the load, where the index 4 (t + 128 j) took four 64-bit address
+// instructions per slot. Parameters only (computed before the PDL wait for the first row).
+template <typename T>
+struct RowInputs {
+  const T* x;
+  const T* r;
+};
+template <typename T>
+__device__ __forceinline__ RowInputs<T> row_inputs(const NormScaleShiftParams& p, NssRowPosition at, int t, int j0) {
+  const int first = 4 * t + 512 * j0;
+  return {static_cast<const T*>(p.x) + at.b * p.x_batch_stride + at.s * p.x_token_stride + first,
+          static_cast<const T*>(p.residual) + at.b * p.r_batch_stride + at.s * p.r_token_stride + first};
+}
+
+// x (and the residual) of a row as this thread's vec4s (slots j0 + j, j < kSlots).
+template <typename T, int D, bool kResidual, int kSlots>
+__device__ __forceinline__ void load_inputs(const RowInputs<T>& in, int t, int j0, Vec<T> (&xw)[kSlots],
+                                            Vec<T> (&rw)[kSlots]) {
   constexpr int kVecs = D / 4;
-  constexpr int kSlots = (kVecs + 127) / 128;
-  const long long b = at.b, s = at.s;
-  // Thread t's first vec4 as a pointer, slot j at the constant offset 512 j: an immediate in the
-  // load, where the index 4 (t + 128 j) took four 64-bit address instructions per slot.
-  const T* xt = static_cast<const T*>(p.x) + b * p.x_batch_stride + s * p.x_token_stride + 4 * t;
-  const T* rt = static_cast<const T*>(p.residual) + b * p.r_batch_stride + s * p.r_token_stride + 4 * t;
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) {
-    if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
-      xw[j] = load_word<4 * sizeof(T), false>(xt + 512 * j);
-      if constexpr (kResidual) rw[j] = load_word<4 * sizeof(T), false>(rt + 512 * j);
+    if (kVecs % 128 == 0 || t + 128 * (j0 + j) < kVecs) {
+      xw[j] = load_word<4 * sizeof(T), false>(in.x + 512 * j);
+      if constexpr (kResidual) rw[j] = load_word<4 * sizeof(T), false>(in.r + 512 * j);
     }
   }
 }
 
 // aten's rms statistics on the CTA layout: per thread ss = fma(e, e, ss) over its vec4s in
 // order, a tree per warp (the XOR form leaves lane 0's shfl_down value in every lane: each add is
-// commutative, so partner lanes compute identical sums), then (w0 + w2) + (w1 + w3).
-template <typename T, int kSlots, int kVecs>
-__device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], int t, float eps, float* shared) {
+// commutative, so partner lanes compute identical sums), then (w0 + w2) + (w1 + w3). Split rows
+// (kSplit > 1, aten_row_stats_cta_split's layout): thread t + 128 h holds slots kSlots h + j of
+// virtual thread t and continues the sum part h - 1 left in handoff[t]; the last part's warps
+// reduce. kSplit barriers, each part's values in aten's order.
+template <typename T, int kSlots, int kSplit, int kVecs>
+__device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], int t, int h, float eps,
+                                                   float* handoff, float* shared) {
   float ss = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j) {
-    if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
-      float v[4];
-      to_floats<T, 4>(vw[j], v);
+  for (int q = 0; q < kSplit; ++q) {
+    if (h == q) {
+      if (q > 0) ss = handoff[t];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[e], v[e], ss);
+      for (int j = 0; j < kSlots; ++j) {
+        if (kVecs % 128 == 0 || t + 128 * (kSlots * q + j) < kVecs) {
+          float v[4];
+          to_floats<T, 4>(vw[j], v);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[e], v[e], ss);
+        }
+      }
+      if (q + 1 < kSplit) handoff[t] = ss;
     }
+    if (q + 1 < kSplit) __syncthreads();
   }
+  if (h == kSplit - 1) {
 #pragma unroll
-  for (int o = 16; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(kFullMask, ss, o));
-  if ((t & 31) == 0) shared[t >> 5] = ss;
+    for (int o = 16; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(kFullMask, ss, o));
+    if ((t & 31) == 0) shared[t >> 5] = ss;
+  }
   __syncthreads();
   const float total = __fadd_rn(__fadd_rn(shared[0], shared[2]), __fadd_rn(shared[1], shared[3]));
   return aten_rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(4 * kVecs)), eps));
 }
 
-// The eager rows: one 128-thread CTA per row at a time (aten's launch of a row), looping over rows
-// blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Thread t owns
-// vec4s t + 128j. kPrefetch: the next row's x (and residual) is loaded before the current row's
-// statistics. Scale (as rne(1 + scale)), shift and gate stay in registers (kSharedOperands: in
-// shared memory, HeldOperand) while their row does not change. NVFP4: a block of 16 is the vec4s
-// of 4 neighbouring threads.
-template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands>
+// The eager rows: one CTA per row at a time (aten's launch of a row: 128 virtual threads), looping
+// over rows blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Virtual
+// thread t owns vec4s t + 128j (kRowSlots slots); kSplit physical threads play it, thread
+// t + 128 h holding its slots kSlots h + j, j < kSlots (kSplit = 1: thread t holds them all).
+// kPrefetch: the next row's x (and residual) is loaded before the current row's statistics. Scale
+// (as rne(1 + scale)), shift and gate stay in registers (kSharedOperands: in shared memory,
+// HeldOperand) while their row does not change. NVFP4: a block of 16 is the vec4s of 4
+// neighbouring threads.
+template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands,
+          int kSplit, bool kPdl>
 __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   constexpr int kVecs = D / 4;
-  constexpr int kSlots = (kVecs + 127) / 128;
+  constexpr int kRowSlots = (kVecs + 127) / 128;
+  constexpr int kSlots = kRowSlots / kSplit;
   constexpr bool kEven = kVecs % 128 == 0;
   constexpr int kBytes = 4 * static_cast<int>(sizeof(T));
+  static_assert(kSplit == 1 || (kEven && kRowSlots % kSplit == 0 && !kSharedOperands),
+                "split rows: D a multiple of 512, whole slots per part, operands in registers");
   using V = Vec<T>;
-  const int t = threadIdx.x;
+  const int t = threadIdx.x & 127;
+  const int h = kSplit == 1 ? 0 : threadIdx.x >> 7;
+  const int j0 = kSlots * h;  // this thread's first slot
   const int lane = t & 31;
-  __shared__ WelfordState shared[2][4];  // per row parity: one barrier per row suffices
-  __shared__ float rms_shared[2][4];
-
-  float inv = 0.0f, global_scale = 0.0f;
-  if constexpr (kQuant == kQuantFp8) {
-    const float input_scale = *p.input_scale;
-    inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
-  }
-  if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
+  // kSplit = 1: per row parity, one barrier per row suffices; split rows hand over through
+  // `handoff` with a barrier, which orders the rows' uses (aten_row_stats_cta_split).
+  __shared__ WelfordState shared[kSplit == 1 ? 2 : 1][4];
+  __shared__ float rms_shared[kSplit == 1 ? 2 : 1][4];
+  __shared__ WelfordState handoff[kSplit == 1 ? 1 : 128];
+  __shared__ float rms_handoff[kSplit == 1 ? 1 : 128];
 
   V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots];
   HeldOperand<T, kSlots, kSharedOperands> op, sh, g;
@@ -443,31 +472,45 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // (batch, token) of the row, advanced by the step: no division per row (norm_scale_shift_params.h).
   const NssRowPosition stride = nss_row_position(step, p.seq);
   NssRowPosition at = nss_row_position(blockIdx.x, p.seq);
-  if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(p, at, t, xw, rw);
+  const RowInputs<T> first_row = row_inputs<T>(p, at, t, j0);
+  // Up to here the parameters only: with PDL this overlaps the previous kernel's last CTAs (whose
+  // outputs may be this kernel's inputs, read after the wait). The first touch of the parameters
+  // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) that and the row's
+  // position took about a sixth of the warps' time before the first load (Nsight Compute source
+  // counters, bench/results run 49).
+  if constexpr (kPdl) pdl_wait_after(first_row.x, first_row.r);
+
+  float inv = 0.0f, global_scale = 0.0f;
+  if constexpr (kQuant == kQuantFp8) {
+    const float input_scale = *p.input_scale;
+    inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
+  }
+  if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
+  if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(first_row, t, j0, xw, rw);
   int parity = 0;
   for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
     if (row >= p.rows) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
       if constexpr (kQuant >= kQuantFp4Software)
-        for (int k = t; k < D / 16; k += 128)
+        for (int k = threadIdx.x; k < D / 16; k += 128 * kSplit)
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
       continue;  // (padding rows follow every real row: no position is needed any more)
     }
     const long long following = row + step;
     const NssRowPosition next = nss_advance_row_position(at, stride, p.seq);
     if constexpr (kPrefetch)
-      if (following < p.rows) load_inputs<T, D, kResidual>(p, next, t, nx, nr);
+      if (following < p.rows) load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, nx, nr);
     const long long b = at.b, s = at.s;
-    const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, kVecs, 0.0f, op, held_scale);
-    if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, kVecs, 0.0f, sh, held_shift);
-    if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, kVecs, 1.0f, g, held_gate);
-    if (new_scale) one_plus<T, kSlots, kEven>(op, t, kVecs);
+    const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, j0, kVecs, 0.0f, op, held_scale);
+    if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, j0, kVecs, 0.0f, sh, held_shift);
+    if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
+    if (new_scale) one_plus<T, kSlots, kEven>(op, t, j0, kVecs);
 
     if constexpr (kResidual) {
-      T* const ot = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t;
+      T* const ot = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t + 512 * j0;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
-        if (kEven || t + 128 * j < kVecs) {
+        if (kEven || t + 128 * (j0 + j) < kVecs) {
           // v = rne(r + rne(x * g)), both packed. Eager rounds the product to fp32 first; the
           // packed multiply rounds the exact product once, the same value: an f16 product is exact
           // in fp32 (22 significant bits, >= 2^-48). A bf16 product M * 2^E (M < 2^16) is exact in
@@ -485,35 +528,40 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     }
 
     float mean = 0.0f, rstd;
+    const auto get_vec = [&](int j, float (&v)[4]) { to_floats<T, 4>(xw[j], v); };
     if constexpr (kRms) {
-      rstd = aten_rms_rstd_cta<T, kSlots, kVecs>(xw, t, p.eps, rms_shared[parity]);
+      rstd = aten_rms_rstd_cta<T, kSlots, kSplit, kVecs>(xw, t, h, p.eps, rms_handoff, rms_shared[parity]);
+    } else if constexpr (kSplit == 1) {
+      const RowStats st = aten_row_stats_cta<kSlots, kEven>(get_vec, kVecs, p.eps, shared[parity]);
+      mean = st.mean;
+      rstd = st.rstd;
     } else {
-      const RowStats st = aten_row_stats_cta<kSlots, kEven>([&](int j, float (&v)[4]) { to_floats<T, 4>(xw[j], v); },
-                                                            kVecs, p.eps, shared[parity]);
+      const RowStats st = aten_row_stats_cta_split<kSlots, kSplit>(get_vec, t, h, p.eps, handoff, shared[0]);
       mean = st.mean;
       rstd = st.rstd;
     }
-    parity ^= 1;
+    if constexpr (kSplit == 1) parity ^= 1;
 
-    // Thread t's first vec4 in each output (slot j at the constant offsets 512 j, 256 j bytes).
-    T* const yt = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride + 4 * t : nullptr;
+    // This thread's first vec4 in each output (slot j at the constant offsets 512 j, 256 j bytes).
+    const int first = 4 * t + 512 * j0;
+    T* const yt = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride + first : nullptr;
     unsigned char* const fp8_t =
-        kQuant == kQuantFp8 ? p.fp8 + (b * p.q_batch_stride + s * p.q_token_stride) + 4 * t : nullptr;
-    unsigned char* const fp4_t = kQuant >= kQuantFp4Software ? p.fp4_packed + row * (D / 2) + 2 * t : nullptr;
-    // Thread t's NVFP4 scale byte of slot j (block column (t >> 2) + 32j) is sf_thread[4096 * j].
+        kQuant == kQuantFp8 ? p.fp8 + (b * p.q_batch_stride + s * p.q_token_stride) + first : nullptr;
+    unsigned char* const fp4_t = kQuant >= kQuantFp4Software ? p.fp4_packed + row * (D / 2) + first / 2 : nullptr;
+    // The NVFP4 scale byte of slot j (block column (t >> 2) + 32 (j0 + j)) is sf_thread[4096 * j].
     unsigned char* const sf_thread =
         kQuant >= kQuantFp4Software
-            ? p.fp4_scales + nvfp4_scale_offset(row, t >> 2, D / 16)
+            ? p.fp4_scales + nvfp4_scale_offset(row, (t >> 2) + 32 * j0, D / 16)
             : nullptr;
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
-      const bool active = kEven || t + 128 * j < kVecs;
+      const bool active = kEven || t + 128 * (j0 + j) < kVecs;
       float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (active) {
         float v[4], a[4], w[4], bias[4];
         to_floats<T, 4>(xw[j], v);
-        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + 4 * t + 512 * j), w);
-        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + 4 * t + 512 * j), bias);
+        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + first + 512 * j), w);
+        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + first + 512 * j), bias);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
@@ -556,7 +604,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           if constexpr (kResidual) rw[j] = nr[j];
         }
       } else {
-        load_inputs<T, D, kResidual>(p, next, t, xw, rw);
+        load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, xw, rw);
       }
     }
     at = next;
@@ -724,7 +772,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 // one warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
 // 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
 template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
-          bool kPrefetch = false, bool kSharedOperands = false>
+          bool kPrefetch = false, bool kSharedOperands = false, int kSplit = 1>
 __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   using namespace nss_detail;
   static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
@@ -733,8 +781,8 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
   static_assert(!kSharedOperands || (!kSglang && 3 * D * sizeof(T) <= 40960),
                 "operands in shared memory: eager numerics, 3 rows of D within 40 KB of static shared memory");
-  if constexpr (kPdl) pdl_wait();
   if constexpr (kSglang) {
+    if constexpr (kPdl) pdl_wait();
     const int lane = threadIdx.x & 31;
     const long long row = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     if (row < p.rows) {
@@ -746,7 +794,7 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
     }
   } else {
-    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch, kSharedOperands>(p);
+    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch, kSharedOperands, kSplit, kPdl>(p);  // waits itself
   }
   if constexpr (kPdl) pdl_launch_dependents();
 }

@@ -683,6 +683,12 @@ std::vector<NssKernelKey> compile_keys(bool hardware_fp4) {
   wide.dim = 5120;
   wide.residual = true;
   add(wide);
+  NssKernelKey split;  // 6 residual slots: a row over 256 threads (LayerNorm, RMSNorm with affine)
+  split.residual = true;
+  add(split);
+  split.norm = NormType::rms;
+  split.affine = 2;
+  add(split);
   NssKernelKey small;
   small.dim = 64;
   small.quant = NssKernelQuant::fp4_software;
@@ -731,18 +737,32 @@ TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
 }
 
 // The eager kernel's persistent-loop knobs follow the measured rules (norm_scale_shift_kernels.cpp)
-// and reach the request: prefetch as the last template argument, the launch bound's minimum.
+// and reach the request: prefetch, shared operands and split as the last template arguments, the
+// launch bounds' block size and minimum.
 TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   NssKernelKey k;  // bf16 D=3072: 6 slots
-  k.residual = true;
+  k.residual = true;  // residual rows: split over 256 threads, 4 CTAs (run 49)
   NssEagerSchedule s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
+  EXPECT_EQ(s.split, 2);
+  EXPECT_EQ(s.min_blocks, 4);
+  jit::KernelRequest r = nss_kernel_request(k);
+  EXPECT_EQ(r.max_threads, 256);
+  EXPECT_EQ(r.min_blocks, 4);
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 17), ", false, false, 2") << r.template_args;
+  k.residual = false;  // plain rows: 128 threads, 7
+  s = nss_eager_schedule(k);
+  EXPECT_EQ(s.split, 1);
   EXPECT_EQ(s.min_blocks, 7);
-  k.quant = NssKernelQuant::fp8;  // quantizing keys keep 6
+  EXPECT_EQ(nss_kernel_request(k).max_threads, 128);
+  k.residual = true;
+  k.quant = NssKernelQuant::fp8;  // quantizing keys keep 6, unsplit
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 6);
-  k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38)
+  EXPECT_EQ(nss_eager_schedule(k).split, 1);
+  k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38); split lost (run 49)
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 5);
   EXPECT_FALSE(nss_eager_schedule(k).shared_operands);
+  EXPECT_EQ(nss_eager_schedule(k).split, 1);
   k.dim = 5120;  // 10 nvfp4 slots: operands in shared memory, no prefetch, 5 (run 46)
   s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
@@ -753,16 +773,16 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   EXPECT_TRUE(s.prefetch);
   EXPECT_FALSE(s.shared_operands);
   EXPECT_EQ(s.min_blocks, 3);
-  jit::KernelRequest r = nss_kernel_request(k);
+  r = nss_kernel_request(k);
   EXPECT_EQ(r.min_blocks, 3);
-  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 13), ", true, false") << r.template_args;
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 16), ", true, false, 1") << r.template_args;
   k.residual = false;  // 10 plain slots: shared memory and prefetch, 5
   s = nss_eager_schedule(k);
   EXPECT_TRUE(s.prefetch);
   EXPECT_TRUE(s.shared_operands);
   EXPECT_EQ(s.min_blocks, 5);
   r = nss_kernel_request(k);
-  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 12), ", true, true") << r.template_args;
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 15), ", true, true, 1") << r.template_args;
   k.quant = NssKernelQuant::fp8;  // fp8 10 slots: not re-measured, registers, 6
   s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
@@ -777,9 +797,9 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   EXPECT_EQ(s.min_blocks, 0);
   k.dim = 2048;  // 8 fp32-word slots: fp32 not measured with shared operands
   EXPECT_FALSE(nss_eager_schedule(k).shared_operands);
-  // sglang numerics: warp per row, no schedule arguments (8 template arguments against 10).
+  // sglang numerics: warp per row, no schedule arguments (8 template arguments against 11).
   auto arguments = [](const std::string& args) { return 1 + std::count(args.begin(), args.end(), ','); };
-  EXPECT_EQ(arguments(r.template_args), 10) << r.template_args;
+  EXPECT_EQ(arguments(r.template_args), 11) << r.template_args;
   NssKernelKey g;
   g.numerics = NssNumerics::sglang;
   r = nss_kernel_request(g);

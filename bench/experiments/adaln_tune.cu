@@ -120,13 +120,13 @@ const char* compare_to_reference(const Out& out, Out& reference, char (&hashed)[
 // One variant's line: output compared with the case's first variant, cold and rotated times.
 template <typename Kernel, typename Params, typename Out>
 void report(const char* label, Kernel kernel, int per_sm, long long grid, const Params& p0, const std::vector<Params>& ps,
-            const Out& out, Out& reference, double copy_cold, double copy_rot) {
+            const Out& out, Out& reference, double copy_cold, double copy_rot, int threads = 128) {
   cudaFuncAttributes attr;
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   char hashed[40];
   const char* equal = compare_to_reference(out, reference, hashed);
-  const float cold = median_us([&] { kernel<<<grid, 128>>>(p0); });
-  const float rot = rotated_us((int)ps.size(), [&](int i) { kernel<<<grid, 128>>>(ps[i]); });
+  const float cold = median_us([&] { kernel<<<grid, threads>>>(p0); });
+  const float rot = rotated_us((int)ps.size(), [&](int i) { kernel<<<grid, threads>>>(ps[i]); });
   CHECK(cudaGetLastError());
   std::printf("  %-26s regs %3d spill %4d  %2d/SM grid %6lld  cold %8.2f us (%5.1f%%)  rotated %8.2f us (%5.1f%%)  %s\n",
               label, attr.numRegs, (int)attr.localSizeBytes, per_sm, grid, cold, 100.0 * copy_cold / cold, rot,
@@ -231,9 +231,9 @@ void run_case(const Case& c) {
 
 // ---------------------------------------------------------------- norm_scale_shift (eager numerics)
 
-template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks, bool kShared>
-__global__ void __launch_bounds__(128, kMinBlocks) nss_variant(const __grid_constant__ NormScaleShiftParams p) {
-  ditops::norm_scale_shift_body<bf16, D, false, false, kResidual, 0, kQuant, false, kPrefetch, kShared>(p);
+template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks, bool kShared, int kSplit>
+__global__ void __launch_bounds__(128 * kSplit, kMinBlocks) nss_variant(const __grid_constant__ NormScaleShiftParams p) {
+  ditops::norm_scale_shift_body<bf16, D, false, false, kResidual, 0, kQuant, false, kPrefetch, kShared, kSplit>(p);
 }
 
 struct NssBuffers {
@@ -250,18 +250,23 @@ void free_nss_buffers(std::vector<NssBuffers>& sets) {
 std::vector<unsigned char> g_nss_reference;
 // Part `profile`: each case runs the library's schedule once (for ncu), nothing timed.
 static bool g_profile_only = false;
+// Part `split`: the library's schedule against rows split over 128 * kSplit threads and against
+// fewer CTAs, each looping over more rows (g_rows_per_cta: at least that many rows per CTA).
+static bool g_split = false;
+static int g_rows_per_cta = 1;
 
-template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks, bool kShared = false>
+template <int D, bool kResidual, int kQuant, bool kPrefetch, int kMinBlocks, bool kShared = false, int kSplit = 1>
 void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuffers>& sets, double copy_cold,
                      double copy_rot) {
-  auto kernel = nss_variant<D, kResidual, kQuant, kPrefetch, kMinBlocks, kShared>;
+  auto kernel = nss_variant<D, kResidual, kQuant, kPrefetch, kMinBlocks, kShared, kSplit>;
+  constexpr int kThreads = 128 * kSplit;
   int per_sm = 0, sms = 0;
-  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const long long rows = c.batch * c.seq;
   const long long grid_rows = kQuant >= 2 ? (rows + 127) / 128 * 128 : rows;
   const long long resident = (long long)per_sm * sms;
-  const long long per_cta = (grid_rows + resident - 1) / resident;
+  const long long per_cta = std::max<long long>(g_rows_per_cta, (grid_rows + resident - 1) / resident);
   const long long grid = (grid_rows + per_cta - 1) / per_cta;
   auto params = [&](const NssBuffers& b) {
     NormScaleShiftParams p{};
@@ -292,7 +297,7 @@ void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuff
     return p;
   };
   const NormScaleShiftParams p0 = params(sets[0]);
-  kernel<<<grid, 128>>>(p0);
+  kernel<<<grid, kThreads>>>(p0);
   CHECK(cudaDeviceSynchronize());
   if (g_profile_only) {
     std::printf("nss %s %s: one launch, grid %lld, %d CTAs per SM\n", c.name, label, grid, per_sm);
@@ -309,7 +314,22 @@ void run_nss_variant(const char* label, const Case& c, const std::vector<NssBuff
   }
   std::vector<NormScaleShiftParams> ps;
   for (const NssBuffers& b : sets) ps.push_back(params(b));
-  report(label, kernel, per_sm, grid, p0, ps, out, g_nss_reference, copy_cold, copy_rot);
+  report(label, kernel, per_sm, grid, p0, ps, out, g_nss_reference, copy_cold, copy_rot, kThreads);
+}
+
+// The library's schedule (nss_eager_schedule) for the cases measured here (16-bit rows, no fp8).
+template <int D, bool kResidual, int kQuant>
+void run_nss_library_schedule(const Case& c, const std::vector<NssBuffers>& sets, double copy_cold, double copy_rot) {
+  if constexpr (kQuant >= 2)
+    run_nss_variant<D, kResidual, kQuant, false, 5, (D > 3072)>("library schedule", c, sets, copy_cold, copy_rot);
+  else if constexpr (D == 3072 && kResidual)
+    run_nss_variant<D, kResidual, kQuant, false, 4, false, 2>("library schedule", c, sets, copy_cold, copy_rot);
+  else if constexpr (D <= 3072)
+    run_nss_variant<D, kResidual, kQuant, false, 7>("library schedule", c, sets, copy_cold, copy_rot);
+  else if constexpr (kResidual)
+    run_nss_variant<D, kResidual, kQuant, true, 3>("library schedule", c, sets, copy_cold, copy_rot);
+  else
+    run_nss_variant<D, kResidual, kQuant, true, 5, true>("library schedule", c, sets, copy_cold, copy_rot);
 }
 
 template <int D, bool kResidual, int kQuant>
@@ -343,11 +363,8 @@ void run_nss_case(const Case& c) {
     CHECK(cudaMemcpy(s.r, hx.data() + 7, xbytes - 14, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(s.mod, hm.data(), hm.size() * 2, cudaMemcpyHostToDevice));
   }
-  if (g_profile_only) {  // the library's schedule (nss_eager_schedule) only
-    if constexpr (kQuant >= 2)
-      run_nss_variant<D, kResidual, kQuant, false, 5, (D > 3072)>("library schedule", c, sets, 0, 0);
-    else if constexpr (D <= 3072)
-      run_nss_variant<D, kResidual, kQuant, false, 7>("library schedule", c, sets, 0, 0);
+  if (g_profile_only) {  // the library's schedule only
+    run_nss_library_schedule<D, kResidual, kQuant>(c, sets, 0, 0);
     free_nss_buffers(sets);
     return;
   }
@@ -359,7 +376,25 @@ void run_nss_case(const Case& c) {
   std::printf("nss %s%s%s: copy of the same bytes cold %.2f us\n", c.name, kResidual ? " residual" : " plain",
               kQuant >= 2 ? " nvfp4" : "", copy_cold);
   g_nss_reference.clear();
-  if constexpr (kQuant >= 2) {  // issue-bound rows: occupancy against registers, no spills wanted
+  if (g_split) {
+    run_nss_library_schedule<D, kResidual, kQuant>(c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 7>("(128,7)", c, sets, copy_cold, copy_rot);
+    run_nss_variant<D, kResidual, kQuant, false, 4, false, 2>("split 2 (256,4)", c, sets, copy_cold, copy_rot);
+    if constexpr (kQuant < 2) run_nss_variant<D, kResidual, kQuant, false, 6>("(128,6)", c, sets, copy_cold, copy_rot);
+    if (c.batch * c.seq <= 1024) {  // fewer CTAs, more rows each (the next row's load overlapping)
+      for (int rows_per_cta : {2, 4}) {
+        g_rows_per_cta = rows_per_cta;
+        char label[64];
+        std::snprintf(label, sizeof label, "%d rows/CTA prefetch", rows_per_cta);
+        if constexpr (kQuant >= 2) run_nss_variant<D, kResidual, kQuant, true, 4>(label, c, sets, copy_cold, copy_rot);
+        else run_nss_variant<D, kResidual, kQuant, true, 5>(label, c, sets, copy_cold, copy_rot);
+        std::snprintf(label, sizeof label, "%d rows/CTA", rows_per_cta);
+        if constexpr (kQuant >= 2) run_nss_variant<D, kResidual, kQuant, false, 5>(label, c, sets, copy_cold, copy_rot);
+        else run_nss_variant<D, kResidual, kQuant, false, 7>(label, c, sets, copy_cold, copy_rot);
+      }
+      g_rows_per_cta = 1;
+    }
+  } else if constexpr (kQuant >= 2) {  // issue-bound rows: occupancy against registers, no spills wanted
     // Run 38: prefetch and (128,3), (128,6), (128,7) lose to (128,5) / (128,4) in registers (listed
     // second); run 46: shared (128,5) wins at D = 5120 (the library's since), not at 3072.
     // Shared: the held scale / shift / gate rows in shared memory (kSharedOperands).
@@ -725,7 +760,7 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4 | profile
+  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
@@ -764,6 +799,16 @@ int main(int argc, char** argv) {
     run_nss_case<3072, true, 0>(flux);
     run_nss_case<3072, true, 2>(flux);
     run_nss_case<5120, true, 2>(wan);
+    run_nss_case<3072, true, 0>(tokens512);
+    run_nss_case<3072, true, 2>(tokens512);
+  }
+  if (only == "split") {  // rows split over 128 * kSplit threads
+    g_split = true;
+    run_nss_case<3072, true, 2>(tokens512);
+    run_nss_case<3072, true, 0>(tokens512);
+    run_nss_case<3072, false, 0>(tokens512);
+    run_nss_case<3072, true, 0>(flux);
+    run_nss_case<3072, true, 0>(qwen);
   }
   if (all || only == "nss" || only == "nss512") {
     run_nss_case<3072, false, 0>(tokens512);

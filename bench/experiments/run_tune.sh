@@ -7,7 +7,7 @@
 #                                        earlier commit's kernels, e.g. from git archive) and against
 #                                        this tree's, run one after the other (A/B in one session)
 #   bash bench/experiments/run_tune.sh profile  Nsight Compute (ncu) on the norm_scale_shift rows
-#                                        (library schedules: FLUX plain / residual / nvfp4, Wan nvfp4)
+#                                        (library schedules: FLUX plain / residual / nvfp4, Wan nvfp4, 512 x 3072 residual / nvfp4)
 set -u
 cd "$(dirname "$0")"
 case "${1:-adaln}" in

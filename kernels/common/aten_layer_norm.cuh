@@ -213,6 +213,15 @@ __device__ __forceinline__ RowStats aten_row_stats_warp(const GetVec& get_vec, i
   return finish_row_stats(combine_four_warps(warp), 4 * n_vec, eps);
 }
 
+// aten's inter-warp combine and finish when every one of the 128 threads pushed `thread_count`
+// values (4 * 32 * thread_count = N): the warp states in shared[0..3].
+__device__ __forceinline__ RowStats combine_four_warps_known(const WelfordState* shared, float thread_count, float eps) {
+  const WelfordState w0 = welford_combine_known(shared[0], shared[2], 32 * thread_count, 32 * thread_count);
+  const WelfordState w1 = welford_combine_known(shared[1], shared[3], 32 * thread_count, 32 * thread_count);
+  return finish_row_stats(welford_combine_known(w0, w1, 64 * thread_count, 64 * thread_count),
+                          static_cast<int>(128 * thread_count), eps);
+}
+
 // Statistics of one row computed by one 128-thread CTA exactly as aten launches it (blockDim.x
 // must be 128; every thread calls this). Thread t owns vectors t + 128*k for k < kSlots (the
 // caller guarantees n_vec <= 128 * kSlots); get_vec(k, v) writes vector t + 128*k. `shared`
@@ -238,9 +247,7 @@ __device__ __forceinline__ RowStats aten_row_stats_cta(const GetVec& get_vec, in
     s = warp_fold_down_known(s, kThreadCount);
     if ((t & 31) == 0) shared[t >> 5] = s;
     __syncthreads();
-    const WelfordState w0 = welford_combine_known(shared[0], shared[2], 32 * kThreadCount, 32 * kThreadCount);
-    const WelfordState w1 = welford_combine_known(shared[1], shared[3], 32 * kThreadCount, 32 * kThreadCount);
-    return finish_row_stats(welford_combine_known(w0, w1, 64 * kThreadCount, 64 * kThreadCount), 4 * n_vec, eps);
+    return combine_four_warps_known(shared, kThreadCount, eps);
   } else {
     s = warp_fold_down(s);
     if ((t & 31) == 0) shared[t >> 5] = s;
@@ -248,6 +255,43 @@ __device__ __forceinline__ RowStats aten_row_stats_cta(const GetVec& get_vec, in
     const WelfordState warp[4] = {shared[0], shared[1], shared[2], shared[3]};
     return finish_row_stats(combine_four_warps(warp), 4 * n_vec, eps);
   }
+}
+
+// aten_row_stats_cta<kPart * kSplit, true> computed by 128 * kSplit threads: physical thread
+// t + 128 h is part h of virtual thread t and holds its vectors t + 128 (kPart h + k), k < kPart
+// (get_vec(k, v) writes the 4 values of this thread's k-th). Part h continues the Welford state
+// part h - 1 left in handoff[t], so each virtual thread pushes its values in aten's order (the same
+// bits); the last part's warps fold as aten's 4 warps. Every thread calls this; kSplit barriers,
+// the first kSplit - 1 after each hand-over: a thread writes handoff and shared again only after
+// the next call's first barrier, which every reader of this call has passed (no parity needed).
+// Spreading a row over more threads shortens the row's latency chain after the statistics (the
+// NVFP4 output of a 512-token call: see nss_eager_schedule).
+template <int kPart, int kSplit, typename GetVec>
+__device__ __forceinline__ RowStats aten_row_stats_cta_split(const GetVec& get_vec, int t, int h, float eps,
+                                                             WelfordState* handoff, WelfordState* shared) {
+  WelfordState s{0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int q = 0; q < kSplit; ++q) {
+    if (h == q) {
+      if (q > 0) s = handoff[t];
+#pragma unroll
+      for (int k = 0; k < kPart; ++k) {
+        float v[4];
+        get_vec(k, v);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) welford_push_known(s, v[e], 1.0f / static_cast<float>(4 * (kPart * q + k) + e + 1));
+      }
+      if (q + 1 < kSplit) handoff[t] = s;
+    }
+    if (q + 1 < kSplit) __syncthreads();
+  }
+  constexpr float kThreadCount = 4.0f * kPart * kSplit;
+  if (h == kSplit - 1) {
+    s = warp_fold_down_known(s, kThreadCount);
+    if ((t & 31) == 0) shared[t >> 5] = s;
+  }
+  __syncthreads();
+  return combine_four_warps_known(shared, kThreadCount, eps);
 }
 
 // Per-head statistics (the qk-head variant, N = 4 * n_vec <= 128): one vector per lane for lanes

@@ -141,6 +141,14 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+// pdl_wait once `a` and `b` are computed: parameter reads and address arithmetic are not memory
+// operations to the compiler, which otherwise sinks them past the wait to their first use (where
+// the first touch of the parameters then misses the constant cache after the wait).
+__device__ __forceinline__ void pdl_wait_after(const void* a, const void* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::"l"(a), "l"(b) : "memory");
+#endif
+}
 __device__ __forceinline__ void pdl_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

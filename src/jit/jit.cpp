@@ -221,6 +221,7 @@ std::unique_ptr<LoadedKernel> finish_load(CUfunction function, int max_threads, 
   check_cu(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&k->blocks_per_sm, function, max_threads, 0),
            "cuOccupancyMaxActiveBlocksPerMultiprocessor");
   k->multiprocessors = device_info({DeviceKind::cuda, device_index}).multiprocessors;
+  k->max_threads = max_threads;
   if (k->blocks_per_sm < 1) k->blocks_per_sm = 1;
   return k;
 }

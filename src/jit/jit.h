@@ -39,6 +39,7 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   int blocks_per_sm = 0;    // occupancy at max_threads, cached with the function
   int multiprocessors = 0;
+  int max_threads = 0;      // the request's block size bound (launch_bounds), which the occupancy assumes
 };
 
 // The JIT kernel for `request` on CUDA device `device_index`, compiled/loaded once (thread-safe).

@@ -80,10 +80,21 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // shared + prefetch (128,5) 175.90 against 179.65 (rotated 176.58 against 185.79). Lost at 6
   // slots (FLUX nvfp4 best shared 36.16 against 34.82; FLUX plain 21.25 against 20.42) and for Wan
   // residual rows (355.39 against prefetch (128,3) 347.07). Measured for 16-bit rows only.
+  // Run 50-51 (bench/results/2026-11-29-h200-runs/50-tune-split, 51-tune-split-ncu-source; cold
+  // us, harness): the packed residual product (fcd8ab4) made (128,7) spill 24 bytes for residual
+  // rows at D = 3072; split over 256 threads (aten_row_stats_cta_split), (256,4) 64 registers:
+  // FLUX 35.33 -> 34.30, Qwen CFG 95.49 -> 90.98, 512 x 3072 rotated 7.24 -> 6.94; (128,6)
+  // 34.85 / 92.13 / 6.89. Split lost for plain rows (512: 7.52 against 7.39) and NVFP4 rows (the
+  // issue-bound rows gain nothing from shorter chains: FLUX 42.14 against 33.57, 512 10.56 against
+  // 9.98; (256,2), (256,3), (384,x), (768,x) lost more), and fewer CTAs with more rows each lost
+  // at 512 x 3072 (2 rows per CTA with prefetch: nvfp4 10.27 against 9.98).
   const bool nvfp4 = key.quant == NssKernelQuant::fp4_software || key.quant == NssKernelQuant::fp4_hardware;
   const bool half = key.act != DType::f32;
   NssEagerSchedule s;
-  if (slots <= 6) {
+  if (slots == 6 && half && key.residual && key.quant == NssKernelQuant::none && key.dim % 512 == 0) {
+    s.split = 2;
+    s.min_blocks = 4;
+  } else if (slots <= 6) {
     s.min_blocks = nvfp4 ? 5 : key.quant == NssKernelQuant::none ? 7 : 6;
   } else if (slots <= 10) {
     if (nvfp4 || (half && key.quant == NssKernelQuant::none && !key.residual)) {  // NVFP4: 16-bit only
@@ -111,8 +122,9 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
   if (key.numerics == NssNumerics::eager) {
     const NssEagerSchedule schedule = nss_eager_schedule(key);
     r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch) + ", " +
-                       jit::kernel_bool(schedule.shared_operands);
+                       jit::kernel_bool(schedule.shared_operands) + ", " + std::to_string(schedule.split);
     r.min_blocks = schedule.min_blocks;
+    r.max_threads = kNssMaxThreads * schedule.split;
   }
   r.template_key = "norm_scale_shift:" + key.to_string();
   return r;

@@ -27,16 +27,17 @@ struct NssKernelKey {
   uint64_t packed() const;  // unique small integer (memo key)
 };
 
-constexpr int kNssMaxThreads = 128;  // eager: one row per 128-thread CTA; sglang: up to 4 rows (warps)
+constexpr int kNssMaxThreads = 128;  // eager: one row per 128-thread CTA (unless split); sglang: up to 4 rows (warps)
 
 // The eager kernel's persistent-loop knobs, a function of the key (measured; see the .cpp):
 // load the next row before the current row's statistics, hold the scale / shift / gate rows in
-// shared memory instead of registers, and __launch_bounds__' minimum resident CTAs per SM
-// (0: ptxas decides).
+// shared memory instead of registers, __launch_bounds__' minimum resident CTAs per SM (0: ptxas
+// decides), and the threads per aten thread (split: a row on a CTA of 128 * split threads).
 struct NssEagerSchedule {
   bool prefetch = false;
   bool shared_operands = false;
   int min_blocks = 0;
+  int split = 1;
 };
 NssEagerSchedule nss_eager_schedule(const NssKernelKey& key);
 

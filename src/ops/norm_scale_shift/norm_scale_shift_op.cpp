@@ -368,13 +368,14 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKerne
   p.eps = c.options.eps;
   p.fp8_div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
   if (c.options.numerics == NssNumerics::eager) {
-    // A 128-thread CTA per row at a time, as many CTAs as are resident, every one looping over the
-    // same number of rows (a last partial round would leave most SMs idle).
+    // A CTA per row at a time (128 threads, 128 * split for a split schedule: the request's
+    // bound), as many CTAs as are resident, every one looping over the same number of rows (a last
+    // partial round would leave most SMs idle).
     const int64_t resident = std::max<int64_t>(1, int64_t{kernel.blocks_per_sm} * kernel.multiprocessors);
     const int64_t rows_per_cta = (p.grid_rows + resident - 1) / resident;
     const int64_t blocks = (p.grid_rows + rows_per_cta - 1) / rows_per_cta;
-    jit::launch(kernel, static_cast<unsigned>(blocks), kNssMaxThreads, &p, sizeof p, static_cast<CUstream>(c.stream),
-                pdl);
+    jit::launch(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(kernel.max_threads), &p, sizeof p,
+                static_cast<CUstream>(c.stream), pdl);
     return;
   }
   // sglang: one warp per row. Small problems take 2 rows per block so more SMs share them (512
