@@ -480,7 +480,20 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // source counters, bench/results run 51). The grid never exceeds grid_rows: the branch only
   // keeps the read of that line (rows, strides) before the wait, where ptxas would sink it.
   if (static_cast<long long>(blockIdx.x) >= p.grid_rows) return;
-  if constexpr (kPdl) pdl_wait_after(in.x, in.r);
+  if constexpr (kPdl) {
+    // The first row's x and residual on their way to L2 while the previous grid drains: at 512
+    // tokens (one row per CTA) the row's DRAM latency is most of what follows the wait.
+    if (static_cast<long long>(blockIdx.x) < p.rows) {
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (kEven || t + 128 * (j0 + j) < kVecs) {
+          prefetch_l2(in.x + 512 * j);
+          if constexpr (kResidual) prefetch_l2(in.r + 512 * j);
+        }
+      }
+    }
+    pdl_wait_after(in.x, in.r);
+  }
 
   float inv = 0.0f, global_scale = 0.0f;
   if constexpr (kQuant == kQuantFp8) {
