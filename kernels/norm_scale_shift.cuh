@@ -472,28 +472,13 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // (batch, token) of the row, advanced by the step: no division per row (norm_scale_shift_params.h).
   const NssRowPosition stride = nss_row_position(step, p.seq);
   NssRowPosition at = nss_row_position(blockIdx.x, p.seq);
-  RowInputs<T> in = row_inputs<T>(p, at, t, j0);  // this row's x and residual
+  const RowInputs<T> first_row = row_inputs<T>(p, at, t, j0);
   // Up to here the parameters only: with PDL this overlaps the previous kernel's last CTAs (whose
-  // outputs may be this kernel's inputs, read after the wait). The first touch of a parameter line
-  // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) those misses and the
-  // row's position took about a sixth of the warps' time before the first load (Nsight Compute
-  // source counters, bench/results run 51). The grid never exceeds grid_rows: the branch only
-  // keeps the read of that line (rows, strides) before the wait, where ptxas would sink it.
-  if (static_cast<long long>(blockIdx.x) >= p.grid_rows) return;
-  if constexpr (kPdl) {
-    // The first row's x and residual on their way to L2 while the previous grid drains: at 512
-    // tokens (one row per CTA) the row's DRAM latency is most of what follows the wait.
-    if (static_cast<long long>(blockIdx.x) < p.rows) {
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        if (kEven || t + 128 * (j0 + j) < kVecs) {
-          prefetch_l2(in.x + 512 * j);
-          if constexpr (kResidual) prefetch_l2(in.r + 512 * j);
-        }
-      }
-    }
-    pdl_wait_after(in.x, in.r);
-  }
+  // outputs may be this kernel's inputs, read after the wait). The first touch of the parameters
+  // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) that and the row's
+  // position took about a sixth of the warps' time before the first load (Nsight Compute source
+  // counters, bench/results run 49).
+  if constexpr (kPdl) pdl_wait_after(first_row.x, first_row.r);
 
   float inv = 0.0f, global_scale = 0.0f;
   if constexpr (kQuant == kQuantFp8) {
@@ -501,8 +486,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
   }
   if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
-  if constexpr (kPrefetch)
-    if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(in, t, j0, xw, rw);
+  if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(first_row, t, j0, xw, rw);
   int parity = 0;
   for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
     if (row >= p.rows) {
@@ -514,13 +498,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     }
     const long long following = row + step;
     const NssRowPosition next = nss_advance_row_position(at, stride, p.seq);
-    // Without prefetch the row's x and residual are loaded here, next to its operands (one memory
-    // round trip; at 512 tokens a CTA has one row); with it, during the row before.
-    if constexpr (kPrefetch) {
+    if constexpr (kPrefetch)
       if (following < p.rows) load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, nx, nr);
-    } else {
-      load_inputs<T, D, kResidual>(in, t, j0, xw, rw);
-    }
     const long long b = at.b, s = at.s;
     const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, j0, kVecs, 0.0f, op, held_scale);
     if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, j0, kVecs, 0.0f, sh, held_shift);
@@ -617,16 +596,16 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         }
       }
     }
-    if constexpr (kPrefetch) {
-      if (following < p.rows) {
+    if (following < p.rows) {
+      if constexpr (kPrefetch) {
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) {
           xw[j] = nx[j];
           if constexpr (kResidual) rw[j] = nr[j];
         }
+      } else {
+        load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, xw, rw);
       }
-    } else {
-      in = row_inputs<T>(p, next, t, j0);
     }
     at = next;
   }

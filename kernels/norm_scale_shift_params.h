@@ -16,31 +16,27 @@ struct NssOperandParams {
   int kind;
 };
 
-// Field order: what the first loads of a row need comes first (x, residual, their strides, the
-// row count; then residual_out and the nvfp4 outputs), so that the parameter lines the kernel
-// touches before its first load are few: each first touch of a 64-byte line of the parameter bank
-// is a constant-cache miss the CTA's warps wait for (Nsight Compute, bench/results run 51).
 struct NormScaleShiftParams {
   const void* x;              // [B, S, D]
   const void* residual;       // [B, S, D] or null
-  long long seq;              // S (rows of one batch)
-  long long rows;             // B * S
-  long long grid_rows;        // rows, or pad128(rows) for nvfp4 (padding rows write zero scales)
-  long long x_batch_stride, x_token_stride;
-  long long r_batch_stride, r_token_stride;
-  void* residual_out;         // [B, S, D] or null
-  long long ro_batch_stride, ro_token_stride;
+  const void* weight;         // [D] or null
+  const void* bias;           // [D] or null
+  const float* input_scale;   // fp8: one element
   const float* global_scale;  // nvfp4: one element
+  void* y;                    // [B, S, D] or null (not stored)
+  void* residual_out;         // [B, S, D] or null
+  unsigned char* fp8;         // [B, S, D] or null
   unsigned char* fp4_packed;  // [rows, D/2]
   unsigned char* fp4_scales;  // [pad128(rows), D/16], 128x4 swizzled
   NssOperandParams scale, shift, gate;
-  void* y;                    // [B, S, D] or null (not stored)
+  long long seq;  // S (rows of one batch)
+  long long rows;  // B * S
+  long long grid_rows;  // rows, or pad128(rows) for nvfp4 (padding rows write zero scales)
+  long long x_batch_stride, x_token_stride;
+  long long r_batch_stride, r_token_stride;
   long long y_batch_stride, y_token_stride;
-  unsigned char* fp8;         // [B, S, D] or null
+  long long ro_batch_stride, ro_token_stride;
   long long q_batch_stride, q_token_stride;
-  const float* input_scale;   // fp8: one element
-  const void* weight;         // [D] or null
-  const void* bias;           // [D] or null
   float eps;
   int fp8_div_full;  // inv = div.full.f32(1, input_scale) (else IEEE division)
 };

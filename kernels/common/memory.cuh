@@ -141,15 +141,6 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-// Bring the 128-byte line of `p` into L2 (no data returned, nothing written). Safe before
-// pdl_wait even for data the previous grid is still writing: L2 is where its stores land, so the
-// reads after the wait see them.
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#endif
-}
-
 // pdl_wait once `a` and `b` are computed: parameter reads and address arithmetic are not memory
 // operations to the compiler, which otherwise sinks them past the wait to their first use (where
 // the first touch of the parameters then misses the constant cache after the wait).
