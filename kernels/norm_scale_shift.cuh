@@ -477,7 +477,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // outputs may be this kernel's inputs, read after the wait). The first touch of the parameters
   // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) that and the row's
   // position took about a sixth of the warps' time before the first load (Nsight Compute source
-  // counters, bench/results run 49).
+  // counters, bench/results run 51).
   if constexpr (kPdl) pdl_wait_after(first_row.x, first_row.r);
 
   float inv = 0.0f, global_scale = 0.0f;

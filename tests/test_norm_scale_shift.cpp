@@ -741,7 +741,7 @@ TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
 // launch bounds' block size and minimum.
 TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   NssKernelKey k;  // bf16 D=3072: 6 slots
-  k.residual = true;  // residual rows: split over 256 threads, 4 CTAs (run 49)
+  k.residual = true;  // residual rows: split over 256 threads, 4 CTAs (runs 50-51)
   NssEagerSchedule s = nss_eager_schedule(k);
   EXPECT_FALSE(s.prefetch);
   EXPECT_EQ(s.split, 2);
@@ -759,7 +759,7 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   k.quant = NssKernelQuant::fp8;  // quantizing keys keep 6, unsplit
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 6);
   EXPECT_EQ(nss_eager_schedule(k).split, 1);
-  k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38); split lost (run 49)
+  k.quant = NssKernelQuant::fp4_software;  // issue-bound nvfp4 rows: 5 (run 38); split lost (runs 50-51)
   EXPECT_EQ(nss_eager_schedule(k).min_blocks, 5);
   EXPECT_FALSE(nss_eager_schedule(k).shared_operands);
   EXPECT_EQ(nss_eager_schedule(k).split, 1);
