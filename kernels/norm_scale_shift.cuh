@@ -395,30 +395,23 @@ __device__ __forceinline__ void load_inputs(const RowInputs<T>& in, int t, int j
 // aten's rms statistics on the CTA layout: per thread ss = fma(e, e, ss) over its vec4s in
 // order, a tree per warp (the XOR form leaves lane 0's shfl_down value in every lane: each add is
 // commutative, so partner lanes compute identical sums), then (w0 + w2) + (w1 + w3). Split rows
-// (kSplit > 1, aten_row_stats_cta_split's layout): thread t + 128 h holds slots kSlots h + j of
-// virtual thread t and continues the sum part h - 1 left in handoff[t]; the last part's warps
-// reduce. kSplit barriers, each part's values in aten's order.
+// (kSplit > 1, chain_over_parts): thread t + 128 h holds slots kSlots h + j of virtual thread t;
+// the last part's warps reduce. kSplit barriers.
 template <typename T, int kSlots, int kSplit, int kVecs>
 __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], int t, int h, float eps,
                                                    float* handoff, float* shared) {
   float ss = 0.0f;
+  chain_over_parts<kSplit>(t, h, ss, handoff, [&](int q) {
 #pragma unroll
-  for (int q = 0; q < kSplit; ++q) {
-    if (h == q) {
-      if (q > 0) ss = handoff[t];
+    for (int j = 0; j < kSlots; ++j) {
+      if (kVecs % 128 == 0 || t + 128 * (kSlots * q + j) < kVecs) {
+        float v[4];
+        to_floats<T, 4>(vw[j], v);
 #pragma unroll
-      for (int j = 0; j < kSlots; ++j) {
-        if (kVecs % 128 == 0 || t + 128 * (kSlots * q + j) < kVecs) {
-          float v[4];
-          to_floats<T, 4>(vw[j], v);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[e], v[e], ss);
-        }
+        for (int e = 0; e < 4; ++e) ss = __fmaf_rn(v[e], v[e], ss);
       }
-      if (q + 1 < kSplit) handoff[t] = ss;
     }
-    if (q + 1 < kSplit) __syncthreads();
-  }
+  });
   if (h == kSplit - 1) {
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) ss = __fadd_rn(ss, __shfl_xor_sync(kFullMask, ss, o));

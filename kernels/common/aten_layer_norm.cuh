@@ -257,34 +257,43 @@ __device__ __forceinline__ RowStats aten_row_stats_cta(const GetVec& get_vec, in
   }
 }
 
-// aten_row_stats_cta<kPart * kSplit, true> computed by 128 * kSplit threads: physical thread
-// t + 128 h is part h of virtual thread t and holds its vectors t + 128 (kPart h + k), k < kPart
-// (get_vec(k, v) writes the 4 values of this thread's k-th). Part h continues the Welford state
-// part h - 1 left in handoff[t], so each virtual thread pushes its values in aten's order (the same
-// bits); the last part's warps fold as aten's 4 warps. Every thread calls this; kSplit barriers,
-// the first kSplit - 1 after each hand-over: a thread writes handoff and shared again only after
-// the next call's first barrier, which every reader of this call has passed (no parity needed).
-// Spreading a row over more threads shortens the row's latency chain after the statistics (the
-// NVFP4 output of a 512-token call: see nss_eager_schedule).
+// A per-thread chain of aten's (Welford pushes, a sum of squares) computed by kSplit threads
+// in turn: physical thread t + 128 h is part h of virtual thread t; part q runs push(q) on
+// `state` after part q - 1 left it in handoff[t], so each virtual thread's values enter in
+// aten's order (the same bits). Every thread calls this; kSplit - 1 barriers. push(q) is called
+// with q a constant of the unrolled loop (the Welford counts fold to constants).
+template <int kSplit, typename State, typename Push>
+__device__ __forceinline__ void chain_over_parts(int t, int h, State& state, State* handoff, const Push& push) {
+#pragma unroll
+  for (int q = 0; q < kSplit; ++q) {
+    if (h == q) {
+      if (q > 0) state = handoff[t];
+      push(q);
+      if (q + 1 < kSplit) handoff[t] = state;
+    }
+    if (q + 1 < kSplit) __syncthreads();
+  }
+}
+
+// aten_row_stats_cta<kPart * kSplit, true> computed by 128 * kSplit threads (chain_over_parts):
+// part h holds the vectors t + 128 (kPart h + k), k < kPart (get_vec(k, v) writes the 4 values
+// of this thread's k-th); the last part's warps fold as aten's 4 warps. kSplit barriers: a thread
+// writes handoff and shared again only after the next call's first barrier, which every reader
+// of this call has passed (no parity needed). Spreading a row over more threads halves each
+// thread's registers for the row (nss_eager_schedule: residual rows at D = 3072).
 template <int kPart, int kSplit, typename GetVec>
 __device__ __forceinline__ RowStats aten_row_stats_cta_split(const GetVec& get_vec, int t, int h, float eps,
                                                              WelfordState* handoff, WelfordState* shared) {
   WelfordState s{0.0f, 0.0f, 0.0f};
+  chain_over_parts<kSplit>(t, h, s, handoff, [&](int q) {
 #pragma unroll
-  for (int q = 0; q < kSplit; ++q) {
-    if (h == q) {
-      if (q > 0) s = handoff[t];
+    for (int k = 0; k < kPart; ++k) {
+      float v[4];
+      get_vec(k, v);
 #pragma unroll
-      for (int k = 0; k < kPart; ++k) {
-        float v[4];
-        get_vec(k, v);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) welford_push_known(s, v[e], 1.0f / static_cast<float>(4 * (kPart * q + k) + e + 1));
-      }
-      if (q + 1 < kSplit) handoff[t] = s;
+      for (int e = 0; e < 4; ++e) welford_push_known(s, v[e], 1.0f / static_cast<float>(4 * (kPart * q + k) + e + 1));
     }
-    if (q + 1 < kSplit) __syncthreads();
-  }
+  });
   constexpr float kThreadCount = 4.0f * kPart * kSplit;
   if (h == kSplit - 1) {
     s = warp_fold_down_known(s, kThreadCount);
