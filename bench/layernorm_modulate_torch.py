@@ -15,7 +15,7 @@ import sys
 
 import torch
 from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as as_graph,
-                                load_eager, measure, report, report_header, rotation_count, script_main)
+                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -154,6 +154,8 @@ def run_bench(dt, rows, meta):
              ("FLUX.2 fp8 (1,512,6144)", 1, 512, 6144), ("GLM qk-head (1,4360,32,128)", 1, 4360, 32 * 128)]
     st = torch.tensor([0.03125], device="cuda")
     for name, B, S, D in cases:
+        if not case_selected(name):
+            continue
         fp8, qk = "fp8" in name, "qk-head" in name
         nbytes = 8 * B * S * D if qk else B * S * D * (3 if fp8 else 4) + 4 * B * D
         sets = []  # dicts of one call's tensors

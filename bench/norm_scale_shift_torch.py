@@ -20,7 +20,7 @@ import sys
 
 import torch
 from torch_bench_common import (DLTensor, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as graph_of,
-                                load_eager, measure, report, report_header, rotation_count, script_main)
+                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main)
 import triton
 import triton.language as tl
 
@@ -217,6 +217,8 @@ def run_bench(dt, rows, meta):
     report_header(44)
     for (name, B, S, D), variant in itertools.product(CASES, ("plain", "residual", "fp8", "nvfp4")):
         label = f"{name} {variant}"
+        if not case_selected(label):
+            continue
         sets = []
         first, nbytes = bench_tensors(B, S, D, variant, gen)
         sets.append(first)

@@ -83,7 +83,10 @@ def script_main(make_ditops, checks, run_bench):
     meta = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), commit=a.commit,
                 torch=torch.__version__)
     rows = []
-    results = [(label, bool(check(dt, rows, meta))) for label, check in checks]
+    # DITOPS_BENCH_SKIP_CHECKS=1: timing only (A/B runs; the checks ran on the same kernels elsewhere)
+    import os
+    skip_checks = os.environ.get("DITOPS_BENCH_SKIP_CHECKS") == "1"
+    results = [] if skip_checks else [(label, bool(check(dt, rows, meta))) for label, check in checks]
     if not a.skip_bench:
         run_bench(dt, rows, meta)
     for r in rows:
@@ -201,12 +204,33 @@ def copy_kernel(src, dst):
     _copy_words[(triton.cdiv(n, 2048),)](s, d, n, BLOCK=2048, num_warps=4)
 
 
+def _selection(name):
+    """A regular expression from the environment (None when unset): DITOPS_BENCH_CASES selects the
+    benchmark cases by label, DITOPS_BENCH_IMPLS the implementations (the device copy is always
+    timed). For A/B runs of a few cases (scripts/device_run.sh ab); records of a selection are
+    still complete records of what was measured."""
+    import os
+    import re
+    value = os.environ.get(name)
+    return re.compile(value) if value else None
+
+
+def case_selected(label):
+    """Whether DITOPS_BENCH_CASES (unset: every case) selects the case `label`."""
+    pattern = _selection("DITOPS_BENCH_CASES")
+    return pattern is None or bool(pattern.search(label))
+
+
 def measure(impls):
     """{label: (cold_us, rotated_us)} for impls = [(label, cold_fn, rotated_fns)]: cold_fn timed by
     median_us (cache cleared before each call), rotated_fns (one call per buffer set) by
-    rotated_graph_us. An implementation that raises is reported and left out."""
+    rotated_graph_us. An implementation that raises is reported and left out; so is one that
+    DITOPS_BENCH_IMPLS does not select."""
     measured = {}
+    pattern = _selection("DITOPS_BENCH_IMPLS")
     for label, cold_fn, rotated_fns in impls:
+        if pattern is not None and label != "device_copy" and not pattern.search(label):
+            continue
         try:
             measured[label] = (median_us(cold_fn), rotated_graph_us(rotated_fns))
         except Exception as e:  # noqa: BLE001 (report and go on)

@@ -9,12 +9,24 @@
 #                                        to stay inside the limit)
 #   bash scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
+#   bash scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session: each
+#                                        DIR/kernels (e.g. `git archive BASE kernels` unpacked
+#                                        into .base/NAME, carried) built as build-ab-N beside this
+#                                        tree's build-dev ("B"), then each op's bench run for every
+#                                        version in turn, twice, without its checks
+#                                        (DITOPS_BENCH_CASES / DITOPS_BENCH_IMPLS select cases and
+#                                        implementations: bench/torch_bench_common.py)
 # Outputs go to $OUT (at most 7 files: summary.txt, build.log, ctest.log, bench_cpp.{txt,json},
 # torch.{txt,json}); the developer copies them into bench/results/ with device, date and commit.
 # Needs the tvm_ffi wheel in .whl/ (carried) for the Python package: see docs/python.md.
 set -uo pipefail
 PHASE=${1:-verify}
 shift || true
+AB_DIRS=()
+if [ "$PHASE" = ab ]; then
+  while [ $# -gt 0 ] && [ -d "$1/kernels" ]; do AB_DIRS+=("$(cd "$1" && pwd)"); shift; done
+  [ ${#AB_DIRS[@]} -gt 0 ] || { echo "ab needs DIR... with DIR/kernels"; exit 2; }
+fi
 OPS=${*:-qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift}
 OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
@@ -47,7 +59,21 @@ grep -E "ditops: Python" "$OUT/build.log"
 # The bench phase needs only the library (its scripts load it through the C ABI) and the CLI.
 TARGETS=""
 [ "$PHASE" = bench ] && TARGETS="--target ditops ditops_cli ${BENCH_EXTRA_TARGETS:-}"
+[ "$PHASE" = ab ] && TARGETS="--target ditops"
+AB_PIDS=()
+for i in "${!AB_DIRS[@]}"; do  # tree i: this one with DIR i's kernels, the library only (its JIT path)
+  tree=/tmp/ab-tree-$i
+  rm -rf $tree && mkdir -p $tree
+  tar --exclude='./build*' --exclude=./.git --exclude=./.deps --exclude=./.whl --exclude=./.base -cf - . | tar -C $tree -xf -
+  rm -rf $tree/kernels && cp -r "${AB_DIRS[$i]}/kernels" $tree/kernels
+  ( cmake -S $tree -B build-ab-$i -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_PYTHON=OFF -DDITOPS_BUILD_TESTS=OFF \
+      -DDITOPS_BUILD_AOT=OFF > "$OUT/build_ab$i.log" 2>&1 && cmake --build build-ab-$i -j 6 --target ditops >> "$OUT/build_ab$i.log" 2>&1 ) &
+  AB_PIDS+=($!)
+done
 cmake --build build-dev -j 16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E -A5 'error' "$OUT/build.log" | head -80; exit 1; }
+for i in "${!AB_PIDS[@]}"; do
+  wait "${AB_PIDS[$i]}" || { grep -E -A5 'error' "$OUT/build_ab$i.log" | head -40; exit 1; }
+done
 build-dev/ditops info | tee -a "$OUT/summary.txt"
 
 if [ "$PHASE" = verify ]; then
@@ -95,6 +121,23 @@ elif [ "$PHASE" = gpu ]; then
   merge_json "$OUT/bench_cpp.json" "$TMP/cpp_host.json"
   merge_json "$OUT/torch.json" "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+elif [ "$PHASE" = ab ]; then
+  for i in "${!AB_DIRS[@]}"; do echo "== A$i = ${AB_DIRS[$i]}/kernels (build-ab-$i)"; done
+  echo "== B = this tree (build-dev); cases /${DITOPS_BENCH_CASES:-all}/ impls /${DITOPS_BENCH_IMPLS:-all}/"
+  : > "$OUT/torch.txt"
+  for round in 1 2; do
+    for side in "${!AB_DIRS[@]}" B; do
+      lib=build-dev/libditops.so
+      [ $side = B ] || { lib=build-ab-$side/libditops.so; side=A$side; }
+      for op in $OPS; do
+        echo "---- $side round $round $op" | tee -a "$OUT/torch.txt"
+        DITOPS_CACHE_DIR=/tmp/ditops-cache-$side DITOPS_BENCH_SKIP_CHECKS=1 timeout 300 python3 bench/${op}_torch.py \
+          --lib $lib --commit "$side" --json "$TMP/ab_${side}_${round}_$op.json" 2>&1 | tee -a "$OUT/torch.txt" | grep -E "^[0-9A-Za-z].*(ditops|copy)" 
+      done
+    done
+  done
+  merge_json "$OUT/torch.json" "$TMP"/ab_*.json
+  echo "== summary: ab commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 else
   echo "== PyTorch eager and torch.compile beside ditops (cold and rotated): $OPS"
   : > "$OUT/torch.txt"

@@ -144,8 +144,11 @@ __device__ __forceinline__ void pdl_wait() {
 // pdl_wait once `a` and `b` are computed: parameter reads and address arithmetic are not memory
 // operations to the compiler, which sinks them past the wait to their first use (where the first
 // touch of a parameter line then misses the constant cache after the wait). ptxas still places
-// part of it after the wait (norm_scale_shift at 512 tokens, sm_90a: 30 instructions between the
-// wait and the first load, 53 with pdl_wait).
+// part of it after the wait (norm_scale_shift at 512 tokens, sm_90a: 5 instructions between the
+// wait and the first load; 30 before its parameters were reordered, 53 with pdl_wait). Forcing
+// every parameter line's first touch before the wait (a shared-memory store of their xor) left
+// nothing after it but ran the 512-token rows 0.1-0.15 us slower: the extra misses then delay
+// the first load, where after it they overlap the load (bench/results runs 57-58).
 __device__ __forceinline__ void pdl_wait_after(const void* a, const void* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::"l"(a), "l"(b) : "memory");
