@@ -733,6 +733,14 @@ TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
         }
       }
     }
+  // nss_row_position itself: rows of the first two batches skip the division, later rows divide.
+  for (long long seq : {1LL, 2LL, 7LL, 512LL, 4608LL})
+    for (long long row = 0; row < 3 * seq + 3; ++row) {
+      const NssRowPosition at = nss_row_position(row, seq);
+      ASSERT_EQ(at.b, row / seq) << "S " << seq << " row " << row;
+      ASSERT_EQ(at.s, row % seq) << "S " << seq << " row " << row;
+      ++checked;
+    }
   EXPECT_GT(checked, 1000);
 }
 
