@@ -361,7 +361,8 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
 // a lane's own states; only group lane 0's result is used, as only aten's lane 0 is. Every count
 // is known (4 values per virtual thread), so the folds are welford_combine_known. Two rounds at a
 // time share the tree's instructions (lanes 4-7 fold the second row where they had idled): sm_90a
-// SASS for 2 rounds, 890 -> 750 instructions to the last store, 56 -> 64 registers.
+// SASS for 2 rounds, 890 -> 750 instructions to the last store, 56 -> 64 registers; GLM
+// (4360 x 32 heads of q and k) rotated 38.35 -> 36.16 us, 96.4 -> 102.2 % of a copy (run 63).
 template <int kIterations, bool kPdl>
 __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
   using namespace lnm_detail;
