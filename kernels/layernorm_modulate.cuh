@@ -432,6 +432,22 @@ __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
         }
       }
     };
+    // Virtual offsets 4 * lanes .. 4 (shuffles down by lanes .. 1 lanes; each state holds `count`
+    // values), then the lane's own levels, aten's empty warps and the row's mean and rstd.
+    const auto fold_and_finish = [&](WelfordState (&vt)[4], float count, int lanes) {
+#pragma unroll
+      for (; lanes >= 1; lanes >>= 1) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          WelfordState other;
+          other.mean = __shfl_down_sync(0xffffffffu, vt[r].mean, lanes);
+          other.m2 = __shfl_down_sync(0xffffffffu, vt[r].m2, lanes);
+          vt[r] = welford_combine_known(vt[r], other, count, count);
+        }
+        count = count + count;
+      }
+      return finish_head_stats(vt, count, p.eps);
+    };
     // Two rows at a time (iterations i and i + 1, rows A and B): virtual offset 16 pairs lane q
     // with lane q ^ 4; lanes 0-3 fold A (their own state first, aten's lower virtual thread), lanes
     // 4-7 fold B (lane q - 4's state first). From there lanes 0-3 hold A's partial states and lanes
@@ -462,19 +478,7 @@ __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
         lower.count = higher.count = count;
         vt[r] = welford_combine_known(lower, higher, count, count);
       }
-      count = count + count;
-#pragma unroll
-      for (int lanes = 2; lanes >= 1; lanes >>= 1) {  // virtual offsets 8, 4
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          WelfordState other;
-          other.mean = __shfl_down_sync(0xffffffffu, vt[r].mean, lanes);
-          other.m2 = __shfl_down_sync(0xffffffffu, vt[r].m2, lanes);
-          vt[r] = welford_combine_known(vt[r], other, count, count);
-        }
-        count = count + count;
-      }
-      const RowStats local = finish_head_stats(vt, count, p.eps);
+      const RowStats local = fold_and_finish(vt, count + count, 2);  // virtual offsets 8, 4, ...
       const int base = lane & ~7;
       RowStats st_a, st_b;
       st_a.mean = __shfl_sync(0xffffffffu, local.mean, base);
@@ -490,19 +494,7 @@ __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
       unpack(i, v);
       WelfordState vt[4];
       push(v, vt);
-      float count = 4.0f;
-#pragma unroll
-      for (int lanes = 4; lanes >= 1; lanes >>= 1) {  // virtual offsets 16, 8, 4
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          WelfordState other;
-          other.mean = __shfl_down_sync(0xffffffffu, vt[r].mean, lanes);
-          other.m2 = __shfl_down_sync(0xffffffffu, vt[r].m2, lanes);
-          vt[r] = welford_combine_known(vt[r], other, count, count);
-        }
-        count = count + count;
-      }
-      const RowStats local = finish_head_stats(vt, count, p.eps);
+      const RowStats local = fold_and_finish(vt, 4.0f, 4);  // virtual offsets 16, 8, 4, ...
       RowStats st;
       st.mean = __shfl_sync(0xffffffffu, local.mean, lane & ~7);
       st.rstd = __shfl_sync(0xffffffffu, local.rstd, lane & ~7);
