@@ -150,6 +150,61 @@ __device__ __forceinline__ float nvfp4_block_scale(float amax, float global_scal
   return sff != 0.0f ? rcp_approx_ftz(__fmul_rn(sff, rcp_approx_ftz(global_scale))) : 0.0f;
 }
 
+// The NVFP4 output factors of a thread's slots, where slot j's block of 16 is the vec4s of the 4
+// lanes of a quad (quad = lane & 3) and amax[j] is the largest |y| of this lane's vec4 of slot j.
+// Lane `quad` computes the scales of slots 4c + quad only and stores their bytes (sf_quad: the
+// byte of slot `quad`, slot 4c + quad at sf_quad[4096 * 4c], where active(4c + quad)): a
+// reduce-scatter of the slot maxima over the quad (xor 2, then xor 1), one nvfp4_block_scale,
+// then an all-gather of the factors. Every lane of the quad had computed every slot's scale after
+// an all-reduce of each maximum (4 shuffles, 4 maxima, 4 scales and 4 store instructions per 4
+// slots against 6 shuffles, 3 maxima, 1 scale, 1 store and 12 selects). The maxima are exact, so
+// the scales are the same bits whichever lane computes them.
+template <int kSlots, typename Active>
+__device__ __forceinline__ void nvfp4_quad_scales(const float (&amax)[kSlots], int quad, float global_scale,
+                                                  unsigned char* sf_quad, const Active& active,
+                                                  float (&out)[kSlots]) {
+  const bool b0 = quad & 1, b1 = quad & 2;
+#pragma unroll
+  for (int c = 0; c < kSlots; c += 4) {
+    const int n = kSlots - c < 4 ? kSlots - c : 4;
+    const float m0 = amax[c], m1 = n > 1 ? amax[c + (n > 1)] : 0.0f;
+    const float m2 = n > 2 ? amax[c + 2 * (n > 2)] : 0.0f, m3 = n > 3 ? amax[c + 3 * (n > 3)] : 0.0f;
+    u32 sf8;
+    if (n >= 3) {
+      // xor 2: lanes 0, 1 keep slots c, c + 1; lanes 2, 3 keep c + 2, c + 3.
+      float k0 = b1 ? m2 : m0, k1 = b1 ? m3 : m1;
+      k0 = fmaxf(k0, __shfl_xor_sync(kFullMask, b1 ? m0 : m2, 2));
+      k1 = fmaxf(k1, __shfl_xor_sync(kFullMask, b1 ? m1 : m3, 2));
+      // xor 1: lane quad keeps slot c + quad.
+      const float a = fmaxf(b0 ? k1 : k0, __shfl_xor_sync(kFullMask, b0 ? k0 : k1, 1));
+      const float os = nvfp4_block_scale(a, global_scale, &sf8);
+      if (c + quad < kSlots && active(c + quad)) sf_quad[4096 * c] = static_cast<unsigned char>(sf8);
+      const float r = __shfl_xor_sync(kFullMask, os, 1);
+      const float p0 = b0 ? r : os, p1 = b0 ? os : r;  // slots c + (quad & 2) + 0, 1
+      const float r0 = __shfl_xor_sync(kFullMask, p0, 2), r1 = __shfl_xor_sync(kFullMask, p1, 2);
+      out[c] = b1 ? r0 : p0;
+      if (n > 1) out[c + (n > 1)] = b1 ? r1 : p1;
+      if (n > 2) out[c + 2 * (n > 2)] = b1 ? p0 : r0;
+      if (n > 3) out[c + 3 * (n > 3)] = b1 ? p1 : r1;
+    } else if (n == 2) {
+      // xor 2: both maxima over lane pairs; xor 1: lanes 0, 2 keep slot c, lanes 1, 3 slot c + 1.
+      const float k0 = fmaxf(m0, __shfl_xor_sync(kFullMask, m0, 2));
+      const float k1 = fmaxf(m1, __shfl_xor_sync(kFullMask, m1, 2));
+      const float a = fmaxf(b0 ? k1 : k0, __shfl_xor_sync(kFullMask, b0 ? k0 : k1, 1));
+      const float os = nvfp4_block_scale(a, global_scale, &sf8);
+      if (quad < 2 && active(c + quad)) sf_quad[4096 * c] = static_cast<unsigned char>(sf8);
+      const float r = __shfl_xor_sync(kFullMask, os, 1);
+      out[c] = b0 ? r : os;
+      out[c + (n > 1)] = b0 ? os : r;
+    } else {
+      float a = fmaxf(m0, __shfl_xor_sync(kFullMask, m0, 1));
+      a = fmaxf(a, __shfl_xor_sync(kFullMask, a, 2));
+      out[c] = nvfp4_block_scale(a, global_scale, &sf8);
+      if (quad == 0 && active(c)) sf_quad[4096 * c] = static_cast<unsigned char>(sf8);
+    }
+  }
+}
+
 // The 128x4 swizzled NVFP4 scale layout: scale (m, k) of a [rows, cols] tensor (cols = D / 16,
 // a multiple of 4) at (m / 128) * (cols / 4) * 512 + (k / 4) * 512 + (m % 32) * 16 +
 // ((m % 128) / 32) * 4 + k % 4, split into the row's part (once per row, 64-bit) and the
@@ -460,6 +515,23 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     sh.own = held_shared[1] + t;
     g.own = held_shared[2] + t;
   }
+  // kStaged: x (and the residual) arrive through shared memory by cp.async, one commit group per
+  // slot, and the statistics take slot j as soon as its group is in (copy_async_wait): the
+  // Welford pushes of the early slots overlap the arrival of the later ones.
+  constexpr bool kStaged = !kPrefetch && kSplit == 1 && !kSharedOperands && !kRms && kSlots <= 6;
+  __shared__ V staged[kStaged ? (kResidual ? 2 : 1) : 1][kStaged ? kSlots : 1][128];
+  const unsigned staged_x = kStaged ? shared_address(&staged[0][0][t]) : 0u;
+  const unsigned staged_r = kStaged && kResidual ? shared_address(&staged[kResidual ? 1 : 0][0][t]) : 0u;
+  const auto stage_inputs = [&](const RowInputs<T>& in) {
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      if (kEven || t + 128 * (j0 + j) < kVecs) {
+        copy_async<kBytes>(staged_x + 128 * kBytes * j, in.x + 512 * j);
+        if constexpr (kResidual) copy_async<kBytes>(staged_r + 128 * kBytes * j, in.r + 512 * j);
+      }
+      copy_async_commit();
+    }
+  };
   long long held_scale = -1, held_shift = -1, held_gate = -1;
   const long long step = gridDim.x;
   // (batch, token) of the row, advanced by the step: no division per row (norm_scale_shift_params.h).
@@ -492,7 +564,10 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
   }
   if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
-  if (static_cast<long long>(blockIdx.x) < p.rows) load_inputs<T, D, kResidual>(first_row, t, j0, xw, rw);
+  if (static_cast<long long>(blockIdx.x) < p.rows) {
+    if constexpr (kStaged) stage_inputs(first_row);
+    else load_inputs<T, D, kResidual>(first_row, t, j0, xw, rw);
+  }
   int parity = 0;
   for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
     if (row >= p.rows) {
@@ -512,8 +587,9 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
     if (new_scale) one_plus<T, kSlots, kEven>(op, t, j0, kVecs);
 
-    if constexpr (kResidual) {
-      T* const ot = static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t + 512 * j0;
+    T* const ot = kResidual ? static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t + 512 * j0 : nullptr;
+    constexpr bool kLazyResidual = kResidual && kStaged;
+    if constexpr (kResidual && !kLazyResidual) {
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         if (kEven || t + 128 * (j0 + j) < kVecs) {
@@ -534,7 +610,18 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     }
 
     float mean = 0.0f, rstd;
-    const auto get_vec = [&](int j, float (&v)[4]) { to_floats<T, 4>(xw[j], v); };
+    const auto get_vec = [&](int j, float (&v)[4]) {
+      if constexpr (kStaged) {
+        copy_async_wait_upto<kSlots - 1>(kSlots - 1 - j);
+        xw[j] = staged[0][j][t];
+        if constexpr (kResidual) rw[j] = staged[kResidual ? 1 : 0][j][t];
+      }
+      if constexpr (kLazyResidual) {
+        xw[j] = add_vec(T{}, rw[j], mul_vec(T{}, xw[j], g.get(j)));
+        store_word<kBytes>(ot + 512 * j, xw[j]);
+      }
+      to_floats<T, 4>(xw[j], v);
+    };
     if constexpr (kRms) {
       rstd = aten_rms_rstd_cta<T, kSlots, kSplit, kVecs>(xw, t, h, p.eps, rms_handoff, rms_shared[parity]);
     } else if constexpr (kSplit == 1) {
@@ -559,10 +646,14 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         kQuant >= kQuantFp4Software
             ? p.fp4_scales + nvfp4_scale_offset(row, (t >> 2) + 32 * j0, D / 16)
             : nullptr;
+    // y of every slot as fp32, kept for the NVFP4 block scales that follow the row (the local
+    // |y| maxima in amax).
+    float ys[kSlots][4];
+    float amax[kSlots];
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const bool active = kEven || t + 128 * (j0 + j) < kVecs;
-      float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      amax[j] = 0.0f;
       if (active) {
         float v[4], a[4], w[4], bias[4];
         to_floats<T, 4>(xw[j], v);
@@ -577,28 +668,40 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         }
         V out = mul_vec(T{}, round_vec(T{}, a), op.get(j));
         if (p.shift.kind) out = add_vec(T{}, out, sh.get(j));
-        if (yt) store_word<kBytes>(yt + 512 * j, out);
+        if (kQuant < kQuantFp4Software && yt) store_word<kBytes>(yt + 512 * j, out);
+        float (&y)[4] = ys[j];
         to_floats<T, 4>(out, y);
         if constexpr (kQuant == kQuantFp8) {
           const u32 q = e4m3x2_rn_satfinite(__fmul_rn(y[0], inv), __fmul_rn(y[1], inv)) |
                         (e4m3x2_rn_satfinite(__fmul_rn(y[2], inv), __fmul_rn(y[3], inv)) << 16);
           *reinterpret_cast<u32*>(fp8_t + 512 * j) = q;
         }
+        if constexpr (kQuant >= kQuantFp4Software)
+          amax[j] = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
       }
-      if constexpr (kQuant >= kQuantFp4Software) {
-        // A block of 16 is the vec4s of 4 neighbouring threads (D % 64 == 0: whole blocks).
-        float amax = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
-        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-        if (active) {
-          u32 sf8;
-          const float out_scale = nvfp4_block_scale(amax, global_scale, &sf8);
+    }
+    if constexpr (kQuant >= kQuantFp4Software) {
+      // A block of 16 is the vec4s of the 4 lanes of a quad (D % 64 == 0: whole blocks, and a
+      // quad's lanes are active together).
+      // y, where asked for, in one uniform branch after the row (its stores predicated per slot
+      // had cost ~15 instructions per warp when it is not).
+      if (yt) {
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j)
+          if (kEven || t + 128 * (j0 + j) < kVecs) store_word<kBytes>(yt + 512 * j, round_vec(T{}, ys[j]));
+      }
+      const int quad = lane & 3;
+      float out_scale[kSlots];
+      nvfp4_quad_scales<kSlots>(amax, quad, global_scale, sf_thread + 4096 * quad,
+                                [&](int j) { return kEven || t + 128 * (j0 + j) < kVecs; }, out_scale);
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        if (kEven || t + 128 * (j0 + j) < kVecs) {
           float q[4];
 #pragma unroll
-          for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(y[e], out_scale);
+          for (int e = 0; e < 4; ++e) q[e] = __fmul_rn(ys[j][e], out_scale[j]);
           const u32 nibbles = e2m1x4<kQuant == kQuantFp4Hardware>(q);
           *reinterpret_cast<unsigned short*>(fp4_t + 256 * j) = static_cast<unsigned short>(nibbles);
-          if ((lane & 3) == 0) sf_thread[4096 * j] = static_cast<unsigned char>(sf8);
         }
       }
     }
@@ -609,6 +712,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           xw[j] = nx[j];
           if constexpr (kResidual) rw[j] = nr[j];
         }
+      } else if constexpr (kStaged) {
+        stage_inputs(row_inputs<T>(p, next, t, j0));
       } else {
         load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, xw, rw);
       }

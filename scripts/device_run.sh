@@ -9,7 +9,9 @@
 #                                        to stay inside the limit)
 #   bash scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
-#   bash scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session: each
+#   bash scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
+#                                        with AB_TESTS=REGEX, this tree's GPU tests matching it and,
+#                                        with AB_VERIFY=1, its torch.equal checks of OPS): each
 #                                        DIR/kernels (e.g. `git archive BASE kernels` unpacked
 #                                        into .base/NAME, carried) built as build-ab-N beside this
 #                                        tree's build-dev ("B"), then each op's bench run for every
@@ -59,7 +61,7 @@ grep -E "ditops: Python" "$OUT/build.log"
 # The bench phase needs only the library (its scripts load it through the C ABI) and the CLI.
 TARGETS=""
 [ "$PHASE" = bench ] && TARGETS="--target ditops ditops_cli ${BENCH_EXTRA_TARGETS:-}"
-[ "$PHASE" = ab ] && TARGETS="--target ditops"
+[ "$PHASE" = ab ] && [ -z "${AB_TESTS:-}" ] && TARGETS="--target ditops"
 AB_PIDS=()
 for i in "${!AB_DIRS[@]}"; do  # tree i: this one with DIR i's kernels, the library only (its JIT path)
   tree=/tmp/ab-tree-$i
@@ -122,6 +124,18 @@ elif [ "$PHASE" = gpu ]; then
   merge_json "$OUT/torch.json" "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 elif [ "$PHASE" = ab ]; then
+  if [ -n "${AB_TESTS:-}" ]; then  # this tree's kernels checked first: the GPU tests matching AB_TESTS
+    echo "== B: tests matching $AB_TESTS"
+    ctest --test-dir build-dev -j 4 -R "$AB_TESTS" --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+    echo "ctest rc=$?" | tee -a "$OUT/summary.txt"
+    grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
+  fi
+  if [ "${AB_VERIFY:-0}" = 1 ]; then  # and torch.equal against the eager chain
+    for op in $OPS; do
+      timeout 300 python3 bench/${op}_torch.py --lib build-dev/libditops.so --commit B --json "$TMP/verify_$op.json" \
+        --skip-bench 2>&1 | grep -vE "^MISMATCH" | grep -E "verification|PASS|FAIL|rror" | tail -5 | tee -a "$OUT/summary.txt"
+    done
+  fi
   for i in "${!AB_DIRS[@]}"; do echo "== A$i = ${AB_DIRS[$i]}/kernels (build-ab-$i)"; done
   echo "== B = this tree (build-dev); cases /${DITOPS_BENCH_CASES:-all}/ impls /${DITOPS_BENCH_IMPLS:-all}/"
   : > "$OUT/torch.txt"

@@ -133,6 +133,36 @@ __device__ __forceinline__ void load_packed(const T* src, Word<16>& out) {
   }
 }
 
+// Asynchronous copies from global to shared memory (cp.async, sm_80+) in commit groups: a thread
+// waits for its own older groups with copy_async_wait<N>() (all but the N newest complete) and
+// may then read what they wrote. Bytes: 4, 8 or 16 (cached in L1 on the way: .ca).
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  unsigned a;
+  asm("{\n .reg .u64 g;\n cvta.to.shared.u64 g, %1;\n cvt.u32.u64 %0, g;\n}" : "=r"(a) : "l"(p));
+  return a;
+}
+template <int Bytes>
+__device__ __forceinline__ void copy_async(unsigned shared, const void* global) {
+  static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async moves 4, 8 or 16 bytes");
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(shared), "l"(global), "n"(Bytes) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+// copy_async_wait<n>() for an n known only after unrolling (0 <= n <= kMax): the branches fold.
+template <int kMax>
+__device__ __forceinline__ void copy_async_wait_upto(int n) {
+  if constexpr (kMax > 0) {
+    if (n < kMax) {
+      copy_async_wait_upto<kMax - 1>(n);
+      return;
+    }
+  }
+  copy_async_wait<kMax>();
+}
+
 // Programmatic dependent launch: wait for the grid this one depends on before the first read of
 // its outputs, and let the next grid start its prologue once our last store is issued. Both are
 // no-ops when the launch did not enable PDL.
