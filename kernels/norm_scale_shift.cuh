@@ -517,7 +517,11 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   }
   // kStaged: x (and the residual) arrive through shared memory by cp.async, one commit group per
   // slot, and the statistics take slot j as soon as its group is in (copy_async_wait): the
-  // Welford pushes of the early slots overlap the arrival of the later ones.
+  // Welford pushes of the early slots overlap the arrival of the later ones. Loaded into
+  // registers, ptxas gave all 12 loads of a 6-slot residual row one scoreboard (the first product
+  // waited for the last load). Measured (bench/results runs 64-65, rotated): 512 x 3072 NVFP4
+  // 6.41 -> 6.26 us, the 6-slot plain / fp8 / residual rows unchanged; Wan fp8 (10 slots) 224.5 ->
+  // 227.5 us, hence <= 6 slots.
   constexpr bool kStaged = !kPrefetch && kSplit == 1 && !kSharedOperands && !kRms && kSlots <= 6;
   __shared__ V staged[kStaged ? (kResidual ? 2 : 1) : 1][kStaged ? kSlots : 1][128];
   const unsigned staged_x = kStaged ? shared_address(&staged[0][0][t]) : 0u;
