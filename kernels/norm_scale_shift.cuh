@@ -685,8 +685,6 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       }
     }
     if constexpr (kQuant >= kQuantFp4Software) {
-      // A block of 16 is the vec4s of the 4 lanes of a quad (D % 64 == 0: whole blocks, and a
-      // quad's lanes are active together).
       // y, where asked for, in one uniform branch after the row (its stores predicated per slot
       // had cost ~15 instructions per warp when it is not).
       if (yt) {
@@ -694,6 +692,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         for (int j = 0; j < kSlots; ++j)
           if (kEven || t + 128 * (j0 + j) < kVecs) store_word<kBytes>(yt + 512 * j, round_vec(T{}, ys[j]));
       }
+      // A block of 16 is the vec4s of the 4 lanes of a quad (D % 64 == 0: whole blocks, and a
+      // quad's lanes are active together).
       const int quad = lane & 3;
       float out_scale[kSlots];
       nvfp4_quad_scales<kSlots>(amax, quad, global_scale, sf_thread + 4096 * quad,
