@@ -164,11 +164,15 @@ __device__ __forceinline__ void nvfp4_quad_scales(const float (&amax)[kSlots], i
                                                   unsigned char* sf_quad, const Active& active,
                                                   float (&out)[kSlots]) {
   const bool b0 = quad & 1, b1 = quad & 2;
+  // Slot i's maximum, and a write of slot i's factor, for i past the last slot: 0, nothing.
+  const auto max_of = [&](int i) { return i < kSlots ? amax[i < kSlots ? i : 0] : 0.0f; };
+  const auto set = [&](int i, float v) {
+    if (i < kSlots) out[i < kSlots ? i : 0] = v;
+  };
 #pragma unroll
   for (int c = 0; c < kSlots; c += 4) {
     const int n = kSlots - c < 4 ? kSlots - c : 4;
-    const float m0 = amax[c], m1 = n > 1 ? amax[c + (n > 1)] : 0.0f;
-    const float m2 = n > 2 ? amax[c + 2 * (n > 2)] : 0.0f, m3 = n > 3 ? amax[c + 3 * (n > 3)] : 0.0f;
+    const float m0 = amax[c], m1 = max_of(c + 1), m2 = max_of(c + 2), m3 = max_of(c + 3);
     u32 sf8;
     if (n >= 3) {
       // xor 2: lanes 0, 1 keep slots c, c + 1; lanes 2, 3 keep c + 2, c + 3.
@@ -183,9 +187,9 @@ __device__ __forceinline__ void nvfp4_quad_scales(const float (&amax)[kSlots], i
       const float p0 = b0 ? r : os, p1 = b0 ? os : r;  // slots c + (quad & 2) + 0, 1
       const float r0 = __shfl_xor_sync(kFullMask, p0, 2), r1 = __shfl_xor_sync(kFullMask, p1, 2);
       out[c] = b1 ? r0 : p0;
-      if (n > 1) out[c + (n > 1)] = b1 ? r1 : p1;
-      if (n > 2) out[c + 2 * (n > 2)] = b1 ? p0 : r0;
-      if (n > 3) out[c + 3 * (n > 3)] = b1 ? p1 : r1;
+      set(c + 1, b1 ? r1 : p1);
+      set(c + 2, b1 ? p0 : r0);
+      set(c + 3, b1 ? p1 : r1);
     } else if (n == 2) {
       // xor 2: both maxima over lane pairs; xor 1: lanes 0, 2 keep slot c, lanes 1, 3 slot c + 1.
       const float k0 = fmaxf(m0, __shfl_xor_sync(kFullMask, m0, 2));
@@ -195,7 +199,7 @@ __device__ __forceinline__ void nvfp4_quad_scales(const float (&amax)[kSlots], i
       if (quad < 2 && active(c + quad)) sf_quad[4096 * c] = static_cast<unsigned char>(sf8);
       const float r = __shfl_xor_sync(kFullMask, os, 1);
       out[c] = b0 ? r : os;
-      out[c + (n > 1)] = b0 ? os : r;
+      set(c + 1, b0 ? os : r);
     } else {
       float a = fmaxf(m0, __shfl_xor_sync(kFullMask, m0, 1));
       a = fmaxf(a, __shfl_xor_sync(kFullMask, a, 2));
