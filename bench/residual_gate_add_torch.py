@@ -20,8 +20,8 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream, load_eager,
-                                measure, report, report_header, rotation_count, script_main)
+from torch_bench_common import (allow_recompiles, case_selected, copy_buffers, copy_impl, dltensor, graph_on_side_stream,
+                                load_eager, measure, report, report_header, rotation_count, script_main)
 
 
 class Options(ctypes.Structure):
@@ -164,6 +164,8 @@ def run_bench(dt, rows, meta):
     cases += [(n + " fp16", s, g, t, torch.float16) for n, s, g, t in BENCH if n in ("flux_image", "flux_joint", "sana_transposed")]
     report_header(22)
     for name, shape, gshape, transposed, dtype in cases:
+        if not case_selected(name):
+            continue
         numel, gnumel = 1, 1
         for d in shape:
             numel *= d

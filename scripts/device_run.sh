@@ -77,6 +77,30 @@ for i in "${!AB_PIDS[@]}"; do
   wait "${AB_PIDS[$i]}" || { grep -E -A5 'error' "$OUT/build_ab$i.log" | head -40; exit 1; }
 done
 build-dev/ditops info | tee -a "$OUT/summary.txt"
+# The SM clock, power and temperature once a second while the tests and benchmarks run: the
+# issue-bound kernels (NVFP4 rows) follow the SM clock, a copy does not, so runs on different
+# machines or after different cases differ (summarized in summary.txt at the end).
+nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 1000 > "$TMP/clocks.csv" 2>/dev/null &
+CLOCKS_PID=$!
+clock_summary() {
+  kill $CLOCKS_PID 2>/dev/null
+  python3 - "$TMP/clocks.csv" <<'PY' | tee -a "$OUT/summary.txt"
+import sys
+rows = []
+for line in open(sys.argv[1]):
+    try:
+        rows.append([float(v) for v in line.split(",")])
+    except ValueError:
+        pass
+busy = sorted(r for r in rows if r[1] > 150.0)  # samples with a kernel running (idle draw is ~75 W)
+if busy:
+    sm = sorted(r[0] for r in busy)
+    print(f"gpu while busy ({len(busy)} of {len(rows)} samples, 1 s apart): SM clock min {sm[0]:.0f} "
+          f"median {sm[len(sm) // 2]:.0f} max {sm[-1]:.0f} MHz, power max {max(r[1] for r in busy):.0f} W, "
+          f"temperature max {max(r[2] for r in busy):.0f} C")
+PY
+}
+trap clock_summary EXIT
 
 if [ "$PHASE" = verify ]; then
   echo "== tests (CPU + GPU + pytest)"
