@@ -162,7 +162,9 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
 // residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
-// bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us.
+// bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us; and
+// groups of 2 / 4 / 8 channel tiles fastest, then token tiles (run 68, rotated): 108.2 / 109.7 /
+// 112.5 us against 107.5-108.0 with token tiles fastest.
 // kChunkedResidual (with kVectorResidual): residual and out lines that do not start on 16 bytes
 // (an odd T, or residual off 16 bytes; out shares residual's offset within 16 bytes, the host
 // checks). A line is walked by the aligned 16-byte chunks of memory: the block of token tile i
