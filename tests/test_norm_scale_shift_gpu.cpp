@@ -7,12 +7,17 @@
 // correctly rounded rsqrt and rcp.approx / div.full as correctly rounded operations, the GPU with
 // MUFU. So y may move by one rounding step in rows whose rstd differs in its last bit, and an fp8
 // byte / NVFP4 scale or nibble may flip at a rounding midpoint. residual_out involves no
-// approximation and must be identical. Differences are counted and bounded, and printed.
+// approximation and must be identical. Differences are counted and bounded, and printed. The NVFP4
+// bytes are also checked exactly against the GPU's own y: its block factors computed on the device
+// by the kernel's nvfp4_block_scale (the approximate reciprocals included), the E2M1 codes on the
+// host by the reference conversion.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
+#include <string>
 
 #include "ditops/norm_scale_shift.h"
 #include "jit/cuda_driver.h"
@@ -82,9 +87,75 @@ std::vector<int64_t> operand_shape(int cls, int64_t B, int64_t S, int64_t D) {
   }
 }
 
+// A check kernel (`source`, kernel `name`) compiled with NVRTC for device 0 once per process; its
+// module stays loaded.
+const jit::LoadedKernel& device_check_kernel(const char* source, const char* name) {
+  static std::map<std::string, jit::LoadedKernel> kernels;
+  const auto found = kernels.find(name);
+  if (found != kernels.end()) return found->second;
+  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const std::vector<uint8_t> cubin = jit::nvrtc_compile(source, std::string(name) + ".cu", jit::arch_for_sm(info.sm),
+                                                        jit::embedded_sources());
+  const auto& d = jit::require_cuda_driver();
+  CUmodule module = nullptr;
+  check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
+  jit::LoadedKernel kernel;
+  check_cu(d.cuModuleGetFunction(&kernel.function, module, name), "function");
+  return kernels.emplace(name, kernel).first->second;
+}
+
+// Runs check kernel `name` on 16 CTAs of 256 threads per multiprocessor (grid-stride over its
+// inputs) with `params`, waits.
+template <typename Params>
+void run_device_check(const char* source, const char* name, const Params& params) {
+  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  jit::launch(device_check_kernel(source, name), static_cast<unsigned>(info.multiprocessors) * 16, 256, &params,
+              sizeof params, nullptr, false);
+  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+}
+
+// The factor each NVFP4 block of a 16-bit y is multiplied by before its E2M1 conversion, and the
+// block's E4M3 scale byte, from the kernel's own nvfp4_block_scale (rcp.approx included) and the
+// block's amax. With the GPU's y, the host then knows every NVFP4 byte the kernel must write.
+constexpr const char* kNvfp4FactorSource = R"(
+#include "norm_scale_shift.cuh"
+struct Nvfp4FactorParams {
+  const unsigned short* y;  // rows x D values of y, contiguous
+  long long blocks;         // rows * D / 16
+  float global_scale;
+  int f16;                  // y's dtype: 1 f16, 0 bf16
+  float* factors;
+  unsigned char* scale_bytes;
+};
+extern "C" __global__ void nvfp4_factors(const __grid_constant__ Nvfp4FactorParams p) {
+  using namespace ditops::nss_detail;
+  const long long threads = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long b = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; b < p.blocks; b += threads) {
+    float amax = 0.0f;
+    for (int i = 0; i < 16; ++i) {
+      const unsigned short bits = p.y[16 * b + i];
+      amax = fmaxf(amax, fabsf(p.f16 ? to_float(f16{bits}) : to_float(bf16{bits})));
+    }
+    u32 sf8;
+    p.factors[b] = nvfp4_block_scale(amax, p.global_scale, &sf8);
+    p.scale_bytes[b] = static_cast<unsigned char>(sf8);
+  }
+}
+)";
+
+struct Nvfp4FactorParams {
+  CUdeviceptr y;
+  long long blocks;
+  float global_scale;
+  int f16;
+  CUdeviceptr factors, scale_bytes;
+};
+
 struct Stats {
   int64_t y_differ = 0, y_elems = 0, q_differ = 0, q_elems = 0, sf_differ = 0, sf_elems = 0;
   float y_max_steps = 0;
+  // NVFP4 bytes against those of the GPU's own y (exact: must stay 0).
+  int64_t own_y_q_differ = 0, own_y_sf_differ = 0, own_y_blocks = 0;
 };
 
 // Runs the case on the GPU (explicit jit backend) and on the CPU; accumulates the differences.
@@ -192,6 +263,34 @@ std::string run_case(const GpuCase& c, E2m1Conversion e2m1, Stats* st) {
     for (int64_t m = rows; m < padded; ++m)
       for (int64_t k = 0; k < c.D / 16; ++k)
         EXPECT_EQ(gs[nvfp4_scale_offset(m, k, c.D / 16)], 0) << "padding scale row " << m << " column " << k;
+    // Exactly: the bytes the GPU's own y quantizes to.
+    if (!c.without_y) {
+      const int64_t cols = c.D / 16, blocks = rows * cols;
+      Twin factors(DType::f32, {blocks}), scale_bytes(DType::u8, {blocks});
+      run_device_check(kNvfp4FactorSource, "nvfp4_factors",
+                       Nvfp4FactorParams{y.dev, blocks, global_scale.get(0), c.dt == DType::f16 ? 1 : 0, factors.dev,
+                                         scale_bytes.dev});
+      const auto f = factors.download(), sb = scale_bytes.download();
+      for (int64_t b = 0; b < blocks; ++b) {
+        st->own_y_blocks++;
+        const int64_t m = b / cols, k = b % cols;
+        if (gs[nvfp4_scale_offset(m, k, cols)] != sb[b]) {
+          if (st->own_y_sf_differ++ == 0)
+            ADD_FAILURE() << "nvfp4 scale byte of row " << m << " block " << k << ": 0x" << std::hex
+                          << int{gs[nvfp4_scale_offset(m, k, cols)]} << " against 0x" << int{sb[b]};
+        }
+        float factor;
+        std::memcpy(&factor, f.data() + 4 * b, sizeof factor);
+        for (int i = 0; i < 16; ++i) {
+          const int64_t e = 16 * b + i;
+          const uint8_t want = ref::float_to_e2m1_satfinite(ref::load_act(gy.data(), e, c.dt) * factor);
+          const uint8_t got = (gp[e / 2] >> (4 * (e % 2))) & 0xF;
+          if (got != want && st->own_y_q_differ++ == 0)
+            ADD_FAILURE() << "nvfp4 nibble of row " << m << " value " << e % c.D << ": " << int{got} << " against "
+                          << int{want} << " (y " << ref::load_act(gy.data(), e, c.dt) << ", factor " << factor << ")";
+        }
+      }
+    }
   }
   return impl;
 }
@@ -278,6 +377,12 @@ TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
   EXPECT_LE(st.y_differ, st.y_elems / 50 + 64);
   EXPECT_LE(st.q_differ, st.q_elems / 50 + 64);
   EXPECT_LE(st.sf_differ, st.sf_elems / 50 + 16);
+  std::printf("nvfp4 against the GPU's own y: %lld blocks, scale bytes differ in %lld, nibbles in %lld\n",
+              static_cast<long long>(st.own_y_blocks), static_cast<long long>(st.own_y_sf_differ),
+              static_cast<long long>(st.own_y_q_differ));
+  EXPECT_GT(st.own_y_blocks, 0);
+  EXPECT_EQ(st.own_y_sf_differ, 0);
+  EXPECT_EQ(st.own_y_q_differ, 0);
 }
 
 // The kernel's NVFP4 conversions checked exhaustively on the device: the software E2M1
@@ -336,23 +441,6 @@ struct ConversionCheckParams {
   CUdeviceptr e2m1_mismatches, e2m1_first_mismatch, noncanonical_nans, e4m3_decoded;
   float one;
 };
-
-// Compiles an exhaustive check (`source`, kernel `name`) with NVRTC for device 0, runs it on 16
-// CTAs of 256 threads per multiprocessor (grid-stride over its inputs) with `params`, waits.
-template <typename Params>
-void run_device_check(const char* source, const char* name, const Params& params) {
-  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
-  const std::vector<uint8_t> cubin = jit::nvrtc_compile(source, std::string(name) + ".cu", jit::arch_for_sm(info.sm),
-                                                        jit::embedded_sources());
-  const auto& d = jit::require_cuda_driver();
-  CUmodule module = nullptr;
-  check_cu(d.cuModuleLoadData(&module, cubin.data()), "load");
-  jit::LoadedKernel kernel;
-  check_cu(d.cuModuleGetFunction(&kernel.function, module, name), "function");
-  jit::launch(kernel, static_cast<unsigned>(info.multiprocessors) * 16, 256, &params, sizeof params, nullptr, false);
-  check_cu(d.cuCtxSynchronize(), "sync");
-  d.cuModuleUnload(module);
-}
 
 TEST_F(NormScaleShiftGpu, Nvfp4ConversionsMatchTheReferenceForEveryInput) {
   Twin mismatches(DType::u8, {8}), first(DType::u8, {4}), noncanonical(DType::u8, {8}), decoded(DType::f32, {256});
