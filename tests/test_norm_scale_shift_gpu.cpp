@@ -391,8 +391,9 @@ TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
 // float_to_e2m1_satfinite, written here as device code) for all 2^32 fp32 bit patterns, four
 // neighbouring patterns per call; that the device's fp32 product of a NaN is the canonical NaN
 // 0x7FFFFFFF, which the conversion relies on; and the hardware E4M3 decode against the reference
-// for all 256 bytes. The grid test above tolerates nibble differences (approximate reciprocals),
-// so it cannot see a conversion that is wrong at a few inputs; this test can.
+// for all 256 bytes. The grid test above checks NVFP4 bytes exactly only for the products its
+// cases happen to produce, so it could miss a conversion that is wrong at a few inputs; this test
+// cannot.
 constexpr const char* kConversionCheckSource = R"(
 #include "norm_scale_shift.cuh"
 struct ConversionCheckParams {
