@@ -77,9 +77,10 @@ for i in "${!AB_PIDS[@]}"; do
   wait "${AB_PIDS[$i]}" || { grep -E -A5 'error' "$OUT/build_ab$i.log" | head -40; exit 1; }
 done
 build-dev/ditops info | tee -a "$OUT/summary.txt"
-# The SM clock, power and temperature once a second while the tests and benchmarks run: the
-# issue-bound kernels (NVFP4 rows) follow the SM clock, a copy does not, so runs on different
-# machines or after different cases differ (summarized in summary.txt at the end).
+# The SM clock, power and temperature once a second while the tests and benchmarks run, summarized
+# in summary.txt at the end: an issue-bound kernel (the NVFP4 rows) would follow the SM clock where a
+# copy does not, so a difference between runs can be checked against it (runs 70-72: 1980 MHz in
+# every busy sample).
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 1000 > "$TMP/clocks.csv" 2>/dev/null &
 CLOCKS_PID=$!
 clock_summary() {
@@ -92,7 +93,7 @@ for line in open(sys.argv[1]):
         rows.append([float(v) for v in line.split(",")])
     except ValueError:
         pass
-busy = sorted(r for r in rows if r[1] > 150.0)  # samples with a kernel running (idle draw is ~75 W)
+busy = sorted(r for r in rows if r[1] > 150.0)  # above 150 W: a kernel running
 if busy:
     sm = sorted(r[0] for r in busy)
     print(f"gpu while busy ({len(busy)} of {len(rows)} samples, 1 s apart): SM clock min {sm[0]:.0f} "
