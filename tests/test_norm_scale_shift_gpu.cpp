@@ -274,20 +274,19 @@ std::string run_case(const GpuCase& c, E2m1Conversion e2m1, Stats* st) {
       for (int64_t b = 0; b < blocks; ++b) {
         st->own_y_blocks++;
         const int64_t m = b / cols, k = b % cols;
-        if (gs[nvfp4_scale_offset(m, k, cols)] != sb[b]) {
-          if (st->own_y_sf_differ++ == 0)
-            ADD_FAILURE() << "nvfp4 scale byte of row " << m << " block " << k << ": 0x" << std::hex
-                          << int{gs[nvfp4_scale_offset(m, k, cols)]} << " against 0x" << int{sb[b]};
-        }
+        const uint8_t got_sf = gs[nvfp4_scale_offset(m, k, cols)];
+        if (got_sf != sb[b] && st->own_y_sf_differ++ == 0)
+          ADD_FAILURE() << "nvfp4 scale byte of row " << m << " block " << k << ": 0x" << std::hex << int{got_sf}
+                        << " against 0x" << int{sb[b]};
         float factor;
         std::memcpy(&factor, f.data() + 4 * b, sizeof factor);
-        for (int i = 0; i < 16; ++i) {
-          const int64_t e = 16 * b + i;
-          const uint8_t want = ref::float_to_e2m1_satfinite(ref::load_act(gy.data(), e, c.dt) * factor);
+        for (int64_t e = 16 * b; e < 16 * b + 16; ++e) {
+          const float value = ref::load_act(gy.data(), e, c.dt);
+          const uint8_t want = ref::float_to_e2m1_satfinite(value * factor);
           const uint8_t got = (gp[e / 2] >> (4 * (e % 2))) & 0xF;
           if (got != want && st->own_y_q_differ++ == 0)
             ADD_FAILURE() << "nvfp4 nibble of row " << m << " value " << e % c.D << ": " << int{got} << " against "
-                          << int{want} << " (y " << ref::load_act(gy.data(), e, c.dt) << ", factor " << factor << ")";
+                          << int{want} << " (y " << value << ", factor " << factor << ")";
         }
       }
     }
