@@ -22,12 +22,14 @@
 // stream, the 64-bit one for tensors past 2^32 units.
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
-// update is [B, T, H] (H contiguous). A tile of kTile tokens x kTile channels: update is read along
-// H, its product with the gate rounded and parked in shared memory, then residual is read and out
-// written along T, so every global access is coalesced. A tile's accesses are kTile-element pieces
-// of many rows; the block order decides which pieces are in flight together (see
-// kChannelTilesFastest). Residual lines off 16 bytes (odd T) go by aligned 16-byte chunks (see
-// kChunkedResidual).
+// update is [B, T, H] (H contiguous). A tile of kTokenTile tokens x kTile channels: update is read
+// along H, its product with the gate rounded and parked in shared memory, then residual is read and
+// out written along T, so every global access is coalesced. A tile's accesses are pieces of many
+// rows (kTile elements of each update row, kTokenTile of each residual line); the block order
+// decides which pieces are in flight together (see kChannelTilesFastest). Residual lines off 16
+// bytes (odd T) go by aligned 16-byte chunks (see kChunkedResidual). kTokenTile = 2 kTile (aligned
+// lines only): two of the three streams (residual, out) in 256-byte pieces instead of 128; measured
+// next to transposed_token_tile in the host file.
 #pragma once
 
 #include "common/memory.cuh"
@@ -46,6 +48,18 @@ __device__ __forceinline__ T gated_sum(T r, T u, T g) {
   const float product = round_to<T>(__fmul_rn(to_float(u), to_float(g)));
   return from_float<T>(__fadd_rn(to_float(r), product));
 }
+
+// The rounded products of a transposed tile as kept in shared memory: fp32, or (kAsT) T itself.
+template <typename T, bool kAsT>
+struct TileProducts {
+  using Value = float;
+  static __device__ __forceinline__ float rounded(float x) { return round_to<T>(x); }
+};
+template <typename T>
+struct TileProducts<T, true> {
+  using Value = T;
+  static __device__ __forceinline__ T rounded(float x) { return from_float<T>(x); }
+};
 
 // One unit of kElems elements as loaded: a 16-byte vector kept as four packed 32-bit words (16-bit
 // elements unpacked into a register each would double the register count of the flat kernel and
@@ -178,28 +192,35 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // kTile + 3 where T % 4 == 1, so that the lines a warp reads, whose mis step by T, fall in
 // distinct banks (at most 2-way conflicts on both sides, as on aligned lines).
 template <typename T, int kMode, bool kVectorResidual, int kTile, bool kPdl, bool kVectorUpdate = kVectorResidual,
-          bool kChunkedResidual = false, bool kChannelTilesFastest = false>
+          bool kChunkedResidual = false, bool kChannelTilesFastest = false, int kTokenTile = kTile>
 __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   static_assert(!kChunkedResidual || (kVectorResidual && kVectorUpdate), "chunks need 16-byte units on both sides");
   constexpr int kElemsR = kVectorResidual ? 16 / static_cast<int>(sizeof(T)) : 1;
   constexpr int kElemsU = kVectorUpdate ? 16 / static_cast<int>(sizeof(T)) : 1;
   static_assert(kElemsR <= kElemsU, "a vectorized residual side needs a vectorized update side");
-  constexpr int kThreads = rga_transposed_threads(kTile, kElemsR);  // the launch's block size
-  // Units of a tile and per thread: residual/out along T (line = channel), update/gate along H
-  // (line = token).
-  constexpr int kLineUnitsR = kTile / kElemsR, kTileUnitsR = kTile * kLineUnitsR;
-  constexpr int kLineUnitsU = kTile / kElemsU, kTileUnitsU = kTile * kLineUnitsU;
+  static_assert(kTokenTile == kTile || (kTokenTile == 2 * kTile && !kChunkedResidual && !kChannelTilesFastest),
+                "a token tile of twice the channel tile on unchunked lines only");
+  constexpr int kThreads = rga_transposed_threads(kTile, kElemsR, kTokenTile);  // the launch's block size
+  // Units of a tile and per thread: residual/out along T (kTile lines = channels of kTokenTile
+  // tokens), update/gate along H (kTokenTile lines = tokens of kTile channels).
+  constexpr int kLineUnitsR = kTokenTile / kElemsR, kTileUnitsR = kTile * kLineUnitsR;
+  constexpr int kLineUnitsU = kTile / kElemsU, kTileUnitsU = kTokenTile * kLineUnitsU;
   constexpr int kPerThreadR = (kTileUnitsR + kThreads - 1) / kThreads;
   // Token rows the update side reads: the tile's, and on chunked lines kElems before it.
   constexpr int kLeadRows = kChunkedResidual ? kElemsR : 0;
-  constexpr int kRowsU = kTile + kLeadRows;
+  constexpr int kRowsU = kTokenTile + kLeadRows;
   constexpr int kPerThreadU = (kRowsU * kLineUnitsU + kThreads - 1) / kThreads;
   static_assert(kTile % kElemsU == 0, "tile lines hold whole units");
   // Products as fp32 (exact: they are T values), [token row][channel offset] with a row stride of
   // kTile + 1 (one word of padding keeps the transposed read at most 2-way bank conflicted;
-  // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above).
-  __shared__ float product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];
+  // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above). The tall
+  // tile keeps them as T (rounded to T, so the same values): 16.6 KB of shared memory for a bf16
+  // 128 x 64 tile where fp32 takes 33 KB; SANA (1,32760,2240) bf16, 512 threads, rotated: 107.2 us
+  // against 107.6 (bench/results/2026-11-29-h200-runs/75-rga-tiles).
+  using Products = rga_detail::TileProducts<T, kTokenTile != kTile>;
+  using Product = typename Products::Value;
+  __shared__ Product product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];
 
   const long long T_ = p.tokens, H = p.hidden;
   // The grid has < 2^31 blocks (the host checks): the block's coordinates in 32-bit divisions.
@@ -208,7 +229,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   const unsigned tile_in_batch = blockIdx.x - b * tiles_t * tiles_h;
   const unsigned h_tile = kChannelTilesFastest ? tile_in_batch % tiles_h : tile_in_batch / tiles_t;
   const unsigned t_tile = kChannelTilesFastest ? tile_in_batch / tiles_h : tile_in_batch % tiles_t;
-  const long long h0 = static_cast<long long>(h_tile) * kTile, t0 = static_cast<long long>(t_tile) * kTile;
+  const long long h0 = static_cast<long long>(h_tile) * kTile, t0 = static_cast<long long>(t_tile) * kTokenTile;
   const long long batch_offset = static_cast<long long>(b) * T_ * H;
   const T* residual = static_cast<const T*>(p.residual) + batch_offset;  // [H, T] of batch b
   const T* update = static_cast<const T*>(p.update) + batch_offset;      // [T, H] of batch b
@@ -318,7 +339,8 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 #pragma unroll
       for (int e = 0; e < kElemsU; ++e) {
         const T gate_e = kMode == kRgaGateToken ? g_token[kMode == kRgaGateToken ? k : 0] : g[k].get(e);
-        product[q.line * stride + q.offset + e] = round_to<T>(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
+        product[q.line * stride + q.offset + e] =
+            Products::rounded(__fmul_rn(to_float(u[k].get(e)), to_float(gate_e)));
       }
     }
   }
@@ -332,10 +354,10 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       const long long chunk_t = r_t - r_mis[k];
       if (chunk_t + kElemsR <= 0 || chunk_t >= T_) continue;
       T o[kElemsR];
-      const float* products = product + (r_unit * kElemsR + kLeadRows - r_mis[k]) * stride + line;
+      const Product* products = product + (r_unit * kElemsR + kLeadRows - r_mis[k]) * stride + line;
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
-        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), products[e * stride]));
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), to_float(products[e * stride])));
       T* chunk = out + r_first + k * kLinesPerPass * T_ - r_mis[k];
       if (chunk_t >= 0 && chunk_t + kElemsR <= T_) {
         store_elements<T, kElemsR, true>(chunk, o);
@@ -355,7 +377,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
       T o[kElemsR];
 #pragma unroll
       for (int e = 0; e < kElemsR; ++e)
-        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), product[(offset + e) * stride + line]));
+        o[e] = from_float<T>(__fadd_rn(to_float(r[k].get(e)), to_float(product[(offset + e) * stride + line])));
       const long long at = kFixedOffset ? r_first + k * kLinesPerPass * T_ : rh * T_ + rt;
       store_elements<T, kElemsR, kVectorResidual>(out + at, o);
     }

@@ -24,18 +24,20 @@ struct ResidualGateAddParams {
   // A 1-D grid of B * tiles_t * tiles_h blocks (< 2^31), token tiles fastest.
   long long tokens;  // T
   long long hidden;  // H
-  long long tiles_t;  // ceil(T / tile)
+  long long tiles_t;  // ceil(T / token tile) (one more on chunked lines: the host's token_tiles)
   long long tiles_h;  // ceil(H / tile)
 };
 
-// Threads of a transposed-kernel block: one per 16-byte unit (or element) of a tile, at most 256.
-// A 32-tile of 16-bit elements has 128 units: a 256-thread block would leave half its threads idle.
+// Threads of a transposed-kernel block: one per 16-byte unit (or element) of a tile, at most 256
+// per square of `tile` x `tile` (a token tile twice the channel tile: 512). A 32-tile of 16-bit
+// elements has 128 units: a 256-thread block would leave half its threads idle.
 // (__host__ __device__ under nvcc and NVRTC: NVRTC rejects unannotated functions.)
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 __host__ __device__
 #endif
-constexpr int rga_transposed_threads(int tile, int elems_per_unit) {
-  return tile * (tile / elems_per_unit) < 256 ? tile * (tile / elems_per_unit) : 256;
+constexpr int rga_transposed_threads(int tile, int elems_per_unit, int token_tile) {
+  return token_tile * (tile / elems_per_unit) < 256 * (token_tile / tile) ? token_tile * (tile / elems_per_unit)
+                                                                          : 256 * (token_tile / tile);
 }
 
 }  // namespace ditops

@@ -489,6 +489,12 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
             k.one_wave = true;
             keys.push_back(k);
           }
+          if (tile == 64 && vector && dt != DType::f32) {  // the tall tile: 128 tokens x 64 channels
+            RgaKernelKey tall = k;
+            tall.vector_update = true;
+            tall.token_tile = 128;
+            keys.push_back(tall);
+          }
           if (tile != 0 && !vector) {  // scalar residual side, 16-byte update side
             k.vector_update = true;
             keys.push_back(k);
@@ -579,6 +585,21 @@ TEST(ResidualGateAddJit, TransposedBlockHasOneThreadPerTileUnit) {
   EXPECT_EQ(rga_block_threads(k), 256);
   k.tile = 64;
   EXPECT_EQ(rga_block_threads(k), 256) << "a 64-tile has 512 units: two per thread";
+  RgaKernelKey tall = k;
+  tall.dtype = DType::bf16;
+  tall.vector_update = true;
+  tall.token_tile = 128;
+  EXPECT_EQ(rga_block_threads(tall), 512) << "a 128 x 64 tile has 1024 units: two per thread";
+  EXPECT_EQ(rga_kernel_request(tall).max_threads, 512);
+  EXPECT_NE(tall.to_string().find("transposed128x64,vec16"), std::string::npos) << tall.to_string();
+  const std::string args = rga_kernel_request(tall).template_args;
+  EXPECT_EQ(args.substr(args.size() - 12), ", false, 128")
+      << args << ": kChannelTilesFastest off, then kTokenTile";
+  RgaKernelKey square = tall;
+  square.token_tile = 64;
+  EXPECT_NE(square.packed(), tall.packed());
+  EXPECT_EQ(square.to_string().find("128x"), std::string::npos) << square.to_string();
+  EXPECT_EQ(rga_block_threads(square), 256);
   k.vector = false;
   k.tile = 32;
   EXPECT_EQ(rga_block_threads(k), 256);

@@ -243,6 +243,11 @@ TEST_F(ResidualGateAddGpu, TransposedLayout) {
     run_case({{2, 64, 64}, {1, 1, 64}, dt, true, 0, 1}, seed++);        // T % 8 == 0, residual off
     run_case({{1, 4999, 1024}, {1, 1, 1024}, dt, true, 0, 5}, seed++);  // chunks, residual off
     run_case({{2, 2049, 640}, {2, 2049, 640}, dt, true, 0, 0}, seed++);  // chunks, full gate
+    // Aligned lines with two 128 x 64 tiles per SM: the 16-bit dtypes take the tall tile (T and
+    // H not multiples of it), fp32 the 64-tile; every gate mode.
+    run_case({{2, 2048, 576}, {2, 2048, 576}, dt, true}, seed++);  // full gate
+    run_case({{2, 2056, 512}, {2, 2056, 1}, dt, true}, seed++);    // per-token gate
+    run_case({{3, 1544, 456}, {3, 1, 456}, dt, true}, seed++);     // batch gate, H % 64 == 8
   }
   run_case({{1, 32760, 2240}, {1, 1, 2240}, DType::bf16, true}, seed++);  // SANA-Video 480p
 }
@@ -368,6 +373,57 @@ TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
       }
 }
 
+// The tall transposed tile (128 tokens x 64 channels, products kept as T) launched directly at
+// shapes the op gives to smaller tiles: every gate mode, T below, at and across 128 tokens, H
+// across 64 channels, batches; against the reference, nothing written outside out.
+TEST_F(ResidualGateAddGpu, TallTileKernelAgreesBelowAtAndAcrossItsEdges) {
+  struct Shape {
+    std::vector<int64_t> shape, gate;
+    GateMode mode;
+  };
+  const std::vector<Shape> shapes = {{{1, 8, 64}, {1, 1, 64}, GateMode::row},
+                                     {{2, 128, 72}, {2, 128, 1}, GateMode::token},
+                                     {{3, 136, 128}, {3, 1, 128}, GateMode::batch},
+                                     {{1, 264, 200}, {1, 264, 200}, GateMode::full},
+                                     {{2, 384, 8}, {1, 1, 8}, GateMode::row}};
+  uint32_t seed = 700;
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const Shape& s : shapes) {
+      const GpuCase c{s.shape, s.gate, dt, true};
+      SCOPED_TRACE(c.describe());
+      const size_t es = dtype_size(dt);
+      const int64_t n = product(s.shape);
+      const HostInputs h = make_inputs(c, seed++);
+      const std::vector<uint8_t> want = reference_of(c, h);
+      const DeviceInputs in(h, 0, 0);
+      DeviceTensor o(n * es, 0);
+      RgaKernelKey key;
+      key.dtype = dt;
+      key.mode = s.mode;
+      key.transposed = true;
+      key.vector = true;
+      key.vector_update = true;
+      key.tile = 64;
+      key.token_tile = 128;
+      key.pdl = false;
+      ASSERT_EQ(rga_block_threads(key), 512);
+      const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
+      ResidualGateAddParams p{};
+      p.residual = in.r.data();
+      p.update = in.u.data();
+      p.gate = in.g.data();
+      p.out = o.data();
+      p.tokens = s.shape[1];
+      p.hidden = s.shape[2];
+      p.tiles_t = (p.tokens + 127) / 128;
+      p.tiles_h = (p.hidden + 63) / 64;
+      const int64_t blocks = s.shape[0] * p.tiles_t * p.tiles_h;
+      jit::launch(kernel, static_cast<unsigned>(blocks), 512, &p, sizeof p, nullptr, false);
+      check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+      EXPECT_EQ(compare(o, want, es), "") << key.to_string();
+    }
+}
+
 // The measured schedules reach the kernel key: small scalar calls take one element per thread
 // (flat) or 16-tiles (transposed); large ones keep 8 units per thread and 32-tiles; an odd T
 // keeps a 16-byte update side, and walks the residual side by aligned 16-byte chunks in 64-tiles
@@ -399,6 +455,15 @@ TEST_F(ResidualGateAddGpu, SmallScalarCallsTakeTheirMeasuredSchedule) {
   EXPECT_NE(odd_t.find("transposed64,chunk16"), std::string::npos) << odd_t;
   const std::string medium_off = key_of({{2, 513, 256}, {1, 1, 256}, DType::bf16, true, 1});
   EXPECT_NE(medium_off.find("transposed32,scalar"), std::string::npos) << medium_off;
+  // Aligned 16-bit lines: 128-token tiles where there are two of them per SM, else 64-tiles;
+  // fp32 keeps 64-tiles.
+  const std::string sana = key_of({{1, 32760, 2240}, {1, 1, 2240}, DType::bf16, true});
+  EXPECT_NE(sana.find("transposed128x64,vec16"), std::string::npos) << sana;
+  const std::string sana_f32 = key_of({{1, 32760, 2240}, {1, 1, 2240}, DType::f32, true});
+  EXPECT_NE(sana_f32.find("transposed64,vec16"), std::string::npos) << sana_f32;
+  const std::string mid_t = key_of({{1, 4096, 512}, {1, 1, 512}, DType::f16, true});
+  EXPECT_NE(mid_t.find("transposed64,vec16"), std::string::npos)
+      << mid_t << ": 256 tall tiles are fewer than two per SM of an H200";
 }
 
 TEST_F(ResidualGateAddGpu, CapturedInACudaGraphReplaysOnNewInputs) {

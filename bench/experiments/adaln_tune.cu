@@ -533,10 +533,11 @@ __global__ void __launch_bounds__(kBlock) rga_flat_scalar(const __grid_constant_
 __device__ __forceinline__ bf16 rga_detail_gated(bf16 r, bf16 u, bf16 g) { return ditops::rga_detail::gated_sum(r, u, g); }
 
 template <typename T, int kTile, bool kChannelTilesFastest, bool kVector, bool kVectorUpdate, bool kChunked,
-          int kMinBlocks = 0>
-__global__ void __launch_bounds__(256, kMinBlocks) rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
+          int kMinBlocks = 0, int kTokenTile = kTile>
+__global__ void __launch_bounds__(256 * (kTokenTile / kTile), kMinBlocks)
+    rga_transposed(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_transposed<T, ditops::kRgaGateRow, kVector, kTile, false, kVectorUpdate, kChunked,
-                                       kChannelTilesFastest>(p);
+                                       kChannelTilesFastest, kTokenTile>(p);
 }
 
 // Buffer sets of one residual_gate_add case (residual, update, out each `bytes`; one gate of
@@ -617,14 +618,15 @@ std::function<void(const ditops::ResidualGateAddParams&)> rga_flat_launch(bool r
 }
 
 template <typename T, int kTile, bool kChannelTilesFastest, bool kVector = true, bool kVectorUpdate = kVector,
-          bool kChunked = false, int kMinBlocks = 0>
+          bool kChunked = false, int kMinBlocks = 0, int kTokenTile = kTile>
 std::function<void(const ditops::ResidualGateAddParams&)> rga_transposed_launch(long long batch) {
   return [=](const ditops::ResidualGateAddParams& p0) {
     ditops::ResidualGateAddParams p = p0;
-    p.tiles_t = (p.tokens + (kChunked ? 16 / sizeof(T) - 1 : 0) + kTile - 1) / kTile;
+    p.tiles_t = (p.tokens + (kChunked ? 16 / sizeof(T) - 1 : 0) + kTokenTile - 1) / kTokenTile;
     p.tiles_h = (p.hidden + kTile - 1) / kTile;
-    constexpr int kThreads = ditops::rga_transposed_threads(kTile, kVector ? 16 / sizeof(T) : 1);
-    rga_transposed<T, kTile, kChannelTilesFastest, kVector, kVectorUpdate, kChunked, kMinBlocks><<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
+    constexpr int kThreads = ditops::rga_transposed_threads(kTile, kVector ? 16 / sizeof(T) : 1, kTokenTile);
+    rga_transposed<T, kTile, kChannelTilesFastest, kVector, kVectorUpdate, kChunked, kMinBlocks, kTokenTile>
+        <<<batch * p.tiles_t * p.tiles_h, kThreads>>>(p);
   };
 }
 
@@ -657,6 +659,146 @@ void run_rga_transposed_case(const char* name, long long B, long long T_, long l
     sets.run("chunk16, tile 64, 6 blocks/SM", rga_transposed_launch<T, 64, false, true, true, true, 6>(B), reference);
 
   }
+}
+
+// Rectangular tiles for the aligned transposed layout (16-byte units on both sides, row gate,
+// batch 1; not in the library): kTileT tokens x kTileH channels per block, so residual / out lines
+// run kTileT * 2 bytes and update rows kTileH * 2 bytes (the library's square 64-tile: 128 and 128).
+// kStreaming: ld/st.global.cs. The products' row stride is kTileH + pad, pad chosen below for the
+// fewest bank conflicts of the transposed read.
+__host__ __device__ constexpr int rect_conflicts(int tile_t, int tile_h, int pad, int elems, int bytes = 4) {
+  // The most lanes of a warp on one bank in the residual side's read of product element e = 0.
+  int worst = 0;
+  const int line_units = tile_t / elems, stride = tile_h + pad;
+  for (int bank = 0; bank < 32; ++bank) {
+    int n = 0;
+    for (int lane = 0; lane < 32; ++lane) {
+      const int line = lane / line_units, offset = (lane % line_units) * elems;
+      if ((offset * stride + line) * bytes / 4 % 32 == bank) ++n;
+    }
+    worst = n > worst ? n : worst;
+  }
+  return worst;
+}
+__host__ __device__ constexpr int rect_pad(int tile_t, int tile_h, int elems, int bytes = 4) {
+  int best = 1;
+  for (int pad = 1; pad <= 8; ++pad)
+    if (rect_conflicts(tile_t, tile_h, pad, elems, bytes) < rect_conflicts(tile_t, tile_h, best, elems, bytes)) best = pad;
+  return best;
+}
+template <typename T, int kTileT, int kTileH, int kThreads, bool kStreaming, bool kProductT>
+__global__ void __launch_bounds__(kThreads) rga_rect(const __grid_constant__ ditops::ResidualGateAddParams p) {
+  using namespace ditops::kernel;
+  constexpr int E = 16 / static_cast<int>(sizeof(T));
+  constexpr int kRowUnitsU = kTileH / E, kLineUnitsR = kTileT / E;
+  static_assert(kThreads % kRowUnitsU == 0 && kThreads % kLineUnitsR == 0, "whole rows per pass");
+  constexpr int kPerU = kTileT * kRowUnitsU / kThreads, kPerR = kTileH * kLineUnitsR / kThreads;
+  static_assert(kPerU * kThreads == kTileT * kRowUnitsU && kPerR * kThreads == kTileH * kLineUnitsR, "whole passes");
+  // kProductT: the products kept as T (exact: they are rounded to T), half the shared memory.
+  using P = typename std::conditional<kProductT, T, float>::type;
+  constexpr int kStride = kTileH + rect_pad(kTileT, kTileH, E, static_cast<int>(sizeof(P)));
+  __shared__ P product[kTileT * kStride];
+  const long long T_ = p.tokens, H = p.hidden;
+  const unsigned tiles_t = static_cast<unsigned>(p.tiles_t);
+  const unsigned h_tile = blockIdx.x / tiles_t, t_tile = blockIdx.x - h_tile * tiles_t;
+  const long long h0 = static_cast<long long>(h_tile) * kTileH, t0 = static_cast<long long>(t_tile) * kTileT;
+  const T* residual = static_cast<const T*>(p.residual);
+  const T* update = static_cast<const T*>(p.update);
+  T* out = static_cast<T*>(p.out);
+  const int tid = threadIdx.x;
+  // Update side: row (token) u_row0 + k * kRowsPerPass, channel offset u_off.
+  constexpr int kRowsPerPass = kThreads / kRowUnitsU;
+  const int u_row0 = tid / kRowUnitsU, u_off = (tid % kRowUnitsU) * E;
+  const bool u_h_inside = h0 + u_off < H;
+  Word<16> u[kPerU], g;
+  if (u_h_inside) g = load_word<16, true>(static_cast<const T*>(p.gate) + h0 + u_off);
+#pragma unroll
+  for (int k = 0; k < kPerU; ++k) {
+    const long long t = t0 + u_row0 + k * kRowsPerPass;
+    if (u_h_inside && t < T_) {
+      const T* at = update + t * H + h0 + u_off;
+      u[k] = kStreaming ? load_word_streaming(at) : load_word<16, false>(at);
+    }
+  }
+  // Residual side: line (channel) r_line0 + k * kLinesPerPass, token offset r_off.
+  constexpr int kLinesPerPass = kThreads / kLineUnitsR;
+  const int r_line0 = tid / kLineUnitsR, r_off = (tid % kLineUnitsR) * E;
+  const bool r_t_inside = t0 + r_off < T_;
+  Word<16> r[kPerR];
+#pragma unroll
+  for (int k = 0; k < kPerR; ++k) {
+    const long long h = h0 + r_line0 + k * kLinesPerPass;
+    if (r_t_inside && h < H) {
+      const T* at = residual + h * T_ + t0 + r_off;
+      r[k] = kStreaming ? load_word_streaming(at) : load_word<16, false>(at);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPerU; ++k) {
+    const long long t = t0 + u_row0 + k * kRowsPerPass;
+    if (u_h_inside && t < T_) {
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if constexpr (kProductT)
+          product[(u_row0 + k * kRowsPerPass) * kStride + u_off + e] =
+              from_float<T>(__fmul_rn(to_float(word_element<T>(u[k], e)), to_float(word_element<T>(g, e))));
+        else
+          product[(u_row0 + k * kRowsPerPass) * kStride + u_off + e] =
+              round_to<T>(__fmul_rn(to_float(word_element<T>(u[k], e)), to_float(word_element<T>(g, e))));
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < kPerR; ++k) {
+    const int line = r_line0 + k * kLinesPerPass;
+    const long long h = h0 + line;
+    if (r_t_inside && h < H) {
+      T o[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        o[e] = from_float<T>(__fadd_rn(to_float(word_element<T>(r[k], e)), to_float(product[(r_off + e) * kStride + line])));
+      Word<16> w;
+      elements_to_word(o, w);
+      T* at = out + h * T_ + t0 + r_off;
+      if (kStreaming) store_word_streaming(at, w);
+      else store_word<16>(at, w);
+    }
+  }
+}
+
+template <typename T, int kTileT, int kTileH, int kThreads, bool kStreaming = false, bool kProductT = false>
+std::function<void(const ditops::ResidualGateAddParams&)> rga_rect_launch() {
+  return [=](const ditops::ResidualGateAddParams& p0) {
+    ditops::ResidualGateAddParams p = p0;
+    p.tiles_t = (p.tokens + kTileT - 1) / kTileT;
+    p.tiles_h = (p.hidden + kTileH - 1) / kTileH;
+    rga_rect<T, kTileT, kTileH, kThreads, kStreaming, kProductT><<<p.tiles_t * p.tiles_h, kThreads>>>(p);
+  };
+}
+
+// SANA's aligned transposed layout: the library's 64-tile against rectangular tiles (bf16, fp16).
+template <typename T>
+void run_rga_rect_case(const char* name, long long T_, long long H) {
+  RgaSets sets(T_ * H * 2, H * 2, 5);
+  for (auto& p : sets.params) {
+    p.tokens = T_;
+    p.hidden = H;
+  }
+  std::printf("rga rect %s, %d sets: copy cold %.2f us (cudaMemcpy), rotated %.2f us (copy kernel)\n", name, sets.size(),
+              sets.copy_cold, sets.copy_rotated);
+  std::vector<unsigned short> reference;
+  sets.run("library tile 64", rga_transposed_launch<T, 64, false>(1), reference);
+  sets.run("rect 128x64, 256 thr", rga_rect_launch<T, 128, 64, 256>(), reference);
+  sets.run("rect 128x64, 512 thr", rga_rect_launch<T, 128, 64, 512>(), reference);
+  sets.run("rect 128x64, 512 thr, T products", rga_rect_launch<T, 128, 64, 512, false, true>(), reference);
+  sets.run("rect 128x64, 256 thr, T products", rga_rect_launch<T, 128, 64, 256, false, true>(), reference);
+  sets.run("rect 256x64, 512 thr, T products", rga_rect_launch<T, 256, 64, 512, false, true>(), reference);
+  sets.run("rect 256x64, 1024 thr, T products", rga_rect_launch<T, 256, 64, 1024, false, true>(), reference);
+  sets.run("rect 192x64, 384 thr, T products", rga_rect_launch<T, 192, 64, 384, false, true>(), reference);
+  sets.run("rect 128x96, 384 thr, T products", rga_rect_launch<T, 128, 96, 384, false, true>(), reference);
+  sets.run("rect 64x64, T products", rga_rect_launch<T, 64, 64, 256, false, true>(), reference);
+  sets.run("library tile 128 x 64", rga_transposed_launch<T, 64, false, true, true, false, 0, 128>(1), reference);
+  sets.run("library tile 64 (again)", rga_transposed_launch<T, 64, false>(1), reference);
 }
 
 // The floor of a tiny launch: the same arithmetic with int indices, four pointers and two ints
@@ -760,7 +902,7 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
+  // all (default) | qk | rga | rga_tiny | rga_odd | rga_rect | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
@@ -770,6 +912,10 @@ int main(int argc, char** argv) {
   if (all || only == "rga") run_rga_cases();
   if (all || only == "rga" || only == "rga_tiny") run_rga_tiny_cases();
   if (all || only == "rga_odd") run_rga_odd_tokens_cases();
+  if (only == "rga_rect") {
+    run_rga_rect_case<bf16>("SANA (1,32760,2240) bf16", 32760, 2240);
+    run_rga_rect_case<ditops::kernel::f16>("SANA (1,32760,2240) fp16", 32760, 2240);
+  }
   if (all || only == "lnm") {
     run_case<6>(flux);
     run_case<6>(qwen);

@@ -16,7 +16,10 @@ const char* gate_mode_name(GateMode mode) {
 
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
-         (transposed ? "transposed" + std::to_string(tile) : std::string("flat")) +
+         (transposed ? "transposed" +
+                           (tokens_per_tile() != tile ? std::to_string(tokens_per_tile()) + "x" : std::string()) +
+                           std::to_string(tile)
+                     : std::string("flat")) +
          (vector                          ? ",vec16"
           : transposed && chunked_residual ? ",chunk16"
           : transposed && vector_update    ? ",update16"
@@ -31,6 +34,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 2 + transposed;
   v = v * 2 + vector;
   v = v * 128 + static_cast<uint64_t>(tile);
+  v = v * 2 + (tokens_per_tile() != tile);
   v = v * 2 + one_wave;
   v = v * 2 + vector_update;
   v = v * 2 + chunked_residual;
@@ -71,7 +75,7 @@ int rga_flat_units(const RgaKernelKey& key) {
 int rga_block_threads(const RgaKernelKey& key) {
   if (!key.transposed) return kRgaThreads;
   const int elems = key.vector || key.chunked_residual ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;
-  return rga_transposed_threads(key.tile, elems);
+  return rga_transposed_threads(key.tile, elems, key.tokens_per_tile());
 }
 
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
@@ -86,7 +90,8 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
     r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
   else
     r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update) + ", " +
-                       jit::kernel_bool(key.chunked_residual && !key.vector);
+                       jit::kernel_bool(key.chunked_residual && !key.vector) +
+                       (key.tokens_per_tile() != key.tile ? ", false, " + std::to_string(key.tokens_per_tile()) : std::string());
   r.params_type = "ditops::ResidualGateAddParams";
   r.max_threads = rga_block_threads(key);
   r.template_key = "residual_gate_add:" + key.to_string();

@@ -14,16 +14,18 @@ struct RgaKernelKey {
   GateMode mode = GateMode::row;
   bool transposed = false;
   bool vector = true;  // 16-byte accesses
-  int tile = 0;        // transposed: tile edge (16, 32 or 64); 0 for the flat kernel
+  int tile = 0;        // transposed: channels per tile (16, 32 or 64); 0 for the flat kernel
+  int token_tile = 0;  // transposed: tokens per tile, `tile` or 2 * `tile` (16-byte units, unchunked); 0 = `tile`
   bool one_wave = false;  // flat scalar path over at most one wave of resident threads
   bool vector_update = false;  // transposed: update and gate by 16-byte units (true with vector)
   bool chunked_residual = false;  // transposed: residual/out by the aligned 16-byte chunks of each line
   bool pdl = true;
 
-  // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl" / "...,transposed64,chunk16,pdl" /
-  // "...,transposed32,update16,pdl"
+  // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl" / "...,transposed128x64,vec16,pdl" /
+  // "...,transposed64,chunk16,pdl" / "...,transposed32,update16,pdl"
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
+  int tokens_per_tile() const { return token_tile > 0 ? token_tile : tile; }
 };
 
 constexpr int kRgaThreads = 256;
@@ -32,8 +34,8 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
 // Units (16-byte vectors, or single elements on the scalar path) per thread and iteration of
 // the flat kernel; with one unit the grid covers the tensor once (no grid-stride rounds).
 int rga_flat_units(const RgaKernelKey& key);
-// Threads per block: kRgaThreads for the flat kernel; one per unit of a tile (at most 256) for
-// the transposed one (rga_transposed_threads, shared with the kernel).
+// Threads per block: kRgaThreads for the flat kernel; one per unit of a tile (at most 256 per
+// square of `tile`) for the transposed one (rga_transposed_threads, shared with the kernel).
 int rga_block_threads(const RgaKernelKey& key);
 
 }  // namespace ditops

@@ -231,6 +231,19 @@ int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
   return transposed_tiles(c, 64) < two_per_sm(multiprocessors) ? 32 : 64;
 }
 
+// Tokens per tile: twice the 64 channels (512-thread blocks, the products kept as T) on aligned
+// 16-bit lines where there are two such tiles per SM, so that residual and out move in 256-byte
+// pieces of each line. H200, SANA (1,32760,2240), kernels launched directly, rotated / cold us
+// (bench/experiments/adaln_tune.cu rga_rect, bench/results/2026-11-29-h200-runs/75-rga-tiles):
+// bf16 128 x 64 107.2 / 112.6 against the 64-tile's 108.5 / 114.4 (fp16 107.2 / 112.6 against
+// 108.5 / 114.5); 256 x 64 117.2, 192 x 64 107.4-108.3, 128 x 96 108.9-109.9, 64 x 128 110.1,
+// 128 x 32 122.5 (64-byte update rows). fp32 and the chunked lines keep square tiles (not measured).
+int transposed_token_tile(const ResidualGateAddCall& c, int tile, int multiprocessors) {
+  const bool tall = tile == 64 && c.aligned16 && dtype_size(c.residual.dtype) == 2 &&
+                    c.batch * ((c.tokens + 127) / 128) * ((c.hidden + 63) / 64) >= two_per_sm(multiprocessors);
+  return tall ? 2 * tile : tile;
+}
+
 // A scalar flat call that one wave of resident threads covers (2048 per SM on sm_90/sm_100,
 // 1536 on sm_120: a threshold, not a limit) runs one element per thread (rga_flat_units).
 bool flat_one_wave(const ResidualGateAddCall& c, int multiprocessors) {
@@ -246,6 +259,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.vector_update = c.transposed && (c.aligned16 || c.update_aligned16);
   key.chunked_residual = c.transposed && chunked_residual(c, device.multiprocessors);
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
+  key.token_tile = c.transposed ? transposed_token_tile(c, key.tile, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
@@ -261,7 +275,7 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
   if (c.transposed) {
     p.tokens = c.tokens;
     p.hidden = c.hidden;
-    p.tiles_t = token_tiles(c, key.tile, key.chunked_residual);
+    p.tiles_t = token_tiles(c, key.tokens_per_tile(), key.chunked_residual);
     p.tiles_h = (c.hidden + key.tile - 1) / key.tile;
     grid = c.batch * p.tiles_t * p.tiles_h;
   } else {
