@@ -7,7 +7,8 @@
    `1.0 / tensor` is Tensor.reciprocal, an IEEE division: fp8_reciprocal=ieee matches it).
 2. Benchmark at the model shapes: device copy, eager, torch.compile, ditops, each timed cold
    (triton.testing.do_bench; ditops launched as a one-kernel CUDA graph) and rotated (buffer sets
-   over 3x the L2 captured round after round in one CUDA graph), medians; GB/s by the byte model
+   over 3x the L2 captured round after round in one CUDA graph) and cold with every implementation
+   alone in a CUDA graph ("cold_graph"), medians; GB/s by the byte model
    and the fraction of a device copy timed the same way (torch_bench_common.measure / report).
 """
 import ctypes

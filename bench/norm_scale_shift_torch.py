@@ -8,8 +8,9 @@
    it (div.full.f32), then (y.float() * inv).clamp(+-448).to(float8_e4m3fn).
 2. Benchmark: device copy, ditops (jit; eager and sglang numerics), eager and torch.compile on the
    model shapes, each timed cold (triton.testing.do_bench; ditops as a one-kernel CUDA graph, the
-   ctypes call costs tens of us of host time) and rotated (buffer sets over 3x the L2 captured
-   round after round in one CUDA graph), medians; GB/s by the byte model and the fraction of a
+   ctypes call costs tens of us of host time), rotated (buffer sets over 3x the L2 captured
+   round after round in one CUDA graph) and cold with every implementation alone in a CUDA graph
+   ("cold_graph"), medians; GB/s by the byte model and the fraction of a
    device copy timed the same way. JSON records in the bench/results format.
 
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes, so it needs only libditops.so.

@@ -6,13 +6,16 @@
    off 16-byte alignment); out keeps residual's strides.
 2. CUDA-graph capture and replay with new inputs on a side stream.
 3. Benchmark, every implementation (device copy, eager, torch.compile, ditops with and without
-   PDL) timed two ways in the same run: "cold" = triton.testing.do_bench (a 256 MiB cache clear
+   PDL) timed three ways in the same run: "cold" = triton.testing.do_bench (a 256 MiB cache clear
    before each call, median; ditops launched as a one-kernel CUDA graph, since the ctypes call
    costs tens of microseconds of host time), and "rotated" = rotated_graph_us (round after round
    over buffer sets > 3x the L2, captured in one CUDA graph: GPU time only, no flush write-back
-   overlapping the call, the same for every implementation). GB/s by the byte model (residual,
+   overlapping the call, the same for every implementation), and "cold_graph" = do_bench of each
+   implementation's call alone in a CUDA graph (every one launched as ditops is in "cold"). GB/s
+   by the byte model (residual,
    update, gate read once, out written once) and the fraction of a device copy of the same bytes
-   (cold: torch's copy_; rotated: a Triton copy kernel, as a captured copy_ runs on a copy engine).
+   (cold: torch's copy_; rotated and cold_graph: a Triton copy kernel, as a captured copy_ runs on
+   a copy engine).
 
 Calls ditops through its C ABI (include/ditops/c_api.h) with ctypes: needs only libditops.so.
 """

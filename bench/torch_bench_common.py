@@ -117,6 +117,24 @@ def graph_on_side_stream(fn):
     return g
 
 
+def cold_graph_us(fn):
+    """Median time in µs of fn() captured alone in a CUDA graph on a side stream and replayed by
+    median_us (cache cleared before each replay): the cold reading with every implementation
+    launched the same way. In median_us's own reading ditops is already such a graph (its ctypes
+    call costs tens of µs of host time) while torch.compile and eager launch directly; a graph
+    launch then costs ~0.5-1 µs that theirs does not (bench/results run 77). Outputs fn returns
+    are held until the timing ends."""
+    fn()  # compile, JIT, autotune outside the capture
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        held = fn()
+    us = median_us(graph.replay)
+    del held, graph
+    return us
+
+
 def rotation_count(set_bytes, max_sets=64):
     """Buffer sets for rotated timing: enough that the sets together are over 3x the L2, so a set
     is never read from the L2 its previous use filled (2 at least, max_sets at most)."""
@@ -222,44 +240,50 @@ def case_selected(label):
 
 
 def measure(impls):
-    """{label: (cold_us, rotated_us)} for impls = [(label, cold_fn, rotated_fns)]: cold_fn timed by
-    median_us (cache cleared before each call), rotated_fns (one call per buffer set) by
-    rotated_graph_us. An implementation that raises is reported and left out; so is one that
-    DITOPS_BENCH_IMPLS does not select."""
+    """{label: (cold_us, rotated_us, cold_graph_us)} for impls = [(label, cold_fn, rotated_fns)]:
+    cold_fn timed by median_us (cache cleared before each call), rotated_fns (one call per buffer
+    set) by rotated_graph_us, and the first of them alone in a graph by cold_graph_us. An
+    implementation that raises is reported and left out; so is one that DITOPS_BENCH_IMPLS does
+    not select."""
     measured = {}
     pattern = _selection("DITOPS_BENCH_IMPLS")
     for label, cold_fn, rotated_fns in impls:
         if pattern is not None and label != "device_copy" and not pattern.search(label):
             continue
         try:
-            measured[label] = (median_us(cold_fn), rotated_graph_us(rotated_fns))
+            measured[label] = (median_us(cold_fn), rotated_graph_us(rotated_fns), cold_graph_us(rotated_fns[0]))
         except Exception as e:  # noqa: BLE001 (report and go on)
             print(f"  {label} failed: {repr(e)[:200]}", flush=True)
     return measured
 
 
 def report(measured, rows, meta, op, case, nbytes, width=34):
-    """Prints one line per implementation (cold and rotated µs, GB/s by the byte model, fraction of
-    the "device_copy" entry timed the same way) and appends one record per (implementation,
-    method) to rows; then torch.compile's rotated time over ditops's ("ditops:jit")."""
+    """Prints one line per implementation (cold, rotated and cold-graph µs, GB/s by the byte model,
+    fraction of the "device_copy" entry timed the same way) and appends one record per
+    (implementation, method) to rows; then torch.compile's rotated and cold-graph times over
+    ditops's ("ditops:jit")."""
     if "device_copy" not in measured:
         print(f"{case}: no device copy measured; records left out")
         return
-    copy_cold, copy_rot = measured["device_copy"]
-    for label, (cold, rot) in measured.items():
+    copy_cold, copy_rot, copy_graph = measured["device_copy"]
+    for label, (cold, rot, graph) in measured.items():
         print(f"{case:{width}s} {label:24s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:10.2f} "
-              f"{nbytes / (rot * 1e-6) / 1e9:7.1f} {100 * copy_rot / rot:5.1f}%", flush=True)
-        for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot)):
+              f"{nbytes / (rot * 1e-6) / 1e9:7.1f} {100 * copy_rot / rot:5.1f}% {graph:9.2f} {100 * copy_graph / graph:5.1f}%",
+              flush=True)
+        for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot),
+                                    ("cold_graph", graph, copy_graph)):
             rows.append(dict(kind="bench", op=op, case=case, impl=label, method=method, us=round(us, 3),
                              gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1), copy_fraction=round(copy_us / us, 4),
                              bytes=nbytes, **meta))
     if "torch_compile" in measured and "ditops:jit" in measured:
         print(f"{case:{width}s} torch.compile / ditops (rotated): "
-              f"{measured['torch_compile'][1] / measured['ditops:jit'][1]:.3f}", flush=True)
+              f"{measured['torch_compile'][1] / measured['ditops:jit'][1]:.3f} (cold graph): "
+              f"{measured['torch_compile'][2] / measured['ditops:jit'][2]:.3f}", flush=True)
 
 
 def report_header(width=34):
-    print(f"\n{'case':{width}s} {'impl':24s} {'cold us':>9s} {'copy%':>6s} {'rotated':>10s} {'GB/s':>7s} {'copy%':>6s}")
+    print(f"\n{'case':{width}s} {'impl':24s} {'cold us':>9s} {'copy%':>6s} {'rotated':>10s} {'GB/s':>7s} {'copy%':>6s}"
+          f" {'graph cold':>9s} {'copy%':>6s}")
 
 
 def copy_impl(sets, src_of, dst_of):
