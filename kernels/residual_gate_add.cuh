@@ -217,7 +217,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above). The tall
   // tile keeps them as T (rounded to T, so the same values): 16.6 KB of shared memory for a bf16
   // 128 x 64 tile where fp32 takes 33 KB; SANA (1,32760,2240) bf16, 512 threads, rotated: 107.2 us
-  // against 107.6 (bench/results/2026-11-29-h200-runs/75-rga-tiles).
+  // against 107.6 (bench/results/2026-11-29-h200-runs/76-rga-tiles).
   using Products = rga_detail::TileProducts<T, kTokenTile != kTile>;
   using Product = typename Products::Value;
   __shared__ Product product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];

@@ -234,7 +234,7 @@ int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
 // Tokens per tile: twice the 64 channels (512-thread blocks, the products kept as T) on aligned
 // 16-bit lines where there are two such tiles per SM, so that residual and out move in 256-byte
 // pieces of each line. H200, SANA (1,32760,2240), kernels launched directly, rotated / cold us
-// (bench/experiments/adaln_tune.cu rga_rect, bench/results/2026-11-29-h200-runs/75-rga-tiles):
+// (bench/experiments/adaln_tune.cu rga_rect, bench/results/2026-11-29-h200-runs/76-rga-tiles):
 // bf16 128 x 64 107.2 / 112.6 against the 64-tile's 108.5 / 114.4 (fp16 107.2 / 112.6 against
 // 108.5 / 114.5); 256 x 64 117.2, 192 x 64 107.4-108.3, 128 x 96 108.9-109.9, 64 x 128 110.1,
 // 128 x 32 122.5 (64-byte update rows). fp32 and the chunked lines keep square tiles (not measured).
