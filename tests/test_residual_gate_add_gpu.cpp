@@ -316,6 +316,27 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
     }
 }
 
+// The transposed kernel of `key` launched directly on residual [B, H, T] / update [B, T, H] of
+// `shape` = [B, T, H] (no schedule of the op's), `lead` token rows before each tile (chunked
+// lines), and synchronized.
+void launch_transposed_directly(const RgaKernelKey& key, const std::vector<int64_t>& shape, const DeviceInputs& in,
+                                DeviceTensor& o, int64_t lead) {
+  const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
+  ResidualGateAddParams p{};
+  p.residual = in.r.data();
+  p.update = in.u.data();
+  p.gate = in.g.data();
+  p.out = o.data();
+  p.tokens = shape[1];
+  p.hidden = shape[2];
+  p.tiles_t = (p.tokens + lead + key.tokens_per_tile() - 1) / key.tokens_per_tile();
+  p.tiles_h = (p.hidden + key.tile - 1) / key.tile;
+  const int64_t blocks = shape[0] * p.tiles_t * p.tiles_h;
+  jit::launch(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p,
+              nullptr, false);
+  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+}
+
 // The chunked transposed kernel launched directly at shapes the op gives to other tiles (small
 // calls): both tile sizes, every gate mode, T below, at and across a tile, batches whose lines
 // start at every offset, residual and out off 16 bytes; against the reference, nothing written
@@ -354,21 +375,8 @@ TEST_F(ResidualGateAddGpu, ChunkedResidualKernelAgreesAtEveryLineOffset) {
         key.chunked_residual = true;
         key.tile = tile;
         key.pdl = false;
-        const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
-        ResidualGateAddParams p{};
-        p.residual = in.r.data();
-        p.update = in.u.data();
-        p.gate = in.g.data();
-        p.out = o.data();
-        p.tokens = s.shape[1];
-        p.hidden = s.shape[2];
         const int64_t lead = 16 / static_cast<int64_t>(es) - 1;  // a line reaches this far before its tile
-        p.tiles_t = (p.tokens + lead + tile - 1) / tile;
-        p.tiles_h = (p.hidden + tile - 1) / tile;
-        const int64_t blocks = s.shape[0] * p.tiles_t * p.tiles_h;
-        jit::launch(kernel, static_cast<unsigned>(blocks), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p,
-                    nullptr, false);
-        check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+        launch_transposed_directly(key, s.shape, in, o, lead);
         EXPECT_EQ(compare(o, want, es), "") << key.to_string();
       }
 }
@@ -407,19 +415,7 @@ TEST_F(ResidualGateAddGpu, TallTileKernelAgreesBelowAtAndAcrossItsEdges) {
       key.token_tile = 128;
       key.pdl = false;
       ASSERT_EQ(rga_block_threads(key), 512);
-      const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
-      ResidualGateAddParams p{};
-      p.residual = in.r.data();
-      p.update = in.u.data();
-      p.gate = in.g.data();
-      p.out = o.data();
-      p.tokens = s.shape[1];
-      p.hidden = s.shape[2];
-      p.tiles_t = (p.tokens + 127) / 128;
-      p.tiles_h = (p.hidden + 63) / 64;
-      const int64_t blocks = s.shape[0] * p.tiles_t * p.tiles_h;
-      jit::launch(kernel, static_cast<unsigned>(blocks), 512, &p, sizeof p, nullptr, false);
-      check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+      launch_transposed_directly(key, s.shape, in, o, 0);
       EXPECT_EQ(compare(o, want, es), "") << key.to_string();
     }
 }

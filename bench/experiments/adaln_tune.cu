@@ -894,6 +894,57 @@ void run_rga_cases() {
   run_rga_transposed_case<bf16>("(2,513,256) bf16", 2, 513, 256);
 }
 
+// Where the flat kernel's single launch from a cleared L2 loses to Inductor's (bench/results run
+// 79, cold_graph: FLUX (1,4096,3072) 25.06 against 24.29 us, (1,512,3072) 8.13 against 8.00, while
+// back to back it is ahead): the library's flat vector kernel against minimal 16-byte kernels with
+// six parameters in one constant line, the row length at run time or (kRowUnits > 0) a compile-time
+// constant, as Inductor specializes it. Cold = memset clear before each direct launch.
+template <int kRowUnits>
+__global__ void __launch_bounds__(256) rga_minimal_vec(const bf16* __restrict__ r, const bf16* __restrict__ u,
+                                                       const bf16* __restrict__ g, bf16* __restrict__ o, int units,
+                                                       int row_units) {
+  using namespace ditops::kernel;
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  if (i >= units) return;
+  const int gate_unit = kRowUnits > 0 ? i % kRowUnits : i % row_units;
+  const Word<16> rw = load_word<16, false>(r + 8 * static_cast<long long>(i));
+  const Word<16> uw = load_word<16, false>(u + 8 * static_cast<long long>(i));
+  const Word<16> gw = load_word<16, true>(g + 8 * gate_unit);
+  bf16 out[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    out[e] = rga_detail_gated(word_element<bf16>(rw, e), word_element<bf16>(uw, e), word_element<bf16>(gw, e));
+  Word<16> w;
+  elements_to_word(out, w);
+  store_word<16>(o + 8 * static_cast<long long>(i), w);
+}
+
+void run_rga_cold_cases() {
+  for (const long long rows : {4096LL, 512LL}) {
+    const long long D = 3072;
+    RgaSets sets(rows * D * 2, D * 2, 11);
+    for (auto& p : sets.params) {
+      p.units = rows * D / 8;
+      p.row_units = D / 8;
+      p.units_per_gate_row = p.units;
+    }
+    std::printf("rga (1,%lld,3072) row gate bf16, %d sets: copy cold %.2f us (cudaMemcpy), rotated %.2f us (copy kernel)\n",
+                rows, sets.size(), sets.copy_cold, sets.copy_rotated);
+    std::vector<unsigned short> reference;
+    auto minimal = [](auto kernel) {
+      return [=](const ditops::ResidualGateAddParams& p) {
+        kernel<<<(unsigned)((p.units + 255) / 256), 256>>>((const bf16*)p.residual, (const bf16*)p.update,
+                                                            (const bf16*)p.gate, (bf16*)p.out, (int)p.units,
+                                                            (int)p.row_units);
+      };
+    };
+    sets.run("library flat, 1 unit, 32-bit", rga_flat_launch<bf16, 1>(false, true), reference);
+    sets.run("minimal, row length a parameter", minimal(rga_minimal_vec<0>), reference);
+    sets.run("minimal, row length 384 constant", minimal(rga_minimal_vec<384>), reference);
+    sets.run("library flat, 1 unit, 32-bit (again)", rga_flat_launch<bf16, 1>(false, true), reference);
+  }
+}
+
 void run_rga_odd_tokens_cases() {
   run_rga_transposed_case<bf16>("(2,513,256) bf16", 2, 513, 256);
   run_rga_transposed_case<bf16>("SANA odd T (1,32761,2240) bf16", 1, 32761, 2240);
@@ -902,7 +953,7 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | rga_rect | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
+  // all (default) | qk | rga | rga_tiny | rga_odd | rga_rect | rga_cold | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
@@ -912,6 +963,7 @@ int main(int argc, char** argv) {
   if (all || only == "rga") run_rga_cases();
   if (all || only == "rga" || only == "rga_tiny") run_rga_tiny_cases();
   if (all || only == "rga_odd") run_rga_odd_tokens_cases();
+  if (only == "rga_cold") run_rga_cold_cases();
   if (only == "rga_rect") {
     run_rga_rect_case<bf16>("SANA (1,32760,2240) bf16", 32760, 2240);
     run_rga_rect_case<ditops::kernel::f16>("SANA (1,32760,2240) fp16", 32760, 2240);
