@@ -15,11 +15,12 @@
 // one row: a 16-byte vector, or one element on the scalar path). A thread's units are one grid
 // width apart, kUnroll of them per iteration with every load issued before any arithmetic, so each
 // thread keeps 3 * kUnroll independent loads in flight. With one unit per thread the grid covers
-// the tensor and the loop runs once. Indices are 32-bit whenever the host says they fit
-// (params.index32): a thread then finds its gate by a 32-bit division instead of a 64-bit one
-// (~70 instructions). Measured (H200, run 21, FLUX joint, rotated): 21.30 us either way, the
-// loads being issued before the division; the 32-bit path stays for its shorter instruction
-// stream, the 64-bit one for tensors past 2^32 units.
+// the tensor and the loop runs once. Indices are 32-bit unless the host needs 64 (kIndex64: unit
+// indices past 2^31, the host's flat_index64); a separate kernel each, so a launch runs no branch
+// on the width. On 32 bits a thread finds its gate by a multiply and a shift (common/fast_divide.h,
+// divisors computed by the host) where a division by a run-time divisor takes ~20 instructions
+// through the MUFU reciprocal (64-bit: ~70), which ptxas placed before the first load. MEASURED:
+// see the host's flat_index64.
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTokenTile tokens x kTile channels: update is read
@@ -32,6 +33,7 @@
 // next to transposed_token_tile in the host file.
 #pragma once
 
+#include "common/fast_divide.h"
 #include "common/memory.cuh"
 #include "common/types.cuh"
 #include "residual_gate_add_params.h"
@@ -81,17 +83,31 @@ struct Unit<T, false> {
   __device__ __forceinline__ T get(int) const { return value; }
 };
 
+// The flat kernel's unit index type.
+template <bool kIndex64>
+struct FlatIndex {
+  using type = unsigned;
+};
+template <>
+struct FlatIndex<true> {
+  using type = unsigned long long;
+};
+
 // The gate of `unit`: the element offset of its gate vector (of its one gate on token mode).
-// Division in the index type, the offset in 64 bits (numel may pass 2^32 where units do not).
+// 32-bit indices divide through the host's FastDivisors (unit < units < 2^31), 64-bit ones by `/`;
+// the offset is formed in 64 bits (numel may pass 2^32 where units do not).
 template <int kMode, typename Index>
 __device__ __forceinline__ unsigned long long gate_offset(Index unit, Index row_units, Index units_per_gate_row,
-                                                          int elems) {
+                                                          const ResidualGateAddParams& p, int elems) {
   using Offset = unsigned long long;
+  constexpr bool kFast = sizeof(Index) == 4;
   if constexpr (kMode == kRgaGateFull) return static_cast<Offset>(unit) * elems;
-  else if constexpr (kMode == kRgaGateRow) return static_cast<Offset>(unit % row_units) * elems;
-  else if constexpr (kMode == kRgaGateBatch)
-    return (static_cast<Offset>(unit / units_per_gate_row) * row_units + unit % row_units) * elems;
-  else return unit / row_units;  // token: one gate per row
+  const Index row = kFast ? fast_quotient(unit, p.row_units_divisor) : unit / row_units;
+  if constexpr (kMode == kRgaGateToken) return row;  // one gate per row
+  const Index column = unit - row * row_units;
+  if constexpr (kMode == kRgaGateRow) return static_cast<Offset>(column) * elems;
+  const Index gate_row = kFast ? fast_quotient(unit, p.units_per_gate_row_divisor) : unit / units_per_gate_row;
+  return (static_cast<Offset>(gate_row) * row_units + column) * elems;  // batch
 }
 
 template <typename Index, typename T, int kMode, bool kVector, int kUnroll, bool kStreaming>
@@ -108,6 +124,10 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   const Index threads = static_cast<Index>(gridDim.x) * blockDim.x;
   const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
 
+  // One unit per thread on 32-bit indices: the host's grid covers the tensor (at most 2^23
+  // blocks), so no grid-stride round follows the first; the loop's exit path cost 0.07 us per call
+  // at (1,512,3072) (3.83 against 3.76 us rotated, H200, bench/experiments/rga_cold_variants.cu).
+  constexpr bool kOneRound = kUnroll == 1 && sizeof(Index) == 4;
   for (Index base = first; base < units; base += kUnroll * threads) {
     U r[kUnroll], u[kUnroll], g[kGateUnit ? kUnroll : 1];
     T g_scalar[kGateUnit ? 1 : kUnroll];
@@ -122,7 +142,7 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
           r[k].load(residual + static_cast<unsigned long long>(unit) * kElems);
           u[k].load(update + static_cast<unsigned long long>(unit) * kElems);
         }
-        const unsigned long long at = gate_offset<kMode>(unit, row_units, units_per_gate_row, kElems);
+        const unsigned long long at = gate_offset<kMode>(unit, row_units, units_per_gate_row, p, kElems);
         if constexpr (kGateUnit) g[k].load(gate + at);
         else g_scalar[k] = gate[at];
       }
@@ -148,6 +168,7 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
         }
       }
     }
+    if constexpr (kOneRound) break;
   }
 }
 
@@ -156,16 +177,13 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
 // kUnits: units per thread per iteration (0: 2 on the vector path, 8 on the scalar one).
 // kStreaming: residual and update read with ld.global.cs, out written with st.global.cs
 // (evict-first: every byte is touched once). Measured: see the host's rga_flat_units.
-template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false>
+// kIndex64: 64-bit unit indices and divisions (tensors of 2^31 units or more).
+template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false, bool kIndex64 = false>
 __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   constexpr int kUnroll = kUnits > 0 ? kUnits : kVector ? 2 : 8;
   if constexpr (kPdl) pdl_wait();
-  // A uniform branch: both index widths are compiled, the host's flag picks one per launch.
-  if (p.index32)
-    flat_units<unsigned, T, kMode, kVector, kUnroll, kStreaming>(p);
-  else
-    flat_units<unsigned long long, T, kMode, kVector, kUnroll, kStreaming>(p);
+  flat_units<typename FlatIndex<kIndex64>::type, T, kMode, kVector, kUnroll, kStreaming>(p);
   if constexpr (kPdl) pdl_launch_dependents();
 }
 

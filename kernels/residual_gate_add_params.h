@@ -2,6 +2,8 @@
 // device code (built by the host, passed by value as a __grid_constant__ kernel argument).
 #pragma once
 
+#include "common/fast_divide.h"
+
 namespace ditops {
 
 // Gate modes (template parameter kMode of the kernels); docs/residual_gate_add.md.
@@ -17,9 +19,10 @@ struct ResidualGateAddParams {
   long long units;               // numel / kElems
   long long row_units;           // D / kElems
   long long units_per_gate_row;  // batch mode: the units of the rows that share one gate row
-  // 1 when every unit index the grid visits (up to units + a grid's width) fits in 32 bits: the
-  // kernel then indexes and divides in 32-bit (see the flat kernel's comment for what it gains).
-  int index32;
+  // The kernel of 32-bit indices (every unit index the grid forms below 2^31: the host's
+  // flat_index64) divides by row_units and units_per_gate_row through these.
+  FastDivisor row_units_divisor;
+  FastDivisor units_per_gate_row_divisor;
   // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
   // A 1-D grid of B * tiles_t * tiles_h blocks (< 2^31), token tiles fastest.
   long long tokens;  // T

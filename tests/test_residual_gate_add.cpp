@@ -22,6 +22,7 @@
 #include "jit/kernel_request.h"
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
+#include "kernels/common/fast_divide.h"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
 
@@ -485,6 +486,11 @@ TEST(ResidualGateAddJit, EveryKernelKeyCompilesForEveryTargetArch) {
           k.transposed = tile != 0;
           k.tile = tile;
           keys.push_back(k);
+          if (tile == 0 && dt == DType::bf16) {  // the flat kernel of 64-bit indices
+            RgaKernelKey wide = k;
+            wide.index64 = true;
+            keys.push_back(wide);
+          }
           if (tile == 0 && !vector) {  // the scalar flat kernel of one element per thread
             k.one_wave = true;
             keys.push_back(k);
@@ -568,6 +574,59 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
       << rga_kernel_request(k).template_args;
   k.vector = true;
   EXPECT_NE(k.to_string().find("transposed32,vec16"), std::string::npos) << k.to_string();
+}
+
+// The flat kernel of 32-bit indices divides by a multiply and a shift (kernels/common/fast_divide.h):
+// exact for every dividend below 2^31, checked against `/` at divisors 1..2048, around every power
+// of two up to 2^31 - 1 and at model row lengths, with dividends at 0, around multiples of the
+// divisor and at the top of the range.
+TEST(ResidualGateAddJit, FastDivisionEqualsIntegerDivisionBelowTwoToThe31) {
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int k = 11; k <= 31; ++k)
+    for (int64_t d : {(int64_t{1} << k) - 1, int64_t{1} << k, (int64_t{1} << k) + 1, (int64_t{1} << k) / 3 * 2 + 1})
+      if (d >= 1 && d <= 0x7fffffff) divisors.push_back(static_cast<uint32_t>(d));
+  for (uint32_t d : {384u, 3072u / 8u * 4608u, 5120u * 32760u / 8u, 65u * 33u, 6912u * 384u}) divisors.push_back(d);
+  const uint32_t top = 0x7fffffff;
+  std::mt19937 rng(7);
+  int64_t checked = 0;
+  for (uint32_t d : divisors) {
+    const FastDivisor f = fast_divisor(d);
+    ASSERT_GE(f.shift, 31u) << d;
+    ASSERT_LE(f.shift, 62u) << d;
+    std::vector<uint32_t> dividends = {0, 1, 2, top, top - 1, top - d + 1, top / d * d, top / d * d - 1};
+    for (uint32_t q : {1u, 2u, 3u, 1000u, top / d / 2, top / d})
+      for (int64_t delta : {-1, 0, 1}) {
+        const int64_t n = int64_t{q} * d + delta;
+        if (n >= 0 && n <= top) dividends.push_back(static_cast<uint32_t>(n));
+      }
+    for (int i = 0; i < 64; ++i) dividends.push_back(rng() & top);
+    for (uint32_t n : dividends) {
+      ASSERT_EQ(fast_quotient(n, f), n / d) << n << " / " << d << " (multiplier " << f.multiplier << ", shift "
+                                            << f.shift << ")";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50000);
+}
+
+// The 64-bit kernel is a key of its own, taken from 2^31 units (the fast division's range).
+TEST(ResidualGateAddJit, SixtyFourBitIndicesFromTwoToThe31Units) {
+  EXPECT_FALSE(flat_index64(1));
+  EXPECT_FALSE(flat_index64(int64_t{0x7fffffff}));
+  EXPECT_TRUE(flat_index64(int64_t{0x80000000}));
+  EXPECT_TRUE(flat_index64(int64_t{1} << 40));
+  RgaKernelKey k;
+  k.pdl = false;
+  EXPECT_EQ(k.to_string().find("index64"), std::string::npos) << k.to_string();
+  const std::string narrow_args = rga_kernel_request(k).template_args;
+  RgaKernelKey wide = k;
+  wide.index64 = true;
+  EXPECT_NE(wide.to_string().find(",index64"), std::string::npos) << wide.to_string();
+  EXPECT_NE(wide.packed(), k.packed());
+  const std::string wide_args = rga_kernel_request(wide).template_args;
+  EXPECT_EQ(narrow_args.substr(narrow_args.size() - 7), ", false") << narrow_args;
+  EXPECT_EQ(wide_args.substr(wide_args.size() - 6), ", true") << wide_args;
 }
 
 // The transposed kernel's block has one thread per unit of a tile, at most 256; the launch, the

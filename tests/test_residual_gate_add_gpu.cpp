@@ -263,9 +263,11 @@ TEST_F(ResidualGateAddGpu, PointersOffSixteenBytesTakeTheScalarPathAndAgree) {
   }
 }
 
-// The flat kernel launched directly: 32- and 64-bit indices (the op takes 64-bit only past 2^32
+// The flat kernels launched directly: 32- and 64-bit indices (the op takes 64-bit only from 2^31
 // units, so the tests above never reach it), on a grid that covers the tensor and on a 3-block
-// grid that loops; every gate mode, vector (bf16) and scalar (fp32) path, against the reference.
+// grid that loops (the kernels that loop: 64-bit, and the scalar path's 8 units per thread; the
+// 32-bit kernel of one unit per thread runs one round by design); every gate mode, vector (bf16)
+// and scalar (fp32) path, against the reference.
 TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
   struct ModeCase {
     GateMode mode;
@@ -293,10 +295,12 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
       key.mode = m.mode;
       key.vector = dt != DType::f32;  // fp32 here exercises the scalar path
       key.pdl = false;
-      const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
       const int64_t elems = key.vector ? 16 / static_cast<int64_t>(es) : 1;
-      for (int index32 : {1, 0})
+      for (bool index64 : {false, true})
         for (int64_t grid : {int64_t{0}, int64_t{3}}) {
+          key.index64 = index64;
+          if (grid != 0 && !index64 && rga_flat_units(key) == 1) continue;
+          const jit::LoadedKernel& kernel = jit::jit_kernel(rga_kernel_request(key), 0);
           DeviceTensor o(n * es, 0);
           ResidualGateAddParams p{};
           p.residual = r.data();
@@ -306,11 +310,12 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
           p.units = n / elems;
           p.row_units = shape[2] / elems;
           p.units_per_gate_row = m.rows_per_gate_row * p.row_units;
-          p.index32 = index32;
+          p.row_units_divisor = fast_divisor(static_cast<unsigned>(p.row_units));
+          p.units_per_gate_row_divisor = fast_divisor(static_cast<unsigned>(p.units_per_gate_row));
           const int64_t blocks = grid ? grid : (p.units + kRgaThreads - 1) / kRgaThreads;
           jit::launch(kernel, static_cast<unsigned>(blocks), kRgaThreads, &p, sizeof p, nullptr, false);
           check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-          EXPECT_EQ(compare(o, want, es), "") << (index32 ? "32" : "64") << "-bit indices, " << blocks << " blocks, "
+          EXPECT_EQ(compare(o, want, es), "") << (index64 ? "64" : "32") << "-bit indices, " << blocks << " blocks, "
                                               << key.to_string();
         }
     }

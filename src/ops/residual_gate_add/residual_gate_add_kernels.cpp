@@ -24,7 +24,7 @@ std::string RgaKernelKey::to_string() const {
           : transposed && chunked_residual ? ",chunk16"
           : transposed && vector_update    ? ",update16"
                                            : ",scalar") +
-         (one_wave ? ",one_wave" : "") +
+         (one_wave ? ",one_wave" : "") + (index64 ? ",index64" : "") +
          (pdl ? ",pdl" : ",nopdl");
 }
 
@@ -36,6 +36,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 128 + static_cast<uint64_t>(tile);
   v = v * 2 + (tokens_per_tile() != tile);
   v = v * 2 + one_wave;
+  v = v * 2 + index64;
   v = v * 2 + vector_update;
   v = v * 2 + chunked_residual;
   v = v * 2 + pdl;
@@ -87,7 +88,7 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
                     jit::kernel_bool(vector_residual) +
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
   if (!key.transposed)
-    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false";
+    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false, " + jit::kernel_bool(key.index64);
   else
     r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update) + ", " +
                        jit::kernel_bool(key.chunked_residual && !key.vector) +

@@ -17,6 +17,7 @@ struct RgaKernelKey {
   int tile = 0;        // transposed: channels per tile (16, 32 or 64); 0 for the flat kernel
   int token_tile = 0;  // transposed: tokens per tile, `tile` or 2 * `tile` (16-byte units, unchunked); 0 = `tile`
   bool one_wave = false;  // flat scalar path over at most one wave of resident threads
+  bool index64 = false;   // flat: 64-bit unit indices (2^31 units or more; flat_index64)
   bool vector_update = false;  // transposed: update and gate by 16-byte units (true with vector)
   bool chunked_residual = false;  // transposed: residual/out by the aligned 16-byte chunks of each line
   bool pdl = true;
@@ -29,6 +30,11 @@ struct RgaKernelKey {
 };
 
 constexpr int kRgaThreads = 256;
+
+// Whether a flat call of `units` units needs the kernel of 64-bit indices: the 32-bit one divides
+// unit indices below `units` through FastDivisors, exact below 2^31 (kernels/common/fast_divide.h),
+// and its grid-stride index stays below units + 8 x (threads of a resident grid) < 2^32.
+constexpr bool flat_index64(int64_t units) { return units > int64_t{0x7fffffff}; }
 
 jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
 // Units (16-byte vectors, or single elements on the scalar path) per thread and iteration of

@@ -244,6 +244,11 @@ int transposed_token_tile(const ResidualGateAddCall& c, int tile, int multiproce
   return tall ? 2 * tile : tile;
 }
 
+// Elements per unit of the flat kernel: a 16-byte vector on aligned calls, one element otherwise.
+int64_t flat_elems_per_unit(const ResidualGateAddCall& c) {
+  return c.aligned16 ? 16 / static_cast<int64_t>(dtype_size(c.residual.dtype)) : 1;
+}
+
 // A scalar flat call that one wave of resident threads covers (2048 per SM on sm_90/sm_100,
 // 1536 on sm_120: a threshold, not a limit) runs one element per thread (rga_flat_units).
 bool flat_one_wave(const ResidualGateAddCall& c, int multiprocessors) {
@@ -261,6 +266,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.tile = c.transposed ? transposed_tile(c, device.multiprocessors) : 0;
   key.token_tile = c.transposed ? transposed_token_tile(c, key.tile, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
+  key.index64 = !c.transposed && flat_index64(c.numel / flat_elems_per_unit(c));
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
 }
@@ -279,18 +285,22 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     p.tiles_h = (c.hidden + key.tile - 1) / key.tile;
     grid = c.batch * p.tiles_t * p.tiles_h;
   } else {
-    const int64_t elems = key.vector ? 16 / static_cast<int64_t>(dtype_size(key.dtype)) : 1;
+    const int64_t elems = flat_elems_per_unit(c);
     p.units = c.numel / elems;
     p.row_units = c.width / elems;
     p.units_per_gate_row = std::max<int64_t>(c.rows_per_batch, 1) * p.row_units;
-    // One unit per thread: a grid over the whole tensor (measured, rga_flat_units). Otherwise a
-    // resident grid (occupancy cached with the kernel), fewer blocks when there is less work.
+    if (!key.index64) {  // the divisors of the 32-bit kernel (below 2^31: they divide indices below units)
+      p.row_units_divisor = fast_divisor(static_cast<unsigned>(p.row_units));
+      p.units_per_gate_row_divisor = fast_divisor(static_cast<unsigned>(std::min<int64_t>(p.units_per_gate_row, p.units)));
+    }
+    // One unit per thread: a grid over the whole tensor (measured, rga_flat_units); the 32-bit
+    // kernel then runs a single round (below 2^31 units the grid is under 2^23 blocks, never
+    // capped). Otherwise a resident grid (occupancy cached with the kernel), fewer blocks when
+    // there is less work.
     const int64_t one_unit_each = (p.units + kRgaThreads - 1) / kRgaThreads;
     const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
     const int64_t cap = rga_flat_units(key) == 1 ? int64_t{0x7fffffff} : resident;
     grid = std::max<int64_t>(1, std::min<int64_t>(cap, one_unit_each));
-    // The largest unit index a thread forms is below units + one pass of the grid.
-    p.index32 = p.units + grid * kRgaThreads * rga_flat_units(key) <= int64_t{0xffffffff};
   }
   jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
