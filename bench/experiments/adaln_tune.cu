@@ -64,39 +64,6 @@ float rotated_us(int n, const std::function<void(int)>& f) {
   return t[t.size() / 2];
 }
 
-// As rotated_us, but the rounds of launches captured in one CUDA graph (built with
-// --default-stream per-thread, so f's <<<>>> launches can be captured): no host launch time between
-// short kernels. f must launch kernels only (a captured cudaMemcpyAsync becomes a copy-engine node).
-float rotated_graph_us(int n, const std::function<void(int)>& f) {
-  for (int i = 0; i < n; ++i) f(i);
-  CHECK(cudaStreamSynchronize(cudaStreamPerThread));
-  const int rounds = std::max(2, 256 / n);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < rounds; ++r)
-    for (int i = 0; i < n; ++i) f(i);
-  CHECK(cudaStreamEndCapture(cudaStreamPerThread, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-  std::vector<float> t;
-  for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(a, cudaStreamPerThread));
-    CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-    CHECK(cudaEventRecord(b, cudaStreamPerThread));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000 / (rounds * n));
-  }
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // A device copy as a kernel (16-byte words, grid-stride): the copy reference of rotated_graph_us.
 __global__ void copy_words(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
@@ -522,9 +489,15 @@ void run_qk_case() {
 
 // ---------------------------------------------------------------- residual_gate_add
 
-template <typename T, int kUnits, bool kStreaming, int kBlock = 256>
+template <typename T, int kUnits, bool kStreaming, int kBlock = 256, bool kIndex64 = false>
 __global__ void __launch_bounds__(kBlock) rga_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
-  ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming>(p);
+  ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming, kIndex64>(p);
+}
+// p with the 32-bit kernels' divisors filled in (as the host op does).
+ditops::ResidualGateAddParams with_divisors(ditops::ResidualGateAddParams p) {
+  p.row_units_divisor = ditops::fast_divisor(static_cast<unsigned>(p.row_units));
+  p.units_per_gate_row_divisor = ditops::fast_divisor(static_cast<unsigned>(std::min(p.units_per_gate_row, p.units)));
+  return p;
 }
 template <int kUnits, int kBlock>
 __global__ void __launch_bounds__(kBlock) rga_flat_scalar(const __grid_constant__ ditops::ResidualGateAddParams p) {
@@ -609,11 +582,13 @@ std::function<void(const ditops::ResidualGateAddParams&)> rga_flat_launch(bool r
       CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rga_flat<T, kUnits, kStreaming, kBlock>, kBlock, 0));
       CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     }
-    ditops::ResidualGateAddParams p = p0;
+    const ditops::ResidualGateAddParams p = with_divisors(p0);
     long long grid = (p.units + (long long)kBlock * kUnits - 1) / ((long long)kBlock * kUnits);
     if (resident_grid) grid = std::min<long long>(grid, (long long)per_sm * sms);
-    p.index32 = index32;
-    rga_flat<T, kUnits, kStreaming, kBlock><<<grid, kBlock>>>(p);
+    if (index32)
+      rga_flat<T, kUnits, kStreaming, kBlock, false><<<grid, kBlock>>>(p);
+    else
+      rga_flat<T, kUnits, kStreaming, kBlock, true><<<grid, kBlock>>>(p);
   };
 }
 
@@ -832,8 +807,7 @@ void run_rga_tiny_cases() {
     std::vector<unsigned short> reference;
     auto scalar = [](auto kernel, int block, int units_per_thread) {
       return [=](const ditops::ResidualGateAddParams& p0) {
-        ditops::ResidualGateAddParams p = p0;
-        p.index32 = 1;
+        const ditops::ResidualGateAddParams p = with_divisors(p0);
         kernel<<<(p.units + (long long)block * units_per_thread - 1) / ((long long)block * units_per_thread), block>>>(p);
       };
     };

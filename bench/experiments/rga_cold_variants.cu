@@ -39,36 +39,6 @@ float cold_graph_us(const std::function<void()>& f) {
   return us;
 }
 
-float rotated_us(int n, const std::function<void(int)>& f) {
-  for (int i = 0; i < n; ++i) f(i);
-  CHECK(cudaStreamSynchronize(cudaStreamPerThread));
-  const int rounds = std::max(2, 256 / n);
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CHECK(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal));
-  for (int r = 0; r < rounds; ++r)
-    for (int i = 0; i < n; ++i) f(i);
-  CHECK(cudaStreamEndCapture(cudaStreamPerThread, &graph));
-  CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-  std::vector<float> t;
-  for (int r = 0; r < 15; ++r) {
-    CHECK(cudaEventRecord(a, cudaStreamPerThread));
-    CHECK(cudaGraphLaunch(exec, cudaStreamPerThread));
-    CHECK(cudaEventRecord(b, cudaStreamPerThread));
-    CHECK(cudaEventSynchronize(b));
-    float ms;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000 / (rounds * n));
-  }
-  CHECK(cudaGraphExecDestroy(exec));
-  CHECK(cudaGraphDestroy(graph));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 __global__ void __launch_bounds__(256) library_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_flat<bf16, ditops::kRgaGateRow, true, false, 1, false>(p);
@@ -85,6 +55,17 @@ __device__ __forceinline__ Word<16> load_evict_last(const void* p) {
   return out;
 }
 
+// The 8 gated sums of one 16-byte unit (the library's rounding).
+__device__ __forceinline__ Word<16> gated_word(const Word<16>& rw, const Word<16>& uw, const Word<16>& gw) {
+  bf16 out[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e)
+    out[e] = ditops::rga_detail::gated_sum(word_element<bf16>(rw, e), word_element<bf16>(uw, e), word_element<bf16>(gw, e));
+  Word<16> w;
+  elements_to_word(out, w);
+  return w;
+}
+
 // Inductor's shape: kThreads threads, one 16-byte unit each, the row length a compile-time
 // constant (kRowUnits), no bounds check (the grid is exact), plain pointers.
 template <int kThreads, int kRowUnits, bool kEvictLast, bool kBoundsCheck>
@@ -96,13 +77,7 @@ __global__ void __launch_bounds__(kThreads) inductor_like(const bf16* r, const b
   const Word<16> uw = load_word<16, false>(u + 8 * static_cast<long long>(i));
   const bf16* gp = g + 8 * (i % kRowUnits);
   const Word<16> gw = kEvictLast ? load_evict_last(gp) : load_word<16, false>(gp);
-  bf16 out[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    out[e] = ditops::rga_detail::gated_sum(word_element<bf16>(rw, e), word_element<bf16>(uw, e), word_element<bf16>(gw, e));
-  Word<16> w;
-  elements_to_word(out, w);
-  store_word<16>(o + 8 * static_cast<long long>(i), w);
+  store_word<16>(o + 8 * static_cast<long long>(i), gated_word(rw, uw, gw));
 }
 
 // The library's parameters (__grid_constant__ struct, run-time row length through the FastDivisor)
@@ -116,13 +91,7 @@ __global__ void __launch_bounds__(kThreads) struct_no_loop(const __grid_constant
   const Word<16> rw = load_word<16, false>(static_cast<const bf16*>(p.residual) + 8 * static_cast<unsigned long long>(i));
   const Word<16> uw = load_word<16, false>(static_cast<const bf16*>(p.update) + 8 * static_cast<unsigned long long>(i));
   const Word<16> gw = load_word<16, false>(static_cast<const bf16*>(p.gate) + 8 * static_cast<unsigned long long>(column));
-  bf16 out[8];
-#pragma unroll
-  for (int e = 0; e < 8; ++e)
-    out[e] = ditops::rga_detail::gated_sum(word_element<bf16>(rw, e), word_element<bf16>(uw, e), word_element<bf16>(gw, e));
-  Word<16> w;
-  elements_to_word(out, w);
-  store_word<16>(static_cast<bf16*>(p.out) + 8 * static_cast<unsigned long long>(i), w);
+  store_word<16>(static_cast<bf16*>(p.out) + 8 * static_cast<unsigned long long>(i), gated_word(rw, uw, gw));
 }
 
 __global__ void __launch_bounds__(256) library_flat_pdl(const __grid_constant__ ditops::ResidualGateAddParams p) {
@@ -187,7 +156,7 @@ int main() {
       else same = o == reference ? "equal" : "DIFFERENT";
       const float c = cold_us([&] { launch(sets.params[0]); });
       const float cg = cold_graph_us([&] { launch(sets.params[0]); });
-      const float rot = rotated_us(n, [&](int i) { launch(sets.params[i]); });
+      const float rot = rotated_graph_us(n, [&](int i) { launch(sets.params[i]); });
       std::printf("  %-44s cold %7.2f  cold graph %7.2f  rotated %7.2f us  %s\n", label, c, cg, rot, same);
     };
     std::printf("(1,%lld,3072) bf16 row gate, %d sets\n", rows, n);
