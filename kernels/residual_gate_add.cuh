@@ -15,12 +15,14 @@
 // one row: a 16-byte vector, or one element on the scalar path). A thread's units are one grid
 // width apart, kUnroll of them per iteration with every load issued before any arithmetic, so each
 // thread keeps 3 * kUnroll independent loads in flight. With one unit per thread the grid covers
-// the tensor and the loop runs once. Indices are 32-bit unless the host needs 64 (kIndex64: unit
-// indices past 2^31, the host's flat_index64); a separate kernel each, so a launch runs no branch
-// on the width. On 32 bits a thread finds its gate by a multiply and a shift (common/fast_divide.h,
-// divisors computed by the host) where a division by a run-time divisor takes ~20 instructions
-// through the MUFU reciprocal (64-bit: ~70), which ptxas placed before the first load. MEASURED:
-// see the host's flat_index64.
+// the tensor and (32-bit indices) a single round runs, no loop. Indices are 32-bit unless the host
+// needs 64 (kIndex64: 2^31 units or more, the host's flat_index64); a separate kernel each, so a
+// launch runs no branch on the width. On 32 bits a thread finds its gate by a multiply and a shift
+// (common/fast_divide.h, divisors computed by the host) where a division by a run-time divisor
+// takes ~20 instructions through the MUFU reciprocal (64-bit: ~70), which ptxas placed before the
+// first load (sm_90a: first load at instruction 25 instead of 39). Measured (H200, rotated,
+// bench/results runs 79 -> 86, with the single round): (1,512,3072) 3.72 -> 3.54 us, per-token
+// 3.45 -> 3.21, (2,33,65) 1.09 -> 0.97; alone from a cleared L2 no change beyond the spread (run 84).
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTokenTile tokens x kTile channels: update is read
