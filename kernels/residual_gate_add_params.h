@@ -2,7 +2,7 @@
 // device code (built by the host, passed by value as a __grid_constant__ kernel argument).
 #pragma once
 
-#include "common/fast_divide.h"
+#include "common/fast_divide.h"  // also DITOPS_HOST_DEVICE
 
 namespace ditops {
 
@@ -34,10 +34,7 @@ struct ResidualGateAddParams {
 // Threads of a transposed-kernel block: one per 16-byte unit (or element) of a tile, at most 256
 // per square of `tile` x `tile` (a token tile twice the channel tile: 512). A 32-tile of 16-bit
 // elements has 128 units: a 256-thread block would leave half its threads idle.
-// (__host__ __device__ under nvcc and NVRTC: NVRTC rejects unannotated functions.)
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__host__ __device__
-#endif
+DITOPS_HOST_DEVICE
 constexpr int rga_transposed_threads(int tile, int elems_per_unit, int token_tile) {
   return token_tile * (tile / elems_per_unit) < 256 * (token_tile / tile) ? token_tile * (tile / elems_per_unit)
                                                                           : 256 * (token_tile / tile);
