@@ -121,8 +121,11 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   const T* update = static_cast<const T*>(p.update);
   const T* gate = static_cast<const T*>(p.gate);
   T* out = static_cast<T*>(p.out);
-  const Index units = static_cast<Index>(p.units), row_units = static_cast<Index>(p.row_units);
-  const Index units_per_gate_row = static_cast<Index>(p.units_per_gate_row);
+  // The 32-bit kernel reads the sizes of the params' first constant line (residual_gate_add_params.h).
+  constexpr bool k32 = sizeof(Index) == 4;
+  const Index units = k32 ? static_cast<Index>(p.units32) : static_cast<Index>(p.units);
+  const Index row_units = k32 ? static_cast<Index>(p.row_units32) : static_cast<Index>(p.row_units);
+  const Index units_per_gate_row = static_cast<Index>(p.units_per_gate_row);  // 64-bit batch mode only
   const Index threads = static_cast<Index>(gridDim.x) * blockDim.x;
   const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
 

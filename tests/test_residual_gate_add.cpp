@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <cfenv>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
 #include "kernels/common/fast_divide.h"
+#include "kernels/residual_gate_add_params.h"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
 
@@ -627,6 +629,31 @@ TEST(ResidualGateAddJit, SixtyFourBitIndicesFromTwoToThe31Units) {
   const std::string wide_args = rga_kernel_request(wide).template_args;
   EXPECT_EQ(narrow_args.substr(narrow_args.size() - 7), ", false") << narrow_args;
   EXPECT_EQ(wide_args.substr(wide_args.size() - 6), ", true") << wide_args;
+}
+
+// What the 32-bit flat kernel reads before its loads fits the params' first 48 bytes (the constant
+// line it shares with the memory descriptor on sm_90: residual_gate_add_params.h), and
+// rga_set_flat_sizes fills the 32-bit sizes and divisors only where every unit index fits.
+TEST(ResidualGateAddJit, FlatSizesOfThe32BitKernelLeadTheParams) {
+  EXPECT_EQ(offsetof(ResidualGateAddParams, units32), 24u);
+  EXPECT_EQ(offsetof(ResidualGateAddParams, units_per_gate_row_divisor) + sizeof(FastDivisor), 48u);
+  EXPECT_EQ(offsetof(ResidualGateAddParams, out), 48u);
+  ResidualGateAddParams p{};
+  rga_set_flat_sizes(p, 4608 * 384, 384, 4608 * 384 * 2);  // a batch gate row past the tensor
+  EXPECT_EQ(p.units32, 4608u * 384u);
+  EXPECT_EQ(p.row_units32, 384u);
+  EXPECT_EQ(p.units, 4608 * 384);
+  EXPECT_EQ(p.units_per_gate_row, 4608 * 384 * 2);
+  EXPECT_EQ(fast_quotient(4607 * 384 + 5, p.row_units_divisor), 4607u);
+  EXPECT_EQ(fast_quotient(4608 * 384 - 1, p.units_per_gate_row_divisor), 0u);
+  ResidualGateAddParams wide{};
+  rga_set_flat_sizes(wide, int64_t{0x80000000}, 384, int64_t{0x80000000});
+  EXPECT_EQ(wide.units, int64_t{0x80000000});
+  EXPECT_EQ(wide.units32, 0u);  // the 64-bit kernel's call: no 32-bit sizes
+  EXPECT_EQ(wide.row_units_divisor.multiplier, 0u);
+  ResidualGateAddParams empty{};
+  rga_set_flat_sizes(empty, 0, 384, 384);  // no division by zero on the host
+  EXPECT_EQ(empty.units32, 0u);
 }
 
 // The transposed kernel's block has one thread per unit of a tile, at most 256; the launch, the

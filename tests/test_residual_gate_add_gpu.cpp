@@ -307,11 +307,7 @@ TEST_F(ResidualGateAddGpu, FlatKernelIndexWidthsAndGridStrideLoopAgree) {
           p.update = u.data();
           p.gate = g.data();
           p.out = o.data();
-          p.units = n / elems;
-          p.row_units = shape[2] / elems;
-          p.units_per_gate_row = m.rows_per_gate_row * p.row_units;
-          p.row_units_divisor = fast_divisor(static_cast<unsigned>(p.row_units));
-          p.units_per_gate_row_divisor = fast_divisor(static_cast<unsigned>(p.units_per_gate_row));
+          rga_set_flat_sizes(p, n / elems, shape[2] / elems, m.rows_per_gate_row * (shape[2] / elems));
           const int64_t blocks = grid ? grid : (p.units + kRgaThreads - 1) / kRgaThreads;
           jit::launch(kernel, static_cast<unsigned>(blocks), kRgaThreads, &p, sizeof p, nullptr, false);
           check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");

@@ -493,10 +493,9 @@ template <typename T, int kUnits, bool kStreaming, int kBlock = 256, bool kIndex
 __global__ void __launch_bounds__(kBlock) rga_flat(const __grid_constant__ ditops::ResidualGateAddParams p) {
   ditops::residual_gate_add_flat<T, ditops::kRgaGateRow, true, false, kUnits, kStreaming, kIndex64>(p);
 }
-// p with the 32-bit kernels' divisors filled in (as the host op does).
+// p with the 32-bit kernels' sizes and divisors filled in (as the host op does).
 ditops::ResidualGateAddParams with_divisors(ditops::ResidualGateAddParams p) {
-  p.row_units_divisor = ditops::fast_divisor(static_cast<unsigned>(p.row_units));
-  p.units_per_gate_row_divisor = ditops::fast_divisor(static_cast<unsigned>(std::min(p.units_per_gate_row, p.units)));
+  ditops::rga_set_flat_sizes(p, p.units, p.row_units, p.units_per_gate_row);
   return p;
 }
 template <int kUnits, int kBlock>

@@ -11,9 +11,11 @@ every replay), the variants interleaved over several rounds so drift shows as sp
                    length) into the preallocated output: the kernel without Inductor's wrapper
                    (timing only: its row-gate indexing is wrong for batch gates)
   triton_poolout   the same kernel, output allocated inside the capture
+  base             as ditops, through a second library (env BASE_LIB: e.g. an older commit's
+                   build), to compare two versions of the kernel inside one process
 Outputs that differ from eager's bytes are named (torch.compile's does at bf16: Inductor keeps the
 product in fp32 where eager rounds it to bf16). Run on the GPU machine after building libditops:
-    python bench/experiments/rga_cold_graph.py build-dev/libditops.so [VARIANT_REGEX]
+    [BASE_LIB=other/libditops.so] python bench/experiments/rga_cold_graph.py build-dev/libditops.so [VARIANT_REGEX]
 """
 import os
 import re
@@ -57,12 +59,14 @@ def graph_of(fn):
     return graph, held
 
 
-CASES = [("flux_image", (1, 4096, 3072), (1, 1, 3072)), ("flux_text", (1, 512, 3072), (1, 1, 3072)),
+CASES = [("flux_image", (1, 4096, 3072), (1, 1, 3072)), ("flux_joint", (1, 4608, 3072), (1, 1, 3072)),
+         ("flux_text", (1, 512, 3072), (1, 1, 3072)),
          ("per_token", (1, 512, 3072), (1, 512, 1)), ("odd_width", (2, 33, 65), (2, 1, 65))]
 
 
 def main():
     dt = Ditops(sys.argv[1])
+    base = Ditops(os.environ["BASE_LIB"]) if os.environ.get("BASE_LIB") else None
     allow_recompiles()
     compiled = torch.compile(eager, dynamic=False)
     gen = torch.Generator(device="cuda")
@@ -81,6 +85,8 @@ def main():
             "triton_inductor": lambda: triton_call(r, u, g, out, token),
             "triton_poolout": lambda: triton_call(r, u, g, torch.empty_like(r), token),
         }
+        if base is not None:
+            variants["base"] = lambda: (base.residual_gate_add(r, u, g, out), out)[1]
         if len(sys.argv) > 2:
             variants = {k: v for k, v in variants.items() if re.search(sys.argv[2], k)}
         graphs = {}

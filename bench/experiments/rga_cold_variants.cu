@@ -119,11 +119,7 @@ struct Sets {
       p.gate = gate;
       CHECK(cudaMemcpy((void*)p.residual, h.data() + i % 5, bytes, cudaMemcpyHostToDevice));
       CHECK(cudaMemcpy((void*)p.update, h.data() + 3 + i % 7, bytes, cudaMemcpyHostToDevice));
-      p.units = rows * 3072 / 8;
-      p.row_units = 3072 / 8;
-      p.units_per_gate_row = p.units;
-      p.row_units_divisor = ditops::fast_divisor(384);
-      p.units_per_gate_row_divisor = ditops::fast_divisor(static_cast<unsigned>(p.units));
+      ditops::rga_set_flat_sizes(p, rows * 3072 / 8, 3072 / 8, rows * 3072 / 8);
       params.push_back(p);
     }
   }

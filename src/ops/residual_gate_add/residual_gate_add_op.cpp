@@ -286,13 +286,8 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     grid = c.batch * p.tiles_t * p.tiles_h;
   } else {
     const int64_t elems = flat_elems_per_unit(c);
-    p.units = c.numel / elems;
-    p.row_units = c.width / elems;
-    p.units_per_gate_row = std::max<int64_t>(c.rows_per_batch, 1) * p.row_units;
-    if (!key.index64) {  // the divisors of the 32-bit kernel (below 2^31: they divide indices below units)
-      p.row_units_divisor = fast_divisor(static_cast<unsigned>(p.row_units));
-      p.units_per_gate_row_divisor = fast_divisor(static_cast<unsigned>(std::min<int64_t>(p.units_per_gate_row, p.units)));
-    }
+    const int64_t units = c.numel / elems, row_units = c.width / elems;
+    rga_set_flat_sizes(p, units, row_units, std::max<int64_t>(c.rows_per_batch, 1) * row_units);
     // One unit per thread: a grid over the whole tensor (measured, rga_flat_units); the 32-bit
     // kernel then runs a single round (below 2^31 units the grid is under 2^23 blocks, never
     // capped). Otherwise a resident grid (occupancy cached with the kernel), fewer blocks when
