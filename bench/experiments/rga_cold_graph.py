@@ -13,7 +13,8 @@ every replay), the variants interleaved over several rounds so drift shows as sp
   triton_poolout   the same kernel, output allocated inside the capture
   base             as ditops, through a second library (env BASE_LIB: e.g. an older commit's
                    build), to compare two versions of the kernel inside one process
-Outputs that differ from eager's bytes are named (torch.compile's does at bf16: Inductor keeps the
+With SETS=K each variant runs on K buffer sets of its own (one graph each, rounds interleaved) and
+the per-set medians are printed beside their median. Outputs that differ from eager's bytes are named (torch.compile's does at bf16: Inductor keeps the
 product in fp32 where eager rounds it to bf16). Run on the GPU machine after building libditops:
     [BASE_LIB=other/libditops.so] python bench/experiments/rga_cold_graph.py build-dev/libditops.so [VARIANT_REGEX]
 """
@@ -72,40 +73,50 @@ def main():
     gen = torch.Generator(device="cuda")
     gen.manual_seed(2)
     rounds = int(os.environ.get("ROUNDS", "3"))
+    sets = int(os.environ.get("SETS", "1"))
     for name, shape, gshape in CASES:
-        r, u, g = make(shape, gshape, torch.bfloat16, False, 0, gen)
-        out = torch.empty_like(r)
         token = gshape[-1] == 1
-        ref = eager(r, u, g)
-        variants = {
-            "compile": lambda: compiled(r, u, g),
-            "ditops": lambda: (dt.residual_gate_add(r, u, g, out), out)[1],
-            "ditops_nopdl": lambda: (dt.residual_gate_add(r, u, g, out, pdl=False), out)[1],
-            "ditops_poolout": lambda: (lambda o: (dt.residual_gate_add(r, u, g, o), o)[1])(torch.empty_like(r)),
-            "triton_inductor": lambda: triton_call(r, u, g, out, token),
-            "triton_poolout": lambda: triton_call(r, u, g, torch.empty_like(r), token),
-        }
-        if base is not None:
-            variants["base"] = lambda: (base.residual_gate_add(r, u, g, out), out)[1]
-        if len(sys.argv) > 2:
-            variants = {k: v for k, v in variants.items() if re.search(sys.argv[2], k)}
+
+        def variants_of(r, u, g, out):
+            variants = {
+                "compile": lambda: compiled(r, u, g),
+                "ditops": lambda: (dt.residual_gate_add(r, u, g, out), out)[1],
+                "ditops_nopdl": lambda: (dt.residual_gate_add(r, u, g, out, pdl=False), out)[1],
+                "ditops_poolout": lambda: (lambda o: (dt.residual_gate_add(r, u, g, o), o)[1])(torch.empty_like(r)),
+                "triton_inductor": lambda: triton_call(r, u, g, out, token),
+                "triton_poolout": lambda: triton_call(r, u, g, torch.empty_like(r), token),
+            }
+            if base is not None:
+                variants["base"] = lambda: (base.residual_gate_add(r, u, g, out), out)[1]
+            if len(sys.argv) > 2:
+                variants = {k: v for k, v in variants.items() if re.search(sys.argv[2], k)}
+            return variants
+
+        # SETS > 1: each variant on `sets` buffer sets of its own (where a buffer lies moves a
+        # kernel's cold reading), one graph each; the verdict is the median over the sets.
         graphs = {}
-        for label, fn in variants.items():
-            graphs[label] = graph_of(fn)
-            graphs[label][0].replay()
-            torch.cuda.synchronize()
-            if not torch.equal(graphs[label][1], ref):
-                print(f"{name} {label}: output differs from eager")
-        times = {label: [] for label in variants}
+        for k in range(sets):
+            r, u, g = make(shape, gshape, torch.bfloat16, False, 0, gen)
+            out = torch.empty_like(r)
+            ref = eager(r, u, g)
+            for label, fn in variants_of(r, u, g, out).items():
+                graphs.setdefault(label, []).append(graph_of(fn))
+                graphs[label][-1][0].replay()
+                torch.cuda.synchronize()
+                if k == 0 and not torch.equal(graphs[label][-1][1], ref):
+                    print(f"{name} {label}: output differs from eager")
+        times = {label: [[] for _ in range(sets)] for label in graphs}
         for _ in range(rounds):
-            for label in variants:
-                times[label].append(median_us(graphs[label][0].replay))
-        for label, ts in times.items():
-            print(f"{name:11s} {label:16s} median {statistics.median(ts):7.2f} us  rounds "
-                  + " ".join(f"{t:6.2f}" for t in ts), flush=True)
+            for k in range(sets):
+                for label in graphs:
+                    times[label][k].append(median_us(graphs[label][k][0].replay))
+        for label, per_set in times.items():
+            medians = [statistics.median(ts) for ts in per_set]
+            print(f"{name:11s} {label:16s} median {statistics.median(medians):7.2f} us  "
+                  + ("sets " + " ".join(f"{m:6.2f}" for m in medians) if sets > 1
+                     else "rounds " + " ".join(f"{t:6.2f}" for t in per_set[0])), flush=True)
         graphs = None
         torch.cuda.empty_cache()
-
 
 if __name__ == "__main__":
     main()
