@@ -14,8 +14,9 @@ every replay), the variants interleaved over several rounds so drift shows as sp
   base             as ditops, through a second library (env BASE_LIB: e.g. an older commit's
                    build), to compare two versions of the kernel inside one process
 With SETS=K each variant runs on K buffer sets of its own (one graph each, rounds interleaved) and
-the per-set medians are printed beside their median. Outputs that differ from eager's bytes are named (torch.compile's does at bf16: Inductor keeps the
-product in fp32 where eager rounds it to bf16). Run on the GPU machine after building libditops:
+the per-set medians are printed beside their median. Outputs that differ from eager's bytes are
+named (torch.compile's does at bf16: Inductor keeps the product in fp32 where eager rounds it to
+bf16). Run on the GPU machine after building libditops:
     [BASE_LIB=other/libditops.so] python bench/experiments/rga_cold_graph.py build-dev/libditops.so [VARIANT_REGEX]
 """
 import os
