@@ -96,9 +96,11 @@ def main():
         # SETS > 1: each variant on `sets` buffer sets of its own (where a buffer lies moves a
         # kernel's cold reading), one graph each; the verdict is the median over the sets.
         graphs = {}
+        held_sets = []  # the graphs hold raw pointers: every set's tensors live until the timing ends
         for k in range(sets):
             r, u, g = make(shape, gshape, torch.bfloat16, False, 0, gen)
             out = torch.empty_like(r)
+            held_sets.append((r, u, g, out))
             ref = eager(r, u, g)
             for label, fn in variants_of(r, u, g, out).items():
                 graphs.setdefault(label, []).append(graph_of(fn))
@@ -116,7 +118,7 @@ def main():
             print(f"{name:11s} {label:16s} median {statistics.median(medians):7.2f} us  "
                   + ("sets " + " ".join(f"{m:6.2f}" for m in medians) if sets > 1
                      else "rounds " + " ".join(f"{t:6.2f}" for t in per_set[0])), flush=True)
-        graphs = None
+        graphs = held_sets = None
         torch.cuda.empty_cache()
 
 if __name__ == "__main__":
