@@ -13,6 +13,8 @@ every replay), the variants interleaved over several rounds so drift shows as sp
   triton_poolout   the same kernel, output allocated inside the capture
   base             as ditops, through a second library (env BASE_LIB: e.g. an older commit's
                    build), to compare two versions of the kernel inside one process
+The transposed cases (SANA-Video's residual layout) run no Triton variant; CASES=REGEX selects
+cases.
 With SETS=K each variant runs on K buffer sets of its own (one graph each, rounds interleaved) and
 the per-set medians are printed beside their median. Outputs that differ from eager's bytes are
 named (torch.compile's does at bf16: Inductor keeps the product in fp32 where eager rounds it to
@@ -63,7 +65,8 @@ def graph_of(fn):
 
 CASES = [("flux_image", (1, 4096, 3072), (1, 1, 3072)), ("flux_joint", (1, 4608, 3072), (1, 1, 3072)),
          ("flux_text", (1, 512, 3072), (1, 1, 3072)),
-         ("per_token", (1, 512, 3072), (1, 512, 1)), ("odd_width", (2, 33, 65), (2, 1, 65))]
+         ("per_token", (1, 512, 3072), (1, 512, 1)), ("odd_width", (2, 33, 65), (2, 1, 65)),
+         ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True)]
 
 
 def main():
@@ -75,7 +78,9 @@ def main():
     gen.manual_seed(2)
     rounds = int(os.environ.get("ROUNDS", "3"))
     sets = int(os.environ.get("SETS", "1"))
-    for name, shape, gshape in CASES:
+    cases = [c for c in CASES if re.search(os.environ.get("CASES", "."), c[0])]
+    for name, shape, gshape, *layout in cases:
+        transposed = bool(layout and layout[0])  # residual [B, H, T] viewed as [B, T, H] (SANA-Video)
         token = gshape[-1] == 1
 
         def variants_of(r, u, g, out):
@@ -87,6 +92,8 @@ def main():
                 "triton_inductor": lambda: triton_call(r, u, g, out, token),
                 "triton_poolout": lambda: triton_call(r, u, g, torch.empty_like(r), token),
             }
+            if transposed:  # the Triton kernel indexes a contiguous residual only
+                variants = {k: v for k, v in variants.items() if not k.startswith("triton")}
             if base is not None:
                 variants["base"] = lambda: (base.residual_gate_add(r, u, g, out), out)[1]
             if len(sys.argv) > 2:
@@ -98,7 +105,7 @@ def main():
         graphs = {}
         held_sets = []  # the graphs hold raw pointers: every set's tensors live until the timing ends
         for k in range(sets):
-            r, u, g = make(shape, gshape, torch.bfloat16, False, 0, gen)
+            r, u, g = make(shape, gshape, torch.bfloat16, transposed, 0, gen)
             out = torch.empty_like(r)
             held_sets.append((r, u, g, out))
             ref = eager(r, u, g)
