@@ -4,7 +4,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "ditops/qknorm_rope.h"
+#include <algorithm>
+
+#include "ditops/op.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "tools/bench_common.h"
@@ -16,10 +18,11 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
 
   list [--keys]                 every op x implementation: provenance, capabilities, contract,
                                 availability on this machine (--keys: the prebuilt template keys)
-  explain qknorm_rope --shape T,Hq,Hk,D [--rope-dim R] [--dtype bf16|f16] [--cache-dtype f32]
-          [--pos-dtype i64|i32] [--neox] [--full-width] [--rounding rounded|fp32]
-          [--order aten|warp] [--device cpu|cuda:N] [--backend B] [--quality Q]
-                                the dispatch reasoning for one call, without running it
+  ops                           every op's description: tensors, options with defaults, dims
+  explain <op> [--shape N,N,..] [--dims NAME=N,..] [--dtype TENSOR=DT,..] [--with T,..]
+          [--without T,..] [--<option> VALUE ..] [--device cpu|cuda:N] [--backend B] [--quality Q]
+                                the dispatch reasoning for one call of any op, without running
+                                it; sizes default to the op's example dims (`ditops ops`)
   info                          devices, SM, driver, NVRTC, cache directory
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
@@ -27,20 +30,34 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
                                 model shapes: us, GB/s, fraction of a device copy (needs a GPU)
 )";
 
+// Flags that take no value; every other --flag takes exactly one.
+bool is_switch(const std::string& flag) { return flag == "--keys" || flag == "--host-only" || flag == "--help"; }
+
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
     if (s.rfind("--", 0) == 0) {
-      const bool is_switch = s == "--neox" || s == "--full-width" || s == "--keys" || s == "--host-only";
-      if (!is_switch && i + 1 < argc) a.flags[s] = argv[++i];
-      else if (!is_switch) throw Error("option " + s + " needs a value");
-      else a.flags[s] = "1";
+      if (is_switch(s)) a.flags[s] = "1";
+      else if (i + 1 < argc) a.flags[s] = argv[++i];
+      else throw Error("option " + s + " needs a value");
     } else {
       a.words.push_back(s);
     }
   }
   return a;
+}
+
+// Refuses flags the command does not know (a typo must not run the default silently).
+void require_known_flags(const Args& a, const std::vector<std::string>& known, const std::string& command) {
+  for (const auto& [flag, value] : a.flags) {
+    bool ok = false;
+    for (const auto& k : known) ok = ok || k == flag;
+    if (ok) continue;
+    std::string list;
+    for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
+    throw Error(command + ": unknown option " + flag + " (options: " + list + ")");
+  }
 }
 
 std::string availability_of(const KernelSpec& s) {
@@ -49,18 +66,22 @@ std::string availability_of(const KernelSpec& s) {
 }
 
 int cmd_list(const Args& args) {
+  require_known_flags(args, {"--keys"}, "list");
   const auto specs = Registry::global().list();
-  std::printf("%-26s %-10s %-40s %s\n", "implementation", "provenance", "capabilities", "contract");
+  size_t name_width = 14;
+  for (const KernelSpec* s : specs) name_width = std::max(name_width, s->name.size());
+  const int w = static_cast<int>(name_width);
+  std::printf("%-*s  %-10s  %s\n", w, "implementation", "provenance", "capabilities / contract");
   for (const KernelSpec* s : specs) {
     std::string caps;
     for (const auto& c : s->capabilities) caps += (caps.empty() ? "" : " | ") + c.describe();
     if (caps.empty()) caps = "anywhere";
-    std::printf("%-26s %-10s %-40s %s\n", s->name.c_str(), provenance_name(s->provenance), caps.c_str(),
-                s->contract.describe().c_str());
-    std::printf("%-26s   here: %s\n", "", availability_of(*s).c_str());
-    std::printf("%-26s   %s\n", "", s->description.c_str());
+    std::printf("%-*s  %-10s  %s\n", w, s->name.c_str(), provenance_name(s->provenance), caps.c_str());
+    std::printf("%-*s  %-10s  %s\n", w, "", "", s->contract.describe().c_str());
+    std::printf("%-*s  here: %s\n", w, "", availability_of(*s).c_str());
+    std::printf("%-*s  %s\n", w, "", s->description.c_str());
     if (s->evidence)
-      std::printf("%-26s   evidence: %s; oracle %s; %s on %s, %s\n", "", s->evidence->shapes.c_str(),
+      std::printf("%-*s  evidence: %s; oracle %s; %s on %s, %s\n", w, "", s->evidence->shapes.c_str(),
                   s->evidence->oracle.c_str(), s->evidence->speedup.c_str(), s->evidence->device.c_str(),
                   s->evidence->date.c_str());
   }
@@ -70,58 +91,151 @@ int cmd_list(const Args& args) {
   return 0;
 }
 
+int cmd_ops(const Args& args) {
+  require_known_flags(args, {}, "ops");
+  for (const OpDescription* d : op_descriptions()) {
+    std::printf("%s: %s\n  dims %s\n", d->name.c_str(), d->summary.c_str(), d->dims.c_str());
+    for (const TensorSlot& t : d->tensors)
+      std::printf("  tensor %-14s %-5s %-14s [%s]%s%s\n", t.name.c_str(), tensor_role_name(t.role), t.dtypes.c_str(),
+                  t.shape.c_str(), t.optional ? " optional" : "", t.keyword ? " keyword" : "");
+    for (const OptionSlot& o : d->options)
+      std::printf("  option --%-19s %-6s default %s%s\n", o.name.c_str(), option_kind_name(o.kind),
+                  o.default_text.c_str(), o.choices.empty() ? "" : (" (" + [&] {
+                    std::string c;
+                    for (const auto& x : o.choices) c += (c.empty() ? "" : "|") + x;
+                    return c;
+                  }() + ")").c_str());
+  }
+  return 0;
+}
+
 Device parse_device(const std::string& s) {
   if (s == "cpu") return {DeviceKind::cpu, 0};
-  if (s.rfind("cuda", 0) == 0) return {DeviceKind::cuda, s.size() > 5 ? std::atoi(s.c_str() + 5) : 0};
-  throw Error("--device must be cpu or cuda:N but is " + s);
+  if (s == "cuda") return {DeviceKind::cuda, 0};
+  if (s.rfind("cuda:", 0) == 0 && s.size() > 5 && s.size() < 9 &&
+      s.find_first_not_of("0123456789", 5) == std::string::npos)
+    return {DeviceKind::cuda, std::atoi(s.c_str() + 5)};
+  throw Error("--device must be cpu or cuda:N but is '" + s + "'");
 }
 
-DType parse_dtype_flag(const Args& a, const std::string& flag, const std::string& fallback) {
-  DType d;
-  const std::string v = a.get(flag, fallback);
-  if (!parse_dtype(v, &d)) throw Error(flag + " must be a dtype (bf16, f16, f32, i32, i64) but is " + v);
-  return d;
+int64_t parse_size(const std::string& flag, const std::string& name, const std::string& text) {
+  if (text.empty() || text.size() > 15 || text.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(flag + ": " + name + " must be a non-negative integer but is '" + text + "'");
+  return std::stoll(text);
 }
 
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
+  return out;
+}
+
+// The explain call of any op: tensors built from the op's symbolic shapes over fake addresses
+// (explain reads no memory), options from --<option> flags.
 int cmd_explain(const Args& a) {
-  if (a.words.size() < 2 || a.words[1] != "qknorm_rope") throw Error("explain: only qknorm_rope is registered; usage:\n" + std::string(kUsage));
-  std::vector<int64_t> shape;
-  std::stringstream ss(a.get("--shape", "4608,24,24,128"));
-  for (std::string item; std::getline(ss, item, ',');) shape.push_back(std::stoll(item));
-  if (shape.size() != 4) throw Error("--shape must be T,Hq,Hk,D");
-  const int64_t T = shape[0], Hq = shape[1], Hk = shape[2], D = shape[3];
-  QkNormRopeOptions opt;
-  opt.is_neox = a.has("--neox");
-  opt.cache_full_width = a.has("--full-width");
-  const int64_t R = std::stoll(a.get("--rope-dim", std::to_string(D)));
-  opt.rounding = a.get("--rounding", "rounded") == "fp32" ? QkRounding::fp32 : QkRounding::rounded;
-  opt.norm_order = a.get("--order", "aten") == "warp" ? QkNormOrder::warp : QkNormOrder::aten;
+  std::string ops;
+  for (const OpDescription* d : op_descriptions()) ops += (ops.empty() ? "" : ", ") + d->name;
+  if (a.words.size() != 2) throw Error("explain: name one op (" + ops + ")");
+  const OpDescription& d = op(a.words[1]);
+  std::vector<std::string> known = {"--shape", "--dims", "--dtype", "--with", "--without", "--device", "--backend",
+                                    "--quality"};
+  for (const auto& o : d.options) {
+    std::string flag = "--" + o.name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    known.push_back(flag);
+  }
+  require_known_flags(a, known, "explain " + d.name);
+
+  // Dims: the example sizes, then --shape (in the order of d.dims), then --dims NAME=N.
+  std::vector<std::pair<std::string, int64_t>> dims;
+  std::vector<std::string> given_shape = a.has("--shape") ? split(a.get("--shape", ""), ',') : std::vector<std::string>{};
+  const auto examples = split(d.dims, ',');
+  if (given_shape.size() > examples.size())
+    throw Error("--shape takes at most " + std::to_string(examples.size()) + " sizes (" + d.dims + ") but has " +
+                std::to_string(given_shape.size()));
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const auto& item : split(a.get("--dims", ""), ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) throw Error("--dims takes NAME=N items but has '" + item + "'");
+    overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const size_t eq = examples[i].find('=');
+    const std::string name = examples[i].substr(0, eq);
+    int64_t value = i < given_shape.size() ? parse_size("--shape", name, given_shape[i])
+                                           : symbolic_shape(examples[i].substr(eq + 1), dims).at(0);
+    for (const auto& [n, v] : overrides)
+      if (n == name) value = parse_size("--dims", name, v);
+    dims.emplace_back(name, value);
+  }
+  for (const auto& [n, v] : overrides) {
+    bool found = false;
+    for (const auto& [name, value] : dims) found = found || name == n;
+    if (!found) throw Error("--dims: " + d.name + " has no dim '" + n + "' (dims: " + d.dims + ")");
+  }
+
+  GenericCall c = generic_call(d);
+  for (const auto& [flag, value] : a.flags) {
+    std::string name = flag.substr(2);
+    std::replace(name.begin(), name.end(), '-', '_');
+    if (const int k = d.option_index(name); k >= 0) c.options[k] = parse_option(d, d.options[k], value);
+  }
   if (a.has("--backend")) {
     Provenance p;
-    if (!parse_provenance(a.get("--backend", ""), &p)) throw Error("unknown --backend " + a.get("--backend", ""));
-    opt.dispatch.backend = p;
+    if (!parse_provenance(a.get("--backend", ""), &p))
+      throw Error("--backend must be kda, aot, jit, vendor or reference but is '" + a.get("--backend", "") + "'");
+    c.dispatch.backend = p;
   }
   if (a.has("--quality")) {
     Quality q;
-    if (!parse_quality(a.get("--quality", ""), &q)) throw Error("unknown --quality " + a.get("--quality", ""));
-    opt.dispatch.quality = q;
+    if (!parse_quality(a.get("--quality", ""), &q))
+      throw Error("--quality must be lossless, high or extra-high but is '" + a.get("--quality", "") + "'");
+    c.dispatch.quality = q;
   }
   const Device dev = parse_device(a.get("--device", jit::cuda_driver() ? "cuda:0" : "cpu"));
-  const DType act = parse_dtype_flag(a, "--dtype", "bf16");
-  const DType cache = parse_dtype_flag(a, "--cache-dtype", "f32");
-  const DType pos = parse_dtype_flag(a, "--pos-dtype", "i64");
-  // Views over an aligned dummy address: explain never touches memory.
-  void* fake = reinterpret_cast<void*>(uintptr_t{1} << 20);
-  const int64_t width = opt.cache_full_width ? 2 * R : R;
-  const auto q = TensorView::contiguous(fake, act, dev, {T, Hq, D});
-  const auto k = TensorView::contiguous(fake, act, dev, {T, Hk, D});
-  auto k2 = k;
-  k2.data = reinterpret_cast<void*>(uintptr_t{1} << 30);
-  const auto w = TensorView::contiguous(fake, act, dev, {D});
-  const auto c = TensorView::contiguous(fake, cache, dev, {std::max<int64_t>(T, 1), width});
-  const auto p = TensorView::contiguous(fake, pos, dev, {T});
-  const QkNormRopeCall call = match_qknorm_rope(q, k2, w, w, c, p, opt);
-  std::printf("%s", explain_qknorm_rope(call).format().c_str());
+  std::vector<std::pair<std::string, std::string>> dtypes;
+  for (const auto& item : split(a.get("--dtype", ""), ',')) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || d.tensor_index(item.substr(0, eq)) < 0)
+      throw Error("--dtype takes TENSOR=DTYPE items naming tensors of " + d.name + " but has '" + item + "'");
+    dtypes.emplace_back(item.substr(0, eq), item.substr(eq + 1));
+  }
+  auto listed = [&](const char* flag, const std::string& name) {
+    for (const auto& item : split(a.get(flag, ""), ','))
+      if (item == name) return true;
+    return false;
+  };
+  for (const char* flag : {"--with", "--without"})
+    for (const auto& item : split(a.get(flag, ""), ','))
+      if (d.tensor_index(item) < 0 || !d.tensors[d.tensor_index(item)].optional)
+        throw Error(std::string(flag) + " takes optional tensors of " + d.name + " but has '" + item + "'");
+
+  // Inputs first (outputs' presence reads them), each at its own fake address.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < d.tensors.size(); ++i) {
+      const TensorSlot& t = d.tensors[i];
+      if ((t.role == TensorRole::out) != (pass == 1)) continue;
+      bool present = pass == 0 ? !t.optional || !t.keyword : output_present(d, t, c);
+      if (listed("--with", t.name)) present = true;
+      if (listed("--without", t.name)) present = false;
+      if (!present) continue;
+      std::string dt_name = split(t.dtypes, '|').at(0);
+      for (const auto& [n, v] : dtypes)
+        if (n == t.name) dt_name = v;
+      if (dt_name.rfind('=', 0) == 0) {
+        const int other = d.tensor_index(dt_name.substr(1));
+        if (other < 0 || !c.given[other]) throw Error(d.name + ": " + t.name + "'s dtype follows an absent tensor");
+        dt_name = dtype_name(c.tensors[other].dtype);
+      }
+      DType dt;
+      if (!parse_dtype(dt_name, &dt)) throw Error("--dtype: '" + dt_name + "' is not a dtype (bf16, f16, f32, ...)");
+      void* fake = reinterpret_cast<void*>((uintptr_t{1} << 40) + (uintptr_t{i} << 34));
+      c.tensors[i] = TensorView::contiguous(fake, dt, dev, symbolic_shape(t.shape, dims));
+      c.given[i] = true;
+    }
+  }
+  std::printf("%s", d.explain(c).format().c_str());
   return 0;
 }
 
@@ -158,13 +272,21 @@ int main(int argc, char** argv) {
   try {
     const Args args = parse(argc, argv);
     if (args.words.empty() || args.words[0] == "help" || args.has("--help")) {
+      if (args.words.empty() && args.has("--help")) {
+        std::printf("%s", kUsage);
+        return 0;
+      }
       std::printf("%s", kUsage);
       return args.words.empty() ? 2 : 0;
     }
     const std::string& cmd = args.words[0];
     if (cmd == "list") return cmd_list(args);
     if (cmd == "explain") return cmd_explain(args);
-    if (cmd == "info") return cmd_info();
+    if (cmd == "ops") return cmd_ops(args);
+    if (cmd == "info") {
+      require_known_flags(args, {}, "info");
+      return cmd_info();
+    }
     if (cmd == "demo") return run_demo(args);
     if (cmd == "bench") {
       std::string known;

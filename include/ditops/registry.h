@@ -120,6 +120,8 @@ struct DispatchReport {
   std::string format() const;               // a table for people
 };
 
+struct OpDescription;  // ditops/op.h
+
 class Registry {
  public:
   Registry();
@@ -134,6 +136,11 @@ class Registry {
   void add(KernelSpec spec);
   std::vector<const KernelSpec*> list(const std::string& op = "") const;
   std::vector<std::string> ops() const;
+
+  // The op's description (ditops/op.h), from which every binding is derived; one per op name.
+  void describe(OpDescription description);
+  const OpDescription* description(const std::string& op) const;  // nullptr when not described
+  std::vector<const OpDescription*> descriptions() const;         // in registration order
 
   // Selection only: every candidate with the reason it was chosen or refused. Runs nothing.
   DispatchReport explain(const std::string& op, const void* call, const DeviceInfo& device,

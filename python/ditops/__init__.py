@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import namedtuple as _namedtuple
 from pathlib import Path
-from typing import NamedTuple
 
 import tvm_ffi
 
-__all__ = ["Error", "qknorm_rope", "residual_gate_add", "layernorm_modulate",
-           "layernorm_modulate_fp8", "qk_head_layernorm", "norm_scale_shift", "NormScaleShiftOutputs",
-           "list_kernels", "explain", "DispatchReport", "reload_config",
-           "clear_failures", "__version__"]
+from . import _codegen
+
+__all__ = ["Error", "list_kernels", "explain", "DispatchReport", "reload_config", "clear_failures",
+           "op_table", "generated_source", "__version__"]  # + every op of the table (below)
 
 
 class Error(RuntimeError, ValueError):
@@ -50,13 +50,7 @@ def _load_module():
 
 _ffi = _load_module()
 # Looked up once: an attribute lookup on the module per call would cost a string search.
-_ffi_qknorm_rope = _ffi.qknorm_rope
-_ffi_qknorm_rope_explain = _ffi.qknorm_rope_explain
-_ffi_residual_gate_add = _ffi.residual_gate_add
-_ffi_layernorm_modulate = _ffi.layernorm_modulate
-_ffi_layernorm_modulate_fp8 = _ffi.layernorm_modulate_fp8
-_ffi_qk_head_layernorm = _ffi.qk_head_layernorm
-_ffi_norm_scale_shift = _ffi.norm_scale_shift
+_call = _ffi.call
 
 __version__ = str(_ffi.version())
 
@@ -106,42 +100,6 @@ def _readable(x):
     return x
 
 
-def _opt(value) -> str:
-    return "" if value is None else str(value)
-
-
-# ---------------------------------------------------------------- ops
-# Each op mirrors its C++ facade (include/ditops/<op>.h): the tensors, then the options struct's
-# fields as keywords with the same names and defaults, then backend/quality (DispatchOptions) and
-# stream. Returns the name of the implementation that ran.
-
-
-def qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False, eps=1e-6,
-                rope_dim=0, cache_full_width=False, rounding="rounded", norm_order="aten",
-                use_pdl=True, backend=None, quality=None, stream=None) -> str:
-    """In-place per-head QK RMSNorm + RoPE (include/ditops/qknorm_rope.h, docs/qknorm_rope.md).
-
-    q [T, Hq, D], k [T, Hk, D] fp16/bf16 (written in place), q_weight/k_weight [D],
-    cos_sin_cache [P, rope_dim] (or [P, 2*rope_dim] with cache_full_width) fp32 or the activation
-    dtype, positions [T] int32/int64. rounding: "rounded" (bit_exact vs the eager chain) or
-    "fp32" (close); norm_order: "aten" or "warp"; backend: kda/aot/jit/vendor/reference (strict);
-    quality: lossless/high/extra-high. Returns the implementation that ran."""
-    _check_writable("qknorm_rope", "q", q)
-    _check_writable("qknorm_rope", "k", k)
-    return str(_ffi_qknorm_rope(q, k, _readable(q_weight), _readable(k_weight),
-                                _readable(cos_sin_cache), _readable(positions), is_neox, eps,
-                                rope_dim, cache_full_width, rounding, norm_order, use_pdl,
-                                _opt(backend), _opt(quality), _stream_handle(stream)))
-
-
-def _qknorm_rope_explain(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False,
-                         eps=1e-6, rope_dim=0, cache_full_width=False, rounding="rounded",
-                         norm_order="aten", use_pdl=True, backend=None, quality=None):
-    return _ffi_qknorm_rope_explain(q, k, q_weight, k_weight, cos_sin_cache, positions, is_neox,
-                                    eps, rope_dim, cache_full_width, rounding, norm_order, use_pdl,
-                                    _opt(backend), _opt(quality), _ENV_STREAM)
-
-
 # ---------------------------------------------------------------- output allocation
 # The C++ facades write into outputs the caller allocated. The Python functions take them as
 # keywords (out=, q_out=, y=, ...) and allocate the absent ones for torch tensors and numpy
@@ -163,15 +121,20 @@ def _numpy_dtype(name: str):
     return np.dtype(np.uint8)
 
 
-def _new_output(op: str, name: str, like, shape, dtype=None):
-    """A new contiguous output of `shape` on like's device; dtype None: like's dtype, else a
-    torch dtype name ("float8_e4m3fn", "uint8")."""
+def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
+    """A new output of `shape` on like's device; dtype None: like's dtype, else a torch dtype
+    name ("float8_e4m3fn", "uint8"). strided: like's strides (a permuted dense layout stays
+    permuted: the transposed residual stream)."""
     torch = _torch_tensor_module(like)
     if torch is not None:
-        return torch.empty(tuple(shape), dtype=like.dtype if dtype is None else getattr(torch, dtype),
-                           device=like.device)
+        dt = like.dtype if dtype is None else getattr(torch, dtype)
+        if strided:
+            return torch.empty_strided(tuple(shape), like.stride(), dtype=dt, device=like.device)
+        return torch.empty(tuple(shape), dtype=dt, device=like.device)
     if isinstance(like, _ndarray):
         import numpy as np
+        if strided and dtype is None:
+            return np.empty_like(like, order="K")
         if dtype is None:
             np_dtype = like.dtype
         elif hasattr(np, dtype):
@@ -183,211 +146,39 @@ def _new_output(op: str, name: str, like, shape, dtype=None):
                 f"numpy arrays (got {type(like).__name__}); pass {name}=")
 
 
-def _output(op: str, name: str, given, like, shape, dtype=None):
-    """The caller's output (checked writable before anything runs) or a new one."""
-    if given is not None:
-        _check_writable(op, name, given)
-        return given
-    return _new_output(op, name, like, shape, dtype)
+def _rows(x) -> int:
+    rows = 1
+    for n in tuple(x.shape)[:-1]:
+        rows *= n
+    return rows
 
 
-def _empty_like_residual(residual):
-    """residual_gate_add's output: residual's shape, dtype and strides."""
-    torch = _torch_tensor_module(residual)
-    if torch is not None:
-        return torch.empty_strided(residual.shape, residual.stride(), dtype=residual.dtype,
-                                   device=residual.device)
-    if isinstance(residual, _ndarray):
-        import numpy as np
-        # order="K" keeps a dense permuted layout (the transposed residual stream).
-        return np.empty_like(residual, order="K")
-    return _new_output("residual_gate_add", "out", residual, ())
-
-
-def residual_gate_add(residual, update, gate, *, out=None, use_pdl=True, backend=None, quality=None,
-                      stream=None):
-    """out = residual + update * gate with eager rounding (include/ditops/residual_gate_add.h,
-    docs/residual_gate_add.md). residual/update [..., D] f16/bf16/f32, gate full, row [1,..,D],
-    token [..., 1] or batch [B, 1, .., D]. out: residual's shape and strides (allocated when None:
-    torch.empty_strided with residual's strides, numpy.empty_like keeping its layout). Returns out."""
-    if out is not None:
-        _check_writable("residual_gate_add", "out", out)
-    else:
-        out = _empty_like_residual(residual)
-    _ffi_residual_gate_add(_readable(residual), _readable(update), _readable(gate), out, use_pdl,
-                           _opt(backend), _opt(quality), _stream_handle(stream))
-    return out
-
-
-def _residual_gate_add_explain(residual, update, gate, out, *, use_pdl=True, backend=None,
-                               quality=None):
-    return _ffi.residual_gate_add_explain(residual, update, gate, out, use_pdl, _opt(backend),
-                                          _opt(quality), _ENV_STREAM)
-
-
-def layernorm_modulate(x, scale, shift=None, *, out=None, eps=1e-6, mapping="automatic",
-                       stats_out=None, use_pdl=True, backend=None, quality=None, stream=None):
-    """F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-identical to the eager bf16
-    chain (include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md). x [B, S, D] bf16,
-    scale/shift [B, D] bf16 (shift None: no add). out [B, S, D] bf16 (allocated when None; may be
-    x itself). mapping: automatic/warp/cta; stats_out: optional fp32 [B, S, 2] (mean, rstd).
-    Returns out."""
-    op = "layernorm_modulate"
-    out = _output(op, "out", out, x, x.shape)
-    if stats_out is not None:
-        _check_writable(op, "stats_out", stats_out)
-    _ffi_layernorm_modulate(_readable(x), _readable(scale), _readable(shift), out, eps, "ieee", mapping,
-                            stats_out, use_pdl, _opt(backend), _opt(quality), _stream_handle(stream))
-    return out
-
-
-def layernorm_modulate_fp8(x, scale, shift, input_scale, *, out=None, eps=1e-6, fp8_reciprocal="ieee",
-                           mapping="automatic", stats_out=None, use_pdl=True, backend=None,
-                           quality=None, stream=None):
-    """layernorm_modulate, then static e4m3 quantization: e4m3(clamp(y * (1 / input_scale), ±448)).
-    input_scale fp32 with one element on x's device; fp8_reciprocal: ieee (eager 1.0/scale) or
-    div_full (SGLang's Triton). out [B, S, D] float8_e4m3fn (allocated when None). Returns out."""
-    op = "layernorm_modulate_fp8"
-    out = _output(op, "out", out, x, x.shape, "float8_e4m3fn")
-    if stats_out is not None:
-        _check_writable(op, "stats_out", stats_out)
-    _ffi_layernorm_modulate_fp8(_readable(x), _readable(scale), _readable(shift), _readable(input_scale),
-                                out, eps, fp8_reciprocal, mapping, stats_out, use_pdl, _opt(backend),
-                                _opt(quality), _stream_handle(stream))
-    return out
-
-
-def qk_head_layernorm(q, k, *, q_out=None, k_out=None, eps=1e-6, mapping="automatic", use_pdl=True,
-                      backend=None, quality=None, stream=None):
-    """F.layer_norm over the head dim of q [B, S, H, Dh] and k [B, S, Hk, Dh] (bf16, no affine).
-    q_out/k_out: allocated (contiguous) when None; may be q/k themselves. Returns (q_out, k_out)."""
-    op = "qk_head_layernorm"
-    q_out = _output(op, "q_out", q_out, q, q.shape)
-    k_out = _output(op, "k_out", k_out, k, k.shape)
-    _ffi_qk_head_layernorm(_readable(q), _readable(k), q_out, k_out, eps, "ieee", mapping, None, use_pdl,
-                           _opt(backend), _opt(quality), _stream_handle(stream))
-    return q_out, k_out
-
-
-class NormScaleShiftOutputs(NamedTuple):
-    """What norm_scale_shift wrote (include/ditops/norm_scale_shift.h's NormScaleShiftOutputs);
-    None where not produced."""
-    y: object = None
-    residual_out: object = None
-    fp8: object = None
-    nvfp4_packed: object = None
-    nvfp4_scales: object = None
-
-
-def _pad128(n: int) -> int:
+def _up128(n: int) -> int:
     return (n + 127) // 128 * 128
 
 
-def _norm_scale_shift_args(x, scale, shift, residual, gate, weight, bias, input_scale, global_scale, y,
-                           residual_out, fp8, nvfp4_packed, nvfp4_scales, store_y, norm, eps, numerics,
-                           fp8_reciprocal, e2m1, use_pdl, backend, quality):
-    """The FFI entry's arguments (without stream), absent outputs allocated, and the outputs."""
-    op = "norm_scale_shift"
-    if store_y is None:
-        store_y = y is not None or (input_scale is None and global_scale is None)
-    shape = tuple(x.shape)
-    D = shape[-1] if shape else 0
-    rows = 1
-    for n in shape[:-1]:
-        rows *= n
-    y = _output(op, "y", y, x, shape) if store_y else None
-    if residual is not None or residual_out is not None:
-        residual_out = _output(op, "residual_out", residual_out,
-                               x if residual is None else residual, shape)
-    if input_scale is not None or fp8 is not None:
-        fp8 = _output(op, "fp8", fp8, x, shape, "float8_e4m3fn")
-    if global_scale is not None or nvfp4_packed is not None or nvfp4_scales is not None:
-        nvfp4_packed = _output(op, "nvfp4_packed", nvfp4_packed, x, (rows, D // 2), "uint8")
-        nvfp4_scales = _output(op, "nvfp4_scales", nvfp4_scales, x, (_pad128(rows), D // 16), "uint8")
-    args = (_readable(x), _readable(residual), _readable(gate), _readable(weight), _readable(bias),
-            _readable(scale), _readable(shift), _readable(input_scale), _readable(global_scale), y,
-            residual_out, fp8, nvfp4_packed, nvfp4_scales, norm, eps, numerics, fp8_reciprocal, e2m1,
-            use_pdl, _opt(backend), _opt(quality))
-    return args, NormScaleShiftOutputs(y, residual_out, fp8, nvfp4_packed, nvfp4_scales)
+# ---------------------------------------------------------------- ops
+# Derived from the op table the C++ core exports (ditops/op.h): one function per op with its
+# tensors, then the options as keywords with the C++ defaults, outputs allocated when absent,
+# then backend, quality and stream; and an explain twin. The text is in generated_source().
+
+_TABLE = _codegen.parse_table(str(_ffi.op_table()))
+_SOURCE = _codegen.python_source(_TABLE)
+exec(compile(_SOURCE, "<ditops generated ops>", "exec"), globals())
 
 
-def norm_scale_shift(x, scale, shift=None, *, residual=None, gate=None, weight=None, bias=None,
-                     input_scale=None, global_scale=None, y=None, residual_out=None, fp8=None,
-                     nvfp4_packed=None, nvfp4_scales=None, store_y=None, norm="layer", eps=1e-6,
-                     numerics="eager", fp8_reciprocal="div_full", e2m1="automatic", use_pdl=True,
-                     backend=None, quality=None, stream=None) -> NormScaleShiftOutputs:
-    """adaLN pre-norm: v = residual + x * gate (with residual), y = norm(v) * (1 + scale) + shift,
-    optionally quantized to fp8 (input_scale) and/or NVFP4 (global_scale)
-    (include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md). x [B, S, D]; scale, shift,
-    gate broadcast operands (scalar, [D], [B, D], [B, 1, D], [1|B, S, D], [B|1, F, 1, D]);
-    weight/bias [D]; norm: layer/rms; numerics: eager/sglang; e2m1: automatic/software/hardware.
-
-    Outputs are allocated when None: y (x's shape and dtype) when store_y (default: only when no
-    quantized output is requested), residual_out with residual, fp8 [B, S, D] float8_e4m3fn with
-    input_scale, nvfp4_packed [B*S, D/2] and nvfp4_scales [pad128(B*S), D/16] uint8 with
-    global_scale. Returns NormScaleShiftOutputs (None for what was not produced)."""
-    args, outs = _norm_scale_shift_args(
-        x, scale, shift, residual, gate, weight, bias, input_scale, global_scale, y, residual_out, fp8,
-        nvfp4_packed, nvfp4_scales, store_y, norm, eps, numerics, fp8_reciprocal, e2m1, use_pdl,
-        backend, quality)
-    _ffi_norm_scale_shift(*args, _stream_handle(stream))
-    return outs
+def generated_source() -> str:
+    """The Python source of the op functions, as derived from the op table."""
+    return _SOURCE
 
 
-# Explain entries: the op's arguments and keywords, outputs included (allocated as the op would
-# when absent), without stream.
-def _layernorm_modulate_explain(x, scale, shift=None, *, out=None, eps=1e-6, mapping="automatic",
-                                stats_out=None, use_pdl=True, backend=None, quality=None):
-    out = _output("layernorm_modulate", "out", out, x, x.shape)
-    return _ffi.layernorm_modulate_explain(_readable(x), _readable(scale), _readable(shift), out, eps,
-                                           "ieee", mapping, stats_out, use_pdl, _opt(backend),
-                                           _opt(quality), _ENV_STREAM)
+def op_table() -> list[dict]:
+    """Every op's description: name, summary, doc, tensors (name, role, optional, keyword,
+    dtypes, shape, alloc, alloc_dtype, present, doc) and options (name, kind, default, choices,
+    doc), as the C++ core declares them."""
+    import copy
+    return copy.deepcopy(_TABLE)
 
-
-def _layernorm_modulate_fp8_explain(x, scale, shift, input_scale, *, out=None, eps=1e-6,
-                                    fp8_reciprocal="ieee", mapping="automatic", stats_out=None,
-                                    use_pdl=True, backend=None, quality=None):
-    out = _output("layernorm_modulate_fp8", "out", out, x, x.shape, "float8_e4m3fn")
-    return _ffi.layernorm_modulate_fp8_explain(_readable(x), _readable(scale), _readable(shift),
-                                               _readable(input_scale), out, eps, fp8_reciprocal,
-                                               mapping, stats_out, use_pdl, _opt(backend),
-                                               _opt(quality), _ENV_STREAM)
-
-
-def _qk_head_layernorm_explain(q, k, *, q_out=None, k_out=None, eps=1e-6, mapping="automatic",
-                               use_pdl=True, backend=None, quality=None):
-    q_out = _output("qk_head_layernorm", "q_out", q_out, q, q.shape)
-    k_out = _output("qk_head_layernorm", "k_out", k_out, k, k.shape)
-    return _ffi.qk_head_layernorm_explain(_readable(q), _readable(k), q_out, k_out, eps, "ieee", mapping,
-                                          None, use_pdl, _opt(backend), _opt(quality), _ENV_STREAM)
-
-
-def _residual_gate_add_explain_alloc(residual, update, gate, *, out=None, use_pdl=True, backend=None,
-                                     quality=None):
-    if out is None:
-        out = _empty_like_residual(residual)
-    return _residual_gate_add_explain(_readable(residual), _readable(update), _readable(gate), out,
-                                      use_pdl=use_pdl, backend=backend, quality=quality)
-
-
-def _norm_scale_shift_explain(x, scale, shift=None, *, residual=None, gate=None, weight=None,
-                              bias=None, input_scale=None, global_scale=None, y=None, residual_out=None,
-                              fp8=None, nvfp4_packed=None, nvfp4_scales=None, store_y=None, norm="layer",
-                              eps=1e-6, numerics="eager", fp8_reciprocal="div_full", e2m1="automatic",
-                              use_pdl=True, backend=None, quality=None):
-    args, _ = _norm_scale_shift_args(x, scale, shift, residual, gate, weight, bias, input_scale,
-                                     global_scale, y, residual_out, fp8, nvfp4_packed, nvfp4_scales,
-                                     store_y, norm, eps, numerics, fp8_reciprocal, e2m1, use_pdl,
-                                     backend, quality)
-    return _ffi.norm_scale_shift_explain(*args, _ENV_STREAM)
-
-# op name -> its explain entry (same arguments as the op, without stream).
-_EXPLAIN = {"qknorm_rope": _qknorm_rope_explain,
-            "residual_gate_add": _residual_gate_add_explain_alloc,
-            "layernorm_modulate": _layernorm_modulate_explain,
-            "layernorm_modulate_fp8": _layernorm_modulate_fp8_explain,
-            "qk_head_layernorm": _qk_head_layernorm_explain,
-            "norm_scale_shift": _norm_scale_shift_explain}
 
 # ---------------------------------------------------------------- registry
 
@@ -420,7 +211,7 @@ def explain(op: str, *args, **options) -> DispatchReport:
     try:
         entry = _EXPLAIN[op]
     except KeyError:
-        raise Error(f"explain: unknown op '{op}' (known: {', '.join(sorted(_EXPLAIN))})") from None
+        raise Error(f"explain: unknown op '{op}' (known: {', '.join(_EXPLAIN)})") from None
     return DispatchReport(entry(*args, **options))
 
 
@@ -448,3 +239,7 @@ def reload_config() -> None:
 def clear_failures() -> None:
     """Forget implementations that failed to resolve or launch (skipped until cleared)."""
     _ffi.clear_failures()
+
+
+__all__ += list(_OPS) + [_codegen.outputs_class_name(op) for op in _TABLE
+                         if len(_codegen.returned_outputs(op)) > 1]

@@ -24,28 +24,29 @@ import os
 import warnings
 import torch
 
-from . import (Error, _ENV_STREAM, _ffi_layernorm_modulate, _ffi_layernorm_modulate_fp8,
-               _ffi_norm_scale_shift, _ffi_qk_head_layernorm, _ffi_qknorm_rope,
-               _ffi_residual_gate_add, _qknorm_rope_explain)
+import ditops as _ditops
+from . import Error, _ENV_STREAM, _call, _codegen
 from .eager import qknorm_rope_eager
 
-__all__ = ["qknorm_rope", "residual_gate_add", "layernorm_modulate", "layernorm_modulate_fp8",
-           "qk_head_layernorm", "norm_scale_shift", "apply_qk_norm_rope", "qk_norm_rope_gate", "fused_qknorm_rope_enabled",
-           "reset_gates"]
+_qknorm_rope_explain = _ditops._EXPLAIN["qknorm_rope"]
+
+__all__ = ["apply_qk_norm_rope", "qk_norm_rope_gate", "fused_qknorm_rope_enabled", "reset_gates",
+           "generated_source"]  # + every op of the table (torch.ops.ditops.<op>)
 
 # ---------------------------------------------------------------- custom ops
-# One per facade function, options as keyword-only arguments with the facade's names and
-# defaults. qknorm_rope writes q and k in place: its schema marks them mutated (Tensor(a!), what
-# torch.library.custom_op's mutates_args produces), it returns nothing and its fake does nothing.
-# The ops with separate outputs are functional: the implementation allocates the outputs (the C++
-# facade writes into them) and returns them; the fake allocates the same shapes, dtypes and
-# strides, so torch.compile plans memory and CUDA graphs capture the allocation.
+# One per op of the table (ditops/op.h), derived by ditops._codegen: options are keyword-only
+# arguments with the C++ names and defaults. In-place ops (qknorm_rope) mark their written
+# tensors mutated (Tensor(a!)), return nothing and their fake does nothing. Ops with outputs are
+# functional: the implementation allocates the outputs (the C++ facade writes into them) and
+# returns them; the fake allocates the same shapes, dtypes and strides, so torch.compile plans
+# memory and CUDA graphs capture the allocation. A schema returns a fixed number of tensors, so
+# outputs a call does not produce are empty [0] tensors of their dtype (as aten does for outputs
+# it skips) and reach the core as absent.
 #
 # Defined with torch.library.Library + register_fake rather than the custom_op decorator: the
 # decorator's Python wrappers cost ~12 us per call against ~3 us for a plain kernel
-# registration (measured on the CI CPU, torch 2.15, a no-op body), and the per-call budget of
-# the whole torch call is 10 us. What the decorator adds (autograd and version-counter
-# wrappers) is not needed by inference ops that are never differentiated.
+# registration (a no-op body on the CI CPU). What the decorator adds (autograd and
+# version-counter wrappers) is not needed by inference ops that are never differentiated.
 
 _LIB = torch.library.Library("ditops", "FRAGMENT")
 
@@ -58,165 +59,31 @@ def _define(schema: str, impl, fake) -> None:
     torch.library.register_fake("ditops::" + name, fake, lib=_LIB)
 
 
-def _qknorm_rope_impl(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False,
-                      eps=1e-6, rope_dim=0, cache_full_width=False, rounding="rounded",
-                      norm_order="aten", use_pdl=True, backend=None, quality=None):
-    # TVM-FFI takes the torch tensors through DLPack (no copy) and sets the current torch stream
-    # of q's device as the call's stream (_ENV_STREAM).
-    _ffi_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, is_neox, eps, rope_dim,
-                     cache_full_width, rounding, norm_order, use_pdl, backend or "", quality or "",
-                     _ENV_STREAM)
+def _new(op, name, like, shape, dtype, strided):
+    dt = like.dtype if dtype is None else getattr(torch, dtype)
+    if strided:
+        return torch.empty_strided(shape, like.stride(), dtype=dt, device=like.device)
+    return torch.empty(shape, dtype=dt, device=like.device)
 
 
-def _qknorm_rope_fake(q, k, q_weight, k_weight, cos_sin_cache, positions, *, is_neox=False,
-                      eps=1e-6, rope_dim=0, cache_full_width=False, rounding="rounded",
-                      norm_order="aten", use_pdl=True, backend=None, quality=None):
-    return None
+def _or_empty(tensor, like):
+    """The output, or an empty [0] tensor of its dtype when the call does not produce it."""
+    if tensor is not None:
+        return tensor
+    src, dtype = like
+    return torch.empty((0,), dtype=src.dtype if dtype is None else getattr(torch, dtype), device=src.device)
 
 
-_define("qknorm_rope(Tensor(a!) q, Tensor(b!) k, Tensor q_weight, Tensor k_weight, "
-        "Tensor cos_sin_cache, Tensor positions, *, bool is_neox=False, float eps=1e-06, "
-        "int rope_dim=0, bool cache_full_width=False, str rounding='rounded', "
-        "str norm_order='aten', bool use_pdl=True, str? backend=None, str? quality=None) -> ()",
-        _qknorm_rope_impl, _qknorm_rope_fake)
-
-qknorm_rope = torch.ops.ditops.qknorm_rope
+_rows = _ditops._rows
+_up128 = _ditops._up128
+_TORCH_SOURCE = _codegen.torch_source(_ditops._TABLE)
+exec(compile(_TORCH_SOURCE, "<ditops generated torch ops>", "exec"), globals())
 
 
-# Absent optional tensors arrive as None; the FFI entries take None for "not given".
+def generated_source() -> str:
+    """The source of the torch.library implementations, fakes and schemas, as derived."""
+    return _TORCH_SOURCE
 
-
-def _residual_gate_add_out(residual):
-    # residual's strides, so the transposed [B, T, H]-strided residual stream stays transposed.
-    return torch.empty_strided(residual.shape, residual.stride(), dtype=residual.dtype,
-                               device=residual.device)
-
-
-def _residual_gate_add_impl(residual, update, gate, *, use_pdl=True, backend=None, quality=None):
-    out = _residual_gate_add_out(residual)
-    _ffi_residual_gate_add(residual, update, gate, out, use_pdl, backend or "", quality or "",
-                           _ENV_STREAM)
-    return out
-
-
-def _residual_gate_add_fake(residual, update, gate, *, use_pdl=True, backend=None, quality=None):
-    return _residual_gate_add_out(residual)
-
-
-_define("residual_gate_add(Tensor residual, Tensor update, Tensor gate, *, bool use_pdl=True, "
-        "str? backend=None, str? quality=None) -> Tensor",
-        _residual_gate_add_impl, _residual_gate_add_fake)
-
-
-def _layernorm_modulate_impl(x, scale, shift=None, *, eps=1e-6, mapping="automatic", use_pdl=True,
-                             backend=None, quality=None):
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _ffi_layernorm_modulate(x, scale, shift, out, eps, "ieee", mapping, None, use_pdl, backend or "",
-                            quality or "", _ENV_STREAM)
-    return out
-
-
-def _layernorm_modulate_fake(x, scale, shift=None, *, eps=1e-6, mapping="automatic", use_pdl=True,
-                             backend=None, quality=None):
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
-
-
-_define("layernorm_modulate(Tensor x, Tensor scale, Tensor? shift=None, *, float eps=1e-06, "
-        "str mapping='automatic', bool use_pdl=True, str? backend=None, str? quality=None) -> Tensor",
-        _layernorm_modulate_impl, _layernorm_modulate_fake)
-
-
-def _layernorm_modulate_fp8_impl(x, scale, shift, input_scale, *, eps=1e-6, fp8_reciprocal="ieee",
-                                 mapping="automatic", use_pdl=True, backend=None, quality=None):
-    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    _ffi_layernorm_modulate_fp8(x, scale, shift, input_scale, out, eps, fp8_reciprocal, mapping, None,
-                                use_pdl, backend or "", quality or "", _ENV_STREAM)
-    return out
-
-
-def _layernorm_modulate_fp8_fake(x, scale, shift, input_scale, *, eps=1e-6, fp8_reciprocal="ieee",
-                                 mapping="automatic", use_pdl=True, backend=None, quality=None):
-    return torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-
-
-_define("layernorm_modulate_fp8(Tensor x, Tensor scale, Tensor? shift, Tensor input_scale, *, "
-        "float eps=1e-06, str fp8_reciprocal='ieee', str mapping='automatic', bool use_pdl=True, "
-        "str? backend=None, str? quality=None) -> Tensor",
-        _layernorm_modulate_fp8_impl, _layernorm_modulate_fp8_fake)
-
-
-def _qk_head_layernorm_impl(q, k, *, eps=1e-6, mapping="automatic", use_pdl=True, backend=None,
-                            quality=None):
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    _ffi_qk_head_layernorm(q, k, q_out, k_out, eps, "ieee", mapping, None, use_pdl, backend or "",
-                           quality or "", _ENV_STREAM)
-    return q_out, k_out
-
-
-def _qk_head_layernorm_fake(q, k, *, eps=1e-6, mapping="automatic", use_pdl=True, backend=None,
-                            quality=None):
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(k.shape, dtype=k.dtype, device=k.device))
-
-
-_define("qk_head_layernorm(Tensor q, Tensor k, *, float eps=1e-06, str mapping='automatic', "
-        "bool use_pdl=True, str? backend=None, str? quality=None) -> (Tensor, Tensor)",
-        _qk_head_layernorm_impl, _qk_head_layernorm_fake)
-
-
-def _norm_scale_shift_outputs(x, residual, input_scale, global_scale, store_y):
-    """(y, residual_out, fp8, nvfp4_packed, nvfp4_scales): a schema has a fixed number of
-    returns, so the outputs a call does not produce are empty [0] tensors of their dtype (what
-    aten does for outputs it skips, e.g. native_layer_norm's stats) and reach the FFI as None."""
-    dev, shape = x.device, x.shape
-    D = shape[-1] if x.dim() else 0
-    rows = x.numel() // D if D else 0
-
-    def new(present, size, dtype):
-        return torch.empty(size if present else (0,), dtype=dtype, device=dev), present
-
-    if store_y is None:
-        store_y = input_scale is None and global_scale is None
-    nvfp4 = global_scale is not None
-    return (new(store_y, shape, x.dtype), new(residual is not None, shape, x.dtype),
-            new(input_scale is not None, shape, torch.float8_e4m3fn),
-            new(nvfp4, (rows, D // 2), torch.uint8),
-            new(nvfp4, ((rows + 127) // 128 * 128, D // 16), torch.uint8))
-
-
-def _norm_scale_shift_impl(x, scale, shift=None, *, residual=None, gate=None, weight=None, bias=None,
-                           input_scale=None, global_scale=None, store_y=None, norm="layer", eps=1e-6,
-                           numerics="eager", fp8_reciprocal="div_full", e2m1="automatic", use_pdl=True,
-                           backend=None, quality=None):
-    outs = _norm_scale_shift_outputs(x, residual, input_scale, global_scale, store_y)
-    y, residual_out, fp8, packed, scales = (t if present else None for t, present in outs)
-    _ffi_norm_scale_shift(x, residual, gate, weight, bias, scale, shift, input_scale, global_scale, y,
-                          residual_out, fp8, packed, scales, norm, eps, numerics, fp8_reciprocal, e2m1,
-                          use_pdl, backend or "", quality or "", _ENV_STREAM)
-    return tuple(t for t, _ in outs)
-
-
-def _norm_scale_shift_fake(x, scale, shift=None, *, residual=None, gate=None, weight=None, bias=None,
-                           input_scale=None, global_scale=None, store_y=None, norm="layer", eps=1e-6,
-                           numerics="eager", fp8_reciprocal="div_full", e2m1="automatic", use_pdl=True,
-                           backend=None, quality=None):
-    return tuple(t for t, _ in _norm_scale_shift_outputs(x, residual, input_scale, global_scale, store_y))
-
-
-_define("norm_scale_shift(Tensor x, Tensor scale, Tensor? shift=None, *, Tensor? residual=None, "
-        "Tensor? gate=None, Tensor? weight=None, Tensor? bias=None, Tensor? input_scale=None, "
-        "Tensor? global_scale=None, bool? store_y=None, str norm='layer', float eps=1e-06, "
-        "str numerics='eager', str fp8_reciprocal='div_full', str e2m1='automatic', "
-        "bool use_pdl=True, str? backend=None, str? quality=None) "
-        "-> (Tensor y, Tensor residual_out, Tensor fp8, Tensor nvfp4_packed, Tensor nvfp4_scales)",
-        _norm_scale_shift_impl, _norm_scale_shift_fake)
-
-residual_gate_add = torch.ops.ditops.residual_gate_add
-layernorm_modulate = torch.ops.ditops.layernorm_modulate
-layernorm_modulate_fp8 = torch.ops.ditops.layernorm_modulate_fp8
-qk_head_layernorm = torch.ops.ditops.qk_head_layernorm
-norm_scale_shift = torch.ops.ditops.norm_scale_shift
 
 # ---------------------------------------------------------------- the gate
 
@@ -458,3 +325,6 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
         q3.copy_(ref_q)
         k3.copy_(ref_k)
     return q, k
+
+
+__all__ += [op["name"] for op in _ditops._TABLE]

@@ -11,6 +11,7 @@
 #include <unordered_map>
 
 #include "core/builtin_ops.h"
+#include "ditops/op.h"
 
 namespace ditops {
 
@@ -198,6 +199,7 @@ void reset_warnings() {
 
 struct Registry::State {
   std::vector<std::unique_ptr<KernelSpec>> specs;
+  std::vector<std::unique_ptr<OpDescription>> descriptions;
   mutable std::mutex failure_mutex;
   std::map<std::string, std::string> failures;  // key -> first failure message
 
@@ -265,6 +267,26 @@ std::vector<std::string> Registry::ops() const {
   std::vector<std::string> out;
   for (const auto& s : state_->specs)
     if (std::find(out.begin(), out.end(), s->op) == out.end()) out.push_back(s->op);
+  return out;
+}
+
+void Registry::describe(OpDescription description) {
+  if (this->description(description.name))
+    throw Error("Registry::describe: op " + description.name + " is already described");
+  if (!description.run || !description.explain)
+    throw Error("Registry::describe: op " + description.name + " needs run and explain");
+  state_->descriptions.push_back(std::make_unique<OpDescription>(std::move(description)));
+}
+
+const OpDescription* Registry::description(const std::string& op) const {
+  for (const auto& d : state_->descriptions)
+    if (d->name == op) return d.get();
+  return nullptr;
+}
+
+std::vector<const OpDescription*> Registry::descriptions() const {
+  std::vector<const OpDescription*> out;
+  for (const auto& d : state_->descriptions) out.push_back(d.get());
   return out;
 }
 

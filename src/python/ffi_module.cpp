@@ -9,9 +9,8 @@
 // stream, which during graph capture is the capturing stream); other producers set it with
 // tvm_ffi.use_raw_stream (ditops.qknorm_rope(..., stream=) does that).
 //
-// Adding an op: one `<op>_entry<kExplain>` below (tensors, then the facade's options in its
-// order, then backend, quality and stream) and two export lines; then the Python function in
-// python/ditops/__init__.py and the custom op in python/ditops/torch.py (docs/python.md).
+// Nothing here is written per op: one generic entry takes any op of the table (ditops/op.h),
+// and python/ditops builds each op's function, torch schema and fake from the exported table.
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/container/map.h>
 #include <tvm/ffi/container/tensor.h>
@@ -21,16 +20,15 @@
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
+#include <optional>
 #include <string>
+#include <vector>
 #include <utility>
 
 // After tvm-ffi's dlpack/dlpack.h: ditops/dlpack.h then uses those definitions.
 #include "ditops/c_api.h"
 #include "ditops/dlpack.h"
-#include "ditops/layernorm_modulate.h"
-#include "ditops/norm_scale_shift.h"
-#include "ditops/qknorm_rope.h"
-#include "ditops/residual_gate_add.h"
+#include "ditops/op.h"
 #include "ditops/registry.h"
 
 namespace {
@@ -71,12 +69,6 @@ ditops::TensorView view(const FfiTensor& t, const char* name, const char* op) {
   }
 }
 
-// An optional tensor (None in Python): absent is the default TensorView (data == nullptr), what
-// the facades take for "not given".
-ditops::TensorView opt_view(const Optional<FfiTensor>& t, const char* name, const char* op) {
-  return t.has_value() ? view(t.value(), name, op) : ditops::TensorView{};
-}
-
 // Every entry's last argument: a raw stream handle, or -1 for the stream TVM-FFI set for this
 // call (nullptr for CPU tensors: the reference ignores it).
 constexpr int64_t kEnvStream = -1;
@@ -106,18 +98,6 @@ ditops::DispatchOptions dispatch_options(const String& backend, const String& qu
   return o;
 }
 
-// An option given as its name; `choices` maps names to values.
-template <typename E, size_t N>
-E parse_choice(const char* option, const String& value, const std::pair<const char*, E> (&choices)[N]) {
-  std::string expected;
-  for (const auto& [name, e] : choices) {
-    if (value == name) return e;
-    expected += (expected.empty() ? "" : " or ") + std::string(name);
-  }
-  raise_ditops(std::string("unknown ") + option + " '" + std::string(value) + "' (expected " +
-               expected + ")");
-}
-
 Map<String, Any> report_to_map(const ditops::DispatchReport& r) {
   Array<Any> candidates;
   for (const auto& c : r.candidates) {
@@ -136,178 +116,85 @@ Map<String, Any> report_to_map(const ditops::DispatchReport& r) {
   return out;
 }
 
-// Runs `run(stream)` (returns the implementation name) or, when kExplain, the dispatch report of
-// `match()`. ditops::Error becomes DitopsError; anything else keeps TVM-FFI's own mapping.
-template <bool kExplain, typename Run, typename Explain>
-Any run_or_explain(Run&& run, Explain&& explain) {
+// ---------------------------------------------------------------- ops
+
+// The described ops, in the order of the table Python reads (op_table); fixed once registered.
+const std::vector<const ditops::OpDescription*>& described_ops() {
+  static const std::vector<const ditops::OpDescription*> ops = ditops::op_descriptions();
+  return ops;
+}
+
+const ditops::OpDescription& described_op(int64_t index) {
+  const auto& ops = described_ops();
+  if (index < 0 || index >= static_cast<int64_t>(ops.size()))
+    raise_ditops("no op with index " + std::to_string(index) + " (the table has " + std::to_string(ops.size()) + ")");
+  return *ops[index];
+}
+
+ditops::OptionValue option_value(const ditops::OpDescription& op, const ditops::OptionSlot& slot,
+                                 const tvm::ffi::AnyView& v) {
+  if (v.type_index() == kTVMFFINone) return std::monostate{};
+  auto fail = [&](const char* expected) -> ditops::OptionValue {
+    raise_ditops(op.name + ": option '" + slot.name + "' must be " + expected + " but is " + v.GetTypeKey());
+  };
+  switch (slot.kind) {
+    case ditops::OptionKind::boolean:
+    case ditops::OptionKind::optional_boolean:
+      if (auto b = v.try_cast<bool>()) return *b;
+      return fail("a bool");
+    case ditops::OptionKind::integer:
+      if (v.type_index() == kTVMFFIInt || v.type_index() == kTVMFFIBool) return v.cast<int64_t>();
+      return fail("an integer");
+    case ditops::OptionKind::real:
+      if (auto d = v.try_cast<double>()) return *d;
+      return fail("a number");
+    case ditops::OptionKind::choice:
+      if (auto s = v.try_cast<String>()) return std::string(*s);
+      return fail("a string");
+  }
+  return fail("valid");
+}
+
+// call(op_index, explain, stream, *tensors, *options, backend, quality): the op's tensors in
+// slot order (None when absent), its option values in slot order (None: the C++ default), then
+// backend and quality ("" or None: not given). Returns the implementation that ran, or with
+// explain the dispatch report. Python builds each op's function from the table (op_table).
+Any generic_entry(const tvm::ffi::AnyView* args, int32_t num_args) {
+  if (num_args < 3) raise_ditops("call: expected (op_index, explain, stream, ...)");
+  const ditops::OpDescription& op = described_op(args[0].cast<int64_t>());
+  const bool explain = args[1].cast<bool>();
+  const int64_t stream = args[2].cast<int64_t>();
+  const size_t nt = op.tensors.size(), no = op.options.size();
+  if (static_cast<size_t>(num_args) != 3 + nt + no + 2)
+    raise_ditops(op.name + ": expected " + std::to_string(nt + no + 2) + " arguments after the op but got " +
+                 std::to_string(num_args - 3));
+  ditops::GenericCall call = ditops::generic_call(op);
+  std::optional<FfiTensor> first_tensor;
+  for (size_t i = 0; i < nt; ++i) {
+    const tvm::ffi::AnyView& a = args[3 + i];
+    if (a.type_index() == kTVMFFINone) continue;
+    auto t = a.try_cast<FfiTensor>();
+    if (!t) raise_ditops(op.name + ": " + op.tensors[i].name + " must be a tensor but is " + a.GetTypeKey());
+    call.tensors[i] = view(*t, op.tensors[i].name.c_str(), op.name.c_str());
+    call.given[i] = true;
+    if (!first_tensor) first_tensor = *t;
+  }
+  for (size_t i = 0; i < no; ++i) call.options[i] = option_value(op, op.options[i], args[3 + nt + i]);
+  auto text = [&](const tvm::ffi::AnyView& a) {
+    return a.type_index() == kTVMFFINone ? String("") : a.cast<String>();
+  };
+  call.dispatch = dispatch_options(text(args[3 + nt + no]), text(args[3 + nt + no + 1]));
   try {
-    if constexpr (kExplain) {
-      return report_to_map(explain());
-    } else {
-      return String(run());
-    }
+    if (explain) return report_to_map(op.explain(call));
+    const ditops::Stream s = first_tensor ? stream_of(*first_tensor, stream) : nullptr;
+    return String(op.run(call, s));
   } catch (const ditops::Error& e) {
     raise_ditops(e.what());
   }
 }
 
-// ---------------------------------------------------------------- ops
-
-template <bool kExplain>
-Any qknorm_rope_entry(FfiTensor q, FfiTensor k, FfiTensor q_weight, FfiTensor k_weight,
-                      FfiTensor cos_sin_cache, FfiTensor positions, bool is_neox, double eps,
-                      int64_t rope_dim, bool cache_full_width, String rounding, String norm_order,
-                      bool use_pdl, String backend, String quality, int64_t stream) {
-  static constexpr const char* op = "qknorm_rope";
-  static constexpr std::pair<const char*, ditops::QkRounding> kRoundings[] = {
-      {"rounded", ditops::QkRounding::rounded}, {"fp32", ditops::QkRounding::fp32}};
-  static constexpr std::pair<const char*, ditops::QkNormOrder> kOrders[] = {
-      {"aten", ditops::QkNormOrder::aten}, {"warp", ditops::QkNormOrder::warp}};
-  ditops::QkNormRopeOptions o;
-  o.is_neox = is_neox;
-  o.eps = static_cast<float>(eps);
-  o.rope_dim = static_cast<int>(rope_dim);
-  o.cache_full_width = cache_full_width;
-  o.rounding = parse_choice("rounding", rounding, kRoundings);
-  o.norm_order = parse_choice("norm_order", norm_order, kOrders);
-  o.use_pdl = use_pdl;
-  o.dispatch = dispatch_options(backend, quality);
-  const auto vq = view(q, "q", op), vk = view(k, "k", op), vqw = view(q_weight, "q_weight", op),
-             vkw = view(k_weight, "k_weight", op), vc = view(cos_sin_cache, "cos_sin_cache", op),
-             vp = view(positions, "positions", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::qknorm_rope(vq, vk, vqw, vkw, vc, vp, o, stream_of(q, stream)); },
-      [&] { return ditops::explain_qknorm_rope(ditops::match_qknorm_rope(vq, vk, vqw, vkw, vc, vp, o)); });
-}
-
-template <bool kExplain>
-Any residual_gate_add_entry(FfiTensor residual, FfiTensor update, FfiTensor gate, FfiTensor out,
-                            bool use_pdl, String backend, String quality, int64_t stream) {
-  static constexpr const char* op = "residual_gate_add";
-  ditops::ResidualGateAddOptions o;
-  o.use_pdl = use_pdl;
-  o.dispatch = dispatch_options(backend, quality);
-  const auto vr = view(residual, "residual", op), vu = view(update, "update", op),
-             vg = view(gate, "gate", op), vo = view(out, "out", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::residual_gate_add(vr, vu, vg, vo, o, stream_of(residual, stream)); },
-      [&] { return ditops::explain_residual_gate_add(ditops::match_residual_gate_add(vr, vu, vg, vo, o)); });
-}
-
-// The options every layernorm_modulate-family facade takes (one struct for the three ops; the
-// facade refuses what its op does not use, e.g. stats_out for qk_head_layernorm).
-ditops::LayerNormModulateOptions ln_options(const char* op, double eps, const String& fp8_reciprocal,
-                                            const String& mapping, const Optional<FfiTensor>& stats_out,
-                                            bool use_pdl, const String& backend, const String& quality) {
-  static constexpr std::pair<const char*, ditops::Fp8Reciprocal> kReciprocals[] = {
-      {"ieee", ditops::Fp8Reciprocal::ieee}, {"div_full", ditops::Fp8Reciprocal::div_full}};
-  static constexpr std::pair<const char*, ditops::LnRowMapping> kMappings[] = {
-      {"automatic", ditops::LnRowMapping::automatic},
-      {"warp", ditops::LnRowMapping::warp},
-      {"cta", ditops::LnRowMapping::cta}};
-  ditops::LayerNormModulateOptions o;
-  o.eps = static_cast<float>(eps);
-  o.fp8_reciprocal = parse_choice("fp8_reciprocal", fp8_reciprocal, kReciprocals);
-  o.mapping = parse_choice("mapping", mapping, kMappings);
-  o.stats_out = opt_view(stats_out, "stats_out", op);
-  o.use_pdl = use_pdl;
-  o.dispatch = dispatch_options(backend, quality);
-  return o;
-}
-
-template <bool kExplain>
-Any layernorm_modulate_entry(FfiTensor x, FfiTensor scale, Optional<FfiTensor> shift, FfiTensor out,
-                             double eps, String fp8_reciprocal, String mapping,
-                             Optional<FfiTensor> stats_out, bool use_pdl, String backend,
-                             String quality, int64_t stream) {
-  static constexpr const char* op = "layernorm_modulate";
-  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
-  const auto vx = view(x, "x", op), vs = view(scale, "scale", op), vsh = opt_view(shift, "shift", op),
-             vo = view(out, "out", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::layernorm_modulate(vx, vs, vsh, vo, o, stream_of(x, stream)); },
-      [&] { return ditops::explain_layernorm_modulate(ditops::match_layernorm_modulate(vx, vs, vsh, vo, o)); });
-}
-
-template <bool kExplain>
-Any layernorm_modulate_fp8_entry(FfiTensor x, FfiTensor scale, Optional<FfiTensor> shift,
-                                 FfiTensor input_scale, FfiTensor out, double eps,
-                                 String fp8_reciprocal, String mapping, Optional<FfiTensor> stats_out,
-                                 bool use_pdl, String backend, String quality, int64_t stream) {
-  static constexpr const char* op = "layernorm_modulate_fp8";
-  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
-  const auto vx = view(x, "x", op), vs = view(scale, "scale", op), vsh = opt_view(shift, "shift", op),
-             vi = view(input_scale, "input_scale", op), vo = view(out, "out", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::layernorm_modulate_fp8(vx, vs, vsh, vi, vo, o, stream_of(x, stream)); },
-      [&] {
-        return ditops::explain_layernorm_modulate(ditops::match_layernorm_modulate_fp8(vx, vs, vsh, vi, vo, o));
-      });
-}
-
-template <bool kExplain>
-Any qk_head_layernorm_entry(FfiTensor q, FfiTensor k, FfiTensor q_out, FfiTensor k_out, double eps,
-                            String fp8_reciprocal, String mapping, Optional<FfiTensor> stats_out,
-                            bool use_pdl, String backend, String quality, int64_t stream) {
-  static constexpr const char* op = "qk_head_layernorm";
-  const auto o = ln_options(op, eps, fp8_reciprocal, mapping, stats_out, use_pdl, backend, quality);
-  const auto vq = view(q, "q", op), vk = view(k, "k", op), vqo = view(q_out, "q_out", op),
-             vko = view(k_out, "k_out", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::qk_head_layernorm(vq, vk, vqo, vko, o, stream_of(q, stream)); },
-      [&] { return ditops::explain_layernorm_modulate(ditops::match_qk_head_layernorm(vq, vk, vqo, vko, o)); });
-}
-
-// Inputs (NormScaleShiftInputs' order), outputs (NormScaleShiftOutputs'), then the options; every
-// optional tensor may be None.
-template <bool kExplain>
-Any norm_scale_shift_entry(FfiTensor x, Optional<FfiTensor> residual, Optional<FfiTensor> gate,
-                           Optional<FfiTensor> weight, Optional<FfiTensor> bias, FfiTensor scale,
-                           Optional<FfiTensor> shift, Optional<FfiTensor> input_scale,
-                           Optional<FfiTensor> global_scale, Optional<FfiTensor> y,
-                           Optional<FfiTensor> residual_out, Optional<FfiTensor> fp8,
-                           Optional<FfiTensor> nvfp4_packed, Optional<FfiTensor> nvfp4_scales,
-                           String norm, double eps, String numerics, String fp8_reciprocal,
-                           String e2m1, bool use_pdl, String backend, String quality, int64_t stream) {
-  static constexpr const char* op = "norm_scale_shift";
-  static constexpr std::pair<const char*, ditops::NormType> kNorms[] = {
-      {"layer", ditops::NormType::layer}, {"rms", ditops::NormType::rms}};
-  static constexpr std::pair<const char*, ditops::NssNumerics> kNumerics[] = {
-      {"eager", ditops::NssNumerics::eager}, {"sglang", ditops::NssNumerics::sglang}};
-  static constexpr std::pair<const char*, ditops::Fp8Reciprocal> kReciprocals[] = {
-      {"ieee", ditops::Fp8Reciprocal::ieee}, {"div_full", ditops::Fp8Reciprocal::div_full}};
-  static constexpr std::pair<const char*, ditops::E2m1Conversion> kE2m1[] = {
-      {"automatic", ditops::E2m1Conversion::automatic},
-      {"software", ditops::E2m1Conversion::software},
-      {"hardware", ditops::E2m1Conversion::hardware}};
-  ditops::NormScaleShiftOptions o;
-  o.norm = parse_choice("norm", norm, kNorms);
-  o.eps = static_cast<float>(eps);
-  o.numerics = parse_choice("numerics", numerics, kNumerics);
-  o.fp8_reciprocal = parse_choice("fp8_reciprocal", fp8_reciprocal, kReciprocals);
-  o.e2m1 = parse_choice("e2m1", e2m1, kE2m1);
-  o.use_pdl = use_pdl;
-  o.dispatch = dispatch_options(backend, quality);
-  ditops::NormScaleShiftInputs in;
-  in.x = view(x, "x", op);
-  in.residual = opt_view(residual, "residual", op);
-  in.gate = opt_view(gate, "gate", op);
-  in.weight = opt_view(weight, "weight", op);
-  in.bias = opt_view(bias, "bias", op);
-  in.scale = view(scale, "scale", op);
-  in.shift = opt_view(shift, "shift", op);
-  in.input_scale = opt_view(input_scale, "input_scale", op);
-  in.global_scale = opt_view(global_scale, "global_scale", op);
-  ditops::NormScaleShiftOutputs outs;
-  outs.y = opt_view(y, "y", op);
-  outs.residual_out = opt_view(residual_out, "residual_out", op);
-  outs.fp8 = opt_view(fp8, "fp8", op);
-  outs.nvfp4_packed = opt_view(nvfp4_packed, "nvfp4_packed", op);
-  outs.nvfp4_scales = opt_view(nvfp4_scales, "nvfp4_scales", op);
-  return run_or_explain<kExplain>(
-      [&] { return ditops::norm_scale_shift(in, outs, o, stream_of(x, stream)); },
-      [&] { return ditops::explain_norm_scale_shift(ditops::match_norm_scale_shift(in, outs, o)); });
-}
+// The op table (JSON text): every op's slots, kinds, defaults and allocation rules.
+String op_table() { return String(ditops::op_table_json()); }
 
 // ---------------------------------------------------------------- registry
 
@@ -350,18 +237,13 @@ void clear_failures() { ditops::Registry::global().clear_failures(); }
 
 }  // namespace
 
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qknorm_rope, qknorm_rope_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qknorm_rope_explain, qknorm_rope_entry<true>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(residual_gate_add, residual_gate_add_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(residual_gate_add_explain, residual_gate_add_entry<true>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate, layernorm_modulate_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_explain, layernorm_modulate_entry<true>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_fp8, layernorm_modulate_fp8_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(layernorm_modulate_fp8_explain, layernorm_modulate_fp8_entry<true>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_head_layernorm, qk_head_layernorm_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(qk_head_layernorm_explain, qk_head_layernorm_entry<true>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(norm_scale_shift, norm_scale_shift_entry<false>);
-TVM_FFI_DLL_EXPORT_TYPED_FUNC(norm_scale_shift_explain, norm_scale_shift_entry<true>);
+// The generic op entry, exported in the packed calling convention (a variable argument list).
+extern "C" TVM_FFI_DLL_EXPORT int __tvm_ffi_call(void*, const TVMFFIAny* args, int32_t num_args, TVMFFIAny* result) {
+  TVM_FFI_SAFE_CALL_BEGIN();
+  *reinterpret_cast<Any*>(result) = generic_entry(reinterpret_cast<const tvm::ffi::AnyView*>(args), num_args);
+  TVM_FFI_SAFE_CALL_END();
+}
+TVM_FFI_DLL_EXPORT_TYPED_FUNC(op_table, op_table);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(list_kernels, list_kernels);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(version, version);
 TVM_FFI_DLL_EXPORT_TYPED_FUNC(reload_config, reload_config);

@@ -6,6 +6,7 @@
 
 #include "core/builtin_ops.h"
 #include "core/matcher.h"
+#include "core/op_builder.h"
 #include "ditops/layernorm_modulate.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
@@ -487,7 +488,90 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
                                     call.options.dispatch);
 }
 
+namespace {
+
+TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
+
+// The options every op of the family reads (fp8_reciprocal: the fp8 op only).
+void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
+  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
+  if (fp8)
+    b.choice("fp8_reciprocal", &LayerNormModulateOptions::fp8_reciprocal,
+             {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+             "1/input_scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  b.choice("mapping", &LayerNormModulateOptions::mapping,
+           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+           "rows per warp or per 128-thread CTA (automatic: by D)");
+  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+}
+
+OpDescription describe_layernorm_modulate(bool fp8) {
+  const char* name = fp8 ? "layernorm_modulate_fp8" : "layernorm_modulate";
+  OpBuilder<LayerNormModulateCall> b(
+      name,
+      fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
+          : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
+      "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
+      "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
+  b.dims("B=1,S=4608,D=3072");
+  b.tensor({.name = "x", .dtypes = "bf16", .shape = "B,S,D"}, &LayerNormModulateCall::x);
+  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D"}, &LayerNormModulateCall::scale);
+  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D"}, &LayerNormModulateCall::shift);
+  if (fp8) b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &LayerNormModulateCall::input_scale);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
+            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : ""},
+           &LayerNormModulateCall::out);
+  b.tensor({.name = "stats_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
+            .shape = "B,S,2", .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them"},
+           stats_out_of);
+  describe_ln_options(b, fp8);
+  if (fp8)
+    return b.build(
+        [](const LayerNormModulateCall& a, Stream s) {
+          return layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options, s);
+        },
+        [](const LayerNormModulateCall& a) {
+          return explain_layernorm_modulate(
+              match_layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options));
+        });
+  return b.build(
+      [](const LayerNormModulateCall& a, Stream s) { return layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options, s); },
+      [](const LayerNormModulateCall& a) {
+        return explain_layernorm_modulate(match_layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options));
+      });
+}
+
+OpDescription describe_qk_head_layernorm() {
+  OpBuilder<LayerNormModulateCall> b("qk_head_layernorm", "F.layer_norm over the head dim of q and k (no affine)",
+                                     "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
+                                     "include/ditops/layernorm_modulate.h");
+  b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
+  b.tensor({.name = "q", .dtypes = "bf16", .shape = "B,S,H,Dh"}, &LayerNormModulateCall::x);
+  b.tensor({.name = "k", .dtypes = "=q", .shape = "B,S,Hk,Dh"}, &LayerNormModulateCall::x2);
+  b.tensor({.name = "q_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
+            .alloc = "like:q"},
+           &LayerNormModulateCall::out);
+  b.tensor({.name = "k_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
+            .alloc = "like:k"},
+           &LayerNormModulateCall::out2);
+  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
+  b.choice("mapping", &LayerNormModulateOptions::mapping,
+           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+           "rows per warp or per 128-thread CTA (automatic: by Dh)");
+  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const LayerNormModulateCall& a, Stream s) { return qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options, s); },
+      [](const LayerNormModulateCall& a) {
+        return explain_layernorm_modulate(match_qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options));
+      });
+}
+
+}  // namespace
+
 void register_layernorm_modulate(Registry& registry) {
+  registry.describe(describe_layernorm_modulate(false));
+  registry.describe(describe_layernorm_modulate(true));
+  registry.describe(describe_qk_head_layernorm());
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";

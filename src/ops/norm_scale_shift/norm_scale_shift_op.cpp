@@ -7,6 +7,7 @@
 
 #include "core/builtin_ops.h"
 #include "core/matcher.h"
+#include "core/op_builder.h"
 #include "ditops/norm_scale_shift.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
@@ -434,7 +435,68 @@ DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
   return Registry::global().explain(kOp, &call, jit::device_info(call.in.x.device), call.options.dispatch);
 }
 
+namespace {
+
+OpDescription describe_norm_scale_shift() {
+  using C = NormScaleShiftCall;
+  using O = NormScaleShiftOptions;
+  OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
+                 "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
+                 "weight/bias [D]. include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
+  b.dims("B=1,S=4608,D=3072");
+  b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, +[](C& a) -> TensorView& { return a.in.x; });
+  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D"}, +[](C& a) -> TensorView& { return a.in.scale; });
+  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D"},
+           +[](C& a) -> TensorView& { return a.in.shift; });
+  b.tensor({.name = "residual", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D"},
+           +[](C& a) -> TensorView& { return a.in.residual; });
+  b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,D"},
+           +[](C& a) -> TensorView& { return a.in.gate; });
+  b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x", .shape = "D"},
+           +[](C& a) -> TensorView& { return a.in.weight; });
+  b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x", .shape = "D"},
+           +[](C& a) -> TensorView& { return a.in.bias; });
+  b.tensor({.name = "input_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
+           +[](C& a) -> TensorView& { return a.in.input_scale; });
+  b.tensor({.name = "global_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
+           +[](C& a) -> TensorView& { return a.in.global_scale; });
+  b.tensor({.name = "y", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
+            .alloc = "like:x", .present = "flag:store_y;absent:input_scale,global_scale"},
+           +[](C& a) -> TensorView& { return a.out.y; });
+  b.tensor({.name = "residual_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+            .shape = "B,S,D", .alloc = "like:x", .present = "given:residual"},
+           +[](C& a) -> TensorView& { return a.out.residual_out; });
+  b.tensor({.name = "fp8", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn",
+            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn", .present = "given:input_scale"},
+           +[](C& a) -> TensorView& { return a.out.fp8; });
+  b.tensor({.name = "nvfp4_packed", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+            .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8", .present = "given:global_scale"},
+           +[](C& a) -> TensorView& { return a.out.nvfp4_packed; });
+  b.tensor({.name = "nvfp4_scales", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+            .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16", .alloc_dtype = "u8",
+            .present = "given:global_scale", .doc = "E4M3 block scales in the 128x4 swizzled layout"},
+           +[](C& a) -> TensorView& { return a.out.nvfp4_scales; });
+  b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
+                    .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
+  b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
+  b.option("eps", &O::eps, "norm epsilon");
+  b.choice("numerics", &O::numerics, {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}},
+           "which chain the result is bit-exact with");
+  b.choice("fp8_reciprocal", &O::fp8_reciprocal, {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+           "1/input_scale as an IEEE division or SGLang's div.full");
+  b.choice("e2m1", &O::e2m1,
+           {{"automatic", E2m1Conversion::automatic}, {"software", E2m1Conversion::software},
+            {"hardware", E2m1Conversion::hardware}},
+           "the NVFP4 E2M1 conversion");
+  b.option("use_pdl", &O::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build([](const C& a, Stream s) { return norm_scale_shift(a.in, a.out, a.options, s); },
+                 [](const C& a) { return explain_norm_scale_shift(match_norm_scale_shift(a.in, a.out, a.options)); });
+}
+
+}  // namespace
+
 void register_norm_scale_shift(Registry& registry) {
+  registry.describe(describe_norm_scale_shift());
   // sm_90+: the fp8 conversion (cvt e4m3x2, sm_89+) and PDL; nvfp4 runs everywhere there with the
   // software E2M1 conversion and takes the hardware one where the device has it (the predicate
   // refuses an explicit e2m1=hardware elsewhere).

@@ -5,6 +5,7 @@
 
 #include "core/builtin_ops.h"
 #include "core/matcher.h"
+#include "core/op_builder.h"
 #include "ditops/qknorm_rope.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
@@ -299,7 +300,44 @@ DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) {
   return Registry::global().explain(kOp, &call, jit::device_info(call.q.device), call.options.dispatch);
 }
 
+namespace {
+
+OpDescription describe_qknorm_rope() {
+  OpBuilder<QkNormRopeCall> b(kOp, "in-place per-head QK RMSNorm + RoPE",
+                              "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
+                              "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
+                              "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
+  b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
+  b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D"}, &QkNormRopeCall::q);
+  b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D"}, &QkNormRopeCall::k);
+  b.tensor({.name = "q_weight", .dtypes = "=q", .shape = "D"}, &QkNormRopeCall::q_weight);
+  b.tensor({.name = "k_weight", .dtypes = "=q", .shape = "D"}, &QkNormRopeCall::k_weight);
+  b.tensor({.name = "cos_sin_cache", .dtypes = "f32|=q", .shape = "P,R"}, &QkNormRopeCall::cos_sin_cache);
+  b.tensor({.name = "positions", .dtypes = "i64|i32", .shape = "T"}, &QkNormRopeCall::positions);
+  b.option("is_neox", &QkNormRopeOptions::is_neox, "NeoX halves (true) or interleaved pairs (false, FLUX)");
+  b.option("eps", &QkNormRopeOptions::eps, "RMSNorm epsilon");
+  b.option("rope_dim", &QkNormRopeOptions::rope_dim, "rotated channels; 0: from the cache width");
+  b.option("cache_full_width", &QkNormRopeOptions::cache_full_width, "cache rows hold rope_dim cos then rope_dim sin");
+  b.choice("rounding", &QkNormRopeOptions::rounding,
+           {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+           "rounded: bit_exact vs the eager chain; fp32: close");
+  b.choice("norm_order", &QkNormRopeOptions::norm_order, {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}},
+           "sum-of-squares order: aten (PyTorch eager) or warp (SGLang)");
+  b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const QkNormRopeCall& a, Stream s) {
+        return qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options, s);
+      },
+      [](const QkNormRopeCall& a) {
+        return explain_qknorm_rope(
+            match_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options));
+      });
+}
+
+}  // namespace
+
 void register_qknorm_rope(Registry& registry) {
+  registry.describe(describe_qknorm_rope());
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
       "split chain with norm_order=warp";

@@ -6,6 +6,7 @@
 
 #include "core/builtin_ops.h"
 #include "core/matcher.h"
+#include "core/op_builder.h"
 #include "ditops/residual_gate_add.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
@@ -346,7 +347,35 @@ DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
   return Registry::global().explain(kOp, &call, jit::device_info(call.residual.device), call.options.dispatch);
 }
 
+namespace {
+
+OpDescription describe_residual_gate_add() {
+  OpBuilder<ResidualGateAddCall> b(kOp, "out = residual + update * gate with eager rounding",
+                                   "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
+                                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D]; "
+                                   "out takes residual's shape and strides and must not overlap an input. "
+                                   "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
+  b.dims("B=1,S=4608,D=3072");
+  b.tensor({.name = "residual", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, &ResidualGateAddCall::residual);
+  b.tensor({.name = "update", .dtypes = "=residual", .shape = "B,S,D"}, &ResidualGateAddCall::update);
+  b.tensor({.name = "gate", .dtypes = "=residual", .shape = "B,1,D"}, &ResidualGateAddCall::gate);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
+            .alloc = "strided:residual"},
+           &ResidualGateAddCall::out);
+  b.option("use_pdl", &ResidualGateAddOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const ResidualGateAddCall& a, Stream s) {
+        return residual_gate_add(a.residual, a.update, a.gate, a.out, a.options, s);
+      },
+      [](const ResidualGateAddCall& a) {
+        return explain_residual_gate_add(match_residual_gate_add(a.residual, a.update, a.gate, a.out, a.options));
+      });
+}
+
+}  // namespace
+
 void register_residual_gate_add(Registry& registry) {
+  registry.describe(describe_residual_gate_add());
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";

@@ -1,0 +1,359 @@
+// The op table: lookup, generic calls, option parsing, output-shape rules and the JSON export
+// the Python package builds its functions from.
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/op_builder.h"
+#include "ditops/op.h"
+
+namespace ditops {
+
+const char* tensor_role_name(TensorRole role) {
+  switch (role) {
+    case TensorRole::in: return "in";
+    case TensorRole::out: return "out";
+    case TensorRole::inout: return "inout";
+  }
+  return "?";
+}
+
+const char* option_kind_name(OptionKind kind) {
+  switch (kind) {
+    case OptionKind::boolean: return "bool";
+    case OptionKind::integer: return "int";
+    case OptionKind::real: return "float";
+    case OptionKind::choice: return "choice";
+    case OptionKind::optional_boolean: return "optional_bool";
+  }
+  return "?";
+}
+
+std::string option_default_text(bool value) { return value ? "true" : "false"; }
+std::string option_default_text(int64_t value) { return std::to_string(value); }
+
+// The shortest text that reads back as the same value (1e-6f prints as "1e-06").
+std::string option_default_text(double value, bool single_precision) {
+  char buf[64];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, value);
+    const double back = std::strtod(buf, nullptr);
+    if (single_precision ? static_cast<float>(back) == static_cast<float>(value) : back == value) break;
+  }
+  return buf;
+}
+
+namespace {
+const char* value_kind(const OptionValue& v) {
+  switch (v.index()) {
+    case 0: return "unset";
+    case 1: return "a bool";
+    case 2: return "an integer";
+    case 3: return "a float";
+    default: return "a string";
+  }
+}
+}  // namespace
+
+void option_type_error(const std::string& op, const std::string& option, const char* expected,
+                       const OptionValue& value) {
+  throw Error(op + ": option '" + option + "' must be " + expected + " but is " + value_kind(value));
+}
+
+int OpDescription::tensor_index(const std::string& tensor) const {
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].name == tensor) return static_cast<int>(i);
+  return -1;
+}
+
+int OpDescription::option_index(const std::string& option) const {
+  for (size_t i = 0; i < options.size(); ++i)
+    if (options[i].name == option) return static_cast<int>(i);
+  return -1;
+}
+
+std::vector<const OpDescription*> op_descriptions() { return Registry::global().descriptions(); }
+
+const OpDescription& op(const std::string& name) {
+  if (const OpDescription* d = Registry::global().description(name)) return *d;
+  std::string known;
+  for (const OpDescription* d : op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
+  throw Error("unknown op '" + name + "' (known: " + known + ")");
+}
+
+OptionValue parse_option(const OpDescription& op, const OptionSlot& option, const std::string& text) {
+  auto fail = [&](const std::string& expected) -> OptionValue {
+    throw Error(op.name + ": option '" + option.name + "' must be " + expected + " but is '" + text + "'");
+  };
+  switch (option.kind) {
+    case OptionKind::boolean:
+    case OptionKind::optional_boolean:
+      if (text == "1" || text == "true") return true;
+      if (text == "0" || text == "false") return false;
+      if (option.kind == OptionKind::optional_boolean && (text == "none" || text.empty())) return std::monostate{};
+      return fail(option.kind == OptionKind::boolean ? "true/false (or 1/0)" : "true/false/none");
+    case OptionKind::integer: {
+      errno = 0;
+      char* end = nullptr;
+      const long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE) return fail("an integer");
+      return static_cast<int64_t>(v);
+    }
+    case OptionKind::real: {
+      errno = 0;
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v)) return fail("a finite number");
+      return v;
+    }
+    case OptionKind::choice: {
+      std::string expected;
+      for (const auto& c : option.choices) {
+        if (c == text) return text;
+        expected += (expected.empty() ? "" : ", ") + c;
+      }
+      return fail("one of " + expected);
+    }
+  }
+  return fail("valid");
+}
+
+GenericCall generic_call(const OpDescription& op) {
+  GenericCall c;
+  c.tensors.resize(op.tensors.size());
+  c.given.assign(op.tensors.size(), false);
+  c.options.resize(op.options.size());
+  return c;
+}
+
+std::string call(const std::string& op_name, const GenericCall& c, Stream stream) {
+  return op(op_name).run(c, stream);
+}
+
+DispatchReport explain(const std::string& op_name, const GenericCall& c) { return op(op_name).explain(c); }
+
+// ---------------------------------------------------------------- output shapes
+
+namespace {
+
+// expr := term (('*' | '/') term)*;  term := INT | rows(t) | last(t) | up128(expr) | '(' expr ')'
+class ShapeExpr {
+ public:
+  ShapeExpr(const OpDescription* op, const GenericCall* call, const std::vector<std::pair<std::string, int64_t>>* dims,
+            std::string text)
+      : op_(op), call_(call), dims_(dims), text_(std::move(text)) {}
+
+  int64_t evaluate() {
+    const int64_t v = expr();
+    skip();
+    if (pos_ != text_.size()) fail("unexpected '" + text_.substr(pos_) + "'");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const {
+    throw Error((op_ ? op_->name + ": output shape rule '" : std::string("shape '")) + text_ + "': " + why);
+  }
+  void skip() {
+    while (pos_ < text_.size() && text_[pos_] == ' ') ++pos_;
+  }
+  bool eat(char c) {
+    skip();
+    if (pos_ < text_.size() && text_[pos_] == c) return ++pos_, true;
+    return false;
+  }
+  std::string word() {
+    skip();
+    const size_t start = pos_;
+    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '_')) ++pos_;
+    return text_.substr(start, pos_ - start);
+  }
+  const TensorView& named(const std::string& name) const {
+    const int i = op_ ? op_->tensor_index(name) : -1;
+    if (i < 0) fail("no tensor '" + name + "'");
+    if (!call_->given[i]) fail("tensor '" + name + "' is not given");
+    return call_->tensors[i];
+  }
+  int64_t expr() {
+    int64_t v = term();
+    for (;;) {
+      if (eat('*')) {
+        v *= term();
+      } else if (eat('/')) {
+        const int64_t d = term();
+        if (d == 0) fail("division by zero");
+        v /= d;
+      } else {
+        return v;
+      }
+    }
+  }
+  int64_t term() {
+    if (eat('(')) {
+      const int64_t v = expr();
+      if (!eat(')')) fail("missing ')'");
+      return v;
+    }
+    const std::string w = word();
+    if (w.empty()) fail("expected a number or a function at " + std::to_string(pos_));
+    if (std::isdigit(static_cast<unsigned char>(w[0]))) {
+      for (char ch : w)
+        if (!std::isdigit(static_cast<unsigned char>(ch))) fail("'" + w + "' is not a number");
+      if (w.size() > 18) fail("'" + w + "' is too large");
+      return std::stoll(w);
+    }
+    skip();
+    if (pos_ >= text_.size() || text_[pos_] != '(') {
+      if (dims_)
+        for (const auto& [name, value] : *dims_)
+          if (name == w) return value;
+      fail("unknown dim '" + w + "'");
+    }
+    eat('(');
+    int64_t v = 0;
+    if (w == "up128") {
+      v = (expr() + 127) / 128 * 128;
+    } else {
+      const TensorView& t = named(word());
+      if (t.rank == 0) fail("tensor has rank 0");
+      if (w == "last") {
+        v = t.shape[t.rank - 1];
+      } else if (w == "rows") {
+        v = 1;
+        for (int d = 0; d + 1 < t.rank; ++d) v *= t.shape[d];
+      } else {
+        fail("unknown function " + w);
+      }
+    }
+    if (!eat(')')) fail("missing ')'");
+    return v;
+  }
+
+  const OpDescription* op_;
+  const GenericCall* call_;
+  const std::vector<std::pair<std::string, int64_t>>* dims_;
+  std::string text_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::vector<int64_t> alloc_shape(const OpDescription& op, const TensorSlot& output, const GenericCall& c) {
+  const std::string& rule = output.alloc;
+  for (const char* prefix : {"like:", "strided:"}) {
+    const std::string p = prefix;
+    if (rule.compare(0, p.size(), p) == 0) {
+      const int i = op.tensor_index(rule.substr(p.size()));
+      if (i < 0 || !c.given[i]) throw Error(op.name + ": output " + output.name + " is shaped like " +
+                                            rule.substr(p.size()) + ", which is not given");
+      const TensorView& t = c.tensors[i];
+      return std::vector<int64_t>(t.shape, t.shape + t.rank);
+    }
+  }
+  std::vector<int64_t> out;
+  std::stringstream items(rule);
+  for (std::string item; std::getline(items, item, ',');) out.push_back(ShapeExpr(&op, &c, nullptr, item).evaluate());
+  return out;
+}
+
+std::vector<int64_t> symbolic_shape(const std::string& shape, const std::vector<std::pair<std::string, int64_t>>& dims) {
+  std::vector<int64_t> out;
+  std::stringstream items(shape);
+  for (std::string item; std::getline(items, item, ',');) out.push_back(ShapeExpr(nullptr, nullptr, &dims, item).evaluate());
+  return out;
+}
+
+bool output_present(const OpDescription& op, const TensorSlot& output, const GenericCall& c) {
+  const int self = op.tensor_index(output.name);
+  if (self >= 0 && c.given[self]) return true;
+  const std::string& rule = output.present;
+  auto given = [&](const std::string& name) {
+    const int t = op.tensor_index(name);
+    if (t >= 0) return static_cast<bool>(c.given[t]);
+    const int o = op.option_index(name);
+    if (o < 0) throw Error(op.name + ": output " + output.name + "'s rule names '" + name + "', neither tensor nor option");
+    const bool* b = std::get_if<bool>(&c.options[o]);
+    return b && *b;
+  };
+  auto any_given = [&](const std::string& list) {
+    std::stringstream items(list);
+    for (std::string item; std::getline(items, item, ',');)
+      if (given(item)) return true;
+    return false;
+  };
+  if (rule == "always") return true;
+  if (rule == "caller") return false;
+  if (rule.rfind("given:", 0) == 0) return any_given(rule.substr(6));
+  const size_t semi = rule.find(";absent:");
+  if (rule.rfind("flag:", 0) == 0 && semi != std::string::npos) {
+    const int o = op.option_index(rule.substr(5, semi - 5));
+    if (o >= 0)
+      if (const bool* b = std::get_if<bool>(&c.options[o])) return *b;
+    return !any_given(rule.substr(semi + 8));
+  }
+  throw Error(op.name + ": output " + output.name + " has an unknown presence rule '" + rule + "'");
+}
+
+// ---------------------------------------------------------------- JSON export
+
+namespace {
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string op_table_json() {
+  std::string out = "[";
+  bool first_op = true;
+  for (const OpDescription* d : op_descriptions()) {
+    out += first_op ? "\n" : ",\n";
+    first_op = false;
+    out += "{\"name\": " + quoted(d->name) + ", \"summary\": " + quoted(d->summary) + ", \"doc\": " + quoted(d->doc) +
+           ", \"dims\": " + quoted(d->dims) +
+           ",\n \"tensors\": [";
+    for (size_t i = 0; i < d->tensors.size(); ++i) {
+      const TensorSlot& t = d->tensors[i];
+      out += std::string(i ? ",\n  " : "\n  ") + "{\"name\": " + quoted(t.name) + ", \"role\": " +
+             quoted(tensor_role_name(t.role)) + ", \"optional\": " + (t.optional ? "true" : "false") +
+             ", \"keyword\": " + (t.keyword ? "true" : "false") + ", \"dtypes\": " + quoted(t.dtypes) +
+             ", \"shape\": " + quoted(t.shape) + ", \"alloc\": " + quoted(t.alloc) + ", \"alloc_dtype\": " +
+             quoted(t.alloc_dtype) + ", \"present\": " + quoted(t.present) + ", \"doc\": " + quoted(t.doc) + "}";
+    }
+    out += "],\n \"options\": [";
+    for (size_t i = 0; i < d->options.size(); ++i) {
+      const OptionSlot& o = d->options[i];
+      std::string choices = "[";
+      for (size_t j = 0; j < o.choices.size(); ++j) choices += (j ? ", " : "") + quoted(o.choices[j]);
+      out += std::string(i ? ",\n  " : "\n  ") + "{\"name\": " + quoted(o.name) + ", \"kind\": " +
+             quoted(option_kind_name(o.kind)) + ", \"default\": " + quoted(o.default_text) + ", \"choices\": " +
+             choices + "], \"binding_only\": " + (o.binding_only ? "true" : "false") + ", \"doc\": " + quoted(o.doc) +
+             "}";
+    }
+    out += "]}";
+  }
+  return out + "\n]\n";
+}
+
+}  // namespace ditops
