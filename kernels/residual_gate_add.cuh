@@ -268,7 +268,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 
   // Every global load first. Units stay packed words: with T arrays ptxas took 64 registers for
   // bf16 (48 for f16) and the bf16 kernel ran at 68 % of a copy against 96 % for f16 (H200, SANA
-  // (1,32760,2240), bench/results/.../13-tune).
+  // (1,32760,2240), cold).
   using UU = Unit<T, kVectorUpdate>;
   using UR = Unit<T, kVectorResidual>;
   UU u[kPerThreadU], g[kPerThreadU];
