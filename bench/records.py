@@ -100,6 +100,9 @@ def load(path):
 def convert(args):
     by_op = {}
     for path in args.files:
+        if not os.path.exists(path):
+            print(f"{path}: missing, skipped")
+            continue
         for r in load(path):
             n = normalize(r)
             if n is not None:
