@@ -16,7 +16,8 @@ import sys
 
 import torch
 from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as as_graph,
-                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main)
+                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main,
+                                shape_str)
 
 
 class Options(ctypes.Structure):
@@ -189,7 +190,8 @@ def run_bench(dt, rows, meta):
         impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"])]
         impls += [(label, lambda f=f: f(t0), [lambda t=t, f=f: f(t) for t in sets]) for label, f in torch_fns]
         impls.append(("ditops:jit", one_kernel_graph.replay, [lambda t=t: ditops_fn(t) for t in sets]))
-        report(measure(impls), rows, meta, "layernorm_modulate", name, nbytes)
+        report(measure(impls), rows, meta, "layernorm_modulate", name,
+               shape_str((B, S, 32, 128) if qk else (B, S, D)), nbytes)
         sets = t0 = one_kernel_graph = None  # release before the next case allocates
         torch.cuda.empty_cache()
 

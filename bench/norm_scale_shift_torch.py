@@ -21,7 +21,8 @@ import sys
 
 import torch
 from torch_bench_common import (DLTensor, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as graph_of,
-                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main)
+                                case_selected, load_eager, measure, report, report_header, rotation_count, script_main,
+                                shape_str)
 import triton
 import triton.language as tl
 
@@ -255,7 +256,7 @@ def run_bench(dt, rows, meta):
 
             impls.append(("torch_eager", lambda: eager_fn(t0), [lambda t=t: eager_fn(t) for t in sets]))
             impls.append(("torch_compile", lambda: cfn(*torch_args(t0)), [lambda t=t: cfn(*torch_args(t)) for t in sets]))
-        report(measure(impls), rows, meta, "norm_scale_shift", label, nbytes, 44)
+        report(measure(impls), rows, meta, "norm_scale_shift", label, shape_str((B, S, D)), nbytes, 44)
         sets = t0 = impls = None  # release before the next case allocates
         torch.cuda.empty_cache()
 

@@ -18,7 +18,7 @@ import sys
 import time
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, script_main, median_us as bench
+from torch_bench_common import allow_recompiles, dltensor, load_eager, record, script_main, shape_str, median_us as bench
 
 # ---------------------------------------------------------------- C ABI
 
@@ -280,8 +280,8 @@ def run_bench(dt, rows, meta):
         def rec(impl, us):
             gbs = nbytes / (us * 1e-6) / 1e9
             print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-            rows.append(dict(kind="bench", op="qknorm_rope", case=name, impl=impl, us=round(us, 3),
-                             gb_per_s=round(gbs, 1), copy_fraction=round(copy_us / us, 4), **meta))
+            record(rows, meta, "qknorm_rope", name, shape_str((T, Hq, D), (T, Hk, D)), impl, "cold_l2", us, nbytes,
+                   copy_us)
 
         rec("device_copy", copy_us)
         for backend in ("aot", "jit"):

@@ -24,7 +24,7 @@ import sys
 
 import torch
 from torch_bench_common import (allow_recompiles, case_selected, copy_buffers, copy_impl, dltensor, graph_on_side_stream,
-                                load_eager, measure, report, report_header, rotation_count, script_main)
+                                load_eager, measure, report, report_header, rotation_count, script_main, shape_str)
 
 
 class Options(ctypes.Structure):
@@ -192,7 +192,7 @@ def run_bench(dt, rows, meta):
             ("ditops:jit", one_kernel_graph[True].replay, [lambda s=s: dt.residual_gate_add(*s[:4]) for s in sets]),
             ("ditops:jit nopdl", one_kernel_graph[False].replay,
              [lambda s=s: dt.residual_gate_add(*s[:4], pdl=False) for s in sets])])
-        report(measured, rows, meta, "residual_gate_add", name, nbytes, 22)
+        report(measured, rows, meta, "residual_gate_add", name, shape_str(shape), nbytes, 22)
         sets = r = u = g = out = one_kernel_graph = None  # release before the next case allocates
         torch.cuda.empty_cache()
 

@@ -69,8 +69,10 @@ def allow_recompiles(limit=256):
 def script_main(make_ditops, checks, run_bench):
     """The command line every bench/*_torch.py script shares: --lib PATH (libditops), --json PATH,
     --commit SHA, --skip-bench. Runs each (label, check(dt, rows, meta) -> bool) of `checks`, then
-    run_bench(dt, rows, meta) unless --skip-bench; writes the records with device, date, commit
-    and torch version filled in; prints e.g. "VERIFY PASS GRAPH PASS"; returns the exit code."""
+    run_bench(dt, rows, meta) unless --skip-bench; writes the timing records (bench/results/README.md:
+    op, case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, device, date, commit) to
+    --json and the checks' records (torch.equal results, with the torch version) beside it as
+    <name>_checks.json; prints e.g. "VERIFY PASS GRAPH PASS"; returns the exit code."""
     import argparse
     import datetime
     import json
@@ -90,13 +92,39 @@ def script_main(make_ditops, checks, run_bench):
     results = [] if skip_checks else [(label, bool(check(dt, rows, meta))) for label, check in checks]
     if not a.skip_bench:
         run_bench(dt, rows, meta)
-    for r in rows:
+    records = [r for r in rows if r.get("kind") == "bench"]
+    checks = [r for r in rows if r.get("kind") != "bench"]
+    for r in checks:
         r.update({k: v for k, v in meta.items() if k not in r})
     with open(a.json, "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump([{k: r.get(k) for k in RECORD_FIELDS} for r in records], f, indent=1)
     print("wrote", a.json)
+    if checks:
+        path = os.path.splitext(a.json)[0] + "_checks.json"
+        with open(path, "w") as f:
+            json.dump(checks, f, indent=1)
+        print("wrote", path)
     print(" ".join(f"{label} {'PASS' if ok else 'FAIL'}" for label, ok in results))
     return 0 if all(ok for _, ok in results) else 1
+
+
+# The fields of a timing record, in order (bench/results/README.md; bench/records.py reads them).
+RECORD_FIELDS = ("op", "case", "shape", "impl", "method", "us", "bytes", "gb_per_s", "copy_fraction", "device",
+                 "date", "commit")
+
+
+def shape_str(*dims):
+    """"(1,4608,3072)": the shape field of a record; several tensors' shapes joined by commas."""
+    return ",".join("(" + ",".join(str(int(d)) for d in t) + ")" for t in dims)
+
+
+def record(rows, meta, op, case, shape, impl, method, us, nbytes, copy_us):
+    """Appends one timing record. method: "cold_l2" (do_bench: the L2 cleared before each call),
+    "rotated_graph" (rotated_graph_us) or "cold_graph" (cold_graph_us)."""
+    rows.append(dict(kind="bench", op=op, case=case, shape=shape, impl=impl, method=method, us=round(us, 3),
+                     bytes=nbytes, gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1),
+                     copy_fraction=round(copy_us / us, 4) if copy_us else None,
+                     device=meta["device"], date=meta["date"], commit=meta["commit"]))
 
 
 def median_us(fn, rep_ms=200):
@@ -268,7 +296,7 @@ def measure(impls):
     return measured
 
 
-def report(measured, rows, meta, op, case, nbytes, width=34):
+def report(measured, rows, meta, op, case, shape, nbytes, width=34):
     """Prints one line per implementation (cold, rotated and cold-graph µs, GB/s by the byte model,
     fraction of the "device_copy" entry timed the same way) and appends one record per
     (implementation, method) to rows; then torch.compile's rotated and cold-graph times over
@@ -281,11 +309,9 @@ def report(measured, rows, meta, op, case, nbytes, width=34):
         print(f"{case:{width}s} {label:24s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:10.2f} "
               f"{nbytes / (rot * 1e-6) / 1e9:7.1f} {100 * copy_rot / rot:5.1f}% {graph:9.2f} {100 * copy_graph / graph:5.1f}%",
               flush=True)
-        for method, us, copy_us in (("cold", cold, copy_cold), ("rotated", rot, copy_rot),
+        for method, us, copy_us in (("cold_l2", cold, copy_cold), ("rotated_graph", rot, copy_rot),
                                     ("cold_graph", graph, copy_graph)):
-            rows.append(dict(kind="bench", op=op, case=case, impl=label, method=method, us=round(us, 3),
-                             gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1), copy_fraction=round(copy_us / us, 4),
-                             bytes=nbytes, **meta))
+            record(rows, meta, op, case, shape, label, method, us, nbytes, copy_us)
     if "torch_compile" in measured and "ditops:jit" in measured:
         print(f"{case:{width}s} torch.compile / ditops (rotated): "
               f"{measured['torch_compile'][1] / measured['ditops:jit'][1]:.3f} (cold graph): "

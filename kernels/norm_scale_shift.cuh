@@ -95,8 +95,8 @@ __device__ __forceinline__ float e4m3_to_float(u32 pair) {
 //   sum + (sum >> 22) are k + 2e + 298 = code + 298.
 // sm_90a SASS: 6 instructions per value (min, exponent mask, add-and-max, add, shift-add, the
 // nibble's shift-add) plus e2m1x4's signs, against 7 with saturation by an integer min after
-// the add, 9.5 in run 45 and 15 for the former integer rounding with compares and a NaN test
-// (with the constant slot offsets of load_inputs, FLUX NVFP4 38.46 -> 34.82 us cold, run 45).
+// the add and 15 for an integer rounding with compares and a NaN test (H200, with the constant
+// slot offsets of load_inputs: FLUX NVFP4 38.46 -> 34.82 us cold; docs/tuning/norm_scale_shift.md).
 constexpr u32 kE2m1Bias = 298;
 __device__ __forceinline__ u32 e2m1_biased_of_product(float x) {
   const float a = fminf(fabsf(x), 6.0f);
@@ -523,9 +523,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // slot, and the statistics take slot j as soon as its group is in (copy_async_wait): the
   // Welford pushes of the early slots overlap the arrival of the later ones. Loaded into
   // registers, ptxas gave all 12 loads of a 6-slot residual row one scoreboard (the first product
-  // waited for the last load). Measured (bench/results runs 64-65, rotated): 512 x 3072 NVFP4
-  // 6.41 -> 6.26 us, the 6-slot plain / fp8 / residual rows unchanged; Wan fp8 (10 slots) 224.5 ->
-  // 227.5 us, hence <= 6 slots.
+  // waited for the last load). H200 rotated: 512 x 3072 NVFP4 6.41 -> 6.26 us; Wan fp8 (10 slots)
+  // 224.5 -> 227.5 us, hence <= 6 slots.
   constexpr bool kStaged = !kPrefetch && kSplit == 1 && !kSharedOperands && !kRms && kSlots <= 6;
   __shared__ V staged[kStaged ? (kResidual ? 2 : 1) : 1][kStaged ? kSlots : 1][128];
   const unsigned staged_x = kStaged ? shared_address(&staged[0][0][t]) : 0u;
@@ -562,8 +561,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // outputs may be this kernel's inputs, read after the wait). The first touch of the parameters
   // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) that and the row's
   // position took about a sixth of the warps' time before the first load (Nsight Compute source
-  // counters, bench/results run 51). Those rows are issue-bound after their loads: without the
-  // E2M1 codes and block scales they ran 0.7 us faster, without the statistics 0.5 us (run 60).
+  // counters). Those rows are issue-bound after their loads: without the E2M1 codes and block
+  // scales they ran 0.7 us faster, without the statistics 0.5 us (H200).
   if constexpr (kPdl) pdl_wait_after(first_row.x, first_row.r);
 
   float inv = 0.0f, global_scale = 0.0f;
@@ -592,9 +591,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     const long long b = at.b, s = at.s;
     // The operands' loads in the order of first use: the gate (the residual sum, slot by slot),
     // then scale and shift (after the statistics); rne(1 + scale) is formed after the statistics
-    // too, so no warp waits for the scale before its first Welford push. Measured (run 68, A/B,
-    // rotated): 512 x 3072 NVFP4 5.53-5.61 us against 5.59-5.74 (two rounds of two builds each),
-    // FLUX NVFP4 27.47-27.74 against 27.52-28.11: within the noise, never behind.
+    // too, so no warp waits for the scale before its first Welford push. H200 A/B, rotated:
+    // 512 x 3072 NVFP4 5.53-5.61 us against 5.59-5.74: within the noise, never behind.
     if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
     const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, j0, kVecs, 0.0f, op, held_scale);
     if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, j0, kVecs, 0.0f, sh, held_shift);

@@ -20,8 +20,8 @@ struct NssOperandParams {
 // the constant bank on sm_90, so x .. r_token_stride share the 64-byte line at 0x200 with the
 // global memory descriptor the loads use: each line's first touch is a constant-cache miss the
 // warp waits for in order; before a row's first load there had been one for each of four lines,
-// now two (with the division-free first row of eager_rows: 512 x 3072 rotated, plain 4.32 ->
-// 4.20 us, fp8 5.14 -> 4.99, nvfp4 unchanged, means of two rounds; bench/results run 59).
+// now two (with the division-free first row of eager_rows, H200 512 x 3072 rotated: plain 4.32 ->
+// 4.20 us, fp8 5.14 -> 4.99, nvfp4 unchanged; docs/tuning/norm_scale_shift.md).
 struct NormScaleShiftParams {
   const void* x;              // [B, S, D]
   const void* residual;       // [B, S, D] or null

@@ -33,10 +33,8 @@ namespace qk_detail {
 using namespace ditops::kernel;
 
 constexpr int kElemsPerLane = 8;
-// Tried on the H200 (2026-11-29): two works per lane with all their loads issued first into
-// registers ran slower on every model shape (FLUX 42.3 -> 46.2 us, Wan 504 -> 664 us): more
-// registers, fewer resident warps. What helped instead: units of several heads per warp whose
-// loads are all issued up front, with the cos/sin slice loaded once per unit (qknorm_rope_body).
+// One work per lane: two, with all their loads issued first, ran FLUX 42.3 -> 46.2 us on the
+// H200 (more registers, fewer resident warps); units of heads per warp instead (qknorm_rope_body).
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
@@ -227,14 +225,11 @@ __device__ __forceinline__ Act* head_row(const QkNormRopeParams& p, long long to
 
 }  // namespace qk_detail
 
-// Work decomposition (H200 measurements of 2026-11-29 behind it, FLUX 4608x24 / Qwen 6912x24
-// NeoX, cold L2): a warp takes a unit = (token, kQkChunkHeadIterations x heads-per-warp heads),
+// Work decomposition: a warp takes a unit = (token, kQkChunkHeadIterations x heads-per-warp heads),
 // issues the 16-byte loads of all its heads and the position up front, loads its cos/sin slice
 // once (it depends only on the token), then normalizes, rotates and stores head by head. The
-// earlier loop (one head per lane per iteration, position and cos/sin loaded after the
-// reduction) serialized three memory latencies per head: 41.9 / 69.6 us (74% / 63% of a copy).
-// Pipelining only the head loads through shared memory with cp.async (2, 4 or 6 stages) did not
-// help (44.5-46.3 / 81-82 us): the dependent position -> cos/sin chain was the limit.
+// dependent position -> cos/sin chain is the limit: one head per lane serialized three memory
+// latencies per head (H200 FLUX 4608x24 cold 41.9 us against 36.5); docs/tuning/qknorm_rope.md.
 template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
           bool kRounded, bool kAtenOrder, bool kPdl, bool kAligned>
 __device__ void qknorm_rope_body(const QkNormRopeParams& p) {

@@ -20,9 +20,8 @@
 // launch runs no branch on the width. On 32 bits a thread finds its gate by a multiply and a shift
 // (common/fast_divide.h, divisors computed by the host) where a division by a run-time divisor
 // takes ~20 instructions through the MUFU reciprocal (64-bit: ~70), which ptxas placed before the
-// first load (sm_90a: first load at instruction 25 instead of 39). Measured (H200, rotated,
-// bench/results runs 79 -> 86, with the single round): (1,512,3072) 3.72 -> 3.54 us, per-token
-// 3.45 -> 3.21, (2,33,65) 1.09 -> 0.97; alone from a cleared L2 no change beyond the spread (run 84).
+// first load (sm_90a: first load at instruction 25 instead of 39). H200 rotated, with the single
+// round: (1,512,3072) 3.72 -> 3.54 us, (2,33,65) 1.09 -> 0.97 (docs/tuning/residual_gate_add.md).
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTokenTile tokens x kTile channels: update is read
@@ -195,13 +194,11 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // kVectorResidual: residual and out by 16-byte units along T (needs T % 8 (16-bit) / 4 (fp32) and
 // aligned pointers); kVectorUpdate: update and the gate by 16-byte units along H (H % 8 / 4,
 // aligned pointers). The update side may be vectorized alone (an odd T), as Inductor's tiled
-// kernel does: (2,513,256) bf16 2.41 us per call against 3.20 us all-scalar (H200, run 27).
+// kernel does: (2,513,256) bf16 2.41 us per call against 3.20 us all-scalar (H200).
 // kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
-// residual rows). Measured against the idea (H200, 2026-11-29, SANA (1,32760,2240), cold L2,
-// bench/results/.../20-bench): token tiles fastest 113.1 us, channel tiles fastest 128.6 us; and
-// groups of 2 / 4 / 8 channel tiles fastest, then token tiles (run 68, rotated): 108.2 / 109.7 /
-// 112.5 us against 107.5-108.0 with token tiles fastest.
+// residual rows). H200, SANA (1,32760,2240) cold: token tiles fastest 113.1 us, channel tiles
+// fastest 128.6 (groups of channel tiles: docs/tuning/residual_gate_add.md).
 // kChunkedResidual (with kVectorResidual): residual and out lines that do not start on 16 bytes
 // (an odd T, or residual off 16 bytes; out shares residual's offset within 16 bytes, the host
 // checks). A line is walked by the aligned 16-byte chunks of memory: the block of token tile i
@@ -240,7 +237,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above). The tall
   // tile keeps them as T (rounded to T, so the same values): 16.6 KB of shared memory for a bf16
   // 128 x 64 tile where fp32 takes 33 KB; SANA (1,32760,2240) bf16, 512 threads, rotated: 107.2 us
-  // against 107.6 (bench/results/2026-11-29-h200-runs/76-rga-tiles).
+  // against 107.6 (H200).
   using Products = rga_detail::TileProducts<T, kTokenTile != kTile>;
   using Product = typename Products::Value;
   __shared__ Product product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];
@@ -271,7 +268,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
 
   // Every global load first. Units stay packed words: with T arrays ptxas took 64 registers for
   // bf16 (48 for f16) and the bf16 kernel ran at 68 % of a copy against 96 % for f16 (H200, SANA
-  // (1,32760,2240), bench/results/.../13-tune).
+  // (1,32760,2240), cold).
   using UU = Unit<T, kVectorUpdate>;
   using UR = Unit<T, kVectorResidual>;
   UU u[kPerThreadU], g[kPerThreadU];

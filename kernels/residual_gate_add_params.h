@@ -15,7 +15,7 @@ enum : int { kRgaGateFull = 0, kRgaGateRow = 1, kRgaGateToken = 2, kRgaGateBatch
 // is a constant-cache miss the warp waits for. With the 64-bit sizes first, the row divisor sat
 // in the line at 0x240 and ptxas loaded it (for the gate's address) before the first load: three
 // lines (0x0, 0x200, 0x240) in front of the loads, now two (sm_90a SASS). Measured alone in a
-// CUDA graph from a cleared L2 (H200, bench/results run 88): 0-0.09 us per call, inside the spread.
+// CUDA graph from a cleared L2 (H200): 0-0.09 us per call, inside the spread.
 struct ResidualGateAddParams {
   const void* residual;
   const void* update;

@@ -1,15 +1,34 @@
 #!/usr/bin/env bash
-# The one script that runs on the GPU machine (the `device` tool). Two phases, each well inside
-# the tool's 10-minute limit; the build directory (build-dev, ignored) is reused between them:
-#   bash scripts/device_run.sh verify   build; every test (CPU + GPU, pytest incl. torch.compile,
-#                                        CUDA graphs, streams); C++ benchmarks of every op;
-#                                        bit-exactness of every op against the PyTorch eager chain
-#   bash scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
+# Everything a GPU machine checks and measures, in one command:
+#
+#   scripts/device_run.sh [OUT_DIR]        (default OUT_DIR: ./device-out)
+#
+# builds (Release, prebuilt AOT kernels on, the Python package where tvm_ffi imports; build-dev/),
+# runs every ctest test (CPU and GPU tests, and `pytest tests/python` as the python_pytest test:
+# torch.library, torch.compile, CUDA graphs, streams), checks every op bit for bit against eager
+# PyTorch (torch.equal, bench/<op>_torch.py), runs the benchmarks (`ditops bench <op>` for every
+# op, and bench/<op>_torch.py: ditops beside eager PyTorch and torch.compile, three timing
+# methods), and writes to OUT_DIR:
+#   summary.txt build.log ctest.log                 the build, the device, the test results
+#   bench_cpp.txt bench_cpp_<op>.json               `ditops bench <op>` tables and records
+#   torch.txt torch_<op>.json torch_<op>_checks.json  bench/<op>_torch.py output, records, torch.equal results
+#   py_overhead.json                                host cost per call of the Python layer
+#   records/<op>.json                               all records of this run in the record format
+#                                                   (bench/results/README.md; bench/records.py)
+# and prints a table of the rotated-graph timings at the end. Needs CUDA, cmake, ninja, PyTorch
+# with Triton, pytest and the tvm_ffi wheel (installed from .whl/ when present: docs/python.md).
+# To keep the records: python3 bench/records.py convert --out bench/results/<device> OUT_DIR/records/*.json
+#
+# Modes for parts of it (OUT_DIR from $OUT there, default ./device-out), each inside the device
+# tool's 10-minute limit:
+#   scripts/device_run.sh verify   build; every test; C++ benchmarks of every op; bit-exactness of
+#                                        every op against the PyTorch eager chain
+#   scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
 #                                        run (all four ops by default; split them over two calls
 #                                        to stay inside the limit)
-#   bash scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
+#   scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
-#   bash scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
+#   scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
 #                                        with AB_TESTS=REGEX, this tree's GPU tests matching it and,
 #                                        with AB_VERIFY=1, its torch.equal checks of OPS): each
 #                                        DIR/kernels (e.g. `git archive BASE kernels` unpacked
@@ -18,12 +37,11 @@
 #                                        version in turn, twice, without its checks
 #                                        (DITOPS_BENCH_CASES / DITOPS_BENCH_IMPLS select cases and
 #                                        implementations: bench/torch_bench_common.py)
-# Outputs go to $OUT (at most 7 files: summary.txt, build.log, ctest.log, bench_cpp.{txt,json},
-# torch.{txt,json}); the developer copies them into bench/results/ with device, date and commit.
-# Needs the tvm_ffi wheel in .whl/ (carried) for the Python package: see docs/python.md.
 set -uo pipefail
-PHASE=${1:-verify}
-shift || true
+case "${1:-}" in
+  verify|bench|gpu|ab) PHASE=$1; shift ;;
+  *) PHASE=all; [ $# -gt 0 ] && OUT=$1 && shift ;;
+esac
 AB_DIRS=()
 if [ "$PHASE" = ab ]; then
   while [ $# -gt 0 ] && [ -d "$1/kernels" ]; do AB_DIRS+=("$(cd "$1" && pwd)"); shift; done
@@ -32,6 +50,7 @@ fi
 OPS=${*:-qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift}
 OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)  # .commit: written by the caller
 DATE=$(date -u +%Y-%m-%d)
 export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-device-cache}
@@ -80,7 +99,7 @@ build-dev/ditops info | tee -a "$OUT/summary.txt"
 # The SM clock, power and temperature once a second while the tests and benchmarks run, summarized
 # in summary.txt at the end: an issue-bound kernel (the NVFP4 rows) would follow the SM clock where a
 # copy does not, so a difference between runs can be checked against it (runs 70-72: 1980 MHz in
-# every busy sample).
+# every busy sample in the H200 runs).
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 1000 > "$TMP/clocks.csv" 2>/dev/null &
 CLOCKS_PID=$!
 clock_summary() {
@@ -103,7 +122,39 @@ PY
 }
 trap clock_summary EXIT
 
-if [ "$PHASE" = verify ]; then
+if [ "$PHASE" = all ]; then
+  echo "== tests (CPU + GPU + pytest tests/python)"
+  ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
+  CTEST_RC=$?
+  grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
+  grep -q python_pytest "$OUT/ctest.log" || echo "notice: python_pytest did not run (tvm_ffi or PyTorch missing)" | tee -a "$OUT/summary.txt"
+
+  echo "== C++ benchmarks (cold L2 and rotated graphs, median, copy fraction)"
+  : > "$OUT/bench_cpp.txt"
+  for op in $OPS; do
+    build-dev/ditops bench $op --reps 100 --commit "$COMMIT" --json "$OUT/bench_cpp_$op.json" 2>&1 | tee -a "$OUT/bench_cpp.txt"
+  done
+
+  echo "== bit-exactness against eager PyTorch (torch.equal) and the benchmarks beside eager and torch.compile"
+  : > "$OUT/torch.txt"
+  PY_RC=0
+  for op in $OPS; do
+    echo "---- $op" | tee -a "$OUT/torch.txt"
+    python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$OUT/torch_$op.json" >> "$OUT/torch.txt" 2>&1 || PY_RC=1
+    grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | grep -E "PASS|FAIL|Error|error|Traceback" | tail -5
+    echo "mismatch lines: $(sed -n "/^---- $op/,\$p" "$OUT/torch.txt" | grep -c '^MISMATCH')"
+  done
+  echo "== Python package: host overhead of a torch call"
+  DITOPS_COMMIT=$COMMIT DITOPS_BENCH_JSON=$OUT/py_overhead.json PYTHONPATH=build-dev/python:${PYTHONPATH:-} \
+    python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_torch_gpu.py -k overhead 2>&1 | tee -a "$OUT/torch.txt" | tail -4
+
+  echo "== records (bench/results/README.md) -> $OUT/records"
+  python3 bench/records.py convert --replace --out "$OUT/records" "$OUT"/bench_cpp_*.json "$OUT"/torch_*.json "$OUT/py_overhead.json"
+  python3 bench/records.py table "$OUT/records" --method rotated_graph | tee "$OUT/table.md"
+  echo "== summary: ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE out=$OUT" | tee -a "$OUT/summary.txt"
+  [ $CTEST_RC = 0 ] && [ $PY_RC = 0 ]
+  exit $?
+elif [ "$PHASE" = verify ]; then
   echo "== tests (CPU + GPU + pytest)"
   ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
   CTEST_RC=$?

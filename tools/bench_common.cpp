@@ -125,28 +125,39 @@ double BenchRun::copy_us(int64_t bytes) {
   return time_us([&] { check_cu(d.cuMemcpyDtoDAsync(dst.ptr, src.ptr, bytes / 2, nullptr), "copy"); });
 }
 
-void BenchRun::record(const std::string& case_name, const std::string& impl, double us, int64_t bytes,
-                      double copy_us) {
+std::string shape_string(const std::vector<int64_t>& dims) {
+  std::string s = "(";
+  for (size_t i = 0; i < dims.size(); ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + ")";
+}
+
+void BenchRun::record(const std::string& case_name, const std::string& shape, const std::string& impl,
+                      const char* method, double us, int64_t bytes, double copy_us) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-40s %-24s %10.2f %10.1f %7.1f%%\n", case_name.c_str(), impl.c_str(), us, gbs,
-              copy_us > 0 ? 100.0 * copy_us / us : 0.0);
+  std::printf("%-40s %-24s %10.2f %10.1f %7.1f%%%s\n", case_name.c_str(), impl.c_str(), us, gbs,
+              copy_us > 0 ? 100.0 * copy_us / us : 0.0, std::string(method) == kColdL2 ? "" : "  (rotated)");
+  char fraction[32] = "null";
+  if (copy_us > 0) std::snprintf(fraction, sizeof fraction, "%.4f", copy_us / us);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
-                "{\"op\": \"%s\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, \"gb_per_s\": %.1f, "
-                "\"copy_fraction\": %.4f, \"bytes\": %lld, \"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\"}",
-                op_.c_str(), case_name.c_str(), impl.c_str(), us, gbs, copy_us > 0 ? copy_us / us : 0.0,
-                static_cast<long long>(bytes), device_name_.c_str(), date_.c_str(), commit_.c_str());
+                "{\"op\": \"%s\", \"case\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"method\": \"%s\", "
+                "\"us\": %.3f, \"bytes\": %lld, \"gb_per_s\": %.1f, \"copy_fraction\": %s, \"device\": \"%s\", "
+                "\"date\": \"%s\", \"commit\": \"%s\"}",
+                op_.c_str(), case_name.c_str(), shape.c_str(), impl.c_str(), method, us,
+                static_cast<long long>(bytes), gbs, fraction, device_name_.c_str(), date_.c_str(), commit_.c_str());
   records_.push_back(buf);
 }
 
-void BenchRun::record_time(const std::string& case_name, const std::string& impl, double us) {
+void BenchRun::record_time(const std::string& case_name, const std::string& shape, const std::string& impl,
+                           double us) {
   std::printf("%-40s %-24s %10.2f\n", case_name.c_str(), impl.c_str(), us);
   char buf[1024];
   std::snprintf(buf, sizeof buf,
-                "{\"op\": \"%s\", \"case\": \"%s\", \"impl\": \"%s\", \"us\": %.3f, \"device\": \"%s\", "
+                "{\"op\": \"%s\", \"case\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"method\": \"%s\", "
+                "\"us\": %.3f, \"bytes\": null, \"gb_per_s\": null, \"copy_fraction\": null, \"device\": \"%s\", "
                 "\"date\": \"%s\", \"commit\": \"%s\"}",
-                op_.c_str(), case_name.c_str(), impl.c_str(), us, device_name_.c_str(), date_.c_str(),
-                commit_.c_str());
+                op_.c_str(), case_name.c_str(), shape.c_str(), impl.c_str(), kHostTime, us, device_name_.c_str(),
+                date_.c_str(), commit_.c_str());
   records_.push_back(buf);
 }
 

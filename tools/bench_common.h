@@ -1,6 +1,7 @@
 // Shared plumbing of the `ditops bench <op>` commands: device buffers, cold-L2 timing with CUDA
-// events, the same-size device copy as the ceiling, and the JSON record format of
-// bench/results/ (op, case, impl, us, gb_per_s, copy_fraction, bytes, device, date, commit).
+// events, the same-size device copy as the ceiling, and the JSON records of bench/results/ (op,
+// case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, device, date, commit; the format
+// is described in bench/results/README.md and read by bench/records.py).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,16 @@ struct DeviceBuffer {
 // before each repetition, and 3 warm-up calls run first (module load, JIT, first touch).
 double median_us(const std::function<void()>& fn, int reps, DeviceBuffer& flush);
 
+// Timing methods of a record (bench/results/README.md): each call after a 256 MiB memset of the L2
+// (median_us); buffer sets over 2x the L2 replayed back to back from one CUDA graph (rotated_us);
+// host wall clock per call (record_time).
+inline constexpr const char* kColdL2 = "cold_l2";
+inline constexpr const char* kRotatedGraph = "rotated_graph";
+inline constexpr const char* kHostTime = "host";
+
+// "(1,4608,3072)": the shape field of a record.
+std::string shape_string(const std::vector<int64_t>& dims);
+
 // One benchmark run: parses --reps/--json/--commit, holds the flush buffer, prints one table
 // row per record and writes the JSON list at the end.
 class BenchRun {
@@ -54,10 +65,12 @@ class BenchRun {
   static int rotation_sets(int64_t bytes);
   // A device copy of bytes/2 timed the same way.
   double copy_rotated_us(int64_t bytes);
-  // Prints and stores one record; copy_us <= 0 leaves copy_fraction out.
-  void record(const std::string& case_name, const std::string& impl, double us, int64_t bytes, double copy_us);
-  // A record with only a time (host overheads, compile times).
-  void record_time(const std::string& case_name, const std::string& impl, double us);
+  // Prints and stores one record; `method` is kColdL2 or kRotatedGraph; copy_us <= 0 leaves
+  // copy_fraction null.
+  void record(const std::string& case_name, const std::string& shape, const std::string& impl, const char* method,
+              double us, int64_t bytes, double copy_us);
+  // A record with only a time (host overheads, compile times): method "host".
+  void record_time(const std::string& case_name, const std::string& shape, const std::string& impl, double us);
   void write_json() const;  // to --json PATH when given
 
  private:

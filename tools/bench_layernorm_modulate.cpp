@@ -61,13 +61,14 @@ int run_bench_layernorm_modulate(const Args& args) {
       shift.data = static_cast<uint16_t*>(mod.get()) + c.D;
     }
     const int64_t bytes = 4 * static_cast<int64_t>(n) + (c.shift ? 4 : 2) * c.B * c.D;
+    const std::string shape = shape_string({c.B, c.S, c.D});
     const double copy_us = run.copy_us(bytes);
-    run.record(c.name, "device_copy", copy_us, bytes, copy_us);
+    run.record(c.name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
     for (LnRowMapping m : {LnRowMapping::automatic, LnRowMapping::warp, LnRowMapping::cta}) {
       LayerNormModulateOptions o;
       o.mapping = m;
       const double us = run.time_us([&] { layernorm_modulate(xv, scale, shift, ov, o); });
-      run.record(c.name, std::string("ditops:jit:") + ln_row_mapping_name(m), us, bytes, copy_us);
+      run.record(c.name, shape, std::string("ditops:jit:") + ln_row_mapping_name(m), kColdL2, us, bytes, copy_us);
     }
     if (c.B * c.S <= 512) {
       // Short calls: also timed over rotated buffer sets (BenchRun::rotated_us).
@@ -79,12 +80,12 @@ int run_bench_layernorm_modulate(const Args& args) {
         jit::check_cu(jit::require_cuda_driver().cuMemcpyDtoD(xs.back()->ptr, x.ptr, n * 2), "cuMemcpyDtoD");
       }
       const double copy_rot = run.copy_rotated_us(bytes);
-      run.record(c.name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+      run.record(c.name, shape, "device_copy", kRotatedGraph, copy_rot, bytes, copy_rot);
       const double us = run.rotated_us(sets, [&](int i, Stream stream) {
         layernorm_modulate(TensorView::contiguous(xs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}), scale, shift,
                            TensorView::contiguous(outs[i]->get(), DType::bf16, dev, {c.B, c.S, c.D}), {}, stream);
       });
-      run.record(c.name + " (rotated)", "ditops:jit:automatic", us, bytes, copy_rot);
+      run.record(c.name, shape, "ditops:jit:automatic", kRotatedGraph, us, bytes, copy_rot);
     }
   }
   {
@@ -105,13 +106,14 @@ int run_bench_layernorm_modulate(const Args& args) {
       const TensorView sv = TensorView::contiguous(scale_buf.get(), DType::f32, dev, {1});
       const int64_t bytes = 3 * static_cast<int64_t>(n) + 4 * D;
       const std::string name = "FLUX.2 fp8 (" + std::to_string(rows) + " rows, D=6144)";
+      const std::string shape = shape_string({1, rows, D});
       const double copy_us = run.copy_us(bytes);
-      run.record(name, "device_copy", copy_us, bytes, copy_us);
+      run.record(name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
       for (LnRowMapping m : {LnRowMapping::automatic, LnRowMapping::warp, LnRowMapping::cta}) {
         LayerNormModulateOptions o;
         o.mapping = m;
         const double us = run.time_us([&] { layernorm_modulate_fp8(xv, scale, shift, sv, ov, o); });
-        run.record(name, std::string("ditops:jit:fp8:") + ln_row_mapping_name(m), us, bytes, copy_us);
+        run.record(name, shape, std::string("ditops:jit:fp8:") + ln_row_mapping_name(m), kColdL2, us, bytes, copy_us);
       }
     }
   }
@@ -125,10 +127,11 @@ int run_bench_layernorm_modulate(const Args& args) {
     auto view = [&](DeviceBuffer& b) { return TensorView::contiguous(b.get(), DType::bf16, dev, {B, S, H, Dh}); };
     const int64_t bytes = 8 * static_cast<int64_t>(n);
     const std::string name = "GLM-Image qk-head (1,4360,32,128)";
+    const std::string shape = shape_string({B, S, H, Dh});
     const double copy_us = run.copy_us(bytes);
-    run.record(name, "device_copy", copy_us, bytes, copy_us);
+    run.record(name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
     const double us = run.time_us([&] { qk_head_layernorm(view(q), view(k), view(qo), view(ko)); });
-    run.record(name, "ditops:jit:qk_head", us, bytes, copy_us);
+    run.record(name, shape, "ditops:jit:qk_head", kColdL2, us, bytes, copy_us);
   }
   run.write_json();
   return 0;

@@ -103,14 +103,15 @@ int run_bench_norm_scale_shift(const Args& args) {
       }
       const double copy_us = run.copy_us(bytes);
       const std::string case_name = std::string(c.name) + " " + variant_name(v);
-      run.record(case_name, "device_copy", copy_us, bytes, copy_us);
+      const std::string shape = shape_string({c.B, c.S, c.D});
+      run.record(case_name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
       for (NssNumerics numerics : {NssNumerics::eager, NssNumerics::sglang}) {
         NormScaleShiftOptions o;
         o.numerics = numerics;
         o.dispatch.backend = Provenance::jit;
         try {
           const double us = run.time_us([&] { norm_scale_shift(in, out, o); });
-          run.record(case_name, std::string("ditops:jit:") + nss_numerics_name(numerics), us, bytes, copy_us);
+          run.record(case_name, shape, std::string("ditops:jit:") + nss_numerics_name(numerics), kColdL2, us, bytes, copy_us);
         } catch (const Error& e) {
           std::printf("%s %s: %s\n", case_name.c_str(), nss_numerics_name(numerics), e.what());
         }
@@ -134,12 +135,12 @@ int run_bench_norm_scale_shift(const Args& args) {
           calls.emplace_back(in_i, out_i);
         }
         const double copy_rot = run.copy_rotated_us(bytes);
-        run.record(case_name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+        run.record(case_name, shape, "device_copy", kRotatedGraph, copy_rot, bytes, copy_rot);
         NormScaleShiftOptions o;
         o.dispatch.backend = Provenance::jit;
         const double us =
             run.rotated_us(sets, [&](int i, Stream stream) { norm_scale_shift(calls[i].first, calls[i].second, o, stream); });
-        run.record(case_name + " (rotated)", "ditops:jit:eager", us, bytes, copy_rot);
+        run.record(case_name, shape, "ditops:jit:eager", kRotatedGraph, us, bytes, copy_rot);
       }
     }
   }

@@ -119,7 +119,9 @@ int run_bench_qknorm_rope(const Args& args) {
     DeviceProblem p(h);
     const int64_t bytes = h.model_bytes();
     const double copy_us = run.copy_us(bytes);
-    run.record(c.name, "device_copy", copy_us, bytes, copy_us);
+    // q's and k's shapes [T, H, D].
+    const std::string shape = shape_string({c.tokens, c.hq, c.head_dim}) + "," + shape_string({c.tokens, c.hk, c.head_dim});
+    run.record(c.name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
     const Views v = views_of(c, h.cache_rows, dev, p.q.get(), p.k.get(), p.wq.get(), p.wk.get(),
                              p.cache.get(), p.pos.get());
     for (Provenance backend : {Provenance::aot, Provenance::jit}) {
@@ -132,9 +134,8 @@ int run_bench_qknorm_rope(const Args& args) {
         const QkNormRopeCall call = match_qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
         if (!explain_qknorm_rope(call).chosen) continue;  // e.g. no prebuilt key
         const double us = run.time_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); });
-        run.record(c.name, std::string("ditops:") + provenance_name(backend) +
-                               (rounding == QkRounding::fp32 ? ":fp32" : ""),
-                   us, bytes, copy_us);
+        run.record(c.name, shape, std::string("ditops:") + provenance_name(backend) +
+                   (rounding == QkRounding::fp32 ? ":fp32" : ""), kColdL2, us, bytes, copy_us);
       }
     }
   }
@@ -154,7 +155,7 @@ int run_bench_qknorm_rope(const Args& args) {
     for (int i = 0; i < calls; ++i) qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt);
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
     check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-    run.record_time("host overhead per call (match + dispatch + launch)", "ditops:c++ facade", us);
+    run.record_time("host overhead per call (match + dispatch + launch)", "(1,24,128),(1,24,128)", "ditops:c++ facade", us);
   }
   run.write_json();
   return 0;

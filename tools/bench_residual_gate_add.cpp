@@ -98,7 +98,8 @@ int run_bench_residual_gate_add(const Args& args) {
     upload_random(g, c.dtype, gn, 3);
     const int64_t bytes = static_cast<int64_t>((3 * n + gn) * es);
     const double copy_us = run.copy_us(bytes);
-    run.record(c.name, "device_copy", copy_us, bytes, copy_us);
+    const std::string shape = shape_string(c.shape);
+    run.record(c.name, shape, "device_copy", kColdL2, copy_us, bytes, copy_us);
     const TensorView rv = view_of(r.get(), c.dtype, c.shape, c.transposed), uv = view_of(u.get(), c.dtype, c.shape, false),
                      gv = view_of(g.get(), c.dtype, c.gate, false), ov = view_of(o.get(), c.dtype, c.shape, c.transposed);
     for (const KernelSpec* spec : Registry::global().list("residual_gate_add")) {
@@ -109,8 +110,8 @@ int run_bench_residual_gate_add(const Args& args) {
       const DispatchReport report = explain_residual_gate_add(call);
       if (!report.chosen) continue;
       const double us = run.time_us([&] { residual_gate_add(rv, uv, gv, ov, opt); });
-      run.record(c.name, "ditops:" + std::string(provenance_name(spec->provenance)) + " " + report.template_key, us,
-                 bytes, copy_us);
+      run.record(c.name, shape, "ditops:" + std::string(provenance_name(spec->provenance)) + " " + report.template_key,
+                 kColdL2, us, bytes, copy_us);
     }
     if (!c.transposed && n <= 512 * 4096) {
       // Short calls: also timed over rotated buffer sets (BenchRun::rotated_us).
@@ -124,12 +125,12 @@ int run_bench_residual_gate_add(const Args& args) {
         upload_random(*us_.back(), c.dtype, n, 2);
       }
       const double copy_rot = run.copy_rotated_us(bytes);
-      run.record(c.name + " (rotated)", "device_copy", copy_rot, bytes, copy_rot);
+      run.record(c.name, shape, "device_copy", kRotatedGraph, copy_rot, bytes, copy_rot);
       const double us = run.rotated_us(sets, [&](int i, Stream stream) {
         residual_gate_add(view_of(rs[i]->get(), c.dtype, c.shape, false), view_of(us_[i]->get(), c.dtype, c.shape, false),
                           gv, view_of(os[i]->get(), c.dtype, c.shape, false), {}, stream);
       });
-      run.record(c.name + " (rotated)", "ditops:jit", us, bytes, copy_rot);
+      run.record(c.name, shape, "ditops:jit", kRotatedGraph, us, bytes, copy_rot);
     }
   }
   {
@@ -145,7 +146,7 @@ int run_bench_residual_gate_add(const Args& args) {
     for (int i = 0; i < calls; ++i) residual_gate_add(rv, uv, gv, ov);
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls;
     check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-    run.record_time("host overhead per call (match + dispatch + launch)", "ditops:c++ facade", us);
+    run.record_time("host overhead per call (match + dispatch + launch)", shape_string(shape), "ditops:c++ facade", us);
   }
   run.write_json();
   return 0;

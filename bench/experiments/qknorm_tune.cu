@@ -1,7 +1,7 @@
 // Tuning experiment for the QK norm + RoPE kernel (not part of the library): times variants of
 // kernels/qknorm_rope.cuh on model shapes, cold L2, against a device copy of the same bytes.
 // Built and run by scripts/device_run.sh --tune; the variants are compile-time:
-//   -DDITOPS_QK_CHUNK=N    head iterations per warp unit (kQkChunkHeadIterations)
+//   -DQK_TUNE_CHUNK=N      head iterations per warp unit (the library's kQkChunkHeadIterations)
 // (The earlier one-work-per-lane kernel it was compared with is `git show a68ceb2:kernels/qknorm_rope.cuh`.)
 // and, inside one binary, the minimum resident blocks of __launch_bounds__ (1 = ptxas' choice).
 #include <cuda_runtime.h>
@@ -14,7 +14,19 @@
 #include <random>
 #include <vector>
 
+// The unit length is a plain constant of the library (kernels/qknorm_rope_params.h). This experiment
+// substitutes its own: the params header is included first (its #pragma once keeps it from being read
+// again), then the kernel's use of the name is redirected to the experiment's constant.
+#include "qknorm_rope_params.h"
+#ifndef QK_TUNE_CHUNK
+#define QK_TUNE_CHUNK 4
+#endif
+namespace ditops {
+constexpr int kTuneChunkHeadIterations = QK_TUNE_CHUNK;
+}  // namespace ditops
+#define kQkChunkHeadIterations kTuneChunkHeadIterations
 #include "qknorm_rope.cuh"
+#undef kQkChunkHeadIterations
 #include "tune_common.cuh"
 
 using ditops::QkNormRopeParams;
@@ -41,7 +53,7 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   cudaFuncAttributes attr;
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   const int heads = 2 * c.heads;
-  const int unit_heads = ditops::kQkChunkHeadIterations * 2;
+  const int unit_heads = ditops::kTuneChunkHeadIterations * 2;
   const int cpt = (heads + unit_heads - 1) / unit_heads;
   const long long units = c.tokens * cpt;
   const long long grid = std::max<long long>(1, std::min<long long>((long long)blocks_per_sm * sms, (units + 7) / 8));
@@ -61,7 +73,7 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   p.positions_stride = 1;
   p.num_q_heads = c.heads;
   p.num_heads = heads;
-  p.unit_iterations = ditops::kQkChunkHeadIterations;
+  p.unit_iterations = ditops::kTuneChunkHeadIterations;
   p.chunks_per_token = cpt;
   p.unit_token_step = warps / cpt;
   p.unit_chunk_step = static_cast<int>(warps % cpt);
@@ -82,7 +94,7 @@ int main(int argc, char** argv) {
   const size_t fb = 256u << 20;
   void* flush;
   CHECK(cudaMalloc(&flush, fb));
-  std::printf("variant: units of %d head iterations\n", DITOPS_QK_CHUNK);
+  std::printf("variant: units of %d head iterations\n", QK_TUNE_CHUNK);
   for (int ci = 0; ci < 5; ++ci) {
     const Case& c = cases[ci];
     if (only >= 0 && ci != only) continue;

@@ -13,7 +13,7 @@ cd "$(dirname "$0")"
 case "${1:-adaln}" in
   qknorm)
     build() { nvcc -O3 -std=c++17 -arch=sm_90a -I../../kernels -I. "$2" qknorm_tune.cu -o "/tmp/qk_tune_$1" 2>&1 | grep -E "error" ; }
-    build c2 -DDITOPS_QK_CHUNK=2 & build c4 -DDITOPS_QK_CHUNK=4 & build c8 -DDITOPS_QK_CHUNK=8 & wait
+    build c2 -DQK_TUNE_CHUNK=2 & build c4 -DQK_TUNE_CHUNK=4 & build c8 -DQK_TUNE_CHUNK=8 & wait
     for v in c2 c4 c8; do /tmp/qk_tune_$v; done ;;
   adaln)  # --default-stream per-thread: rotated_graph_us captures the <<<>>> launches
     nvcc -O3 -std=c++17 -arch=sm_90a --default-stream per-thread -DDITOPS_TUNE_NSS -I../../kernels adaln_tune.cu \

@@ -25,9 +25,8 @@ constexpr int kMaxDim = 8192;
 constexpr int kMaxHeadDim = 128;
 constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // Dh = 128 with 16-byte rows: 8 lanes per head, 4 heads per warp at a time, this many rounds.
-// H200 (2026-11-29, GLM (1,4360,32,128), cold L2, bench/experiments/adaln_tune.cu, run 13-tune):
-// 1 round 41.9 us, 2 rounds 41.1 us (91.7 % of a copy), 4 rounds 42.3 us; the one-warp-per-head
-// kernel (any Dh, 8-byte rows) 93.1 us.
+// H200, GLM (1,4360,32,128) cold: 2 rounds 41.1 us (91.7 % of a copy), 1 round 41.9, 4 rounds 42.3
+// (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
 bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
@@ -257,24 +256,17 @@ int slot_bucket(int needed) {
   return 64;  // not reached: D <= 8192 needs at most 64 warp slots
 }
 
-// Automatic mapping: the CTA per row everywhere. H200, 2026-11-29, cold L2 (bench/results):
-// the CTA mapping was faster or equal at every shape measured: FLUX (1,4608,3072) 27.9 us
-// against 40.0 us for a warp per row (96 registers per lane: 5 CTAs = 20 warps per SM), Qwen CFG
-// 71.5 against 89.7, Wan (1,32760,5120) 245.8 against 377.5, (1,512,3072) 8.5 against 18.8,
-// fp8 D=6144 48.5 against 83.3. The warp mapping stays selectable for measurements.
+// Automatic mapping: the CTA per row everywhere, faster or equal at every shape measured (H200
+// cold, FLUX (1,4608,3072) 27.9 us against 40.0 for a warp per row; docs/tuning/layernorm_modulate.md).
+// The warp mapping stays selectable for measurements.
 bool use_cta(const LayerNormModulateCall& c, const DeviceInfo& device) {
   (void)device;
   return c.options.mapping != LnRowMapping::warp;
 }
 
-// The persistent CTA loop's knobs, from bench/experiments/adaln_tune.cu on the H200 (2026-11-29,
-// cold L2, % of a same-size copy; run 2026-11-29-h200-runs/10-tune):
-//   FLUX (1,4608,3072), 6 slots: one row per CTA 72 %; persistent 81 %; persistent with the next
-//     row prefetched 84 % (123 registers, 4 CTAs/SM), with __launch_bounds__(128, 6) 92.7 %
-//     (80 registers), (128, 8) 90 %; Qwen CFG the same order (92.0 % at (128, 6)).
-//   Wan (1,32760,5120), 10 slots: prefetch at ptxas' choice (168 registers, 3 CTAs/SM) 89 %;
-//     (128, 6) spills: 81 %; (128, 8) 57 %; no prefetch 81 %.
-// Wider rows (12+ slots) hold too much for a second row: no prefetch there (not measured).
+// The persistent CTA loop's knobs (H200 cold, % of a copy): FLUX 6 slots prefetched at (128, 6)
+// 92.7 % against 84 % at ptxas' choice; Wan 10 slots prefetched 89 % against 81 % without.
+// Wider rows (12+ slots) hold too much for a second row (docs/tuning/layernorm_modulate.md).
 constexpr int kPrefetchMaxSlots = 10;
 constexpr int kMinBlocksSmallRows = 6;  // rows of <= 6 slots
 struct LnmKey {

@@ -54,40 +54,14 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // Register words of a thread's vec4 slots: D/4 vectors over 128 threads, 2 words per bf16/f16
   // vector, 4 per fp32 one (counted here in 16-bit slots).
   const int slots = (key.dim / 4 + 127) / 128 * (key.act == DType::f32 ? 2 : 1);
-  // bench/experiments/adaln_tune.cu on the H200 (2026-11-29, cold L2, % of a copy of the same
-  // bytes; bench/results/2026-11-29-h200-runs/11-tune):
-  //   Qwen CFG (2,6912,3072) residual, 6 slots: (128,6) no prefetch 90.1 %; prefetch at ptxas'
-  //     190 registers 69.9 %, (128,4) 89.0 %, (128,6) spills 68.7 %; plain: (128,6) 83.3 %
-  //     against 81.0 % with prefetch and 69.5 % at ptxas' choice (128 registers).
-  //   Wan (1,32760,5120) residual, 10 slots: prefetch (128,3) 92.2 %; no prefetch at ptxas' 234
-  //     registers 85.4 %, (128,6) spills 71.3 %; plain: no prefetch (128,6) 88.5 %, prefetch
-  //     (128,4) 84.4 %.
-  // Wider rows (fp32, D > 5120) are not measured: ptxas decides, no prefetch.
-  // Run 33 (79b1330, operands loaded before conversion): ptxas took 80 registers at (128,6) for
-  // plain D=3072, 6 CTAs per SM where it had taken 72 (7 CTAs), and Qwen CFG plain ran 51.36 us
-  // against 48.69 in run 23; (128,7) fits plain and residual D=3072 in 72 registers without
-  // spills (nvcc -Xptxas -v on the harness); fp8 keys keep 6 (not re-measured).
-  // NVFP4 rows are issue-bound (the software block scale and E2M1 per element), so they trade
-  // registers for occupancy differently (run 38 at 350fef5, residual rows, cold us): FLUX (128,5)
-  // 39.39 against (128,6) 40.70, (128,7) 42.27 (spills) and (128,4) 43.42; Qwen CFG (128,5) 104.29 against
-  // (128,6) 107.42; Wan (10 slots) no prefetch (128,4) 378.1 against prefetch (128,3) 418.0 and
-  // (128,5) 455.3 (spills); 512 x 3072 (128,5) 10.62 against (128,6) 10.85. The hardware
-  // conversion (sm_100a / sm_120a, compiled, not run) takes the same schedule, unmeasured.
-  // Run 46 (dd9f6cd: E2M1 by one add, constant slot offsets; bench/results/2026-11-29-h200-runs/
-  // 46-tune-dd9f6cd), the held scale / shift / gate rows in shared memory (72 registers at
-  // (128,7), none spilled), cold us: a win only at 10 slots: Wan nvfp4 (128,5) shared 308.06
-  // against (128,4) in registers 321.41 (shared (128,6) 320.16, (128,7) 366.50); Wan plain
-  // shared + prefetch (128,5) 175.90 against 179.65 (rotated 176.58 against 185.79). Lost at 6
-  // slots (FLUX nvfp4 best shared 36.16 against 34.82; FLUX plain 21.25 against 20.42) and for Wan
-  // residual rows (355.39 against prefetch (128,3) 347.07). Measured for 16-bit rows only.
-  // Run 50-51 (bench/results/2026-11-29-h200-runs/50-tune-split, 51-tune-split-ncu-source; cold
-  // us, harness): the packed residual product (fcd8ab4) made (128,7) spill 24 bytes for residual
-  // rows at D = 3072; split over 256 threads (aten_row_stats_cta_split), (256,4) 64 registers:
-  // FLUX 35.33 -> 34.30, Qwen CFG 95.49 -> 90.98, 512 x 3072 rotated 7.24 -> 6.94; (128,6)
-  // 34.85 / 92.13 / 6.89. Split lost for plain rows (512: 7.52 against 7.39) and NVFP4 rows (the
-  // issue-bound rows gain nothing from shorter chains: FLUX 42.14 against 33.57, 512 10.56 against
-  // 9.98; (256,2), (256,3), (384,x), (768,x) lost more), and fewer CTAs with more rows each lost
-  // at 512 x 3072 (2 rows per CTA with prefetch: nvfp4 10.27 against 9.98).
+  // H200, cold, % of a copy (docs/tuning/norm_scale_shift.md has every alternative):
+  //   6 slots: (128,7) plain / residual (72 registers, no spill), fp8 (128,6); Qwen CFG residual
+  //     no prefetch 90.1 % against 89.0 % prefetched; residual D % 512 == 0 split over 256
+  //     threads at (256,4): FLUX 34.30 us against 35.33 at (128,7), which spills 24 bytes.
+  //   NVFP4 (issue-bound): (128,5), FLUX 39.39 us against 40.70 at (128,6).
+  //   10 slots: residual prefetch (128,3) 92.2 % against 85.4 %; NVFP4 and plain 16-bit rows hold
+  //     scale / shift / gate in shared memory at (128,5): Wan nvfp4 308.1 us against 321.4.
+  //   Wider rows (fp32, D > 5120) are not measured: ptxas decides, no prefetch.
   const bool nvfp4 = key.quant == NssKernelQuant::fp4_software || key.quant == NssKernelQuant::fp4_hardware;
   const bool half = key.act != DType::f32;
   NssEagerSchedule s;

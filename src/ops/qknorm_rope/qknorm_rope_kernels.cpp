@@ -46,7 +46,7 @@ jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
                     jit::kernel_bool(key.aligned);
   r.params_type = "ditops::QkNormRopeParams";
   r.max_threads = 256;
-  // Four resident blocks (64 registers): H200, Qwen-Image NeoX 6912x24, 2026-11-29: 54.4 us
+  // Four resident blocks (64 registers): H200, Qwen-Image NeoX 6912x24: 54.4 us
   // against 56.5 us with ptxas' own choice (80 registers, 3 blocks) despite 8 bytes of spill.
   r.min_blocks = 4;
   r.template_key = "qknorm_rope:" + key.to_string();

@@ -56,23 +56,16 @@ const char* mode_constant(GateMode m) {
 }  // namespace
 
 int rga_flat_units(const RgaKernelKey& key) {
-  // H200, 2026-11-29, FLUX (1,4608,3072) bf16 row gate, cold L2 (bench/experiments/adaln_tune.cu,
-  // bench/results/2026-11-29-h200-runs/13-tune): one 16-byte unit per thread over a full grid
-  // 25.4 us (106 % of a copy) against 2 units on a resident grid 27.2 us (99.5 %), 2 units full
-  // grid 25.8, 1 unit resident 26.1, 4 units full 26.2; ld/st.global.cs hints changed < 1 %.
-  // Run 17-tune: blocks of 128/256/512 threads 25.5/25.6/26.1 us, the gate through ld.global.nc
-  // 25.5, fp16 the same: every variant within 0.5 %, at 107 % of a copy (the memory floor).
-  // The scalar path moves 2-4 bytes per load and keeps 8 in flight per thread, except on tensors
-  // that one wave of resident threads covers: there the 8-unit loop ran (2,33,65) bf16 in 1.76 us
-  // per call against 1.10 us with one element per thread over the full grid (H200, rotated CUDA
-  // graph, bench/results/2026-11-29-h200-runs/23-bench; a floor kernel of 4 pointers took 1.08).
+  // H200, FLUX (1,4608,3072) bf16 cold: one 16-byte unit per thread 25.4 us (106 % of a copy),
+  // 2-4 units 25.8-27.2. The scalar path keeps 8 in flight, except within one resident wave:
+  // (2,33,65) one element per thread 1.10 us against 1.76 (rotated). docs/tuning/residual_gate_add.md.
   return key.vector || key.one_wave ? 1 : 8;
 }
 
 // The transposed kernel has no __launch_bounds__ minimum of blocks: ptxas took 58 registers for
 // the bf16 64-tile of 16-byte units (nvcc -Xptxas -v, sm_90a), 4 blocks of 256 threads per SM.
-// Minima of 4 / 5 / 6 blocks at SANA (1,32760,2240) bf16, rotated (run 69): 108.0-108.9 / 108.3 /
-// 110.2-110.3 us against 108.6-109.0 (5 gives Inductor's 48 registers; within the spread).
+// Minima of 4 / 5 / 6 blocks at SANA (1,32760,2240) bf16 rotated: 108.0-110.3 us against
+// 108.6-109.0 without (docs/tuning/residual_gate_add.md).
 int rga_block_threads(const RgaKernelKey& key) {
   if (!key.transposed) return kRgaThreads;
   const int elems = key.vector || key.chunked_residual ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;

@@ -206,16 +206,9 @@ bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed |
 // (128-thread blocks for 16-bit vectors: rga_block_threads). Residual lines off 16 bytes (odd T,
 // residual off 16 bytes) beside a 16-byte update side are walked by aligned chunks in 64-tiles
 // where there are two 64-tiles per SM; below that, and beside a scalar update side, the residual
-// side is scalar in 32-tiles (16 below two 32-tiles per SM). H200, rotated CUDA graph, bf16
-// (bench/results/2026-11-29-h200-runs/21-30):
-//   SANA-sized odd T (1,32761,2240): chunks in 64-tiles 129.2 us, in 32-tiles 130.4 (run 30;
-//     torch.compile 127.8-128.4 in runs 27-28); before chunks, a scalar residual side beside a
-//     16-byte update side: 32-tiles 168.3 us, 64-tiles 196.7, 16-tiles 375.2; all scalar:
-//     32-tiles 248.2, 64-tiles 534.9 (run 27);
-//   (2,513,256): scalar residual side, 16-byte update side, 32-tiles 2.45 us, against chunks in
-//     32-tiles 2.86, in 64-tiles 3.14 (run 30); 16-tiles 2.79, 64-tiles 5.23; all scalar
-//     32-tiles 3.20, 16-tiles 2.90 (run 27);
-//   (1,17,65), all scalar: 16-tiles 1.21 us against 1.65 with 32-tiles (runs 23, 27).
+// side is scalar in 32-tiles (16 below two 32-tiles per SM). H200 rotated, bf16: odd T
+// (1,32761,2240) chunked 64-tiles 129.2 us (scalar side 168.3); (2,513,256) scalar-side
+// 32-tiles 2.45 (chunked 2.86); (1,17,65) 16-tiles 1.21 (32-tiles 1.65). docs/tuning/residual_gate_add.md.
 int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
   return c.batch * ((c.tokens + tile - 1) / tile) * ((c.hidden + tile - 1) / tile);
 }
@@ -234,11 +227,8 @@ int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
 
 // Tokens per tile: twice the 64 channels (512-thread blocks, the products kept as T) on aligned
 // 16-bit lines where there are two such tiles per SM, so that residual and out move in 256-byte
-// pieces of each line. H200, SANA (1,32760,2240), kernels launched directly, rotated / cold us
-// (bench/experiments/adaln_tune.cu rga_rect, bench/results/2026-11-29-h200-runs/76-rga-tiles):
-// bf16 128 x 64 107.2 / 112.6 against the 64-tile's 108.5 / 114.4 (fp16 107.2 / 112.6 against
-// 108.5 / 114.5); 256 x 64 117.2, 192 x 64 107.4-108.3, 128 x 96 108.9-109.9, 64 x 128 110.1,
-// 128 x 32 122.5 (64-byte update rows). fp32 and the chunked lines keep square tiles (not measured).
+// pieces of each line. H200, SANA (1,32760,2240) bf16 rotated: 128 x 64 107.2 us against the
+// 64-tile's 108.5 (other shapes: docs/tuning/residual_gate_add.md). fp32 and chunked lines: square.
 int transposed_token_tile(const ResidualGateAddCall& c, int tile, int multiprocessors) {
   const bool tall = tile == 64 && c.aligned16 && dtype_size(c.residual.dtype) == 2 &&
                     c.batch * ((c.tokens + 127) / 128) * ((c.hidden + 63) / 64) >= two_per_sm(multiprocessors);
