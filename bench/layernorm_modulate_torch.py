@@ -15,45 +15,27 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as as_graph,
+from torch_bench_common import (DitopsLib, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as as_graph,
                                 case_selected, load_eager, measure, report, report_header, rotation_count, script_main,
                                 shape_str)
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("eps", ctypes.c_float), ("fp8_reciprocal", ctypes.c_int32), ("mapping", ctypes.c_int32),
-                ("use_pdl", ctypes.c_int32), ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
+MAPPINGS = {"auto": "automatic", "warp": "warp", "cta": "cta"}
 
 
-MAPPINGS = {"auto": 0, "warp": 1, "cta": 2}
-
-
-class Ditops:
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self._keep = []
-
-    def dl(self, t):
-        return None if t is None else ctypes.byref(dltensor(t, self._keep))
-
-    def _call(self, fn, tensors, eps, mapping, div_full, stream):
-        self._keep.clear()
-        opts = Options(eps, int(div_full), MAPPINGS[mapping], 1, b"jit", None)
-        impl, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(4096)
-        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
-        if getattr(self.lib, fn)(*[self.dl(t) for t in tensors], ctypes.byref(opts), s, impl, 128, err, 4096):
-            raise RuntimeError(err.value.decode())
-        return impl.value.decode()
-
+class Ditops(DitopsLib):
     def ln_mod(self, x, scale, shift, out, eps, mapping="auto", stream=None):
-        return self._call("ditops_layernorm_modulate", (x, scale, shift, out), eps, mapping, False, stream)
+        return self.call("layernorm_modulate", stream, dict(eps=eps, mapping=MAPPINGS[mapping], backend="jit"),
+                         x=x, scale=scale, shift=shift, out=out)
 
     def ln_mod_fp8(self, x, scale, shift, input_scale, out, eps, mapping="auto", div_full=False, stream=None):
-        return self._call("ditops_layernorm_modulate_fp8", (x, scale, shift, input_scale, out), eps, mapping,
-                          div_full, stream)
+        return self.call("layernorm_modulate_fp8", stream,
+                         dict(eps=eps, mapping=MAPPINGS[mapping], fp8_reciprocal="div_full" if div_full else "ieee",
+                              backend="jit"),
+                         x=x, scale=scale, shift=shift, input_scale=input_scale, out=out)
 
     def qk(self, q, k, qo, ko, eps, stream=None):
-        return self._call("ditops_qk_head_layernorm", (q, k, qo, ko), eps, "auto", False, stream)
+        return self.call("qk_head_layernorm", stream, dict(eps=eps, backend="jit"), q=q, k=k, q_out=qo, k_out=ko)
 
 
 # One copy of the eager chains, in the Python package; loaded by path so this script needs no

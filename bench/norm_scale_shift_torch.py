@@ -20,50 +20,17 @@ import itertools
 import sys
 
 import torch
-from torch_bench_common import (DLTensor, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as graph_of,
+from torch_bench_common import (DitopsLib, allow_recompiles, copy_buffers, copy_impl, dltensor, graph_on_side_stream as graph_of,
                                 case_selected, load_eager, measure, report, report_header, rotation_count, script_main,
                                 shape_str)
 import triton
 import triton.language as tl
 
 
-TENSOR_FIELDS = ["x", "residual", "gate", "weight", "bias", "scale", "shift", "input_scale", "global_scale",
-                 "y", "residual_out", "fp8", "nvfp4_packed", "nvfp4_scales"]
-
-
-class Tensors(ctypes.Structure):
-    _fields_ = [(n, ctypes.POINTER(DLTensor)) for n in TENSOR_FIELDS]
-
-
-class Options(ctypes.Structure):
-    _fields_ = [("norm_type", ctypes.c_int32), ("eps", ctypes.c_float), ("numerics", ctypes.c_int32),
-                ("fp8_reciprocal", ctypes.c_int32), ("e2m1", ctypes.c_int32), ("use_pdl", ctypes.c_int32),
-                ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
-
-
-
-
-class Ditops:
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.ditops_norm_scale_shift.restype = ctypes.c_int
-
-    @staticmethod
-    def dl(t, keep):
-        return ctypes.pointer(dltensor(t, keep))
-
+class Ditops(DitopsLib):
     def run(self, *, norm="layer", eps=1e-6, numerics="eager", fp8_reciprocal="div_full", stream=None, **tensors):
-        keep = []
-        t = Tensors(**{k: self.dl(v, keep) for k, v in tensors.items() if v is not None})
-        o = Options(0 if norm == "layer" else 1, eps, 0 if numerics == "eager" else 1,
-                    1 if fp8_reciprocal == "div_full" else 0, 0, 1, b"jit", None)
-        impl = ctypes.create_string_buffer(128)
-        err = ctypes.create_string_buffer(4096)
-        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
-        rc = self.lib.ditops_norm_scale_shift(ctypes.byref(t), ctypes.byref(o), s, impl, 128, err, 4096)
-        if rc:
-            raise RuntimeError(err.value.decode())
-        return impl.value.decode()
+        return self.call("norm_scale_shift", stream, dict(norm=norm, eps=eps, numerics=numerics,
+                                                          fp8_reciprocal=fp8_reciprocal, backend="jit"), **tensors)
 
 
 # ---------------------------------------------------------------- the oracles

@@ -18,43 +18,18 @@ import sys
 import time
 
 import torch
-from torch_bench_common import allow_recompiles, dltensor, load_eager, record, script_main, shape_str, median_us as bench
+from torch_bench_common import DitopsLib, allow_recompiles, load_eager, record, script_main, shape_str, median_us as bench
 
 # ---------------------------------------------------------------- C ABI
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("is_neox", ctypes.c_int32), ("eps", ctypes.c_float), ("rope_dim", ctypes.c_int32),
-                ("cache_full_width", ctypes.c_int32), ("rounding", ctypes.c_int32),
-                ("norm_order", ctypes.c_int32), ("use_pdl", ctypes.c_int32),
-                ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
-
-
-
-
-class Ditops:
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.ditops_qknorm_rope.restype = ctypes.c_int
-        self._keep = []
-
-    def dl(self, t):
-        return dltensor(t, self._keep)
-
+class Ditops(DitopsLib):
     def qknorm_rope(self, q, k, wq, wk, cache, pos, *, neox, eps=1e-6, rope_dim=0, full_width=False,
                     rounding="rounded", order="aten", backend=None, quality=None, stream=None):
-        self._keep.clear()
-        opts = Options(int(neox), eps, rope_dim, int(full_width), 0 if rounding == "rounded" else 1,
-                       0 if order == "aten" else 1, 1,
-                       backend.encode() if backend else None, quality.encode() if quality else None)
-        args = [ctypes.byref(self.dl(t)) for t in (q, k, wq, wk, cache, pos)]
-        impl = ctypes.create_string_buffer(128)
-        err = ctypes.create_string_buffer(4096)
-        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
-        rc = self.lib.ditops_qknorm_rope(*args, ctypes.byref(opts), s, impl, 128, err, 4096)
-        if rc:
-            raise RuntimeError(err.value.decode())
-        return impl.value.decode()
+        return self.call("qknorm_rope", stream, dict(is_neox=neox, eps=eps, rope_dim=rope_dim,
+                                                     cache_full_width=full_width, rounding=rounding,
+                                                     norm_order=order, backend=backend, quality=quality),
+                         q=q, k=k, q_weight=wq, k_weight=wk, cos_sin_cache=cache, positions=pos)
 
 
 # ---------------------------------------------------------------- the eager chain (the oracle)

@@ -23,35 +23,14 @@ import ctypes
 import sys
 
 import torch
-from torch_bench_common import (allow_recompiles, case_selected, copy_buffers, copy_impl, dltensor, graph_on_side_stream,
+from torch_bench_common import (DitopsLib, allow_recompiles, case_selected, copy_buffers, copy_impl, dltensor, graph_on_side_stream,
                                 load_eager, measure, report, report_header, rotation_count, script_main, shape_str)
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("use_pdl", ctypes.c_int32), ("backend", ctypes.c_char_p), ("quality", ctypes.c_char_p)]
-
-
-
-
-class Ditops:
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.ditops_residual_gate_add.restype = ctypes.c_int
-        self._keep = []
-
-    def _dl(self, t):
-        return dltensor(t, self._keep)
-
+class Ditops(DitopsLib):
     def residual_gate_add(self, residual, update, gate, out, backend=None, stream=None, pdl=True):
-        self._keep.clear()
-        opts = Options(1 if pdl else 0, backend.encode() if backend else None, None)
-        args = [ctypes.byref(self._dl(t)) for t in (residual, update, gate, out)]
-        impl = ctypes.create_string_buffer(128)
-        err = ctypes.create_string_buffer(4096)
-        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
-        if self.lib.ditops_residual_gate_add(*args, ctypes.byref(opts), s, impl, 128, err, 4096):
-            raise RuntimeError(err.value.decode())
-        return impl.value.decode()
+        return self.call("residual_gate_add", stream, dict(use_pdl=pdl, backend=backend),
+                         residual=residual, update=update, gate=gate, out=out)
 
 
 # One copy of the eager chains, in the Python package; loaded by path so this script needs no

@@ -42,6 +42,43 @@ def dltensor(t, keep):
     return d
 
 
+class DitopsLib:
+    """libditops through its generic C ABI (ditops_call, include/ditops/c_api.h): any op of the
+    table by name, tensors by slot name (absent ones omitted), options as text. Needs only
+    libditops, no compiled Python module."""
+
+    def __init__(self, path):
+        import json
+        self.lib = ctypes.CDLL(path)
+        self.lib.ditops_call.restype = ctypes.c_int
+        self.lib.ditops_op_table.restype = ctypes.c_size_t
+        n = self.lib.ditops_op_table(None, 0)
+        buf = ctypes.create_string_buffer(n + 1)
+        self.lib.ditops_op_table(buf, n + 1)
+        self.slots = {op["name"]: [t["name"] for t in op["tensors"]] for op in json.loads(buf.value.decode())}
+
+    def call(self, op, stream=None, options=None, **tensors):
+        keep = []
+        slots = self.slots[op]
+        unknown = set(tensors) - set(slots)
+        if unknown:
+            raise TypeError(f"{op} has no tensors {sorted(unknown)} (slots: {slots})")
+        ptrs = (ctypes.POINTER(DLTensor) * len(slots))(
+            *[ctypes.pointer(dltensor(tensors[n], keep)) if tensors.get(n) is not None else None for n in slots])
+        items = [(k, v) for k, v in (options or {}).items() if v is not None]
+        opts = (DitopsOption * max(len(items), 1))(
+            *[DitopsOption(k.encode(), (str(v).lower() if isinstance(v, bool) else str(v)).encode()) for k, v in items])
+        impl, err = ctypes.create_string_buffer(128), ctypes.create_string_buffer(4096)
+        s = ctypes.c_void_p(stream if stream is not None else torch.cuda.current_stream().cuda_stream)
+        if self.lib.ditops_call(op.encode(), ptrs, len(slots), opts, len(items), s, impl, 128, err, 4096):
+            raise RuntimeError(err.value.decode())
+        return impl.value.decode()
+
+
+class DitopsOption(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
 def load_eager():
     """python/ditops/eager.py (the one copy of every eager chain), registered as `ditops_eager`:
     torch.compile re-imports the module of the functions it traces."""

@@ -458,15 +458,18 @@ TEST(ResidualGateAddCApi, RunsAndReportsErrors) {
   int64_t s[4][2], st[4][2];
   DLTensor dr = dl(r, s[0], st[0]), du = dl(u, s[1], st[1]), dg = dl(g, s[2], st[2]), dout = dl(o, s[3], st[3]);
   char impl[64], err[512];
-  ASSERT_EQ(ditops_residual_gate_add(&dr, &du, &dg, &dout, nullptr, nullptr, impl, sizeof impl, err, sizeof err), 0)
+  // The generic entry, in the op table's slot order (residual, update, gate, out).
+  const DLTensor* slots[] = {&dr, &du, &dg, &dout};
+  ASSERT_EQ(ditops_call("residual_gate_add", slots, 4, nullptr, 0, nullptr, impl, sizeof impl, err, sizeof err), 0)
       << err;
   EXPECT_STREQ(impl, "residual_gate_add.reference");
   for (int64_t i = 0; i < 120; ++i)
     EXPECT_EQ(o.bits(i), oracle_bits(r.get(i), u.get(i), g.get(i / 40), DType::f16)) << i;
-  EXPECT_EQ(ditops_residual_gate_add(&dr, &du, &dg, &dr, nullptr, nullptr, impl, sizeof impl, err, sizeof err), 1);
+  const DLTensor* aliased[] = {&dr, &du, &dg, &dr};
+  EXPECT_EQ(ditops_call("residual_gate_add", aliased, 4, nullptr, 0, nullptr, impl, sizeof impl, err, sizeof err), 1);
   EXPECT_NE(std::string(err).find("out must not overlap residual"), std::string::npos) << err;
   char report[4096];
-  ASSERT_EQ(ditops_residual_gate_add_explain(&dr, &du, &dg, &dout, nullptr, report, sizeof report, err, sizeof err), 0);
+  ASSERT_EQ(ditops_explain("residual_gate_add", slots, 4, nullptr, 0, report, sizeof report, err, sizeof err), 0);
   EXPECT_NE(std::string(report).find("residual_gate_add.reference"), std::string::npos);
 }
 

@@ -122,15 +122,15 @@ def _numpy_dtype(name: str):
 
 
 def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
-    """A new output of `shape` on like's device; dtype None: like's dtype, else a torch dtype
+    """A new output of shape() on like's device; dtype None: like's dtype, else a torch dtype
     name ("float8_e4m3fn", "uint8"). strided: like's strides (a permuted dense layout stays
     permuted: the transposed residual stream)."""
     torch = _torch_tensor_module(like)
     if torch is not None:
         dt = like.dtype if dtype is None else getattr(torch, dtype)
         if strided:
-            return torch.empty_strided(tuple(shape), like.stride(), dtype=dt, device=like.device)
-        return torch.empty(tuple(shape), dtype=dt, device=like.device)
+            return torch.empty_strided(shape(), like.stride(), dtype=dt, device=like.device)
+        return torch.empty(shape(), dtype=dt, device=like.device)
     if isinstance(like, _ndarray):
         import numpy as np
         if strided and dtype is None:
@@ -141,7 +141,7 @@ def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
             np_dtype = np.dtype(getattr(np, dtype))
         else:
             np_dtype = _numpy_dtype(dtype)
-        return np.empty(tuple(shape), dtype=np_dtype)
+        return np.empty(shape(), dtype=np_dtype)
     raise Error(f"{op}: {name} was not given and ditops allocates outputs only for torch tensors and "
                 f"numpy arrays (got {type(like).__name__}); pass {name}=")
 

@@ -90,17 +90,17 @@ def _present_expr(slot: dict) -> str | None:
 
 def _alloc_call(op: dict, slot: dict, new: str) -> str:
     """An expression allocating `slot` with the function `new(op, name, like, shape, dtype,
-    strided)`."""
+    strided)`; shape is a function (called once `new` knows it can allocate for like's kind)."""
     rule, dtype = slot["alloc"], slot["alloc_dtype"]
     dt = repr(TORCH_DTYPES[dtype]) if dtype else "None"
     if rule.startswith("like:"):
         like = rule[5:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, tuple({like}.shape), {dt}, False)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, False)"
     if rule.startswith("strided:"):
         like = rule[8:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, tuple({like}.shape), {dt}, True)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True)"
     shape, like = _shape_expr(rule)
-    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, {shape}, {dt}, False)"
+    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False)"
 
 
 def returned_outputs(op: dict) -> list[dict]:

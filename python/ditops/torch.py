@@ -62,8 +62,8 @@ def _define(schema: str, impl, fake) -> None:
 def _new(op, name, like, shape, dtype, strided):
     dt = like.dtype if dtype is None else getattr(torch, dtype)
     if strided:
-        return torch.empty_strided(shape, like.stride(), dtype=dt, device=like.device)
-    return torch.empty(shape, dtype=dt, device=like.device)
+        return torch.empty_strided(shape(), like.stride(), dtype=dt, device=like.device)
+    return torch.empty(shape(), dtype=dt, device=like.device)
 
 
 def _or_empty(tensor, like):

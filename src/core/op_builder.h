@@ -109,8 +109,8 @@ class OpBuilder {
           return;
         }
       std::string expected;
-      for (const auto& [n, e] : *table) expected += (expected.empty() ? "" : ", ") + n;
-      throw Error(op + ": option '" + name + "' must be one of " + expected + " but is '" + *s + "'");
+      for (const auto& [n, e] : *table) expected += (expected.empty() ? "" : " or ") + n;
+      throw Error(op + ": unknown " + name + " '" + *s + "' (expected " + expected + ")");
     });
     return *this;
   }

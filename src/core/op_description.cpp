@@ -113,9 +113,9 @@ OptionValue parse_option(const OpDescription& op, const OptionSlot& option, cons
       std::string expected;
       for (const auto& c : option.choices) {
         if (c == text) return text;
-        expected += (expected.empty() ? "" : ", ") + c;
+        expected += (expected.empty() ? "" : " or ") + c;
       }
-      return fail("one of " + expected);
+      throw Error(op.name + ": unknown " + option.name + " '" + text + "' (expected " + expected + ")");
     }
   }
   return fail("valid");

@@ -199,7 +199,7 @@ def test_self_check_mismatch_disables_with_a_warning(cpu_as_fused_platform, monk
 def test_fused_failure_disables_with_a_warning(cpu_as_fused_platform, monkeypatch):
     def failing(*args):
         raise ditops.Error("qknorm_rope: simulated launch failure")
-    monkeypatch.setattr(dt, "_ffi_qknorm_rope", failing)
+    monkeypatch.setattr(dt, "_call", failing)  # the generic entry the derived torch ops call
     q, k, wq, wk, cache, pos = inputs()
     q0, k0 = q.clone(), k.clone()
     with pytest.warns(RuntimeWarning, match="simulated launch failure"):
@@ -210,8 +210,8 @@ def test_fused_failure_disables_with_a_warning(cpu_as_fused_platform, monkeypatc
 
 def test_no_self_check_while_tracing(cpu_as_fused_platform, monkeypatch):
     calls = []
-    real = dt._ffi_qknorm_rope
-    monkeypatch.setattr(dt, "_ffi_qknorm_rope", lambda *a: (calls.append(1), real(*a))[1])
+    real = dt._call
+    monkeypatch.setattr(dt, "_call", lambda *a: (calls.append(1), real(*a))[1])
     q, k, wq, wk, cache, pos = inputs()
 
     def layer(q, k):
@@ -233,8 +233,8 @@ def test_verified_signature_compiles_to_the_fused_op(cpu_as_fused_platform, monk
     q, k, wq, wk, cache, pos = inputs()
     dt.apply_qk_norm_rope(q.clone(), k.clone(), wq, wk, cache, pos, eps=1e-6, is_neox=False)  # verifies
     calls = []
-    real = dt._ffi_qknorm_rope
-    monkeypatch.setattr(dt, "_ffi_qknorm_rope", lambda *a: (calls.append(1), real(*a))[1])
+    real = dt._call
+    monkeypatch.setattr(dt, "_call", lambda *a: (calls.append(1), real(*a))[1])
 
     @torch.compile(fullgraph=True)
     def layer(q, k):

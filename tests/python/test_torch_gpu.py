@@ -210,10 +210,11 @@ def test_host_overhead_per_call():
     """Host time per call on a 1-token problem (24 heads, head_dim 128), many calls in a row:
     the cost of the Python layer + TVM-FFI + the facade, which the GPU hides only for big calls."""
     q, k, wq, wk, cache, pos = inputs(1, 24, 24)
-    direct = ditops._ffi_qknorm_rope
+    direct = ditops._call
+    index = [op["name"] for op in ditops.op_table()].index("qknorm_rope")
     calls = {
-        "ffi_direct": lambda: direct(q, k, wq, wk, cache, pos, False, 1e-6, 0, False, "rounded",
-                                     "aten", True, "", "", -1),
+        "ffi_direct": lambda: direct(index, False, -1, q, k, wq, wk, cache, pos, False, 1e-6, 0, False, "rounded",
+                                     "aten", True, None, None),
         "ditops.qknorm_rope": lambda: ditops.qknorm_rope(q, k, wq, wk, cache, pos),
         "torch.ops.ditops.qknorm_rope": lambda: torch.ops.ditops.qknorm_rope(q, k, wq, wk, cache, pos),
     }

@@ -1,0 +1,94 @@
+"""The bindings derived from the op table: every registered op reaches Python and torch with the
+C++ defaults, and the derived entries give the facade's messages."""
+import inspect
+
+import numpy as np
+import pytest
+
+import ditops
+
+_PY = {"true": True, "false": False, "none": None}
+
+
+def _default(option):
+    text, kind = option["default"], option["kind"]
+    if kind in ("bool", "optional_bool"):
+        return _PY[text]
+    if kind == "int":
+        return int(text)
+    if kind == "float":
+        return float(text)
+    return text
+
+
+def test_every_registered_op_is_described_and_bound():
+    registered = {k["op"] for k in ditops.list_kernels()}
+    described = {op["name"] for op in ditops.op_table()}
+    assert registered == described
+    for name in described:
+        assert callable(getattr(ditops, name)), name
+
+
+def test_python_functions_take_the_cpp_defaults():
+    for op in ditops.op_table():
+        params = inspect.signature(getattr(ditops, op["name"])).parameters
+        for option in op["options"]:
+            assert params[option["name"]].default == _default(option), (op["name"], option["name"])
+            assert params[option["name"]].kind == inspect.Parameter.KEYWORD_ONLY
+        for t in op["tensors"]:
+            assert t["name"] in params, (op["name"], t["name"])
+        assert params["backend"].default is None and params["stream"].default is None
+
+
+def test_known_cpp_defaults_reach_python():
+    qk = inspect.signature(ditops.qknorm_rope).parameters
+    assert qk["eps"].default == 1e-06 and qk["rounding"].default == "rounded" and qk["use_pdl"].default is True
+    nss = inspect.signature(ditops.norm_scale_shift).parameters
+    assert nss["fp8_reciprocal"].default == "div_full" and nss["store_y"].default is None
+    fp8 = inspect.signature(ditops.layernorm_modulate_fp8).parameters
+    assert fp8["fp8_reciprocal"].default == "ieee"
+
+
+def test_torch_schemas_take_the_cpp_defaults():
+    torch = pytest.importorskip("torch")
+    import ditops.torch  # noqa: F401 (registers the ops)
+    for op in ditops.op_table():
+        schema = getattr(torch.ops.ditops, op["name"]).default._schema
+        args = {a.name: a for a in schema.arguments}
+        for option in op["options"]:
+            assert args[option["name"]].default_value == _default(option), (op["name"], option["name"])
+            assert args[option["name"]].kwarg_only
+
+
+def test_derived_errors_keep_the_facade_messages():
+    q = np.ones((2, 2, 64), np.float16)
+    w = np.ones(64, np.float16)
+    cache = np.zeros((4, 64), np.float32)
+    pos = np.zeros(2, np.int64)
+    with pytest.raises(ditops.Error, match=r"unknown rounding 'exact' \(expected rounded or fp32\)"):
+        ditops.qknorm_rope(q, q.copy(), w, w, cache, pos, rounding="exact")
+    with pytest.raises(ditops.Error, match=r"q_weight.*64.*"):
+        ditops.qknorm_rope(q, q.copy(), np.ones(32, np.float16), w, cache, pos)
+    with pytest.raises(ditops.Error, match=r"option 'eps' must be a number"):
+        ditops.qknorm_rope(q, q.copy(), w, w, cache, pos, eps="small")
+    r = np.ones((2, 3, 8), np.float32)
+    with pytest.raises(ditops.Error, match="out must not overlap residual"):
+        ditops.residual_gate_add(r, r.copy(), r.copy(), out=r)
+
+
+def test_outputs_follow_the_table_rules():
+    x = np.ones((1, 256, 64), np.float32)
+    scale = np.zeros((1, 64), np.float32)
+    outs = ditops.norm_scale_shift(x, scale)
+    assert outs.y is not None and outs.y.shape == x.shape and outs.fp8 is None
+    outs = ditops.norm_scale_shift(x, scale, residual=x.copy(), gate=scale.copy())
+    assert outs.residual_out is not None and outs.residual_out.shape == x.shape
+    q = np.ones((1, 4, 2, 64), np.float32).astype(np.dtype("float32"))
+    with pytest.raises(ditops.Error):  # bf16 only: the error comes from the facade, not Python
+        ditops.qk_head_layernorm(q, q.copy())
+
+
+def test_generated_source_is_inspectable():
+    src = ditops.generated_source()
+    for op in ditops.op_table():
+        assert f"def {op['name']}(" in src
