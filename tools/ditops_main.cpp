@@ -135,7 +135,7 @@ int cmd_info() {
     std::printf("cuda driver: %d.%d, %d device(s)\n", d->driver_version / 1000, (d->driver_version % 1000) / 10,
                 d->device_count);
     for (int i = 0; i < d->device_count; ++i) {
-      const DeviceInfo& info = jit::device_info({DeviceKind::cuda, i});
+      const DeviceInfo& info = device_info({DeviceKind::cuda, i});
       std::printf("  cuda:%d %s sm_%d, %d SMs, features %s, jit arch %s\n", i, info.name.c_str(), info.sm,
                   info.multiprocessors, feature_names(info.features).c_str(), jit::arch_for_sm(info.sm).c_str());
     }
