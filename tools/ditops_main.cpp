@@ -21,6 +21,7 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
           [--order aten|warp] [--device cpu|cuda:N] [--backend B] [--quality Q]
                                 the dispatch reasoning for one call, without running it
   info                          devices, SM, driver, NVRTC, cache directory
+  cache list|clear              the cubin cache: entries (path, arch, size), total / remove entries, locks
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
   bench <op> [--reps N] [--json PATH] [--commit SHA] [--host-only (qknorm_rope)]
@@ -165,6 +166,7 @@ int main(int argc, char** argv) {
     if (cmd == "list") return cmd_list(args);
     if (cmd == "explain") return cmd_explain(args);
     if (cmd == "info") return cmd_info();
+    if (cmd == "cache") return cmd_cache(args);
     if (cmd == "demo") return run_demo(args);
     if (cmd == "bench") {
       std::string known;
