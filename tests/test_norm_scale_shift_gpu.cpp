@@ -93,7 +93,7 @@ const jit::LoadedKernel& device_check_kernel(const char* source, const char* nam
   static std::map<std::string, jit::LoadedKernel> kernels;
   const auto found = kernels.find(name);
   if (found != kernels.end()) return found->second;
-  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const DeviceInfo& info = device_info({DeviceKind::cuda, 0});
   const std::vector<uint8_t> cubin = jit::nvrtc_compile(source, std::string(name) + ".cu", jit::arch_for_sm(info.sm),
                                                         jit::embedded_sources());
   const auto& d = jit::require_cuda_driver();
@@ -108,7 +108,7 @@ const jit::LoadedKernel& device_check_kernel(const char* source, const char* nam
 // inputs) with `params`, waits.
 template <typename Params>
 void run_device_check(const char* source, const char* name, const Params& params) {
-  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const DeviceInfo& info = device_info({DeviceKind::cuda, 0});
   jit::launch(device_check_kernel(source, name), static_cast<unsigned>(info.multiprocessors) * 16, 256, &params,
               sizeof params, nullptr, false);
   check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
@@ -543,7 +543,7 @@ TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
 }
 
 TEST_F(NormScaleShiftGpu, HardwareE2m1IsRefusedWhereTheDeviceLacksIt) {
-  const DeviceInfo& info = jit::device_info({DeviceKind::cuda, 0});
+  const DeviceInfo& info = device_info({DeviceKind::cuda, 0});
   if (info.features & kFeatureFp4Convert) GTEST_SKIP() << "this device has the hardware conversion";
   Twin x(DType::bf16, {1, 4, 64}), s(DType::bf16, {64}), packed(DType::u8, {4, 32}), sc(DType::u8, {128, 4}),
       gs(DType::f32, {1});

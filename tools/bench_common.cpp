@@ -61,7 +61,7 @@ BenchRun::BenchRun(const char* op, const Args& args)
       date_(today()),
       reps_(std::stoi(args.get("--reps", "50"))),
       flush_((jit::bind_primary_context(0), size_t{256} << 20)) {  // 256 MiB > the H200's 60 MB L2
-  device_name_ = jit::device_info(Device{DeviceKind::cuda, 0}).name;
+  device_name_ = device_info(Device{DeviceKind::cuda, 0}).name;
   std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
 }
 

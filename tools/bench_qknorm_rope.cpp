@@ -203,7 +203,7 @@ int run_demo(const Args& args) {
   DeviceBuffer flush(256u << 20);
   const double us = median_us([&] { qknorm_rope(v.q, v.k, v.wq, v.wk, v.cache, v.pos, opt); }, 20, flush);
   std::printf("ran %s on %s: %.2f us (median of 20, cold L2); %.1f GB/s by the byte model\n", impl.c_str(),
-              jit::device_info(dev).name.c_str(), us, h.model_bytes() / (us * 1e-6) / 1e9);
+              device_info(dev).name.c_str(), us, h.model_bytes() / (us * 1e-6) / 1e9);
   std::printf("check against the CPU reference (%s, %.1f ms): %lld of %zu values differ "
               "(allowed: rsqrtf vs correctly rounded rsqrt, 1 ulp)\n",
               ref_impl.c_str(), ref_ms, static_cast<long long>(differ), q_gpu.size() + k_gpu.size());

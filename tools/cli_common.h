@@ -27,5 +27,6 @@ inline std::string today() {
 }
 
 int run_demo(const Args& args);
+int cmd_cache(const Args& args);  // tools/cli_cache.cpp
 
 }  // namespace ditops::cli

@@ -24,6 +24,7 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
                                 the dispatch reasoning for one call of any op, without running
                                 it; sizes default to the op's example dims (`ditops ops`)
   info                          devices, SM, driver, NVRTC, cache directory
+  cache list|clear              the cubin cache: entries (path, arch, size), total / remove entries, locks
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
   bench <op> [--reps N] [--json PATH] [--commit SHA] [--host-only (qknorm_rope)]
@@ -249,7 +250,7 @@ int cmd_info() {
     std::printf("cuda driver: %d.%d, %d device(s)\n", d->driver_version / 1000, (d->driver_version % 1000) / 10,
                 d->device_count);
     for (int i = 0; i < d->device_count; ++i) {
-      const DeviceInfo& info = jit::device_info({DeviceKind::cuda, i});
+      const DeviceInfo& info = device_info({DeviceKind::cuda, i});
       std::printf("  cuda:%d %s sm_%d, %d SMs, features %s, jit arch %s\n", i, info.name.c_str(), info.sm,
                   info.multiprocessors, feature_names(info.features).c_str(), jit::arch_for_sm(info.sm).c_str());
     }
@@ -287,6 +288,7 @@ int main(int argc, char** argv) {
       require_known_flags(args, {}, "info");
       return cmd_info();
     }
+    if (cmd == "cache") return cmd_cache(args);
     if (cmd == "demo") return run_demo(args);
     if (cmd == "bench") {
       std::string known;

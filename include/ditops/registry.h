@@ -173,6 +173,9 @@ struct Config {
   std::vector<std::pair<std::string, std::optional<Provenance>>> disabled;
   Quality quality = Quality::lossless;  // DITOPS_QUALITY
   bool jit_verbose = false;             // DITOPS_JIT_VERBOSE=1
+  // DITOPS_JIT_FORCE_RECOMPILE=1: every cubin request compiles (memory and disk entries are
+  // ignored) and republishes its disk entry; for a cache suspected stale.
+  bool jit_force_recompile = false;
   std::string cache_dir;                // DITOPS_CACHE_DIR, default ~/.cache/ditops
   std::vector<std::string> problems;    // unparseable values, warned about once
 };

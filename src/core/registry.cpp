@@ -127,6 +127,7 @@ Config read_config() {
       c.problems.push_back("DITOPS_DISABLE entry '" + item + "' names no backend; ignored");
   }
   c.jit_verbose = env("DITOPS_JIT_VERBOSE") == "1";
+  c.jit_force_recompile = env("DITOPS_JIT_FORCE_RECOMPILE") == "1";
   c.cache_dir = env("DITOPS_CACHE_DIR");
   if (c.cache_dir.empty()) {
     std::string xdg = env("XDG_CACHE_HOME");

@@ -416,7 +416,7 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
 void run_jit(const void* p) {
   const LayerNormModulateCall& c = as_call(p);
   const int device = c.x.device.index;
-  const LnmKey key = key_for(c, jit::device_info(c.x.device));
+  const LnmKey key = key_for(c, device_info(c.x.device));
   static jit::KernelMemo memo;
   const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
                                              [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(request_for(key), device); });
@@ -443,14 +443,14 @@ std::string cuda_availability() {
 std::string template_key_of(const void* p) {
   const LayerNormModulateCall& c = as_call(p);
   if (c.x.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, jit::device_info(c.x.device)).to_string();
+  return key_for(c, device_info(c.x.device)).to_string();
 }
 
 std::string run_op(const char* op, const LayerNormModulateCall& call) {
   jit::bind_and_check_stream(op, "x", call.x.device, call.stream);
   // Everything the specs' predicates and template keys read: the kernel key (op kind, fp8
   // reciprocal, layout) and the device kind.
-  const DeviceInfo& device = jit::device_info(call.x.device);
+  const DeviceInfo& device = device_info(call.x.device);
   const uint64_t signature = key_for(call, device).packed() * 4 + static_cast<uint64_t>(call.x.device.kind) + 1;
   return Registry::global().dispatch(op, &call, device, call.options.dispatch, signature).name;
 }
@@ -476,7 +476,7 @@ std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const Te
 }
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
-  return Registry::global().explain(kind_op(call.kind), &call, jit::device_info(call.x.device),
+  return Registry::global().explain(kind_op(call.kind), &call, device_info(call.x.device),
                                     call.options.dispatch);
 }
 

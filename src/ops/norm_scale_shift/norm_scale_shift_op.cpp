@@ -391,7 +391,7 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKerne
 void run_jit(const void* p) {
   const NormScaleShiftCall& c = as_call(p);
   const int device = c.in.x.device.index;
-  const NssKernelKey key = key_for(c, jit::device_info(c.in.x.device));
+  const NssKernelKey key = key_for(c, device_info(c.in.x.device));
   static jit::KernelMemo memo;
   const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
                                              [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(nss_kernel_request(key), device); });
@@ -404,7 +404,7 @@ std::string cuda_predicate(const void* p, NssNumerics numerics) {
   if (c.in.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
   if (c.options.numerics != numerics)
     return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
-  const DeviceInfo& device = jit::device_info(c.in.x.device);
+  const DeviceInfo& device = device_info(c.in.x.device);
   if (c.quant == NssQuant::nvfp4 && c.options.e2m1 == E2m1Conversion::hardware && !(device.features & kFeatureFp4Convert))
     return "e2m1=hardware needs cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_120a); this device is sm_" +
            std::to_string(device.sm);
@@ -414,7 +414,7 @@ std::string cuda_predicate(const void* p, NssNumerics numerics) {
 std::string template_key_of(const void* p) {
   const NormScaleShiftCall& c = as_call(p);
   if (c.in.x.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, jit::device_info(c.in.x.device)).to_string();
+  return key_for(c, device_info(c.in.x.device)).to_string();
 }
 
 }  // namespace
@@ -422,7 +422,7 @@ std::string template_key_of(const void* p) {
 std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
                              const NormScaleShiftOptions& options, Stream stream) {
   NormScaleShiftCall call = match_norm_scale_shift(inputs, outputs, options, stream);
-  const DeviceInfo& device = jit::device_info(inputs.x.device);
+  const DeviceInfo& device = device_info(inputs.x.device);
   jit::bind_and_check_stream(kOp, "x", inputs.x.device, stream);
   // Everything the specs' predicates and template keys read: the kernel key (dtype, D, norm,
   // numerics, outputs), the requested E2M1 conversion and the device kind.
@@ -432,7 +432,7 @@ std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScale
 }
 
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
-  return Registry::global().explain(kOp, &call, jit::device_info(call.in.x.device), call.options.dispatch);
+  return Registry::global().explain(kOp, &call, device_info(call.in.x.device), call.options.dispatch);
 }
 
 namespace {

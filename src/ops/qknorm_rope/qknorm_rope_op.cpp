@@ -242,7 +242,7 @@ uint64_t memo_slot(const QkKernelKey& key, int device) { return key.packed() * 6
 void run_jit(const void* p) {
   const QkNormRopeCall& c = as_call(p);
   const int device = c.q.device.index;
-  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  const QkKernelKey key = key_for(c, device_info(c.q.device));
   static jit::KernelMemo memo;
   const jit::LoadedKernel& kernel =
       memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(qk_kernel_request(key), device); });
@@ -253,13 +253,13 @@ void run_jit(const void* p) {
 void run_aot(const void* p) {
   const QkNormRopeCall& c = as_call(p);
   const int device = c.q.device.index;
-  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  const QkKernelKey key = key_for(c, device_info(c.q.device));
   static jit::KernelMemo memo;
   const jit::LoadedKernel& kernel = memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& {
     const jit::AotEntry* entry = jit::find_aot(qk_kernel_request(key).template_key);
     if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
     const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, kThreads, device);
-    if (!loaded) throw Error("the prebuilt fatbin has no image for sm_" + std::to_string(jit::device_info(c.q.device).sm));
+    if (!loaded) throw Error("the prebuilt fatbin has no image for sm_" + std::to_string(device_info(c.q.device).sm));
     return *loaded;
   });
   jit::bind_primary_context(device);
@@ -269,7 +269,7 @@ void run_aot(const void* p) {
 std::string aot_predicate(const void* p, bool rounded) {
   if (std::string why = cuda_predicate(p, rounded); !why.empty()) return why;
   const QkNormRopeCall& c = as_call(p);
-  const QkKernelKey key = key_for(c, jit::device_info(c.q.device));
+  const QkKernelKey key = key_for(c, device_info(c.q.device));
   if (!jit::find_aot(qk_kernel_request(key).template_key))
     return "no prebuilt cubin for key " + key.to_string();
   return "";
@@ -278,7 +278,7 @@ std::string aot_predicate(const void* p, bool rounded) {
 std::string template_key_of(const void* p) {
   const QkNormRopeCall& c = as_call(p);
   if (c.q.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, jit::device_info(c.q.device)).to_string();
+  return key_for(c, device_info(c.q.device)).to_string();
 }
 
 }  // namespace
@@ -288,7 +288,7 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& positions, const QkNormRopeOptions& options,
                         Stream stream) {
   QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
-  const DeviceInfo& device = jit::device_info(q.device);
+  const DeviceInfo& device = device_info(q.device);
   jit::bind_and_check_stream(kOp, "q", q.device, stream);
   // Everything the specs' predicates and template keys read: the kernel key (dtypes, sizes,
   // flags, alignment) and the device kind.
@@ -297,7 +297,7 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
 }
 
 DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) {
-  return Registry::global().explain(kOp, &call, jit::device_info(call.q.device), call.options.dispatch);
+  return Registry::global().explain(kOp, &call, device_info(call.q.device), call.options.dispatch);
 }
 
 namespace {

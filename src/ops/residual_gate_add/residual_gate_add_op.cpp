@@ -296,7 +296,7 @@ void run_jit(const void* p) {
   const ResidualGateAddCall& c = as_call(p);
   if (c.numel == 0) return;  // nothing to do: no compile either
   const int device = c.residual.device.index;
-  const RgaKernelKey key = key_for(c, jit::device_info(c.residual.device));
+  const RgaKernelKey key = key_for(c, device_info(c.residual.device));
   static jit::KernelMemo memo;
   const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
                                              [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(rga_kernel_request(key), device); });
@@ -315,7 +315,7 @@ std::string cuda_predicate(const void* p) {
 std::string template_key_of(const void* p) {
   const ResidualGateAddCall& c = as_call(p);
   if (c.residual.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, jit::device_info(c.residual.device)).to_string();
+  return key_for(c, device_info(c.residual.device)).to_string();
 }
 
 }  // namespace
@@ -323,7 +323,7 @@ std::string template_key_of(const void* p) {
 std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
                               const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
   ResidualGateAddCall call = match_residual_gate_add(residual, update, gate, out, options, stream);
-  const DeviceInfo& device = jit::device_info(residual.device);
+  const DeviceInfo& device = device_info(residual.device);
   jit::bind_and_check_stream(kOp, "residual", residual.device, stream);
   // Everything the specs' predicates and template keys read: the kernel key (dtype, gate mode,
   // layout, alignment, tile), whether a transposed grid fits, and the device kind.
@@ -334,7 +334,7 @@ std::string residual_gate_add(const TensorView& residual, const TensorView& upda
 }
 
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
-  return Registry::global().explain(kOp, &call, jit::device_info(call.residual.device), call.options.dispatch);
+  return Registry::global().explain(kOp, &call, device_info(call.residual.device), call.options.dispatch);
 }
 
 namespace {
