@@ -340,4 +340,109 @@ TEST(DLPack, DeviceNames) {
   EXPECT_EQ((Device{DeviceKind::cpu, 0}), (Device{}));
 }
 
+// ------------------------------------------------------------------ hostile tensors (issue 22)
+
+// Throws ditops::Error whose message contains `part`.
+void expect_refused(const DLTensor& t, const std::string& part) {
+  try {
+    ditops::from_dlpack(t);
+    ADD_FAILURE() << "accepted; expected an error containing '" << part << "'";
+  } catch (const ditops::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+struct Hostile {
+  int64_t shape[ditops::kMaxRank] = {2, 3};
+  int64_t strides[ditops::kMaxRank] = {3, 1};
+  DLTensor t{};
+  Hostile() {
+    t.data = fake(0x4000);
+    t.device = {kDLCPU, 0};
+    t.ndim = 2;
+    t.dtype = {kDLFloat, 32, 1};
+    t.shape = shape;
+    t.strides = strides;
+  }
+};
+
+TEST(DLPackHostile, NullDataWithElementsIsRefused) {
+  Hostile h;
+  h.t.data = nullptr;
+  expect_refused(h.t, "from_dlpack: data is NULL but the tensor has 6 elements");
+  h.t.byte_offset = 64;  // an offset from NULL is not an address either
+  expect_refused(h.t, "data is NULL");
+  h.shape[1] = 0;  // no elements: nothing is addressed, NULL is fine
+  h.t.byte_offset = 0;
+  EXPECT_EQ(ditops::from_dlpack(h.t).numel(), 0);
+}
+
+TEST(DLPackHostile, AbsurdOrWrappingByteOffsetIsRefused) {
+  Hostile h;
+  h.t.byte_offset = uint64_t{1} << 62;
+  expect_refused(h.t, "byte_offset 4611686018427387904 is larger than any allocation");
+  h.t.byte_offset = ~uint64_t{0};
+  expect_refused(h.t, "is larger than any allocation");
+  h.t.byte_offset = 64;
+  h.t.data = fake(~uintptr_t{0} - 16);  // data + byte_offset wraps
+  expect_refused(h.t, "wrap around the address space");
+  h.t.byte_offset = 0;  // the last element would wrap
+  expect_refused(h.t, "wrap around the address space");
+  h.t.data = fake(8);  // a negative stride reaching below address 0
+  h.strides[0] = -3;
+  expect_refused(h.t, "wrap around the address space");
+  h.t.data = fake(0x4000);
+  EXPECT_NO_THROW(ditops::from_dlpack(h.t));
+}
+
+TEST(DLPackHostile, NegativeShapeNamesTheDim) {
+  Hostile h;
+  h.shape[1] = -3;
+  expect_refused(h.t, "shape[1] must be >= 0 but is -3");
+}
+
+TEST(DLPackHostile, RankOutsideTheRangeIsRefused) {
+  Hostile h;
+  for (int32_t ndim : {-1, 9, 1 << 30, INT32_MIN}) {
+    h.t.ndim = ndim;
+    expect_refused(h.t, "rank " + std::to_string(ndim) + " is outside [0, 8]");
+  }
+  h.t.ndim = 2;
+  h.t.shape = nullptr;
+  expect_refused(h.t, "shape is NULL for rank 2");
+}
+
+TEST(DLPackHostile, StridesWhoseSpanOverflowsAreRefused) {
+  Hostile h;
+  h.strides[0] = int64_t{1} << 62;
+  expect_refused(h.t, "address more than 2^63 bytes");
+  h.strides[0] = INT64_MIN;
+  expect_refused(h.t, "address more than 2^63 bytes");
+  h.strides[0] = int64_t{1} << 50;  // fits int64, but no allocation is that large
+  expect_refused(h.t, "more than any allocation (2^48)");
+  h.shape[0] = int64_t{1} << 40;  // numel overflow with broadcast strides
+  h.shape[1] = int64_t{1} << 40;
+  h.strides[0] = h.strides[1] = 0;
+  expect_refused(h.t, "address more than 2^63 bytes");
+  // Compact strides of a huge shape overflow too.
+  h.t.strides = nullptr;
+  h.shape[0] = h.shape[1] = int64_t{1} << 33;
+  expect_refused(h.t, "address more than 2^63 bytes");
+}
+
+TEST(DLPackHostile, NegativeCudaDeviceIdIsRefused) {
+  Hostile h;
+  h.t.device = {kDLCUDA, -1};
+  expect_refused(h.t, "device_id must be >= 0 but is -1");
+}
+
+TEST(DLPackHostile, OddDTypesAreRefused) {
+  Hostile h;
+  for (DLDataType d : {DLDataType{kDLFloat, 0, 1}, DLDataType{kDLFloat, 32, 0}, DLDataType{kDLFloat, 32, 4},
+                       DLDataType{255, 8, 1}, DLDataType{kDLInt, 7, 1}}) {
+    h.t.dtype = d;
+    expect_refused(h.t, "unsupported dtype");
+  }
+}
+
 }  // namespace

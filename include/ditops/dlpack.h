@@ -1,12 +1,15 @@
 // DLPack interchange. The structs below follow the published DLPack 1.x ABI (field order and
 // widths), written out here so that ditops needs no third-party header.
+//
+// Valid C11 as well as C++: C sees the DLPack structs only (tests/c11_headers.c checks it).
 #pragma once
 
+#ifdef __cplusplus
 #include <cstdint>
-
-#include "ditops/tensor.h"
-
 extern "C" {
+#else
+#include <stdint.h>
+#endif
 
 #ifndef DLPACK_MAJOR_VERSION
 #define DITOPS_DEFINES_DLPACK 1
@@ -64,7 +67,11 @@ typedef struct DLManagedTensorVersioned {
 
 #define DLPACK_FLAG_BITMASK_READ_ONLY (1ULL << 0)
 #endif
-}
+
+#ifdef __cplusplus
+}  // extern "C"
+
+#include "ditops/tensor.h"
 
 namespace ditops {
 
@@ -81,3 +88,4 @@ DLManagedTensorVersioned* to_dlpack_versioned(const TensorView& view);
 DLDataType to_dlpack_dtype(DType dtype);
 
 }  // namespace ditops
+#endif  // __cplusplus

@@ -17,6 +17,15 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& message) : std::runtime_error(message) {}
 };
 
+// An argument an implementation finds invalid only while it runs, from the data (e.g. a position
+// outside the cos/sin cache, read from host memory by the CPU reference). It is thrown before
+// anything is written, and the dispatcher passes it to the caller instead of counting it as a
+// failure of the implementation and falling back.
+class InvalidArgument : public Error {
+ public:
+  using Error::Error;
+};
+
 enum class DType : uint8_t {
   f32,
   f16,

@@ -6,6 +6,10 @@ namespace ditops {
 
 namespace {
 
+// No allocation, host or device, reaches 2^48 bytes (256 TiB): a byte_offset or a span past it
+// is a corrupt tensor, refused before an address is formed from it.
+constexpr int64_t kMaxBytes = int64_t{1} << 48;
+
 bool dtype_from_dlpack(DLDataType t, DType* out) {
   if (t.code == kDLFloat && t.bits == 32 && t.lanes == 1) return *out = DType::f32, true;
   if (t.code == kDLFloat && t.bits == 16 && t.lanes == 1) return *out = DType::f16, true;
@@ -64,6 +68,8 @@ TensorView from_dlpack(const DLTensor& tensor) {
       break;
     case kDLCUDA:
     case kDLCUDAManaged:
+      if (tensor.device.device_id < 0)
+        throw Error("from_dlpack: device_id must be >= 0 but is " + std::to_string(tensor.device.device_id));
       view.device = {DeviceKind::cuda, tensor.device.device_id};
       break;
     default:
@@ -71,17 +77,53 @@ TensorView from_dlpack(const DLTensor& tensor) {
                   std::to_string(tensor.device.device_type));
   }
   if (tensor.ndim > 0 && !tensor.shape) throw Error("from_dlpack: shape is NULL for rank " + std::to_string(tensor.ndim));
-  for (int i = 0; i < tensor.ndim; ++i)
+  bool empty = false;
+  for (int i = 0; i < tensor.ndim; ++i) {
     if (tensor.shape[i] < 0)
       throw Error("from_dlpack: shape[" + std::to_string(i) + "] must be >= 0 but is " + std::to_string(tensor.shape[i]));
+    empty = empty || tensor.shape[i] == 0;
+  }
   view.rank = tensor.ndim;
-  view.data = static_cast<char*>(tensor.data) + tensor.byte_offset;
   int64_t compact = 1;
   for (int i = view.rank - 1; i >= 0; --i) {
     view.shape[i] = tensor.shape[i];
     view.strides[i] = tensor.strides ? tensor.strides[i] : compact;
-    compact *= tensor.shape[i];
+    // The compact strides of an empty tensor may overflow; they address nothing.
+    if (__builtin_mul_overflow(compact, tensor.shape[i], &compact)) compact = 0;
   }
+  if (tensor.byte_offset > static_cast<uint64_t>(kMaxBytes))
+    throw Error("from_dlpack: byte_offset " + std::to_string(tensor.byte_offset) +
+                " is larger than any allocation (2^48 bytes)");
+  if (empty) {  // addresses nothing: data may be NULL and byte_offset anything sane
+    view.data = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(tensor.data) + tensor.byte_offset);
+    return view;
+  }
+  // The bytes the view addresses, relative to data + byte_offset: [low, high + size).
+  int64_t numel = 1, low = 0, high = 0;
+  const int64_t size = static_cast<int64_t>(dtype_size(view.dtype));
+  for (int i = 0; i < view.rank; ++i) {
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(numel, view.shape[i], &numel) ||
+        __builtin_mul_overflow(view.shape[i] - 1, view.strides[i], &reach) ||
+        __builtin_mul_overflow(reach, size, &reach) ||
+        __builtin_add_overflow(reach < 0 ? low : high, reach, reach < 0 ? &low : &high))
+      throw Error("from_dlpack: shape and strides address more than 2^63 bytes (" + view.describe() + ")");
+  }
+  const uint64_t span = static_cast<uint64_t>(high) + static_cast<uint64_t>(size) - static_cast<uint64_t>(low);
+  if (span > static_cast<uint64_t>(kMaxBytes))
+    throw Error("from_dlpack: the tensor spans " + std::to_string(span) +
+                " bytes, more than any allocation (2^48) (" + view.describe() + ")");
+  if (!tensor.data)
+    throw Error("from_dlpack: data is NULL but the tensor has " + std::to_string(numel) + " elements (" +
+                view.describe() + ")");
+  const auto base = reinterpret_cast<uintptr_t>(tensor.data);
+  uintptr_t first = 0, end = 0;
+  if (__builtin_add_overflow(base, static_cast<uintptr_t>(tensor.byte_offset), &first) ||
+      first < uintptr_t{0} - static_cast<uintptr_t>(low) ||
+      __builtin_add_overflow(first, static_cast<uintptr_t>(high) + static_cast<uintptr_t>(size), &end))
+    throw Error("from_dlpack: data + byte_offset (" + std::to_string(base) + " + " +
+                std::to_string(tensor.byte_offset) + ") and the strides wrap around the address space");
+  view.data = reinterpret_cast<void*>(first);
   return view;
 }
 

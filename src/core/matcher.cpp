@@ -1,5 +1,6 @@
 #include "core/matcher.h"
 
+#include <climits>
 #include <cstdio>
 
 namespace ditops {
@@ -18,6 +19,63 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
 }  // namespace
 
 void Matcher::fail(const std::string& message) const { throw Error(op_ + ": " + message); }
+
+TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
+  if (t.rank < 0 || t.rank > kMaxRank)
+    fail(name + " must have rank in [0, " + std::to_string(kMaxRank) + "] but has rank " + std::to_string(t.rank));
+  const int64_t size = static_cast<int64_t>(dtype_size(t.dtype));
+  if (size == 0) fail(name + ".dtype is not a ditops dtype (code " + std::to_string(static_cast<int>(t.dtype)) + ")");
+  bool empty = false;
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0)
+      fail(name + ".shape[" + std::to_string(i) + "] must be >= 0 but is " + std::to_string(t.shape[i]) + " (" +
+           t.describe() + ")");
+    empty = empty || t.shape[i] == 0;
+  }
+  if (empty) return TensorMatch(*this, t, name);
+  // Every later size computation (numel, span, offsets) stays inside int64.
+  int64_t numel = 1, span = 1;
+  for (int i = 0; i < t.rank; ++i) {
+    const int64_t stride = t.strides[i] == INT64_MIN ? INT64_MAX : (t.strides[i] < 0 ? -t.strides[i] : t.strides[i]);
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(t.shape[i], numel, &numel))
+      fail(name + " has more than 2^63 elements (" + t.describe() + ")");
+    if (__builtin_mul_overflow(t.shape[i] - 1, stride, &reach) || __builtin_add_overflow(span, reach, &span))
+      fail(name + " spans more than 2^63 elements (" + t.describe() + ")");
+  }
+  if (__builtin_mul_overflow(span, size, &span)) fail(name + " spans more than 2^63 bytes (" + t.describe() + ")");
+  if (!t.data) fail(name + ".data is NULL but " + name + " has " + std::to_string(numel) + " elements");
+  return TensorMatch(*this, t, name);
+}
+
+void Matcher::require_disjoint(const TensorView& written, const std::string& written_name, const TensorView& read,
+                               const std::string& read_name) const {
+  if (memory_overlaps(written, read))
+    fail(read_name + " overlaps " + written_name + " in memory (" + written_name + " is written while " + read_name +
+         " is read): pass separate buffers");
+}
+
+ByteRange byte_range(const TensorView& t) {
+  if (t.rank < 0 || t.rank > kMaxRank) return {};
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] <= 0) return {};
+  // Unsigned arithmetic: wraps on hostile views instead of overflowing.
+  uint64_t low = 0, high = 0;
+  for (int i = 0; i < t.rank; ++i) {
+    const uint64_t reach = static_cast<uint64_t>(t.shape[i] - 1) * static_cast<uint64_t>(t.strides[i]);
+    if (t.strides[i] < 0) low += reach;  // a negative reach, as two's complement
+    else high += reach;
+  }
+  const uint64_t size = dtype_size(t.dtype);
+  const auto base = reinterpret_cast<uintptr_t>(t.data);
+  return {base + static_cast<uintptr_t>(low * size), base + static_cast<uintptr_t>((high + 1) * size)};
+}
+
+bool memory_overlaps(const TensorView& a, const TensorView& b) {
+  const ByteRange x = byte_range(a), y = byte_range(b);
+  if (x.empty() || y.empty()) return false;
+  return x.lo < y.hi && y.lo < x.hi;
+}
 
 void Matcher::bind(const std::string& symbol, int64_t value, const std::string& origin) {
   sizes_[symbol] = {value, origin};

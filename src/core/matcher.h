@@ -59,12 +59,18 @@ class TensorMatch {
 class Matcher {
  public:
   explicit Matcher(std::string op) : op_(std::move(op)) {}
-  TensorMatch tensor(const std::string& name, const TensorView& t) { return TensorMatch(*this, t, name); }
+  // Starts matching `t`; first checks what every view must satisfy: rank in [0, kMaxRank],
+  // extents >= 0, a byte span that fits int64, and data != NULL when it has elements.
+  TensorMatch tensor(const std::string& name, const TensorView& t);
   // Bind a symbol up front (e.g. D from an option) so tensors are checked against it.
   void bind(const std::string& symbol, int64_t value, const std::string& origin);
   std::optional<int64_t> value(const std::string& symbol) const;
   [[noreturn]] void fail(const std::string& message) const;
   const std::string& op() const { return op_; }
+  // `read` must not share a byte with `written` (the op writes one while it reads the other):
+  // fails with "<read> overlaps <written> in memory (...)". Views without elements never overlap.
+  void require_disjoint(const TensorView& written, const std::string& written_name, const TensorView& read,
+                        const std::string& read_name) const;
 
  private:
   friend class TensorMatch;
@@ -85,5 +91,15 @@ class Matcher {
   std::map<std::string, BoundDType> dtypes_;
   std::map<std::string, BoundDevice> devices_;
 };
+
+// The bytes [lo, hi) a view addresses (lo == hi when it has no elements); negative strides count.
+// Wraps instead of overflowing: call it on views a Matcher accepted.
+struct ByteRange {
+  uintptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+};
+ByteRange byte_range(const TensorView& t);
+// Whether the byte ranges of two views meet (the test every op's aliasing checks share).
+bool memory_overlaps(const TensorView& a, const TensorView& b);
 
 }  // namespace ditops

@@ -444,6 +444,8 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
       try {
         cached->run(call);
         return *cached;
+      } catch (const InvalidArgument&) {
+        throw;  // the caller's data, not the implementation, is at fault
       } catch (const std::exception& e) {
         if (options.backend) throw;  // explicit requests are strict
         record_failure(state_->failure_mutex, state_->failures, device, *cached, call,
@@ -475,6 +477,8 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
           state_->decisions[decision_key] = spec;
       }
       return *spec;
+    } catch (const InvalidArgument&) {
+      throw;  // the caller's data, not the implementation, is at fault
     } catch (const std::exception& e) {
       if (options.backend) throw;  // explicit requests are strict
       record_failure(state_->failure_mutex, state_->failures, device, *spec, call, report.device, e);

@@ -201,6 +201,19 @@ void qknorm_rope_reference(const QkNormRopeCall& call) {
                 std::to_string(call.rope_dim));
   }
 
+  // Positions are host memory here: every one must index a cache row before anything is
+  // written (the CUDA path reads them on the device only; docs/qknorm_rope.md §3).
+  const int64_t cache_rows = call.cos_sin_cache.rank == 2 ? call.cos_sin_cache.shape[0] : 0;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t offset = t * call.positions.stride(0);
+    const int64_t position = call.positions.dtype == DType::i64
+                                 ? static_cast<const int64_t*>(call.positions.data)[offset]
+                                 : static_cast<const int32_t*>(call.positions.data)[offset];
+    if (position < 0 || position >= cache_rows)
+      throw InvalidArgument("qknorm_rope: positions[" + std::to_string(t) + "] = " + std::to_string(position) +
+                  " is outside the cos_sin_cache rows [0, " + std::to_string(cache_rows) + ")");
+  }
+
   RowContext ctx;
   ctx.act = call.q.dtype;
   ctx.cache = call.cos_sin_cache.dtype;

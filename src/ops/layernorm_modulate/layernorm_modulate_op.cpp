@@ -54,12 +54,7 @@ void check_nonnegative_strides(const Matcher& m, const TensorView& t, const char
              std::to_string(t.strides[i]));
 }
 
-bool ranges_overlap(const TensorView& a, const TensorView& b) {
-  const int64_t sa = a.span_bytes(), sb = b.span_bytes();
-  if (sa == 0 || sb == 0) return false;
-  const auto pa = reinterpret_cast<uintptr_t>(a.data), pb = reinterpret_cast<uintptr_t>(b.data);
-  return pa < pb + static_cast<uintptr_t>(sb) && pb < pa + static_cast<uintptr_t>(sa);
-}
+bool ranges_overlap(const TensorView& a, const TensorView& b) { return memory_overlaps(a, b); }
 
 bool same_view(const TensorView& a, const TensorView& b) {
   if (a.data != b.data || a.rank != b.rank || a.dtype != b.dtype) return false;

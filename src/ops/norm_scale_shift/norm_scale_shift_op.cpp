@@ -144,8 +144,8 @@ struct Range {
 };
 
 Range range_of(const char* name, const TensorView& t) {
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(t.data);
-  return {name, &t, lo, lo + static_cast<uintptr_t>(t.span_bytes())};
+  const ByteRange r = byte_range(t);
+  return {name, &t, r.lo, r.hi};
 }
 
 bool same_view(const TensorView& a, const TensorView& b) {

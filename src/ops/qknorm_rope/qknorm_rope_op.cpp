@@ -126,6 +126,14 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
     m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q "
            "and k heads of one packed QKV projection");
   if (T > INT64_MAX / 4 || Hq + Hk > (1 << 30)) m.fail("too many tokens or heads");
+  if (T > 0 && cos_sin_cache.shape[0] < 1)
+    m.fail("cos_sin_cache.shape[0] must be >= 1 (positions index its rows) but is 0 with T=" + std::to_string(T));
+  // The read inputs must not share memory with q or k (written in place while they are read).
+  for (const auto& [written, written_name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"}})
+    for (const auto& [read, read_name] : {std::pair<const TensorView*, const char*>{&q_weight, "q_weight"},
+                                          {&k_weight, "k_weight"}, {&cos_sin_cache, "cos_sin_cache"},
+                                          {&positions, "positions"}})
+      m.require_disjoint(*written, written_name, *read, read_name);
 
   QkNormRopeCall call;
   call.q = q;

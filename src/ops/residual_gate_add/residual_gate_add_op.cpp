@@ -50,9 +50,7 @@ void require_contiguous(const Matcher& m, const TensorView& t, const std::string
 }
 
 void require_disjoint(const Matcher& m, const TensorView& out, const TensorView& in, const char* name) {
-  const auto o = reinterpret_cast<uintptr_t>(out.data), i = reinterpret_cast<uintptr_t>(in.data);
-  const auto o_end = o + static_cast<uintptr_t>(out.span_bytes()), i_end = i + static_cast<uintptr_t>(in.span_bytes());
-  if (o < i_end && i < o_end)
+  if (memory_overlaps(out, in))
     m.fail(std::string("out must not overlap ") + name + " (in place is not supported: out is written while " +
            name + " is read); pass a separate buffer");
 }

@@ -1,0 +1,30 @@
+// The fuzzing entry shared by the libFuzzer target (fuzz/fuzz_libfuzzer.cpp, clang,
+// -DDITOPS_BUILD_FUZZ=ON) and the deterministic replay test (fuzz/fuzz_replay.cpp, any compiler,
+// ctest fuzz_replay). docs/hostile_input.md describes both and a longer run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ditops_fuzz {
+
+// Decodes `data` into one hostile call (DLPack import, or one op's C++ facade on CPU tensors in
+// a guarded arena) and runs it. Returns normally when ditops accepted the input or threw
+// ditops::Error; aborts (a finding) on any other exception, on a call that should have been
+// refused but ran, or on an invariant broken by an accepted input. Crashes are findings too.
+void run_one(const uint8_t* data, size_t size);
+
+// Outcome counts since the start, per target (0: DLPack import, 1..6: the ops): accepted and
+// ran, refused with ditops::Error, skipped (the caller would lie about its memory).
+struct Counts {
+  size_t ran = 0, refused = 0, skipped = 0;
+};
+const Counts* counts();  // kTargets entries
+constexpr int kTargets = 7;
+const char* target_name(int target);
+
+// Hand-written inputs: the repros and one valid call of every op (the fixed corpus).
+std::vector<std::vector<uint8_t>> seed_corpus();
+
+}  // namespace ditops_fuzz
