@@ -146,7 +146,7 @@ bool must_refuse(const TensorView& v) {
     if (span > std::numeric_limits<int64_t>::max()) return true;
   }
   if (span * static_cast<__int128>(dtype_size(v.dtype)) > std::numeric_limits<int64_t>::max()) return true;
-  return v.data == nullptr;
+  return v.data == nullptr || reinterpret_cast<uintptr_t>(v.data) % dtype_size(v.dtype) != 0;
 }
 
 // A tensor not refused by must_refuse: whether its bytes are in the arena (and it is small
@@ -234,7 +234,7 @@ class Builder {
           const int choice = static_cast<int>(r_.u8() % 4);
           if (choice == 0) v.data = nullptr;
           else if (choice == 3) v.data = reinterpret_cast<void*>(static_cast<uintptr_t>(r_.u64()));
-          else v.data = static_cast<uint8_t*>(v.data) + choice;  // misaligned
+          else v.data = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(v.data) + choice);  // misaligned
           break;
         }
         case 5:
@@ -246,8 +246,8 @@ class Builder {
         case 7:
           if (rank_ok && v.shape[d] > 0 && v.strides[d] > 0 && v.strides[d] < (1 << 20) && v.shape[d] < (1 << 20)) {
             // Walk the dim backwards from its last element: the same bytes.
-            v.data = static_cast<uint8_t*>(v.data) +
-                     (v.shape[d] - 1) * v.strides[d] * static_cast<int64_t>(dtype_size(v.dtype));
+            v.data = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(v.data) +
+                                             (v.shape[d] - 1) * v.strides[d] * dtype_size(v.dtype));
             v.strides[d] = -v.strides[d];
           }
           break;
@@ -398,7 +398,7 @@ void fuzz_qknorm_rope(Builder& b) {
     q = k = qkv;
     q.shape[1] = Hq;
     k.shape[1] = Hk;
-    k.data = static_cast<uint8_t*>(qkv.data) + Hq * D * static_cast<int64_t>(dtype_size(act));
+    k.data = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(qkv.data) + Hq * D * dtype_size(act));
     b.mutate(q);
     b.mutate(k);
   } else {
@@ -644,6 +644,8 @@ std::vector<std::vector<uint8_t>> seed_corpus() {
       // DLPack: rank 9, rank -1
       cat(dl_head, {9}),
       cat(dl_head, {200, 2}),
+      // libFuzzer: layernorm_modulate_fp8 with x at an odd address (the reference read misaligned bf16)
+      {0xff, 0xff, 0xff, 0x26, 0xff, 0x00, 0x00, 0xff, 0x00, 0xff, 0xff, 0xff, 0x01, 0x00, 0x20, 0x02, 0x00, 0x00},
   };
 }
 

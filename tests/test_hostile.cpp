@@ -248,6 +248,18 @@ TEST(HostileShapes, MatcherRefusesBadRankNullDataAndOverflowingSpans) {
   expect_error([&] { Matcher("op").tensor("x", t); }, {"x has more than 2^63 elements"});
 
   t = b.view;
+  t.data = b.as<uint8_t>() + 2;  // not on a 4-byte boundary
+  expect_error([&] { Matcher("op").tensor("x", t); }, {"x.data must be aligned to its element size (4 bytes for f32)"});
+  {
+    // Found by the fuzzer: the CPU reference read bf16 at an odd address.
+    Buf x(DType::bf16, {1, 2, 8}), s(DType::bf16, {1, 8}), o(DType::bf16, {1, 2, 8});
+    TensorView xv = x.view;
+    xv.data = x.as<uint8_t>() + 1;
+    expect_error([&] { layernorm_modulate(xv, s.view, TensorView{}, o.view); },
+                 {"layernorm_modulate: x.data must be aligned to its element size (2 bytes for bf16)"});
+  }
+
+  t = b.view;
   t.dtype = static_cast<DType>(200);
   expect_error([&] { Matcher("op").tensor("x", t); }, {"x.dtype is not a ditops dtype (code 200)"});
 }

@@ -45,6 +45,12 @@ TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
   }
   if (__builtin_mul_overflow(span, size, &span)) fail(name + " spans more than 2^63 bytes (" + t.describe() + ")");
   if (!t.data) fail(name + ".data is NULL but " + name + " has " + std::to_string(numel) + " elements");
+  if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(size) != 0) {
+    char at[32];
+    std::snprintf(at, sizeof at, "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(t.data)));
+    fail(name + ".data must be aligned to its element size (" + std::to_string(size) + " bytes for " +
+         dtype_name(t.dtype) + ") but is at " + at);
+  }
   return TensorMatch(*this, t, name);
 }
 

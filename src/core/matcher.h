@@ -60,7 +60,8 @@ class Matcher {
  public:
   explicit Matcher(std::string op) : op_(std::move(op)) {}
   // Starts matching `t`; first checks what every view must satisfy: rank in [0, kMaxRank],
-  // extents >= 0, a byte span that fits int64, and data != NULL when it has elements.
+  // extents >= 0, a byte span that fits int64, and data != NULL (aligned to the element size)
+  // when it has elements.
   TensorMatch tensor(const std::string& name, const TensorView& t);
   // Bind a symbol up front (e.g. D from an option) so tensors are checked against it.
   void bind(const std::string& symbol, int64_t value, const std::string& origin);
