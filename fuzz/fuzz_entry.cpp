@@ -131,6 +131,10 @@ Arena& arena() {
 bool must_refuse(const TensorView& v) {
   if (v.rank < 0 || v.rank > kMaxRank) return true;
   if (dtype_size(v.dtype) == 0) return true;
+  for (int i = 0; i < v.rank; ++i)
+    if (static_cast<__int128>(v.strides[i]) * static_cast<__int128>(dtype_size(v.dtype)) !=
+        static_cast<int64_t>(static_cast<uint64_t>(v.strides[i]) * dtype_size(v.dtype)))
+      return true;
   bool empty = false;
   for (int i = 0; i < v.rank; ++i) {
     if (v.shape[i] < 0) return true;
@@ -646,6 +650,9 @@ std::vector<std::vector<uint8_t>> seed_corpus() {
       cat(dl_head, {200, 2}),
       // libFuzzer: layernorm_modulate_fp8 with x at an odd address (the reference read misaligned bf16)
       {0xff, 0xff, 0xff, 0x26, 0xff, 0x00, 0x00, 0xff, 0x00, 0xff, 0xff, 0xff, 0x01, 0x00, 0x20, 0x02, 0x00, 0x00},
+      // libFuzzer: an extent-1 dim with stride ~2^62 overflowed the alignment check's byte stride
+      {0xff, 0xff, 0xff, 0xff, 0xe1, 0x27, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1, 0xe1,
+       0xe1, 0xe1, 0xe1, 0xe1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x0e, 0xf2, 0x39, 0x58, 0x03},
   };
 }
 

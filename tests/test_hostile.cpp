@@ -238,11 +238,13 @@ TEST(HostileShapes, MatcherRefusesBadRankNullDataAndOverflowingSpans) {
   t.shape[0] = 0;
   EXPECT_NO_THROW(Matcher("op").tensor("x", t));  // an empty view may have no memory
 
-  t = TensorView::contiguous(b.words.data(), DType::f32, kCpu, {2, 2});
-  t.strides[0] = int64_t{1} << 62;  // 2^62 elements of 4 bytes
+  t = TensorView::contiguous(b.words.data(), DType::f32, kCpu, {3, 2});
+  t.strides[0] = (int64_t{1} << 61) - 1;  // about 2^62 elements of 4 bytes
   expect_error([&] { Matcher("op").tensor("x", t); }, {"x spans more than 2^63 bytes"});
-  t.strides[0] = INT64_MIN;
+  t.shape[0] = 6;
   expect_error([&] { Matcher("op").tensor("x", t); }, {"x spans more than 2^63 elements"});
+  t.strides[0] = INT64_MIN;
+  expect_error([&] { Matcher("op").tensor("x", t); }, {"x.stride(0) = -9223372036854775808 overflows int64 in bytes"});
   t = TensorView::contiguous(b.words.data(), DType::f32, kCpu, {int64_t{1} << 32, int64_t{1} << 32});
   t.strides[0] = t.strides[1] = 0;  // a broadcast: the span is one element, the count is 2^64
   expect_error([&] { Matcher("op").tensor("x", t); }, {"x has more than 2^63 elements"});
@@ -258,6 +260,10 @@ TEST(HostileShapes, MatcherRefusesBadRankNullDataAndOverflowingSpans) {
     expect_error([&] { layernorm_modulate(xv, s.view, TensorView{}, o.view); },
                  {"layernorm_modulate: x.data must be aligned to its element size (2 bytes for bf16)"});
   }
+
+  t = TensorView::contiguous(b.words.data(), DType::bf16, kCpu, {1, 4});
+  t.strides[0] = int64_t{6357378495248596991};  // extent 1: addresses nothing, but * 2 bytes overflows
+  expect_error([&] { Matcher("op").tensor("x", t); }, {"x.stride(0) = 6357378495248596991 overflows int64 in bytes"});
 
   t = b.view;
   t.dtype = static_cast<DType>(200);

@@ -32,6 +32,14 @@ TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
            t.describe() + ")");
     empty = empty || t.shape[i] == 0;
   }
+  // Strides of extent-1 dims address nothing but enter byte offsets (alignment checks): every
+  // stride in bytes must fit int64 too.
+  for (int i = 0; i < t.rank; ++i) {
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(t.strides[i], size, &bytes))
+      fail(name + ".stride(" + std::to_string(i) + ") = " + std::to_string(t.strides[i]) +
+           " overflows int64 in bytes (" + t.describe() + ")");
+  }
   if (empty) return TensorMatch(*this, t, name);
   // Every later size computation (numel, span, offsets) stays inside int64.
   int64_t numel = 1, span = 1;
