@@ -33,17 +33,6 @@ def _default_literal(option: dict) -> str:
     return repr(text)
 
 
-def _schema_default(option: dict) -> str:
-    kind, text = option["kind"], option["default"]
-    if kind in ("bool", "optional_bool"):
-        return {"true": "True", "false": "False", "none": "None"}[text]
-    if kind == "float":
-        return repr(float(text))
-    if kind == "int":
-        return str(int(text))
-    return "'" + text + "'"
-
-
 _SCHEMA_TYPES = {"bool": "bool", "optional_bool": "bool?", "int": "int", "float": "float", "choice": "str"}
 
 
@@ -212,7 +201,7 @@ def torch_schema(op: dict) -> str:
         if t["keyword"] and t["role"] != "out":
             args.append(tensor_arg(t) + ("=None" if t["optional"] else ""))
     for o in op["options"]:
-        args.append(f"{_SCHEMA_TYPES[o['kind']]} {o['name']}={_schema_default(o)}")
+        args.append(f"{_SCHEMA_TYPES[o['kind']]} {o['name']}={_default_literal(o)}")
     args += ["str? backend=None", "str? quality=None"]
     outs = returned_outputs(op)
     if not outs:
