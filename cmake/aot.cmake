@@ -2,10 +2,10 @@
 # prebuilt template key, nvcc compiles it into one fatbin (sm_90a, sm_100a, sm_120a), and the
 # fatbin is embedded in libditops with its key table. Without nvcc the table is empty and the
 # aot entries report "built without prebuilt kernels".
-add_executable(ditops_aotgen tools/aotgen.cpp src/ops/qknorm_rope/qknorm_rope_kernels.cpp
-               src/jit/kernel_request.cpp src/core/tensor.cpp)
+add_executable(ditops_aotgen tools/aotgen.cpp tools/aot_table_empty.cpp $<TARGET_OBJECTS:ditops_objects>)
 target_include_directories(ditops_aotgen PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src
                            ${CMAKE_SOURCE_DIR})
+target_link_libraries(ditops_aotgen PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
 
 set(DITOPS_AOT_TABLE ${CMAKE_BINARY_DIR}/generated/aot_table.cpp)
 find_program(DITOPS_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)

@@ -104,6 +104,26 @@ TEST(JitCompile, EveryGridKeyCompilesForEveryTargetArch) {
   std::printf("compiled %d (key, arch) pairs\n", compiled);
 }
 
+// Ops whose kernel family lists variant keys (KernelSpec::variants) are compiled here, so a new op
+// needs no edit of this file.
+TEST(JitCompile, EveryRegisteredVariantCompilesForEveryTargetArch) {
+  if (!nvrtc_present()) GTEST_SKIP() << "NVRTC not loadable here";
+  int compiled = 0;
+  for (const KernelSpec* spec : Registry::global().list()) {
+    if (!spec->variants) continue;
+    for (const auto& request : spec->variants())
+      for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
+        std::vector<uint8_t> cubin;
+        ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(request, "ditops_entry"),
+                                                   "ditops_jit_entry.cu", arch, jit::embedded_sources()))
+            << spec->name << " " << request.template_key << " for " << arch;
+        EXPECT_GT(cubin.size(), 1000u) << request.template_key;
+        ++compiled;
+      }
+  }
+  std::printf("compiled %d (variant, arch) pairs\n", compiled);
+}
+
 TEST(JitCompile, CompileErrorCarriesTheNvrtcLog) {
   if (!nvrtc_present()) GTEST_SKIP() << "NVRTC not loadable here";
   try {

@@ -7,14 +7,18 @@
 #include <string>
 #include <vector>
 
+#include "ditops/registry.h"
 #include "jit/kernel_request.h"
-#include "ops/qknorm_rope/qknorm_rope_kernels.h"
 
 namespace {
 
+// What every aot implementation in the registry lists (KernelSpec::prebuilt); this program links
+// the library's objects with an empty prebuilt table.
 std::vector<ditops::jit::KernelRequest> prebuilt_requests() {
   std::vector<ditops::jit::KernelRequest> out;
-  for (const auto& key : ditops::qk_prebuilt_keys()) out.push_back(ditops::qk_kernel_request(key));
+  for (const ditops::KernelSpec* spec : ditops::Registry::global().list())
+    if (spec->prebuilt)
+      for (auto& request : spec->prebuilt()) out.push_back(std::move(request));
   return out;
 }
 

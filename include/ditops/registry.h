@@ -13,6 +13,10 @@
 
 namespace ditops {
 
+namespace jit {
+struct KernelRequest;  // a kernel instance's source: header, function, template arguments
+}
+
 // Where an implementation came from (never the hardware it runs on). Declaration order is the
 // default priority: kda > aot > jit > vendor > reference.
 enum class Provenance : uint8_t { kda, aot, jit, vendor, reference };
@@ -77,8 +81,9 @@ struct Evidence {
   std::string date;
 };
 
-// One implementation of one op. `call` below is the op's own argument struct (see each op's
-// header); the registry never looks inside it.
+// One implementation of one op, stored type-erased: `call` below is the op's own argument
+// struct, which the registry never looks inside. Ops register through the typed helpers
+// (src/core/implementation.h), whose functions take that struct.
 struct KernelSpec {
   std::string op;
   std::string name;  // unique, e.g. "qknorm_rope.jit"
@@ -96,6 +101,13 @@ struct KernelSpec {
   std::function<std::string(const void* call)> template_key;
   // Resolves lazily (memoized by the implementation) and launches. Throws on failure.
   std::function<void(const void* call)> run;
+  // Identifies the call struct `call` points to; every implementation of an op has the same one.
+  const void* call_type = nullptr;
+  // aot only: the kernel instances the build compiles and embeds (read by ditops_aotgen).
+  std::function<std::vector<jit::KernelRequest>()> prebuilt;
+  // jit: the kernel instances that cover every code path of the op, which the compile test
+  // builds for every target arch (none listed: the op's own tests cover them).
+  std::function<std::vector<jit::KernelRequest>()> variants;
 };
 
 struct DispatchOptions {

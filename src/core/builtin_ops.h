@@ -1,12 +1,19 @@
-// Every op family registers its implementations here, once, when the global registry is first
-// used (no static-initialization order games).
+// Every op family registers its description and implementations with one DITOPS_REGISTER_OP line
+// in its host file. The global registry runs the registrations, ordered by op, when it is first
+// used; nothing else lists the ops.
 #pragma once
 
 namespace ditops {
 class Registry;
+
+using RegisterOp = void (*)(Registry&);
 void register_builtin_ops(Registry& registry);
-void register_qknorm_rope(Registry& registry);
-void register_residual_gate_add(Registry& registry);
-void register_layernorm_modulate(Registry& registry);
-void register_norm_scale_shift(Registry& registry);
+
+struct OpRegistration {
+  OpRegistration(const char* name, RegisterOp registration);
+};
+
 }  // namespace ditops
+
+#define DITOPS_REGISTER_OP(function) \
+  static const ::ditops::OpRegistration function##_registration(#function, function)

@@ -242,8 +242,11 @@ Registry& Registry::global() {
 void Registry::add(KernelSpec spec) {
   if (!spec.predicate || !spec.run)
     throw Error("Registry::add: " + spec.name + " needs a predicate and a run function");
-  for (const auto& s : state_->specs)
+  for (const auto& s : state_->specs) {
     if (s->name == spec.name) throw Error("Registry::add: " + spec.name + " is already registered");
+    if (s->op == spec.op && s->call_type != spec.call_type)
+      throw Error("Registry::add: " + spec.name + " takes another call type than " + s->name + " of op " + spec.op);
+  }
   state_->specs.push_back(std::make_unique<KernelSpec>(std::move(spec)));
   g_dispatch_generation.fetch_add(1);
 }

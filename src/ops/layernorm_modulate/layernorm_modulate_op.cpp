@@ -5,11 +5,13 @@
 #include <unordered_map>
 
 #include "core/builtin_ops.h"
+#include "core/implementation.h"
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/layernorm_modulate.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "jit/kernel_family.h"
 #include "kernels/layernorm_modulate_params.h"
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 
@@ -239,7 +241,6 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
 
 namespace {
 
-const LayerNormModulateCall& as_call(const void* p) { return *static_cast<const LayerNormModulateCall*>(p); }
 
 // Register slots of a row per thread, rounded up to a few sizes so the number of compiled
 // variants stays small (FLUX/Qwen D=3072 -> 24 warp slots, GLM 4096 -> 32, Wan 5120 -> 10 CTA
@@ -408,46 +409,27 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
 }
 
 
-void run_jit(const void* p) {
-  const LayerNormModulateCall& c = as_call(p);
-  const int device = c.x.device.index;
-  const LnmKey key = key_for(c, device_info(c.x.device));
-  static jit::KernelMemo memo;
-  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
-                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(request_for(key), device); });
-  jit::bind_primary_context(device);
-  launch(c, key, kernel);
+Device device_of(const LayerNormModulateCall& c) { return c.x.device; }
+
+// One family per op of the three; they share the kernel, its key and the launch.
+const KernelFamily<LayerNormModulateCall, LnmKey>& kernels(LnModulateKind kind) {
+  auto make = [](LnModulateKind k) {
+    KernelFamily<LayerNormModulateCall, LnmKey> f;
+    f.op = kind_op(k);
+    f.device_tensor = k == LnModulateKind::qk_head ? "q" : "x";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = request_for;
+    f.launch = launch;
+    return f;
+  };
+  static const KernelFamily<LayerNormModulateCall, LnmKey> families[] = {
+      make(LnModulateKind::bf16_out), make(LnModulateKind::fp8_out), make(LnModulateKind::qk_head)};
+  return families[kind == LnModulateKind::bf16_out ? 0 : kind == LnModulateKind::fp8_out ? 1 : 2];
 }
 
-std::string cuda_predicate(const void* p, LnModulateKind kind, bool div_full) {
-  const LayerNormModulateCall& c = as_call(p);
-  if (c.kind != kind) return std::string("handles ") + kind_op(kind) + " only";
-  if (c.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
-  if (kind == LnModulateKind::fp8_out && (c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
-    return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
-  return "";
-}
-
-std::string cuda_availability() {
-  std::string why;
-  if (!jit::cuda_driver(&why)) return why;
-  if (jit::nvrtc_version(&why) == 0) return why;
-  return "";
-}
-
-std::string template_key_of(const void* p) {
-  const LayerNormModulateCall& c = as_call(p);
-  if (c.x.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, device_info(c.x.device)).to_string();
-}
-
-std::string run_op(const char* op, const LayerNormModulateCall& call) {
-  jit::bind_and_check_stream(op, "x", call.x.device, call.stream);
-  // Everything the specs' predicates and template keys read: the kernel key (op kind, fp8
-  // reciprocal, layout) and the device kind.
-  const DeviceInfo& device = device_info(call.x.device);
-  const uint64_t signature = key_for(call, device).packed() * 4 + static_cast<uint64_t>(call.x.device.kind) + 1;
-  return Registry::global().dispatch(op, &call, device, call.options.dispatch, signature).name;
+std::string run_op(const LayerNormModulateCall& call) {
+  return kernels(call.kind).dispatch(call, call.stream, call.options.dispatch);
 }
 
 }  // namespace
@@ -455,24 +437,23 @@ std::string run_op(const char* op, const LayerNormModulateCall& call) {
 std::string layernorm_modulate(const TensorView& x, const TensorView& scale, const TensorView& shift,
                                const TensorView& out, const LayerNormModulateOptions& options,
                                Stream stream) {
-  return run_op(kOpBf16, match_layernorm_modulate(x, scale, shift, out, options, stream));
+  return run_op(match_layernorm_modulate(x, scale, shift, out, options, stream));
 }
 
 std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale, const TensorView& shift,
                                    const TensorView& input_scale, const TensorView& out,
                                    const LayerNormModulateOptions& options, Stream stream) {
-  return run_op(kOpFp8, match_layernorm_modulate_fp8(x, scale, shift, input_scale, out, options, stream));
+  return run_op(match_layernorm_modulate_fp8(x, scale, shift, input_scale, out, options, stream));
 }
 
 std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
                               const TensorView& k_out, const LayerNormModulateOptions& options,
                               Stream stream) {
-  return run_op(kOpQk, match_qk_head_layernorm(q, k, q_out, k_out, options, stream));
+  return run_op(match_qk_head_layernorm(q, k, q_out, k_out, options, stream));
 }
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
-  return Registry::global().explain(kind_op(call.kind), &call, device_info(call.x.device),
-                                    call.options.dispatch);
+  return kernels(call.kind).explain(call, call.options.dispatch);
 }
 
 namespace {
@@ -564,33 +545,24 @@ void register_layernorm_modulate(Registry& registry) {
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";
   auto add_jit = [&](const char* op, const std::string& name, LnModulateKind kind, bool div_full,
                      int sm_min, Contract contract, std::string description) {
-    KernelSpec s;
-    s.op = op;
-    s.name = name;
-    s.provenance = Provenance::jit;
-    s.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
-    s.contract = std::move(contract);
-    s.description = std::move(description);
-    s.availability = [] { return cuda_availability(); };
-    s.predicate = [kind, div_full](const void* p) { return cuda_predicate(p, kind, div_full); };
-    s.template_key = template_key_of;
-    s.run = run_jit;
-    registry.add(std::move(s));
+    Implementation<LayerNormModulateCall> impl = jit_implementation(kernels(kind));
+    impl.name = name;
+    impl.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
+    impl.contract = std::move(contract);
+    impl.description = std::move(description);
+    if (kind == LnModulateKind::fp8_out)
+      impl.predicate = [div_full, cuda = impl.predicate](const LayerNormModulateCall& c) -> std::string {
+        if (std::string why = cuda(c); !why.empty()) return why;
+        if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
+          return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
+        return "";
+      };
+    add_implementation(registry, op, std::move(impl));
   };
   auto add_reference = [&](const char* op, Contract contract, std::string description) {
-    KernelSpec s;
-    s.op = op;
-    s.name = std::string(op) + ".reference";
-    s.provenance = Provenance::reference;
-    s.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
-    s.contract = std::move(contract);
-    s.description = std::move(description);
-    s.predicate = [](const void* p) -> std::string {
-      return as_call(p).x.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
-    };
-    s.template_key = [](const void*) { return std::string(); };
-    s.run = [](const void* p) { layernorm_modulate_reference(as_call(p)); };
-    registry.add(std::move(s));
+    add_implementation(registry, op,
+                       reference_implementation<LayerNormModulateCall>(op, device_of, layernorm_modulate_reference,
+                                                                       std::move(contract), std::move(description)));
   };
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
@@ -630,6 +602,8 @@ void register_layernorm_modulate(Registry& registry) {
                                 "differ by 1 bf16 ulp"),
                 "CPU reference of the per-head LayerNorm (aten statistics order)");
 }
+
+DITOPS_REGISTER_OP(register_layernorm_modulate);
 
 // The primitives' self-check kernel (tests): the request is public so the GPU test can build it.
 jit::KernelRequest aten_ln_selfcheck_request() {

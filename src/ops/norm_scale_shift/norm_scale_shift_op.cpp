@@ -6,11 +6,13 @@
 #include <vector>
 
 #include "core/builtin_ops.h"
+#include "core/implementation.h"
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/norm_scale_shift.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "jit/kernel_family.h"
 #include "kernels/norm_scale_shift_params.h"
 #include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
 
@@ -294,7 +296,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
 
 namespace {
 
-const NormScaleShiftCall& as_call(const void* p) { return *static_cast<const NormScaleShiftCall*>(p); }
+Device device_of(const NormScaleShiftCall& c) { return c.in.x.device; }
 
 bool wants_hardware_e2m1(const NormScaleShiftCall& c, const DeviceInfo& device) {
   if (c.quant != NssQuant::nvfp4) return false;
@@ -330,7 +332,8 @@ NssOperandParams operand_params(const NssOperand& op) {
   return p;
 }
 
-void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKernel& kernel, bool pdl) {
+void launch_norm_scale_shift(const NormScaleShiftCall& c, const NssKernelKey& key, const jit::LoadedKernel& kernel) {
+  const bool pdl = key.pdl;
   if (c.rows == 0) return;
   NormScaleShiftParams p{};
   p.x = c.in.x.data;
@@ -388,22 +391,8 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const jit::LoadedKerne
 }
 
 
-void run_jit(const void* p) {
-  const NormScaleShiftCall& c = as_call(p);
-  const int device = c.in.x.device.index;
-  const NssKernelKey key = key_for(c, device_info(c.in.x.device));
-  static jit::KernelMemo memo;
-  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
-                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(nss_kernel_request(key), device); });
-  jit::bind_primary_context(device);
-  launch_norm_scale_shift(c, kernel, key.pdl);
-}
-
-std::string cuda_predicate(const void* p, NssNumerics numerics) {
-  const NormScaleShiftCall& c = as_call(p);
-  if (c.in.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
-  if (c.options.numerics != numerics)
-    return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
+// An explicit e2m1=hardware on a device without the conversion is refused, not emulated.
+std::string e2m1_refusal(const NormScaleShiftCall& c) {
   const DeviceInfo& device = device_info(c.in.x.device);
   if (c.quant == NssQuant::nvfp4 && c.options.e2m1 == E2m1Conversion::hardware && !(device.features & kFeatureFp4Convert))
     return "e2m1=hardware needs cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_120a); this device is sm_" +
@@ -411,28 +400,32 @@ std::string cuda_predicate(const void* p, NssNumerics numerics) {
   return "";
 }
 
-std::string template_key_of(const void* p) {
-  const NormScaleShiftCall& c = as_call(p);
-  if (c.in.x.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, device_info(c.in.x.device)).to_string();
+const KernelFamily<NormScaleShiftCall, NssKernelKey>& kernels() {
+  static const KernelFamily<NormScaleShiftCall, NssKernelKey> family = [] {
+    KernelFamily<NormScaleShiftCall, NssKernelKey> f;
+    f.op = kOp;
+    f.device_tensor = "x";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = nss_kernel_request;
+    f.launch = launch_norm_scale_shift;
+    f.refusal = e2m1_refusal;
+    f.extra_signature = [](const NormScaleShiftCall& c) { return static_cast<uint64_t>(c.options.e2m1); };
+    f.extra_radix = 4;
+    return f;
+  }();
+  return family;
 }
 
 }  // namespace
 
 std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
                              const NormScaleShiftOptions& options, Stream stream) {
-  NormScaleShiftCall call = match_norm_scale_shift(inputs, outputs, options, stream);
-  const DeviceInfo& device = device_info(inputs.x.device);
-  jit::bind_and_check_stream(kOp, "x", inputs.x.device, stream);
-  // Everything the specs' predicates and template keys read: the kernel key (dtype, D, norm,
-  // numerics, outputs), the requested E2M1 conversion and the device kind.
-  const uint64_t signature = (key_for(call, device).packed() * 4 + static_cast<uint64_t>(options.e2m1)) * 4 +
-                             static_cast<uint64_t>(inputs.x.device.kind) + 1;
-  return Registry::global().dispatch(kOp, &call, device, options.dispatch, signature).name;
+  return kernels().dispatch(match_norm_scale_shift(inputs, outputs, options, stream), stream, options.dispatch);
 }
 
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
-  return Registry::global().explain(kOp, &call, device_info(call.in.x.device), call.options.dispatch);
+  return kernels().explain(call, call.options.dispatch);
 }
 
 namespace {
@@ -516,45 +509,32 @@ void register_norm_scale_shift(Registry& registry) {
                            "(checked against the CPU reference only; the chain itself is not available)")},
   };
   for (const Variant& v : variants) {
-    KernelSpec spec;
-    spec.op = kOp;
-    spec.name = v.name;
-    spec.provenance = Provenance::jit;
-    spec.capabilities = sm90_plus;
-    spec.contract = v.contract;
-    spec.description = std::string(v.numerics == NssNumerics::eager
+    Implementation<NormScaleShiftCall> impl = jit_implementation(kernels());
+    impl.name = v.name;
+    impl.capabilities = sm90_plus;
+    impl.contract = v.contract;
+    impl.description = std::string(v.numerics == NssNumerics::eager
                                        ? "a persistent 128-thread CTA per row (aten's layout)"
                                        : "one warp per row") +
                        ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
                        nss_numerics_name(v.numerics);
-    spec.availability = [] {
-      std::string why;
-      if (!jit::cuda_driver(&why)) return why;
-      if (jit::nvrtc_version(&why) == 0) return why;
-      return std::string();
+    impl.predicate = [numerics = v.numerics, cuda = impl.predicate](const NormScaleShiftCall& c) -> std::string {
+      if (c.in.x.device.kind == DeviceKind::cuda && c.options.numerics != numerics)
+        return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
+      return cuda(c);
     };
-    const NssNumerics numerics = v.numerics;
-    spec.predicate = [numerics](const void* p) { return cuda_predicate(p, numerics); };
-    spec.template_key = template_key_of;
-    spec.run = run_jit;
-    registry.add(std::move(spec));
+    add_implementation(registry, kOp, std::move(impl));
   }
 
-  KernelSpec ref;
-  ref.op = kOp;
-  ref.name = "norm_scale_shift.reference";
-  ref.provenance = Provenance::reference;
-  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
-  ref.contract = Contract::bit_exact(
-      "docs/norm_scale_shift.md operation order (the portable oracle; rsqrt, rcp.approx and div.full "
-      "correctly rounded)");
-  ref.description = "CPU reference, multithreaded over rows; both numerics, both norms, every output";
-  ref.predicate = [](const void* p) -> std::string {
-    return as_call(p).in.x.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
-  };
-  ref.template_key = [](const void*) { return std::string(); };
-  ref.run = [](const void* p) { norm_scale_shift_reference(as_call(p)); };
-  registry.add(std::move(ref));
+  add_implementation(
+      registry, kOp,
+      reference_implementation<NormScaleShiftCall>(
+          kOp, device_of, norm_scale_shift_reference,
+          Contract::bit_exact("docs/norm_scale_shift.md operation order (the portable oracle; rsqrt, rcp.approx and "
+                              "div.full correctly rounded)"),
+          "CPU reference, multithreaded over rows; both numerics, both norms, every output"));
 }
+
+DITOPS_REGISTER_OP(register_norm_scale_shift);
 
 }  // namespace ditops

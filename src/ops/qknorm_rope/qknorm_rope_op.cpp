@@ -4,11 +4,13 @@
 #include <unordered_map>
 
 #include "core/builtin_ops.h"
+#include "core/implementation.h"
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/qknorm_rope.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "jit/kernel_family.h"
 #include "kernels/qknorm_rope_params.h"
 #include "ops/qknorm_rope/qknorm_rope_kernels.h"
 
@@ -180,25 +182,16 @@ QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   return key;
 }
 
-const QkNormRopeCall& as_call(const void* p) { return *static_cast<const QkNormRopeCall*>(p); }
+Device device_of(const QkNormRopeCall& c) { return c.q.device; }
 
-std::string cuda_predicate(const void* p, bool rounded) {
-  const QkNormRopeCall& c = as_call(p);
-  if (c.q.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+std::string rounding_refusal(const QkNormRopeCall& c, bool rounded) {
   if ((c.options.rounding == QkRounding::rounded) != rounded)
     return std::string("handles rounding=") + (rounded ? "rounded" : "fp32") + " only";
   return "";
 }
 
-std::string cuda_availability(bool needs_nvrtc) {
-  std::string why;
-  if (!jit::cuda_driver(&why)) return why;
-  if (needs_nvrtc && jit::nvrtc_version(&why) == 0) return why;
-  return "";
-}
-
 // Fills the params and launches; `kernel` is resolved by the caller.
-void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel, bool pdl) {
+void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const jit::LoadedKernel& kernel) {
   if (c.num_tokens == 0 || c.num_q_heads + c.num_k_heads == 0) return;
   const int heads = c.num_q_heads + c.num_k_heads;
   const int heads_per_warp = 32 / (c.head_dim / 8);
@@ -241,52 +234,23 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const jit::LoadedKernel& kernel
   params.unit_chunk_step = static_cast<int>(warps % chunks_per_token);
   params.eps = c.options.eps;
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &params, sizeof params,
-              static_cast<CUstream>(c.stream), pdl);
+              static_cast<CUstream>(c.stream), key.pdl);
 }
 
 
-uint64_t memo_slot(const QkKernelKey& key, int device) { return key.packed() * 64 + device; }
-
-void run_jit(const void* p) {
-  const QkNormRopeCall& c = as_call(p);
-  const int device = c.q.device.index;
-  const QkKernelKey key = key_for(c, device_info(c.q.device));
-  static jit::KernelMemo memo;
-  const jit::LoadedKernel& kernel =
-      memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(qk_kernel_request(key), device); });
-  jit::bind_primary_context(device);
-  launch_qknorm_rope(c, kernel, key.pdl);
-}
-
-void run_aot(const void* p) {
-  const QkNormRopeCall& c = as_call(p);
-  const int device = c.q.device.index;
-  const QkKernelKey key = key_for(c, device_info(c.q.device));
-  static jit::KernelMemo memo;
-  const jit::LoadedKernel& kernel = memo.get(memo_slot(key, device), [&]() -> const jit::LoadedKernel& {
-    const jit::AotEntry* entry = jit::find_aot(qk_kernel_request(key).template_key);
-    if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
-    const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, kThreads, device);
-    if (!loaded) throw Error("the prebuilt fatbin has no image for sm_" + std::to_string(device_info(c.q.device).sm));
-    return *loaded;
-  });
-  jit::bind_primary_context(device);
-  launch_qknorm_rope(c, kernel, key.pdl);
-}
-
-std::string aot_predicate(const void* p, bool rounded) {
-  if (std::string why = cuda_predicate(p, rounded); !why.empty()) return why;
-  const QkNormRopeCall& c = as_call(p);
-  const QkKernelKey key = key_for(c, device_info(c.q.device));
-  if (!jit::find_aot(qk_kernel_request(key).template_key))
-    return "no prebuilt cubin for key " + key.to_string();
-  return "";
-}
-
-std::string template_key_of(const void* p) {
-  const QkNormRopeCall& c = as_call(p);
-  if (c.q.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, device_info(c.q.device)).to_string();
+const KernelFamily<QkNormRopeCall, QkKernelKey>& kernels() {
+  static const KernelFamily<QkNormRopeCall, QkKernelKey> family = [] {
+    KernelFamily<QkNormRopeCall, QkKernelKey> f;
+    f.op = kOp;
+    f.device_tensor = "q";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = qk_kernel_request;
+    f.launch = launch_qknorm_rope;
+    f.prebuilt_keys = qk_prebuilt_keys;
+    return f;
+  }();
+  return family;
 }
 
 }  // namespace
@@ -295,18 +259,11 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& k_weight, const TensorView& cos_sin_cache,
                         const TensorView& positions, const QkNormRopeOptions& options,
                         Stream stream) {
-  QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
-  const DeviceInfo& device = device_info(q.device);
-  jit::bind_and_check_stream(kOp, "q", q.device, stream);
-  // Everything the specs' predicates and template keys read: the kernel key (dtypes, sizes,
-  // flags, alignment) and the device kind.
-  const uint64_t signature = key_for(call, device).packed() * 4 + static_cast<uint64_t>(q.device.kind) + 1;
-  return Registry::global().dispatch(kOp, &call, device, options.dispatch, signature).name;
+  return kernels().dispatch(match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream),
+                            stream, options.dispatch);
 }
 
-DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) {
-  return Registry::global().explain(kOp, &call, device_info(call.q.device), call.options.dispatch);
-}
+DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return kernels().explain(call, call.options.dispatch); }
 
 namespace {
 
@@ -361,53 +318,42 @@ void register_qknorm_rope(Registry& registry) {
     const std::string suffix = rounded ? "" : "_fp32";
     const Contract contract = rounded ? Contract::bit_exact(eager_oracle)
                                       : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds);
-    KernelSpec aot;
-    aot.op = kOp;
+    auto only_this_rounding = [rounded](Implementation<QkNormRopeCall>& impl) {
+      impl.predicate = [rounded, cuda = impl.predicate](const QkNormRopeCall& c) {
+        if (std::string why = c.q.device.kind == DeviceKind::cuda ? rounding_refusal(c, rounded) : ""; !why.empty())
+          return why;
+        return cuda(c);
+      };
+    };
+    Implementation<QkNormRopeCall> aot = aot_implementation(kernels());
     aot.name = "qknorm_rope.aot" + suffix;
-    aot.provenance = Provenance::aot;
     aot.capabilities = prebuilt;
     aot.contract = contract;
     aot.description = std::string("prebuilt cubins (nvcc, embedded) of the fused kernel, rounding=") +
                       (rounded ? "rounded" : "fp32") + "; keys: see `ditops list --keys`";
-    aot.availability = [] {
-      if (jit::aot_entries().empty()) return std::string("built without prebuilt kernels");
-      return cuda_availability(false);
-    };
-    aot.predicate = [rounded](const void* p) { return aot_predicate(p, rounded); };
-    aot.template_key = template_key_of;
-    aot.run = run_aot;
-    registry.add(std::move(aot));
+    only_this_rounding(aot);
+    if (!rounded) aot.prebuilt = nullptr;  // one listing per key set: the keys carry their rounding
+    add_implementation(registry, kOp, std::move(aot));
 
-    KernelSpec jit_spec;
-    jit_spec.op = kOp;
-    jit_spec.name = "qknorm_rope.jit" + suffix;
-    jit_spec.provenance = Provenance::jit;
-    jit_spec.capabilities = sm80_plus;
-    jit_spec.contract = contract;
-    jit_spec.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
+    Implementation<QkNormRopeCall> jit_impl = jit_implementation(kernels());
+    jit_impl.name = "qknorm_rope.jit" + suffix;
+    jit_impl.capabilities = sm80_plus;
+    jit_impl.contract = contract;
+    jit_impl.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
                                        "exact arch (cubin cache in memory and on disk), rounding=") +
                            (rounded ? "rounded" : "fp32");
-    jit_spec.availability = [] { return cuda_availability(true); };
-    jit_spec.predicate = [rounded](const void* p) { return cuda_predicate(p, rounded); };
-    jit_spec.template_key = template_key_of;
-    jit_spec.run = run_jit;
-    registry.add(std::move(jit_spec));
+    only_this_rounding(jit_impl);
+    add_implementation(registry, kOp, std::move(jit_impl));
   }
 
-  KernelSpec ref;
-  ref.op = kOp;
-  ref.name = "qknorm_rope.reference";
-  ref.provenance = Provenance::reference;
-  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
-  ref.contract = Contract::bit_exact(
-      "docs/qknorm_rope.md operation order (the portable oracle; rsqrt correctly rounded)");
-  ref.description = "CPU reference, multithreaded over rows; both rounding modes and norm orders";
-  ref.predicate = [](const void* p) -> std::string {
-    return as_call(p).q.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
-  };
-  ref.template_key = [](const void*) { return std::string(); };
-  ref.run = [](const void* p) { qknorm_rope_reference(as_call(p)); };
-  registry.add(std::move(ref));
+  add_implementation(registry, kOp,
+                     reference_implementation<QkNormRopeCall>(
+                         kOp, device_of, qknorm_rope_reference,
+                         Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt "
+                                             "correctly rounded)"),
+                         "CPU reference, multithreaded over rows; both rounding modes and norm orders"));
 }
+
+DITOPS_REGISTER_OP(register_qknorm_rope);
 
 }  // namespace ditops

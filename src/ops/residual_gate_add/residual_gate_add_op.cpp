@@ -5,11 +5,13 @@
 #include <unordered_map>
 
 #include "core/builtin_ops.h"
+#include "core/implementation.h"
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/residual_gate_add.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
+#include "jit/kernel_family.h"
 #include "kernels/residual_gate_add_params.h"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 
@@ -184,7 +186,7 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
 
 namespace {
 
-const ResidualGateAddCall& as_call(const void* p) { return *static_cast<const ResidualGateAddCall*>(p); }
+Device device_of(const ResidualGateAddCall& c) { return c.residual.device; }
 
 // Token tiles of the transposed kernel: chunked lines reach up to kElems - 1 tokens before their
 // tile, so one more tile may be needed at the end (kernels/residual_gate_add.cuh).
@@ -290,49 +292,40 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
 }
 
 
-void run_jit(const void* p) {
-  const ResidualGateAddCall& c = as_call(p);
-  if (c.numel == 0) return;  // nothing to do: no compile either
-  const int device = c.residual.device.index;
-  const RgaKernelKey key = key_for(c, device_info(c.residual.device));
-  static jit::KernelMemo memo;
-  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(device),
-                                             [&]() -> const jit::LoadedKernel& { return jit::jit_kernel(rga_kernel_request(key), device); });
-  jit::bind_primary_context(device);
-  launch_residual_gate_add(c, key, kernel);
-}
-
-std::string cuda_predicate(const void* p) {
-  const ResidualGateAddCall& c = as_call(p);
-  if (c.residual.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+std::string grid_refusal(const ResidualGateAddCall& c) {
   if (!transposed_grid_fits(c))
     return "transposed grid of " + std::to_string(transposed_blocks(c)) + " tiles exceeds 2^31-1 blocks";
   return "";
 }
 
-std::string template_key_of(const void* p) {
-  const ResidualGateAddCall& c = as_call(p);
-  if (c.residual.device.kind != DeviceKind::cuda) return "";
-  return key_for(c, device_info(c.residual.device)).to_string();
+const KernelFamily<ResidualGateAddCall, RgaKernelKey>& kernels() {
+  static const KernelFamily<ResidualGateAddCall, RgaKernelKey> family = [] {
+    KernelFamily<ResidualGateAddCall, RgaKernelKey> f;
+    f.op = kOp;
+    f.device_tensor = "residual";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = rga_kernel_request;
+    f.launch = launch_residual_gate_add;
+    f.nothing_to_do = [](const ResidualGateAddCall& c) { return c.numel == 0; };
+    f.refusal = grid_refusal;
+    f.extra_signature = [](const ResidualGateAddCall& c) -> uint64_t { return transposed_grid_fits(c); };
+    f.extra_radix = 2;
+    return f;
+  }();
+  return family;
 }
 
 }  // namespace
 
 std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
                               const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
-  ResidualGateAddCall call = match_residual_gate_add(residual, update, gate, out, options, stream);
-  const DeviceInfo& device = device_info(residual.device);
-  jit::bind_and_check_stream(kOp, "residual", residual.device, stream);
-  // Everything the specs' predicates and template keys read: the kernel key (dtype, gate mode,
-  // layout, alignment, tile), whether a transposed grid fits, and the device kind.
-  const bool grid_fits = transposed_grid_fits(call);
-  const uint64_t signature =
-      (key_for(call, device).packed() * 2 + grid_fits) * 4 + static_cast<uint64_t>(residual.device.kind) + 1;
-  return Registry::global().dispatch(kOp, &call, device, options.dispatch, signature).name;
+  return kernels().dispatch(match_residual_gate_add(residual, update, gate, out, options, stream), stream,
+                            options.dispatch);
 }
 
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
-  return Registry::global().explain(kOp, &call, device_info(call.residual.device), call.options.dispatch);
+  return kernels().explain(call, call.options.dispatch);
 }
 
 namespace {
@@ -367,39 +360,22 @@ void register_residual_gate_add(Registry& registry) {
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";
-  KernelSpec jit_spec;
-  jit_spec.op = kOp;
-  jit_spec.name = "residual_gate_add.jit";
-  jit_spec.provenance = Provenance::jit;
-  jit_spec.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-  jit_spec.contract = Contract::bit_exact(oracle);
-  jit_spec.description =
+  Implementation<ResidualGateAddCall> jit_impl = jit_implementation(kernels());
+  jit_impl.name = "residual_gate_add.jit";
+  jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  jit_impl.contract = Contract::bit_exact(oracle);
+  jit_impl.description =
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
       "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
-  jit_spec.availability = [] {
-    std::string why;
-    if (!jit::cuda_driver(&why)) return why;
-    if (jit::nvrtc_version(&why) == 0) return why;
-    return std::string();
-  };
-  jit_spec.predicate = cuda_predicate;
-  jit_spec.template_key = template_key_of;
-  jit_spec.run = run_jit;
-  registry.add(std::move(jit_spec));
+  add_implementation(registry, kOp, std::move(jit_impl));
 
-  KernelSpec ref;
-  ref.op = kOp;
-  ref.name = "residual_gate_add.reference";
-  ref.provenance = Provenance::reference;
-  ref.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
-  ref.contract = Contract::bit_exact(oracle + "; the portable oracle, compiled without FP contraction");
-  ref.description = "CPU reference: every tensor walked through its own strides, the gate by broadcast";
-  ref.predicate = [](const void* p) -> std::string {
-    return as_call(p).residual.device.kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
-  };
-  ref.template_key = [](const void*) { return std::string(); };
-  ref.run = [](const void* p) { residual_gate_add_reference(as_call(p)); };
-  registry.add(std::move(ref));
+  add_implementation(registry, kOp,
+                     reference_implementation<ResidualGateAddCall>(
+                         kOp, device_of, residual_gate_add_reference,
+                         Contract::bit_exact(oracle + "; the portable oracle, compiled without FP contraction"),
+                         "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
+
+DITOPS_REGISTER_OP(register_residual_gate_add);
 
 }  // namespace ditops
