@@ -214,7 +214,8 @@ GenericCall make_call(const Prepared& p, const std::vector<void*>& data, Device 
   return call;
 }
 
-Prepared prepare(const OpCase& c) {
+// fill = false: the layout only (no contents), for the JSON table.
+Prepared prepare(const OpCase& c, bool fill = true) {
   Prepared p;
   p.op = &op(c.op);
   p.tensors = c.tensors;
@@ -276,14 +277,14 @@ Prepared prepare(const OpCase& c) {
         for (size_t d = 0; d < tc.shape.size(); ++d) last += (tc.shape[d] - 1) * tc.strides[d];
       }
       buf.body = std::max(buf.body, static_cast<size_t>(last + 1) * dtype_size(tc.dtype));
-      if (!p.written[t]) buf.pure_output = false;
+      if (p.slot(t).role != TensorRole::out) buf.pure_output = false;
     }
     const TensorCase& owner = p.tensors[buf.owner];
+    if (!fill) continue;
     buf.initial.assign(kGuard + buf.body + kGuard, kSentinel);
-    Fill fill = owner.fill.value_or(p.written[buf.owner] && buf.pure_output ? Fill::sentinel() : Fill::normal());
-    if (fill.kind == Fill::Kind::sentinel) buf.pure_output = true;
+    const Fill f = owner.fill.value_or(buf.pure_output ? Fill::sentinel() : Fill::normal());
     fill_buffer(buf.initial.data() + kGuard, static_cast<int64_t>(buf.body / dtype_size(owner.dtype)), owner.dtype,
-                fill, c.seed * 7919u + name_hash(owner.name));
+                f, c.seed * 7919u + name_hash(owner.name));
   }
   return p;
 }
@@ -679,7 +680,7 @@ std::string cases_json() {
   for (const OpCase& c : cases()) {
     Prepared p;
     try {
-      p = prepare(c);
+      p = prepare(c, false);
     } catch (const std::exception&) {
       continue;  // the C++ test reports it
     }
@@ -694,7 +695,7 @@ std::string cases_json() {
     out += "}, \"tensors\": [";
     for (size_t t = 0; t < p.tensors.size(); ++t) {
       const TensorCase& tc = p.tensors[t];
-      const Fill f = tc.fill.value_or(p.written[t] ? Fill::sentinel() : Fill::normal());
+      const Fill f = tc.fill.value_or(p.slot(t).role == TensorRole::out ? Fill::sentinel() : Fill::normal());
       out += std::string(t ? ",\n  " : "\n  ") + "{\"name\": " + q(tc.name) + ", \"dtype\": " + q(dtype_name(tc.dtype)) +
              ", \"shape\": [" + join(tc.shape) + "], \"strides\": [" + join(tc.strides) + "], \"storage\": " +
              q(tc.storage) + ", \"offset\": " + std::to_string(tc.offset) + ", \"written\": " +
