@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/op_builder.h"
 #include "ditops/op.h"
 
@@ -134,6 +135,25 @@ std::string call(const std::string& op_name, const GenericCall& c, Stream stream
 }
 
 DispatchReport explain(const std::string& op_name, const GenericCall& c) { return op(op_name).explain(c); }
+
+DispatchReport explain(const std::string& op_name, const GenericCall& c, const DeviceInfo& simulated) {
+  const OpDescription& d = op(op_name);
+  if (simulated.device.kind != DeviceKind::cuda)
+    throw Error(d.name + ": a simulated device must be a CUDA device but is " + device_name(simulated.device));
+  for (size_t i = 0; i < c.tensors.size() && i < c.given.size(); ++i)
+    if (c.given[i] && c.tensors[i].device.kind != DeviceKind::cuda)
+      throw Error(d.name + ": explain on a simulated sm_" + std::to_string(simulated.sm) + " needs CUDA tensors but " +
+                  (i < d.tensors.size() ? d.tensors[i].name : std::to_string(i)) + " is on " +
+                  device_name(c.tensors[i].device));
+  DispatchReport report;
+  {
+    SimulatedDeviceScope scope(simulated);
+    report = d.explain(c);
+  }
+  report.device += " simulated, " + std::to_string(simulated.multiprocessors) + " SMs, features " +
+                   (simulated.features ? feature_names(simulated.features) : std::string("none"));
+  return report;
+}
 
 // ---------------------------------------------------------------- output shapes
 
