@@ -157,6 +157,10 @@ TEST(CliHostile, HelpUnknownOptionsAndBadValues) {
   expect_error("cache clear --dry-run", "cache: unknown option --dry-run (no options)");
   expect_error("cache clear --dry-run yes", "cache: unknown option --dry-run (no options)");
   expect_error("cache clear everything", "cache: expected 'list' or 'clear' alone but got 'everything'");
+  // Sizes whose tensors cannot have distinct addresses: refused as such, not as an overlap.
+  expect_error("explain qknorm_rope --shape 999999999999999,24,24,128 --device cpu",
+               "qknorm_rope: the tensors of this call would take more than 2^56 bytes (q has 3 dims of sizes "
+               "999999999999999,24,128)");
   const CliRun rga = cli("explain residual_gate_add --device cpu");
   EXPECT_EQ(rga.status, 0) << rga.out;
   EXPECT_NE(rga.out.find("* residual_gate_add.reference"), std::string::npos) << rga.out;

@@ -309,6 +309,7 @@ int cmd_explain(const Args& a) {
         throw Error(std::string(flag) + " takes optional tensors of " + d.name + " but has '" + item + "'");
 
   // Inputs first (outputs' presence reads them), each at its own fake address.
+  __int128 next_fake = __int128{1} << 40;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < d.tensors.size(); ++i) {
       const TensorSlot& t = d.tensors[i];
@@ -327,8 +328,19 @@ int cmd_explain(const Args& a) {
       }
       DType dt;
       if (!parse_dtype(dt_name, &dt)) throw Error("--dtype: '" + dt_name + "' is not a dtype (bf16, f16, f32, ...)");
-      void* fake = reinterpret_cast<void*>((uintptr_t{1} << 40) + (uintptr_t{i} << 34));
-      c.tensors[i] = TensorView::contiguous(fake, dt, dev, symbolic_shape(t.shape, dims));
+      // Fake addresses one after the other, so that no two tensors overlap whatever the sizes.
+      const std::vector<int64_t> shape = symbolic_shape(t.shape, dims);
+      __int128 bytes = static_cast<__int128>(dtype_size(dt));
+      for (int64_t e : shape) bytes *= e > 0 ? e : 1;
+      if (bytes > (__int128{1} << 56) || next_fake + bytes > (__int128{1} << 60))
+        throw Error(d.name + ": the tensors of this call would take more than 2^56 bytes (" + t.name + " has " +
+                    std::to_string(shape.size()) + " dims of sizes " + [&] {
+                      std::string list;
+                      for (int64_t e : shape) list += (list.empty() ? "" : ",") + std::to_string(e);
+                      return list;
+                    }() + ")");
+      c.tensors[i] = TensorView::contiguous(reinterpret_cast<void*>(static_cast<uintptr_t>(next_fake)), dt, dev, shape);
+      next_fake += (bytes + 4095) / 4096 * 4096;
       c.given[i] = true;
     }
   }
