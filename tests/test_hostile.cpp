@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "ditops/dlpack.h"
 #include "ditops/layernorm_modulate.h"
 #include "ditops/norm_scale_shift.h"
+#include "ditops/op.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/residual_gate_add.h"
 
@@ -287,6 +289,31 @@ TEST(HostileShapes, ByteRangeCountsNegativeStrides) {
   EXPECT_TRUE(memory_overlaps(t, second));
   t.shape[0] = 0;
   EXPECT_FALSE(memory_overlaps(t, second));
+}
+
+TEST(HostileShapes, ContiguousViewsOfHugeShapesAreDefinedAndRefused) {
+  // The stride and element-count products wrap instead of overflowing (signed overflow is
+  // undefined; libFuzzer's UBSan found it); the matcher refuses the view by its element count.
+  Buf small(DType::f32, {4});
+  const int64_t huge[2] = {int64_t{1} << 60, 64};
+  const TensorView x = TensorView::contiguous(small.view.data, DType::f32, kCpu, huge, 2);
+  EXPECT_EQ(x.strides[0], 64);
+  (void)x.numel();
+  (void)x.span_bytes();
+  (void)x.is_contiguous();
+  const int64_t huge3[3] = {int64_t{1} << 60, 64, 4};
+  const TensorView y = TensorView::contiguous(small.view.data, DType::f32, kCpu, huge3, 3);
+  expect_error([&] { residual_gate_add(y, y, y, y); }, {"residual", "more than 2^63 elements"});
+}
+
+TEST(HostileShapes, SymbolicShapeProductsThatOverflowAreErrors) {
+  // The CLI's --shape and the output rules evaluate products of dims ("B*S", up128(...)).
+  const std::vector<std::pair<std::string, int64_t>> dims = {{"B", int64_t{1} << 40}, {"S", int64_t{1} << 40}};
+  expect_error([&] { symbolic_shape("B*S", dims); }, {"shape 'B*S': the product overflows int64"});
+  expect_error([&] { symbolic_shape("up128(B*B/2*S)", dims); }, {"overflows int64"});
+  const std::vector<std::pair<std::string, int64_t>> top = {{"M", std::numeric_limits<int64_t>::max()}};
+  expect_error([&] { symbolic_shape("up128(M)", top); }, {"up128 overflows int64"});
+  EXPECT_EQ(symbolic_shape("up128(B/1024/1024/1024)", dims), std::vector<int64_t>{1024});
 }
 
 // ---------------------------------------------------------------- the C ABI

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "core/device.h"
@@ -201,10 +202,12 @@ class ShapeExpr {
     int64_t v = term();
     for (;;) {
       if (eat('*')) {
-        v *= term();
+        const int64_t w = term();
+        if (__builtin_mul_overflow(v, w, &v)) fail("the product overflows int64");
       } else if (eat('/')) {
         const int64_t d = term();
         if (d == 0) fail("division by zero");
+        if (d == -1 && v == std::numeric_limits<int64_t>::min()) fail("the quotient overflows int64");
         v /= d;
       } else {
         return v;
@@ -235,15 +238,19 @@ class ShapeExpr {
     eat('(');
     int64_t v = 0;
     if (w == "up128") {
-      v = (expr() + 127) / 128 * 128;
+      v = expr();
+      if (v > std::numeric_limits<int64_t>::max() - 127) fail("up128 overflows int64");
+      v = (v + 127) / 128 * 128;
     } else {
-      const TensorView& t = named(word());
+      const std::string tensor = word();
+      const TensorView& t = named(tensor);
       if (t.rank == 0) fail("tensor has rank 0");
       if (w == "last") {
         v = t.shape[t.rank - 1];
       } else if (w == "rows") {
         v = 1;
-        for (int d = 0; d + 1 < t.rank; ++d) v *= t.shape[d];
+        for (int d = 0; d + 1 < t.rank; ++d)
+          if (__builtin_mul_overflow(v, t.shape[d], &v)) fail("rows(" + tensor + ") overflows int64");
       } else {
         fail("unknown function " + w);
       }
