@@ -204,7 +204,7 @@ void mutate(Reader& r, Placed& p) {
           int64_t s = 1;
           for (int i = t.ndim - 1; i >= 0 && t.ndim <= kMaxRank; --i) {
             p.strides[i] = s;
-            s *= p.shape[i] > 0 ? p.shape[i] : 1;
+            s = static_cast<int64_t>(static_cast<uint64_t>(s) * static_cast<uint64_t>(p.shape[i] > 0 ? p.shape[i] : 1));
           }
           t.strides = p.strides;
         }
@@ -221,7 +221,8 @@ void mutate(Reader& r, Placed& p) {
       case 7: t.data = nullptr; break;
       case 8: t.data = reinterpret_cast<void*>(static_cast<uintptr_t>(hostile(r))); break;
       default:  // the last extent grown by one: the view reaches the next tensor (or the guard page)
-        if (t.ndim > 0 && t.ndim <= kMaxRank) ++p.shape[t.ndim - 1];
+        if (t.ndim > 0 && t.ndim <= kMaxRank && p.shape[t.ndim - 1] < std::numeric_limits<int64_t>::max())
+          ++p.shape[t.ndim - 1];
         break;
     }
   }
@@ -319,18 +320,19 @@ void run_c_abi(const uint8_t* data, size_t size) {
       p.t.device = {kDLCPU, 0};
       // placement
       const uint8_t where = r.u8();
-      int64_t bytes = static_cast<int64_t>(element_bytes(p.t.dtype) ? element_bytes(p.t.dtype) : 1);
-      for (int64_t s : shape) bytes = s > 0 && bytes < (int64_t{1} << 40) ? bytes * s : bytes;
+      __int128 bytes = static_cast<__int128>(element_bytes(p.t.dtype) ? element_bytes(p.t.dtype) : 1);
+      for (int64_t s : shape) bytes = s > 0 && bytes < (__int128{1} << 40) ? bytes * s : bytes;
       std::vector<size_t> earlier;
       for (size_t k = 0; k < i; ++k)
         if (present[k]) earlier.push_back(k);
       if (where < 224 || earlier.empty()) {
         next = (next + 63) / 64 * 64;
         p.t.data = arena() + std::min(next, kArenaBytes);
-        next += static_cast<size_t>(std::min<int64_t>(bytes, kArenaBytes));
+        next += static_cast<size_t>(std::min<__int128>(bytes, kArenaBytes));
       } else {
         const Placed& other = placed[earlier[static_cast<size_t>(r.pick(static_cast<int64_t>(earlier.size())))]];
-        p.t.data = static_cast<uint8_t*>(other.t.data) + (where % 2 ? 0 : r.u8() % 48);
+        // Address arithmetic on integers: the other tensor's data may be NULL or arbitrary.
+        p.t.data = reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(other.t.data) + (where % 2 ? 0 : r.u8() % 48));
       }
       mutate(r, p);
       present[i] = true;
@@ -453,6 +455,14 @@ std::vector<std::vector<uint8_t>> c_abi_seed_corpus() {
   // out aliasing residual (placement 225: the first earlier tensor, offset 0): in place is refused
   // and nothing is written.
   seeds.push_back({rga, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 225, 0, 0});
+  // libFuzzer (harness): aliasing a tensor whose data is NULL, then a view of it.
+  seeds.push_back({0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf,
+                   0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0xcf, 0x21, 0x01, 0xfc,
+                   0xb2, 0xe4, 0x0c, 0x0c, 0x0c, 0x0c, 0x10, 0x03, 0xe9, 0x00, 0x00, 0x40, 0xe9});
+  // libFuzzer: an output shape of [2^60, 64] (dims from the bytes) overflowed
+  // TensorView::contiguous's stride product (signed overflow; now wrapping, refused by the matcher).
+  seeds.push_back({0x2e, 0x48, 0x71, 0xff, 0xff, 0xff, 0xff, 0xff, 0x72, 0x65, 0x66,
+                   0x65, 0x72, 0x65, 0x6e, 0x63, 0x65, 0xff, 0xff, 0xff, 0xff, 0x24});
   return seeds;
 }
 
