@@ -74,26 +74,18 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Refuses flags the command does not know (a typo must not run the default silently).
+// Refuses flags the command does not know (a typo must not run the default silently), then a
+// known flag given last without its value.
 void require_known_flags(const Args& a, const std::vector<std::string>& known, const std::string& command) {
-  for (const auto& [flag, value] : a.flags) {
-    bool ok = false;
-    for (const auto& k : known) ok = ok || k == flag;
-    if (ok) continue;
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
+  auto refuse_unknown = [&](const std::string& flag) {
+    if (std::find(known.begin(), known.end(), flag) != known.end()) return;
     throw Error(command + ": unknown option " + flag + (list.empty() ? " (no options)" : " (options: " + list + ")"));
-  }
-  for (const auto& flag : a.missing_value) {
-    bool ok = false;
-    for (const auto& k : known) ok = ok || k == flag;
-    if (!ok) {
-      std::string list;
-      for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
-      throw Error(command + ": unknown option " + flag + (list.empty() ? " (no options)" : " (options: " + list + ")"));
-    }
-    throw Error(command + ": option " + flag + " needs a value");
-  }
+  };
+  for (const auto& [flag, value] : a.flags) refuse_unknown(flag);
+  for (const auto& flag : a.missing_value) refuse_unknown(flag);
+  if (!a.missing_value.empty()) throw Error(command + ": option " + a.missing_value[0] + " needs a value");
 }
 
 std::string availability_of(const KernelSpec& s) {
