@@ -1,15 +1,15 @@
 # Prebuilt (aot) kernels: the generator writes one CUDA unit with an extern "C" entry per
 # prebuilt template key, nvcc compiles it into one fatbin (sm_90a, sm_100a, sm_120a), and the
-# fatbin is embedded in libditops with its key table. Without nvcc the table is empty and the
+# fatbin is embedded in libditops with its key table. Without nvcc (or with DITOPS_BUILD_AOT=OFF)
+# the library takes the empty table tools/aot_table_empty.cpp, and the
 # aot entries report "built without prebuilt kernels".
-add_executable(ditops_aotgen tools/aotgen.cpp tools/aot_table_empty.cpp $<TARGET_OBJECTS:ditops_objects>)
-target_include_directories(ditops_aotgen PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src
-                           ${CMAKE_SOURCE_DIR})
-target_link_libraries(ditops_aotgen PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
-
 set(DITOPS_AOT_TABLE ${CMAKE_BINARY_DIR}/generated/aot_table.cpp)
 find_program(DITOPS_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
 if(DITOPS_BUILD_AOT AND DITOPS_NVCC)
+  add_executable(ditops_aotgen tools/aotgen.cpp tools/aot_table_empty.cpp $<TARGET_OBJECTS:ditops_objects>)
+  target_include_directories(ditops_aotgen PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src
+                             ${CMAKE_SOURCE_DIR})
+  target_link_libraries(ditops_aotgen PRIVATE Threads::Threads ${CMAKE_DL_LIBS})
   set(aot_cu ${CMAKE_BINARY_DIR}/generated/aot_kernels.cu)
   set(aot_fatbin ${CMAKE_BINARY_DIR}/generated/aot_kernels.fatbin)
   set(gencode "")
@@ -30,9 +30,7 @@ if(DITOPS_BUILD_AOT AND DITOPS_NVCC)
     DEPENDS ditops_aotgen ${aot_fatbin} COMMENT "Embedding the prebuilt fatbin")
   message(STATUS "ditops: prebuilt kernels for ${DITOPS_AOT_ARCHS} with ${DITOPS_NVCC}")
 else()
-  add_custom_command(OUTPUT ${DITOPS_AOT_TABLE}
-    COMMAND ditops_aotgen empty ${DITOPS_AOT_TABLE}
-    DEPENDS ditops_aotgen COMMENT "No prebuilt kernels")
+  set(DITOPS_AOT_TABLE ${CMAKE_SOURCE_DIR}/tools/aot_table_empty.cpp)
   message(STATUS "ditops: built without prebuilt kernels")
 endif()
 target_sources(ditops PRIVATE ${DITOPS_AOT_TABLE})

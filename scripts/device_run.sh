@@ -36,7 +36,9 @@
 #                                        tree's build-dev ("B"), then each op's bench run for every
 #                                        version in turn, twice, without its checks
 #                                        (DITOPS_BENCH_CASES / DITOPS_BENCH_IMPLS select cases and
-#                                        implementations: bench/torch_bench_common.py)
+#                                        implementations: bench/torch_bench_common.py);
+#                                        AB_FULL=1: each DIR is a whole tree (e.g. `git archive`
+#                                        of an earlier commit), for host-code changes
 set -uo pipefail
 case "${1:-}" in
   verify|bench|gpu|ab) PHASE=$1; shift ;;
@@ -47,7 +49,8 @@ if [ "$PHASE" = ab ]; then
   while [ $# -gt 0 ] && [ -d "$1/kernels" ]; do AB_DIRS+=("$(cd "$1" && pwd)"); shift; done
   [ ${#AB_DIRS[@]} -gt 0 ] || { echo "ab needs DIR... with DIR/kernels"; exit 2; }
 fi
-OPS=${*:-qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift}
+# Every op with a PyTorch benchmark (bench/<op>_torch.py), unless named.
+OPS=${*:-$(ls bench/*_torch.py | sed 's#^bench/##; s#_torch\.py$##' | tr '\n' ' ')}
 OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -86,7 +89,11 @@ for i in "${!AB_DIRS[@]}"; do  # tree i: this one with DIR i's kernels, the libr
   tree=/tmp/ab-tree-$i
   rm -rf $tree && mkdir -p $tree
   tar --exclude='./build*' --exclude=./.git --exclude=./.deps --exclude=./.whl --exclude=./.base -cf - . | tar -C $tree -xf -
-  rm -rf $tree/kernels && cp -r "${AB_DIRS[$i]}/kernels" $tree/kernels
+  if [ "${AB_FULL:-0}" = 1 ]; then  # the whole tree of DIR (host code changed, not only kernels)
+    rm -rf $tree && mkdir -p $tree && (cd "${AB_DIRS[$i]}" && tar --exclude='./build*' -cf - .) | tar -C $tree -xf -
+  else
+    rm -rf $tree/kernels && cp -r "${AB_DIRS[$i]}/kernels" $tree/kernels
+  fi
   ( cmake -S $tree -B build-ab-$i -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_PYTHON=OFF -DDITOPS_BUILD_TESTS=OFF \
       -DDITOPS_BUILD_AOT=OFF > "$OUT/build_ab$i.log" 2>&1 && cmake --build build-ab-$i -j 6 --target ditops >> "$OUT/build_ab$i.log" 2>&1 ) &
   AB_PIDS+=($!)
@@ -166,7 +173,7 @@ elif [ "$PHASE" = verify ]; then
 
   echo "== C++ benchmarks (cold L2, median, copy fraction)"
   : > "$OUT/bench_cpp.txt"
-  for op in qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift; do
+  for op in $OPS; do
     build-dev/ditops bench $op --reps 100 --commit "$COMMIT" --json "$TMP/cpp_$op.json" 2>&1 | tee -a "$OUT/bench_cpp.txt"
   done
   merge_json "$OUT/bench_cpp.json" "$TMP"/cpp_*.json
@@ -174,7 +181,7 @@ elif [ "$PHASE" = verify ]; then
   echo "== bit-exactness against the PyTorch eager chain (torch.equal), graphs, streams"
   : > "$OUT/torch.txt"
   PY_RC=0
-  for op in qknorm_rope residual_gate_add layernorm_modulate norm_scale_shift; do
+  for op in $OPS; do
     echo "---- $op" | tee -a "$OUT/torch.txt"
     timeout 400 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/verify_$op.json" --skip-bench \
       >> "$OUT/torch.txt" 2>&1 || PY_RC=1

@@ -104,6 +104,23 @@ TEST(CliBench, NumericFlagsAreCheckedBeforeLookingForAGpu) {
   expect_error("bench residual_gate_add extra", "bench: name one op, one of: ");
 }
 
+// An op without a benchmark of its own gets the generic one from the op table: explain's sizing
+// flags, checked before the GPU is looked for.
+TEST(CliBench, EveryDescribedOpHasABenchWithTheTableFlags) {
+  expect_error("bench qk_head_layernorm --rep 3", "bench qk_head_layernorm: unknown option --rep");
+  expect_error("bench qk_head_layernorm --reps 0", "bench qk_head_layernorm: --reps must be an integer");
+  expect_error("bench qk_head_layernorm --dims Q=5", "--dims: qk_head_layernorm has no dim 'Q'");
+  expect_error("bench no_such_op", "unknown op 'no_such_op' (known: ");
+  const CliRun r = cli("bench qk_head_layernorm --reps 2 --dims S=8");
+  if (r.out.find("needs a CUDA GPU") != std::string::npos) {
+    EXPECT_EQ(r.status, 0) << r.out;  // no GPU here: a notice, not a failure
+  } else {
+    EXPECT_EQ(r.status, 0) << r.out;
+    EXPECT_NE(r.out.find("qk_head_layernorm.jit"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("device_copy"), std::string::npos) << r.out;
+  }
+}
+
 // ---------------------------------------------------------------- list
 
 std::vector<std::string> lines_of(const std::string& text) {

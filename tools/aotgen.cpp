@@ -1,7 +1,6 @@
 // Build-time generator of the prebuilt (aot) kernels.
 //   ditops_aotgen source OUT.cu            the wrapper unit nvcc compiles into one fatbin
 //   ditops_aotgen table OUT.cpp FATBIN     the key -> entry table with the fatbin embedded
-//   ditops_aotgen empty OUT.cpp            an empty table (built without nvcc or AOT)
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -28,10 +27,10 @@ std::string entry_name(size_t i) { return "ditops_aot_" + std::to_string(i); }
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if ((mode == "source" || mode == "empty") && argc == 3) {
+  if (mode == "source" && argc == 3) {
   } else if (mode == "table" && argc == 4) {
   } else {
-    std::cerr << "usage: ditops_aotgen source OUT.cu | table OUT.cpp FATBIN | empty OUT.cpp\n";
+    std::cerr << "usage: ditops_aotgen source OUT.cu | table OUT.cpp FATBIN\n";
     return 2;
   }
   std::ofstream out(argv[2], std::ios::binary);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "ditops/op.h"
 #include "ditops/tensor.h"
 #include "jit/cuda_driver.h"
 #include "tools/cli_common.h"
@@ -90,5 +91,9 @@ struct BenchRegistration {
   BenchRegistration(const char* op, BenchFunction fn);
 };
 const std::vector<std::pair<std::string, BenchFunction>>& bench_commands();
+
+// Any other described op: one call from the op table timed for every CUDA implementation
+// (tools/bench_table.cpp).
+int run_table_bench(const OpDescription& op, const Args& args);
 
 }  // namespace ditops::cli

@@ -15,6 +15,7 @@
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "tools/bench_common.h"
+#include "tools/table_call.h"
 
 namespace ditops::cli {
 
@@ -53,7 +54,9 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
                                 the reference (the README's first command)
   bench <op> [--reps N (1..100000, default 50)] [--json PATH] [--commit SHA]
           [--host-only (qknorm_rope)]
-                                model shapes: us, GB/s, fraction of a device copy (needs a GPU)
+                                model shapes: us, GB/s, fraction of a device copy (needs a GPU);
+                                an op without a benchmark of its own takes explain's sizing
+                                flags and times one call from the op table
 )";
 
 // Flags that take no value; every other --flag takes exactly one.
@@ -199,81 +202,17 @@ Device parse_device(const std::string& s) {
   throw Error("--device must be cpu or cuda:N but is '" + s + "'");
 }
 
-int64_t parse_size(const std::string& flag, const std::string& name, const std::string& text) {
-  if (text.empty() || text.size() > 15 || text.find_first_not_of("0123456789") != std::string::npos)
-    throw Error(flag + ": " + name + " must be a non-negative integer but is '" + text + "'");
-  return std::stoll(text);
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, sep);) out.push_back(item);
-  return out;
-}
-
-// The explain call of any op: tensors built from the op's symbolic shapes over fake addresses
-// (explain reads no memory), options from --<option> flags.
+// The explain call of any op: tensors built from the op table over fake addresses (explain reads
+// no memory), one after the other so that no two overlap whatever the sizes.
 int cmd_explain(const Args& a) {
   std::string ops;
   for (const OpDescription* d : op_descriptions()) ops += (ops.empty() ? "" : ", ") + d->name;
   if (a.words.size() != 2) throw Error("explain: name one op (" + ops + ")");
   const OpDescription& d = op(a.words[1]);
-  std::vector<std::string> known = {"--shape", "--dims", "--dtype", "--with", "--without", "--device", "--backend",
-                                    "--quality", "--sm", "--sms"};
-  for (const auto& o : d.options) {
-    std::string flag = "--" + o.name;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    known.push_back(flag);
-  }
+  std::vector<std::string> known = table_call_flags(d);
+  for (const char* flag : {"--device", "--sm", "--sms"}) known.push_back(flag);
   require_known_flags(a, known, "explain " + d.name);
 
-  // Dims: the example sizes, then --shape (in the order of d.dims), then --dims NAME=N.
-  std::vector<std::pair<std::string, int64_t>> dims;
-  std::vector<std::string> given_shape = a.has("--shape") ? split(a.get("--shape", ""), ',') : std::vector<std::string>{};
-  const auto examples = split(d.dims, ',');
-  if (given_shape.size() > examples.size())
-    throw Error("--shape takes at most " + std::to_string(examples.size()) + " sizes (" + d.dims + ") but has " +
-                std::to_string(given_shape.size()));
-  std::vector<std::pair<std::string, std::string>> overrides;
-  for (const auto& item : split(a.get("--dims", ""), ',')) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) throw Error("--dims takes NAME=N items but has '" + item + "'");
-    overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-  }
-  for (size_t i = 0; i < examples.size(); ++i) {
-    const size_t eq = examples[i].find('=');
-    const std::string name = examples[i].substr(0, eq);
-    int64_t value = i < given_shape.size() ? parse_size("--shape", name, given_shape[i])
-                                           : symbolic_shape(examples[i].substr(eq + 1), dims).at(0);
-    for (const auto& [n, v] : overrides)
-      if (n == name) value = parse_size("--dims", name, v);
-    dims.emplace_back(name, value);
-  }
-  for (const auto& [n, v] : overrides) {
-    bool found = false;
-    for (const auto& [name, value] : dims) found = found || name == n;
-    if (!found) throw Error("--dims: " + d.name + " has no dim '" + n + "' (dims: " + d.dims + ")");
-  }
-
-  GenericCall c = generic_call(d);
-  for (const auto& [flag, value] : a.flags) {
-    std::string name = flag.substr(2);
-    std::replace(name.begin(), name.end(), '-', '_');
-    if (const int k = d.option_index(name); k >= 0) c.options[k] = parse_option(d, d.options[k], value);
-  }
-  if (a.has("--backend")) {
-    Provenance p;
-    if (!parse_provenance(a.get("--backend", ""), &p))
-      throw Error("--backend must be kda, aot, jit, vendor or reference but is '" + a.get("--backend", "") + "'");
-    c.dispatch.backend = p;
-  }
-  if (a.has("--quality")) {
-    Quality q;
-    if (!parse_quality(a.get("--quality", ""), &q))
-      throw Error("--quality must be lossless, high or extra-high but is '" + a.get("--quality", "") + "'");
-    c.dispatch.quality = q;
-  }
   // --sm: a simulated CUDA device of that architecture (a machine without a GPU can explain GPU
   // dispatch); the SM count enters some template keys (residual_gate_add's tiles).
   const std::string command = "explain " + d.name;
@@ -283,67 +222,23 @@ int cmd_explain(const Args& a) {
   const Device dev = parse_device(a.get("--device", sm || jit::cuda_driver() ? "cuda:0" : "cpu"));
   if (sm && dev.kind != DeviceKind::cuda)
     throw Error(command + ": --sm simulates a CUDA device but --device is " + device_name(dev));
-  std::vector<std::pair<std::string, std::string>> dtypes;
-  for (const auto& item : split(a.get("--dtype", ""), ',')) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos || d.tensor_index(item.substr(0, eq)) < 0)
-      throw Error("--dtype takes TENSOR=DTYPE items naming tensors of " + d.name + " but has '" + item + "'");
-    dtypes.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-  }
-  auto listed = [&](const char* flag, const std::string& name) {
-    for (const auto& item : split(a.get(flag, ""), ','))
-      if (item == name) return true;
-    return false;
-  };
-  for (const char* flag : {"--with", "--without"})
-    for (const auto& item : split(a.get(flag, ""), ','))
-      if (d.tensor_index(item) < 0 || !d.tensors[d.tensor_index(item)].optional)
-        throw Error(std::string(flag) + " takes optional tensors of " + d.name + " but has '" + item + "'");
 
-  // Inputs first (outputs' presence reads them), each at its own fake address.
   __int128 next_fake = __int128{1} << 40;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < d.tensors.size(); ++i) {
-      const TensorSlot& t = d.tensors[i];
-      if ((t.role == TensorRole::out) != (pass == 1)) continue;
-      bool present = pass == 0 ? !t.optional || !t.keyword : output_present(d, t, c);
-      if (listed("--with", t.name)) present = true;
-      if (listed("--without", t.name)) present = false;
-      if (!present) continue;
-      std::string dt_name = split(t.dtypes, '|').at(0);
-      for (const auto& [n, v] : dtypes)
-        if (n == t.name) dt_name = v;
-      if (dt_name.rfind('=', 0) == 0) {
-        const int other = d.tensor_index(dt_name.substr(1));
-        if (other < 0 || !c.given[other]) throw Error(d.name + ": " + t.name + "'s dtype follows an absent tensor");
-        dt_name = dtype_name(c.tensors[other].dtype);
-      }
-      DType dt;
-      if (!parse_dtype(dt_name, &dt)) throw Error("--dtype: '" + dt_name + "' is not a dtype (bf16, f16, f32, ...)");
-      // Fake addresses one after the other, so that no two tensors overlap whatever the sizes.
-      const std::vector<int64_t> shape = symbolic_shape(t.shape, dims);
-      __int128 bytes = static_cast<__int128>(dtype_size(dt));
-      for (int64_t e : shape) bytes *= e > 0 ? e : 1;
-      if (bytes > (__int128{1} << 56) || next_fake + bytes > (__int128{1} << 60))
-        throw Error(d.name + ": the tensors of this call would take more than 2^56 bytes (" + t.name + " has " +
-                    std::to_string(shape.size()) + " dims of sizes " + [&] {
-                      std::string list;
-                      for (int64_t e : shape) list += (list.empty() ? "" : ",") + std::to_string(e);
-                      return list;
-                    }() + ")");
-      c.tensors[i] = TensorView::contiguous(reinterpret_cast<void*>(static_cast<uintptr_t>(next_fake)), dt, dev, shape);
-      next_fake += (bytes + 4095) / 4096 * 4096;
-      c.given[i] = true;
-    }
-  }
+  const TableCall t = table_call(d, a, dev, [&](size_t, int64_t bytes) {
+    if (next_fake + bytes > (__int128{1} << 60))
+      throw Error(d.name + ": the tensors of this call would take more than 2^60 bytes of address space");
+    void* p = reinterpret_cast<void*>(static_cast<uintptr_t>(next_fake));
+    next_fake += (bytes + 4095) / 4096 * 4096;
+    return p;
+  });
   if (sm) {
     std::printf("simulated device: sm_%d with %d SMs%s (no GPU is used: the CUDA driver is taken as present; "
                 "NVRTC and the prebuilt kernels are this machine's)\n",
                 sm, sms, a.has("--sms") ? "" : " (--sms default)");
-    std::printf("%s", explain(d.name, c, simulated_device_info(dev, sm, sms)).format().c_str());
+    std::printf("%s", explain(d.name, t.call, simulated_device_info(dev, sm, sms)).format().c_str());
     return 0;
   }
-  std::printf("%s", d.explain(c).format().c_str());
+  std::printf("%s", d.explain(t.call).format().c_str());
   return 0;
 }
 
@@ -416,8 +311,18 @@ int main(int argc, char** argv) {
           if (args.has("--json") && args.get("--json", "").empty()) throw ditops::Error("bench " + op + ": --json needs a path");
           return run(args);
         }
-        known += (known.empty() ? "" : ", ") + op;
       }
+      // Every other described op: the generic benchmark of one call from the op table.
+      if (args.words.size() == 2) {
+        const ditops::OpDescription& d = ditops::op(args.words[1]);  // throws naming the known ops
+        std::vector<std::string> flags = table_call_flags(d);
+        for (const char* flag : {"--reps", "--json", "--commit"}) flags.push_back(flag);
+        require_known_flags(args, flags, "bench " + d.name);
+        bench_reps(args, d.name);
+        if (args.has("--json") && args.get("--json", "").empty()) throw ditops::Error("bench " + d.name + ": --json needs a path");
+        return run_table_bench(d, args);
+      }
+      for (const ditops::OpDescription* d : ditops::op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
       throw ditops::Error("bench: name one op, one of: " + known);
     }
     std::fprintf(stderr, "unknown command '%s'\n%s", cmd.c_str(), kUsage);
