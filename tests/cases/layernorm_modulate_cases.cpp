@@ -103,8 +103,9 @@ std::vector<OpCase> make() {
           s.mapping = mapping;
           s.reciprocal = reciprocal;
           OpCase c = ln_case(s, CaseKind::model, seed++);
-          // div.full's inverse may differ by an ulp from the reference's IEEE division.
-          c.tolerance_for.push_back({"out", {1, 0.0, 0.05, 16}});
+          // div.full's inverse may differ by an ulp from the reference's IEEE division, and with
+          // the bf16 value's own ulp that may move a code by two (H200: 2 of 245760 at s=0.4754).
+          c.tolerance_for.push_back({"out", {2, 0.0, 0.05, 16}});
           out.push_back(c);
         }
   // In place (out is x): equal to the out-of-place result.

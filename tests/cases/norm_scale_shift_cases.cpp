@@ -83,6 +83,9 @@ OpCase nss_case(const Nss& s, CaseKind kind, uint32_t seed) {
   // half-ulps over the grid); an fp8 byte or NVFP4 code / scale may flip at a midpoint.
   // residual_out involves no approximation: bytes equal.
   c.tolerance = {4, 1.0, 0.02, 64};
+  // An fp32 y keeps every bit of rstd's difference: most elements may differ, by a few steps
+  // (tests/test_norm_scale_shift_gpu.cpp bounds the steps at 8; H200: up to 4 at 12.8 %).
+  if (s.dt == DType::f32) c.tolerance = {8, 1.0, 1.0, 0};
   c.tolerance_for = {{"residual_out", {}}, {"fp8", {2, 0.0, 0.02, 64}}, {"nvfp4_packed", {1, 0.0, 0.02, 64}},
                      {"nvfp4_scales", {1, 0.0, 0.02, 16}}};
   c.large = s.B * s.S * s.D > (1 << 21);

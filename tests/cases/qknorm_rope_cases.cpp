@@ -49,8 +49,9 @@ OpCase qk_case(const Qk& s, const char* rounding, const char* order, CaseKind ki
                {"cache_full_width", s.full_width ? "true" : "false"}, {"rounding", rounding}, {"norm_order", order}};
   // The reference's rsqrt is correctly rounded, the GPU's is rsqrtf (as aten's): where the factor
   // differs in its last bit a normalized value moves by one ulp, which the rotation carries into
-  // its outputs (one ulp at the inputs' scale, |w x / rms| <= ~4).
-  c.tolerance = {1, 4.0, 0.1, 64};
+  // its outputs (one ulp at the inputs' scale, |w x / rms| <= ~4), and a 16-bit cache's rotation
+  // by one more (H200: 2 ulp on 5 of 921088 elements with a bf16 full-width cache).
+  c.tolerance = {2, 4.0, 0.1, 64};
   c.large = s.T * (s.Hq + s.Hk) * s.D > (1 << 20);  // the CPU reference takes ~0.1 s per million
   return c;
 }

@@ -111,17 +111,18 @@ def test_every_eligible_implementation_equals_the_eager_chain(case):
     if want is None:
         pytest.skip("no eager chain is this case's oracle (the C++ driver compares it with the reference)")
     fn = getattr(ditops, case["op"])
-    options = {k: (v == "true" if v in ("true", "false") else v) for k, v in case["options"].items()}
-    for name in ("eps",):
-        if name in options:
-            options[name] = float(options[name])
-    if "rope_dim" in options:
-        options["rope_dim"] = int(options["rope_dim"])
+    table = next(op for op in ditops.op_table() if op["name"] == case["op"])
+    kinds = {o["name"]: o["kind"] for o in table["options"]}
+    convert = {"bool": lambda v: v == "true", "int": int, "float": float,
+               "optional_bool": lambda v: None if v == "none" else v == "true"}
+    options = {k: convert.get(kinds[k], str)(v) for k, v in case["options"].items()}
+    absent = {t["name"]: None for t in table["tensors"]
+              if t["optional"] and t["role"] == "in" and t["name"] not in inputs}
     ran = 0
     for kernel in ditops.list_kernels(case["op"]):
         if kernel["provenance"] == "reference" or kernel["contract"] != "bit_exact" or "eager" not in kernel["oracle"]:
             continue
-        x = _tensors(case, case["seed"])
+        x = {**_tensors(case, case["seed"]), **absent}
         report = ditops.explain(case["op"], **x, **options, backend=kernel["provenance"], quality="extra-high")
         if report.chosen != kernel["name"]:
             continue  # ineligible here (the C++ driver counts the reasons)
