@@ -13,7 +13,8 @@
 // Da, Dm >= 0 (any value; Da % 16 == 0, Dm % 16 == 0 and 16-byte aligned pointers take the
 // 16-byte path). B*S*(Da+Dm) == 0 is a no-op.
 //
-// The scale must be finite and > 0. On CPU tensors that is checked (an Error, nothing written).
+// The scale must be finite and > 0. On CPU tensors the facade checks it (an Error, nothing
+// written; match_token_cat_fp8 and explain read no tensor memory).
 // On CUDA it is not (reading it would synchronize): the kernel then computes the same formula as
 // eager for any scale, e.g. scale 0 -> inv = inf, every nonzero element saturates to +-448 and
 // zeros become NaN (0x7F); docs/token_cat_fp8.md. A NaN product (NaN input or scale) is 0x7F.
@@ -52,7 +53,8 @@ struct TokenCatFp8Call {
 std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                           const TensorView& out, const TokenCatFp8Options& options = {}, Stream stream = nullptr);
 
-// Validation alone: the call every implementation would receive.
+// Validation alone (shapes, dtypes, devices, overlap; not the scale's value): the call every
+// implementation would receive.
 TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                                     const TensorView& out, const TokenCatFp8Options& options = {},
                                     Stream stream = nullptr);

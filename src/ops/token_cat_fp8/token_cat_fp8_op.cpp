@@ -30,26 +30,26 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                                     const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
   Matcher m(kOp);
-  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16})
-      .same_device("device").contiguous();
-  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device").contiguous();
+  // Contiguity of views with elements only: torch's contiguous empty tensors have strides such as
+  // (9, 1, 1) for [2, 9, 0], which no layout rule needs to refuse (nothing is read or written).
+  auto contiguous = [&](const char* name, const TensorView& t) {
+    if (t.numel() > 0) m.tensor(name, t).contiguous();
+  };
+  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16}).same_device("device");
+  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device");
+  contiguous("attn", attn);
+  contiguous("mlp", mlp);
   m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
   if (input_scale.numel() != 1)
     m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()) + " (" +
            input_scale.describe() + ")");
   const int64_t Da = *m.value("Da"), Dm = *m.value("Dm");
   m.bind("D", Da + Dm, "attn.shape[2] + mlp.shape[2]");
-  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
+  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device");
+  contiguous("out", out);
   m.require_disjoint(out, "out", attn, "attn");
   m.require_disjoint(out, "out", mlp, "mlp");
   m.require_disjoint(out, "out", input_scale, "input_scale");
-  // The scale's value: checked where it can be read without a device sync. On CUDA the kernel
-  // computes eager's formula for any scale (include/ditops/token_cat_fp8.h).
-  if (input_scale.device.kind == DeviceKind::cpu) {
-    const float s = *static_cast<const float*>(input_scale.data);
-    if (!(s > 0.0f) || !std::isfinite(s))
-      m.fail("input_scale must be finite and > 0 but is " + std::to_string(s));
-  }
 
   TokenCatFp8Call call;
   call.attn = attn;
@@ -186,10 +186,26 @@ const KernelFamily<TokenCatFp8Call, TokenCatFp8Key>& kernels() {
 
 }  // namespace
 
+namespace {
+
+// The scale's value, checked where it can be read without a device sync: on the CPU, by the
+// facade before dispatch (matching and explain read no tensor memory). On CUDA the kernel computes
+// eager's formula for any scale (include/ditops/token_cat_fp8.h).
+void check_host_scale(const TokenCatFp8Call& c) {
+  if (c.input_scale.device.kind != DeviceKind::cpu) return;
+  const float s = *static_cast<const float*>(c.input_scale.data);
+  if (!(s > 0.0f) || !std::isfinite(s))
+    throw Error(std::string(kOp) + ": input_scale must be finite and > 0 but is " + std::to_string(s) +
+                " (checked on the cpu only: a CUDA scale is read by the kernel)");
+}
+
+}  // namespace
+
 std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                           const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
-  return kernels().dispatch(match_token_cat_fp8(attn, mlp, input_scale, out, options, stream), stream,
-                            options.dispatch);
+  const TokenCatFp8Call call = match_token_cat_fp8(attn, mlp, input_scale, out, options, stream);
+  check_host_scale(call);
+  return kernels().dispatch(call, stream, options.dispatch);
 }
 
 DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
