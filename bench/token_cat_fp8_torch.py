@@ -111,6 +111,30 @@ def verify(dt, rows, meta):
                 rows.append(dict(kind="verify", op="token_cat_fp8", impl=impl, shape=[B, S, Da, Dm], dtype=str(dtype),
                                  storage_offset=offset, scale=s, oracle="sglang_div_full" if div_full else "eager",
                                  torch_equal=equal))
+    # Special values in both paths: signed zeros, bf16 subnormals, e4m3 rounding midpoints, +-448 and
+    # beyond, +-inf, NaN of both signs (eager's NaN byte on CUDA is the contract's 0x7F).
+    specials = torch.tensor([0x0000, 0x8000, 0x0001, 0x8001, 0x3F88, 0x3F98, 0xBF98, 0x3A80, 0xBA80, 0x3AC0,
+                             0x3B40, 0x3C70, 0x43E0, 0xC3E0, 0x43E8, 0x43F0, 0x7149, 0xF149, 0x7F80, 0xFF80,
+                             0x7FC0, 0xFFC0, 0x4348, 0x4378], dtype=torch.int32, device="cuda").to(torch.int16)
+    for Da in (64, 63):
+        attn, mlp = make(1, 5, Da, 128, torch.bfloat16, gen)
+        attn.view(torch.int16).view(-1)[: 3 * specials.numel(): 3] = specials
+        for s in (1.0, 0.013):
+            st = torch.tensor([s], device="cuda", dtype=torch.float32)
+            for div_full in (False, True):
+                want = sglang_emulation(attn, mlp, st) if div_full else eager(attn, mlp, st)
+                out = torch.empty(1, 5, Da + 128, device="cuda", dtype=torch.float8_e4m3fn)
+                impl = dt.token_cat(attn, mlp, st, out, div_full=div_full)
+                torch.cuda.synchronize()
+                equal = same(out, want)
+                n += 1
+                if not equal:
+                    ok = False
+                    print(f"MISMATCH special values {impl} Da={Da} scale={s}: "
+                          f"{(out.view(torch.uint8) != want.view(torch.uint8)).sum().item()} bytes", flush=True)
+                rows.append(dict(kind="verify", op="token_cat_fp8", impl=impl, shape=[1, 5, Da, 128], dtype="special",
+                                 storage_offset=0, scale=s, oracle="sglang_div_full" if div_full else "eager",
+                                 torch_equal=equal))
     print(f"verification: {sum(r['torch_equal'] for r in rows if r.get('op') == 'token_cat_fp8')}/{n} runs torch.equal "
           f"(ieee vs eager, div_full vs the Triton emulation)")
     return ok
