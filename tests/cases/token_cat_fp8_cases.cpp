@@ -1,5 +1,5 @@
-// token_cat_fp8's cases: the FLUX.2 shapes (tokens {1, 127, 4096, 4608, 16384} x widths
-// (6144, 18432) and (3072, 9216)) with both reciprocals, odd widths (the scalar path), f16,
+// token_cat_fp8's cases: the FLUX.2 shapes (tokens up to 4608, widths (6144, 18432) and
+// (3072, 9216)) with both reciprocals, odd widths (the scalar path), f16,
 // pointers off 16 bytes, an empty call, out overlapping an input and invalid inputs. ieee is
 // bit-exact against the reference (equal bytes); div_full's inverse may differ by an ulp from the
 // reference's IEEE division, so a byte may move by one code there. A scale <= 0 / NaN / Inf is
@@ -52,16 +52,18 @@ std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
   auto add = [&](const Tc& s, CaseKind kind) { out.push_back(tc_case(s, kind, seed++)); };
-  for (const auto& [Da, Dm] : {std::pair<int64_t, int64_t>{6144, 18432}, {3072, 9216}})
-    for (int64_t tokens : {1, 127, 4096, 4608, 16384})
-      for (const char* reciprocal : {"ieee", "div_full"}) {
-        Tc s;
-        s.S = tokens;
-        s.Da = Da;
-        s.Dm = Dm;
-        s.reciprocal = reciprocal;
-        add(s, CaseKind::model);
-      }
+  // 16384 tokens (and 4096 at FLUX.2 width) run in tests/test_token_cat_fp8.cpp's GPU test: the
+  // reference of this driver's repeated runs took minutes there (H200 host, 16 cores).
+  for (const auto& [Da, Dm, tokens] : {std::tuple<int64_t, int64_t, int64_t>{6144, 18432, 1}, {6144, 18432, 127},
+                                       {6144, 18432, 4608}, {3072, 9216, 127}, {3072, 9216, 4096}})
+    for (const char* reciprocal : {"ieee", "div_full"}) {
+      Tc s;
+      s.S = tokens;
+      s.Da = Da;
+      s.Dm = Dm;
+      s.reciprocal = reciprocal;
+      add(s, CaseKind::model);
+    }
   // Scaled down for the CPU, other scales, f16.
   for (double scale : {0.4754464328289032, 0.03125, 1.0}) {
     Tc s;
