@@ -69,19 +69,6 @@ __device__ __forceinline__ void to_floats(const Vec4& v, float (&f)[4]) {
 
 
 
-template <bool kDivFull>
-__device__ __forceinline__ float fp8_inverse(const float* input_scale) {
-  float s;
-  asm("ld.global.nc.f32 %0, [%1];" : "=f"(s) : "l"(input_scale));
-  if constexpr (kDivFull) {
-    float inv;
-    asm("div.full.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(s));
-    return inv;
-  } else {
-    return __fdiv_rn(1.0f, s);
-  }
-}
-
 // Stores 4 output values given as bf16 (packed); fp8: q = e4m3(float(bf16) * inv).
 template <bool kFp8, bool kAligned>
 __device__ __forceinline__ void store_out(void* out_row, int vec, const Vec4& v, float inv) {

@@ -55,6 +55,25 @@ __device__ __forceinline__ u32 e4m3x2_rn_satfinite(float lo, float hi) {
   return packed;
 }
 
+// inv = 1 / *input_scale for static fp8 quantization, the scale read on the device (no host
+// sync): kDivFull false is IEEE division (div.rn), what eager `x.float() * (1.0 / input_scale)`
+// computes; kDivFull true is PTX div.full.f32 (<= 2 ulp), what Triton lowers `1.0 / scale` to
+// (SGLang's static_quant_fp8). No scale is refused here (IEEE: 0 -> inf, NaN -> NaN, inf -> 0;
+// then the product and the saturating conversion decide the byte, as in eager). Shared by
+// layernorm_modulate_fp8 and token_cat_fp8 (moved here unchanged from layernorm_modulate.cuh).
+template <bool kDivFull>
+__device__ __forceinline__ float fp8_inverse(const float* input_scale) {
+  float s;
+  asm("ld.global.nc.f32 %0, [%1];" : "=f"(s) : "l"(input_scale));
+  if constexpr (kDivFull) {
+    float inv;
+    asm("div.full.f32 %0, %1, %2;" : "=f"(inv) : "f"(1.0f), "f"(s));
+    return inv;
+  } else {
+    return __fdiv_rn(1.0f, s);
+  }
+}
+
 // x rounded to T and back: the value a 16-bit store followed by a reload would give.
 template <typename T>
 __device__ __forceinline__ float round_to(float x) {

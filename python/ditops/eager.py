@@ -83,6 +83,12 @@ def static_quant_fp8_eager(y, input_scale):
     return (y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
+def token_cat_fp8_eager(attn, mlp, input_scale):
+    """FLUX.2 single block: the attention output and the MLP activation concatenated along the
+    channels, then static e4m3 with eager's IEEE reciprocal (token_cat_fp8's fp8_reciprocal="ieee")."""
+    return static_quant_fp8_eager(torch.cat([attn, mlp], -1), input_scale)
+
+
 def qk_head_layernorm_eager(q, k, eps):
     """F.layer_norm over the head dim of q and k (no affine)."""
     return F.layer_norm(q, (q.shape[-1],), eps=eps), F.layer_norm(k, (k.shape[-1],), eps=eps)

@@ -1,0 +1,282 @@
+// token_cat_fp8: argument matching, the kernel key, its request and launch, the registry entries
+// (one jit implementation per reciprocal mode, the CPU reference) and the op's description.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/token_cat_fp8.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/token_cat_fp8.cuh"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "token_cat_fp8";
+constexpr int kThreads = 256;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
+                                    const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
+  Matcher m(kOp);
+  // Contiguity of views with elements only: torch's contiguous empty tensors have strides such as
+  // (9, 1, 1) for [2, 9, 0], which no layout rule needs to refuse (nothing is read or written).
+  auto contiguous = [&](const char* name, const TensorView& t) {
+    if (t.numel() > 0) m.tensor(name, t).contiguous();
+  };
+  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16}).same_device("device");
+  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device");
+  contiguous("attn", attn);
+  contiguous("mlp", mlp);
+  m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
+  if (input_scale.numel() != 1)
+    m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()) + " (" +
+           input_scale.describe() + ")");
+  const int64_t Da = *m.value("Da"), Dm = *m.value("Dm");
+  m.bind("D", Da + Dm, "attn.shape[2] + mlp.shape[2]");
+  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device");
+  contiguous("out", out);
+  m.require_disjoint(out, "out", attn, "attn");
+  m.require_disjoint(out, "out", mlp, "mlp");
+  m.require_disjoint(out, "out", input_scale, "input_scale");
+
+  TokenCatFp8Call call;
+  call.attn = attn;
+  call.mlp = mlp;
+  call.input_scale = input_scale;
+  call.out = out;
+  call.options = options;
+  call.rows = *m.value("B") * *m.value("S");
+  call.attn_width = Da;
+  call.mlp_width = Dm;
+  call.width = Da + Dm;
+  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && aligned16(attn.data) && aligned16(mlp.data) && aligned16(out.data);
+  call.stream = stream;
+  return call;
+}
+
+namespace {
+
+// The template key: exactly the kernel's template parameters.
+struct TokenCatFp8Key {
+  DType dtype = DType::bf16;
+  bool vector = true;    // 16-byte units (Da, Dm multiples of 16, aligned pointers)
+  bool div_full = false;  // fp8_reciprocal=div_full
+  bool index64 = false;   // 2^31 units or more
+  bool pdl = true;
+
+  // "bf16,vec16,ieee,pdl" / "f16,scalar,div_full,index64,nopdl"
+  std::string to_string() const {
+    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (div_full ? ",div_full" : ",ieee") +
+           (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(dtype);
+    v = v * 2 + vector;
+    v = v * 2 + div_full;
+    v = v * 2 + index64;
+    v = v * 2 + pdl;
+    return v;
+  }
+};
+
+int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
+int64_t units_of(const TokenCatFp8Call& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
+
+Device device_of(const TokenCatFp8Call& c) { return c.attn.device; }
+
+TokenCatFp8Key key_for(const TokenCatFp8Call& c, const DeviceInfo& device) {
+  TokenCatFp8Key key;
+  key.dtype = c.attn.dtype;
+  key.vector = c.aligned16;
+  key.div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  key.index64 = units_of(c) > int64_t{0x7fffffff};
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+jit::KernelRequest request_for(const TokenCatFp8Key& key) {
+  jit::KernelRequest r;
+  r.header = "token_cat_fp8.cuh";
+  r.function = "ditops::token_cat_fp8_body";
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.vector) + ", " +
+                    jit::kernel_bool(key.div_full) + ", " + jit::kernel_bool(key.index64) + ", " +
+                    jit::kernel_bool(key.pdl);
+  r.params_type = "ditops::TokenCatFp8Params";
+  r.max_threads = kThreads;
+  r.template_key = std::string(kOp) + ":" + key.to_string();
+  return r;
+}
+
+void launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
+  const int64_t elems = elems_per_unit(key.vector);
+  TokenCatFp8Params p{};
+  p.attn = c.attn.data;
+  p.mlp = c.mlp.data;
+  p.input_scale = static_cast<const float*>(c.input_scale.data);
+  p.out = c.out.data;
+  p.units = c.rows * c.width / elems;
+  p.row_units = c.width / elems;
+  p.attn_units = c.attn_width / elems;
+  if (!key.index64) {
+    p.units32 = static_cast<unsigned>(p.units);
+    p.row_units32 = static_cast<unsigned>(p.row_units);
+    p.attn_units32 = static_cast<unsigned>(p.attn_units);
+    p.row_units_divisor = fast_divisor(p.row_units32);  // row_units >= 1: units > 0 here
+  }
+  // A resident grid (occupancy cached with the kernel), fewer blocks when there is less work. The
+  // 32-bit kernel's grid-stride index stays below units + threads * unroll < 2^32.
+  const int64_t per_block = int64_t{kThreads} * token_cat_fp8_unroll(key.vector);
+  const int64_t resident = std::max<int64_t>(1, int64_t{kernel.blocks_per_sm} * kernel.multiprocessors);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + per_block - 1) / per_block));
+  jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
+}
+
+// Every code path: both dtypes x vector/scalar x both reciprocals (32-bit, PDL), then the
+// 64-bit indices and the launch without PDL.
+std::vector<TokenCatFp8Key> variant_keys() {
+  std::vector<TokenCatFp8Key> keys;
+  for (DType dtype : {DType::bf16, DType::f16})
+    for (bool vector : {true, false})
+      for (bool div_full : {false, true}) {
+        TokenCatFp8Key k;
+        k.dtype = dtype;
+        k.vector = vector;
+        k.div_full = div_full;
+        keys.push_back(k);
+      }
+  for (bool vector : {true, false}) {
+    TokenCatFp8Key k;
+    k.vector = vector;
+    k.index64 = true;
+    keys.push_back(k);
+  }
+  TokenCatFp8Key nopdl;
+  nopdl.pdl = false;
+  keys.push_back(nopdl);
+  return keys;
+}
+
+const KernelFamily<TokenCatFp8Call, TokenCatFp8Key>& kernels() {
+  static const KernelFamily<TokenCatFp8Call, TokenCatFp8Key> family = [] {
+    KernelFamily<TokenCatFp8Call, TokenCatFp8Key> f;
+    f.op = kOp;
+    f.device_tensor = "attn";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = request_for;
+    f.launch = launch;
+    f.nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; };
+    f.variant_keys = variant_keys;
+    return f;
+  }();
+  return family;
+}
+
+}  // namespace
+
+namespace {
+
+// The scale's value, checked where it can be read without a device sync: on the CPU, by the
+// facade before dispatch (matching and explain read no tensor memory). On CUDA the kernel computes
+// eager's formula for any scale (include/ditops/token_cat_fp8.h).
+void check_host_scale(const TokenCatFp8Call& c) {
+  if (c.input_scale.device.kind != DeviceKind::cpu) return;
+  const float s = *static_cast<const float*>(c.input_scale.data);
+  if (!(s > 0.0f) || !std::isfinite(s))
+    throw Error(std::string(kOp) + ": input_scale must be finite and > 0 but is " + std::to_string(s) +
+                " (checked on the cpu only: a CUDA scale is read by the kernel)");
+}
+
+}  // namespace
+
+std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
+                          const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
+  const TokenCatFp8Call call = match_token_cat_fp8(attn, mlp, input_scale, out, options, stream);
+  check_host_scale(call);
+  return kernels().dispatch(call, stream, options.dispatch);
+}
+
+DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
+  return kernels().explain(call, call.options.dispatch);
+}
+
+namespace {
+
+OpDescription describe_token_cat_fp8() {
+  OpBuilder<TokenCatFp8Call> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
+                               "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
+                               "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
+                               "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
+  b.dims("B=1,S=4608,Da=6144,Dm=18432");
+  b.tensor({.name = "attn", .dtypes = "bf16|f16", .shape = "B,S,Da"}, &TokenCatFp8Call::attn);
+  b.tensor({.name = "mlp", .dtypes = "=attn", .shape = "B,S,Dm"}, &TokenCatFp8Call::mlp);
+  b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &TokenCatFp8Call::input_scale);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
+            .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn"},
+           &TokenCatFp8Call::out);
+  b.choice("fp8_reciprocal", &TokenCatFp8Options::fp8_reciprocal,
+           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+           "1/input_scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  b.option("use_pdl", &TokenCatFp8Options::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const TokenCatFp8Call& a, Stream s) {
+        return token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options, s);
+      },
+      [](const TokenCatFp8Call& a) {
+        return explain_token_cat_fp8(match_token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options));
+      });
+}
+
+}  // namespace
+
+void register_token_cat_fp8(Registry& registry) {
+  registry.describe(describe_token_cat_fp8());
+  const std::string eager =
+      "eager PyTorch on CUDA: (torch.cat([attn, mlp], -1).float() * (1.0 / input_scale)).clamp(-448, 448)"
+      ".to(torch.float8_e4m3fn)";
+  const std::string sglang =
+      "SGLang's try_flux2_token_cat_fp8 / static_quant_fp8(cat([attn, mlp], -1), input_scale) (Triton: "
+      "inv = div.full.f32 1/input_scale)";
+  const std::string kernel =
+      "flat grid-stride kernel, 16 outputs per unit from two 16-byte loads (scalar units for other widths or "
+      "alignments); NVRTC at first use";
+  for (const bool div_full : {false, true}) {
+    Implementation<TokenCatFp8Call> impl = jit_implementation(kernels());
+    impl.name = div_full ? "token_cat_fp8.jit_div_full" : "token_cat_fp8.jit";
+    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+    impl.contract = Contract::bit_exact(div_full ? sglang : eager);
+    impl.description = div_full ? kernel + "; fp8_reciprocal=div_full" : kernel + "; fp8_reciprocal=ieee";
+    impl.predicate = [div_full, cuda = impl.predicate](const TokenCatFp8Call& c) -> std::string {
+      if (std::string why = cuda(c); !why.empty()) return why;
+      if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
+        return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
+      return "";
+    };
+    add_implementation(registry, kOp, std::move(impl));
+  }
+  add_implementation(
+      registry, kOp,
+      reference_implementation<TokenCatFp8Call>(
+          kOp, device_of, token_cat_fp8_reference,
+          Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
+                          "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
+                          "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
+                          "1/input_scale differs from it (<= 2 ulp)"),
+          "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction"));
+}
+
+DITOPS_REGISTER_OP(register_token_cat_fp8);
+
+}  // namespace ditops

@@ -1,0 +1,552 @@
+// token_cat_fp8: the CPU reference against an independent float64 transcription of the contract
+// (issue shapes scaled down, odd widths, special values), argument matching with its messages and
+// nothing written, the op's description; then, on a GPU (skipped without one), every CUDA
+// implementation byte-equal to the reference in its mode over the issue's shapes, odd widths and
+// misaligned pointers. Byte-equality with eager PyTorch and SGLang's quantizer themselves is
+// checked by bench/token_cat_fp8_torch.py.
+//
+// The float64 oracle: x (bf16/f16, <= 11 significant bits) times inv (fp32) is exact in double;
+// rounding it to fp32 with an independently written round-to-nearest-even gives the fp32 product;
+// 1/scale in double rounded to fp32 is the IEEE fp32 division (53 >= 2 * 24 + 2: no double
+// rounding error). Then clamp to +-448 and RNE to the e4m3 grid (4 significant bits, emin -6),
+// and the byte found in an independently decoded table of the 256 codes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ditops/op.h"
+#include "ditops/registry.h"
+#include "ditops/token_cat_fp8.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/token_cat_fp8.cuh"
+#include "reference/half.h"
+
+namespace {
+
+using namespace ditops;
+
+const Device kCpu{DeviceKind::cpu, 0};
+
+// ---- the independent oracle ----
+double round_binary(double x, int precision, int emin, double max_finite) {
+  if (x == 0.0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);                       // |x| = m * 2^e, m in [0.5, 1)
+  const int lead = std::max(e - 1, emin);  // subnormals share the smallest quantum
+  const double quantum = std::ldexp(1.0, lead - (precision - 1));
+  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even; keeps the sign of -0
+  if (std::fabs(r) > max_finite) return std::copysign(INFINITY, x);
+  return r;
+}
+double round_f32(double x) { return round_binary(x, 24, -126, 0x1.fffffep127); }
+
+// The value of each e4m3fn code, decoded by its own formula (0x7F / 0xFF NaN).
+const std::vector<double>& e4m3_table() {
+  static const std::vector<double> table = [] {
+    std::vector<double> t(256);
+    for (int code = 0; code < 256; ++code) {
+      const int e = (code >> 3) & 15, m = code & 7;
+      double v = e == 0 ? m / 512.0 : (1.0 + m / 8.0) * std::pow(2.0, e - 7);
+      if (e == 15 && m == 7) v = NAN;
+      t[code] = (code & 0x80) ? -v : v;
+    }
+    return t;
+  }();
+  return table;
+}
+
+float ieee_inverse(float scale) { return static_cast<float>(round_f32(1.0 / static_cast<double>(scale))); }
+
+uint8_t oracle_byte(float x, float inv) {
+  const double p = round_f32(static_cast<double>(x) * static_cast<double>(inv));
+  if (std::isnan(p)) return 0x7F;
+  const double clamped = std::fmin(std::fmax(p, -448.0), 448.0);
+  const double q = round_binary(clamped, 4, -6, 448.0);
+  const std::vector<double>& t = e4m3_table();  // codes 0..126 ascending
+  const int sign = std::signbit(q) ? 0x80 : 0;
+  const auto it = std::lower_bound(t.begin(), t.begin() + 127, std::fabs(q));
+  if (it == t.begin() + 127 || *it != std::fabs(q)) {
+    ADD_FAILURE() << "no e4m3 code for " << q;
+    return 0;
+  }
+  return static_cast<uint8_t>(sign | (it - t.begin()));
+}
+
+// ---- host tensors ----
+struct HostTensor {
+  std::vector<uint8_t> bytes;
+  TensorView view;
+  HostTensor(DType dtype, std::vector<int64_t> shape, int offset_bytes = 0) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    bytes.assign(static_cast<size_t>(n) * dtype_size(dtype) + 64, 0);
+    uint8_t* base = bytes.data() + (16 - reinterpret_cast<uintptr_t>(bytes.data()) % 16) % 16 + offset_bytes;
+    view = TensorView::contiguous(base, dtype, kCpu, shape);
+  }
+  float get(int64_t i) const { return ref::load_act(view.data, i, view.dtype); }
+  void set(int64_t i, float v) { ref::store_act(view.data, i, view.dtype, v); }
+  void set_bits(int64_t i, uint16_t b) { static_cast<uint16_t*>(view.data)[i] = b; }
+  uint8_t byte(int64_t i) const { return static_cast<const uint8_t*>(view.data)[i]; }
+};
+
+HostTensor scale_tensor(float s) {
+  HostTensor t(DType::f32, {1});
+  t.set(0, s);
+  return t;
+}
+
+// Fills with values spread over the e4m3 range after scaling (some beyond +-448), and a few
+// signed zeros.
+void fill(HostTensor& t, std::mt19937& rng, float amplitude) {
+  std::normal_distribution<float> normal(0.0f, amplitude);
+  const int64_t n = t.view.numel();
+  for (int64_t i = 0; i < n; ++i) t.set(i, normal(rng));
+  for (int64_t i = 0; i < n; i += 101) t.set(i, (i & 1) ? -0.0f : 0.0f);
+}
+
+// Runs the facade on CPU tensors and checks every byte against the oracle.
+void check_case(DType dtype, int64_t B, int64_t S, int64_t Da, int64_t Dm, float scale, Fp8Reciprocal mode,
+                uint32_t seed) {
+  SCOPED_TRACE(std::string(dtype_name(dtype)) + " [" + std::to_string(B) + ", " + std::to_string(S) + "] Da=" +
+               std::to_string(Da) + " Dm=" + std::to_string(Dm) + " scale=" + std::to_string(scale) + " " +
+               fp8_reciprocal_name(mode));
+  std::mt19937 rng(seed);
+  HostTensor attn(dtype, {B, S, Da}), mlp(dtype, {B, S, Dm}), out(DType::f8e4m3fn, {B, S, Da + Dm});
+  fill(attn, rng, 3.0f);
+  fill(mlp, rng, 1.5f);
+  const HostTensor s = scale_tensor(scale);
+  TokenCatFp8Options o;
+  o.fp8_reciprocal = mode;
+  EXPECT_EQ(token_cat_fp8(attn.view, mlp.view, s.view, out.view, o), "token_cat_fp8.reference");
+  const float inv = ieee_inverse(scale);  // the reference's reciprocal in both modes
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < B * S; ++r)
+    for (int64_t c = 0; c < Da + Dm; ++c) {
+      const float x = c < Da ? attn.get(r * Da + c) : mlp.get(r * Dm + c - Da);
+      const uint8_t want = oracle_byte(x, inv), got = out.byte(r * (Da + Dm) + c);
+      if (got != want && ++mismatches <= 5)
+        ADD_FAILURE() << "row " << r << " col " << c << " x=" << x << ": got 0x" << std::hex << int(got) << " want 0x"
+                      << int(want);
+    }
+  EXPECT_EQ(mismatches, 0);
+}
+
+TEST(TokenCatFp8Reference, IssueShapesScaledDownMatchTheFloat64Oracle) {
+  uint32_t seed = 1;
+  for (auto [Da, Dm] : {std::pair<int64_t, int64_t>{6144, 18432}, {3072, 9216}})
+    for (int64_t tokens : {1, 127, 256})
+      check_case(DType::bf16, 1, tokens, Da, Dm, 0.013f, Fp8Reciprocal::ieee, seed++);
+  check_case(DType::f16, 2, 33, 3072, 9216, 0.013f, Fp8Reciprocal::ieee, seed++);
+  check_case(DType::bf16, 1, 64, 6144, 18432, 0.013f, Fp8Reciprocal::div_full, seed++);
+}
+
+TEST(TokenCatFp8Reference, OddWidthsScalesAndDtypes) {
+  uint32_t seed = 100;
+  const std::vector<std::pair<int64_t, int64_t>> widths = {{5, 7}, {6143, 18433}, {16, 1}, {1, 16}, {0, 24},
+                                                           {24, 0}, {17, 31}, {3072, 9217}};
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [Da, Dm] : widths)
+      for (float scale : {0.013f, 1.0f, 3.7f, 0x1p-10f})
+        check_case(dt, 1, 3, Da, Dm, scale, scale == 1.0f ? Fp8Reciprocal::div_full : Fp8Reciprocal::ieee, seed++);
+  check_case(DType::bf16, 3, 1, 5, 7, 0.5f, Fp8Reciprocal::ieee, seed++);
+}
+
+TEST(TokenCatFp8Reference, SpecialValues) {
+  // bf16 bit patterns: signed zeros, subnormals, e4m3 rounding midpoints (scale 1), values at and
+  // beyond +-448, infinities and NaNs of both signs.
+  struct Special {
+    uint16_t bits;
+    uint8_t want;  // with scale 1
+  };
+  const std::vector<Special> cases = {
+      {0x0000, 0x00}, {0x8000, 0x80},  // +-0
+      {0x0001, 0x00}, {0x8001, 0x80},  // bf16 subnormals: e4m3 +-0
+      {0x3F88, 0x38},                  // 1.0625, midpoint of 1 and 1.125: ties to even (1)
+      {0x3F98, 0x3A},                  // 1.1875, midpoint of 1.125 and 1.25: to 1.25
+      {0xBF98, 0xBA},                  // -1.1875
+      {0x3A80, 0x00},                  // 2^-10, midpoint of 0 and 2^-9 (smallest subnormal): 0
+      {0xBA80, 0x80},                  // -2^-10: -0
+      {0x3AC0, 0x01},                  // 1.5 * 2^-10: above the midpoint, 2^-9
+      {0x3B40, 0x02},                  // 3 * 2^-10, midpoint of 2^-9 and 2^-8: to even (2^-8)
+      {0x3C70, 0x08},                  // 15 * 2^-10 (= 2^-6 - 2^-10), midpoint of 7 * 2^-9 and 2^-6: 2^-6
+      {0x43E0, 0x7E}, {0xC3E0, 0xFE},  // +-448
+      {0x43E8, 0x7E},                  // 464 (the midpoint beyond 448): clamped
+      {0x43F0, 0x7E},                  // 480: clamped (eager's cast alone would give NaN)
+      {0x7149, 0x7E}, {0xF149, 0xFE},  // ~1e30
+      {0x7F80, 0x7E}, {0xFF80, 0xFE},  // +-inf
+      {0x7FC0, 0x7F}, {0xFFC0, 0x7F},  // NaN of either sign: 0x7F
+      {0x4348, 0x74},                  // 200, midpoint of 192 (0x74) and 208 (0x75): to even
+      {0x4378, 0x78},                  // 248, midpoint of 240 (0x77) and 256 (0x78): to even
+  };
+  const int64_t n = static_cast<int64_t>(cases.size());
+  HostTensor attn(DType::bf16, {1, 1, n}), mlp(DType::bf16, {1, 1, n}), out(DType::f8e4m3fn, {1, 1, 2 * n});
+  for (int64_t i = 0; i < n; ++i) {
+    attn.set_bits(i, cases[i].bits);
+    mlp.set_bits(n - 1 - i, cases[i].bits);
+  }
+  const HostTensor s = scale_tensor(1.0f);
+  token_cat_fp8(attn.view, mlp.view, s.view, out.view);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(out.byte(i), cases[i].want) << "attn bits 0x" << std::hex << cases[i].bits;
+    EXPECT_EQ(out.byte(n + n - 1 - i), cases[i].want) << "mlp bits 0x" << std::hex << cases[i].bits;
+    EXPECT_EQ(out.byte(i), oracle_byte(attn.get(i), 1.0f)) << "oracle, bits 0x" << std::hex << cases[i].bits;
+  }
+  // f16: its subnormals and the largest finite value.
+  HostTensor a16(DType::f16, {1, 1, 4}), m16(DType::f16, {1, 1, 1}), o16(DType::f8e4m3fn, {1, 1, 5});
+  a16.set_bits(0, 0x0001);  // 2^-24
+  a16.set_bits(1, 0x8001);
+  a16.set_bits(2, 0x7BFF);  // 65504
+  a16.set_bits(3, 0x1C00);  // 2^-8
+  m16.set_bits(0, 0xFC00);  // -inf
+  token_cat_fp8(a16.view, m16.view, s.view, o16.view);
+  const uint8_t want16[] = {0x00, 0x80, 0x7E, 0x02, 0xFE};
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(o16.byte(i), want16[i]) << "f16 case " << i;
+}
+
+// ---- bad input: an Error naming the fragments, nothing written ----
+struct Bad {
+  std::string what;
+  std::vector<std::string> fragments;
+};
+
+// `watched`: the buffer out_view lies in, which must keep its bytes.
+void expect_refused(const TensorView& attn, const TensorView& mlp, const TensorView& scale, HostTensor& watched,
+                    const TensorView& out_view, const Bad& bad) {
+  SCOPED_TRACE(bad.what);
+  std::fill(watched.bytes.begin(), watched.bytes.end(), 0xAB);
+  try {
+    token_cat_fp8(attn, mlp, scale, out_view);
+    ADD_FAILURE() << "expected an Error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("token_cat_fp8: "), std::string::npos) << msg;
+    for (const auto& f : bad.fragments) EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+  }
+  for (uint8_t b : watched.bytes) ASSERT_EQ(b, 0xAB) << "out was written";
+}
+
+TEST(TokenCatFp8Matching, BadInputsAreRefusedWithNothingWritten) {
+  HostTensor attn(DType::bf16, {2, 4, 32}), mlp(DType::bf16, {2, 4, 48}), out(DType::f8e4m3fn, {2, 4, 80});
+  const HostTensor one = scale_tensor(1.0f);
+  auto refuse = [&](const TensorView& a, const TensorView& m, const TensorView& s, const TensorView& o, Bad bad,
+                    HostTensor* watched = nullptr) { expect_refused(a, m, s, watched ? *watched : out, o, bad); };
+  // dtypes
+  HostTensor mlp16(DType::f16, {2, 4, 48});
+  refuse(attn.view, mlp16.view, one.view, out.view, {"mlp dtype", {"mlp.dtype must be bf16", "f16"}});
+  HostTensor attn32(DType::f32, {2, 4, 32});
+  refuse(attn32.view, mlp.view, one.view, out.view, {"attn f32", {"attn.dtype must be", "f32"}});
+  HostTensor out_bf16(DType::bf16, {2, 4, 80});
+  refuse(attn.view, mlp.view, one.view, out_bf16.view, {"out dtype", {"out.dtype must be f8e4m3fn", "bf16"}}, &out_bf16);
+  // leading shapes
+  HostTensor mlp_s(DType::bf16, {2, 5, 48});
+  refuse(attn.view, mlp_s.view, one.view, out.view, {"S differs", {"mlp.shape[1] must equal S=4", "but is 5"}});
+  HostTensor mlp_b(DType::bf16, {3, 4, 48});
+  refuse(attn.view, mlp_b.view, one.view, out.view, {"B differs", {"mlp.shape[0] must equal B=2", "but is 3"}});
+  HostTensor attn2(DType::bf16, {8, 32});
+  refuse(attn2.view, mlp.view, one.view, out.view, {"rank 2", {"attn must have rank 3", "rank 2"}});
+  // out shape
+  HostTensor out_w(DType::f8e4m3fn, {2, 4, 79});
+  refuse(attn.view, mlp.view, one.view, out_w.view, {"out width", {"out.shape[2] must equal D=80", "but is 79"}}, &out_w);
+  HostTensor out_s(DType::f8e4m3fn, {2, 3, 80});
+  refuse(attn.view, mlp.view, one.view, out_s.view, {"out tokens", {"out.shape[1] must equal S=4", "but is 3"}}, &out_s);
+  // the scale
+  HostTensor two(DType::f32, {2});
+  two.set(0, 1.0f);
+  two.set(1, 1.0f);
+  refuse(attn.view, mlp.view, two.view, out.view, {"two scales", {"input_scale must have exactly 1 element", "has 2"}});
+  HostTensor s16(DType::f16, {1});
+  s16.set(0, 1.0f);
+  refuse(attn.view, mlp.view, s16.view, out.view, {"f16 scale", {"input_scale.dtype must be f32", "f16"}});
+  for (float bad : {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN}) {
+    const HostTensor s = scale_tensor(bad);
+    refuse(attn.view, mlp.view, s.view, out.view,
+           {"scale " + std::to_string(bad), {"input_scale must be finite and > 0 but is"}});
+  }
+  // contiguity
+  TensorView strided = attn.view;
+  strided.shape[2] = 16;
+  strided.strides[1] = 32;
+  strided.strides[0] = 128;
+  HostTensor out48(DType::f8e4m3fn, {2, 4, 64});
+  refuse(strided, mlp.view, one.view, out48.view, {"strided attn", {"attn must be contiguous"}}, &out48);
+  HostTensor big(DType::f8e4m3fn, {2, 4, 81});
+  TensorView bs = big.view;
+  bs.shape[2] = 80;
+  refuse(attn.view, mlp.view, one.view, bs, {"strided out", {"out must be contiguous"}}, &big);
+  // overlap: out on attn's or the scale's bytes
+  TensorView out_on_attn = TensorView::contiguous(attn.view.data, DType::f8e4m3fn, kCpu, {2, 4, 80});
+  refuse(attn.view, mlp.view, one.view, out_on_attn, {"out on attn", {"attn overlaps out in memory"}}, &attn);
+  TensorView out_on_mlp = TensorView::contiguous(mlp.view.data, DType::f8e4m3fn, kCpu, {2, 4, 80});
+  refuse(attn.view, mlp.view, one.view, out_on_mlp, {"out on mlp", {"mlp overlaps out in memory"}}, &mlp);
+  TensorView scale_on_out = TensorView::contiguous(out.view.data, DType::f32, kCpu, {1});
+  refuse(attn.view, mlp.view, scale_on_out, out.view, {"scale in out", {"input_scale overlaps out in memory"}});
+  // mixed devices (never dereferenced: the match refuses first)
+  alignas(16) static uint8_t fake[4096];
+  const Device gpu{DeviceKind::cuda, 0};
+  TensorView mlp_gpu = TensorView::contiguous(fake, DType::bf16, gpu, {2, 4, 48});
+  refuse(attn.view, mlp_gpu, one.view, out.view, {"mlp on cuda", {"mlp.device must be cpu"}});
+  TensorView scale_gpu = TensorView::contiguous(fake, DType::f32, gpu, {1});
+  refuse(attn.view, mlp.view, scale_gpu, out.view, {"scale on cuda", {"input_scale.device must be cpu"}});
+  TensorView out_gpu = TensorView::contiguous(fake, DType::f8e4m3fn, gpu, {2, 4, 80});
+  refuse(attn.view, mlp.view, one.view, out_gpu, {"out on cuda", {"out.device must be cpu"}});
+}
+
+TEST(TokenCatFp8Matching, EmptyCallsAreNoOpsAndTheVectorPathNeedsAlignment) {
+  HostTensor attn(DType::bf16, {1, 0, 32}), mlp(DType::bf16, {1, 0, 48}), out(DType::f8e4m3fn, {1, 0, 80});
+  const HostTensor one = scale_tensor(1.0f);
+  EXPECT_EQ(token_cat_fp8(attn.view, mlp.view, one.view, out.view), "token_cat_fp8.reference");
+  HostTensor a(DType::bf16, {1, 2, 32}), m(DType::bf16, {1, 2, 48}), o(DType::f8e4m3fn, {1, 2, 80});
+  EXPECT_TRUE(match_token_cat_fp8(a.view, m.view, one.view, o.view).aligned16);
+  HostTensor a_off(DType::bf16, {1, 2, 32}, 2);
+  EXPECT_FALSE(match_token_cat_fp8(a_off.view, m.view, one.view, o.view).aligned16);
+  HostTensor o_off(DType::f8e4m3fn, {1, 2, 80}, 1);
+  EXPECT_FALSE(match_token_cat_fp8(a.view, m.view, one.view, o_off.view).aligned16);
+  HostTensor a_odd(DType::bf16, {1, 2, 24}), o_odd(DType::f8e4m3fn, {1, 2, 72});
+  EXPECT_FALSE(match_token_cat_fp8(a_odd.view, m.view, one.view, o_odd.view).aligned16);
+}
+
+TEST(TokenCatFp8Description, SlotsOptionsAndAllocRule) {
+  const OpDescription& d = op("token_cat_fp8");
+  ASSERT_EQ(d.tensors.size(), 4u);
+  EXPECT_EQ(d.tensors[3].name, "out");
+  EXPECT_EQ(d.tensors[3].alloc_dtype, "f8e4m3fn");
+  const int r = d.option_index("fp8_reciprocal");
+  ASSERT_GE(r, 0);
+  EXPECT_EQ(d.options[r].default_text, "ieee");
+  EXPECT_EQ(d.options[r].choices, (std::vector<std::string>{"ieee", "div_full"}));
+  HostTensor attn(DType::bf16, {2, 3, 32}), mlp(DType::bf16, {2, 3, 48});
+  const HostTensor one = scale_tensor(1.0f);
+  GenericCall c = generic_call(d);
+  c.tensors[0] = attn.view;
+  c.given[0] = true;
+  c.tensors[1] = mlp.view;
+  c.given[1] = true;
+  c.tensors[2] = one.view;
+  c.given[2] = true;
+  EXPECT_EQ(alloc_shape(d, d.tensors[3], c), (std::vector<int64_t>{2, 3, 80}));
+  // The generic call runs the reference and honours the option by name.
+  HostTensor out(DType::f8e4m3fn, {2, 3, 80});
+  c.tensors[3] = out.view;
+  c.given[3] = true;
+  c.options[r] = std::string("div_full");
+  EXPECT_EQ(call("token_cat_fp8", c), "token_cat_fp8.reference");
+  c.options[r] = std::string("neither");
+  EXPECT_THROW(call("token_cat_fp8", c), Error);
+  // Two jit implementations (one per reciprocal) and the reference are registered.
+  std::vector<std::string> names;
+  for (const KernelSpec* s : Registry::global().list("token_cat_fp8")) names.push_back(s->name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"token_cat_fp8.jit", "token_cat_fp8.jit_div_full", "token_cat_fp8.reference"}));
+}
+
+// ---------------------------------------------------------------- GPU
+using jit::check_cu;
+
+bool have_gpu() {
+  const jit::CudaDriver* d = jit::cuda_driver();
+  return d && d->device_count > 0;
+}
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t offset = 0;
+  explicit DeviceBuffer(size_t n, size_t offset_bytes = 0) : offset(offset_bytes) {
+    check_cu(jit::require_cuda_driver().cuMemAlloc(&ptr, n + offset_bytes + 16), "alloc");
+  }
+  ~DeviceBuffer() { jit::require_cuda_driver().cuMemFree(ptr); }
+  void* get() const { return reinterpret_cast<void*>(ptr + offset); }
+  void put(const void* src, size_t n) { check_cu(jit::require_cuda_driver().cuMemcpyHtoD(ptr + offset, src, n), "h2d"); }
+  void take(void* dst, size_t n) const { check_cu(jit::require_cuda_driver().cuMemcpyDtoH(dst, ptr + offset, n), "d2h"); }
+};
+
+class TokenCatFp8Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the GPU implementations are checked on the device run";
+    jit::bind_primary_context(0);
+  }
+};
+
+// The reciprocal the kernels of one mode compute on this device (kernels/token_cat_fp8.cuh probe).
+float device_inverse(float scale, bool div_full) {
+  DeviceBuffer s(4), o(4);
+  s.put(&scale, 4);
+  jit::KernelRequest r;
+  r.header = "token_cat_fp8.cuh";
+  r.function = "ditops::token_cat_fp8_inverse_probe";
+  r.template_args = jit::kernel_bool(div_full);
+  r.params_type = "ditops::TokenCatFp8Params";
+  r.max_threads = 32;
+  r.template_key = std::string("token_cat_fp8:probe,") + (div_full ? "div_full" : "ieee");
+  const jit::LoadedKernel& k = jit::jit_kernel(r, 0);
+  TokenCatFp8Params p{};
+  p.input_scale = reinterpret_cast<const float*>(s.get());
+  p.out = o.get();
+  jit::launch(k, 1, 32, &p, sizeof p, nullptr, false);
+  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+  float inv = 0;
+  o.take(&inv, 4);
+  return inv;
+}
+
+// Fast deterministic 16-bit inputs (the large shapes have 10^8 elements): normal-ish values of a
+// few units, so a scale of 0.013 puts them across the whole e4m3 range and beyond 448.
+void fill_fast(std::vector<uint16_t>& v, DType dtype, uint64_t seed, float amplitude) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (size_t i = 0; i < v.size(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    const float u = static_cast<float>((x >> 11) & 0xFFFFF) / 1048576.0f + static_cast<float>((x >> 33) & 0xFFFFF) / 1048576.0f +
+                    static_cast<float>((x >> 43) & 0xFFFFF) / 1048576.0f - 1.5f;  // ~ bell on [-1.5, 1.5]
+    const float f = amplitude * 2.0f * u;
+    v[i] = dtype == DType::bf16 ? ref::float_to_bf16_rne(f) : ref::float_to_fp16_rne(f);
+  }
+}
+
+struct GpuCase {
+  DType dtype = DType::bf16;
+  int64_t B = 1, S = 1, Da = 6144, Dm = 18432;
+  size_t attn_off = 0, mlp_off = 0, out_off = 0;  // bytes off the allocation (16-byte aligned)
+  float scale = 0.013f;
+  bool use_pdl = true;
+  std::vector<std::pair<int64_t, uint16_t>> specials;  // (flat attn index, bits)
+  std::string describe() const {
+    return std::string(dtype_name(dtype)) + " [" + std::to_string(B) + ", " + std::to_string(S) + "] Da=" +
+           std::to_string(Da) + " Dm=" + std::to_string(Dm) + " offsets " + std::to_string(attn_off) + "/" +
+           std::to_string(mlp_off) + "/" + std::to_string(out_off) + " scale " + std::to_string(scale) +
+           (use_pdl ? "" : " nopdl");
+  }
+};
+
+void run_gpu_case(const GpuCase& c, uint64_t seed) {
+  SCOPED_TRACE(c.describe());
+  const int64_t rows = c.B * c.S, D = c.Da + c.Dm;
+  std::vector<uint16_t> a(static_cast<size_t>(rows * c.Da)), m(static_cast<size_t>(rows * c.Dm));
+  fill_fast(a, c.dtype, seed, 3.0f);
+  fill_fast(m, c.dtype, seed + 7, 1.5f);
+  for (auto [i, b] : c.specials)
+    if (i < static_cast<int64_t>(a.size())) a[static_cast<size_t>(i)] = b;
+  const Device gpu{DeviceKind::cuda, 0};
+  DeviceBuffer da(a.size() * 2, c.attn_off), dm(m.size() * 2, c.mlp_off), ds(4), dout(static_cast<size_t>(rows * D), c.out_off);
+  da.put(a.data(), a.size() * 2);
+  dm.put(m.data(), m.size() * 2);
+  ds.put(&c.scale, 4);
+  const TensorView ga = TensorView::contiguous(da.get(), c.dtype, gpu, {c.B, c.S, c.Da});
+  const TensorView gm = TensorView::contiguous(dm.get(), c.dtype, gpu, {c.B, c.S, c.Dm});
+  const TensorView gs = TensorView::contiguous(ds.get(), DType::f32, gpu, {1});
+  const TensorView go = TensorView::contiguous(dout.get(), DType::f8e4m3fn, gpu, {c.B, c.S, D});
+  // The reference's call on the host copies (matched with a valid scale: the device one may be
+  // any value, the reference is given the reciprocal).
+  std::vector<uint8_t> want(static_cast<size_t>(rows * D)), got(want.size());
+  const float one = 1.0f;
+  const TokenCatFp8Call host = match_token_cat_fp8(
+      TensorView::contiguous(a.data(), c.dtype, kCpu, {c.B, c.S, c.Da}),
+      TensorView::contiguous(m.data(), c.dtype, kCpu, {c.B, c.S, c.Dm}),
+      TensorView::contiguous(const_cast<float*>(&one), DType::f32, kCpu, {1}),
+      TensorView::contiguous(want.data(), DType::f8e4m3fn, kCpu, {c.B, c.S, D}));
+  int ran = 0;
+  for (const Fp8Reciprocal mode : {Fp8Reciprocal::ieee, Fp8Reciprocal::div_full}) {
+    const bool div_full = mode == Fp8Reciprocal::div_full;
+    const float inv = device_inverse(c.scale, div_full);
+    const float ieee = ieee_inverse(c.scale);
+    if (!div_full)
+      EXPECT_TRUE(std::memcmp(&inv, &ieee, 4) == 0 || (std::isnan(inv) && std::isnan(ieee)))
+          << "IEEE 1/scale on the device: " << inv << " against " << ieee;
+    token_cat_fp8_reference_with_inverse(host, inv);
+    TokenCatFp8Options o;
+    o.fp8_reciprocal = mode;
+    o.use_pdl = c.use_pdl;
+    const TokenCatFp8Call call = match_token_cat_fp8(ga, gm, gs, go, o);
+    EXPECT_EQ(call.aligned16, c.Da % 16 == 0 && c.Dm % 16 == 0 && c.attn_off % 16 == 0 && c.mlp_off % 16 == 0 &&
+                                  c.out_off % 16 == 0);
+    // The facade picks the implementation of the mode (and runs it; the loop below runs each again).
+    EXPECT_EQ(token_cat_fp8(ga, gm, gs, go, o), div_full ? "token_cat_fp8.jit_div_full" : "token_cat_fp8.jit");
+    for (const KernelSpec* spec : Registry::global().list("token_cat_fp8")) {
+      if (spec->provenance == Provenance::reference) continue;
+      if (!spec->predicate(&call).empty()) continue;  // the other mode's implementation
+      SCOPED_TRACE(spec->name);
+      check_cu(jit::require_cuda_driver().cuMemsetD8(dout.ptr, 0xAB, static_cast<size_t>(rows * D) + c.out_off + 16), "memset");
+      spec->run(&call);
+      check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+      dout.take(got.data(), got.size());
+      int64_t differ = 0, first = -1;
+      for (size_t i = 0; i < got.size(); ++i)
+        if (got[i] != want[i] && differ++ == 0) first = static_cast<int64_t>(i);
+      EXPECT_EQ(differ, 0) << "first at " << first << ": got 0x" << std::hex << int(got[first < 0 ? 0 : first])
+                           << " want 0x" << int(want[first < 0 ? 0 : first]);
+      // Nothing written past the end.
+      std::vector<uint8_t> tail(16);
+      check_cu(jit::require_cuda_driver().cuMemcpyDtoH(tail.data(), dout.ptr + c.out_off + got.size(), 16), "d2h");
+      for (uint8_t b : tail) EXPECT_EQ(b, 0xAB) << "written past the end";
+      ++ran;
+    }
+  }
+  EXPECT_EQ(ran, 2) << "one CUDA implementation per reciprocal mode";
+}
+
+TEST_F(TokenCatFp8Gpu, IssueShapesEveryImplementationByteEqualToTheReference) {
+  uint64_t seed = 1;
+  for (auto [Da, Dm] : {std::pair<int64_t, int64_t>{6144, 18432}, {3072, 9216}})
+    for (int64_t tokens : {1, 127, 4096, 4608, 16384}) {
+      GpuCase c;
+      c.S = tokens;
+      c.Da = Da;
+      c.Dm = Dm;
+      run_gpu_case(c, seed++);
+    }
+}
+
+TEST_F(TokenCatFp8Gpu, OddWidthsMisalignedPointersDtypesAndScales) {
+  uint64_t seed = 100;
+  const std::vector<std::pair<int64_t, int64_t>> widths = {{5, 7}, {6143, 18433}, {16, 1}, {0, 24}, {24, 0},
+                                                           {17, 31}, {3072, 9216}};
+  for (DType dt : {DType::bf16, DType::f16})
+    for (auto [Da, Dm] : widths)
+      for (int misalign = 0; misalign < 3; ++misalign) {
+        GpuCase c;
+        c.dtype = dt;
+        c.B = 2;
+        c.S = 33;
+        c.Da = Da;
+        c.Dm = Dm;
+        c.attn_off = misalign == 1 ? 2 : 0;
+        c.mlp_off = misalign == 2 ? 6 : 0;
+        c.out_off = misalign == 2 ? 1 : misalign == 1 ? 16 : 0;
+        c.scale = misalign == 0 ? 0.013f : misalign == 1 ? 1.0f : 3.7f;
+        run_gpu_case(c, seed++);
+      }
+  GpuCase nopdl;
+  nopdl.S = 129;
+  nopdl.use_pdl = false;
+  run_gpu_case(nopdl, seed++);
+}
+
+TEST_F(TokenCatFp8Gpu, SpecialValuesAndScalesOutsideTheContract) {
+  // The special bf16 values of the CPU test in attn, on both paths; then scales the contract
+  // excludes (0, negative, inf, NaN, subnormal), which CUDA does not check: the kernel's bytes are
+  // the reference's formula with the device's reciprocal (eager's, for ieee).
+  const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x3F88, 0x3F98, 0xBF98, 0x3A80, 0xBA80,
+                               0x3AC0, 0x3B40, 0x3C70, 0x43E0, 0xC3E0, 0x43E8, 0x43F0, 0x7149, 0xF149, 0x7F80,
+                               0xFF80, 0x7FC0, 0xFFC0, 0x4348, 0x4378};
+  for (float scale : {1.0f, 0.013f, 0.0f, -0.5f, INFINITY, NAN, 0x1p-140f})
+    for (int64_t Da : {64, 63}) {
+      GpuCase c;
+      c.S = 5;
+      c.Da = Da;
+      c.Dm = 128;
+      c.scale = scale;
+      for (size_t i = 0; i < sizeof specials / sizeof specials[0]; ++i)
+        c.specials.push_back({static_cast<int64_t>(3 * i), specials[i]});
+      run_gpu_case(c, 7);
+    }
+}
+
+}  // namespace
