@@ -119,3 +119,41 @@ def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weig
     if shift is not None:
         y = y + nss_broadcast(shift, B, S, D)
     return y, v
+
+
+def oracle_outputs(op, x, o):
+    """The tensors the eager chain writes for a call of `op` (x: tensors by slot name, o: options
+    as the op table's text), or None where no eager chain is that call's oracle. Each op adds its
+    branch here beside its chain; tests/python/test_ops_eager.py checks every case against it."""
+    eps = float(o.get("eps", "1e-6"))
+    if op == "qknorm_rope":
+        if o.get("rounding", "rounded") != "rounded" or o.get("norm_order", "aten") != "aten":
+            return None
+        q, k = qknorm_rope_eager(x["q"], x["k"], x["q_weight"], x["k_weight"], x["cos_sin_cache"],
+                                 x["positions"], int(o["rope_dim"]), o["is_neox"] == "true", eps,
+                                 o.get("cache_full_width") == "true")
+        return {"q": q, "k": k}
+    if op == "residual_gate_add":
+        return {"out": residual_gate_add_eager(x["residual"], x["update"], x["gate"])}
+    if op in ("layernorm_modulate", "layernorm_modulate_fp8"):
+        y = layernorm_modulate_eager(x["x"], x["scale"], x.get("shift"), eps)
+        if op == "layernorm_modulate_fp8":
+            if o.get("fp8_reciprocal", "ieee") != "ieee":
+                return None
+            y = static_quant_fp8_eager(y, x["input_scale"])
+        return {"out": y}
+    if op == "qk_head_layernorm":
+        q, k = qk_head_layernorm_eager(x["q"], x["k"], eps)
+        return {"q_out": q, "k_out": k}
+    if op == "token_cat_fp8":
+        if o.get("fp8_reciprocal", "ieee") != "ieee":
+            return None
+        return {"out": token_cat_fp8_eager(x["attn"], x["mlp"], x["input_scale"])}
+    if op == "norm_scale_shift":
+        if o.get("numerics", "eager") != "eager" or "input_scale" in x or "global_scale" in x:
+            return None
+        y, v = norm_scale_shift_eager(x["x"], x["scale"], x.get("shift"), norm=o.get("norm", "layer"),
+                                            eps=eps, weight=x.get("weight"), bias=x.get("bias"),
+                                            residual=x.get("residual"), gate=x.get("gate"))
+        return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
+    return None

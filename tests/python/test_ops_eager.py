@@ -69,35 +69,7 @@ def _tensors(case, seed):
 
 def _eager(case, x):
     """The written tensors the eager chain gives, or None when no chain is the oracle here."""
-    op, o = case["op"], case["options"]
-    eps = float(o.get("eps", "1e-6"))
-    if op == "qknorm_rope":
-        if o.get("rounding", "rounded") != "rounded" or o.get("norm_order", "aten") != "aten":
-            return None
-        q, k = eager.qknorm_rope_eager(x["q"], x["k"], x["q_weight"], x["k_weight"], x["cos_sin_cache"],
-                                       x["positions"], int(o["rope_dim"]), o["is_neox"] == "true", eps,
-                                       o.get("cache_full_width") == "true")
-        return {"q": q, "k": k}
-    if op == "residual_gate_add":
-        return {"out": eager.residual_gate_add_eager(x["residual"], x["update"], x["gate"])}
-    if op in ("layernorm_modulate", "layernorm_modulate_fp8"):
-        y = eager.layernorm_modulate_eager(x["x"], x["scale"], x.get("shift"), eps)
-        if op == "layernorm_modulate_fp8":
-            if o.get("fp8_reciprocal", "ieee") != "ieee":
-                return None
-            y = eager.static_quant_fp8_eager(y, x["input_scale"])
-        return {"out": y}
-    if op == "qk_head_layernorm":
-        q, k = eager.qk_head_layernorm_eager(x["q"], x["k"], eps)
-        return {"q_out": q, "k_out": k}
-    if op == "norm_scale_shift":
-        if o.get("numerics", "eager") != "eager" or "input_scale" in x or "global_scale" in x:
-            return None
-        y, v = eager.norm_scale_shift_eager(x["x"], x["scale"], x.get("shift"), norm=o.get("norm", "layer"),
-                                            eps=eps, weight=x.get("weight"), bias=x.get("bias"),
-                                            residual=x.get("residual"), gate=x.get("gate"))
-        return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
-    return None
+    return eager.oracle_outputs(case["op"], x, case["options"])
 
 
 CASES = [c for c in _cases() if not c["invalid"] and c["kind"] != "empty"]
