@@ -26,6 +26,10 @@
 #   scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
 #                                        run (all four ops by default; split them over two calls
 #                                        to stay inside the limit)
+#   scripts/device_run.sh ops OP...    for the named ops: their tests (ctest names containing the op's
+#                                        CamelCase name, and the driver's cases), `ditops bench OP`,
+#                                        and bench/OP_torch.py (torch.equal checks, then eager,
+#                                        torch.compile and a device copy beside ditops)
 #   scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
 #   scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
@@ -38,10 +42,11 @@
 #                                        (DITOPS_BENCH_CASES / DITOPS_BENCH_IMPLS select cases and
 #                                        implementations: bench/torch_bench_common.py);
 #                                        AB_FULL=1: each DIR is a whole tree (e.g. `git archive`
-#                                        of an earlier commit), for host-code changes
+#                                        of an earlier commit), for host-code changes; AB_CPP=1:
+#                                        time with each tree's `ditops bench OP` instead
 set -uo pipefail
 case "${1:-}" in
-  verify|bench|gpu|ab) PHASE=$1; shift ;;
+  verify|bench|gpu|ab|ops) PHASE=$1; shift ;;
   *) PHASE=all; [ $# -gt 0 ] && OUT=$1 && shift ;;
 esac
 AB_DIRS=()
@@ -95,7 +100,7 @@ for i in "${!AB_DIRS[@]}"; do  # tree i: this one with DIR i's kernels, the libr
     rm -rf $tree/kernels && cp -r "${AB_DIRS[$i]}/kernels" $tree/kernels
   fi
   ( cmake -S $tree -B build-ab-$i -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_PYTHON=OFF -DDITOPS_BUILD_TESTS=OFF \
-      -DDITOPS_BUILD_AOT=OFF > "$OUT/build_ab$i.log" 2>&1 && cmake --build build-ab-$i -j 6 --target ditops >> "$OUT/build_ab$i.log" 2>&1 ) &
+      -DDITOPS_BUILD_AOT=OFF > "$OUT/build_ab$i.log" 2>&1 && cmake --build build-ab-$i -j 6 --target ditops $( [ "${AB_CPP:-0}" = 1 ] && echo ditops_cli ) >> "$OUT/build_ab$i.log" 2>&1 ) &
   AB_PIDS+=($!)
 done
 cmake --build build-dev -j 16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E -A5 'error' "$OUT/build.log" | head -80; exit 1; }
@@ -206,6 +211,29 @@ elif [ "$PHASE" = gpu ]; then
   merge_json "$OUT/bench_cpp.json" "$TMP/cpp_host.json"
   merge_json "$OUT/torch.json" "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+elif [ "$PHASE" = ops ]; then
+  REGEX=""
+  for op in $OPS; do
+    camel=$(echo "$op" | sed -E 's/(^|_)([a-z0-9])/\U\2/g')
+    REGEX="$REGEX${REGEX:+|}$camel|/$op\$"
+  done
+  echo "== tests matching $REGEX"
+  ctest --test-dir build-dev -j 6 -R "$REGEX" --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
+  CTEST_RC=$?
+  grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
+  : > "$OUT/bench_cpp.txt"
+  : > "$OUT/torch.txt"
+  PY_RC=0
+  for op in $OPS; do
+    build-dev/ditops bench $op --reps 100 --commit "$COMMIT" --json "$TMP/cpp_$op.json" 2>&1 | tee -a "$OUT/bench_cpp.txt"
+    echo "---- $op" | tee -a "$OUT/torch.txt"
+    timeout 300 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/torch_$op.json" \
+      >> "$OUT/torch.txt" 2>&1 || PY_RC=1
+    grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | tail -40
+    merge_json "$OUT/bench_cpp.json" "$TMP"/cpp_*.json
+    merge_json "$OUT/torch.json" "$TMP"/torch_*.json
+  done
+  echo "== summary: ops ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 elif [ "$PHASE" = ab ]; then
   if [ -n "${AB_TESTS:-}" ]; then  # this tree's kernels checked first: the GPU tests matching AB_TESTS
     echo "== B: tests matching $AB_TESTS"
@@ -218,6 +246,23 @@ elif [ "$PHASE" = ab ]; then
       timeout 300 python3 bench/${op}_torch.py --lib build-dev/libditops.so --commit B --json "$TMP/verify_$op.json" \
         --skip-bench 2>&1 | grep -vE "^MISMATCH" | grep -E "verification|PASS|FAIL|rror" | tail -5 | tee -a "$OUT/summary.txt"
     done
+  fi
+  if [ "${AB_CPP:-0}" = 1 ]; then  # each tree's own `ditops bench`, alternating, twice
+    : > "$OUT/bench_cpp.txt"
+    for round in 1 2; do
+      for side in "${!AB_DIRS[@]}" B; do
+        cli=build-dev/ditops
+        [ $side = B ] || { cli=build-ab-$side/ditops; side=A$side; }
+        for op in $OPS; do
+          echo "---- $side round $round $op" | tee -a "$OUT/bench_cpp.txt"
+          DITOPS_CACHE_DIR=/tmp/ditops-cache-$side timeout 200 $cli bench $op --reps 50 --commit "$side" \
+            --json "$TMP/abcpp_${side}_${round}_$op.json" >> "$OUT/bench_cpp.txt" 2>&1
+        done
+      done
+    done
+    merge_json "$OUT/bench_cpp.json" "$TMP"/abcpp_*.json
+    echo "== summary: ab (C++ benches) commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+    exit 0
   fi
   for i in "${!AB_DIRS[@]}"; do echo "== A$i = ${AB_DIRS[$i]}/kernels (build-ab-$i)"; done
   echo "== B = this tree (build-dev); cases /${DITOPS_BENCH_CASES:-all}/ impls /${DITOPS_BENCH_IMPLS:-all}/"
