@@ -113,3 +113,18 @@ def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weig
     if shift is not None:
         y = y + nss_broadcast(shift, B, S, D)
     return y, v
+
+
+# ---------------------------------------------------------------- copy family
+
+
+def causal_conv3d_cat_pad_eager(x, cache=None, padding=(0, 0, 0, 0, 0, 0)):
+    """The input of a video VAE's causal Conv3D: the cached past frames prepended along time, then
+    zero padding, F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)). padding is
+    F.pad's tuple (wl, wr, ht, hb, dl, dr) with dl the conv's whole left time padding, of which the
+    cache supplies ct = cache.shape[2] frames (the op's pad_w_left ... pad_t_right options)."""
+    wl, wr, ht, hb, dl, dr = padding
+    if cache is not None:
+        x = torch.cat([cache, x], 2)
+        dl = dl - cache.shape[2]
+    return F.pad(x, (wl, wr, ht, hb, dl, dr))
