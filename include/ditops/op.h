@@ -31,9 +31,11 @@ struct TensorSlot {
   // Outputs: how a binding allocates one the caller did not pass.
   //   like:x          x's shape, contiguous       strided:x   x's shape and strides
   //   E1,E2           extents from expressions of rows(x) (product of all but the last dim),
-  //                   last(x), integers, '*', '/', up128(e) (rounded up to 128)
+  //                   last(x), dim(x,i) (extent i), integer options by name, integers, '+',
+  //                   '-', '*', '/', up128(e) (rounded up to 128)
   std::string alloc;
-  std::string alloc_dtype;  // "" takes the dtype of the tensor `alloc` names
+  std::string alloc_dtype;   // "" takes the dtype of the tensor `alloc` names
+  std::string alloc_format;  // "x": dense in x's dimension order (channels-last stays so); "": contiguous
   // Outputs: when a binding produces it. "always"; "caller" (only when passed: functional
   // bindings leave it out); "given:a,b" when any of those tensors is given or options is true;
   // "flag:o;absent:a,b" the optional-bool option o decides, and when unset, none of a, b given.

@@ -121,19 +121,30 @@ def _numpy_dtype(name: str):
     return np.dtype(np.uint8)
 
 
+def _dense_in_order_of(like, shape, dtype):
+    """An empty torch tensor of `shape`, dense in like's dimension order (largest stride first):
+    a channels-last `like` gives a channels-last result of another shape."""
+    torch = _torch_tensor_module(like)
+    order = sorted(range(like.dim()), key=lambda d: -like.stride(d))
+    t = torch.empty([shape[d] for d in order], dtype=dtype, device=like.device)
+    return t.permute([order.index(d) for d in range(like.dim())])
+
+
 def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
     """A new output of shape() on like's device; dtype None: like's dtype, else a torch dtype
     name ("float8_e4m3fn", "uint8"). strided: like's strides (a permuted dense layout stays
-    permuted: the transposed residual stream)."""
+    permuted: the transposed residual stream); "format": dense in like's dimension order."""
     torch = _torch_tensor_module(like)
     if torch is not None:
         dt = like.dtype if dtype is None else getattr(torch, dtype)
+        if strided == "format":
+            return _dense_in_order_of(like, shape(), dt)
         if strided:
             return torch.empty_strided(shape(), like.stride(), dtype=dt, device=like.device)
         return torch.empty(shape(), dtype=dt, device=like.device)
     if isinstance(like, _ndarray):
         import numpy as np
-        if strided and dtype is None:
+        if strided and strided != "format" and dtype is None:
             return np.empty_like(like, order="K")
         if dtype is None:
             np_dtype = like.dtype
@@ -141,6 +152,11 @@ def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
             np_dtype = np.dtype(getattr(np, dtype))
         else:
             np_dtype = _numpy_dtype(dtype)
+        if strided == "format":
+            order = sorted(range(like.ndim), key=lambda d: -like.strides[d])
+            full = shape()
+            return np.empty([full[d] for d in order], dtype=np_dtype).transpose(
+                [order.index(d) for d in range(like.ndim)])
         return np.empty(shape(), dtype=np_dtype)
     raise Error(f"{op}: {name} was not given and ditops allocates outputs only for torch tensors and "
                 f"numpy arrays (got {type(like).__name__}); pass {name}=")

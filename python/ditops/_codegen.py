@@ -53,8 +53,9 @@ def _positional_defaults(slots: list[dict]) -> set:
 
 def _shape_expr(rule: str) -> tuple[str, str]:
     """An `alloc` rule's extents as a Python tuple expression, and the tensor it is placed like."""
-    names = re.findall(r"(?:rows|last)\((\w+)\)", rule)
-    expr = re.sub(r"rows\((\w+)\)", r"_rows(\1)", rule)
+    names = re.findall(r"(?:rows|last|dim)\((\w+)", rule)
+    expr = re.sub(r"dim\((\w+),\s*(\d+)\)", r"\1.shape[\2]", rule)
+    expr = re.sub(r"rows\((\w+)\)", r"_rows(\1)", expr)
     expr = re.sub(r"last\((\w+)\)", r"\1.shape[-1]", expr)
     expr = expr.replace("up128(", "_up128(").replace("/", "//")
     return "(" + expr + ",)", names[0]
@@ -89,6 +90,8 @@ def _alloc_call(op: dict, slot: dict, new: str) -> str:
         like = rule[8:]
         return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True)"
     shape, like = _shape_expr(rule)
+    if slot.get("alloc_format"):  # dense in that tensor's dimension order
+        return f"{new}({op['name']!r}, {slot['name']!r}, {slot['alloc_format']}, lambda: {shape}, {dt}, 'format')"
     return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False)"
 
 

@@ -61,6 +61,8 @@ def _define(schema: str, impl, fake) -> None:
 
 def _new(op, name, like, shape, dtype, strided):
     dt = like.dtype if dtype is None else getattr(torch, dtype)
+    if strided == "format":
+        return _ditops._dense_in_order_of(like, shape(), dt)
     if strided:
         return torch.empty_strided(shape(), like.stride(), dtype=dt, device=like.device)
     return torch.empty(shape(), dtype=dt, device=like.device)

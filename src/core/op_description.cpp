@@ -178,6 +178,18 @@ class ShapeExpr {
     return call_->tensors[i];
   }
   int64_t expr() {
+    int64_t v = product();
+    for (;;) {
+      if (eat('+')) {
+        v += product();
+      } else if (eat('-')) {
+        v -= product();
+      } else {
+        return v;
+      }
+    }
+  }
+  int64_t product() {
     int64_t v = term();
     for (;;) {
       if (eat('*')) {
@@ -210,6 +222,11 @@ class ShapeExpr {
       if (dims_)
         for (const auto& [name, value] : *dims_)
           if (name == w) return value;
+      if (op_ && call_)
+        if (const int o = op_->option_index(w); o >= 0) {
+          if (const int64_t* v = std::get_if<int64_t>(&call_->options[o])) return *v;
+          fail("option '" + w + "' is not an integer");
+        }
       fail("unknown dim '" + w + "'");
     }
     eat('(');
@@ -221,6 +238,14 @@ class ShapeExpr {
       if (t.rank == 0) fail("tensor has rank 0");
       if (w == "last") {
         v = t.shape[t.rank - 1];
+      } else if (w == "dim") {
+        if (!eat(',')) fail("dim(tensor, index) needs an index");
+        const std::string index = word();
+        if (index.empty() || index.size() > 2 || !std::isdigit(static_cast<unsigned char>(index[0])))
+          fail("dim index '" + index + "' is not a small number");
+        const int d = std::stoi(index);
+        if (d >= t.rank) fail("dim index " + index + " is out of range for a rank-" + std::to_string(t.rank) + " tensor");
+        v = t.shape[d];
       } else if (w == "rows") {
         v = 1;
         for (int d = 0; d + 1 < t.rank; ++d) v *= t.shape[d];
@@ -339,7 +364,7 @@ std::string op_table_json() {
              quoted(tensor_role_name(t.role)) + ", \"optional\": " + (t.optional ? "true" : "false") +
              ", \"keyword\": " + (t.keyword ? "true" : "false") + ", \"dtypes\": " + quoted(t.dtypes) +
              ", \"shape\": " + quoted(t.shape) + ", \"alloc\": " + quoted(t.alloc) + ", \"alloc_dtype\": " +
-             quoted(t.alloc_dtype) + ", \"present\": " + quoted(t.present) + ", \"doc\": " + quoted(t.doc) + "}";
+             quoted(t.alloc_dtype) + ", \"alloc_format\": " + quoted(t.alloc_format) + ", \"present\": " + quoted(t.present) + ", \"doc\": " + quoted(t.doc) + "}";
     }
     out += "],\n \"options\": [";
     for (size_t i = 0; i < d->options.size(); ++i) {

@@ -92,3 +92,21 @@ def test_generated_source_is_inspectable():
     src = ditops.generated_source()
     for op in ditops.op_table():
         assert f"def {op['name']}(" in src
+
+
+def test_alloc_rules_evaluate_in_python_as_in_cpp():
+    from ditops import _codegen
+    expr, like = _codegen._shape_expr("dim(x,0),dim(x,2)+left+1,last(x)-left")
+    x = np.zeros((2, 5, 7, 11), np.float32)
+    assert like == "x"
+    assert eval(expr, {"x": x, "left": 3}) == (2, 11, 8)  # tests/test_op_rules.cpp: the same rule
+
+
+def test_format_outputs_keep_the_dimension_order_of_their_tensor():
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(1, 4, 2, 3, 5).to(memory_format=torch.channels_last_3d)
+    out = ditops._dense_in_order_of(x, (1, 4, 3, 5, 7), torch.float16)
+    assert out.shape == (1, 4, 3, 5, 7) and out.dtype == torch.float16
+    assert out.is_contiguous(memory_format=torch.channels_last_3d)
+    plain = ditops._dense_in_order_of(torch.zeros(2, 3, 4), (2, 5, 4), torch.float32)
+    assert plain.is_contiguous() and plain.shape == (2, 5, 4)

@@ -1,0 +1,138 @@
+// The op test driver, in the spirit of ggml's test-backend-ops: an op declares its cases once
+// (tests/cases/<op>_cases.cpp); the driver runs the reference on host buffers and every other
+// implementation Registry::list(op) returns, on a device where one is present, on the same bytes,
+// and compares. It goes through the op table only (ditops::op, generic_call, call, explain), so a
+// new op needs no driver code. docs/testing.md says what it checks.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ditops/op.h"
+
+namespace ditops::optest {
+
+// How a tensor's values are generated: deterministic from the case seed and the tensor's name.
+struct Fill {
+  enum class Kind : uint8_t { normal, positive, index, wave, constant, sentinel };
+  Kind kind = Kind::normal;
+  double scale = 1.0;   // normal: scale * (N(0,1) + offset), signed zeros sprinkled in
+  double offset = 0.0;  // positive: offset + scale * |N(0,1)|; constant: scale
+  int64_t modulo = 1;   // index: (7 i + 3) mod modulo (row indices such as positions)
+
+  static Fill normal(double scale = 1.0, double offset = 0.0) { return {Kind::normal, scale, offset, 1}; }
+  static Fill positive(double offset = 0.5, double scale = 1.0) { return {Kind::positive, scale, offset, 1}; }
+  static Fill index(int64_t modulo) { return {Kind::index, 1.0, 0.0, modulo}; }
+  static Fill wave() { return {Kind::wave, 1.0, 0.0, 1}; }  // sin(0.37 i): a cos/sin cache
+  static Fill constant(double value) { return {Kind::constant, value, 0.0, 1}; }
+  static Fill sentinel() { return {Kind::sentinel, 1.0, 0.0, 1}; }  // an output's prior contents
+};
+
+// One tensor of a case. A tensor the case leaves out is absent, except outputs that a binding
+// would produce (the op table's `present` rule): the driver adds those, contiguous, shaped by
+// their `alloc` rule.
+struct TensorCase {
+  std::string name;  // the op's tensor slot
+  DType dtype = DType::bf16;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // elements; empty: contiguous
+  std::string storage;           // "": a buffer of its own; else a tensor whose buffer it views
+  int64_t offset = 0;            // elements from its buffer's start (views, misalignment)
+  std::optional<Fill> fill;      // default: normal for inputs, sentinel for outputs
+};
+
+// What a case is about, for the coverage counts.
+enum class CaseKind : uint8_t { model, odd, strided, view, misaligned, empty, aliased, invalid };
+const char* case_kind_name(CaseKind kind);
+
+// How far an implementation's written elements may be from the reference's. Bytes outside the
+// written tensors (guards, padding, inputs) must always be equal.
+struct Tolerance {
+  double max_ulp = 0;       // 0: equal bytes; else |a - b| in ulps of the dtype at max(|a|, |b|, floor)
+  double floor = 0;         // magnitudes below it are compared at its ulp (cancellation near zero)
+  double max_fraction = 0;  // of the elements that may differ at all, plus `slack`
+  int64_t slack = 0;
+};
+
+struct OpCase {
+  std::string op;
+  std::string name;  // unique within the op; says the shape and what is special
+  CaseKind kind = CaseKind::model;
+  std::vector<TensorCase> tensors;
+  std::vector<std::pair<std::string, std::string>> options;  // parsed by the op table
+  uint32_t seed = 1;
+  // Non-empty: the call must fail (every implementation) with a message holding each fragment,
+  // and write nothing.
+  std::vector<std::string> invalid;
+  // (implementation, reason fragment): explain must refuse that implementation here with that
+  // reason. Any other error of an eligible implementation is a failure.
+  std::vector<std::pair<std::string, std::string>> unsupported;
+  Tolerance tolerance;                                       // written tensors against the reference
+  std::vector<std::pair<std::string, Tolerance>> tolerance_for;  // per tensor, overriding it
+  // Too slow for the CPU reference alone to be worth it: run only where a device compares.
+  bool large = false;
+
+  const Tolerance& tolerance_of(const std::string& tensor) const;
+};
+
+// Where a run's buffers live: host memory (the reference; and a stand-in device that tests the
+// device path's logic without a GPU), or a CUDA device through the driver API.
+class Memory {
+ public:
+  virtual ~Memory() = default;
+  virtual Device device() const = 0;
+  virtual void* allocate(size_t bytes) = 0;  // 256-byte aligned
+  virtual void release(void* data) = 0;
+  virtual void upload(void* dst, const std::vector<uint8_t>& src) = 0;
+  virtual std::vector<uint8_t> download(const void* src, size_t bytes) = 0;
+  virtual void synchronize() = 0;
+};
+std::unique_ptr<Memory> host_memory();
+std::unique_ptr<Memory> cuda_memory();  // nullptr without a CUDA device
+
+// Per implementation: the cases it ran and why it refused the others (reasons counted).
+struct ImplTally {
+  int ran = 0;
+  int refused_invalid = 0;  // invalid cases it refused as it should
+  std::map<std::string, int> ineligible;
+};
+struct Summary {
+  std::map<std::string, ImplTally> impls;        // by implementation name
+  std::map<std::string, int> cases_by_kind;      // by case_kind_name
+  std::string format(const std::string& op) const;
+};
+
+struct DriverOptions {
+  Memory* device = nullptr;  // where the non-reference implementations run; nullptr: reference only
+  // Which implementations of the op the device run covers (default: those whose capabilities
+  // name the device's kind, the reference excluded unless the device is the host).
+  std::function<bool(const KernelSpec&)> covers;
+  // Called on an implementation's downloaded buffers before they are compared: the driver's
+  // self-test corrupts them here to see that the comparison catches it.
+  std::function<void(const std::string& impl, std::vector<std::vector<uint8_t>>& buffers)> tamper;
+};
+
+// Runs one case: the reference and its invariants, then every covered implementation against
+// the reference. Returns the failures ("" lines never); tallies into `summary`.
+std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options, Summary* summary);
+
+// Every declared case of `op` ("" for all), in declaration order.
+std::vector<OpCase> cases(const std::string& op = "");
+std::vector<std::string> ops_with_cases();
+
+// Cases as JSON (the eager PyTorch test reads them), with each implicit output made explicit.
+std::string cases_json();
+
+// A case file registers its cases with one static object:
+//   static const optest::CaseSet kCases("residual_gate_add", [] { std::vector<OpCase> out; ...; return out; });
+struct CaseSet {
+  CaseSet(std::string op, std::function<std::vector<OpCase>()> make);
+};
+
+}  // namespace ditops::optest
