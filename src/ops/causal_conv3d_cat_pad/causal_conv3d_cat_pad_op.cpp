@@ -317,9 +317,13 @@ OpDescription describe_causal_conv3d_cat_pad() {
   b.tensor({.name = "cache", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
             .doc = "cached past frames, prepended along time (absent: none)"},
            &CausalConv3dCatPadCall::cache);
+  // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
   b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
             .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
-                     "dim(x,4)+pad_w_left+pad_w_right"},
+                     "dim(x,4)+pad_w_left+pad_w_right",
+            .alloc_format = "x",
+            .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
+                   "pad_w_right], in x's layout"},
            &CausalConv3dCatPadCall::out);
   b.option("pad_w_left", &CausalConv3dCatPadOptions::pad_w_left, "zeros before W (F.pad padding[0])");
   b.option("pad_w_right", &CausalConv3dCatPadOptions::pad_w_right, "zeros after W (F.pad padding[1])");
