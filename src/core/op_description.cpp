@@ -270,6 +270,20 @@ class ShapeExpr {
 
 }  // namespace
 
+// The comma-separated extents of a rule, commas inside parentheses (dim(x,i)) kept.
+static std::vector<std::string> split_extents(const std::string& rule) {
+  std::vector<std::string> out(1);
+  int depth = 0;
+  for (char ch : rule) {
+    depth += ch == '(' ? 1 : ch == ')' ? -1 : 0;
+    if (ch == ',' && depth == 0)
+      out.emplace_back();
+    else
+      out.back() += ch;
+  }
+  return out;
+}
+
 std::vector<int64_t> alloc_shape(const OpDescription& op, const TensorSlot& output, const GenericCall& c) {
   const std::string& rule = output.alloc;
   for (const char* prefix : {"like:", "strided:"}) {
@@ -283,15 +297,13 @@ std::vector<int64_t> alloc_shape(const OpDescription& op, const TensorSlot& outp
     }
   }
   std::vector<int64_t> out;
-  std::stringstream items(rule);
-  for (std::string item; std::getline(items, item, ',');) out.push_back(ShapeExpr(&op, &c, nullptr, item).evaluate());
+  for (const std::string& item : split_extents(rule)) out.push_back(ShapeExpr(&op, &c, nullptr, item).evaluate());
   return out;
 }
 
 std::vector<int64_t> symbolic_shape(const std::string& shape, const std::vector<std::pair<std::string, int64_t>>& dims) {
   std::vector<int64_t> out;
-  std::stringstream items(shape);
-  for (std::string item; std::getline(items, item, ',');) out.push_back(ShapeExpr(nullptr, nullptr, &dims, item).evaluate());
+  for (const std::string& item : split_extents(shape)) out.push_back(ShapeExpr(nullptr, nullptr, &dims, item).evaluate());
   return out;
 }
 

@@ -32,6 +32,8 @@ std::string shape_string(const TensorView& t) {
 // The first dimension whose stride breaks row-major contiguity (-1 if none), with the stride it
 // should have.
 int first_noncontiguous(const TensorView& t, int64_t* expected) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] == 0) return -1;  // no element: any strides describe it (torch gives (64, 64, 1) to [2, 0, 64])
   int64_t want = 1;
   for (int d = t.rank - 1; d >= 0; --d) {
     if (t.shape[d] != 1 && t.strides[d] != want) {
