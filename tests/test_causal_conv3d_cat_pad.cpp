@@ -229,6 +229,18 @@ TEST(CausalConv3dCatPadReference, ExtentOneDimsTakeAnyStride) {
   EXPECT_EQ(compare(out, cat_then_pad(c, x, &cache)), "");
 }
 
+// Tensors without elements address nothing: any strides (torch's empty [1, 3, 0, 3, 5] has
+// (45, 15, 15, 5, 1), in neither layout's dense form).
+TEST(CausalConv3dCatPadReference, EmptyInputsTakeAnyStrides) {
+  std::mt19937 rng(8);
+  const Case c{{1, 3, 0, 3, 5}, 0, 1, 1, 1, 1, 2, 1};
+  HostTensor x(c.dtype, c.x, false), cache(c.dtype, c.cache_shape(), false), out(c.dtype, c.out_shape(), true);
+  const int64_t torch_strides[5] = {45, 15, 15, 5, 1};
+  for (int d = 0; d < 5; ++d) x.view.strides[d] = cache.view.strides[d] = torch_strides[d];
+  causal_conv3d_cat_pad(x.view, cache.view, out.view, c.options());  // out channels-last: all zeros
+  EXPECT_EQ(compare(out, cat_then_pad(c, x, &cache)), "");
+}
+
 // ---- bad input: an Error naming what is wrong, nothing written ----
 
 struct BadCall {
@@ -403,6 +415,22 @@ TEST(CausalConv3dCatPadBindings, DescriptionTakesFPadOrderAndAllocatesThePaddedS
     ASSERT_EQ(d.options[i].name, pads[i]);
     EXPECT_EQ(d.options[i].default_text, "0");
   }
+}
+
+// The alloc rule the bindings evaluate: the padded shape from x and the options, unset options
+// at their defaults; in x's memory format.
+TEST(CausalConv3dCatPadBindings, AllocRuleGivesThePaddedShape) {
+  const OpDescription& d = op("causal_conv3d_cat_pad");
+  HostTensor x(DType::bf16, {2, 3, 4, 5, 6}, true);
+  GenericCall g = generic_call(d);
+  g.tensors[0] = x.view;
+  g.given[0] = true;
+  g.options[d.option_index("pad_w_left")] = int64_t{1};
+  g.options[d.option_index("pad_w_right")] = int64_t{2};
+  g.options[d.option_index("pad_h_bottom")] = int64_t{3};
+  g.options[d.option_index("pad_t_left")] = int64_t{4};
+  EXPECT_EQ(alloc_shape(d, d.tensors[2], g), (std::vector<int64_t>{2, 3, 8, 8, 9}));
+  EXPECT_EQ(d.tensors[2].alloc_format, "x");
 }
 
 TEST(CausalConv3dCatPadBindings, GenericCallAndCAbiAgreeWithCatThenPad) {

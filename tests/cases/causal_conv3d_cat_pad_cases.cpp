@@ -132,7 +132,7 @@ std::vector<OpCase> make() {
   c = ccp_case(base, CaseKind::invalid, seed++);
   c.name = "out_frames_differ";
   c.tensors[2].shape[2] -= 1;
-  c.invalid = {"out.shape[2] must be 6 (x.shape[2] + pad_t_left + pad_t_right) but is 5"};
+  c.invalid = {"out.shape[2] must be 4 (x.shape[2] + pad_t_left + pad_t_right) but is 3"};
   out.push_back(c);
   c = ccp_case(base, CaseKind::invalid, seed++);
   c.name = "out_channels_last_beside_ncthw_x";

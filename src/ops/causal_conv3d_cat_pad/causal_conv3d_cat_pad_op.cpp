@@ -28,8 +28,11 @@ const char* layout_name(bool channels_last) {
 }
 
 // The first dim of t whose stride is not that of a dense tensor in `channels_last`'s order (-1 if
-// none; extent-1 dims address nothing and are skipped, as PyTorch does), with the expected stride.
+// none; extent-1 dims and tensors without elements address nothing and are skipped, as PyTorch
+// does: its empty [1, 3, 0, 3, 5] has strides (45, 15, 15, 5, 1)), with the expected stride.
 int layout_mismatch(const TensorView& t, bool channels_last, int64_t* expected) {
+  for (int d = 0; d < 5; ++d)
+    if (t.shape[d] == 0) return -1;
   const int* order = channels_last ? kNdhwc : kNcthw;
   int64_t want = 1;
   for (int i = 4; i >= 0; --i) {
