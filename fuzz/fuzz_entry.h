@@ -27,4 +27,14 @@ const char* target_name(int target);
 // Hand-written inputs: the repros and one valid call of every op (the fixed corpus).
 std::vector<std::vector<uint8_t>> seed_corpus();
 
+// The C ABI target (fuzz/fuzz_c_abi.cpp): one hostile ditops_call or ditops_explain of any op
+// of the table on CPU tensors in a guarded arena. Aborts on a finding like run_one.
+void run_c_abi(const uint8_t* data, size_t size);
+struct CAbiCounts {
+  size_t ran = 0, refused = 0, skipped = 0;
+};
+const CAbiCounts& c_abi_counts();
+// A valid call and an explain of every op, unknown and NULL op names, the C ABI repros.
+std::vector<std::vector<uint8_t>> c_abi_seed_corpus();
+
 }  // namespace ditops_fuzz

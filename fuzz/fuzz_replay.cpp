@@ -1,7 +1,13 @@
-// Deterministic replay of the fuzz entry (ctest fuzz_replay; any compiler): the seed corpus,
-// files given on the command line (e.g. crash-* files from a libFuzzer run), then N inputs from
-// a seeded PRNG, half of them mutations of the seeds.
-//   fuzz_replay [--random N] [--seed S] [--write-corpus DIR] [FILE|DIR ...]
+// Deterministic replay of the fuzz targets (ctest fuzz_replay; any compiler): for each target
+// (`entry`: DLPack import and the C++ facades, fuzz/fuzz_entry.cpp; `c_abi`: ditops_call and
+// ditops_explain, fuzz/fuzz_c_abi.cpp) the seed corpus, files given on the command line (e.g.
+// crash-* files from a libFuzzer run), then N inputs from a seeded PRNG, half of them mutations
+// of the seeds.
+//   fuzz_replay [--target entry|c_abi|all] [--random N] [--random-c-abi N] [--seed S]
+//               [--write-corpus DIR] [FILE|DIR ...]
+// --random-c-abi: the random inputs of the C ABI target (default: --random; its calls run the
+// references at larger sizes, about 5x slower per input).
+// --write-corpus writes the seeds of one target (default entry) for a libFuzzer run.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -45,36 +51,14 @@ std::vector<uint8_t> read_file(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
-}  // namespace
 
-int main(int argc, char** argv) {
-  long random_inputs = 20000;
-  unsigned long seed = 1;
-  std::string write_dir;
-  std::vector<fs::path> paths;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--random" && i + 1 < argc) random_inputs = std::atol(argv[++i]);
-    else if (a == "--seed" && i + 1 < argc) seed = std::strtoul(argv[++i], nullptr, 10);
-    else if (a == "--write-corpus" && i + 1 < argc) write_dir = argv[++i];
-    else paths.emplace_back(a);
-  }
-  const auto corpus = ditops_fuzz::seed_corpus();
-  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(sig, dump_current);
-  if (!write_dir.empty()) {
-    fs::create_directories(write_dir);
-    for (size_t i = 0; i < corpus.size(); ++i) {
-      std::ofstream out(fs::path(write_dir) / ("seed-" + std::to_string(i)), std::ios::binary);
-      out.write(reinterpret_cast<const char*>(corpus[i].data()), static_cast<std::streamsize>(corpus[i].size()));
-    }
-    std::printf("wrote %zu seeds to %s\n", corpus.size(), write_dir.c_str());
-    return 0;
-  }
+// The seeds, the files and `random_inputs` PRNG inputs through `run`; returns the seed count.
+size_t replay(const std::vector<std::vector<uint8_t>>& corpus, void (*run)(const uint8_t*, size_t),
+              const std::vector<fs::path>& paths, long random_inputs, unsigned long seed, size_t* files) {
   for (const auto& input : corpus) {
     g_current = &input;
-    ditops_fuzz::run_one(input.data(), input.size());
+    run(input.data(), input.size());
   }
-  size_t files = 0;
   for (const fs::path& p : paths) {
     std::vector<fs::path> list;
     if (fs::is_directory(p)) {
@@ -88,8 +72,8 @@ int main(int argc, char** argv) {
       g_current = &bytes;
       std::printf("replay %s (%zu bytes)\n", f.c_str(), bytes.size());
       std::fflush(stdout);
-      ditops_fuzz::run_one(bytes.data(), bytes.size());
-      ++files;
+      run(bytes.data(), bytes.size());
+      ++*files;
     }
   }
   std::mt19937_64 rng(seed);
@@ -108,7 +92,49 @@ int main(int argc, char** argv) {
       }
     }
     g_current = &input;
-    ditops_fuzz::run_one(input.data(), input.size());
+    run(input.data(), input.size());
+  }
+  return corpus.size();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  long random_inputs = 20000, random_c_abi = -1;
+  unsigned long seed = 1;
+  std::string write_dir;
+  std::string target = "all";
+  std::vector<fs::path> paths;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--target" && i + 1 < argc) target = argv[++i];
+    else if (a == "--random" && i + 1 < argc) random_inputs = std::atol(argv[++i]);
+    else if (a == "--random-c-abi" && i + 1 < argc) random_c_abi = std::atol(argv[++i]);
+    else if (a == "--seed" && i + 1 < argc) seed = std::strtoul(argv[++i], nullptr, 10);
+    else if (a == "--write-corpus" && i + 1 < argc) write_dir = argv[++i];
+    else paths.emplace_back(a);
+  }
+  if (target != "entry" && target != "c_abi" && target != "all") {
+    std::fprintf(stderr, "fuzz_replay: --target must be entry, c_abi or all but is '%s'\n", target.c_str());
+    return 2;
+  }
+  for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) signal(sig, dump_current);
+  if (!write_dir.empty()) {
+    const auto corpus = target == "c_abi" ? ditops_fuzz::c_abi_seed_corpus() : ditops_fuzz::seed_corpus();
+    fs::create_directories(write_dir);
+    for (size_t i = 0; i < corpus.size(); ++i) {
+      std::ofstream out(fs::path(write_dir) / ("seed-" + std::to_string(i)), std::ios::binary);
+      out.write(reinterpret_cast<const char*>(corpus[i].data()), static_cast<std::streamsize>(corpus[i].size()));
+    }
+    std::printf("wrote %zu seeds to %s\n", corpus.size(), write_dir.c_str());
+    return 0;
+  }
+  size_t seeds = 0, files = 0;
+  for (const bool c_abi : {false, true}) {
+    if (target != "all" && (target == "c_abi") != c_abi) continue;
+    seeds += replay(c_abi ? ditops_fuzz::c_abi_seed_corpus() : ditops_fuzz::seed_corpus(),
+                    c_abi ? ditops_fuzz::run_c_abi : ditops_fuzz::run_one, paths,
+                    c_abi && random_c_abi >= 0 ? random_c_abi : random_inputs, seed, &files);
   }
   g_current = nullptr;
   for (int t = 0; t < ditops_fuzz::kTargets; ++t) {
@@ -116,7 +142,9 @@ int main(int argc, char** argv) {
     std::printf("  %-24s ran %6zu  refused %6zu  skipped %6zu\n", ditops_fuzz::target_name(t), c.ran, c.refused,
                 c.skipped);
   }
-  std::printf("fuzz_replay: %zu seeds, %zu files, %ld random inputs (seed %lu): no finding\n", corpus.size(), files,
-              random_inputs, seed);
+  const auto& c = ditops_fuzz::c_abi_counts();
+  std::printf("  %-24s ran %6zu  refused %6zu  skipped %6zu\n", "c_abi (ditops_call)", c.ran, c.refused, c.skipped);
+  std::printf("fuzz_replay: %zu seeds, %zu files, %ld random inputs (C ABI: %ld) (seed %lu): no finding\n", seeds,
+              files, random_inputs, random_c_abi >= 0 ? random_c_abi : random_inputs, seed);
   return 0;
 }

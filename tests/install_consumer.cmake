@@ -1,4 +1,5 @@
-# cmake -P: install the build into a temporary prefix, then configure, build and run a consumer.
+# cmake -P: install the build into a temporary prefix, then configure, build and run the consumers
+# (C++ and C11).
 set(prefix ${BUILD_DIR}/test-install)
 set(consumer ${BUILD_DIR}/test-consumer)
 file(REMOVE_RECURSE ${prefix} ${consumer})
@@ -11,12 +12,16 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${co
 if(rc)
   message(FATAL_ERROR "find_package(ditops) failed: ${rc}")
 endif()
-execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer} RESULT_VARIABLE rc OUTPUT_QUIET)
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${consumer} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(rc)
+  message(STATUS "${out}")
   message(FATAL_ERROR "consumer build failed: ${rc}")
 endif()
-execute_process(COMMAND ${consumer}/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
-message(STATUS "${out}")
-if(rc)
-  message(FATAL_ERROR "consumer run failed: ${rc}")
-endif()
+# The C++ consumer, then the C11 one (the C ABI).
+foreach(program consumer c_consumer)
+  execute_process(COMMAND ${consumer}/${program} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message(STATUS "${out}${err}")
+  if(rc)
+    message(FATAL_ERROR "${program} run failed: ${rc}")
+  endif()
+endforeach()

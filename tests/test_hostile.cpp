@@ -1,17 +1,22 @@
-// Hostile input through the C++ facades (issue 22): every case must throw ditops::Error with a
-// message naming the tensor and the values, before anything is written. docs/hostile_input.md
+// Hostile input through the C++ facades and the C ABI (issue 22): every case must throw
+// ditops::Error (or return 1 with the message) naming the tensor and the values, before anything
+// is written. docs/hostile_input.md
 // lists the classes; tests/fuzz_replay covers random ones.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/matcher.h"
+#include "ditops/c_api.h"
+#include "ditops/dlpack.h"
 #include "ditops/layernorm_modulate.h"
 #include "ditops/norm_scale_shift.h"
+#include "ditops/op.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/residual_gate_add.h"
 
@@ -92,6 +97,7 @@ TEST(HostileQkNormRope, BadPositionsDoNotMarkTheReferenceFailed) {
 
 TEST(HostileQkNormRope, IssueReproThrowsInsteadOfCrashing) {
   QkProblem p(1, 4);
+  for (int i = 0; i < 64; ++i) p.q.as<uint16_t>()[i] = 0x3C00;  // the valid call above wrote q
   p.set_position(0, 100000000);
   expect_error([&] { p.run(); }, {"positions[0] = 100000000 is outside the cos_sin_cache rows [0, 4)"});
 }
@@ -283,6 +289,213 @@ TEST(HostileShapes, ByteRangeCountsNegativeStrides) {
   EXPECT_TRUE(memory_overlaps(t, second));
   t.shape[0] = 0;
   EXPECT_FALSE(memory_overlaps(t, second));
+}
+
+TEST(HostileShapes, ContiguousViewsOfHugeShapesAreDefinedAndRefused) {
+  // The stride and element-count products wrap instead of overflowing (signed overflow is
+  // undefined; libFuzzer's UBSan found it); the matcher refuses the view by its element count.
+  Buf small(DType::f32, {4});
+  const int64_t huge[2] = {int64_t{1} << 60, 64};
+  const TensorView x = TensorView::contiguous(small.view.data, DType::f32, kCpu, huge, 2);
+  EXPECT_EQ(x.strides[0], 64);
+  (void)x.numel();
+  (void)x.span_bytes();
+  (void)x.is_contiguous();
+  const int64_t huge3[3] = {int64_t{1} << 60, 64, 4};
+  const TensorView y = TensorView::contiguous(small.view.data, DType::f32, kCpu, huge3, 3);
+  expect_error([&] { residual_gate_add(y, y, y, y); }, {"residual", "more than 2^63 elements"});
+}
+
+TEST(HostileShapes, SymbolicShapeProductsThatOverflowAreErrors) {
+  // The CLI's --shape and the output rules evaluate products of dims ("B*S", up128(...)).
+  const std::vector<std::pair<std::string, int64_t>> dims = {{"B", int64_t{1} << 40}, {"S", int64_t{1} << 40}};
+  expect_error([&] { symbolic_shape("B*S", dims); }, {"shape 'B*S': the product overflows int64"});
+  expect_error([&] { symbolic_shape("up128(B*B/2*S)", dims); }, {"overflows int64"});
+  const std::vector<std::pair<std::string, int64_t>> top = {{"M", std::numeric_limits<int64_t>::max()}};
+  expect_error([&] { symbolic_shape("up128(M)", top); }, {"up128 overflows int64"});
+  EXPECT_EQ(symbolic_shape("up128(B/1024/1024/1024)", dims), std::vector<int64_t>{1024});
+}
+
+// ---------------------------------------------------------------- the C ABI
+
+// residual_gate_add over f32 host buffers [1, 2, 4] (gate [1, 1, 4]) through ditops_call.
+struct CCall {
+  float residual[8] = {1, 2, 3, 4, 5, 6, 7, 8}, update[8] = {1, 1, 1, 1, 2, 2, 2, 2}, gate[4] = {1, 2, 3, 4};
+  float out[8];
+  int64_t shape[3] = {1, 2, 4}, gate_shape[3] = {1, 1, 4};
+  DLTensor t[4];
+  const DLTensor* slots[4] = {&t[0], &t[1], &t[2], &t[3]};
+  std::vector<ditops_option> options;
+  char error[512];
+  CCall() {
+    float* data[4] = {residual, update, gate, out};
+    for (int i = 0; i < 4; ++i) {
+      t[i] = DLTensor{};
+      t[i].data = data[i];
+      t[i].device = {kDLCPU, 0};
+      t[i].ndim = 3;
+      t[i].dtype = {kDLFloat, 32, 1};
+      t[i].shape = i == 2 ? gate_shape : shape;
+    }
+    for (float& v : out) v = -7;
+  }
+  // The return code; the message is in `error`. `out` must be untouched when the call fails.
+  int call(const char* op = "residual_gate_add", size_t num_tensors = 4, const DLTensor* const* tensors = nullptr) {
+    const int rc = ditops_call(op, tensors ? tensors : slots, num_tensors, options.empty() ? nullptr : options.data(),
+                               options.size(), nullptr, nullptr, 0, error, sizeof error);
+    if (rc != 0)
+      for (float v : out) EXPECT_EQ(v, -7.0f) << "a refused call wrote out: " << error;
+    return rc;
+  }
+};
+
+void expect_c_error(CCall& c, std::initializer_list<const char*> parts, const char* op = "residual_gate_add",
+                    size_t num_tensors = 4, const DLTensor* const* tensors = nullptr) {
+  ASSERT_EQ(c.call(op, num_tensors, tensors), 1);
+  const std::string what = c.error;
+  for (const char* part : parts) EXPECT_NE(what.find(part), std::string::npos) << "'" << part << "' not in: " << what;
+}
+
+TEST(HostileCApi, ValidCallRuns) {
+  CCall c;
+  ASSERT_EQ(c.call(), 0) << c.error;
+  EXPECT_STREQ(c.error, "");
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(c.out[i], c.residual[i] + c.update[i] * c.gate[i % 4]) << i;
+}
+
+TEST(HostileCApi, FramingIsRefusedByName) {
+  CCall c;
+  expect_c_error(c, {"ditops_call: op is NULL"}, nullptr);
+  expect_c_error(c, {"unknown op 'nope' (known: qknorm_rope, residual_gate_add"}, "nope");
+  expect_c_error(c, {"residual_gate_add: expected 4 tensors but got 3"}, "residual_gate_add", 3);
+  expect_c_error(c, {"residual_gate_add: expected 4 tensors but got 0"}, "residual_gate_add", 0);
+  CCall null_array;
+  ASSERT_EQ(ditops_call("residual_gate_add", nullptr, 4, nullptr, 0, nullptr, nullptr, 0, null_array.error,
+                        sizeof null_array.error), 1);
+  EXPECT_STREQ(null_array.error, "residual_gate_add: the tensor array is NULL");
+  ASSERT_EQ(ditops_call("residual_gate_add", c.slots, 4, nullptr, 2, nullptr, nullptr, 0, c.error, sizeof c.error), 1);
+  EXPECT_STREQ(c.error, "residual_gate_add: the option array is NULL");
+  // A NULL required tensor.
+  const DLTensor* no_gate[4] = {&c.t[0], &c.t[1], nullptr, &c.t[3]};
+  expect_c_error(c, {"residual_gate_add: tensor 'gate' is required"}, "residual_gate_add", 4, no_gate);
+  // The message is cut to the buffer and NUL-terminated; no buffer at all is fine too.
+  char small[8];
+  EXPECT_EQ(ditops_call(nullptr, c.slots, 4, nullptr, 0, nullptr, nullptr, 0, small, sizeof small), 1);
+  EXPECT_STREQ(small, "ditops_");
+  EXPECT_EQ(ditops_call(nullptr, c.slots, 4, nullptr, 0, nullptr, nullptr, 0, nullptr, 100), 1);
+  EXPECT_EQ(ditops_call(nullptr, c.slots, 4, nullptr, 0, nullptr, nullptr, 0, small, 0), 1);
+}
+
+TEST(HostileCApi, OptionsAreRefusedWithTheExpectedForm) {
+  CCall c;
+  c.options = {{"use_pdl", "maybe"}};
+  expect_c_error(c, {"residual_gate_add: option 'use_pdl' must be true/false (or 1/0) but is 'maybe'"});
+  c.options = {{"eps", "1e-5"}};
+  expect_c_error(c, {"residual_gate_add: unknown option 'eps' (options: use_pdl, backend, quality)"});
+  c.options = {{nullptr, "1"}};
+  expect_c_error(c, {"residual_gate_add: option 0 has a NULL name or value"});
+  c.options = {{"use_pdl", nullptr}};
+  expect_c_error(c, {"residual_gate_add: option 0 has a NULL name or value"});
+  c.options = {{"backend", "cuda"}};
+  expect_c_error(c, {"unknown backend 'cuda' (expected kda, aot, jit, vendor or reference)"});
+  c.options = {{"quality", "best"}};
+  expect_c_error(c, {"unknown quality 'best' (expected lossless, high or extra-high)"});
+  c.options = {{"backend", "jit"}};  // explicit: strict, and the tensors are on the CPU
+  expect_c_error(c, {"residual_gate_add.jit"});
+}
+
+TEST(HostileCApi, TensorsBreakingTheImportRulesAreRefusedNamingTheSlot) {
+  {
+    CCall c;
+    c.t[2].data = nullptr;
+    expect_c_error(c, {"residual_gate_add: gate: from_dlpack: data is NULL but the tensor has 4 elements"});
+  }
+  {
+    CCall c;
+    c.t[0].byte_offset = uint64_t{1} << 62;
+    expect_c_error(c, {"residual_gate_add: residual: from_dlpack: byte_offset 4611686018427387904 is larger than any "
+                       "allocation"});
+  }
+  {
+    CCall c;
+    c.t[1].ndim = 9;
+    expect_c_error(c, {"residual_gate_add: update: from_dlpack: rank 9 is outside [0, 8]"});
+  }
+  {
+    CCall c;
+    c.t[1].shape = nullptr;
+    expect_c_error(c, {"residual_gate_add: update: from_dlpack: shape is NULL for rank 3"});
+  }
+  {
+    CCall c;
+    int64_t negative[3] = {1, -2, 4};
+    c.t[3].shape = negative;
+    expect_c_error(c, {"residual_gate_add: out: from_dlpack: shape[1] must be >= 0 but is -2"});
+  }
+  {
+    CCall c;
+    c.t[0].dtype = {kDLFloat, 32, 4};
+    expect_c_error(c, {"residual_gate_add: residual: from_dlpack: unsupported dtype (code 2, bits 32, lanes 4)"});
+  }
+  {
+    CCall c;
+    c.t[0].device = {7, 0};
+    expect_c_error(c, {"residual_gate_add: residual: from_dlpack: unsupported device type 7"});
+  }
+  {
+    CCall c;
+    c.t[3].byte_offset = 2;  // f32 at an address 2 bytes off
+    expect_c_error(c, {"out.data must be aligned to its element size (4 bytes for f32)"});
+  }
+  {
+    CCall c;  // in place (out = residual) is refused, residual untouched
+    const DLTensor* in_place[4] = {&c.t[0], &c.t[1], &c.t[2], &c.t[0]};
+    expect_c_error(c, {"out must not overlap residual"}, "residual_gate_add", 4, in_place);
+    EXPECT_EQ(c.residual[0], 1.0f);
+  }
+  {
+    CCall c;  // the gate of the wrong width: names the tensor, the dim, expected and actual
+    int64_t wide[3] = {1, 1, 5};
+    c.t[2].shape = wide;
+    expect_c_error(c, {"gate", "5", "4"});
+  }
+}
+
+TEST(HostileCApi, OutOfRangeEnumsAndNumbersAreRefused) {
+  // qknorm_rope's options through the C ABI: the issue's rounding = 7, norm_order = -1.
+  QkProblem p(1, 4);
+  auto dl = [](Buf& b, DLDataType dtype) {
+    DLTensor d{};
+    d.data = b.view.data;
+    d.device = {kDLCPU, 0};
+    d.ndim = b.view.rank;
+    d.shape = b.view.shape;
+    d.dtype = dtype;
+    return d;
+  };
+  DLTensor q = dl(p.q, {kDLFloat, 16, 1}), k = dl(p.k, {kDLFloat, 16, 1}), qw = dl(p.qw, {kDLFloat, 16, 1}),
+           kw = dl(p.kw, {kDLFloat, 16, 1}), cache = dl(p.cache, {kDLFloat, 32, 1}), pos = dl(p.pos, {kDLInt, 64, 1});
+  const DLTensor* slots[6] = {&q, &k, &qw, &kw, &cache, &pos};
+  char error[512];
+  auto run = [&](const char* name, const char* value) {
+    const ditops_option o{name, value};
+    const int rc = ditops_call("qknorm_rope", slots, 6, &o, 1, nullptr, nullptr, 0, error, sizeof error);
+    return rc == 0 ? std::string() : std::string(error);
+  };
+  EXPECT_EQ(run("rounding", "rounded"), "");
+  EXPECT_EQ(run("rounding", "7"), "qknorm_rope: unknown rounding '7' (expected rounded or fp32)");
+  EXPECT_EQ(run("norm_order", "-1"), "qknorm_rope: unknown norm_order '-1' (expected aten or warp)");
+  EXPECT_EQ(run("rope_dim", "99999999999999999999"),
+            "qknorm_rope: option 'rope_dim' must be an integer but is '99999999999999999999'");
+  EXPECT_EQ(run("rope_dim", "4294967296"), "qknorm_rope: option 'rope_dim' must fit 32 bits but is 4294967296");
+  EXPECT_EQ(run("eps", "nan"), "qknorm_rope: option 'eps' must be a finite number but is 'nan'");
+  EXPECT_EQ(run("eps", "1e400"), "qknorm_rope: option 'eps' must be a finite number but is '1e400'");
+  EXPECT_EQ(run("is_neox", ""), "qknorm_rope: option 'is_neox' must be true/false (or 1/0) but is ''");
+  // A position outside the cache: checked on the host before q or k is written.
+  for (int i = 0; i < 64; ++i) p.q.as<uint16_t>()[i] = 0x3C00;  // the valid call above wrote q
+  p.set_position(0, 100000000);
+  EXPECT_EQ(run("rounding", "rounded"), "qknorm_rope: positions[0] = 100000000 is outside the cos_sin_cache rows [0, 4)");
+  EXPECT_EQ(p.q.as<uint16_t>()[0], 0x3C00);
 }
 
 }  // namespace

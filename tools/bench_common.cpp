@@ -47,6 +47,10 @@ double median_us(const std::function<void()>& fn, int reps, DeviceBuffer& flush)
   return times[times.size() / 2];
 }
 
+int bench_reps(const Args& args, const std::string& op) {
+  return static_cast<int>(int_flag(args, "bench " + op, "--reps", 50, 1, 100000, "repetitions per case"));
+}
+
 bool BenchRun::gpu_available(const char* op) {
   std::string why;
   if (jit::cuda_driver(&why)) return true;
@@ -59,7 +63,7 @@ BenchRun::BenchRun(const char* op, const Args& args)
       json_path_(args.get("--json", "")),
       commit_(args.get("--commit", "unknown")),
       date_(today()),
-      reps_(std::stoi(args.get("--reps", "50"))),
+      reps_(bench_reps(args, op)),
       flush_((jit::bind_primary_context(0), size_t{256} << 20)) {  // 256 MiB > the H200's 60 MB L2
   device_name_ = device_info(Device{DeviceKind::cuda, 0}).name;
   std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");

@@ -41,6 +41,9 @@ inline constexpr const char* kHostTime = "host";
 // "(1,4608,3072)": the shape field of a record.
 std::string shape_string(const std::vector<int64_t>& dims);
 
+// --reps: an integer in [1, 100000], default 50; throws Error naming the flag and the value.
+int bench_reps(const Args& args, const std::string& op);
+
 // One benchmark run: parses --reps/--json/--commit, holds the flush buffer, prints one table
 // row per record and writes the JSON list at the end.
 class BenchRun {

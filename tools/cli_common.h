@@ -1,6 +1,7 @@
 // Small helpers shared by the CLI's commands.
 #pragma once
 
+#include <cstdint>
 #include <ctime>
 #include <map>
 #include <string>
@@ -12,12 +13,18 @@ namespace ditops::cli {
 struct Args {
   std::vector<std::string> words;
   std::map<std::string, std::string> flags;
+  std::vector<std::string> missing_value;  // flags given last without their value
   std::string get(const std::string& flag, const std::string& fallback) const {
     auto it = flags.find(flag);
     return it == flags.end() ? fallback : it->second;
   }
   bool has(const std::string& flag) const { return flags.count(flag) != 0; }
 };
+
+// An integer flag's value: decimal digits (an optional leading '-') in [lo, hi]; otherwise throws
+// Error("<command>: <flag> must be an integer in [lo, hi] but is '<text>'") (`what` adds a hint).
+int64_t int_flag(const Args& args, const std::string& command, const std::string& flag, int64_t fallback, int64_t lo,
+                 int64_t hi, const std::string& what = "");
 
 inline std::string today() {
   char buf[16];

@@ -4,14 +4,35 @@
 #include <iostream>
 #include <sstream>
 
-#include <algorithm>
+#include <sys/ioctl.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <utility>
+
+#include "core/device.h"
 #include "ditops/op.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "tools/bench_common.h"
 
 namespace ditops::cli {
+
+int64_t int_flag(const Args& args, const std::string& command, const std::string& flag, int64_t fallback, int64_t lo,
+                 int64_t hi, const std::string& what) {
+  if (!args.has(flag)) return fallback;
+  const std::string text = args.get(flag, "");
+  const size_t digits = text.rfind('-', 0) == 0 ? 1 : 0;
+  bool ok = text.size() > digits && text.size() <= digits + 18 &&
+            text.find_first_not_of("0123456789", digits) == std::string::npos;
+  const int64_t v = ok ? std::stoll(text) : 0;
+  ok = ok && v >= lo && v <= hi;
+  if (!ok)
+    throw Error(command + ": " + flag + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                "]" + (what.empty() ? "" : " (" + what + ")") + " but is '" + text + "'");
+  return v;
+}
+
 namespace {
 
 constexpr const char* kUsage = R"(usage: ditops <command> [options]
@@ -21,13 +42,17 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
   ops                           every op's description: tensors, options with defaults, dims
   explain <op> [--shape N,N,..] [--dims NAME=N,..] [--dtype TENSOR=DT,..] [--with T,..]
           [--without T,..] [--<option> VALUE ..] [--device cpu|cuda:N] [--backend B] [--quality Q]
+          [--sm SM [--sms N]]
                                 the dispatch reasoning for one call of any op, without running
-                                it; sizes default to the op's example dims (`ditops ops`)
+                                it; sizes default to the op's example dims (`ditops ops`);
+                                --sm 90: on a simulated sm_90 device with N SMs (default 132),
+                                on any machine (the driver is taken as present)
   info                          devices, SM, driver, NVRTC, cache directory
   cache list|clear              the cubin cache: entries (path, arch, size), total / remove entries, locks
   demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
                                 the reference (the README's first command)
-  bench <op> [--reps N] [--json PATH] [--commit SHA] [--host-only (qknorm_rope)]
+  bench <op> [--reps N (1..100000, default 50)] [--json PATH] [--commit SHA]
+          [--host-only (qknorm_rope)]
                                 model shapes: us, GB/s, fraction of a device copy (needs a GPU)
 )";
 
@@ -41,7 +66,7 @@ Args parse(int argc, char** argv) {
     if (s.rfind("--", 0) == 0) {
       if (is_switch(s)) a.flags[s] = "1";
       else if (i + 1 < argc) a.flags[s] = argv[++i];
-      else throw Error("option " + s + " needs a value");
+      else a.missing_value.push_back(s);  // refused by require_known_flags: unknown, or no value
     } else {
       a.words.push_back(s);
     }
@@ -49,16 +74,18 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Refuses flags the command does not know (a typo must not run the default silently).
+// Refuses flags the command does not know (a typo must not run the default silently), then a
+// known flag given last without its value.
 void require_known_flags(const Args& a, const std::vector<std::string>& known, const std::string& command) {
-  for (const auto& [flag, value] : a.flags) {
-    bool ok = false;
-    for (const auto& k : known) ok = ok || k == flag;
-    if (ok) continue;
-    std::string list;
-    for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
-    throw Error(command + ": unknown option " + flag + " (options: " + list + ")");
-  }
+  std::string list;
+  for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
+  auto refuse_unknown = [&](const std::string& flag) {
+    if (std::find(known.begin(), known.end(), flag) != known.end()) return;
+    throw Error(command + ": unknown option " + flag + (list.empty() ? " (no options)" : " (options: " + list + ")"));
+  };
+  for (const auto& [flag, value] : a.flags) refuse_unknown(flag);
+  for (const auto& flag : a.missing_value) refuse_unknown(flag);
+  if (!a.missing_value.empty()) throw Error(command + ": option " + a.missing_value[0] + " needs a value");
 }
 
 std::string availability_of(const KernelSpec& s) {
@@ -66,29 +93,82 @@ std::string availability_of(const KernelSpec& s) {
   return why.empty() ? "available" : why;
 }
 
+// The output width: $COLUMNS, else the terminal's, else 100 (at least 60).
+size_t output_columns() {
+  if (const char* env = std::getenv("COLUMNS")) {
+    const std::string text = env;
+    if (!text.empty() && text.size() < 5 && text.find_first_not_of("0123456789") == std::string::npos)
+      return std::clamp<size_t>(std::stoul(text), 60, 1000);
+  }
+  winsize ws{};
+  if (isatty(STDOUT_FILENO) && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 60) return ws.ws_col;
+  return 100;
+}
+
+// `text` broken at spaces into lines of at most `width` characters (a longer word is split).
+std::vector<std::string> wrap(const std::string& text, size_t width) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::stringstream words(text);
+  for (std::string word; words >> word;) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) lines.push_back(std::exchange(line, ""));
+    while (word.size() > width) {
+      if (!line.empty()) lines.push_back(std::exchange(line, ""));
+      lines.push_back(word.substr(0, width));
+      word.erase(0, width);
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(line);
+  return lines;
+}
+
+// Every column's width comes from its content; text past the output width wraps under its column.
 int cmd_list(const Args& args) {
   require_known_flags(args, {"--keys"}, "list");
   const auto specs = Registry::global().list();
-  size_t name_width = 14;
-  for (const KernelSpec* s : specs) name_width = std::max(name_width, s->name.size());
-  const int w = static_cast<int>(name_width);
-  std::printf("%-*s  %-10s  %s\n", w, "implementation", "provenance", "capabilities / contract");
+  const size_t columns = output_columns();
+  size_t name_width = std::string("implementation").size(), prov_width = std::string("provenance").size();
+  for (const KernelSpec* s : specs) {
+    name_width = std::max(name_width, s->name.size());
+    prov_width = std::max(prov_width, std::string(provenance_name(s->provenance)).size());
+  }
+  const size_t text_column = name_width + 2 + prov_width + 2;
+  // Text in a third column while it leaves 30 characters there, else on lines of its own
+  // indented by 4.
+  const bool narrow = columns < text_column + 30;
+  const size_t detail_column = narrow ? 4 : text_column;
+  // `head` (at most `column` wide), then `text` wrapped at `column`.
+  auto print_wrapped = [&](const std::string& head, size_t column, const std::string& text) {
+    const size_t width = columns > column + 20 ? columns - column : 20;
+    const auto lines = wrap(text, width);
+    std::printf("%s%s%s\n", head.c_str(), std::string(column > head.size() ? column - head.size() : 0, ' ').c_str(),
+                lines[0].c_str());
+    for (size_t i = 1; i < lines.size(); ++i) std::printf("%s%s\n", std::string(column, ' ').c_str(), lines[i].c_str());
+  };
+  auto pad = [](std::string s, size_t width) { return s + std::string(width > s.size() ? width - s.size() : 0, ' '); };
+  auto row = [&](const std::string& name, const std::string& provenance, const std::string& text) {
+    if (!narrow) return print_wrapped(pad(name, name_width) + "  " + pad(provenance, prov_width) + "  ", text_column, text);
+    std::printf("%s  %s\n", pad(name, name_width).c_str(), provenance.c_str());
+    print_wrapped("", detail_column, text);
+  };
+  row("implementation", "provenance", "capabilities / contract, availability here, description");
   for (const KernelSpec* s : specs) {
     std::string caps;
     for (const auto& c : s->capabilities) caps += (caps.empty() ? "" : " | ") + c.describe();
     if (caps.empty()) caps = "anywhere";
-    std::printf("%-*s  %-10s  %s\n", w, s->name.c_str(), provenance_name(s->provenance), caps.c_str());
-    std::printf("%-*s  %-10s  %s\n", w, "", "", s->contract.describe().c_str());
-    std::printf("%-*s  here: %s\n", w, "", availability_of(*s).c_str());
-    std::printf("%-*s  %s\n", w, "", s->description.c_str());
+    row(s->name, provenance_name(s->provenance), caps);
+    print_wrapped("", detail_column, s->contract.describe());
+    print_wrapped("", detail_column, "here: " + availability_of(*s));
+    print_wrapped("", detail_column, s->description);
     if (s->evidence)
-      std::printf("%-*s  evidence: %s; oracle %s; %s on %s, %s\n", w, "", s->evidence->shapes.c_str(),
-                  s->evidence->oracle.c_str(), s->evidence->speedup.c_str(), s->evidence->device.c_str(),
-                  s->evidence->date.c_str());
+      print_wrapped("", detail_column,
+                    "evidence: " + s->evidence->shapes + "; oracle " + s->evidence->oracle + "; " + s->evidence->speedup +
+                        " on " + s->evidence->device + ", " + s->evidence->date);
   }
   std::printf("\nprebuilt (aot) keys: %zu\n", jit::aot_entries().size());
   if (args.has("--keys"))
-    for (const auto& e : jit::aot_entries()) std::printf("  %s\n", e.template_key);
+    for (const auto& e : jit::aot_entries()) print_wrapped("", 2, e.template_key);
   return 0;
 }
 
@@ -140,7 +220,7 @@ int cmd_explain(const Args& a) {
   if (a.words.size() != 2) throw Error("explain: name one op (" + ops + ")");
   const OpDescription& d = op(a.words[1]);
   std::vector<std::string> known = {"--shape", "--dims", "--dtype", "--with", "--without", "--device", "--backend",
-                                    "--quality"};
+                                    "--quality", "--sm", "--sms"};
   for (const auto& o : d.options) {
     std::string flag = "--" + o.name;
     std::replace(flag.begin(), flag.end(), '_', '-');
@@ -194,7 +274,15 @@ int cmd_explain(const Args& a) {
       throw Error("--quality must be lossless, high or extra-high but is '" + a.get("--quality", "") + "'");
     c.dispatch.quality = q;
   }
-  const Device dev = parse_device(a.get("--device", jit::cuda_driver() ? "cuda:0" : "cpu"));
+  // --sm: a simulated CUDA device of that architecture (a machine without a GPU can explain GPU
+  // dispatch); the SM count enters some template keys (residual_gate_add's tiles).
+  const std::string command = "explain " + d.name;
+  const int sm = static_cast<int>(int_flag(a, command, "--sm", 0, 50, 200, "compute capability major*10+minor, e.g. 90"));
+  const int sms = static_cast<int>(int_flag(a, command, "--sms", 132, 1, 1024, "multiprocessors"));
+  if (a.has("--sms") && !sm) throw Error(command + ": --sms is the simulated device's SM count and needs --sm");
+  const Device dev = parse_device(a.get("--device", sm || jit::cuda_driver() ? "cuda:0" : "cpu"));
+  if (sm && dev.kind != DeviceKind::cuda)
+    throw Error(command + ": --sm simulates a CUDA device but --device is " + device_name(dev));
   std::vector<std::pair<std::string, std::string>> dtypes;
   for (const auto& item : split(a.get("--dtype", ""), ',')) {
     const size_t eq = item.find('=');
@@ -213,6 +301,7 @@ int cmd_explain(const Args& a) {
         throw Error(std::string(flag) + " takes optional tensors of " + d.name + " but has '" + item + "'");
 
   // Inputs first (outputs' presence reads them), each at its own fake address.
+  __int128 next_fake = __int128{1} << 40;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < d.tensors.size(); ++i) {
       const TensorSlot& t = d.tensors[i];
@@ -231,10 +320,28 @@ int cmd_explain(const Args& a) {
       }
       DType dt;
       if (!parse_dtype(dt_name, &dt)) throw Error("--dtype: '" + dt_name + "' is not a dtype (bf16, f16, f32, ...)");
-      void* fake = reinterpret_cast<void*>((uintptr_t{1} << 40) + (uintptr_t{i} << 34));
-      c.tensors[i] = TensorView::contiguous(fake, dt, dev, symbolic_shape(t.shape, dims));
+      // Fake addresses one after the other, so that no two tensors overlap whatever the sizes.
+      const std::vector<int64_t> shape = symbolic_shape(t.shape, dims);
+      __int128 bytes = static_cast<__int128>(dtype_size(dt));
+      for (int64_t e : shape) bytes *= e > 0 ? e : 1;
+      if (bytes > (__int128{1} << 56) || next_fake + bytes > (__int128{1} << 60))
+        throw Error(d.name + ": the tensors of this call would take more than 2^56 bytes (" + t.name + " has " +
+                    std::to_string(shape.size()) + " dims of sizes " + [&] {
+                      std::string list;
+                      for (int64_t e : shape) list += (list.empty() ? "" : ",") + std::to_string(e);
+                      return list;
+                    }() + ")");
+      c.tensors[i] = TensorView::contiguous(reinterpret_cast<void*>(static_cast<uintptr_t>(next_fake)), dt, dev, shape);
+      next_fake += (bytes + 4095) / 4096 * 4096;
       c.given[i] = true;
     }
+  }
+  if (sm) {
+    std::printf("simulated device: sm_%d with %d SMs%s (no GPU is used: the CUDA driver is taken as present; "
+                "NVRTC and the prebuilt kernels are this machine's)\n",
+                sm, sms, a.has("--sms") ? "" : " (--sms default)");
+    std::printf("%s", explain(d.name, c, simulated_device_info(dev, sm, sms)).format().c_str());
+    return 0;
   }
   std::printf("%s", d.explain(c).format().c_str());
   return 0;
@@ -288,15 +395,30 @@ int main(int argc, char** argv) {
       require_known_flags(args, {}, "info");
       return cmd_info();
     }
-    if (cmd == "cache") return cmd_cache(args);
-    if (cmd == "demo") return run_demo(args);
+    if (cmd == "cache") {
+      require_known_flags(args, {}, "cache");  // `cache clear --dry-run x` must not clear
+      if (args.words.size() > 2) throw ditops::Error("cache: expected 'list' or 'clear' alone but got '" + args.words[2] + "'");
+      return cmd_cache(args);
+    }
+    if (cmd == "demo") {
+      require_known_flags(args, {}, "demo");
+      return run_demo(args);
+    }
     if (cmd == "bench") {
       std::string known;
       for (const auto& [op, run] : bench_commands()) {
-        if (args.words.size() >= 2 && args.words[1] == op) return run(args);
+        if (args.words.size() == 2 && args.words[1] == op) {
+          // Checked before the GPU is looked for, so a typo fails on any machine.
+          std::vector<std::string> flags = {"--reps", "--json", "--commit"};
+          if (op == "qknorm_rope") flags.push_back("--host-only");
+          require_known_flags(args, flags, "bench " + op);
+          bench_reps(args, op);
+          if (args.has("--json") && args.get("--json", "").empty()) throw ditops::Error("bench " + op + ": --json needs a path");
+          return run(args);
+        }
         known += (known.empty() ? "" : ", ") + op;
       }
-      throw ditops::Error("bench: expected one of: " + known);
+      throw ditops::Error("bench: name one op, one of: " + known);
     }
     std::fprintf(stderr, "unknown command '%s'\n%s", cmd.c_str(), kUsage);
     return 2;

@@ -102,6 +102,12 @@ GenericCall generic_call(const OpDescription& op);
 // The derived entries every binding calls.
 std::string call(const std::string& op_name, const GenericCall& call, Stream stream = nullptr);
 DispatchReport explain(const std::string& op_name, const GenericCall& call);
+// The dispatch reasoning for `call` as it would be on a CUDA device described by `simulated` (any
+// SM, features, multiprocessors; e.g. from `ditops explain --sm 90`), on any machine, GPU or not.
+// The tensors must be on a CUDA device; they are matched as usual and never read. The CUDA driver
+// is taken as present, NVRTC and the prebuilt kernels are this machine's. The report's device
+// says "simulated".
+DispatchReport explain(const std::string& op_name, const GenericCall& call, const DeviceInfo& simulated);
 
 // The table as JSON (what the Python package reads: one object per op with its slots).
 std::string op_table_json();

@@ -11,9 +11,22 @@ namespace ditops {
 
 static const DeviceInfo& device_info_slow(Device device);
 
+namespace {
+thread_local const DeviceInfo* t_simulated = nullptr;  // SimulatedDeviceScope
+
+uint32_t features_of_sm(int sm) {
+  uint32_t features = 0;
+  if (sm >= 90) features |= kFeaturePdl;
+  if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
+  if (jit::nvrtc_version() > 0) features |= kFeatureNvrtc;
+  return features;
+}
+}  // namespace
+
 const DeviceInfo& device_info(Device device) {
   static const DeviceInfo cpu{{DeviceKind::cpu, 0}, 0, 0, 0, "host CPU"};
   if (device.kind == DeviceKind::cpu) return cpu;
+  if (t_simulated) [[unlikely]] return *t_simulated;
   // Per-call fast path: the entries never move or change once made (std::map nodes are stable).
   thread_local int last_index = -1;
   thread_local const DeviceInfo* last_info = nullptr;
@@ -47,11 +60,28 @@ static const DeviceInfo& device_info_slow(Device device) {
   info.sm = major * 10 + minor;
   info.multiprocessors = sms;
   info.name = name;
-  if (info.sm >= 90) info.features |= kFeaturePdl;
-  if (info.sm == 100 || info.sm == 103 || info.sm == 120 || info.sm == 121)
-    info.features |= kFeatureFp4Convert;
-  if (jit::nvrtc_version() > 0) info.features |= kFeatureNvrtc;
+  info.features = features_of_sm(info.sm);
   return infos->emplace(device.index, info).first->second;
+}
+
+DeviceInfo simulated_device_info(Device device, int sm, int multiprocessors) {
+  DeviceInfo info;
+  info.device = device;
+  info.sm = sm;
+  info.multiprocessors = multiprocessors;
+  info.features = features_of_sm(sm);
+  info.name = "simulated sm_" + std::to_string(sm);
+  return info;
+}
+
+SimulatedDeviceScope::SimulatedDeviceScope(const DeviceInfo& info) : info_(info), previous_(t_simulated) {
+  t_simulated = &info_;
+  jit::simulate_cuda_driver(true);
+}
+
+SimulatedDeviceScope::~SimulatedDeviceScope() {
+  t_simulated = previous_;
+  jit::simulate_cuda_driver(previous_ != nullptr);
 }
 
 }  // namespace ditops

@@ -9,4 +9,24 @@ namespace ditops {
 // For DeviceKind::cpu returns the CPU; throws Error for a CUDA device that does not exist.
 const DeviceInfo& device_info(Device device);
 
+// What dispatch would read on a CUDA device of compute capability `sm` (major*10 + minor) with
+// `multiprocessors` SMs: features derived from the SM as for a real device, NVRTC as on this
+// machine; named "simulated sm_90".
+DeviceInfo simulated_device_info(Device device, int sm, int multiprocessors);
+
+// While alive, on this thread only: device_info() of any CUDA device returns `info`, and the CUDA
+// driver reads as present (jit::SimulatedDriverScope). explain() uses it to show how dispatch would
+// choose on an architecture this machine lacks; nothing may run inside the scope.
+class SimulatedDeviceScope {
+ public:
+  explicit SimulatedDeviceScope(const DeviceInfo& info);
+  ~SimulatedDeviceScope();
+  SimulatedDeviceScope(const SimulatedDeviceScope&) = delete;
+  SimulatedDeviceScope& operator=(const SimulatedDeviceScope&) = delete;
+
+ private:
+  DeviceInfo info_;
+  const DeviceInfo* previous_;
+};
+
 }  // namespace ditops

@@ -5,8 +5,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
+#include "core/device.h"
 #include "core/op_builder.h"
 #include "ditops/op.h"
 
@@ -135,6 +137,25 @@ std::string call(const std::string& op_name, const GenericCall& c, Stream stream
 
 DispatchReport explain(const std::string& op_name, const GenericCall& c) { return op(op_name).explain(c); }
 
+DispatchReport explain(const std::string& op_name, const GenericCall& c, const DeviceInfo& simulated) {
+  const OpDescription& d = op(op_name);
+  if (simulated.device.kind != DeviceKind::cuda)
+    throw Error(d.name + ": a simulated device must be a CUDA device but is " + device_name(simulated.device));
+  for (size_t i = 0; i < c.tensors.size() && i < c.given.size(); ++i)
+    if (c.given[i] && c.tensors[i].device.kind != DeviceKind::cuda)
+      throw Error(d.name + ": explain on a simulated sm_" + std::to_string(simulated.sm) + " needs CUDA tensors but " +
+                  (i < d.tensors.size() ? d.tensors[i].name : std::to_string(i)) + " is on " +
+                  device_name(c.tensors[i].device));
+  DispatchReport report;
+  {
+    SimulatedDeviceScope scope(simulated);
+    report = d.explain(c);
+  }
+  report.device += " simulated, " + std::to_string(simulated.multiprocessors) + " SMs, features " +
+                   (simulated.features ? feature_names(simulated.features) : std::string("none"));
+  return report;
+}
+
 // ---------------------------------------------------------------- output shapes
 
 namespace {
@@ -193,10 +214,12 @@ class ShapeExpr {
     int64_t v = term();
     for (;;) {
       if (eat('*')) {
-        v *= term();
+        const int64_t w = term();
+        if (__builtin_mul_overflow(v, w, &v)) fail("the product overflows int64");
       } else if (eat('/')) {
         const int64_t d = term();
         if (d == 0) fail("division by zero");
+        if (d == -1 && v == std::numeric_limits<int64_t>::min()) fail("the quotient overflows int64");
         v /= d;
       } else {
         return v;
@@ -236,9 +259,12 @@ class ShapeExpr {
     eat('(');
     int64_t v = 0;
     if (w == "up128") {
-      v = (expr() + 127) / 128 * 128;
+      v = expr();
+      if (v > std::numeric_limits<int64_t>::max() - 127) fail("up128 overflows int64");
+      v = (v + 127) / 128 * 128;
     } else {
-      const TensorView& t = named(word());
+      const std::string tensor = word();
+      const TensorView& t = named(tensor);
       if (t.rank == 0) fail("tensor has rank 0");
       if (w == "last") {
         v = t.shape[t.rank - 1];
@@ -252,7 +278,8 @@ class ShapeExpr {
         v = t.shape[d];
       } else if (w == "rows") {
         v = 1;
-        for (int d = 0; d + 1 < t.rank; ++d) v *= t.shape[d];
+        for (int d = 0; d + 1 < t.rank; ++d)
+          if (__builtin_mul_overflow(v, t.shape[d], &v)) fail("rows(" + tensor + ") overflows int64");
       } else {
         fail("unknown function " + w);
       }

@@ -58,6 +58,19 @@ TensorView TensorView::contiguous(void* data, DType dtype, Device device, const 
   return contiguous(data, dtype, device, shape.data(), static_cast<int>(shape.size()));
 }
 
+namespace {
+// Products of extents and strides wrap (two's complement) instead of overflowing: a view whose
+// element count or span passes 2^63 gets meaningless strides, and every op refuses it in
+// Matcher::tensor before reading them (libFuzzer, C ABI target: contiguous() of a [2^60, 64]
+// shape was signed overflow).
+int64_t wrapping_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+int64_t wrapping_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+}  // namespace
+
 TensorView TensorView::contiguous(void* data, DType dtype, Device device, const int64_t* shape, int rank) {
   if (rank < 0 || rank > kMaxRank)
     throw Error("TensorView: rank " + std::to_string(rank) + " exceeds " + std::to_string(kMaxRank));
@@ -70,14 +83,14 @@ TensorView TensorView::contiguous(void* data, DType dtype, Device device, const 
   int64_t stride = 1;
   for (int i = view.rank - 1; i >= 0; --i) {
     view.strides[i] = stride;
-    stride *= view.shape[i];
+    stride = wrapping_mul(stride, view.shape[i]);
   }
   return view;
 }
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
-  for (int i = 0; i < rank; ++i) n *= shape[i];
+  for (int i = 0; i < rank; ++i) n = wrapping_mul(n, shape[i]);
   return n;
 }
 
@@ -85,7 +98,7 @@ bool TensorView::is_contiguous() const {
   int64_t expected = 1;
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != expected) return false;
-    expected *= shape[i];
+    expected = wrapping_mul(expected, shape[i]);
   }
   return true;
 }
@@ -93,8 +106,8 @@ bool TensorView::is_contiguous() const {
 int64_t TensorView::span_bytes() const {
   if (numel() == 0) return 0;
   int64_t last = 0;
-  for (int i = 0; i < rank; ++i) last += (shape[i] - 1) * strides[i];
-  return (last + 1) * static_cast<int64_t>(dtype_size(dtype));
+  for (int i = 0; i < rank; ++i) last = wrapping_add(last, wrapping_mul(wrapping_add(shape[i], -1), strides[i]));
+  return wrapping_mul(wrapping_add(last, 1), static_cast<int64_t>(dtype_size(dtype)));
 }
 
 std::string TensorView::describe() const {

@@ -62,9 +62,34 @@ DriverState& state() {
   return *s;
 }
 
+// The simulated driver's functions: every call is refused.
+template <typename F>
+struct Refused;
+template <typename... A>
+struct Refused<CUresult (*)(A...)> {
+  static CUresult fn(A...) { return CUDA_ERROR_NOT_SUPPORTED; }
+};
+
+const CudaDriver& simulated_driver() {
+  static const CudaDriver d = [] {
+    CudaDriver s;
+#define DITOPS_REFUSE_FN(name) s.name = &Refused<decltype(s.name)>::fn;
+    DITOPS_CUDA_DRIVER_FUNCTIONS(DITOPS_REFUSE_FN)
+#undef DITOPS_REFUSE_FN
+    s.device_count = 1;
+    return s;
+  }();
+  return d;
+}
+
+thread_local bool t_simulated = false;
+
 }  // namespace
 
+void simulate_cuda_driver(bool on) { t_simulated = on; }
+
 const CudaDriver* cuda_driver(std::string* why) {
+  if (t_simulated) [[unlikely]] return &simulated_driver();
   DriverState& s = state();
   if (!s.ok) {
     if (why) *why = s.why;

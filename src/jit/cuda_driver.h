@@ -35,6 +35,11 @@ const CudaDriver* cuda_driver(std::string* why = nullptr);
 // Throws Error when CUDA is unavailable.
 const CudaDriver& require_cuda_driver();
 
+// While on (this thread only), cuda_driver() returns a stand-in whose every function returns
+// CUDA_ERROR_NOT_SUPPORTED: availability checks pass and anything that would touch a device
+// fails with an Error. For explain on a simulated device (core/device.h SimulatedDeviceScope).
+void simulate_cuda_driver(bool on);
+
 // Throws ditops::Error("<what>: CUDA_ERROR_xxx (message)") when result is not CUDA_SUCCESS.
 void check_cu(CUresult result, const char* what);
 
