@@ -366,7 +366,7 @@ TEST(HostileCApi, ValidCallRuns) {
 TEST(HostileCApi, FramingIsRefusedByName) {
   CCall c;
   expect_c_error(c, {"ditops_call: op is NULL"}, nullptr);
-  expect_c_error(c, {"unknown op 'nope' (known: qknorm_rope, residual_gate_add"}, "nope");
+  expect_c_error(c, {"unknown op 'nope' (known: ", "qknorm_rope, residual_gate_add)"}, "nope");
   expect_c_error(c, {"residual_gate_add: expected 4 tensors but got 3"}, "residual_gate_add", 3);
   expect_c_error(c, {"residual_gate_add: expected 4 tensors but got 0"}, "residual_gate_add", 0);
   CCall null_array;
