@@ -245,7 +245,7 @@ def torch_source(ops: list[dict]) -> str:
         likes = []
         for t in outs:
             dt = repr(TORCH_DTYPES[t["alloc_dtype"]]) if t["alloc_dtype"] else "None"
-            like = re.findall(r"(?:like:|strided:|rows\(|last\()(\w+)", t["alloc"])[0]
+            like = re.findall(r"(?:like:|strided:|rows\(|last\(|dim\()(\w+)", t["alloc"])[0]
             likes.append(f"{t['name']}_like = ({like}, {dt})")
         likes_src = "\n    ".join(likes) if likes else "pass"
         src.append(f'''

@@ -121,6 +121,21 @@ def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weig
     return y, v
 
 
+# ---------------------------------------------------------------- copy family
+
+
+def causal_conv3d_cat_pad_eager(x, cache=None, padding=(0, 0, 0, 0, 0, 0)):
+    """The input of a video VAE's causal Conv3D: the cached past frames prepended along time, then
+    zero padding, F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)). padding is
+    F.pad's tuple (wl, wr, ht, hb, dl, dr) with dl the conv's whole left time padding, of which the
+    cache supplies ct = cache.shape[2] frames (the op's pad_w_left ... pad_t_right options)."""
+    wl, wr, ht, hb, dl, dr = padding
+    if cache is not None:
+        x = torch.cat([cache, x], 2)
+        dl = dl - cache.shape[2]
+    return F.pad(x, (wl, wr, ht, hb, dl, dr))
+
+
 def oracle_outputs(op, x, o):
     """The tensors the eager chain writes for a call of `op` (x: tensors by slot name, o: options
     as the op table's text), or None where no eager chain is that call's oracle. Each op adds its
@@ -149,11 +164,15 @@ def oracle_outputs(op, x, o):
         if o.get("fp8_reciprocal", "ieee") != "ieee":
             return None
         return {"out": token_cat_fp8_eager(x["attn"], x["mlp"], x["input_scale"])}
+    if op == "causal_conv3d_cat_pad":
+        pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
+                                                "pad_t_left", "pad_t_right")]
+        return {"out": causal_conv3d_cat_pad_eager(x["x"], x.get("cache"), pads)}
     if op == "norm_scale_shift":
         if o.get("numerics", "eager") != "eager" or "input_scale" in x or "global_scale" in x:
             return None
         y, v = norm_scale_shift_eager(x["x"], x["scale"], x.get("shift"), norm=o.get("norm", "layer"),
-                                            eps=eps, weight=x.get("weight"), bias=x.get("bias"),
-                                            residual=x.get("residual"), gate=x.get("gate"))
+                                      eps=eps, weight=x.get("weight"), bias=x.get("bias"),
+                                      residual=x.get("residual"), gate=x.get("gate"))
         return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
     return None

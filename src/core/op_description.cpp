@@ -248,6 +248,10 @@ class ShapeExpr {
       if (op_ && call_)
         if (const int o = op_->option_index(w); o >= 0) {
           if (const int64_t* v = std::get_if<int64_t>(&call_->options[o])) return *v;
+          // An option the call leaves unset (monostate) has its default.
+          if (std::holds_alternative<std::monostate>(call_->options[o]))
+            if (const OptionSlot& slot = op_->options[o]; slot.kind == OptionKind::integer)
+              return std::get<int64_t>(parse_option(*op_, slot, slot.default_text));
           fail("option '" + w + "' is not an integer");
         }
       fail("unknown dim '" + w + "'");

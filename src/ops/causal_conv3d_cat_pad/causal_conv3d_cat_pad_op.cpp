@@ -1,0 +1,371 @@
+// causal_conv3d_cat_pad: argument matching, the kernel key and request, the launch, the CPU
+// reference, the registry entries and the op's description.
+#include <algorithm>
+#include <cstring>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/causal_conv3d_cat_pad.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/causal_conv3d_cat_pad.cuh"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "causal_conv3d_cat_pad";
+
+// Physical order of the logical dims [B, C, T, H, W], outermost first.
+constexpr int kNcthw[5] = {0, 1, 2, 3, 4};
+constexpr int kNdhwc[5] = {0, 2, 3, 4, 1};
+
+const char* layout_name(bool channels_last) {
+  return channels_last ? "channels-last-3d (the strides of a dense [B, T, H, W, C])" : "NCTHW contiguous";
+}
+
+// The first dim of t whose stride is not that of a dense tensor in `channels_last`'s order (-1 if
+// none; extent-1 dims and tensors without elements address nothing and are skipped, as PyTorch
+// does: its empty [1, 3, 0, 3, 5] has strides (45, 15, 15, 5, 1)), with the expected stride.
+int layout_mismatch(const TensorView& t, bool channels_last, int64_t* expected) {
+  for (int d = 0; d < 5; ++d)
+    if (t.shape[d] == 0) return -1;
+  const int* order = channels_last ? kNdhwc : kNcthw;
+  int64_t want = 1;
+  for (int i = 4; i >= 0; --i) {
+    const int d = order[i];
+    if (t.shape[d] != 1 && t.strides[d] != want) {
+      *expected = want;
+      return d;
+    }
+    want *= t.shape[d];
+  }
+  return -1;
+}
+
+bool in_layout(const TensorView& t, bool channels_last) {
+  int64_t unused = 0;
+  return layout_mismatch(t, channels_last, &unused) < 0;
+}
+
+void require_layout(const Matcher& m, const TensorView& t, const std::string& name, bool channels_last) {
+  int64_t expected = 0;
+  const int d = layout_mismatch(t, channels_last, &expected);
+  if (d >= 0)
+    m.fail(name + ".stride(" + std::to_string(d) + ") must be " + std::to_string(expected) + " (" +
+           layout_name(channels_last) + ", the layout of x) but is " + std::to_string(t.strides[d]) + " (" +
+           t.describe() + ")");
+}
+
+void require_padding(const Matcher& m, const char* name, int64_t value) {
+  if (value < 0)
+    m.fail(std::string("option ") + name + " must be >= 0 (negative padding, i.e. cropping, is not supported) but is " +
+           std::to_string(value));
+}
+
+// a + b + c for an extent of out, failing when it leaves int64.
+int64_t padded_extent(const Matcher& m, int64_t extent, int64_t before, int64_t after, const char* what) {
+  int64_t v = 0;
+  if (__builtin_add_overflow(extent, before, &v) || __builtin_add_overflow(v, after, &v))
+    m.fail(std::string("out's ") + what + " extent overflows int64");
+  return v;
+}
+
+}  // namespace
+
+CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
+                                                   const CausalConv3dCatPadOptions& options, Stream stream) {
+  Matcher m(kOp);
+  const std::initializer_list<DType> dtypes = {DType::bf16, DType::f16, DType::f32};
+  m.tensor("x", x).rank(5).dtype_as("dtype", dtypes).same_device("device").shape({"B", "C", Dim::anything(), "H", "W"});
+  const bool has_cache = cache.rank != 0;
+  if (has_cache) {
+    m.tensor("cache", cache).rank(5).dtype_as("dtype").same_device("device")
+        .shape({"B", "C", Dim::anything(), "H", "W"});
+  } else if (cache.data) {
+    m.fail("cache has rank 0 but a data pointer: pass an empty TensorView (no cache) or a [B, C, T, H, W] view");
+  }
+  m.tensor("out", out).rank(5).dtype_as("dtype").same_device("device");
+
+  const CausalConv3dCatPadOptions& o = options;
+  require_padding(m, "pad_w_left", o.pad_w_left);
+  require_padding(m, "pad_w_right", o.pad_w_right);
+  require_padding(m, "pad_h_top", o.pad_h_top);
+  require_padding(m, "pad_h_bottom", o.pad_h_bottom);
+  require_padding(m, "pad_t_left", o.pad_t_left);
+  require_padding(m, "pad_t_right", o.pad_t_right);
+  const int64_t ct = has_cache ? cache.shape[2] : 0;
+  if (o.pad_t_left < ct)
+    m.fail("option pad_t_left must be >= cache.shape[2] = " + std::to_string(ct) +
+           " (the cache supplies that many of the left time padding frames: F.pad takes pad_t_left - " +
+           std::to_string(ct) + ") but is " + std::to_string(o.pad_t_left));
+
+  // out = [B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + pad_w_right]
+  const int64_t want[5] = {x.shape[0], x.shape[1], padded_extent(m, x.shape[2], o.pad_t_left, o.pad_t_right, "time"),
+                           padded_extent(m, x.shape[3], o.pad_h_top, o.pad_h_bottom, "height"),
+                           padded_extent(m, x.shape[4], o.pad_w_left, o.pad_w_right, "width")};
+  const char* rule[5] = {"x.shape[0]", "x.shape[1]", "x.shape[2] + pad_t_left + pad_t_right",
+                         "x.shape[3] + pad_h_top + pad_h_bottom", "x.shape[4] + pad_w_left + pad_w_right"};
+  for (int d = 0; d < 5; ++d)
+    if (out.shape[d] != want[d])
+      m.fail("out.shape[" + std::to_string(d) + "] must be " + std::to_string(want[d]) + " (" + rule[d] + ") but is " +
+             std::to_string(out.shape[d]) + " (" + out.describe() + ")");
+
+  // Layout: x decides (where x is both, e.g. C = 1, the one out and cache share; NCTHW first).
+  const bool x_ncthw = in_layout(x, false), x_ndhwc = in_layout(x, true);
+  if (!x_ncthw && !x_ndhwc) {
+    int64_t e1 = 0, e2 = 0;
+    const int d1 = layout_mismatch(x, false, &e1), d2 = layout_mismatch(x, true, &e2);
+    m.fail("x must be NCTHW contiguous or channels-last-3d: as NCTHW x.stride(" + std::to_string(d1) + ") must be " +
+           std::to_string(e1) + " but is " + std::to_string(x.strides[d1]) + ", as channels-last-3d x.stride(" +
+           std::to_string(d2) + ") must be " + std::to_string(e2) + " but is " + std::to_string(x.strides[d2]) + " (" +
+           x.describe() + ")");
+  }
+  bool channels_last = !x_ncthw;
+  if (x_ncthw && x_ndhwc) {
+    auto fits = [&](bool cl) { return in_layout(out, cl) && (!has_cache || in_layout(cache, cl)); };
+    channels_last = !fits(false) && fits(true);
+  }
+  if (has_cache) require_layout(m, cache, "cache", channels_last);
+  require_layout(m, out, "out", channels_last);
+
+  CausalConv3dCatPadCall call;
+  call.out_numel = out.numel();
+  if (call.out_numel > 0) {
+    m.require_disjoint(out, "out", x, "x");
+    if (has_cache) m.require_disjoint(out, "out", cache, "cache");
+  }
+  call.x = x;
+  call.cache = has_cache ? cache : TensorView{};
+  call.out = out;
+  call.options = options;
+  call.has_cache = has_cache;
+  call.channels_last = channels_last;
+  call.batch = x.shape[0];
+  call.channels = x.shape[1];
+  call.frames = x.shape[2];
+  call.height = x.shape[3];
+  call.width = x.shape[4];
+  call.cache_frames = ct;
+  call.out_frames = want[2];
+  call.out_height = want[3];
+  call.out_width = want[4];
+  call.stream = stream;
+  return call;
+}
+
+// ---------------------------------------------------------------- CPU reference
+
+void causal_conv3d_cat_pad_reference(const CausalConv3dCatPadCall& c) {
+  const size_t es = dtype_size(c.out.dtype);
+  const auto* xb = static_cast<const unsigned char*>(c.x.data);
+  const auto* cb = static_cast<const unsigned char*>(c.cache.data);
+  auto* ob = static_cast<unsigned char*>(c.out.data);
+  const CausalConv3dCatPadOptions& o = c.options;
+  const int64_t frame_offset = o.pad_t_left - c.cache_frames;  // output frames before the first cache frame
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t ch = 0; ch < c.channels; ++ch)
+      for (int64_t t = 0; t < c.out_frames; ++t)
+        for (int64_t h = 0; h < c.out_height; ++h)
+          for (int64_t w = 0; w < c.out_width; ++w) {
+            unsigned char* dst = ob + es * (b * c.out.strides[0] + ch * c.out.strides[1] + t * c.out.strides[2] +
+                                            h * c.out.strides[3] + w * c.out.strides[4]);
+            const int64_t st = t - frame_offset, ih = h - o.pad_h_top, iw = w - o.pad_w_left;
+            const bool inside = st >= 0 && st < c.cache_frames + c.frames && ih >= 0 && ih < c.height && iw >= 0 &&
+                                iw < c.width;
+            if (!inside) {
+              std::memset(dst, 0, es);
+              continue;
+            }
+            const TensorView& src = st < c.cache_frames ? c.cache : c.x;
+            const unsigned char* base = st < c.cache_frames ? cb : xb;
+            const int64_t ts = st < c.cache_frames ? st : st - c.cache_frames;
+            std::memcpy(dst,
+                        base + es * (b * src.strides[0] + ch * src.strides[1] + ts * src.strides[2] +
+                                     ih * src.strides[3] + iw * src.strides[4]),
+                        es);
+          }
+}
+
+// ---------------------------------------------------------------- CUDA kernel
+
+namespace {
+
+constexpr int kCcpThreads = 256;
+
+struct CcpKernelKey {
+  DType dtype = DType::bf16;
+  bool index64 = false;  // 2^31 units or more (ccp_index64)
+  bool pdl = true;
+
+  // "bf16,index32,pdl"
+  std::string to_string() const {
+    return std::string(dtype_name(dtype)) + (index64 ? ",index64" : ",index32") + (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const { return (static_cast<uint64_t>(dtype) * 2 + index64) * 2 + pdl; }
+};
+
+// The row model of kernels/causal_conv3d_cat_pad.cuh (sizes only; the pointers are the launch's).
+CausalConv3dCatPadParams row_model(const CausalConv3dCatPadCall& c) {
+  CausalConv3dCatPadParams p{};
+  const int64_t es = static_cast<int64_t>(dtype_size(c.out.dtype));
+  const int64_t inner = c.channels_last ? c.channels : 1;  // elements per W position in a row
+  p.rows_out = c.out_height;
+  p.frames_out = c.out_frames;
+  p.row_elems = c.out_width * inner;
+  p.head = c.options.pad_w_left * inner;
+  p.run = c.width * inner;
+  p.src_rows = c.height;
+  p.x_frames = c.frames;
+  p.cache_frames = c.cache_frames;
+  p.frame_offset = c.options.pad_t_left - c.cache_frames;
+  p.row_offset = c.options.pad_h_top;
+  const int64_t rows = (c.channels_last ? c.batch : c.batch * c.channels) * c.out_frames * c.out_height;
+  // 16-byte windows a row meets: with rows of a multiple of 16 bytes every row has out's phase,
+  // otherwise the bound over every phase an element-aligned row can have.
+  const int64_t row_bytes = p.row_elems * es;
+  const int64_t phase = static_cast<int64_t>(reinterpret_cast<uintptr_t>(c.out.data) % 16);
+  p.row_windows = row_bytes % 16 == 0 ? (phase + row_bytes + 15) / 16 : (row_bytes + 16 - es + 15) / 16;
+  p.units = c.out_numel > 0 ? rows * p.row_windows : 0;
+  return p;
+}
+
+// Whether a call needs the kernel of 64-bit unit indices: the 32-bit one divides unit indices
+// through FastDivisors, exact below 2^31 (kernels/common/fast_divide.h).
+bool ccp_index64(int64_t units) { return units > int64_t{0x7fffffff}; }
+
+Device device_of(const CausalConv3dCatPadCall& c) { return c.x.device; }
+
+CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) {
+  CcpKernelKey key;
+  key.dtype = c.out.dtype;
+  key.index64 = ccp_index64(row_model(c).units);
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+jit::KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
+  jit::KernelRequest r;
+  r.header = "causal_conv3d_cat_pad.cuh";
+  r.function = "ditops::causal_conv3d_cat_pad";
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.pdl) + ", " +
+                    jit::kernel_bool(key.index64);
+  r.params_type = "ditops::CausalConv3dCatPadParams";
+  r.max_threads = kCcpThreads;
+  r.template_key = std::string(kOp) + ":" + key.to_string();
+  return r;
+}
+
+// Keys covering every code path: both element sizes, both index widths, with and without PDL.
+std::vector<CcpKernelKey> ccp_variant_keys() {
+  return {{DType::bf16, false, true}, {DType::f16, true, false}, {DType::f32, false, false}, {DType::f32, true, true}};
+}
+
+void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKernelKey& key,
+                                  const jit::LoadedKernel& kernel) {
+  CausalConv3dCatPadParams p = row_model(c);
+  p.x = c.x.data;
+  p.cache = c.has_cache ? c.cache.data : nullptr;
+  p.out = c.out.data;
+  ccp_set_divisors(p);
+  // One unit per thread over the whole output (32-bit: a single round, below 2^23 blocks); the
+  // 64-bit kernel loops over a resident grid.
+  const int64_t cover = (p.units + kCcpThreads - 1) / kCcpThreads;
+  const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors);
+  const int64_t grid = std::max<int64_t>(1, key.index64 ? std::min(cover, resident) : cover);
+  jit::launch(kernel, static_cast<unsigned>(grid), kCcpThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
+}
+
+const KernelFamily<CausalConv3dCatPadCall, CcpKernelKey>& kernels() {
+  static const KernelFamily<CausalConv3dCatPadCall, CcpKernelKey> family = [] {
+    KernelFamily<CausalConv3dCatPadCall, CcpKernelKey> f;
+    f.op = kOp;
+    f.device_tensor = "x";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = ccp_kernel_request;
+    f.launch = launch_causal_conv3d_cat_pad;
+    f.nothing_to_do = [](const CausalConv3dCatPadCall& c) { return c.out_numel == 0; };
+    f.variant_keys = ccp_variant_keys;
+    return f;
+  }();
+  return family;
+}
+
+}  // namespace
+
+std::string causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
+                                  const CausalConv3dCatPadOptions& options, Stream stream) {
+  return kernels().dispatch(match_causal_conv3d_cat_pad(x, cache, out, options, stream), stream, options.dispatch);
+}
+
+DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call) {
+  return kernels().explain(call, call.options.dispatch);
+}
+
+namespace {
+
+OpDescription describe_causal_conv3d_cat_pad() {
+  OpBuilder<CausalConv3dCatPadCall> b(
+      kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
+      "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
+      "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
+      "channels-last-3d, one layout for every tensor; out must not overlap an input. Bit-exact (a copy). "
+      "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
+  b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
+  b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"}, &CausalConv3dCatPadCall::x);
+  b.tensor({.name = "cache", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
+            .doc = "cached past frames, prepended along time (absent: none)"},
+           &CausalConv3dCatPadCall::cache);
+  // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
+            .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
+                     "dim(x,4)+pad_w_left+pad_w_right",
+            .alloc_format = "x",
+            .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
+                   "pad_w_right], in x's layout"},
+           &CausalConv3dCatPadCall::out);
+  b.option("pad_w_left", &CausalConv3dCatPadOptions::pad_w_left, "zeros before W (F.pad padding[0])");
+  b.option("pad_w_right", &CausalConv3dCatPadOptions::pad_w_right, "zeros after W (F.pad padding[1])");
+  b.option("pad_h_top", &CausalConv3dCatPadOptions::pad_h_top, "zeros before H (F.pad padding[2])");
+  b.option("pad_h_bottom", &CausalConv3dCatPadOptions::pad_h_bottom, "zeros after H (F.pad padding[3])");
+  b.option("pad_t_left", &CausalConv3dCatPadOptions::pad_t_left,
+           "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
+  b.option("pad_t_right", &CausalConv3dCatPadOptions::pad_t_right, "zero frames after T (F.pad padding[5])");
+  b.option("use_pdl", &CausalConv3dCatPadOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const CausalConv3dCatPadCall& a, Stream s) { return causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options, s); },
+      [](const CausalConv3dCatPadCall& a) {
+        return explain_causal_conv3d_cat_pad(match_causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options));
+      });
+}
+
+}  // namespace
+
+void register_causal_conv3d_cat_pad(Registry& registry) {
+  registry.describe(describe_causal_conv3d_cat_pad());
+  const std::string oracle =
+      "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
+      "every bit, fp16, bf16 and fp32)";
+  Implementation<CausalConv3dCatPadCall> jit_impl = jit_implementation(kernels());
+  jit_impl.name = std::string(kOp) + ".jit";
+  jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  jit_impl.contract = Contract::bit_exact(oracle);
+  jit_impl.description =
+      "one pass over 16-byte output windows by rows: 16-byte stores, aligned 16-byte loads shifted in registers "
+      "where source and out differ in phase, scalar row heads and tails; NVRTC at first use";
+  add_implementation(registry, kOp, std::move(jit_impl));
+
+  add_implementation(registry, kOp,
+                     reference_implementation<CausalConv3dCatPadCall>(
+                         kOp, device_of, causal_conv3d_cat_pad_reference,
+                         Contract::bit_exact(oracle + "; the portable oracle"),
+                         "CPU reference: every output element from its source through the views' strides, or 0"));
+}
+
+DITOPS_REGISTER_OP(register_causal_conv3d_cat_pad);
+
+}  // namespace ditops
