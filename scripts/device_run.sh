@@ -249,13 +249,13 @@ elif [ "$PHASE" = ab ]; then
   fi
   if [ "${AB_CPP:-0}" = 1 ]; then  # each tree's own `ditops bench`, alternating, twice
     : > "$OUT/bench_cpp.txt"
-    for round in 1 2; do
+    for round in $(seq 1 "${AB_ROUNDS:-2}"); do
       for side in "${!AB_DIRS[@]}" B; do
         cli=build-dev/ditops
         [ $side = B ] || { cli=build-ab-$side/ditops; side=A$side; }
         for op in $OPS; do
           echo "---- $side round $round $op" | tee -a "$OUT/bench_cpp.txt"
-          DITOPS_CACHE_DIR=/tmp/ditops-cache-$side timeout 200 $cli bench $op --reps 50 --commit "$side" \
+          DITOPS_CACHE_DIR=/tmp/ditops-cache-$side timeout 200 $cli bench $op --reps ${AB_REPS:-50} --commit "$side" \
             --json "$TMP/abcpp_${side}_${round}_$op.json" >> "$OUT/bench_cpp.txt" 2>&1
         done
       done
