@@ -39,28 +39,8 @@ using namespace ditops;
 
 CAbiCounts g_counts;
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "ditops fuzz finding (c_abi): %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
+[[noreturn]] void finding(const std::string& what) { report_finding(" (c_abi)", what); }
 
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint64_t u64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(u8()) << (8 * i);
-    return v;
-  }
-  int64_t pick(int64_t n) { return n > 0 ? u8() % n : 0; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 constexpr int64_t kHostile[] = {-1, -2, 0, 1, 3, 7, 255, 100000000, int64_t{1} << 31, int64_t{1} << 32,
                                 int64_t{1} << 40, int64_t{1} << 48, int64_t{1} << 62,

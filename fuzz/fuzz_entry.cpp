@@ -39,31 +39,8 @@ using namespace ditops;
 Counts g_counts[kTargets];
 int g_target = 0;
 
-[[noreturn]] void finding(const std::string& what) {
-  std::fprintf(stderr, "ditops fuzz finding: %s\n", what.c_str());
-  std::fflush(stderr);
-  std::abort();
-}
+[[noreturn]] void finding(const std::string& what) { report_finding("", what); }
 
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
-  uint64_t u64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(u8()) << (8 * i);
-    return v;
-  }
-  int64_t pick(int64_t n) { return n > 0 ? u8() % n : 0; }
-  bool flag() { return u8() & 1; }
-  // 0 -> 1, ..., n-1 -> 0: a zero byte gives a small valid size.
-  int64_t size_or_zero(int64_t n) { return (u8() % n + 1) % n; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t pos_ = 0;
-};
 
 constexpr int64_t kHostile[] = {0,
                                 1,

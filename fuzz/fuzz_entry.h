@@ -5,9 +5,41 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace ditops_fuzz {
+
+// The fuzz input as a stream of bytes; zeros past its end.
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return pos_ < size_ ? data_[pos_++] : 0; }
+  uint64_t u64() {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(u8()) << (8 * i);
+    return v;
+  }
+  int64_t pick(int64_t n) { return n > 0 ? u8() % n : 0; }
+  bool flag() { return u8() & 1; }
+  // 0 -> 1, ..., n-1 -> 0: a zero byte gives a small valid size.
+  int64_t size_or_zero(int64_t n) { return (u8() % n + 1) % n; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+// A misbehaviour of the library: printed and aborted, so that libFuzzer and fuzz_replay both
+// report it with its input.
+[[noreturn]] inline void report_finding(const char* target, const std::string& what) {
+  std::fprintf(stderr, "ditops fuzz finding%s: %s\n", target, what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
 
 // Decodes `data` into one hostile call (DLPack import, or one op's C++ facade on CPU tensors in
 // a guarded arena) and runs it. Returns normally when ditops accepted the input or threw
