@@ -102,6 +102,16 @@ GenericCall generic_call(const OpDescription& op);
 // The derived entries every binding calls.
 std::string call(const std::string& op_name, const GenericCall& call, Stream stream = nullptr);
 DispatchReport explain(const std::string& op_name, const GenericCall& call);
+
+// Whether an implementation takes this call: "" when one does, else every candidate's refusal.
+// Runs nothing and compiles nothing; bad input still throws InvalidArgument (a user error is never
+// an answer of "no").
+std::string can_use(const std::string& op_name, const GenericCall& call);
+// Runs the call where an implementation takes it and returns its name; returns "" and writes
+// nothing when none is eligible, or when every eligible one failed (each failure recorded and
+// warned about once, as dispatch does). Bad input throws; an explicit backend (call.dispatch
+// .backend) stays strict and throws as call() does.
+std::string try_call(const std::string& op_name, const GenericCall& call, Stream stream = nullptr);
 // The dispatch reasoning for `call` as it would be on a CUDA device described by `simulated` (any
 // SM, features, multiprocessors; e.g. from `ditops explain --sm 90`), on any machine, GPU or not.
 // The tensors must be on a CUDA device; they are matched as usual and never read. The CUDA driver

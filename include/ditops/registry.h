@@ -110,6 +110,13 @@ struct KernelSpec {
   std::function<std::vector<jit::KernelRequest>()> variants;
 };
 
+// What dispatch throws when no implementation takes a valid call, or every eligible one failed
+// (try_call returns empty instead).
+class NoImplementation : public Error {
+ public:
+  using Error::Error;
+};
+
 struct DispatchOptions {
   std::optional<Provenance> backend;  // explicit: strict, throws if ineligible
   std::optional<Quality> quality;     // default from DITOPS_QUALITY, else lossless

@@ -14,6 +14,7 @@ PyTorch custom ops (torch.compile, CUDA graphs) and the model-layer helper: dito
 """
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections import namedtuple as _namedtuple
@@ -231,6 +232,40 @@ def explain(op: str, *args, **options) -> DispatchReport:
     return DispatchReport(entry(*args, **options))
 
 
+def can_use(op: str, *args, **options) -> tuple[bool, str]:
+    """(True, "") when an implementation takes this call, else (False, every candidate's reason).
+    Runs and compiles nothing. Bad input still raises: a user error is never an answer of "no"."""
+    report = explain(op, *args, **options)
+    if report.chosen is not None:
+        return True, ""
+    return False, f"{op}: no eligible implementation on {report.device}; " + "; ".join(
+        f"{c['name']}: {c['reason']}" for c in report.candidates)
+
+
+# What the core says when every eligible implementation failed (C++ NoImplementation).
+_ALL_FAILED = "every eligible implementation failed"
+
+
+def try_call(op: str, *args, **options):
+    """The op's result where an implementation takes the call; None, with nothing written, where
+    none is eligible or every eligible one failed (each failure warned about once). Bad input
+    raises; backend= stays strict and raises as the op does."""
+    fn = _OPS.get(op)
+    if fn is None:
+        raise Error(f"try_call: unknown op '{op}' (known: {', '.join(_OPS)})")
+    if options.get("backend") is not None:
+        return fn(*args, **options)
+    explain_options = {k: v for k, v in options.items() if k != "stream"}
+    if explain(op, *args, **explain_options).chosen is None:
+        return None
+    try:
+        return fn(*args, **options)
+    except Error as e:
+        if _ALL_FAILED in str(e):
+            return None
+        raise
+
+
 def _plain(value):
     """FFI containers (Map, Array, String) as dict, list, str."""
     if isinstance(value, str) or value is None or isinstance(value, (bool, int, float)):
@@ -257,5 +292,9 @@ def clear_failures() -> None:
     _ffi.clear_failures()
 
 
+for _name in _OPS:  # try_<op> and can_use_<op> beside every op function
+    globals()[f"try_{_name}"] = functools.partial(try_call, _name)
+    globals()[f"can_use_{_name}"] = functools.partial(can_use, _name)
+__all__ += ["can_use", "try_call"] + [f"{p}_{n}" for n in _OPS for p in ("try", "can_use")]
 __all__ += list(_OPS) + [_codegen.outputs_class_name(op) for op in _TABLE
                          if len(_codegen.returned_outputs(op)) > 1]

@@ -18,7 +18,7 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
 }
 }  // namespace
 
-void Matcher::fail(const std::string& message) const { throw Error(op_ + ": " + message); }
+void Matcher::fail(const std::string& message) const { throw InvalidArgument(op_ + ": " + message); }
 
 TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
   if (t.rank < 0 || t.rank > kMaxRank)

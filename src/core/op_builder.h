@@ -110,7 +110,7 @@ class OpBuilder {
         }
       std::string expected;
       for (const auto& [n, e] : *table) expected += (expected.empty() ? "" : " or ") + n;
-      throw Error(op + ": unknown " + name + " '" + *s + "' (expected " + expected + ")");
+      throw InvalidArgument(op + ": unknown " + name + " '" + *s + "' (expected " + expected + ")");
     });
     return *this;
   }
@@ -127,15 +127,15 @@ class OpBuilder {
                       std::function<DispatchReport(const Args&)> explain) {
     auto to_args = [tensors = tensor_setters_, options = option_setters_, desc = desc_](const GenericCall& c) {
       if (c.tensors.size() != desc.tensors.size() || c.given.size() != desc.tensors.size())
-        throw Error(desc.name + ": expected " + std::to_string(desc.tensors.size()) + " tensor slots but got " +
+        throw InvalidArgument(desc.name + ": expected " + std::to_string(desc.tensors.size()) + " tensor slots but got " +
                     std::to_string(c.tensors.size()));
       if (c.options.size() != desc.options.size())
-        throw Error(desc.name + ": expected " + std::to_string(desc.options.size()) + " option slots but got " +
+        throw InvalidArgument(desc.name + ": expected " + std::to_string(desc.options.size()) + " option slots but got " +
                     std::to_string(c.options.size()));
       Args a{};
       for (size_t i = 0; i < tensors.size(); ++i) {
         if (!c.given[i]) {
-          if (!desc.tensors[i].optional) throw Error(desc.name + ": tensor '" + desc.tensors[i].name + "' is required");
+          if (!desc.tensors[i].optional) throw InvalidArgument(desc.name + ": tensor '" + desc.tensors[i].name + "' is required");
           continue;
         }
         tensors[i](a, c.tensors[i]);
@@ -161,7 +161,7 @@ class OpBuilder {
       if (!i) option_type_error(op, name, "an integer", v);
       if (*i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
           *i > static_cast<int64_t>(std::numeric_limits<T>::max()))
-        throw Error(op + ": option '" + name + "' must fit " + std::to_string(sizeof(T) * 8) +
+        throw InvalidArgument(op + ": option '" + name + "' must fit " + std::to_string(sizeof(T) * 8) +
                     " bits but is " + std::to_string(*i));
       return static_cast<T>(*i);
     } else {

@@ -62,7 +62,7 @@ const char* value_kind(const OptionValue& v) {
 
 void option_type_error(const std::string& op, const std::string& option, const char* expected,
                        const OptionValue& value) {
-  throw Error(op + ": option '" + option + "' must be " + expected + " but is " + value_kind(value));
+  throw InvalidArgument(op + ": option '" + option + "' must be " + expected + " but is " + value_kind(value));
 }
 
 int OpDescription::tensor_index(const std::string& tensor) const {
@@ -83,12 +83,12 @@ const OpDescription& op(const std::string& name) {
   if (const OpDescription* d = Registry::global().description(name)) return *d;
   std::string known;
   for (const OpDescription* d : op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
-  throw Error("unknown op '" + name + "' (known: " + known + ")");
+  throw InvalidArgument("unknown op '" + name + "' (known: " + known + ")");
 }
 
 OptionValue parse_option(const OpDescription& op, const OptionSlot& option, const std::string& text) {
   auto fail = [&](const std::string& expected) -> OptionValue {
-    throw Error(op.name + ": option '" + option.name + "' must be " + expected + " but is '" + text + "'");
+    throw InvalidArgument(op.name + ": option '" + option.name + "' must be " + expected + " but is '" + text + "'");
   };
   switch (option.kind) {
     case OptionKind::boolean:
@@ -117,7 +117,7 @@ OptionValue parse_option(const OpDescription& op, const OptionSlot& option, cons
         if (c == text) return text;
         expected += (expected.empty() ? "" : " or ") + c;
       }
-      throw Error(op.name + ": unknown " + option.name + " '" + text + "' (expected " + expected + ")");
+      throw InvalidArgument(op.name + ": unknown " + option.name + " '" + text + "' (expected " + expected + ")");
     }
   }
   return fail("valid");
@@ -136,6 +136,25 @@ std::string call(const std::string& op_name, const GenericCall& c, Stream stream
 }
 
 DispatchReport explain(const std::string& op_name, const GenericCall& c) { return op(op_name).explain(c); }
+
+std::string can_use(const std::string& op_name, const GenericCall& c) {
+  const DispatchReport report = op(op_name).explain(c);
+  if (report.chosen) return "";
+  std::string why = op_name + ": no eligible implementation on " + report.device;
+  for (const auto& cand : report.candidates) why += "; " + cand.name + ": " + cand.reason;
+  return why;
+}
+
+std::string try_call(const std::string& op_name, const GenericCall& c, Stream stream) {
+  const OpDescription& d = op(op_name);
+  if (c.dispatch.backend) return d.run(c, stream);
+  if (!d.explain(c).chosen) return "";
+  try {
+    return d.run(c, stream);
+  } catch (const NoImplementation&) {
+    return "";  // every eligible implementation failed; the registry recorded and warned
+  }
+}
 
 DispatchReport explain(const std::string& op_name, const GenericCall& c, const DeviceInfo& simulated) {
   const OpDescription& d = op(op_name);

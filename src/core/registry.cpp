@@ -464,7 +464,7 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
     std::string msg = op + ": no eligible implementation on " + report.device;
     if (options.backend) msg += " for the requested backend " + std::string(provenance_name(*options.backend));
     for (const auto& c : report.candidates) msg += "\n  " + c.name + ": " + c.reason;
-    throw Error(msg);
+    throw NoImplementation(msg);
   }
   for (const auto& cand : report.candidates) {
     if (!cand.eligible) continue;
@@ -487,8 +487,8 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
       record_failure(state_->failure_mutex, state_->failures, device, *spec, call, report.device, e);
     }
   }
-  throw Error(op + ": every eligible implementation failed on " + report.device +
-              " (see the warnings above)");
+  throw NoImplementation(op + ": every eligible implementation failed on " + report.device +
+                         " (see the warnings above)");
 }
 
 size_t Registry::failure_count() const {

@@ -32,7 +32,7 @@ void bind_and_check_stream(const char* op, const char* tensor, Device device, St
   bind_primary_context(device.index);
   const int stream_dev = stream_device(static_cast<CUstream>(stream));
   if (stream_dev >= 0 && stream_dev != device.index)
-    throw Error(std::string(op) + ": the stream belongs to cuda:" + std::to_string(stream_dev) + " but " + tensor +
+    throw InvalidArgument(std::string(op) + ": the stream belongs to cuda:" + std::to_string(stream_dev) + " but " + tensor +
                 " is on " + device_name(device));
 }
 

@@ -5,9 +5,6 @@ that explain finds eligible, and compared with torch.equal against the chain tha
 implementation's bit_exact contract names. The chains are ditops.eager's (the benchmarks' too).
 Cases whose numerics have no eager chain (fp32 rounding, SGLang orders, quantized NVFP4 outputs)
 are left to the C++ driver, which compares them with the CPU reference."""
-import json
-import os
-import subprocess
 
 import pytest
 
@@ -17,54 +14,9 @@ torch = cuda_or_skip()
 
 import ditops  # noqa: E402
 from ditops import eager  # noqa: E402
+import op_cases  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "f8e4m3fn": torch.float8_e4m3fn,
-          "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8}
-
-
-def _cases():
-    exporter = os.environ.get("DITOPS_EXPORT_OP_CASES")
-    if not exporter or not os.path.exists(exporter):
-        return []
-    return json.loads(subprocess.run([exporter], check=True, capture_output=True, text=True).stdout)
-
-
-def _option(case, name, default):
-    return case["options"].get(name, default)
-
-
-def _fill(t, n, gen):
-    f, dtype = t["fill"], DTYPES[t["dtype"]]
-    kind = f["kind"]
-    if kind == "index":
-        return ((torch.arange(n, device="cuda") * 7 + 3) % f["modulo"]).to(dtype)
-    if kind == "wave":
-        return torch.sin(0.37 * torch.arange(n, device="cuda", dtype=torch.float64)).to(dtype)
-    if kind == "constant":
-        return torch.full((n,), f["scale"], device="cuda", dtype=torch.float64).to(dtype)
-    if kind == "sentinel":
-        return torch.full((n * dtype.itemsize,), 0xA5, device="cuda", dtype=torch.uint8).view(dtype)
-    r = torch.randn(n, device="cuda", generator=gen, dtype=torch.float64)
-    v = f["offset"] + f["scale"] * r.abs() if kind == "positive" else f["scale"] * (r + f["offset"])
-    return v.to(dtype)
-
-
-def _tensors(case, seed):
-    """The case's tensors on CUDA: one flat buffer per owner, views by (shape, strides, offset)."""
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    spans = {}
-    for t in case["tensors"]:
-        owner = t["storage"] or t["name"]
-        last = t["offset"] + sum((e - 1) * s for e, s in zip(t["shape"], t["strides"])) if all(t["shape"]) else -1
-        spans[owner] = max(spans.get(owner, 0), last + 1)
-    by_name = {t["name"]: t for t in case["tensors"]}
-    flat = {owner: _fill(by_name[owner], n, gen) for owner, n in spans.items()}
-    out = {}
-    for t in case["tensors"]:
-        base = flat[t["storage"] or t["name"]]
-        out[t["name"]] = base.as_strided(t["shape"], t["strides"], t["offset"]) if base.numel() else \
-            torch.empty(t["shape"], dtype=DTYPES[t["dtype"]], device="cuda")
-    return out
+_cases, _tensors = op_cases.cases, lambda case, seed: op_cases.tensors(case, seed, "cuda")
 
 
 def _eager(case, x):
