@@ -215,6 +215,20 @@ TEST(CausalConv3dCatPadReference, EmptyTensorsAreANoOpOrZeroFill) {
   run_case({{1, 3, 2, 4, 0}, 1, 1, 1, 1, 1, 1, 0}, seed++, 0);  // W = 0: zeros
 }
 
+// An empty out returns at once, however large its other extents (libFuzzer, C ABI target: the
+// reference's outer loops ran 2^40 times over a width of 0).
+TEST(CausalConv3dCatPadReference, EmptyOutWithHugeExtentsReturnsAtOnce) {
+  static uint16_t none[1];
+  const Device cpu{DeviceKind::cpu, 0};
+  const int64_t huge = int64_t{1} << 40;
+  const TensorView x = TensorView::contiguous(none, DType::bf16, cpu, {1, huge, 1, 1, 0});
+  const TensorView out = TensorView::contiguous(none, DType::bf16, cpu, {1, huge, 3, 1, 0});
+  CausalConv3dCatPadOptions options;
+  options.pad_t_left = 1;
+  options.pad_t_right = 1;
+  EXPECT_EQ(causal_conv3d_cat_pad(x, TensorView{}, out, options), "causal_conv3d_cat_pad.reference");
+}
+
 // Extent-1 dims may carry any stride (as PyTorch leaves them): still the layout.
 TEST(CausalConv3dCatPadReference, ExtentOneDimsTakeAnyStride) {
   std::mt19937 rng(7);

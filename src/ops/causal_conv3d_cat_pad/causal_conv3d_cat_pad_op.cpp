@@ -166,6 +166,9 @@ void causal_conv3d_cat_pad_reference(const CausalConv3dCatPadCall& c) {
   auto* ob = static_cast<unsigned char*>(c.out.data);
   const CausalConv3dCatPadOptions& o = c.options;
   const int64_t frame_offset = o.pad_t_left - c.cache_frames;  // output frames before the first cache frame
+  // No element: return before the outer loops, which may be long ([1, 2^40, 1, 1, 0]; libFuzzer).
+  for (int64_t extent : {c.batch, c.channels, c.out_frames, c.out_height, c.out_width})
+    if (extent == 0) return;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t ch = 0; ch < c.channels; ++ch)
       for (int64_t t = 0; t < c.out_frames; ++t)
