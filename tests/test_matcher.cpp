@@ -463,6 +463,34 @@ TEST_F(QkNormRopeMatch, PartialOverlapOfQAndKIsRefusedPackedViewsAreNot) {
   EXPECT_EQ(match_error(args()), "<no error>");
 }
 
+// The dense-layout check the ops share: the first stride off its dense value, in any dim order;
+// extent-1 dims and views without elements take any stride (PyTorch's empty [2, 0, 64] has
+// strides (64, 64, 1)).
+TEST(DenseLayout, FirstMismatchInAnyOrderAndEmptyViewsAreDense) {
+  static float data[64];
+  const Device cpu{DeviceKind::cpu, 0};
+  TensorView t = TensorView::contiguous(data, DType::f32, cpu, {2, 3, 4});
+  int64_t expected = 0;
+  EXPECT_EQ(ditops::dense_layout_mismatch(t, nullptr, &expected), -1);
+  t.strides[0] = 13;
+  EXPECT_EQ(ditops::dense_layout_mismatch(t, nullptr, &expected), 0);
+  EXPECT_EQ(expected, 12);
+  const int channels_last[3] = {0, 2, 1};  // [2, 3, 4] stored as [2, 4, 3]
+  TensorView cl = TensorView::contiguous(data, DType::f32, cpu, {2, 3, 4});
+  cl.strides[0] = 12;
+  cl.strides[1] = 1;
+  cl.strides[2] = 3;
+  EXPECT_EQ(ditops::dense_layout_mismatch(cl, channels_last, &expected), -1);
+  EXPECT_EQ(ditops::dense_layout_mismatch(cl, nullptr, &expected), 2);
+  EXPECT_EQ(expected, 1);
+  TensorView empty = TensorView::contiguous(data, DType::f32, cpu, {2, 0, 64});
+  empty.strides[0] = 64;
+  empty.strides[1] = 64;
+  EXPECT_EQ(ditops::dense_layout_mismatch(empty, nullptr, &expected), -1);
+  EXPECT_TRUE(empty.is_contiguous());
+  EXPECT_FALSE(t.is_contiguous());
+}
+
 TEST_F(QkNormRopeMatch, FailedInPlaceCallWritesNothing) {
   // First show that a valid facade call does write (so "unchanged" below means something).
   {

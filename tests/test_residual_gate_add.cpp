@@ -27,6 +27,7 @@
 #include "kernels/residual_gate_add_params.h"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
+#include "rounding_oracle.h"
 
 namespace {
 
@@ -34,25 +35,8 @@ using namespace ditops;
 
 const Device kCpu{DeviceKind::cpu, 0};
 
-// ---- an independent rounding: binary floating point with `precision` significant bits ----
-double round_binary(double x, int precision, int emin, double max_finite) {
-  if (x == 0.0 || !std::isfinite(x)) return x;
-  int e = 0;
-  std::frexp(x, &e);                            // |x| = m * 2^e, m in [0.5, 1)
-  const int lead = std::max(e - 1, emin);       // subnormals share the smallest quantum
-  const double quantum = std::ldexp(1.0, lead - (precision - 1));
-  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even (default FE mode)
-  if (std::fabs(r) > max_finite) return std::copysign(INFINITY, x);
-  return r;
-}
-double round_dtype(double x, DType t) {
-  switch (t) {
-    case DType::bf16: return round_binary(x, 8, -126, 0x1.fep127);
-    case DType::f16: return round_binary(x, 11, -14, 65504.0);
-    default: return round_binary(x, 24, -126, 0x1.fffffep127);
-  }
-}
-double round_f32(double x) { return round_binary(x, 24, -126, 0x1.fffffep127); }
+using ditops::testing_oracle::round_dtype;
+using ditops::testing_oracle::round_f32;
 
 // ---- host tensors ----
 struct HostTensor {

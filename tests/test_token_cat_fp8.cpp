@@ -27,6 +27,7 @@
 #include "jit/jit.h"
 #include "kernels/token_cat_fp8.cuh"
 #include "reference/half.h"
+#include "rounding_oracle.h"
 
 namespace {
 
@@ -35,17 +36,8 @@ using namespace ditops;
 const Device kCpu{DeviceKind::cpu, 0};
 
 // ---- the independent oracle ----
-double round_binary(double x, int precision, int emin, double max_finite) {
-  if (x == 0.0 || !std::isfinite(x)) return x;
-  int e = 0;
-  std::frexp(x, &e);                       // |x| = m * 2^e, m in [0.5, 1)
-  const int lead = std::max(e - 1, emin);  // subnormals share the smallest quantum
-  const double quantum = std::ldexp(1.0, lead - (precision - 1));
-  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even; keeps the sign of -0
-  if (std::fabs(r) > max_finite) return std::copysign(INFINITY, x);
-  return r;
-}
-double round_f32(double x) { return round_binary(x, 24, -126, 0x1.fffffep127); }
+using ditops::testing_oracle::round_binary;
+using ditops::testing_oracle::round_f32;
 
 // The value of each e4m3fn code, decoded by its own formula (0x7F / 0xFF NaN).
 const std::vector<double>& e4m3_table() {

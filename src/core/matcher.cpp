@@ -198,6 +198,21 @@ TensorMatch& TensorMatch::aligned(int bytes) {
   return *this;
 }
 
+int dense_layout_mismatch(const TensorView& t, const int* order, int64_t* expected) {
+  for (int d = 0; d < t.rank; ++d)
+    if (t.shape[d] == 0) return -1;
+  int64_t want = 1;
+  for (int i = t.rank - 1; i >= 0; --i) {
+    const int d = order ? order[i] : i;
+    if (t.shape[d] != 1 && t.strides[d] != want) {
+      *expected = want;
+      return d;
+    }
+    want *= t.shape[d];
+  }
+  return -1;
+}
+
 TensorMatch& TensorMatch::contiguous() {
   if (!t_.is_contiguous()) m_.fail(name_ + " must be contiguous but is " + t_.describe());
   return *this;

@@ -93,6 +93,12 @@ class Matcher {
   std::map<std::string, BoundDevice> devices_;
 };
 
+// The first dim of t whose stride is not that of a dense tensor with its dims laid out in `order`
+// (outermost first; nullptr: row-major), -1 if none, with the stride it should have. Extent-1 dims
+// and views without elements address nothing and take any stride, as in PyTorch (its empty
+// [2, 0, 64] has strides (64, 64, 1)).
+int dense_layout_mismatch(const TensorView& t, const int* order, int64_t* expected);
+
 // The bytes [lo, hi) a view addresses (lo == hi when it has no elements); negative strides count.
 // Wraps instead of overflowing: call it on views a Matcher accepted.
 struct ByteRange {

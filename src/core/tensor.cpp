@@ -95,6 +95,8 @@ int64_t TensorView::numel() const {
 }
 
 bool TensorView::is_contiguous() const {
+  for (int i = 0; i < rank; ++i)
+    if (shape[i] == 0) return true;  // no element: any strides (PyTorch's empty tensors)
   int64_t expected = 1;
   for (int i = rank - 1; i >= 0; --i) {
     if (shape[i] != 1 && strides[i] != expected) return false;

@@ -81,6 +81,19 @@ std::vector<jit::KernelRequest> requests(const KernelFamily<Call, Key>& family, 
   return out;
 }
 
+// The run of a jit or aot implementation: the call's key, its kernel from `memo` (resolved by
+// load(key, device index) the first time per key and device), the launch.
+template <typename Call, typename Key, typename Load>
+void run_memoized(const KernelFamily<Call, Key>& family, jit::KernelMemo& memo, const Call& c, const Load& load) {
+  if (family.nothing_to_do && family.nothing_to_do(c)) return;
+  const Device d = family.device(c);
+  const Key key = family.key(c, device_info(d));
+  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(d.index),
+                                             [&]() -> const jit::LoadedKernel& { return load(key, d.index); });
+  jit::bind_primary_context(d.index);
+  family.launch(c, key, kernel);
+}
+
 // Kernels compiled at first use by NVRTC for the device's exact arch, memoized per key and device.
 template <typename Call, typename Key>
 Implementation<Call> jit_implementation(const KernelFamily<Call, Key>& family) {
@@ -91,15 +104,9 @@ Implementation<Call> jit_implementation(const KernelFamily<Call, Key>& family) {
   impl.template_key = [family](const Call& c) { return family.template_key(c); };
   auto memo = std::make_shared<jit::KernelMemo>();
   impl.run = [family, memo](const Call& c) {
-    if (family.nothing_to_do && family.nothing_to_do(c)) return;
-    const Device d = family.device(c);
-    const Key key = family.key(c, device_info(d));
-    const jit::LoadedKernel& kernel = memo->get(key.packed() * 64 + static_cast<uint64_t>(d.index),
-                                                [&]() -> const jit::LoadedKernel& {
-                                                  return jit::jit_kernel(family.request(key), d.index);
-                                                });
-    jit::bind_primary_context(d.index);
-    family.launch(c, key, kernel);
+    run_memoized(family, *memo, c, [&](const Key& key, int device) -> const jit::LoadedKernel& {
+      return jit::jit_kernel(family.request(key), device);
+    });
   };
   if (family.variant_keys) impl.variants = [family] { return requests(family, family.variant_keys()); };
   return impl;
@@ -125,20 +132,16 @@ Implementation<Call> aot_implementation(const KernelFamily<Call, Key>& family) {
   impl.template_key = [family](const Call& c) { return family.template_key(c); };
   auto memo = std::make_shared<jit::KernelMemo>();
   impl.run = [family, memo](const Call& c) {
-    if (family.nothing_to_do && family.nothing_to_do(c)) return;
-    const Device d = family.device(c);
-    const Key key = family.key(c, device_info(d));
-    const jit::LoadedKernel& kernel =
-        memo->get(key.packed() * 64 + static_cast<uint64_t>(d.index), [&]() -> const jit::LoadedKernel& {
-          const jit::KernelRequest request = family.request(key);
-          const jit::AotEntry* entry = jit::find_aot(request.template_key);
-          if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
-          const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, request.max_threads, d.index);
-          if (!loaded) throw Error("the prebuilt fatbin has no image for sm_" + std::to_string(device_info(d).sm));
-          return *loaded;
-        });
-    jit::bind_primary_context(d.index);
-    family.launch(c, key, kernel);
+    run_memoized(family, *memo, c, [&](const Key& key, int device) -> const jit::LoadedKernel& {
+      const jit::KernelRequest request = family.request(key);
+      const jit::AotEntry* entry = jit::find_aot(request.template_key);
+      if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
+      const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, request.max_threads, device);
+      if (!loaded)
+        throw Error("the prebuilt fatbin has no image for sm_" +
+                    std::to_string(device_info({DeviceKind::cuda, device}).sm));
+      return *loaded;
+    });
   };
   impl.prebuilt = [family] { return requests(family, family.prebuilt_keys()); };
   return impl;

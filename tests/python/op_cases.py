@@ -53,3 +53,17 @@ def tensors(case, seed, device):
         out[t["name"]] = base.as_strided(t["shape"], t["strides"], t["offset"]) if base.numel() else \
             torch.empty(t["shape"], dtype=DTYPES[t["dtype"]], device=device)
     return out
+
+
+def options_and_absent(case, table):
+    """The case's options as the op's Python function takes them (the table's text parsed by
+    kind), and None for each optional input the case leaves out (`table`: the op's entry of
+    ditops.op_table())."""
+    kinds = {o["name"]: o["kind"] for o in table["options"]}
+    convert = {"bool": lambda v: v == "true", "int": int, "float": float,
+               "optional_bool": lambda v: None if v == "none" else v == "true"}
+    options = {k: convert.get(kinds[k], str)(v) for k, v in case["options"].items()}
+    present = {t["name"] for t in case["tensors"]}
+    absent = {t["name"]: None for t in table["tensors"]
+              if t["optional"] and t["role"] == "in" and t["name"] not in present}
+    return options, absent

@@ -36,12 +36,7 @@ def test_every_eligible_implementation_equals_the_eager_chain(case):
         pytest.skip("no eager chain is this case's oracle (the C++ driver compares it with the reference)")
     fn = getattr(ditops, case["op"])
     table = next(op for op in ditops.op_table() if op["name"] == case["op"])
-    kinds = {o["name"]: o["kind"] for o in table["options"]}
-    convert = {"bool": lambda v: v == "true", "int": int, "float": float,
-               "optional_bool": lambda v: None if v == "none" else v == "true"}
-    options = {k: convert.get(kinds[k], str)(v) for k, v in case["options"].items()}
-    absent = {t["name"]: None for t in table["tensors"]
-              if t["optional"] and t["role"] == "in" and t["name"] not in inputs}
+    options, absent = op_cases.options_and_absent(case, table)
     ran = 0
     for kernel in ditops.list_kernels(case["op"]):
         if kernel["provenance"] == "reference" or kernel["contract"] != "bit_exact" or "eager" not in kernel["oracle"]:

@@ -27,14 +27,8 @@ def _first(op, invalid):
 
 def _call_args(case):
     table = next(o for o in ditops.op_table() if o["name"] == case["op"])
-    kinds = {o["name"]: o["kind"] for o in table["options"]}
-    convert = {"bool": lambda v: v == "true", "int": int, "float": float,
-               "optional_bool": lambda v: None if v == "none" else v == "true"}
-    x = op_cases.tensors(case, case["seed"], "cpu")
-    for t in table["tensors"]:
-        if t["optional"] and t["role"] == "in" and t["name"] not in x:
-            x[t["name"]] = None
-    options = {k: convert.get(kinds[k], str)(v) for k, v in case["options"].items()}
+    options, absent = op_cases.options_and_absent(case, table)
+    x = {**op_cases.tensors(case, case["seed"], "cpu"), **absent}
     written = [t["name"] for t in table["tensors"] if t["role"] != "in" and x.get(t["name"]) is not None]
     return x, options, written
 

@@ -27,23 +27,10 @@ const char* layout_name(bool channels_last) {
   return channels_last ? "channels-last-3d (the strides of a dense [B, T, H, W, C])" : "NCTHW contiguous";
 }
 
-// The first dim of t whose stride is not that of a dense tensor in `channels_last`'s order (-1 if
-// none; extent-1 dims and tensors without elements address nothing and are skipped, as PyTorch
-// does: its empty [1, 3, 0, 3, 5] has strides (45, 15, 15, 5, 1)), with the expected stride.
+// The first dim of t whose stride breaks `channels_last`'s layout (-1 if none), with the stride
+// it should have.
 int layout_mismatch(const TensorView& t, bool channels_last, int64_t* expected) {
-  for (int d = 0; d < 5; ++d)
-    if (t.shape[d] == 0) return -1;
-  const int* order = channels_last ? kNdhwc : kNcthw;
-  int64_t want = 1;
-  for (int i = 4; i >= 0; --i) {
-    const int d = order[i];
-    if (t.shape[d] != 1 && t.strides[d] != want) {
-      *expected = want;
-      return d;
-    }
-    want *= t.shape[d];
-  }
-  return -1;
+  return dense_layout_mismatch(t, channels_last ? kNdhwc : kNcthw, expected);
 }
 
 bool in_layout(const TensorView& t, bool channels_last) {

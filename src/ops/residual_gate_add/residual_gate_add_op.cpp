@@ -29,25 +29,9 @@ std::string shape_string(const TensorView& t) {
   return s + "]";
 }
 
-// The first dimension whose stride breaks row-major contiguity (-1 if none), with the stride it
-// should have.
-int first_noncontiguous(const TensorView& t, int64_t* expected) {
-  for (int d = 0; d < t.rank; ++d)
-    if (t.shape[d] == 0) return -1;  // no element: any strides describe it (torch gives (64, 64, 1) to [2, 0, 64])
-  int64_t want = 1;
-  for (int d = t.rank - 1; d >= 0; --d) {
-    if (t.shape[d] != 1 && t.strides[d] != want) {
-      *expected = want;
-      return d;
-    }
-    want *= t.shape[d];
-  }
-  return -1;
-}
-
 void require_contiguous(const Matcher& m, const TensorView& t, const std::string& name, const std::string& why) {
   int64_t expected = 0;
-  const int d = first_noncontiguous(t, &expected);
+  const int d = dense_layout_mismatch(t, nullptr, &expected);
   if (d >= 0)
     m.fail(name + ".stride(" + std::to_string(d) + ") must be " + std::to_string(expected) + " (" + why +
            ") but is " + std::to_string(t.strides[d]) + " (" + t.describe() + ")");
@@ -140,7 +124,7 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   ResidualGateAddCall call;
   // Layout: contiguous, or SANA-Video's transposed residual stream.
   int64_t expected = 0;
-  const int bad = first_noncontiguous(residual, &expected);
+  const int bad = dense_layout_mismatch(residual, nullptr, &expected);
   if (bad >= 0) {
     const int64_t T = residual.shape[R == 3 ? 1 : 0], H = residual.shape[R - 1];
     const bool transposed = R == 3 && (residual.shape[0] == 1 || residual.strides[0] == T * H) &&

@@ -30,23 +30,16 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                                     const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
   Matcher m(kOp);
-  // Contiguity of views with elements only: torch's contiguous empty tensors have strides such as
-  // (9, 1, 1) for [2, 9, 0], which no layout rule needs to refuse (nothing is read or written).
-  auto contiguous = [&](const char* name, const TensorView& t) {
-    if (t.numel() > 0) m.tensor(name, t).contiguous();
-  };
-  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16}).same_device("device");
-  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device");
-  contiguous("attn", attn);
-  contiguous("mlp", mlp);
+  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16}).same_device("device")
+      .contiguous();
+  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device").contiguous();
   m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
   if (input_scale.numel() != 1)
     m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()) + " (" +
            input_scale.describe() + ")");
   const int64_t Da = *m.value("Da"), Dm = *m.value("Dm");
   m.bind("D", Da + Dm, "attn.shape[2] + mlp.shape[2]");
-  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device");
-  contiguous("out", out);
+  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
   m.require_disjoint(out, "out", attn, "attn");
   m.require_disjoint(out, "out", mlp, "mlp");
   m.require_disjoint(out, "out", input_scale, "input_scale");

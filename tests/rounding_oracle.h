@@ -1,0 +1,31 @@
+// An independent rounding for the tests' oracles: binary floating point with `precision`
+// significant bits, computed in double (no use of the library's conversions).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include "ditops/tensor.h"
+
+namespace ditops::testing_oracle {
+
+inline double round_binary(double x, int precision, int emin, double max_finite) {
+  if (x == 0.0 || !std::isfinite(x)) return x;
+  int e = 0;
+  std::frexp(x, &e);                       // |x| = m * 2^e, m in [0.5, 1)
+  const int lead = std::max(e - 1, emin);  // subnormals share the smallest quantum
+  const double quantum = std::ldexp(1.0, lead - (precision - 1));
+  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even; keeps the sign of -0
+  if (std::fabs(r) > max_finite) return std::copysign(INFINITY, x);
+  return r;
+}
+inline double round_f32(double x) { return round_binary(x, 24, -126, 0x1.fffffep127); }
+inline double round_dtype(double x, DType t) {
+  switch (t) {
+    case DType::bf16: return round_binary(x, 8, -126, 0x1.fep127);
+    case DType::f16: return round_binary(x, 11, -14, 65504.0);
+    default: return round_f32(x);
+  }
+}
+
+}  // namespace ditops::testing_oracle
