@@ -201,6 +201,7 @@ struct CcpKernelKey {
 // The row model of kernels/causal_conv3d_cat_pad.cuh (sizes only; the pointers are the launch's).
 CausalConv3dCatPadParams row_model(const CausalConv3dCatPadCall& c) {
   CausalConv3dCatPadParams p{};
+  if (c.out_numel == 0) return p;  // the extents of an empty out may overflow any product of them
   const int64_t es = static_cast<int64_t>(dtype_size(c.out.dtype));
   const int64_t inner = c.channels_last ? c.channels : 1;  // elements per W position in a row
   p.rows_out = c.out_height;
@@ -219,7 +220,7 @@ CausalConv3dCatPadParams row_model(const CausalConv3dCatPadCall& c) {
   const int64_t row_bytes = p.row_elems * es;
   const int64_t phase = static_cast<int64_t>(reinterpret_cast<uintptr_t>(c.out.data) % 16);
   p.row_windows = row_bytes % 16 == 0 ? (phase + row_bytes + 15) / 16 : (row_bytes + 16 - es + 15) / 16;
-  p.units = c.out_numel > 0 ? rows * p.row_windows : 0;
+  p.units = rows * p.row_windows;
   return p;
 }
 
