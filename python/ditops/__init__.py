@@ -24,7 +24,7 @@ import tvm_ffi
 
 from . import _codegen
 
-__all__ = ["Error", "list_kernels", "explain", "DispatchReport", "reload_config", "clear_failures",
+__all__ = ["Error", "NoImplementation", "list_kernels", "explain", "DispatchReport", "reload_config", "clear_failures",
            "op_table", "generated_source", "__version__"]  # + every op of the table (below)
 
 
@@ -34,8 +34,16 @@ class Error(RuntimeError, ValueError):
     A RuntimeError and a ValueError, so either except clause catches it."""
 
 
-# ditops::Error crosses the FFI as the error kind "DitopsError" (src/python/ffi_module.cpp).
+class NoImplementation(Error):
+    """No implementation takes a valid call on its device, or every eligible one failed (C++
+    ditops::NoImplementation). The only error the torch ops answer with the eager chain; bad
+    arguments raise a plain Error."""
+
+
+# ditops::Error crosses the FFI as the error kind "DitopsError", NoImplementation as
+# "DitopsNoImplementation" (src/python/ffi_module.cpp).
 tvm_ffi.register_error("DitopsError", Error)
+tvm_ffi.register_error("DitopsNoImplementation", NoImplementation)
 
 
 def _load_module():
@@ -242,10 +250,6 @@ def can_use(op: str, *args, **options) -> tuple[bool, str]:
         f"{c['name']}: {c['reason']}" for c in report.candidates)
 
 
-# What the core says when every eligible implementation failed (C++ NoImplementation).
-_ALL_FAILED = "every eligible implementation failed"
-
-
 def try_call(op: str, *args, **options):
     """The op's result where an implementation takes the call; None, with nothing written, where
     none is eligible or every eligible one failed (each failure warned about once). Bad input
@@ -260,10 +264,8 @@ def try_call(op: str, *args, **options):
         return None
     try:
         return fn(*args, **options)
-    except Error as e:
-        if _ALL_FAILED in str(e):
-            return None
-        raise
+    except NoImplementation:
+        return None
 
 
 def _plain(value):

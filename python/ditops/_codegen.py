@@ -219,7 +219,8 @@ def torch_schema(op: dict) -> str:
 def torch_source(ops: list[dict]) -> str:
     """torch.library implementations and fakes: functional outputs (absent ones are empty [0]
     tensors of their dtype, since a schema returns a fixed number of tensors), in-place ops
-    return nothing."""
+    return nothing. Implementations call `_run_or_fallback` (ditops.torch), which runs the op's
+    eager chain where no implementation takes a valid call."""
     src = []
     for index, op in enumerate(ops):
         name = op["name"]
@@ -236,6 +237,9 @@ def torch_source(ops: list[dict]) -> str:
         alloc_src = "\n    ".join(alloc) if alloc else "pass"
         passed = [t["name"] if t["role"] != "out" or t["present"] != "caller" else "None" for t in op["tensors"]]
         call_args = ", ".join(passed + [o["name"] for o in op["options"]] + ["backend", "quality"])
+        # The call's tensors and options by name, built only when the eager fallback runs.
+        slots = ", ".join(f"{t['name']!r}: {p}" for t, p in zip(op["tensors"], passed))
+        opts = ", ".join(f"{o['name']!r}: {o['name']}" for o in op["options"])
         if not outs:
             ret, fake_ret = "None", "None"
         else:
@@ -252,7 +256,7 @@ def torch_source(ops: list[dict]) -> str:
 def _impl_{name}({sig}):
     {alloc_src}
     {likes_src}
-    _call({index}, False, _ENV_STREAM, {call_args})
+    _run_or_fallback({index}, {name!r}, backend, ({call_args},), lambda: ({{{slots}}}, {{{opts}}}))
     return {ret}
 
 

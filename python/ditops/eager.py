@@ -144,9 +144,12 @@ def oracle_outputs(op, x, o):
     if op == "qknorm_rope":
         if o.get("rounding", "rounded") != "rounded" or o.get("norm_order", "aten") != "aten":
             return None
+        full_width = o.get("cache_full_width") == "true"
+        rope_dim = int(o.get("rope_dim", "0"))
+        if rope_dim == 0:  # from the cache width, as the op reads it
+            rope_dim = x["cos_sin_cache"].shape[1] // (2 if full_width else 1)
         q, k = qknorm_rope_eager(x["q"], x["k"], x["q_weight"], x["k_weight"], x["cos_sin_cache"],
-                                 x["positions"], int(o["rope_dim"]), o["is_neox"] == "true", eps,
-                                 o.get("cache_full_width") == "true")
+                                 x["positions"], rope_dim, o.get("is_neox") == "true", eps, full_width)
         return {"q": q, "k": k}
     if op == "residual_gate_add":
         return {"out": residual_gate_add_eager(x["residual"], x["update"], x["gate"])}
@@ -176,3 +179,13 @@ def oracle_outputs(op, x, o):
                                       residual=x.get("residual"), gate=x.get("gate"))
         return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
     return None
+
+
+def fallback_outputs(op, x, o):
+    """What the torch ops write when they fall back (ditops.torch): the call's oracle outputs,
+    and for a `close` mode whose contract is stated against an eager chain, that chain (the
+    oracle itself is within any bound stated against it). None where no eager chain may stand in
+    for the call: the caller raises then."""
+    if op == "qknorm_rope" and o.get("rounding") == "fp32" and o.get("norm_order", "aten") == "aten":
+        return oracle_outputs(op, x, dict(o, rounding="rounded"))
+    return oracle_outputs(op, x, o)

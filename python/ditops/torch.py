@@ -21,17 +21,20 @@ The model-layer helper decides per call between the fused op and the unfused eag
 from __future__ import annotations
 
 import os
+import threading
 import warnings
+from collections import namedtuple as _namedtuple
+
 import torch
 
 import ditops as _ditops
-from . import Error, _ENV_STREAM, _call, _codegen
-from .eager import qknorm_rope_eager
+from . import Error, NoImplementation, _ENV_STREAM, _call, _codegen
+from .eager import fallback_outputs, qknorm_rope_eager
 
 _qknorm_rope_explain = _ditops._EXPLAIN["qknorm_rope"]
 
 __all__ = ["apply_qk_norm_rope", "qk_norm_rope_gate", "fused_qknorm_rope_enabled", "reset_gates",
-           "generated_source"]  # + every op of the table (torch.ops.ditops.<op>)
+           "generated_source", "last_dispatch", "fallbacks", "Dispatch"]  # + every op of the table (torch.ops.ditops.<op>)
 
 # ---------------------------------------------------------------- custom ops
 # One per op of the table (ditops/op.h), derived by ditops._codegen: options are keyword-only
@@ -74,6 +77,78 @@ def _or_empty(tensor, like):
         return tensor
     src, dtype = like
     return torch.empty((0,), dtype=src.dtype if dtype is None else getattr(torch, dtype), device=src.device)
+
+
+# ---------------------------------------------------------------- eager fallback
+# Where no implementation takes a valid call on its device, or every eligible one failed
+# (ditops.NoImplementation), a torch op runs the op's eager chain (ditops.eager) and writes its
+# result into the op's outputs, so a model keeps running where SGLang's would. Bad arguments
+# still raise (a plain ditops.Error): a fallback never hides a user error. An explicit backend=
+# is strict and never falls back. The decision is made inside the op's implementation, which
+# torch.compile treats as opaque and CUDA graphs capture with whatever it launched (the eager
+# chain's kernels after a fallback); nothing branches on tensor values.
+#
+# The core remembers a failed implementation per (device, op, implementation, template key)
+# and skips it from then on (ditops.clear_failures() forgets); here each (device, signature)
+# warns once, naming the reason.
+
+_FALLBACK_WARNED: dict = {}  # (op, device, dtypes, options) -> the core's reason
+_LAST_DISPATCH = threading.local()
+
+
+class Dispatch(_namedtuple("Dispatch", ["op", "ran", "fallback_reason"])):
+    """What the last torch op call on this thread ran: `ran` is the implementation's name
+    ("qknorm_rope.aot") or "eager" (the op's eager chain), `fallback_reason` why the eager chain
+    ran ("" otherwise)."""
+
+
+def last_dispatch():
+    """The Dispatch of the last ditops torch op called on this thread, or None. Under a CUDA
+    graph, replays run what the capture recorded: the capture's call is the last one seen."""
+    return getattr(_LAST_DISPATCH, "value", None)
+
+
+def fallbacks() -> dict:
+    """Every (op, device, dtypes, options) signature that took the eager chain, with the reason."""
+    return dict(_FALLBACK_WARNED)
+
+
+def _option_text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _run_or_fallback(index, op, backend, args, slots) -> None:
+    if backend is not None:  # an explicit backend is strict
+        _LAST_DISPATCH.value = Dispatch(op, str(_call(index, False, _ENV_STREAM, *args)), "")
+        return
+    try:
+        ran = _call(index, False, _ENV_STREAM, *args)
+    except NoImplementation as e:
+        tensors, options = slots()
+        _eager_fallback(op, tensors, options, str(e))
+        return
+    _LAST_DISPATCH.value = Dispatch(op, str(ran), "")
+
+
+def _eager_fallback(op, tensors, options, reason) -> None:
+    given = {n: t for n, t in tensors.items() if t is not None}
+    outputs = fallback_outputs(op, given, {n: _option_text(v) for n, v in options.items() if v is not None})
+    if outputs is None:
+        raise NoImplementation(f"{reason}\n  and {op} has no eager chain for these options "
+                               f"({', '.join(f'{n}={v}' for n, v in options.items())}) to fall back to")
+    device = next(iter(given.values())).device
+    sig = (op, str(device), tuple((n, t.dtype) for n, t in given.items()), tuple(sorted(options.items())))
+    if sig not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED[sig] = reason
+        warnings.warn(f"ditops: {op} on {device} runs the eager chain: {reason}", RuntimeWarning,
+                      stacklevel=5)  # the caller of torch.ops.ditops.<op>
+    for name, value in outputs.items():
+        dst = tensors.get(name)
+        if dst is not None and dst.numel() > 0:
+            dst.copy_(value)
+    _LAST_DISPATCH.value = Dispatch(op, "eager", reason)
 
 
 _rows = _ditops._rows
@@ -136,9 +211,11 @@ _QKNORM_ROPE_CAPABLE: dict = {}
 
 
 def reset_gates() -> None:
-    """Forget self-check results and capability answers (tests; after changing DITOPS_*)."""
+    """Forget self-check results, capability answers and the eager fallbacks warned about
+    (tests; after changing DITOPS_*)."""
     _QKNORM_ROPE_GATE.reset()
     _QKNORM_ROPE_CAPABLE.clear()
+    _FALLBACK_WARNED.clear()
 
 
 def _tracing_or_capturing(device: torch.device) -> bool:

@@ -40,9 +40,14 @@ using tvm::ffi::Optional;
 using tvm::ffi::String;
 using FfiTensor = tvm::ffi::TensorView;
 
-// The one error kind Python maps to ditops.Error (python/ditops/__init__.py registers it).
+// The error kinds Python maps to ditops.Error and its subclass ditops.NoImplementation
+// (python/ditops/__init__.py registers them): the torch ops fall back to the eager chain on the
+// second only, so a user error can never turn into a fallback.
 [[noreturn]] void raise_ditops(const std::string& message) {
   throw tvm::ffi::Error("DitopsError", message, "");
+}
+[[noreturn]] void raise_no_implementation(const std::string& message) {
+  throw tvm::ffi::Error("DitopsNoImplementation", message, "");
 }
 
 // Zero-copy view; a DLPack-level refusal (dtype, device kind, rank) names the tensor.
@@ -188,6 +193,8 @@ Any generic_entry(const tvm::ffi::AnyView* args, int32_t num_args) {
     if (explain) return report_to_map(op.explain(call));
     const ditops::Stream s = first_tensor ? stream_of(*first_tensor, stream) : nullptr;
     return String(op.run(call, s));
+  } catch (const ditops::NoImplementation& e) {
+    raise_no_implementation(e.what());
   } catch (const ditops::Error& e) {
     raise_ditops(e.what());
   }

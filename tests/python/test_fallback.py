@@ -1,0 +1,155 @@
+"""The torch ops' eager fallback (issue 23, item 1), for every op over the op test driver's cases
+on CPU tensors, with the op's implementations disabled so that nothing is eligible (the same path
+a CUDA call takes when no kernel is eligible or every eligible one failed):
+- a valid call runs the eager chain, writes exactly its oracle's outputs, warns once per
+  signature and says so in last_dispatch();
+- bad input raises a plain ditops.Error before anything runs, with or without implementations;
+- an explicit backend stays strict; options with no eager chain raise NoImplementation.
+"""
+import re
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ditops  # noqa: E402
+import ditops.torch as dtorch  # noqa: E402
+from ditops import _codegen  # noqa: E402
+from ditops.eager import fallback_outputs  # noqa: E402
+import op_cases  # noqa: E402
+
+CASES = op_cases.cases()
+OPS = sorted({c["op"] for c in CASES})
+TABLE = {o["name"]: o for o in ditops.op_table()}
+needs_cases = pytest.mark.skipif(not CASES, reason="DITOPS_EXPORT_OP_CASES does not name the case exporter")
+
+
+def _small(c):
+    return c["kind"] != "empty" and not c.get("large") and not any(t["storage"] for t in c["tensors"])
+
+
+def _torch_args(case):
+    """The case's inputs and options as torch.ops.ditops.<op> takes them (outputs are the op's)."""
+    table = TABLE[case["op"]]
+    options, absent = op_cases.options_and_absent(case, table)
+    x = {**op_cases.tensors(case, case["seed"], "cpu"), **absent}
+    inputs = {t["name"]: x.get(t["name"]) for t in table["tensors"] if t["role"] != "out"}
+    return inputs, options
+
+
+def _results(op, returned):
+    """The op's returned outputs by name (absent ones are empty [0] tensors: dropped)."""
+    outs = _codegen.returned_outputs(TABLE[op])
+    values = returned if isinstance(returned, tuple) else (returned,)
+    return {t["name"]: v for t, v in zip(outs, values) if v is not None and v.numel() > 0}
+
+
+def _case_with_oracle(op, has_oracle):
+    for c in CASES:
+        if c["op"] != op or c["invalid"] or not _small(c):
+            continue
+        inputs, _ = _torch_args(c)
+        given = {n: t for n, t in inputs.items() if t is not None}
+        if (fallback_outputs(op, given, c["options"]) is not None) == has_oracle:
+            return c
+    return None
+
+
+@pytest.fixture
+def nothing_eligible(monkeypatch):
+    def disable(op):
+        monkeypatch.setenv("DITOPS_DISABLE", op)
+        ditops.reload_config()
+        dtorch.reset_gates()
+    yield disable
+    monkeypatch.delenv("DITOPS_DISABLE", raising=False)
+    ditops.reload_config()
+    dtorch.reset_gates()
+
+
+@needs_cases
+@pytest.mark.parametrize("op", OPS)
+def test_no_eligible_implementation_runs_the_eager_chain_and_warns_once(op, nothing_eligible):
+    case = _case_with_oracle(op, has_oracle=True)
+    assert case is not None, f"{op}: no case whose options have an eager chain"
+    inputs, options = _torch_args(case)
+    given = {n: t.clone() for n, t in inputs.items() if t is not None}
+    expected = fallback_outputs(op, given, case["options"])
+    nothing_eligible(op)
+    with pytest.warns(RuntimeWarning, match=f"(?s){op} on cpu runs the eager chain: .*disabled by DITOPS_DISABLE"):
+        returned = getattr(torch.ops.ditops, op)(**inputs, **options)
+    got = _results(op, returned)
+    got.update({n: inputs[n] for n in expected if n in inputs})  # written in place
+    assert set(got) == set(expected), (set(got), set(expected))
+    for name, value in expected.items():
+        assert torch.equal(got[name].view(torch.uint8), value.contiguous().view(torch.uint8)), name
+    last = dtorch.last_dispatch()
+    assert last.op == op and last.ran == "eager" and "disabled by DITOPS_DISABLE" in last.fallback_reason
+    assert any(sig[0] == op for sig in dtorch.fallbacks())
+    with warnings.catch_warnings():  # the same signature again: no second warning
+        warnings.simplefilter("error")
+        getattr(torch.ops.ditops, op)(**_torch_args(case)[0], **options)
+
+
+@needs_cases
+@pytest.mark.parametrize("op", OPS)
+def test_an_eligible_implementation_runs_without_a_fallback(op):
+    case = _case_with_oracle(op, has_oracle=True)
+    inputs, options = _torch_args(case)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        getattr(torch.ops.ditops, op)(**inputs, **options)
+    assert dtorch.last_dispatch() == dtorch.Dispatch(op, f"{op}.reference", "")
+
+
+@needs_cases
+@pytest.mark.parametrize("op", OPS)
+def test_bad_input_raises_and_writes_nothing_with_or_without_implementations(op, nothing_eligible):
+    case = next((c for c in CASES if c["op"] == op and c["invalid"] and _small(c)), None)
+    if case is None:
+        pytest.skip(f"{op}: no invalid case without shared storage")
+    for disable in (False, True):
+        if disable:
+            nothing_eligible(op)
+        inputs, options = _torch_args(case)
+        before = {n: t.clone() for n, t in inputs.items() if t is not None}
+        with pytest.raises(ditops.Error, match=re.escape(case["invalid"][0])) as raised:
+            getattr(torch.ops.ditops, op)(**inputs, **options)
+        assert not isinstance(raised.value, ditops.NoImplementation)
+        for n, t in before.items():
+            assert torch.equal(inputs[n].view(torch.uint8), t.view(torch.uint8)), n
+
+
+@needs_cases
+@pytest.mark.parametrize("op", OPS)
+def test_an_explicit_backend_stays_strict(op, nothing_eligible):
+    case = _case_with_oracle(op, has_oracle=True)
+    inputs, options = _torch_args(case)
+    nothing_eligible(op)
+    with pytest.raises(ditops.NoImplementation, match="for the requested backend reference"):
+        getattr(torch.ops.ditops, op)(**inputs, **options, backend="reference")
+
+
+@needs_cases
+def test_options_without_an_eager_chain_raise_no_implementation(nothing_eligible):
+    # qknorm_rope's warp order reproduces SGLang's chain, which no eager chain stands in for.
+    case = next(c for c in CASES if c["op"] == "qknorm_rope" and not c["invalid"] and _small(c))
+    inputs, options = _torch_args(case)
+    nothing_eligible("qknorm_rope")
+    with pytest.raises(ditops.NoImplementation, match="no eager chain for these options"):
+        torch.ops.ditops.qknorm_rope(**inputs, **dict(options, norm_order="warp"))
+
+
+@needs_cases
+def test_the_fallback_runs_under_torch_compile(nothing_eligible):
+    case = _case_with_oracle("residual_gate_add", has_oracle=True)
+    inputs, options = _torch_args(case)
+    expected = fallback_outputs("residual_gate_add", {n: t.clone() for n, t in inputs.items()}, case["options"])
+    nothing_eligible("residual_gate_add")
+    compiled = torch.compile(lambda r, u, g: torch.ops.ditops.residual_gate_add(r, u, g) * 2,
+                             fullgraph=True, backend="aot_eager")  # traced with fakes; no C++ compile
+    with pytest.warns(RuntimeWarning, match="runs the eager chain"):
+        got = compiled(inputs["residual"], inputs["update"], inputs["gate"])
+    assert torch.equal(got, expected["out"] * 2)
+    assert dtorch.last_dispatch().ran == "eager"
