@@ -210,7 +210,7 @@ GenericCall make_call(const Prepared& p, const std::vector<void*>& data, Device 
     call.given[slot] = true;
   }
   if (!p.options.empty()) call.options = p.options;
-  call.dispatch.quality = Quality::extra_high;  // close implementations too; the case states bounds
+  call.dispatch.quality = Quality::high;  // close implementations too; the case states bounds
   return call;
 }
 

@@ -399,7 +399,7 @@ TEST(HostileCApi, OptionsAreRefusedWithTheExpectedForm) {
   c.options = {{"backend", "cuda"}};
   expect_c_error(c, {"unknown backend 'cuda' (expected kda, aot, jit, vendor or reference)"});
   c.options = {{"quality", "best"}};
-  expect_c_error(c, {"unknown quality 'best' (expected lossless, high or extra-high)"});
+  expect_c_error(c, {"unknown quality 'best' (expected exact, lossless or high)"});
   c.options = {{"backend", "jit"}};  // explicit: strict, and the tensors are on the CPU
   expect_c_error(c, {"residual_gate_add.jit"});
 }

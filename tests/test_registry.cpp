@@ -176,15 +176,14 @@ TEST_F(RegistryTest, NamesParseRoundTrip) {
   }
   Provenance p;
   EXPECT_FALSE(ditops::parse_provenance("nvcc", &p));
-  for (Quality q : {Quality::lossless, Quality::high, Quality::extra_high}) {
+  for (Quality q : {Quality::exact, Quality::lossless, Quality::high}) {
     Quality back;
     ASSERT_TRUE(ditops::parse_quality(ditops::quality_name(q), &back));
     EXPECT_EQ(back, q);
   }
   Quality q;
-  EXPECT_TRUE(ditops::parse_quality("extra_high", &q));
-  EXPECT_EQ(q, Quality::extra_high);
   EXPECT_FALSE(ditops::parse_quality("best", &q));
+  EXPECT_FALSE(ditops::parse_quality("extra-high", &q));  // SGLang's former name: refused, not guessed
   EXPECT_EQ(ditops::feature_names(ditops::kFeatureNvrtc | ditops::kFeaturePdl), "nvrtc+pdl");
   EXPECT_EQ(ditops::feature_names(0), "");
 }
@@ -340,9 +339,9 @@ TEST_F(DispatchTest, CloseContractNeedsQualityHigh) {
   registry_.add(spec("fake.reference", Provenance::reference, {},
                      Contract::close("oracle", "reference is always admitted")));
   FakeCall call;
-  // Lossless by default: the close jit is refused, the reference (even close) admitted.
+  // Exact by default: the close jit is refused, the reference (even close) admitted.
   DispatchReport r = registry_.explain(kOp, &call, h200());
-  EXPECT_NE(find_candidate(r, "fake.jit_fp32")->reason.find("contract is close; quality lossless"),
+  EXPECT_NE(find_candidate(r, "fake.jit_fp32")->reason.find("contract is close; quality exact"),
             std::string::npos)
       << find_candidate(r, "fake.jit_fp32")->reason;
   EXPECT_TRUE(find_candidate(r, "fake.reference")->eligible);
@@ -351,12 +350,31 @@ TEST_F(DispatchTest, CloseContractNeedsQualityHigh) {
   DispatchOptions high;
   high.quality = Quality::high;
   EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), high).name, "fake.jit_fp32");
-  DispatchOptions extra;
-  extra.quality = Quality::extra_high;
-  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), extra).name, "fake.jit_fp32");
+  // lossless admits only close implementations with an admission record; this one has none.
   DispatchOptions lossless;
   lossless.quality = Quality::lossless;
+  r = registry_.explain(kOp, &call, h200(), lossless);
+  EXPECT_NE(find_candidate(r, "fake.jit_fp32")->reason.find("not admitted"), std::string::npos)
+      << find_candidate(r, "fake.jit_fp32")->reason;
   EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), lossless).name, "fake.reference");
+  DispatchOptions exact;
+  exact.quality = Quality::exact;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), exact).name, "fake.reference");
+}
+
+TEST_F(DispatchTest, LosslessAdmitsAdmittedCloseImplementations) {
+  Contract admitted = Contract::close("oracle", "1 ulp");
+  admitted.admission = "H200, op test grid: rms 1.1x, max 1.2x the eager chain's error, bias 0.05 rms";
+  registry_.add(spec("fake.jit_admitted", Provenance::jit, {}, admitted));
+  registry_.add(spec("fake.reference", Provenance::reference));
+  FakeCall call;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200()).name, "fake.reference");  // exact
+  DispatchOptions lossless;
+  lossless.quality = Quality::lossless;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), lossless).name, "fake.jit_admitted");
+  DispatchOptions high;
+  high.quality = Quality::high;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), high).name, "fake.jit_admitted");
 }
 
 TEST_F(DispatchTest, QualityFromEnvironment) {
@@ -370,16 +388,16 @@ TEST_F(DispatchTest, QualityFromEnvironment) {
   EXPECT_EQ(ditops::config().quality, Quality::high);
   EXPECT_EQ(registry_.dispatch(kOp, &call, h200()).name, "fake.jit_fp32");
   // The per-call option overrides the environment.
-  DispatchOptions lossless;
-  lossless.quality = Quality::lossless;
-  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), lossless).name, "fake.reference");
+  DispatchOptions exact;
+  exact.quality = Quality::exact;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), exact).name, "fake.reference");
 }
 
 TEST_F(DispatchTest, BadEnvironmentValueWarnsOnce) {
   registry_.add(spec("fake.reference", Provenance::reference));
   setenv("DITOPS_QUALITY", "best", 1);
   ditops::reload_config();
-  EXPECT_EQ(ditops::config().quality, Quality::lossless);
+  EXPECT_EQ(ditops::config().quality, Quality::exact);
   ASSERT_EQ(ditops::config().problems.size(), 1u);
   FakeCall call;
   registry_.dispatch(kOp, &call, cpu());

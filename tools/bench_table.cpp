@@ -60,7 +60,7 @@ int run_table_bench(const OpDescription& d, const Args& a) {
     if (!on_cuda) continue;
     for (GenericCall& c : calls) {
       c.dispatch.backend = spec->provenance;
-      c.dispatch.quality = Quality::extra_high;
+      c.dispatch.quality = Quality::high;
     }
     const DispatchReport report = d.explain(calls[0]);
     if (report.chosen != spec) {

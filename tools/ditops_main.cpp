@@ -162,12 +162,15 @@ int cmd_list(const Args& args) {
     if (caps.empty()) caps = "anywhere";
     row(s->name, provenance_name(s->provenance), caps);
     print_wrapped("", detail_column, s->contract.describe());
+    if (!s->contract.verification.empty()) print_wrapped("", detail_column, s->contract.verification);
+    if (!s->contract.admission.empty()) print_wrapped("", detail_column, "admitted: " + s->contract.admission);
     print_wrapped("", detail_column, "here: " + availability_of(*s));
     print_wrapped("", detail_column, s->description);
     if (s->evidence)
       print_wrapped("", detail_column,
-                    "evidence: " + s->evidence->shapes + "; oracle " + s->evidence->oracle + "; " + s->evidence->speedup +
-                        " on " + s->evidence->device + ", " + s->evidence->date);
+                    "evidence: " + s->evidence->shapes + "; oracle " + s->evidence->oracle + " (" +
+                        s->evidence->tolerance + "); " + s->evidence->speedup + " on " + s->evidence->device + ", " +
+                        s->evidence->date + " at " + s->evidence->commit);
   }
   std::printf("\nprebuilt (aot) keys: %zu\n", jit::aot_entries().size());
   if (args.has("--keys"))

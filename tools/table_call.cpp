@@ -86,7 +86,7 @@ TableCall table_call(const OpDescription& d, const Args& a, Device dev,
   if (a.has("--quality")) {
     Quality q;
     if (!parse_quality(a.get("--quality", ""), &q))
-      throw Error("--quality must be lossless, high or extra-high but is '" + a.get("--quality", "") + "'");
+      throw Error("--quality must be exact, lossless or high but is '" + a.get("--quality", "") + "'");
     c.dispatch.quality = q;
   }
   std::vector<std::pair<std::string, std::string>> dtypes;

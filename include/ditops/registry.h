@@ -23,9 +23,11 @@ enum class Provenance : uint8_t { kda, aot, jit, vendor, reference };
 const char* provenance_name(Provenance provenance);
 bool parse_provenance(const std::string& name, Provenance* out);
 
-// How far from the oracle a caller accepts: lossless admits bit_exact implementations and the
-// reference; high and extra_high also admit close ones.
-enum class Quality : uint8_t { lossless, high, extra_high };
+// How far from the oracle a caller accepts, named as SGLang's tiers now are (docs/quality.md):
+// exact (the default) admits bit_exact implementations and the reference; lossless adds the close
+// implementations that passed the admission check (error no worse than the eager chain's, no
+// bias, the same NaN/Inf placement); high admits every close one.
+enum class Quality : uint8_t { exact, lossless, high };
 const char* quality_name(Quality quality);
 bool parse_quality(const std::string& name, Quality* out);
 
@@ -64,21 +66,39 @@ struct Contract {
   Kind kind = Kind::bit_exact;
   std::string oracle;  // what it is compared against, e.g. "torch 2.11 eager chain on CUDA"
   std::string bounds;  // for close: the stated bound, e.g. "|d| <= 1 ulp(bf16) on <= 0.5% of elems"
+  // How the contract was checked on a device: "verified: <device, method, date, commit>" or
+  // "unverified: <why>" (per mode where modes differ). The registry test requires one of the two.
+  std::string verification;
+  // close only: the admission record that lets the lossless tier run it (filled from the
+  // committed records, src/core/evidence_records.inc); empty: not admitted.
+  std::string admission;
 
   static Contract bit_exact(std::string oracle) { return {Kind::bit_exact, std::move(oracle), ""}; }
   static Contract close(std::string oracle, std::string bounds) {
     return {Kind::close, std::move(oracle), std::move(bounds)};
   }
+  // Contract::bit_exact(...).verified("H200, torch.equal ..., <date> at <commit>")
+  Contract verified(const std::string& how) && {
+    verification = "verified: " + how;
+    return std::move(*this);
+  }
+  Contract unverified(const std::string& why) && {
+    verification = "unverified: " + why;
+    return std::move(*this);
+  }
   std::string describe() const;
 };
 
 // Why a shape-specialized (kda) kernel is trusted: where it was validated and what it gained.
+// Generated from the committed benchmark records (src/core/evidence_records.inc), never typed.
 struct Evidence {
   std::string shapes;
   std::string oracle;
-  std::string speedup;
+  std::string tolerance;
+  std::string speedup;  // over a named baseline, e.g. "1.62x cuBLASLt (median over the shapes)"
   std::string device;
   std::string date;
+  std::string commit;
 };
 
 // One implementation of one op, stored type-erased: `call` below is the op's own argument
@@ -119,7 +139,7 @@ class NoImplementation : public Error {
 
 struct DispatchOptions {
   std::optional<Provenance> backend;  // explicit: strict, throws if ineligible
-  std::optional<Quality> quality;     // default from DITOPS_QUALITY, else lossless
+  std::optional<Quality> quality;     // default from DITOPS_QUALITY, else exact
 };
 
 struct CandidateReport {
@@ -153,6 +173,9 @@ class Registry {
 
   // Throws Error if (op, name) is already registered or the spec lacks predicate/run.
   void add(KernelSpec spec);
+  // The registered implementation of that name, or null; for attaching evidence at start-up
+  // (src/core/evidence.h), before any dispatch.
+  KernelSpec* find_mutable(const std::string& name);
   std::vector<const KernelSpec*> list(const std::string& op = "") const;
   std::vector<std::string> ops() const;
 
@@ -190,7 +213,7 @@ struct Config {
   std::optional<Provenance> force_backend;  // DITOPS_FORCE_BACKEND
   // DITOPS_DISABLE=op[:backend],...: (op, backend or none for all backends of op)
   std::vector<std::pair<std::string, std::optional<Provenance>>> disabled;
-  Quality quality = Quality::lossless;  // DITOPS_QUALITY
+  Quality quality = Quality::exact;  // DITOPS_QUALITY
   bool jit_verbose = false;             // DITOPS_JIT_VERBOSE=1
   // DITOPS_JIT_FORCE_RECOMPILE=1: every cubin request compiles (memory and disk entries are
   // ignored) and republishes its disk entry; for a cache suspected stale.

@@ -132,7 +132,7 @@ def _docstring(op: dict) -> str:
     for o in op["options"]:
         choices = f" ({'/'.join(o['choices'])})" if o["choices"] else ""
         lines.append(f"{o['name']}={_default_literal(o)}{choices}: {o['doc']}")
-    lines.append("backend: kda/aot/jit/vendor/reference (strict); quality: lossless/high/extra-high.")
+    lines.append("backend: kda/aot/jit/vendor/reference (strict); quality: exact (default)/lossless/high.")
     return "\n    ".join(lines).replace('"""', "'''")
 
 

@@ -63,7 +63,7 @@ ditops::GenericCall to_call(const ditops::OpDescription& op, const DLTensor* con
     } else if (name == "quality") {
       ditops::Quality q;
       if (!ditops::parse_quality(value, &q))
-        throw ditops::Error(op.name + ": unknown quality '" + value + "' (expected lossless, high or extra-high)");
+        throw ditops::Error(op.name + ": unknown quality '" + value + "' (expected exact, lossless or high)");
       c.dispatch.quality = q;
     } else {
       const int k = op.option_index(name);

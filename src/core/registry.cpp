@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/evidence.h"
 #include "core/builtin_ops.h"
 #include "ditops/op.h"
 
@@ -24,7 +25,7 @@ constexpr std::pair<Provenance, const char*> kProvenanceNames[] = {
     {Provenance::reference, "reference"},
 };
 constexpr std::pair<Quality, const char*> kQualityNames[] = {
-    {Quality::lossless, "lossless"}, {Quality::high, "high"}, {Quality::extra_high, "extra-high"}};
+    {Quality::exact, "exact"}, {Quality::lossless, "lossless"}, {Quality::high, "high"}};
 }  // namespace
 
 const char* provenance_name(Provenance provenance) {
@@ -48,7 +49,6 @@ const char* quality_name(Quality quality) {
 bool parse_quality(const std::string& name, Quality* out) {
   for (const auto& [q, n] : kQualityNames)
     if (name == n) return *out = q, true;
-  if (name == "extra_high") return *out = Quality::extra_high, true;
   return false;
 }
 
@@ -110,7 +110,7 @@ Config read_config() {
   if (std::string v = env("DITOPS_QUALITY"); !v.empty()) {
     if (!parse_quality(v, &c.quality))
       c.problems.push_back("DITOPS_QUALITY=" + v +
-                           " is not a quality (lossless, high, extra-high); using lossless");
+                           " is not a quality (exact, lossless, high); using exact");
   }
   std::stringstream items(env("DITOPS_DISABLE"));
   for (std::string item; std::getline(items, item, ',');) {
@@ -234,6 +234,7 @@ Registry& Registry::global() {
   static Registry* registry = [] {
     auto* r = new Registry();
     register_builtin_ops(*r);
+    attach_evidence(*r);
     return r;
   }();
   return *registry;
@@ -249,6 +250,12 @@ void Registry::add(KernelSpec spec) {
   }
   state_->specs.push_back(std::make_unique<KernelSpec>(std::move(spec)));
   g_dispatch_generation.fetch_add(1);
+}
+
+KernelSpec* Registry::find_mutable(const std::string& name) {
+  for (auto& s : state_->specs)
+    if (s->name == name) return s.get();
+  return nullptr;
 }
 
 std::vector<const KernelSpec*> Registry::list(const std::string& op) const {
@@ -301,6 +308,19 @@ std::string failure_key(const DeviceInfo& device, const KernelSpec& spec, const 
          "|" + spec.name + "|" + key;
 }
 
+// "" when the quality tier admits the implementation's contract (the reference always: it is the
+// portable oracle, the last resort on the CPU).
+std::string quality_refusal(const KernelSpec& spec, Quality quality) {
+  if (spec.contract.kind != Contract::Kind::close || spec.provenance == Provenance::reference) return "";
+  if (quality == Quality::exact)
+    return "contract is close; quality exact admits only bit_exact (quality lossless adds admitted close "
+           "implementations, high every close one)";
+  if (quality == Quality::lossless && spec.contract.admission.empty())
+    return "contract is close and not admitted (no admission record: docs/quality.md); quality lossless "
+           "admits bit_exact and admitted close implementations (quality high admits every close one)";
+  return "";
+}
+
 bool is_disabled(const Config& c, const KernelSpec& spec) {
   for (const auto& [op, backend] : c.disabled)
     if (op == spec.op && (!backend || *backend == spec.provenance)) return true;
@@ -342,10 +362,8 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
       e.refusal = "unavailable: " + why;
     } else if (is_disabled(c, *spec)) {
       e.refusal = "disabled by DITOPS_DISABLE";
-    } else if (spec->contract.kind == Contract::Kind::close && quality == Quality::lossless &&
-               spec->provenance != Provenance::reference) {
-      e.refusal = std::string("contract is close; quality ") + quality_name(quality) +
-                  " admits only bit_exact (set quality high)";
+    } else if (std::string why = quality_refusal(*spec, quality); !why.empty()) {
+      e.refusal = why;
     } else if (std::string why = spec->predicate(call); !why.empty()) {
       e.refusal = why;
     } else {

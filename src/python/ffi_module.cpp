@@ -97,7 +97,7 @@ ditops::DispatchOptions dispatch_options(const String& backend, const String& qu
     ditops::Quality q;
     if (!ditops::parse_quality(std::string(quality), &q))
       raise_ditops("unknown quality '" + std::string(quality) +
-                   "' (expected lossless, high or extra-high)");
+                   "' (expected exact, lossless or high)");
     o.quality = q;
   }
   return o;
@@ -219,15 +219,19 @@ Array<Any> list_kernels(String op) {
         {"contract", String(s->contract.kind == ditops::Contract::Kind::bit_exact ? "bit_exact" : "close")},
         {"oracle", String(s->contract.oracle)},
         {"bounds", String(s->contract.bounds)},
+        {"verification", String(s->contract.verification)},
+        {"admission", String(s->contract.admission)},
         {"description", String(s->description)},
         // "" when usable on this machine, else why not.
         {"unavailable", String(s->availability ? s->availability() : std::string())}};
     if (s->evidence) {
       rec.Set("evidence", Map<String, Any>{{"shapes", String(s->evidence->shapes)},
                                            {"oracle", String(s->evidence->oracle)},
+                                           {"tolerance", String(s->evidence->tolerance)},
                                            {"speedup", String(s->evidence->speedup)},
                                            {"device", String(s->evidence->device)},
-                                           {"date", String(s->evidence->date)}});
+                                           {"date", String(s->evidence->date)},
+                                           {"commit", String(s->evidence->commit)}});
     }
     out.push_back(rec);
   }
