@@ -365,7 +365,8 @@ void fuzz_qknorm_rope(Builder& b) {
   o.cache_full_width = flags & 1;
   o.is_neox = flags & 2;
   o.rounding = flags & 4 ? QkRounding::fp32 : QkRounding::rounded;
-  o.norm_order = flags & 8 ? QkNormOrder::warp : QkNormOrder::aten;
+  o.norm_order = flags & 8 ? QkNormOrder::warp : flags & 16 ? QkNormOrder::aten_mean : QkNormOrder::aten;
+  o.norm_weight_rounding = flags & 32 ? QkNormWeightRounding::twice : QkNormWeightRounding::once;
   o.eps = hostile_eps(r);
   const DType act = act_dtype(r, {DType::bf16, DType::f16});
   const DType cache_dtype = act_dtype(r, {DType::f32, act, DType::f32});

@@ -1,16 +1,22 @@
 // Fused in-place per-head QK RMSNorm + RoPE.
 //
 // Numerics contract (docs/qknorm_rope.md is the full statement):
-// * Inputs are converted exactly to fp32; the sum of squares accumulates per virtual thread of G
-//   elements with fp32 FMA from +0, then a fixed tree: kAtenOrder replicates aten's vectorized
-//   RMSNorm (G = 4, shfl_down tree inside 32 virtual threads, then the inter-warp tree), else
-//   SGLang's per-head order (G = D/32, XOR butterfly over 32). factor = rsqrtf(total/D + eps)
-//   with the correctly rounded quotient (aten divides; D is a power of two, so multiplying by
-//   1/D gives the same bits) and CUDA's rsqrtf, as aten computes it.
-// * kRounded: n = rne16(w * (factor * x)) (aten's `gamma * (rstd * x)`), then RoPE with the
-//   eager chain's op-by-op rounding: fp32 cache: rne16(fmul(a,c) -/+ fmul(b,s)) with no FMA;
-//   16-bit cache: every product and the sum rounded to the dtype. Contract: bit_exact against
-//   the eager PyTorch chain (aten order) or SGLang's split chain (warp order).
+// * Inputs are converted exactly to fp32. The sum of squares (kSumOrder): kQkSumAten replicates
+//   aten's vectorized RMSNorm (virtual threads of 4 elements accumulating with fp32 FMA from +0,
+//   shfl_down tree inside 32 virtual threads, then the inter-warp tree); kQkSumWarp SGLang's
+//   per-head order (D/32 elements per virtual thread, FMA, XOR butterfly over 32);
+//   kQkSumAtenMean x.float().pow(2).mean(-1) (squares rounded to fp32, then aten's generic
+//   reduction: 4 accumulators per thread and the shfl_down tree; D = 64 and 128).
+//   factor = rsqrtf(total/D + eps) with the correctly rounded quotient (aten divides or
+//   multiplies by 1/D; D is a power of two, so both give the same bits) and CUDA's rsqrtf, as
+//   aten computes it.
+// * kRounded: n = rne16(w * (factor * x)) (aten's `gamma * (rstd * x)`), or with kRoundTwice
+//   n = rne16(rne16(x * factor) * w) (diffusers' RMSNorm: cast to the weight dtype, then the
+//   weight multiply in it); then RoPE with the eager chain's op-by-op rounding: fp32 cache:
+//   rne16(fmul(a,c) -/+ fmul(b,s)) with no FMA; 16-bit cache: every product and the sum rounded
+//   to the dtype. Contract: bit_exact against the eager PyTorch chain (aten order), SGLang's
+//   split chain (warp order), diffusers' RMSNorm chain (aten_mean order, twice; unverified on a
+//   device).
 // * !kRounded: n = x * (factor * w) kept in fp32, y = fma(a, c, -/+ b*s), one rounding at the
 //   store. Contract: close.
 // * Channels >= R pass through as rne16(n).
@@ -38,23 +44,47 @@ constexpr int kElemsPerLane = 8;
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
-template <int D, bool kAtenOrder>
+// The partials of the order's virtual threads (kParts per lane) feed one tree: aten's shfl_down
+// over a virtual warp, computed as an XOR butterfly (each add commutes, so every lane ends with
+// lane 0's value).
+template <int D, int kSumOrder>
 __device__ __forceinline__ float head_sum_of_squares(const float (&x)[kElemsPerLane]) {
-  constexpr int G = kAtenOrder ? 4 : D / 32;          // elements per virtual thread
-  constexpr int kParts = kElemsPerLane / G;           // virtual threads per lane
-  constexpr int kVirtualThreads = D / G;
+  constexpr bool kMean = kSumOrder == kQkSumAtenMean;
+  static_assert(!kMean || D == 64 || D == 128, "the mean order is derived for head_dim 64 and 128");
+  // kAten / kWarp: G consecutive elements per virtual thread (FMA chains). kMean: 32 virtual
+  // threads; at D = 128 thread v owns elements [4v, 4v+4), at D = 64 elements v and v + 32.
+  constexpr int G = kSumOrder == kQkSumAten ? 4 : kSumOrder == kQkSumWarp ? D / 32 : 1;
+  constexpr int kParts = kMean ? (D == 64 ? kElemsPerLane : 2) : kElemsPerLane / G;  // per lane
+  constexpr int kVirtualThreads = kMean ? 32 : D / G;
   constexpr int kVirtualWarp = kVirtualThreads < 32 ? kVirtualThreads : 32;
   float part[kParts];
+  if constexpr (kMean) {
+    // pow(2) rounds each square to fp32; the reduction adds them (no FMA).
+    float square[kElemsPerLane];
 #pragma unroll
-  for (int r = 0; r < kParts; ++r) {
-    float p = 0.0f;
+    for (int i = 0; i < kElemsPerLane; ++i) square[i] = __fmul_rn(x[i], x[i]);
+    if constexpr (D == 64) {
+      // Thread v adds its two elements v and v + 32: they sit in lanes 4 apart (the upper lanes
+      // compute the same sums as their partners).
 #pragma unroll
-    for (int i = 0; i < G; ++i) p = __fmaf_rn(x[r * G + i], x[r * G + i], p);
-    part[r] = p;
+      for (int i = 0; i < kElemsPerLane; ++i) part[i] = __fadd_rn(square[i], __shfl_xor_sync(kFullMask, square[i], 4));
+    } else {
+      // Thread v's 4-wide vector, one accumulator per component, then combined in order.
+#pragma unroll
+      for (int r = 0; r < kParts; ++r)
+        part[r] = __fadd_rn(__fadd_rn(__fadd_rn(square[4 * r], square[4 * r + 1]), square[4 * r + 2]), square[4 * r + 3]);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kParts; ++r) {
+      float p = 0.0f;
+#pragma unroll
+      for (int i = 0; i < G; ++i) p = __fmaf_rn(x[r * G + i], x[r * G + i], p);
+      part[r] = p;
+    }
   }
   // Tree inside a virtual warp: offsets o = W/2 .. 1 in virtual-thread space. Offsets of at least
-  // one lane's worth cross lanes (XOR shuffle: every lane ends with what lane 0 of the shfl_down
-  // tree holds); smaller offsets combine partials inside the lane.
+  // one lane's worth cross lanes; smaller offsets combine partials inside the lane.
 #pragma unroll
   for (int o = kVirtualWarp / 2; o >= 1; o /= 2) {
     if (o >= kParts) {
@@ -154,13 +184,14 @@ __device__ __forceinline__ void load_lane_cache(const CacheT* cache_row, int hea
 // lane is rotary), then the store. All lanes of the warp call it together (shuffles); `active`
 // lanes store.
 template <typename Act, typename CacheT, int D, int R, bool kNeox, bool kFullWidth, bool kRounded,
-          bool kAtenOrder, bool kAligned>
+          int kSumOrder, bool kRoundTwice, bool kAligned>
 __device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p, Act* row, const float (&x)[kElemsPerLane],
                                                        const float (&c)[kElemsPerLane], const float (&s)[kElemsPerLane],
                                                        bool active, int slot, int head_lane,
                                                        const Act (&weight)[kElemsPerLane]) {
   using Shape = QkLaneShape<D, R, kNeox>;
-  const float total = head_sum_of_squares<D, kAtenOrder>(x);
+  static_assert(kRounded || !kRoundTwice, "a twice-rounded weight multiply needs the rounded mode");
+  const float total = head_sum_of_squares<D, kSumOrder>(x);
   // total / D: D is a power of two, so the product with its exact reciprocal is the correctly
   // rounded quotient (what aten's division gives) without the division subroutine.
   const float factor = rsqrtf(__fmul_rn(total, 1.0f / D) + p.eps);
@@ -169,8 +200,11 @@ __device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p
 #pragma unroll
   for (int i = 0; i < kElemsPerLane; ++i) {
     const float w = to_float(weight[i]);
-    n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
-                    : __fmul_rn(x[i], __fmul_rn(factor, w));
+    if constexpr (kRoundTwice)
+      n[i] = round_to<Act>(__fmul_rn(round_to<Act>(__fmul_rn(x[i], factor)), w));
+    else
+      n[i] = kRounded ? round_to<Act>(__fmul_rn(w, __fmul_rn(factor, x[i])))
+                      : __fmul_rn(x[i], __fmul_rn(factor, w));
   }
 
   // RoPE on the rotary lanes. NeoX partners sit kHalfRotaryLanes lanes away; every lane takes
@@ -231,7 +265,7 @@ __device__ __forceinline__ Act* head_row(const QkNormRopeParams& p, long long to
 // dependent position -> cos/sin chain is the limit: one head per lane serialized three memory
 // latencies per head (H200 FLUX 4608x24 cold 41.9 us against 36.5); docs/tuning/qknorm_rope.md.
 template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
-          bool kRounded, bool kAtenOrder, bool kPdl, bool kAligned>
+          bool kRounded, int kSumOrder, bool kRoundTwice, bool kPdl, bool kAligned>
 __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
   using namespace qk_detail;
   using Shape = QkLaneShape<D, R, kNeox>;
@@ -292,7 +326,7 @@ __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
           x[i] = to_float(word_element<Act>(raw[j], i));
           weight[i] = word_element<Act>(wword, i);
         }
-        normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kAtenOrder, kAligned>(
+        normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kSumOrder, kRoundTwice, kAligned>(
             p, head_row<Act>(p, token, head, head_lane), x, c, s, head < p.num_heads, slot, head_lane, weight);
       }
     }

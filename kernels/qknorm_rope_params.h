@@ -10,6 +10,10 @@ namespace ditops {
 // 4 against 41.9 us one head per lane (docs/tuning/qknorm_rope.md; bench/experiments/qknorm_tune.cu).
 constexpr int kQkChunkHeadIterations = 4;
 
+// The sum-of-squares order, a kernel template parameter (QkNormOrder on the host;
+// docs/qknorm_rope.md §1): aten's fused RMSNorm, SGLang's warp, x.float().pow(2).mean(-1).
+enum : int { kQkSumAten = 0, kQkSumWarp = 1, kQkSumAtenMean = 2 };
+
 struct QkNormRopeParams {
   void* q;                      // [T, Hq, D]
   void* k_shifted;              // k base moved back by Hq head strides: head h >= Hq of the

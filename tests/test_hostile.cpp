@@ -484,7 +484,9 @@ TEST(HostileCApi, OutOfRangeEnumsAndNumbersAreRefused) {
   };
   EXPECT_EQ(run("rounding", "rounded"), "");
   EXPECT_EQ(run("rounding", "7"), "qknorm_rope: unknown rounding '7' (expected rounded or fp32)");
-  EXPECT_EQ(run("norm_order", "-1"), "qknorm_rope: unknown norm_order '-1' (expected aten or warp)");
+  EXPECT_EQ(run("norm_order", "-1"), "qknorm_rope: unknown norm_order '-1' (expected aten or warp or aten_mean)");
+  EXPECT_EQ(run("norm_weight_rounding", "2"),
+            "qknorm_rope: unknown norm_weight_rounding '2' (expected once or twice)");
   EXPECT_EQ(run("rope_dim", "99999999999999999999"),
             "qknorm_rope: option 'rope_dim' must be an integer but is '99999999999999999999'");
   EXPECT_EQ(run("rope_dim", "4294967296"), "qknorm_rope: option 'rope_dim' must fit 32 bits but is 4294967296");

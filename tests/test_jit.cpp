@@ -59,6 +59,37 @@ std::vector<QkKernelKey> grid_keys() {
   k.head_dim = 64;
   k.rope_dim = 64;
   keys.push_back(k);
+  // diffusers' RMSNorm chain (aten_mean order, weight rounding twice) and MochiRMSNorm's (once),
+  // both head dims, both dtypes; twice with the other orders; a 16-bit cache, unaligned, no PDL.
+  for (DType act : {DType::bf16, DType::f16})
+    for (int D : {64, 128})
+      for (QkNormWeightRounding weight_rounding : {QkNormWeightRounding::twice, QkNormWeightRounding::once}) {
+        QkKernelKey m;
+        m.act = act;
+        m.head_dim = m.rope_dim = D;
+        m.neox = D == 64;
+        m.full_width = D == 128;
+        m.order = QkNormOrder::aten_mean;
+        m.weight_rounding = weight_rounding;
+        keys.push_back(m);
+      }
+  for (int D : {128, 256})
+    for (QkNormOrder order : {QkNormOrder::aten, QkNormOrder::warp}) {
+      QkKernelKey m;
+      m.head_dim = m.rope_dim = D;
+      m.order = order;
+      m.weight_rounding = QkNormWeightRounding::twice;
+      keys.push_back(m);
+    }
+  QkKernelKey unaligned;
+  unaligned.head_dim = unaligned.rope_dim = 64;
+  unaligned.cache = DType::bf16;
+  unaligned.pos = DType::i32;
+  unaligned.order = QkNormOrder::aten_mean;
+  unaligned.weight_rounding = QkNormWeightRounding::twice;
+  unaligned.pdl = false;
+  unaligned.aligned = false;
+  keys.push_back(unaligned);
   for (const auto& p : qk_prebuilt_keys()) keys.push_back(p);
   return keys;
 }

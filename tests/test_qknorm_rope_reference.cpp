@@ -25,12 +25,14 @@
 
 #include "ditops/qknorm_rope.h"
 #include "reference/half.h"
+#include "rounding_oracle.h"
 
 namespace {
 
 using ditops::DType;
 using ditops::QkNormOrder;
 using ditops::QkNormRopeCall;
+using ditops::QkNormWeightRounding;
 using ditops::QkRounding;
 using ditops::TensorView;
 
@@ -208,6 +210,7 @@ struct Spec {
   bool per_channel = false;  // full width with different cos/sin on every channel
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder order = QkNormOrder::aten;
+  QkNormWeightRounding weight_rounding = QkNormWeightRounding::once;
   int64_t T = 9;
   int Hq = 3;
   int Hk = 1;
@@ -227,7 +230,8 @@ struct Spec {
       << (full ? (per_channel ? " full(per-channel)" : " full") : " compact") << " cache="
       << name_of(cache) << " pos=" << name_of(pos) << " rounding="
       << (rounding == QkRounding::rounded ? "rounded" : "fp32")
-      << " order=" << (order == QkNormOrder::aten ? "aten" : "warp") << " T=" << T
+      << " order=" << ditops::qk_norm_order_name(order)
+      << " weight_rounding=" << ditops::qk_norm_weight_rounding_name(weight_rounding) << " T=" << T
       << " Hq=" << Hq << " Hk=" << Hk << " eps=" << eps << " amp=" << amp
       << (packed ? " packed" : "") << " gap=" << token_gap << " head_pad=" << head_pad
       << " seed=" << seed;
@@ -399,6 +403,7 @@ Problem make_problem(const Spec& s) {
   c.options.cache_full_width = s.full;
   c.options.rounding = s.rounding;
   c.options.norm_order = s.order;
+  c.options.norm_weight_rounding = s.weight_rounding;
   c.num_tokens = s.T;
   c.num_q_heads = s.Hq;
   c.num_k_heads = s.Hk;
@@ -454,6 +459,18 @@ float warp_sum(const std::vector<float>& x) {  // XOR butterfly, all lanes simul
   return s[0];
 }
 
+// x.float().pow(2).mean(-1)'s order (docs/qknorm_rope.md §1): each square rounded to fp32, 32
+// threads, at D = 128 thread t adds its four elements 4t .. 4t+3 left to right, at D = 64 its
+// elements t and t + 32; then the shfl_down tree.
+float aten_mean_sum(const std::vector<float>& x) {
+  const int D = static_cast<int>(x.size());
+  std::vector<float> sq(D), threads(32);
+  for (int i = 0; i < D; ++i) sq[i] = mul32(x[i], x[i]);
+  for (int t = 0; t < 32; ++t)
+    threads[t] = D == 64 ? sq[t] + sq[t + 32] : ((sq[4 * t] + sq[4 * t + 1]) + sq[4 * t + 2]) + sq[4 * t + 3];
+  return shfl_down_tree(threads);
+}
+
 float factor_of(float total, int D, float eps) {
   const float ms = total / static_cast<float>(D);
   return static_cast<float>(1.0 / std::sqrt(static_cast<double>(ms + eps)));
@@ -463,12 +480,17 @@ float factor_of(float total, int D, float eps) {
 std::vector<float> exact_row(const Spec& s, const std::vector<float>& x,
                              const std::vector<float>& w, const std::vector<float>& cos,
                              const std::vector<float>& sin) {
-  const float total = s.order == QkNormOrder::aten ? aten_sum(x) : warp_sum(x);
+  const float total = s.order == QkNormOrder::aten ? aten_sum(x)
+                      : s.order == QkNormOrder::warp ? warp_sum(x) : aten_mean_sum(x);
   const float f = factor_of(total, s.D, s.eps);
+  const bool twice = s.weight_rounding == QkNormWeightRounding::twice;
   std::vector<float> n(s.D), y(s.D);
   for (int i = 0; i < s.D; ++i) {
-    n[i] = s.rounding == QkRounding::rounded ? rne16(mul32(w[i], mul32(f, x[i])), s.act)
-                                             : mul32(x[i], mul32(f, w[i]));
+    if (s.rounding == QkRounding::rounded && twice)
+      n[i] = rne16(mul32(rne16(mul32(x[i], f), s.act), w[i]), s.act);
+    else
+      n[i] = s.rounding == QkRounding::rounded ? rne16(mul32(w[i], mul32(f, x[i])), s.act)
+                                               : mul32(x[i], mul32(f, w[i]));
     y[i] = rne16(n[i], s.act);
   }
   auto term = [&](float a, float c, float b, float sn, bool minus) -> float {
@@ -518,7 +540,8 @@ void channel_cos_sin(const Problem& p, int64_t position, std::vector<float>* cos
 // error <= u each, u = unit roundoff), a 16-bit cache rounds each product (<= u each), and the
 // final store rounds once more (<= u |y|); the fp32 ops add ~D * 2^-24 relative at most. So
 //   |err| <= 2u (|a c| + |b s|) + u |y| + O(2^-17) (|a c| + |b s|)
-// which holds under cancellation (the |a c| + |b s| term, not |y|). We allow 3u(...) + 2u|y|
+// which holds under cancellation (the |a c| + |b s| term, not |y|); a weight rounding twice adds
+// u to the norm, 3u (...) at most. We allow 3u(...) + 2u|y|
 // (2u|y| >= 1 ulp of the dtype at |y|) + 1e-5 (...) + a floor for fp16 subnormals. A wrong pair,
 // sign, cos/sin index, position, eps or stride costs O(|a c| + |b s|), far above this.
 double tolerance(DType act, double magnitude, double y) {
@@ -1039,6 +1062,244 @@ TEST(QkNormRopeReference, MultithreadedEqualsPerTokenAndIsDeterministic) {
     EXPECT_EQ(whole.act, single.act);
     expect_ok(check_problem(whole, /*exact=*/false), s.describe());
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// diffusers' RMSNorm chain: norm_order=aten_mean, norm_weight_rounding=twice (and once)
+
+// The new modes across dtypes, head dims, pairings, cache layouts and dtypes against float64 and
+// the exact chain; twice with the other orders too (a defined function, no eager chain).
+TEST(QkNormRopeReference, DiffusersModesSweepMatchesFloat64AndExactChain) {
+  int index = 0;
+  const double amps[] = {1.0, 1e-3, 40.0};
+  const float epss[] = {1e-6f, 1e-5f, 1e-2f};
+  struct Mode {
+    QkNormOrder order;
+    QkNormWeightRounding weight_rounding;
+  };
+  const Mode modes[] = {{QkNormOrder::aten_mean, QkNormWeightRounding::twice},
+                        {QkNormOrder::aten_mean, QkNormWeightRounding::once},
+                        {QkNormOrder::aten, QkNormWeightRounding::twice},
+                        {QkNormOrder::warp, QkNormWeightRounding::twice}};
+  for (DType act : {DType::bf16, DType::f16})
+    for (int D : {64, 128})
+      for (bool neox : {false, true})
+        for (int R : {D, D / 2})
+          for (bool full : {false, true})
+            for (DType cache : {DType::f32, act})
+              for (const Mode& mode : modes) {
+                Spec s;
+                s.act = act;
+                s.D = D;
+                s.R = R;
+                s.neox = neox;
+                s.full = full;
+                s.cache = cache;
+                s.order = mode.order;
+                s.weight_rounding = mode.weight_rounding;
+                s.pos = index % 2 ? DType::i32 : DType::i64;
+                s.amp = amps[index % 3];
+                s.eps = epss[(index / 3) % 3];
+                s.packed = index % 4 == 1;
+                s.token_gap = index % 5 == 0 ? 0 : 8;
+                s.T = 9;
+                s.Hq = 3;
+                s.Hk = 2;
+                s.seed = 5000 + index++;
+                run_and_check(s);
+              }
+  for (QkNormOrder order : {QkNormOrder::aten, QkNormOrder::warp}) {  // D = 256 (not aten_mean)
+    Spec s;
+    s.D = 256;
+    s.R = 256;
+    s.order = order;
+    s.weight_rounding = QkNormWeightRounding::twice;
+    s.seed = 5900 + static_cast<uint32_t>(order);
+    run_and_check(s);
+  }
+}
+
+// diffusers' RMSNorm (diffusers/models/normalization.py, RMSNorm.forward, 16-bit weight) as torch
+// 2.11 runs it on CUDA, then the eager RoPE chain, emulated op by op in double with every rounding
+// explicit (tests/rounding_oracle.h); docs/qknorm_rope.md §6 derives the reduction's order.
+//   variance = x.to(float32).pow(2).mean(-1, keepdim=True)
+//   y = (x * torch.rsqrt(variance + eps)).to(weight.dtype) * weight
+//   out = (y.float() * cos + rotate(y).float() * sin).to(x.dtype)   (fp32 cache)
+namespace diffusers_chain {
+
+using ditops::testing_oracle::round_dtype;
+using ditops::testing_oracle::round_f32;
+
+// Reduce.cuh for an fp32 row of D values (one output per row, many rows): block.x = 32 threads
+// split the row; D >= 128 takes input_vectorized_thread_reduce_impl (aligned vectors of 4 at
+// vector index t, t + 32, ..., one accumulator per component), D = 64 thread_reduce_impl
+// (vt0 = 4 accumulators, element t + 32 i into accumulator i); the accumulators combine left to
+// right, then block_x_reduce's shfl_down (offsets 16 .. 1, lanes past the warp read themselves).
+double mean_of_squares(const std::vector<double>& x) {
+  const int D = static_cast<int>(x.size());
+  std::vector<double> square(D);
+  for (int i = 0; i < D; ++i) square[i] = round_f32(x[i] * x[i]);  // pow(2): base * base
+  double lane[32];
+  for (int t = 0; t < 32; ++t) {
+    double acc[4] = {0.0, 0.0, 0.0, 0.0};
+    if (D >= 128) {
+      for (int v = t; 4 * v + 3 < D; v += 32)
+        for (int i = 0; i < 4; ++i) acc[i] = round_f32(acc[i] + square[4 * v + i]);
+    } else {
+      int idx = t;
+      for (int i = 0; i < 4 && idx < D; ++i, idx += 32) acc[i] = round_f32(acc[i] + square[idx]);
+    }
+    lane[t] = round_f32(round_f32(round_f32(acc[0] + acc[1]) + acc[2]) + acc[3]);
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    double next[32];
+    for (int t = 0; t < 32; ++t) next[t] = round_f32(lane[t] + (t + offset < 32 ? lane[t + offset] : lane[t]));
+    std::copy(next, next + 32, lane);
+  }
+  const double factor = round_f32(1.0 / D);  // MeanOps' factor: outputs / inputs in float
+  return round_f32(lane[0] * factor);
+}
+
+// One row's output (as doubles holding 16-bit values); cos/sin per channel.
+std::vector<double> row(const std::vector<double>& x, const std::vector<double>& w, const std::vector<float>& cos,
+                        const std::vector<float>& sin, int R, bool neox, float eps, DType act) {
+  const int D = static_cast<int>(x.size());
+  const double variance = mean_of_squares(x);
+  // rsqrt correctly rounded (the GPU's rsqrtf may differ by an ulp: docs/qknorm_rope.md §4).
+  const double factor = round_f32(1.0 / std::sqrt(round_f32(variance + static_cast<double>(eps))));
+  std::vector<double> n(D), out(D);
+  for (int i = 0; i < D; ++i) {
+    const double y = round_dtype(round_f32(x[i] * factor), act);  // fp32 product, .to(weight.dtype)
+    n[i] = round_dtype(round_f32(y * w[i]), act);                // 16-bit tensor multiply
+    out[i] = n[i];
+  }
+  const int half = R / 2;
+  for (int c = 0; c < R; ++c) {
+    const bool first = neox ? c < half : c % 2 == 0;  // rotate(y)[c] = -partner or +partner
+    const int partner = neox ? (first ? c + half : c - half) : (first ? c + 1 : c - 1);
+    const double rotated = first ? -n[partner] : n[partner];
+    out[c] = round_dtype(round_f32(round_f32(n[c] * cos[c]) + round_f32(rotated * sin[c])), act);
+  }
+  return out;
+}
+
+}  // namespace diffusers_chain
+
+TEST(QkNormRopeReference, DiffusersRmsNormTwiceMatchesStepByStepChain) {
+  int index = 0;
+  for (DType act : {DType::bf16, DType::f16})
+    for (int D : {64, 128})
+      for (bool neox : {false, true})
+        for (double amp : {1.0, 1e-2, 30.0}) {
+          Spec s;
+          s.act = act;
+          s.D = D;
+          s.R = neox ? D : D / 2;
+          s.neox = neox;
+          s.full = !neox;  // FLUX-style per-channel cos/sin, or a compact NeoX cache
+          s.order = QkNormOrder::aten_mean;
+          s.weight_rounding = QkNormWeightRounding::twice;
+          s.amp = amp;
+          s.eps = index % 2 ? 1e-6f : 1e-5f;
+          s.T = 40;
+          s.Hq = 3;
+          s.Hk = 2;
+          s.seed = 6000 + index++;
+          Problem p = make_problem(s);
+          ditops::qknorm_rope_reference(p.call);
+          int64_t mismatches = 0;
+          std::string first;
+          std::vector<float> cos, sin;
+          for (int64_t t = 0; t < s.T; ++t) {
+            channel_cos_sin(p, p.positions[t], &cos, &sin);
+            for (int hh = 0; hh < s.Hq + s.Hk; ++hh) {
+              const bool is_q = hh < s.Hq;
+              const int64_t base = p.row_offset(t, is_q ? hh : hh - s.Hq, is_q);
+              std::vector<double> x(D), w(D);
+              for (int i = 0; i < D; ++i) {
+                x[i] = decode(p.act_before[base + i], act);
+                w[i] = p.weight(is_q, i);
+              }
+              const std::vector<double> want = diffusers_chain::row(x, w, cos, sin, s.R, neox, s.eps, act);
+              for (int i = 0; i < D; ++i) {
+                const double got = decode(p.act[base + i], act);
+                if (!same_value(got, want[i])) {
+                  if (mismatches++ == 0) {
+                    std::ostringstream m;
+                    m << "token " << t << " head " << hh << " channel " << i << " got " << std::hexfloat << got
+                      << " chain " << want[i];
+                    first = m.str();
+                  }
+                }
+              }
+            }
+          }
+          EXPECT_EQ(mismatches, 0) << s.describe() << ": " << first;
+        }
+}
+
+// The option is not a no-op: on random weights the two roundings of the weight multiply give
+// different outputs somewhere; with weights of exactly 1 they are the same computation.
+TEST(QkNormRopeReference, WeightRoundingOnceAndTwiceDifferOnRandomWeights) {
+  for (DType act : {DType::bf16, DType::f16})
+    for (int D : {64, 128}) {
+      Spec s;
+      s.act = act;
+      s.D = D;
+      s.R = D;
+      s.order = QkNormOrder::aten_mean;
+      s.T = 64;
+      s.Hq = 4;
+      s.Hk = 4;
+      s.seed = 7000 + D;
+      Problem once = make_problem(s);
+      s.weight_rounding = QkNormWeightRounding::twice;
+      Problem twice = make_problem(s);
+      ASSERT_EQ(once.act_before, twice.act_before);
+      ASSERT_EQ(once.q_weight, twice.q_weight);
+      ditops::qknorm_rope_reference(once.call);
+      ditops::qknorm_rope_reference(twice.call);
+      int64_t differ = 0;
+      for (size_t i = 0; i < once.act.size(); ++i) differ += once.act[i] != twice.act[i];
+      EXPECT_GT(differ, 0) << s.describe();
+
+      Problem unit_once = make_problem(s), unit_twice = make_problem(s);
+      unit_once.call.options.norm_weight_rounding = QkNormWeightRounding::once;
+      for (Problem* p : {&unit_once, &unit_twice})
+        for (auto* w : {&p->q_weight, &p->k_weight}) std::fill(w->begin(), w->end(), encode(1.0f, act));
+      ditops::qknorm_rope_reference(unit_once.call);
+      ditops::qknorm_rope_reference(unit_twice.call);
+      EXPECT_EQ(unit_once.act, unit_twice.act) << "weights of 1: " << s.describe();
+    }
+}
+
+// The aten_mean order against F.rms_norm's (aten): the square of a 16-bit value is exact in
+// fp32, so rounding it first changes nothing and only the grouping can differ. At D = 64 it does
+// (elements t and t + 32 against four consecutive ones): the outputs differ on some rows. At
+// D = 128 both add four consecutive squares left to right, then the same tree: the same bits.
+TEST(QkNormRopeReference, AtenMeanOrderAgainstAtenOrder) {
+  for (DType act : {DType::bf16, DType::f16})
+    for (int D : {64, 128}) {
+      Spec s;
+      s.act = act;
+      s.rounding = QkRounding::fp32;  // the factor's last bit reaches the outputs unrounded
+      s.D = D;
+      s.R = D;
+      s.T = 512;
+      s.Hq = 4;
+      s.Hk = 4;
+      s.seed = 7100 + D;
+      Problem aten = make_problem(s);
+      s.order = QkNormOrder::aten_mean;
+      Problem mean = make_problem(s);
+      ditops::qknorm_rope_reference(aten.call);
+      ditops::qknorm_rope_reference(mean.call);
+      expect_ok(check_problem(mean), "aten_mean " + s.describe());
+      if (D == 64)
+        EXPECT_NE(aten.act, mean.act) << s.describe() << ": the orders never differed";
+      else
+        EXPECT_EQ(aten.act, mean.act) << s.describe();
+    }
 }
 
 }  // namespace

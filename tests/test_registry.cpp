@@ -740,7 +740,7 @@ TEST(RegistryGlobal, QknormRopeImplementations) {
   const auto specs = Registry::global().list("qknorm_rope");
   const auto after = ditops::jit::cache_stats();
   EXPECT_EQ(after.compiles, before.compiles);
-  ASSERT_EQ(specs.size(), 5u);
+  ASSERT_EQ(specs.size(), 6u);
   struct Expected {
     const char* name;
     Provenance provenance;
@@ -751,9 +751,10 @@ TEST(RegistryGlobal, QknormRopeImplementations) {
       {"qknorm_rope.aot_fp32", Provenance::aot, Contract::Kind::close},
       {"qknorm_rope.jit", Provenance::jit, Contract::Kind::bit_exact},
       {"qknorm_rope.jit_fp32", Provenance::jit, Contract::Kind::close},
+      {"qknorm_rope.jit_twice", Provenance::jit, Contract::Kind::bit_exact},
       {"qknorm_rope.reference", Provenance::reference, Contract::Kind::bit_exact},
   };
-  for (size_t i = 0; i < 5; ++i) {
+  for (size_t i = 0; i < 6; ++i) {
     SCOPED_TRACE(expected[i].name);
     EXPECT_EQ(specs[i]->name, expected[i].name);
     EXPECT_EQ(specs[i]->op, "qknorm_rope");
@@ -767,9 +768,11 @@ TEST(RegistryGlobal, QknormRopeImplementations) {
   // Non-decreasing provenance = priority order.
   for (size_t i = 1; i < specs.size(); ++i) EXPECT_LE(specs[i - 1]->provenance, specs[i]->provenance);
   // The reference runs on the cpu only, the CUDA ones on cuda only.
-  ASSERT_EQ(specs[4]->capabilities.size(), 1u);
-  EXPECT_EQ(specs[4]->capabilities[0].kind, DeviceKind::cpu);
-  for (size_t i = 0; i < 4; ++i)
+  ASSERT_EQ(specs[5]->capabilities.size(), 1u);
+  EXPECT_EQ(specs[5]->capabilities[0].kind, DeviceKind::cpu);
+  // The diffusers chain's contract says it is not yet checked on a device.
+  EXPECT_NE(specs[4]->contract.oracle.find("unverified on a device"), std::string::npos) << specs[4]->contract.oracle;
+  for (size_t i = 0; i < 5; ++i)
     for (const auto& cap : specs[i]->capabilities) EXPECT_EQ(cap.kind, DeviceKind::cuda);
   const auto ops = Registry::global().ops();
   EXPECT_NE(std::find(ops.begin(), ops.end(), "qknorm_rope"), ops.end());

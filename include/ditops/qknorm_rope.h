@@ -33,10 +33,24 @@ enum class QkNormOrder : uint8_t {
   // The order of SGLang's JIT per-head qknorm (D/32 elements per lane, XOR butterfly):
   // matches SGLang's split chain. Identical to aten at head_dim 128.
   warp,
+  // x.float().pow(2).mean(-1) on CUDA (torch 2.11's generic reduction, MeanOps): the squares
+  // rounded to fp32, then added in that kernel's order. diffusers' RMSNorm and MochiRMSNorm
+  // compute their variance this way. head_dim 64 and 128 only.
+  aten_mean,
+};
+
+// Where the weight multiply rounds (rounding=rounded only).
+enum class QkNormWeightRounding : uint8_t {
+  // rne16(w * (factor * x)): one rounding, as F.rms_norm (torch.nn.RMSNorm) computes it.
+  once,
+  // rne16(rne16(x * factor) * w): the normalized value is cast to the weight's dtype, then
+  // multiplied by the weight in that dtype, as diffusers' RMSNorm does with a 16-bit weight.
+  twice,
 };
 
 const char* qk_rounding_name(QkRounding rounding);
 const char* qk_norm_order_name(QkNormOrder order);
+const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding);
 
 struct QkNormRopeOptions {
   bool is_neox = false;
@@ -45,6 +59,7 @@ struct QkNormRopeOptions {
   bool cache_full_width = false;
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder norm_order = QkNormOrder::aten;
+  QkNormWeightRounding norm_weight_rounding = QkNormWeightRounding::once;
   bool use_pdl = true;  // programmatic dependent launch where the device has it
   DispatchOptions dispatch;
 };

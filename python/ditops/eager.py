@@ -42,16 +42,48 @@ def full_cos_sin(cos_sin_cache, positions, rope_dim, is_neox, cache_full_width):
     return cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
 
 
+def rms_norm_mean_eager(x, weight, eps, round_twice):
+    """RMSNorm per head as diffusers writes it: the variance by x.float().pow(2).mean(-1) (aten's
+    generic reduction on CUDA, not F.rms_norm's fused kernel), then x * rsqrt(variance + eps) in
+    fp32. round_twice: cast to the weight's dtype, then the weight multiply in that dtype
+    (diffusers.models.normalization.RMSNorm with a 16-bit weight); else the weight multiply in
+    fp32 and one cast to x's dtype (MochiRMSNorm)."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    y = x * torch.rsqrt(variance + eps)
+    if round_twice:
+        return y.to(weight.dtype) * weight
+    return (y * weight).to(x.dtype)
+
+
+def rms_norm_eager(x, weight, eps, norm_order="aten", norm_weight_rounding="once"):
+    """The per-head RMSNorm chain the fused op's norm options name: norm_order="aten_mean" is
+    rms_norm_mean_eager (diffusers' RMSNorm with twice, MochiRMSNorm with once); any other order
+    is F.rms_norm (the warp order has no chain of its own), followed by the weight multiply in
+    the activation dtype when twice."""
+    twice = norm_weight_rounding == "twice"
+    if norm_order == "aten_mean":
+        return rms_norm_mean_eager(x, weight, eps, twice)
+    D = x.shape[-1]
+    if twice:
+        return F.rms_norm(x, (D,), None, eps) * weight
+    return F.rms_norm(x, (D,), weight, eps)
+
+
 def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_dim, is_neox, eps,
-                      cache_full_width=False, k_eps=None):
-    """F.rms_norm per head, then eager RoPE: returns new (q, k) of q's and k's shapes [T, H, D].
-    k_eps: k's own eps when it differs from q's (the fused op takes one)."""
-    D = q.shape[-1]
+                      cache_full_width=False, k_eps=None, norm_order="aten",
+                      norm_weight_rounding="once"):
+    """RMSNorm per head (rms_norm_eager: F.rms_norm by default), then eager RoPE: returns new
+    (q, k) of q's and k's shapes [T, H, D]. k_eps: k's own eps when it differs from q's (the fused
+    op takes one)."""
     cos, sin = full_cos_sin(cos_sin_cache, positions, rope_dim, is_neox, cache_full_width)
     native = cos_sin_cache.dtype != torch.float32
-    qo = rope_eager(F.rms_norm(q, (D,), q_weight, eps), cos, sin, rope_dim, is_neox, native)
-    ko = rope_eager(F.rms_norm(k, (D,), k_weight, eps if k_eps is None else k_eps), cos, sin,
-                    rope_dim, is_neox, native)
+
+    def norm(x, w, e):
+        return rms_norm_eager(x, w, e, norm_order, norm_weight_rounding)
+
+    qo = rope_eager(norm(q, q_weight, eps), cos, sin, rope_dim, is_neox, native)
+    ko = rope_eager(norm(k, k_weight, eps if k_eps is None else k_eps), cos, sin, rope_dim, is_neox,
+                    native)
     return qo, ko
 
 
@@ -142,14 +174,19 @@ def oracle_outputs(op, x, o):
     branch here beside its chain; tests/python/test_ops_eager.py checks every case against it."""
     eps = float(o.get("eps", "1e-6"))
     if op == "qknorm_rope":
-        if o.get("rounding", "rounded") != "rounded" or o.get("norm_order", "aten") != "aten":
+        # The chains whose order the options follow: F.rms_norm (aten, once), diffusers' RMSNorm
+        # (aten_mean, twice) and MochiRMSNorm (aten_mean, once).
+        order, weight_rounding = o.get("norm_order", "aten"), o.get("norm_weight_rounding", "once")
+        if o.get("rounding", "rounded") != "rounded" or order not in ("aten", "aten_mean") or \
+                (order == "aten" and weight_rounding != "once"):
             return None
         full_width = o.get("cache_full_width") == "true"
         rope_dim = int(o.get("rope_dim", "0"))
         if rope_dim == 0:  # from the cache width, as the op reads it
             rope_dim = x["cos_sin_cache"].shape[1] // (2 if full_width else 1)
         q, k = qknorm_rope_eager(x["q"], x["k"], x["q_weight"], x["k_weight"], x["cos_sin_cache"],
-                                 x["positions"], rope_dim, o.get("is_neox") == "true", eps, full_width)
+                                 x["positions"], rope_dim, o.get("is_neox") == "true", eps, full_width,
+                                 norm_order=order, norm_weight_rounding=weight_rounding)
         return {"q": q, "k": k}
     if op == "residual_gate_add":
         return {"out": residual_gate_add_eager(x["residual"], x["update"], x["gate"])}

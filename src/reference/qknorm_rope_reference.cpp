@@ -3,10 +3,11 @@
 // Contract: docs/qknorm_rope.md, followed operation by operation. Every fp32 operation below is
 // one IEEE binary32 operation (this file is compiled with -ffp-contract=off, and every FMA of the
 // contract is an explicit std::fma), so the result is bit for bit what the doc specifies:
-//   §1 sum of squares in aten order or warp order, ms = total / D, factor = rsqrt(ms + eps)
+//   §1 sum of squares in aten, warp or aten_mean order, ms = total / D, factor = rsqrt(ms + eps)
 //      (correctly rounded here: 1/sqrt in double, rounded once; the GPU's rsqrtf may differ by
 //      1 fp32 ulp, the only legitimate reference/GPU difference);
-//   §2 norm: rounded mode rne16(w * (factor * x)), fp32 mode x * (factor * w);
+//   §2 norm: rounded mode rne16(w * (factor * x)) or, weight rounding twice,
+//      rne16(rne16(x * factor) * w); fp32 mode x * (factor * w);
 //   §3 RoPE on channels [0, R), interleaved or NeoX, compact or full-width cache, fp32 or 16-bit
 //      cache, with the per-mode arithmetic of `a*c -+ b*s`; channels >= R store rne16(n).
 // The call is assumed validated by the facade (match_qknorm_rope); only what would make this
@@ -38,6 +39,7 @@ struct RowContext {
   bool full_width = false;
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder order = QkNormOrder::aten;
+  QkNormWeightRounding weight_rounding = QkNormWeightRounding::once;
   float eps = 0.f;
 };
 
@@ -84,16 +86,40 @@ float sum_of_squares_warp(const float* x, int head_dim) {
   return warp_tree(lanes);
 }
 
+// §1 aten_mean order (x.float().pow(2).mean(-1) on CUDA): squares rounded to fp32, then 32
+// threads with 4 accumulators each, combined in order, then one warp tree. D >= 128: thread t's
+// accumulator i adds element 4v + i of its vectors v = t, t + 32, ...; D = 64: accumulator j holds
+// element t + 32 j.
+float sum_of_squares_aten_mean(const float* x, int head_dim) {
+  float square[kMaxHeadDim];
+  for (int i = 0; i < head_dim; ++i) square[i] = x[i] * x[i];
+  float lanes[kWarp];
+  for (int lane = 0; lane < kWarp; ++lane) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (head_dim >= 128) {
+      for (int v = lane; 4 * v + 3 < head_dim; v += kWarp)
+        for (int i = 0; i < 4; ++i) acc[i] = acc[i] + square[4 * v + i];
+    } else {
+      for (int j = 0; j < 4 && lane + kWarp * j < head_dim; ++j) acc[j] = acc[j] + square[lane + kWarp * j];
+    }
+    lanes[lane] = ((acc[0] + acc[1]) + acc[2]) + acc[3];
+  }
+  return warp_tree(lanes);
+}
+
 // §1 + §2: factor = rsqrt(total / D + eps), then the normalized row n (fp32 values; in rounded
 // mode already rounded to the activation dtype).
 void rms_norm_row(const float* x, const float* w, const RowContext& ctx, float* n) {
   const int d = ctx.head_dim;
-  const float total = ctx.order == QkNormOrder::aten ? sum_of_squares_aten(x, d)
-                                                     : sum_of_squares_warp(x, d);
+  const float total = ctx.order == QkNormOrder::aten   ? sum_of_squares_aten(x, d)
+                      : ctx.order == QkNormOrder::warp ? sum_of_squares_warp(x, d)
+                                                       : sum_of_squares_aten_mean(x, d);
   const float ms = total / static_cast<float>(d);
   const float ms_eps = ms + ctx.eps;
   const float factor = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ms_eps)));
-  if (ctx.rounding == QkRounding::rounded) {
+  if (ctx.rounding == QkRounding::rounded && ctx.weight_rounding == QkNormWeightRounding::twice) {
+    for (int i = 0; i < d; ++i) n[i] = ref::round_to(ctx.act, ref::round_to(ctx.act, x[i] * factor) * w[i]);
+  } else if (ctx.rounding == QkRounding::rounded) {
     for (int i = 0; i < d; ++i) {
       const float scaled = factor * x[i];
       n[i] = ref::round_to(ctx.act, w[i] * scaled);
@@ -223,6 +249,7 @@ void qknorm_rope_reference(const QkNormRopeCall& call) {
   ctx.full_width = call.options.cache_full_width;
   ctx.rounding = call.options.rounding;
   ctx.order = call.options.norm_order;
+  ctx.weight_rounding = call.options.norm_weight_rounding;
   ctx.eps = call.options.eps;
 
   // Weights widened once (exact).

@@ -7,14 +7,36 @@ const char* qk_rounding_name(QkRounding rounding) {
 }
 
 const char* qk_norm_order_name(QkNormOrder order) {
-  return order == QkNormOrder::aten ? "aten" : "warp";
+  switch (order) {
+    case QkNormOrder::aten: return "aten";
+    case QkNormOrder::warp: return "warp";
+    case QkNormOrder::aten_mean: return "aten_mean";
+  }
+  return "?";
 }
+
+const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding) {
+  return rounding == QkNormWeightRounding::twice ? "twice" : "once";
+}
+
+namespace {
+// The kernel's sum-of-squares constant (kernels/qknorm_rope_params.h) of an order.
+const char* sum_order_constant(QkNormOrder order) {
+  switch (order) {
+    case QkNormOrder::aten: return "ditops::kQkSumAten";
+    case QkNormOrder::warp: return "ditops::kQkSumWarp";
+    case QkNormOrder::aten_mean: return "ditops::kQkSumAtenMean";
+  }
+  return "?";
+}
+}  // namespace
 
 std::string QkKernelKey::to_string() const {
   return std::string(dtype_name(act)) + ",cache=" + dtype_name(cache) + ",pos=" + dtype_name(pos) +
          ",D=" + std::to_string(head_dim) + ",R=" + std::to_string(rope_dim) +
          (neox ? ",neox" : ",interleaved") + (full_width ? ",fullwidth" : ",compact") + "," +
-         qk_rounding_name(rounding) + "," + qk_norm_order_name(order) + (pdl ? ",pdl" : ",nopdl") +
+         qk_rounding_name(rounding) + "," + qk_norm_order_name(order) +
+         (weight_rounding == QkNormWeightRounding::twice ? ",twice" : "") + (pdl ? ",pdl" : ",nopdl") +
          (aligned ? ",vec16" : ",scalar");
 }
 
@@ -27,7 +49,8 @@ uint64_t QkKernelKey::packed() const {
   v = v * 2 + neox;
   v = v * 2 + full_width;
   v = v * 2 + (rounding == QkRounding::rounded);
-  v = v * 2 + (order == QkNormOrder::aten);
+  v = v * 4 + static_cast<uint64_t>(order);
+  v = v * 2 + (weight_rounding == QkNormWeightRounding::twice);
   v = v * 2 + pdl;
   v = v * 2 + aligned;
   return v;
@@ -42,7 +65,8 @@ jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
                     jit::kernel_type_name(key.pos) + ", " + std::to_string(key.head_dim) + ", " +
                     std::to_string(key.rope_dim) + ", " + jit::kernel_bool(key.neox) + ", " +
                     jit::kernel_bool(key.full_width) + ", " + jit::kernel_bool(key.rounding == QkRounding::rounded) + ", " +
-                    jit::kernel_bool(key.order == QkNormOrder::aten) + ", " + jit::kernel_bool(key.pdl) + ", " +
+                    sum_order_constant(key.order) + ", " +
+                    jit::kernel_bool(key.weight_rounding == QkNormWeightRounding::twice) + ", " + jit::kernel_bool(key.pdl) + ", " +
                     jit::kernel_bool(key.aligned);
   r.params_type = "ditops::QkNormRopeParams";
   r.max_threads = 256;

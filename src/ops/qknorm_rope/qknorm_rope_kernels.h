@@ -21,10 +21,12 @@ struct QkKernelKey {
   bool full_width = false;
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder order = QkNormOrder::aten;
+  QkNormWeightRounding weight_rounding = QkNormWeightRounding::once;
   bool pdl = true;
   bool aligned = true;  // 16-byte vector access
 
-  // "bf16,cache=f32,pos=i64,D=128,R=128,interleaved,compact,rounded,aten,pdl,vec16"
+  // "bf16,cache=f32,pos=i64,D=128,R=128,interleaved,compact,rounded,aten,pdl,vec16"; a twice
+  // weight rounding adds ",twice" after the order.
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
 };

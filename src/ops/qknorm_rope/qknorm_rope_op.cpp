@@ -107,6 +107,11 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
            (options.cache_full_width ? "full width: rope_dim cos then rope_dim sin" : "compact: rope_dim/2 cos then rope_dim/2 sin") +
            ", rope_dim=" + std::to_string(rope_dim) + ") but is " + std::to_string(width));
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+  if (options.norm_order == QkNormOrder::aten_mean && D != 64 && D != 128)
+    m.fail("norm_order=aten_mean needs head_dim 64 or 128 (the order of x.float().pow(2).mean(-1) is "
+           "derived for those) but head_dim is " + std::to_string(D));
+  if (options.norm_weight_rounding == QkNormWeightRounding::twice && options.rounding != QkRounding::rounded)
+    m.fail("norm_weight_rounding=twice needs rounding=rounded (rounding=fp32 rounds nothing before the store)");
 
   const int64_t T = *m.value("T"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
   // In place: rows of one tensor must not overlap each other, or the result would depend on
@@ -178,6 +183,7 @@ QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   key.full_width = c.options.cache_full_width;
   key.rounding = c.options.rounding;
   key.order = c.options.norm_order;
+  key.weight_rounding = c.options.norm_weight_rounding;
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   key.aligned = c.aligned16;
   return key;
@@ -188,6 +194,12 @@ Device device_of(const QkNormRopeCall& c) { return c.q.device; }
 std::string rounding_refusal(const QkNormRopeCall& c, bool rounded) {
   if ((c.options.rounding == QkRounding::rounded) != rounded)
     return std::string("handles rounding=") + (rounded ? "rounded" : "fp32") + " only";
+  return "";
+}
+
+std::string weight_rounding_refusal(const QkNormRopeCall& c, bool twice) {
+  if ((c.options.norm_weight_rounding == QkNormWeightRounding::twice) != twice)
+    return std::string("handles norm_weight_rounding=") + (twice ? "twice" : "once") + " only";
   return "";
 }
 
@@ -287,8 +299,14 @@ OpDescription describe_qknorm_rope() {
   b.choice("rounding", &QkNormRopeOptions::rounding,
            {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
            "rounded: bit_exact vs the eager chain; fp32: close");
-  b.choice("norm_order", &QkNormRopeOptions::norm_order, {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}},
-           "sum-of-squares order: aten (PyTorch eager) or warp (SGLang)");
+  b.choice("norm_order", &QkNormRopeOptions::norm_order,
+           {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
+           "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
+           "diffusers' RMSNorm; head_dim 64, 128)");
+  b.choice("norm_weight_rounding", &QkNormRopeOptions::norm_weight_rounding,
+           {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
+           "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
+           "with a 16-bit weight; needs rounding=rounded)");
   b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
   return b.build(
       [](const QkNormRopeCall& a, Stream s) {
@@ -306,7 +324,12 @@ void register_qknorm_rope(Registry& registry) {
   registry.describe(describe_qknorm_rope());
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
-      "split chain with norm_order=warp";
+      "split chain with norm_order=warp; with norm_order=aten_mean the eager chain of "
+      "x.float().pow(2).mean(-1), rsqrt and one rounding (diffusers' MochiRMSNorm), unverified on a device";
+  const std::string diffusers_oracle =
+      "PyTorch 2.11 eager chain on CUDA of diffusers' RMSNorm with a 16-bit weight "
+      "(x.float().pow(2).mean(-1), rsqrt, cast to the weight dtype, weight multiply) + eager RoPE, "
+      "with norm_order=aten_mean; unverified on a device (docs/qknorm_rope.md section 6)";
   const std::string close_bounds =
       "norm kept in fp32 before RoPE: outputs within 1 ulp of the activation dtype of the eager chain "
       "on most elements (docs/qknorm_rope.md)";
@@ -315,31 +338,36 @@ void register_qknorm_rope(Registry& registry) {
   const std::vector<Capability> prebuilt = {{DeviceKind::cuda, 90, 90, 0},
                                             {DeviceKind::cuda, 100, 100, 0},
                                             {DeviceKind::cuda, 120, 120, 0}};
+  // Each implementation takes one (rounding, norm_weight_rounding) mode, so each states the
+  // contract of its own oracle (twice implies rounded: the matcher refuses it with fp32).
+  auto only_mode = [](Implementation<QkNormRopeCall>& impl, bool rounded, bool twice) {
+    impl.predicate = [rounded, twice, cuda = impl.predicate](const QkNormRopeCall& c) {
+      if (c.q.device.kind == DeviceKind::cuda) {
+        if (std::string why = rounding_refusal(c, rounded); !why.empty()) return why;
+        if (std::string why = weight_rounding_refusal(c, twice); !why.empty()) return why;
+      }
+      return cuda(c);
+    };
+  };
   for (bool rounded : {true, false}) {
     const std::string suffix = rounded ? "" : "_fp32";
     const Contract contract =
         rounded ? Contract::bit_exact(eager_oracle)
                       .verified(std::string(device_runs::kVerifyCbc736f) +
                                 ": norm_order=aten torch.equal on every case (aot 26 of 26, jit 128 of 128); "
-                                "norm_order=warp is unverified (never run beside SGLang's split chain; equal to "
-                                "aten order by construction at D = 128 only)")
+                                "norm_order=warp and aten_mean are unverified (warp never ran beside SGLang's split "
+                                "chain and equals aten order by construction at D = 128 only; aten_mean never ran "
+                                "on a device)")
                 : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds)
                       .unverified("the bound follows from the rounding analysis (docs/qknorm_rope.md); no committed "
                                   "device record measures it");
-    auto only_this_rounding = [rounded](Implementation<QkNormRopeCall>& impl) {
-      impl.predicate = [rounded, cuda = impl.predicate](const QkNormRopeCall& c) {
-        if (std::string why = c.q.device.kind == DeviceKind::cuda ? rounding_refusal(c, rounded) : ""; !why.empty())
-          return why;
-        return cuda(c);
-      };
-    };
     Implementation<QkNormRopeCall> aot = aot_implementation(kernels());
     aot.name = "qknorm_rope.aot" + suffix;
     aot.capabilities = prebuilt;
     aot.contract = contract;
     aot.description = std::string("prebuilt cubins (nvcc, embedded) of the fused kernel, rounding=") +
                       (rounded ? "rounded" : "fp32") + "; keys: see `ditops list --keys`";
-    only_this_rounding(aot);
+    only_mode(aot, rounded, false);
     if (!rounded) aot.prebuilt = nullptr;  // one listing per key set: the keys carry their rounding
     add_implementation(registry, kOp, std::move(aot));
 
@@ -350,17 +378,30 @@ void register_qknorm_rope(Registry& registry) {
     jit_impl.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
                                        "exact arch (cubin cache in memory and on disk), rounding=") +
                            (rounded ? "rounded" : "fp32");
-    only_this_rounding(jit_impl);
+    only_mode(jit_impl, rounded, false);
     add_implementation(registry, kOp, std::move(jit_impl));
   }
+  // diffusers' RMSNorm chain (no prebuilt keys: compiled at first use).
+  Implementation<QkNormRopeCall> jit_twice = jit_implementation(kernels());
+  jit_twice.name = "qknorm_rope.jit_twice";
+  jit_twice.capabilities = sm80_plus;
+  jit_twice.contract = Contract::bit_exact(diffusers_oracle)
+                           .unverified("compiled for sm_90a, sm_100a and sm_120a, never run on a device");
+  jit_twice.description = "the fused kernel compiled at first use by NVRTC, rounding=rounded with "
+                          "norm_weight_rounding=twice (diffusers' RMSNorm)";
+  only_mode(jit_twice, true, true);
+  add_implementation(registry, kOp, std::move(jit_twice));
 
   add_implementation(registry, kOp,
                      reference_implementation<QkNormRopeCall>(
                          kOp, device_of, qknorm_rope_reference,
                          Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt "
                                              "correctly rounded)")
-                             .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
-                         "CPU reference, multithreaded over rows; both rounding modes and norm orders"));
+                             .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
+                                                   "implementation matched it within each case's bound (") +
+                                       device_runs::kOps8dea671 + "; norm_weight_rounding=twice and "
+                                       "norm_order=aten_mean not yet)"),
+                         "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }
 
 DITOPS_REGISTER_OP(register_qknorm_rope);
