@@ -3,6 +3,7 @@
 # The build tree holds the package exactly as a wheel installs it, so tests need only
 # PYTHONPATH=<build>/python:
 #   <build>/python/ditops/*.py          symlinks to python/ditops/*.py (edits show up at once)
+#   <build>/python/ditops/<subpackage>  symlinks to the subpackage folders (ditops/diffusers)
 #   <build>/python/ditops/_ditops_ffi.so the module (RPATH $ORIGIN)
 #   <build>/python/ditops/libditops.so.0 libditops (a symlink here, the file itself in a wheel)
 # The module needs no Python headers (TVM-FFI is a C ABI), so one build serves every Python 3.
@@ -70,6 +71,13 @@ file(MAKE_DIRECTORY ${DITOPS_PYTHON_DIR})
 foreach(py ${DITOPS_PYTHON_SOURCES})
   get_filename_component(py_name ${py} NAME)
   file(CREATE_LINK ${py} ${DITOPS_PYTHON_DIR}/${py_name} SYMBOLIC)
+endforeach()
+# Subpackages (ditops.diffusers): the folder itself, linked, so new files in it show up too.
+file(GLOB DITOPS_PYTHON_SUBPACKAGES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/python/ditops/*/__init__.py)
+foreach(init ${DITOPS_PYTHON_SUBPACKAGES})
+  get_filename_component(pkg_dir ${init} DIRECTORY)
+  get_filename_component(pkg_name ${pkg_dir} NAME)
+  file(CREATE_LINK ${pkg_dir} ${DITOPS_PYTHON_DIR}/${pkg_name} SYMBOLIC)
 endforeach()
 get_target_property(ditops_soversion ditops SOVERSION)
 set(DITOPS_SONAME libditops.so.${ditops_soversion})

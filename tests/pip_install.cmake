@@ -20,6 +20,8 @@ r, u = (rng.standard_normal((2, 7, 64)).astype(np.float32) for _ in range(2))
 g = rng.standard_normal((1, 1, 64)).astype(np.float32)
 out = ditops.residual_gate_add(r, u, g)
 assert np.array_equal(out, r + u * g), "residual_gate_add differs from numpy's fp32 rounding"
+import importlib.util
+assert importlib.util.find_spec("ditops.diffusers") is not None, "the ditops.diffusers subpackage is missing"
 print("installed at", ditops.__file__, "ran", sorted(ops))
 ]=])
 # The scratch site first; an existing PYTHONPATH stays behind it (where the environment provides

@@ -1,0 +1,172 @@
+"""Site helpers shared by the model modules: the model's chain at each site (what a call falls
+back to, and what the first-sight check compares with) and the patches of modules that several
+models share (diffusers' adaLN modules).
+
+The gated residual's reference is written `residual + update * gate`; models write `gate * update`
+or add in the other order. IEEE multiplication and addition are commutative bit for bit, so
+the values are the model's."""
+from __future__ import annotations
+
+import torch
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
+from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
+
+from ._sites import (GatedResidualSite, LayerNormModulateSite, QkNormRopeSite, affine_free_layer_norm,
+                     op_options, rms_norm_rounding)
+
+
+# ---------------------------------------------------------------- site constructors
+
+ADALN_CHAIN = ("LayerNorm without affine (F.layer_norm), then * (1 + scale[:, None]) + shift[:, None], "
+               "each op rounded to the activation dtype")
+
+
+def adaln_site(name="adaln_modulate"):
+    return LayerNormModulateSite(name, op="layernorm_modulate", chain=ADALN_CHAIN)
+
+
+def gated_residual_site(name="gated_residual", chain="residual + update * gate in the activation dtype "
+                        "(the product rounded, then the sum)"):
+    return GatedResidualSite(name, op="residual_gate_add", chain=chain)
+
+
+def qk_site(name, attentions, *, chain, note="", probe=False, probe_reason=""):
+    """The per-head QK norm + RoPE site: qknorm_rope with the rounding the models' norm modules
+    do, or op None with the reason. attentions: (path, attention module, [(q norm, k norm)
+    attribute names per stream]). probe_reason: a part of the chain qknorm_rope does not
+    document (the site then maps only with enable(probe=True), the first sight deciding)."""
+    roundings, whys = set(), []
+    for path, attn, streams in attentions:
+        for nq, nk in streams:
+            for attr in (nq, nk):
+                rounding, why = rms_norm_rounding(getattr(attn, attr, None))
+                if rounding is None:
+                    whys.append(f"{path}.{attr}: {why}")
+                roundings.add(rounding)
+    site = QkNormRopeSite(name, op=None, chain=chain, note=note)
+    if not roundings:
+        site.why = "the model has no attention of this kind"
+        return site
+    if whys:
+        site.why = "; ".join(sorted(set(whys))[:3])
+        return site
+    if len(roundings) > 1:
+        site.why = "the model mixes norms that round once and twice"
+        return site
+    (rounding,) = roundings
+    site.rounding = rounding
+    choices = op_options("qknorm_rope").get("norm_weight_rounding")
+    if choices is None and rounding == "twice":
+        site.why = ("the model's norm is diffusers' RMSNorm, which rounds twice ((x * rsqrt(mean(x^2) + eps))"
+                    ".to(dtype) * weight); qknorm_rope in this build rounds once (F.rms_norm) and has no "
+                    "norm_weight_rounding option")
+        return site
+    if choices is not None and rounding not in choices:
+        site.why = f"qknorm_rope's norm_weight_rounding has no choice {rounding!r} ({choices})"
+        return site
+    if probe_reason and not probe:
+        site.why = probe_reason + " (enable(..., probe=True) tries it under the first-sight check)"
+        return site
+    site.op = "qknorm_rope"
+    if choices is not None:
+        site.options["norm_weight_rounding"] = rounding
+    if probe_reason:
+        site.note = (site.note + "; " if site.note else "") + "probed: " + probe_reason
+    return site
+
+
+# ---------------------------------------------------------------- the chains at call time
+
+def qk(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, start: int, layout="full_width", rows=None):
+    """(q, k) normalized per head and rotated with rows [start, start + tokens) of freqs (rows:
+    how many the model's chain expects, default start + tokens).
+
+    full_width: freqs = (cos, sin) [rows, head_dim] float32, diffusers' apply_rotary_emb with
+    interleaved pairs; complex: freqs complex64 [tokens, head_dim / 2], Qwen-Image's
+    apply_rotary_emb_qwen(use_real=False)."""
+
+    def reference():
+        if layout == "full_width":
+            tokens = q.shape[1]
+            rows = (freqs[0][start:start + tokens], freqs[1][start:start + tokens])
+            return (apply_rotary_emb(norm_q(q), rows, sequence_dim=1),
+                    apply_rotary_emb(norm_k(k), rows, sequence_dim=1))
+        return (apply_rotary_emb_qwen(norm_q(q), freqs, use_real=False),
+                apply_rotary_emb_qwen(norm_k(k), freqs, use_real=False))
+
+    return site(q, k, norm_q, norm_k, freqs, layout, start, reference, rows)
+
+
+def modulate(site: LayerNormModulateSite, x, scale, shift, norm):
+    """norm(x) * (1 + scale[:, None]) + shift[:, None]; scale, shift [B, D]."""
+    return site(x, scale, shift, norm, lambda: norm(x) * (1 + scale[:, None]) + shift[:, None])
+
+
+def gated(site: GatedResidualSite, residual, update, gate):
+    """residual + update * gate."""
+    return site(residual, update, gate, lambda: residual + update * gate)
+
+
+# ---------------------------------------------------------------- shared module patches
+
+def patch_processor(plan, site, path, attn, default_cls, ours_cls, streams):
+    """Count the attention's QK streams as places; install ours_cls when the site's op is mapped
+    and the attention runs the model's default processor (an IP-adapter or user processor is
+    left alone)."""
+    site.places += [f"{plan.prefix}{path} ({s})" for s in streams]
+    if site.op is None:
+        return
+    if type(attn.processor) is not default_cls:
+        site.skipped.append((plan.prefix + path, f"processor is {type(attn.processor).__name__}, "
+                                                 f"not {default_cls.__name__}"))
+        return
+    plan.patch_processor(f"{path}.processor", attn, ours_cls(attn.processor, site))
+
+
+def _adaln_zero_forward(site):
+    def forward(self, x, timestep=None, class_labels=None, hidden_dtype=None, emb=None):
+        emb = self.linear(self.silu(emb))
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        return modulate(site, x, scale_msa, shift_msa, self.norm), gate_msa, shift_mlp, scale_mlp, gate_mlp
+    return forward
+
+
+def _adaln_zero_single_forward(site):
+    def forward(self, x, emb=None):
+        shift_msa, scale_msa, gate_msa = self.linear(self.silu(emb)).chunk(3, dim=1)
+        return modulate(site, x, scale_msa, shift_msa, self.norm), gate_msa
+    return forward
+
+
+def _adaln_continuous_forward(site):
+    def forward(self, x, conditioning_embedding):
+        # the embedding is cast to x's dtype before the projection, as the module does
+        emb = self.linear(self.silu(conditioning_embedding).to(x.dtype))
+        scale, shift = torch.chunk(emb, 2, dim=1)
+        return modulate(site, x, scale, shift, self.norm)
+    return forward
+
+
+def patch_adaln_module(plan, site, path, module):
+    """AdaLayerNormZero / AdaLayerNormZeroSingle / AdaLayerNormContinuous with an affine-free
+    torch LayerNorm: the modulation through the site."""
+    site.places.append(plan.prefix + path)
+    if site.op is None:
+        return
+    kind = type(module)
+    why = affine_free_layer_norm(getattr(module, "norm", None))
+    if kind is AdaLayerNormZero:
+        if module.emb is not None:
+            why = why or "AdaLayerNormZero with its own timestep embedding"
+        forward = _adaln_zero_forward(site)
+    elif kind is AdaLayerNormZeroSingle:
+        forward = _adaln_zero_single_forward(site)
+    elif kind is AdaLayerNormContinuous:
+        forward = _adaln_continuous_forward(site)
+    else:
+        why = f"{kind.__name__} is not a diffusers adaLN module ditops knows"
+    if why:
+        site.skipped.append((plan.prefix + path, why))
+        return
+    plan.patch_forward(path, module, forward)

@@ -1,0 +1,551 @@
+"""The sites ditops serves in a diffusers transformer, and the per-call decision at each.
+
+A site class (QK norm + RoPE, adaLN LayerNorm-modulate, gated residual, ...) is one `Site` per
+enabled model: its static description (the op that runs there, its options, the model's chain it
+must reproduce, or why the model's code runs instead), the places it serves, and its state. Each
+call decides, in order:
+
+  1. the site is active (an op is mapped and the site was selected), else the model's code;
+  2. the call's tensors fit the op (dtype, shapes, strides, device), else the model's code for
+     this call only (counted, one warning per reason);
+  3. the signature's state: verified -> the op; disabled -> the model's code; unverified -> the
+     first-sight check, never while tracing (torch.compile) or capturing a CUDA graph: there an
+     unverified signature takes the model's code, so run one eager call before compiling;
+  4. first sight: the dispatcher must take the call (ditops.explain; in the exact tier with an
+     implementation whose contract is bit_exact: a close CPU reference is no better a fallback
+     than the model's own chain), then the model's chain and the op both run. In the exact tier (lossless, the default) the outputs must be torch.equal:
+     equal -> verified, else a RuntimeWarning, the signature is disabled and the model's values
+     are returned. In the close tiers (high, extra-high) the difference is recorded in the report
+     and the op's values are kept.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from collections import Counter
+
+import torch
+
+import ditops
+from ditops import Error
+from ditops.torch import _token_rows, _tracing_or_capturing
+
+# The custom ops the sites call (a module attribute: tests substitute a namespace that perturbs
+# or fails them to drive the fallback paths).
+ops = torch.ops.ditops
+
+# Signature states: verified (the op runs), disabled (first sight failed: warned), unfit (the
+# dispatcher has no implementation for it that may run here), unverified (not seen yet).
+VERIFIED, DISABLED, UNFIT, UNVERIFIED = "verified", "disabled", "unfit", "unverified"
+
+def _accepts_quality(name: str) -> bool:
+    """Whether the core knows the tier `name` (asked through can_use on a one-element CPU call,
+    which runs nothing)."""
+    x = torch.zeros(1, 1)
+    try:
+        ditops.can_use("residual_gate_add", x, x, x, quality=name)
+    except Error as e:
+        if "quality" in str(e):
+            return False
+        raise
+    return True
+
+
+_STRICT_TIER = None
+
+
+def strict_tier() -> str:
+    """The name of the tier that admits only bit_exact implementations (the default). The core
+    moved from lossless / high / extra-high to SGLang's exact / lossless / high, where "lossless"
+    admits close implementations: ask the build which naming it has."""
+    global _STRICT_TIER
+    if _STRICT_TIER is None:
+        _STRICT_TIER = "exact" if _accepts_quality("exact") else "lossless"
+    return _STRICT_TIER
+
+
+def effective_quality(quality) -> str:
+    """The tier a call runs in: quality, else DITOPS_QUALITY, else the strict default. Raises for a
+    name the core does not know."""
+    name = quality if quality is not None else (os.environ.get("DITOPS_QUALITY") or strict_tier())
+    name = str(name).strip().lower()
+    if not _accepts_quality(name):
+        raise Error(f"ditops.diffusers: unknown quality {name!r} (the default, bit-exact tier of this build is "
+                    f"{strict_tier()!r})")
+    return name
+
+
+_CONTRACTS: dict = {}
+
+
+def _contract(implementation: str) -> str:
+    """bit_exact or close, as the registry states it for the implementation."""
+    if not _CONTRACTS:
+        _CONTRACTS.update({k["name"]: k["contract"] for k in ditops.list_kernels()})
+    return _CONTRACTS.get(implementation, "unknown")
+
+
+def op_options(op: str) -> dict:
+    """The options the compiled op table declares for `op`: name -> choices (or [])."""
+    for entry in ditops.op_table():
+        if entry["name"] == op:
+            return {o["name"]: list(o["choices"]) for o in entry["options"]}
+    return {}
+
+
+class Site:
+    """One site class of one enabled model: what runs there, where, and what happened."""
+
+    def __init__(self, name: str, *, op: str | None, chain: str, why: str = "", options=None,
+                 note: str = ""):
+        self.name = name
+        self.op = op                      # the ditops op that runs here; None: the model's code
+        self.options = dict(options or {})
+        self.chain = chain                # the model's own chain at this site
+        self.why = why                    # why the model's code runs here (op None)
+        self.note = note                  # what the first-sight check has to decide
+        self.places: list[str] = []
+        self.skipped: list[tuple[str, str]] = []   # places left to the model's code, and why
+        self.selected = True
+        self.quality = None               # the tier passed to the op (enable sets it)
+        self.exact = True                 # first sight requires torch.equal
+        self.states: dict = {}            # signature -> VERIFIED / DISABLED / UNFIT
+        self.reasons: dict = {}           # disabled signature -> why
+        self.unfit: dict = {}             # unfit signature -> why
+        self.differences: dict = {}       # signature -> (differing elements, max |difference|)
+        self.implementations: dict = {}   # signature -> the implementation the dispatcher chose
+        self.fused_calls = 0
+        self.model_calls = 0
+        self.fallbacks: Counter = Counter()   # reason -> calls that ran the model's code
+        self._warned: set = set()
+
+    # ------------------------------------------------------------ description
+    @property
+    def active(self) -> bool:
+        return self.op is not None and self.selected
+
+    def runs(self) -> str:
+        """What runs at this site, in words."""
+        if self.op is None:
+            return "the model's code"
+        if not self.selected:
+            return "the model's code (site not selected)"
+        opts = ", ".join(f"{k}={v}" for k, v in self.options.items())
+        return self.op + (f" ({opts})" if opts else "")
+
+    def as_dict(self) -> dict:
+        return {"site": self.name, "places": len(self.places), "op": self.op if self.active else None,
+                "skipped": [list(s) for s in self.skipped],
+                "options": dict(self.options), "chain": self.chain, "why": self.why, "note": self.note,
+                "verified": sum(1 for s in self.states.values() if s == VERIFIED),
+                "disabled": {str(k): v for k, v in self.reasons.items()},
+                "unfit": {str(k): v for k, v in self.unfit.items()},
+                "differences": {str(k): v for k, v in self.differences.items()},
+                "implementations": {str(k): v for k, v in self.implementations.items()},
+                "fused_calls": self.fused_calls, "model_calls": self.model_calls,
+                "fallbacks": dict(self.fallbacks)}
+
+    def reset(self) -> None:
+        """Forget the first-sight results and the counters."""
+        self.states.clear()
+        self.reasons.clear()
+        self.unfit.clear()
+        self.differences.clear()
+        self.implementations.clear()
+        self.fused_calls = self.model_calls = 0
+        self.fallbacks.clear()
+        self._warned.clear()
+
+    # ------------------------------------------------------------ the decision
+    def _fall_back(self, why: str):
+        if torch.compiler.is_compiling():
+            return
+        self.model_calls += 1
+        self.fallbacks[why] += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"ditops.diffusers: {self.name} runs the model's code for a call: {why}",
+                          RuntimeWarning, stacklevel=4)
+
+    def _disable(self, sig, why: str) -> None:
+        self.states[sig] = DISABLED
+        self.reasons[sig] = why
+        warnings.warn(f"ditops.diffusers: disabling {self.op} at {self.name} for {sig}: {why}; "
+                      "the model's code runs there", RuntimeWarning, stacklevel=4)
+
+    def run(self, why_not: str, sig, device, fused, reference, explain):
+        """Outputs (a tuple of tensors) of the op or of the model's chain, as decided above.
+        fused(): the op's outputs; reference(): the model's chain; explain(): the dispatcher's
+        DispatchReport for the call (runs nothing)."""
+        if not self.active:
+            if not torch.compiler.is_compiling():
+                self.model_calls += 1
+            return reference()
+        if why_not:
+            self._fall_back(why_not)
+            return reference()
+        state = self.states.get(sig, UNVERIFIED)
+        if state == VERIFIED:
+            if torch.compiler.is_compiling() or _tracing_or_capturing(device):
+                return fused()
+            try:
+                out = fused()
+            except Error as e:  # a later call the first sight did not foresee: this call only
+                self._fall_back(f"the op failed: {e}")
+                return reference()
+            self.fused_calls += 1
+            return out
+        if state == DISABLED:
+            if not torch.compiler.is_compiling():
+                self.model_calls += 1
+            return reference()
+        if state == UNFIT:
+            self._fall_back(self.unfit[sig])
+            return reference()
+        if _tracing_or_capturing(device):
+            return reference()
+        return self._first_sight(sig, fused, reference, explain)
+
+    def _first_sight(self, sig, fused, reference, explain):
+        why = ""
+        try:
+            report = explain()
+        except (Error, TypeError, RuntimeError) as e:  # the op (of this build) refuses the call
+            why = f"the op refuses it: {e}"
+        else:
+            if report.chosen is None:
+                why = "no implementation takes it: " + "; ".join(
+                    f"{c['name']}: {c['reason']}" for c in report.candidates)
+            elif self.exact and _contract(report.chosen) != "bit_exact":
+                # the dispatcher's last resort (e.g. a close CPU reference): the model's own
+                # chain is the better fallback in the bit-exact tier
+                why = f"{report.chosen} would run, whose contract is {_contract(report.chosen)}, not bit_exact"
+        if why:
+            self.states[sig] = UNFIT
+            self.unfit[sig] = why
+            self._fall_back(why)
+            return reference()
+        self.implementations[sig] = report.chosen
+        ref = reference()
+        try:
+            out = fused()
+        except (Error, RuntimeError) as e:
+            self._disable(sig, f"the op failed: {e}")
+            self.model_calls += 1
+            return ref
+        differing, largest = 0, 0.0
+        for a, b in zip(out, ref):
+            if not torch.equal(a, b):
+                diff = a.double() - b.double()
+                both_nan = torch.isnan(a) & torch.isnan(b)
+                differ = (diff != 0) & ~both_nan  # NaN in both places is agreement
+                differing += int(differ.sum())
+                if bool((differ & ~torch.isfinite(diff)).any()):  # NaN or inf on one side only
+                    largest = float("inf")
+                elif bool(differ.any()):
+                    largest = max(largest, float(diff[differ].abs().max()))
+        self.differences[sig] = (differing, largest)
+        if differing and self.exact:
+            total = sum(t.numel() for t in ref)
+            self._disable(sig, f"{differing} of {total} elements differ from the model's chain "
+                               f"(max |difference| {largest:.3g})")
+            self.model_calls += 1
+            return ref
+        self.states[sig] = VERIFIED
+        self.fused_calls += 1
+        return out
+
+
+# ---------------------------------------------------------------- per-head QK RMSNorm + RoPE
+
+class RopeTable:
+    """The model's rotary embedding as a qknorm_rope cache, with positions per stream.
+
+    The model passes the same cos/sin (or complex) tensors to every block of a forward, so in
+    plain eager mode the cache is built once per forward and reused (strong references: the
+    tensors stay alive, so identity means the same values). Under torch.compile or CUDA-graph
+    capture it is built inside the traced code, where a Python-side cache would go stale."""
+
+    def __init__(self):
+        self._key = None
+        self._cache = None
+        self._positions: dict = {}
+
+    @staticmethod
+    def build(freqs, layout: str) -> torch.Tensor:
+        if layout == "full_width":  # (cos [S, D], sin [S, D]), one value per channel
+            cos, sin = freqs
+            return torch.cat([cos, sin], -1)
+        if layout == "complex":  # complex64 [S, D/2]: compact cos | sin
+            pairs = torch.view_as_real(freqs)
+            return torch.cat([pairs[..., 0], pairs[..., 1]], -1)
+        raise ValueError(f"unknown rope layout {layout!r}")
+
+    def get(self, freqs, layout: str, start: int, tokens: int, batch: int, device):
+        keep = not (torch.compiler.is_compiling() or _tracing_or_capturing(device))
+        parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
+        if keep and self._key is not None and len(parts) == len(self._key) and all(
+                a is b for a, b in zip(parts, self._key)):
+            cache = self._cache
+        else:
+            cache = self.build(freqs, layout)
+            if keep:
+                self._key, self._cache, self._positions = parts, cache, {}
+        pos_key = (start, tokens, batch, str(device))
+        positions = self._positions.get(pos_key) if keep else None
+        if positions is None:
+            positions = torch.arange(start, start + tokens, device=device)
+            if batch > 1:
+                positions = positions.repeat(batch)
+            if keep:
+                self._positions[pos_key] = positions
+        return cache, positions
+
+
+def rms_norm_rounding(norm) -> tuple[str | None, str]:
+    """How a per-head QK norm module rounds, as qknorm_rope's norm_weight_rounding names it:
+    "once" (torch.nn.RMSNorm: F.rms_norm), "twice" (diffusers' RMSNorm: the normalized value cast
+    to the weight's dtype, then multiplied by the weight), or None with the reason."""
+    from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+    if norm is None:
+        return None, "no QK norm"
+    if type(norm) is torch.nn.RMSNorm:
+        if norm.weight is None:
+            return None, "torch.nn.RMSNorm without a weight"
+        if norm.eps is None:
+            return None, "torch.nn.RMSNorm with eps=None (the dtype's epsilon)"
+        return "once", ""
+    if type(norm) is DiffusersRMSNorm:
+        if norm.weight is None:
+            return None, "diffusers RMSNorm without a weight"
+        if norm.bias is not None:
+            return None, "diffusers RMSNorm with a bias"
+        return "twice", ""
+    return None, f"QK norm is {type(norm).__name__}"
+
+
+def norm_eps(norm) -> float:
+    return float(norm.eps)
+
+
+class QkNormRopeSite(Site):
+    """Per-head RMSNorm of q and k, then RoPE, as one in-place qknorm_rope call per stream."""
+
+    def __init__(self, *args, rounding: str | None = None, **kw):
+        super().__init__(*args, **kw)
+        self.rounding = rounding          # what the model's norm does: "once" / "twice"
+        self.rope = RopeTable()
+
+    def __call__(self, q, k, norm_q, norm_k, freqs, layout: str, start: int, reference, rows=None):
+        """q, k [B, S, H, D] (new tensors the op may write), their norm modules, the model's rotary
+        tensors, the stream's first row in them and the number of rows the model's chain expects
+        in them (default start + S). Returns the normalized and rotated (q, k)."""
+        why = self._fit(q, k, norm_q, norm_k, freqs, layout, start, rows)
+        B, S, Hq, D = q.shape if q.dim() == 4 else (0, 0, 0, 0)
+        Hk = k.shape[2] if k.dim() == 4 else 0
+        sig = None if why else (str(q.device), q.dtype, D, Hq, Hk, layout, self.rounding)
+        extra = {"norm_weight_rounding": self.rounding} if "norm_weight_rounding" in self.options else {}
+        eps = None if why else norm_eps(norm_q)
+
+        def views():
+            return q.view(B * S, Hq, D), k.view(B * S, Hk, D)
+
+        def fused():
+            cache, positions = self.rope.get(freqs, layout, start, S, B, q.device)
+            q3, k3 = views()
+            ops.qknorm_rope(q3, k3, norm_q.weight, norm_k.weight, cache, positions,
+                                         is_neox=False, eps=eps, rope_dim=D,
+                                         cache_full_width=layout == "full_width", rounding="rounded",
+                                         quality=self.quality, **extra)
+            return q, k
+
+        def explain():
+            cache, positions = self.rope.get(freqs, layout, start, S, B, q.device)
+            q3, k3 = views()
+            return ditops.explain("qknorm_rope", q3, k3, norm_q.weight, norm_k.weight, cache, positions,
+                                  is_neox=False, eps=eps, rope_dim=D,
+                                  cache_full_width=layout == "full_width", rounding="rounded",
+                                  quality=self.quality, **extra)
+
+        return self.run(why, sig, q.device, fused, reference, explain)
+
+    def _fit(self, q, k, norm_q, norm_k, freqs, layout, start, rows_expected) -> str:
+        if q.dim() != 4 or k.dim() != 4:
+            return "q and k must be [batch, tokens, heads, head_dim]"
+        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
+            return f"q/k are {q.dtype}/{k.dtype} (the op takes float16 or bfloat16)"
+        D = q.shape[-1]
+        if k.shape[-1] != D or q.shape[:2] != k.shape[:2]:
+            return "q and k differ in batch, tokens or head_dim"
+        wq, wk = norm_q.weight, norm_k.weight
+        if wq.dtype != q.dtype or wk.dtype != q.dtype:
+            return f"norm weights are {wq.dtype}/{wk.dtype}, activations {q.dtype}"
+        if wq.shape != (D,) or wk.shape != (D,) or not (wq.is_contiguous() and wk.is_contiguous()):
+            return "norm weights are not contiguous [head_dim]"
+        if norm_eps(norm_q) != norm_eps(norm_k):
+            return "q and k norms have different eps"
+        if q.stride(-1) != 1 or k.stride(-1) != 1 or (q.shape[2] > 1 and k.shape[2] > 1
+                                                       and q.stride(2) != k.stride(2)):
+            return "q/k strides (unit last stride and one head stride needed)"
+        if not (_token_rows(q) and _token_rows(k)):
+            return "q or k batch and token dims do not flatten without a copy"
+        if any(t.device != q.device for t in (k, wq, wk)):
+            return "tensors on different devices"
+        parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
+        if layout == "full_width":
+            cos, sin = parts
+            if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.shape != sin.shape:
+                return "cos/sin are not float32 of one shape"
+            if cos.dim() != 2 or cos.shape[1] != D:
+                return "cos/sin are not [positions, head_dim]"
+            rows = cos.shape[0]
+        else:
+            (f,) = parts
+            if f.dtype != torch.complex64 or f.dim() != 2 or f.shape[1] * 2 != D:
+                return "rotary frequencies are not complex64 [positions, head_dim / 2]"
+            rows = f.shape[0]
+        if parts[0].device != q.device:
+            return "rotary tensors on another device"
+        if rows != (start + q.shape[1] if rows_expected is None else rows_expected):
+            return "the rotary rows do not match the tokens"
+        return ""
+
+
+# ---------------------------------------------------------------- adaLN LayerNorm-modulate
+
+def affine_free_layer_norm(norm) -> str:
+    """'' when `norm` is a torch LayerNorm over the last dim without weight and bias."""
+    if type(norm) is not torch.nn.LayerNorm:  # FP32LayerNorm (a subclass) upcasts: another chain
+        return f"the norm is {type(norm).__name__}"
+    if norm.weight is not None or norm.bias is not None:
+        return "the LayerNorm has an affine weight or bias"
+    if len(norm.normalized_shape) != 1:
+        return "the LayerNorm normalizes more than the last dim"
+    return ""
+
+
+class LayerNormModulateSite(Site):
+    """norm(x) * (1 + scale[:, None]) + shift[:, None] with an affine-free LayerNorm."""
+
+    def __call__(self, x, scale, shift, norm, reference):
+        why = self._fit(x, scale, shift, norm)
+        sig = None if why else (str(x.device), x.dtype, x.shape[-1], float(norm.eps))
+
+        def rows():
+            # A residual stream left transposed by a patch embedding: aten's layer_norm copies it
+            # to rows first as well, so the values are the same.
+            return x if x.stride(-1) == 1 else x.contiguous()
+
+        def fused():
+            return (ops.layernorm_modulate(rows(), scale, shift, eps=float(norm.eps), quality=self.quality),)
+
+        def explain():
+            return ditops.explain("layernorm_modulate", rows(), scale, shift, eps=float(norm.eps),
+                                  quality=self.quality)
+
+        return self.run(why, sig, x.device, fused, lambda: (reference(),), explain)[0]
+
+    @staticmethod
+    def _fit(x, scale, shift, norm) -> str:
+        if x.dim() != 3 or x.dtype != torch.bfloat16:
+            return f"x is {x.dtype} of rank {x.dim()} (the op takes bfloat16 [batch, tokens, dim])"
+        B, _, D = x.shape
+        for name, t in (("scale", scale), ("shift", shift)):
+            if t.dtype != x.dtype or t.shape != (B, D) or t.stride(-1) != 1 or t.device != x.device:
+                return f"{name} is not {x.dtype} [batch, dim] with a unit last stride on x's device"
+        if tuple(norm.normalized_shape) != (D,):
+            return "the norm's shape is not x's last dim"
+        return affine_free_layer_norm(norm)
+
+
+# ---------------------------------------------------------------- gated residual
+
+
+def _transposed(x) -> bool:
+    """x [B, T, D] stored as [B, D, T]: the residual_gate_add layout of a residual stream that a
+    patch embedding's flatten(2).transpose(1, 2) left transposed (HunyuanVideo, SANA)."""
+    return x.dim() == 3 and x.stride(1) == 1 and x.stride(2) == x.shape[1] and \
+        x.stride(0) == x.shape[1] * x.shape[2]
+
+
+class GatedResidualSite(Site):
+    """residual + update * gate, the product rounded to the dtype before the sum."""
+
+    def __call__(self, residual, update, gate, reference):
+        why = self._fit(residual, update, gate)
+        sig = None if why else (str(residual.device), residual.dtype, residual.dim(),
+                                tuple(n == 1 for n in gate.shape[:-1]), not residual.is_contiguous())
+
+        def fused():
+            # A [B, 1, D] gate sliced from the modulation rows is strided; the op takes a dense
+            # gate, and B * D elements are a negligible copy.
+            return (ops.residual_gate_add(residual, update, gate.contiguous(),
+                                                        quality=self.quality),)
+
+        def explain():
+            return ditops.explain("residual_gate_add", residual, update, gate.contiguous(),
+                                  quality=self.quality)
+
+        return self.run(why, sig, residual.device, fused, lambda: (reference(),), explain)[0]
+
+    @staticmethod
+    def _fit(residual, update, gate) -> str:
+        if residual.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return f"residual is {residual.dtype}"
+        if update.dtype != residual.dtype or gate.dtype != residual.dtype:
+            return f"mixed dtypes ({residual.dtype}, {update.dtype}, {gate.dtype})"
+        if update.shape != residual.shape or gate.dim() != residual.dim() or residual.dim() < 2:
+            return "update or gate shape does not match residual"
+        if gate.shape[-1] != residual.shape[-1] or any(
+                g not in (1, r) for g, r in zip(gate.shape, residual.shape)):
+            return "gate does not broadcast over residual"
+        if not update.is_contiguous():
+            return "update is not contiguous"
+        if not (residual.is_contiguous() or _transposed(residual)):
+            return "residual is neither contiguous nor [B, T, D] stored as [B, D, T]"
+        if update.device != residual.device or gate.device != residual.device:
+            return "tensors on different devices"
+        return ""
+
+
+# ---------------------------------------------------------------- fp32 adaLN (Wan)
+
+
+class Fp32NormScaleShiftSite(Site):
+    """(LayerNorm(x.float()) * (1 + scale) + shift).type_as(x), all in float32: norm_scale_shift on
+    the float32 copy, then the one rounding the model does."""
+
+    def __call__(self, x, scale, shift, norm, reference):
+        why = self._fit(x, scale, shift, norm)
+        sig = None if why else (str(x.device), x.dtype, x.shape[-1], scale.dim(),
+                                scale.shape[1] == 1, float(norm.eps))
+
+        def fused():
+            y = ops.norm_scale_shift(x.float(), scale, shift, norm="layer",
+                                                  eps=float(norm.eps), quality=self.quality)[0]
+            return (y.type_as(x),)
+
+        def explain():
+            return ditops.explain("norm_scale_shift", x.float(), scale, shift, norm="layer",
+                                  eps=float(norm.eps), quality=self.quality)
+
+        return self.run(why, sig, x.device, fused, lambda: (reference(),), explain)[0]
+
+    @staticmethod
+    def _fit(x, scale, shift, norm) -> str:
+        if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            return f"x is {x.dtype} of rank {x.dim()}"
+        B, S, D = x.shape
+        if not 16 <= D <= 4096 or D % 4:
+            return f"dim {D} (the op's float32 rows: 16 <= D <= 4096, D % 4 == 0)"
+        for name, t in (("scale", scale), ("shift", shift)):
+            if t.dtype != torch.float32 or t.dim() != 3 or t.shape[0] != B or t.shape[1] not in (1, S) \
+                    or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
+                return f"{name} is not float32 [batch, 1 or tokens, dim] on x's device"
+        if x.stride(-1) != 1:
+            return "x's last stride is not 1"
+        if type(norm).__name__ != "FP32LayerNorm" or norm.weight is not None or norm.bias is not None:
+            return "the norm is not an affine-free FP32LayerNorm"
+        if tuple(norm.normalized_shape) != (D,):
+            return "the norm's shape is not x's last dim"
+        return ""

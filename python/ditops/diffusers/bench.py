@@ -1,0 +1,303 @@
+"""Real-width diffusers transformer blocks with random bf16 weights, timed four ways in one run:
+eager, eager + ditops, torch.compile, torch.compile + ditops.
+
+    python -m ditops.diffusers.bench --model flux --blocks 2 --tokens 4608 --json flux.json
+
+Prints the median time per forward and per block of each variant (CUDA events around each
+forward, after warm-up), the speed-ups, and where the CUDA time goes (torch.profiler over a few
+forwards, kernels sorted by name into GEMM, attention, ditops and the rest, the glue: norms,
+RoPE, modulation, residuals, copies, fused Triton kernels). --json writes the records with the
+device, the date and the commit. Needs a CUDA device and diffusers.
+
+Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens of it as text
+(default 512) and the rest as a square-ish image grid; FLUX.1's and HunyuanVideo's --blocks are
+split into double (first half, rounded up) and single blocks. Wan and HunyuanVideo take the
+tokens as a latent video grid (--grid F,H,W after patching; by default Wan's 480p 81-frame grid
+21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+
+VARIANTS = ("eager", "eager+ditops", "compile", "compile+ditops")
+
+# Real widths (the released checkpoints' configs); blocks and tokens come from the command line.
+CONFIGS = {
+    "flux": dict(patch_size=1, in_channels=64, attention_head_dim=128, num_attention_heads=24,
+                 joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+                 axes_dims_rope=(16, 56, 56)),
+    "qwen": dict(patch_size=2, in_channels=64, out_channels=16, attention_head_dim=128, num_attention_heads=24,
+                 joint_attention_dim=3584, axes_dims_rope=(16, 56, 56)),
+    "wan": dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, cross_attn_norm=True, eps=1e-6),
+    "hunyuan": dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
+                    num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1, text_embed_dim=4096,
+                    pooled_projection_dim=768, rope_axes_dim=(16, 56, 56), guidance_embeds=True),
+}
+CLASSES = {"flux": "FluxTransformer2DModel", "qwen": "QwenImageTransformer2DModel",
+           "wan": "WanTransformer3DModel", "hunyuan": "HunyuanVideoTransformer3DModel"}
+
+# Kernel name patterns of the profile's categories (first match wins; the rest is glue).
+KERNEL_CLASSES = (
+    ("ditops", re.compile(r"ditops", re.I)),
+    ("attention", re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)),
+    ("gemm", re.compile(r"gemm|cutlass|xmma|nvjet|cublas|gmma|hmma|matmul|sm\d+_xmma", re.I)),
+)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m ditops.diffusers.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(CONFIGS), default="flux")
+    p.add_argument("--blocks", type=int, default=2, help="transformer blocks (FLUX.1/HunyuanVideo: double + single)")
+    p.add_argument("--tokens", type=int, default=4608, help="sequence length: text + image, or latent video tokens")
+    p.add_argument("--text-tokens", type=int, default=512)
+    p.add_argument("--grid", default=None, help="Wan/HunyuanVideo latent grid after patching: F,H,W")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--iters", type=int, default=30, help="timed forwards per variant (the median is reported)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--profile-iters", type=int, default=3, help="forwards under torch.profiler (0: no profile)")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="a comma list of " + ", ".join(VARIANTS))
+    p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: its default)")
+    p.add_argument("--no-fullgraph", action="store_true", help="torch.compile without fullgraph=True")
+    p.add_argument("--quality", default=None, help="ditops quality tier (default: the bit-exact one)")
+    p.add_argument("--probe", action="store_true", help="enable(probe=True): also try undocumented chains")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="write the records to this path")
+    args = p.parse_args(argv)
+    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = set(args.variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variants {sorted(unknown)}")
+    return args
+
+
+def near_square(n: int) -> tuple[int, int]:
+    h = int(math.isqrt(n))
+    while n % h:
+        h -= 1
+    return h, n // h
+
+
+def video_grid(args) -> tuple[int, int, int]:
+    if args.grid:
+        f, h, w = (int(v) for v in args.grid.split(","))
+        if f * h * w != args.tokens:
+            raise SystemExit(f"--grid {args.grid} has {f * h * w} tokens, not --tokens {args.tokens}")
+        return f, h, w
+    if args.tokens == 32760:
+        return 21, 30, 52
+    return (1,) + near_square(args.tokens)
+
+
+def build(args, torch, diffusers, device="cuda"):
+    """(model, inputs, shape text, config) in bf16 with random weights on `device`; norm weights
+    around 1 (not all 1, where norm rounding orders agree by accident)."""
+    name, B, blocks = args.model, args.batch, args.blocks
+    cfg = dict(CONFIGS[name])
+    if name in ("flux", "hunyuan"):
+        cfg.update(num_layers=(blocks + 1) // 2, num_single_layers=blocks // 2)
+    else:
+        cfg.update(num_layers=blocks)
+    torch.manual_seed(args.seed)
+    with torch.device(device):
+        model = getattr(diffusers, CLASSES[name])(**cfg)
+    model = model.to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname and pname.endswith("weight"):
+                p.normal_(1.0, 0.1)
+    dev, bf16 = device, torch.bfloat16
+    text = args.text_tokens
+    if name in ("flux", "qwen"):
+        image = args.tokens - text
+        if image <= 0:
+            raise SystemExit("--tokens must exceed --text-tokens")
+        h, w = near_square(image)
+        if name == "flux":
+            grid = torch.meshgrid(torch.zeros(1), torch.arange(float(h)), torch.arange(float(w)), indexing="ij")
+            inputs = dict(hidden_states=torch.randn(B, image, 64, device=dev, dtype=bf16),
+                          encoder_hidden_states=torch.randn(B, text, 4096, device=dev, dtype=bf16),
+                          pooled_projections=torch.randn(B, 768, device=dev, dtype=bf16),
+                          timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
+                          guidance=torch.full((B,), 3.5, device=dev, dtype=bf16),
+                          img_ids=torch.stack(grid, -1).reshape(-1, 3).to(dev),
+                          txt_ids=torch.zeros(text, 3, device=dev), return_dict=False)
+        else:
+            inputs = dict(hidden_states=torch.randn(B, image, 64, device=dev, dtype=bf16),
+                          encoder_hidden_states=torch.randn(B, text, 3584, device=dev, dtype=bf16),
+                          timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
+                          img_shapes=[(1, h, w)] * B, return_dict=False)
+        shape = f"text {text} + image {h}x{w}"
+    else:
+        f, h, w = video_grid(args)
+        latent = torch.randn(B, 16, f, 2 * h, 2 * w, device=dev, dtype=bf16)
+        if name == "wan":
+            inputs = dict(hidden_states=latent, timestep=torch.full((B,), 500.0, device=dev),
+                          encoder_hidden_states=torch.randn(B, text, 4096, device=dev, dtype=bf16),
+                          return_dict=False)
+        else:
+            inputs = dict(hidden_states=latent, timestep=torch.full((B,), 500.0, device=dev, dtype=bf16),
+                          encoder_hidden_states=torch.randn(B, text, 4096, device=dev, dtype=bf16),
+                          encoder_attention_mask=torch.ones(B, text, device=dev),
+                          pooled_projections=torch.randn(B, 768, device=dev, dtype=bf16),
+                          guidance=torch.full((B,), 3.5, device=dev, dtype=bf16), return_dict=False)
+        shape = f"video {f}x{h}x{w} + text {text}"
+    return model, inputs, shape, cfg
+
+
+def time_forward(torch, fn, iters, warmup):
+    """Median and all times (ms) of fn() on the current stream, CUDA events around each call."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times), times
+
+
+def kernel_shares(torch, fn, iters):
+    """CUDA kernel time per forward (us) by category, from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    totals = {"gemm": 0.0, "attention": 0.0, "ditops": 0.0, "glue": 0.0}
+    for evt in prof.events():
+        if getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        us = evt.time_range.elapsed_us()
+        kind = next((k for k, pattern in KERNEL_CLASSES if pattern.search(evt.name)), "glue")
+        totals[kind] += us
+    return {k: v / iters for k, v in totals.items()}
+
+
+def commit_of_package() -> str:
+    here = os.path.dirname(os.path.realpath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(["git", "-C", here, "status", "--porcelain"], capture_output=True,
+                                   text=True, timeout=10).stdout.strip()
+            return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("ditops.diffusers.bench: needs a CUDA device (none is visible)", file=sys.stderr)
+        return 2
+    try:
+        import diffusers
+    except ImportError:
+        print("ditops.diffusers.bench: needs diffusers (pip install 'ditops[diffusers]')", file=sys.stderr)
+        return 2
+    import ditops
+    import ditops.diffusers as dd
+
+    model, inputs, shape, cfg = build(args, torch, diffusers)
+    fullgraph = not args.no_fullgraph
+
+    def forward(m):
+        def call():
+            with torch.inference_mode():
+                return m(**inputs)[0]
+        return call
+
+    results, outputs, reports = {}, {}, {}
+    for variant in args.variants:
+        uses_ditops, compiled = variant.endswith("+ditops"), variant.startswith("compile")
+        if dd.enabled(model):
+            dd.disable(model)
+        torch._dynamo.reset()
+        if uses_ditops:
+            reports[variant] = dd.enable(model, args.quality, probe=args.probe)
+            forward(model)()  # first-sight checks run eagerly, before any tracing
+        target = torch.compile(model, fullgraph=fullgraph, mode=args.compile_mode) if compiled else model
+        fn = forward(target)
+        outputs[variant] = fn()
+        median, times = time_forward(torch, fn, args.iters, args.warmup)
+        shares = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else None
+        results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares}
+        print(f"{variant:>15}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
+              f"(min {min(times):.3f}, max {max(times):.3f}, {len(times)} runs)", flush=True)
+    if dd.enabled(model):
+        dd.disable(model)
+
+    print(f"\n{CLASSES[args.model]} x{args.blocks} blocks, {shape}, batch {args.batch}, bf16, "
+          f"{torch.cuda.get_device_name()}")
+    base = {"eager+ditops": "eager", "compile+ditops": "compile", "compile": "eager"}
+    speedups = {}
+    for variant, ref in base.items():
+        if variant in results and ref in results:
+            speedups[f"{variant} vs {ref}"] = results[ref]["ms"] / results[variant]["ms"]
+    if "eager+ditops" in results and "compile" in results:
+        speedups["eager+ditops vs compile"] = results["compile"]["ms"] / results["eager+ditops"]["ms"]
+    for name, x in speedups.items():
+        print(f"  {name}: {x:.3f}x")
+    equal = {}
+    for variant, ref in (("eager+ditops", "eager"), ("compile+ditops", "compile")):
+        if variant in outputs and ref in outputs:
+            a, b = outputs[variant], outputs[ref]
+            equal[variant] = {"torch_equal": bool(torch.equal(a, b)),
+                              "max_abs_diff": float((a.float() - b.float()).abs().max())}
+            print(f"  {variant} output vs {ref}: torch.equal {equal[variant]['torch_equal']}, "
+                  f"max |diff| {equal[variant]['max_abs_diff']:.3g}")
+    if args.profile_iters:
+        print("\n  CUDA kernel time per forward (us): gemm / attention / ditops / glue (glue share)")
+        for variant, r in results.items():
+            k = r["kernels_us"]
+            total = sum(k.values()) or 1.0
+            print(f"  {variant:>15}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
+                  f"{k['glue']:9.1f} ({100 * k['glue'] / total:4.1f} % glue, "
+                  f"{100 * k['ditops'] / total:4.1f} % ditops)")
+    for variant, report in reports.items():
+        print(f"\n[{variant}] {report}")
+
+    if args.json:
+        props = torch.cuda.get_device_properties(0)
+        record_common = {
+            "op": f"diffusers:{args.model}", "model": CLASSES[args.model], "blocks": args.blocks,
+            "tokens": args.tokens, "text_tokens": args.text_tokens, "batch": args.batch, "shape": shape,
+            "config": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()},
+            "method": "forward_median_cuda_events", "iters": args.iters,
+            "device": f"{torch.cuda.get_device_name()} (sm_{props.major}{props.minor})",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "commit": commit_of_package(), "ditops": ditops.__version__, "torch": torch.__version__,
+            "diffusers": diffusers.__version__, "compile_mode": args.compile_mode, "fullgraph": fullgraph,
+        }
+        records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
+                        min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
+                        output=equal.get(variant),
+                        report=reports[variant].as_dict() if variant in reports else None)
+                   for variant, r in results.items()]
+        with open(args.json, "w") as f:
+            json.dump({"records": records, "speedups": speedups}, f, indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""HunyuanVideo (diffusers HunyuanVideoTransformer3DModel), as diffusers 0.42 writes it.
+
+Sites and the chains they reproduce (docs/diffusers.md has the table):
+  * QK norm + RoPE of the latent stream in the double blocks: diffusers' RMSNorm per head (two
+    roundings), then apply_rotary_emb with interleaved pairs and float32 cos/sin (FLUX's RoPE):
+    qknorm_rope with norm_weight_rounding=twice, where the op has that option. The single blocks
+    normalize the latent and text tokens in one call and rotate only the latent ones: not mapped
+    (fusing the latent part alone would normalize the text tokens as a slice of their own, and
+    diffusers' RMSNorm reduces with torch.mean, whose CUDA reduction is not shown to give the
+    same bits for a slice). The text stream's QK norm has no RoPE: not a qknorm_rope site.
+  * adaLN: AdaLayerNormZero (norm1, norm1_context), the inline norm2 / norm2_context
+    modulation, AdaLayerNormZeroSingle, norm_out: layernorm_modulate.
+  * gated residuals: four per double block, one per single block: residual_gate_add.
+The token-replace (I2V) block classes and the text token refiner are left to the model's code.
+"""
+from __future__ import annotations
+
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_hunyuan_video import (
+    HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
+
+from ._patching import Plan
+from ._sites import GatedResidualSite, LayerNormModulateSite, QkNormRopeSite
+from . import _common
+
+MODEL_CLASS = "HunyuanVideoTransformer3DModel"
+DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
+
+
+class HunyuanVideoAttnProcessorDitops:
+    """HunyuanVideoAttnProcessor2_0 of a double block (separate text projections) with the latent
+    stream's QK norm + RoPE through the qk site."""
+
+    def __init__(self, original, site: QkNormRopeSite):
+        self.original = original
+        self.site = site
+
+    @property
+    def _attention_backend(self):
+        return self.original._attention_backend
+
+    @_attention_backend.setter
+    def _attention_backend(self, value):
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self):
+        return self.original._parallel_config
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if (attn.add_q_proj is None or encoder_hidden_states is None or attn.norm_q is None
+                or attn.norm_k is None or image_rotary_emb is None
+                or image_rotary_emb[0].shape[0] != hidden_states.shape[1]):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+        key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+        value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        query, key = _common.qk(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb, 0)
+
+        encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+        encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+        encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
+        if attn.norm_added_q is not None:
+            encoder_query = attn.norm_added_q(encoder_query)
+        if attn.norm_added_k is not None:
+            encoder_key = attn.norm_added_k(encoder_key)
+        query = torch.cat([query, encoder_query], dim=1)
+        key = torch.cat([key, encoder_key], dim=1)
+        value = torch.cat([value, encoder_value], dim=1)
+
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        text_len = encoder_hidden_states.shape[1]
+        hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+    """HunyuanVideoTransformerBlock.forward with the norm2 modulations and the four gated
+    residuals through the sites."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
+                *args, **kwargs):
+        norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
+        norm_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
+            encoder_hidden_states, emb=temb)
+        attn_output, context_attn_output = self.attn(
+            hidden_states=norm_hidden, encoder_hidden_states=norm_context, attention_mask=attention_mask,
+            image_rotary_emb=freqs_cis)
+        hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa.unsqueeze(1))
+        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output,
+                                              c_gate_msa.unsqueeze(1))
+        norm_hidden = _common.modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2)
+        norm_context = _common.modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
+                                        self.norm2_context)
+        ff_output = self.ff(norm_hidden)
+        context_ff_output = self.ff_context(norm_context)
+        hidden_states = _common.gated(residual, hidden_states, ff_output, gate_mlp.unsqueeze(1))
+        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_ff_output,
+                                              c_gate_mlp.unsqueeze(1))
+        return hidden_states, encoder_hidden_states
+
+    return forward
+
+
+def single_block_forward(residual: GatedResidualSite):
+    """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
+                *args, **kwargs):
+        text_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        skip = hidden_states
+        norm_hidden, gate = self.norm(hidden_states, emb=temb)
+        mlp_hidden = self.act_mlp(self.proj_mlp(norm_hidden))
+        attn_output, context_attn_output = self.attn(
+            hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
+            attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        update = self.proj_out(torch.cat([attn_output, mlp_hidden], dim=2))
+        hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
+        return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
+
+    return forward
+
+
+def plan(model, plan: Plan, probe: bool = False) -> None:
+    doubles = [(f"transformer_blocks.{i}", b) for i, b in enumerate(model.transformer_blocks)]
+    singles = [(f"single_transformer_blocks.{i}", b) for i, b in enumerate(model.single_transformer_blocks)]
+    rope_chain = ("apply_rotary_emb: interleaved pairs, float32 cos/sin, "
+                  "(x.float() * cos + x_rot.float() * sin).to(dtype)")
+    qk = plan.add_site(_common.qk_site(
+        "qk_norm_rope", [(f"{p}.attn", b.attn, [("norm_q", "norm_k")]) for p, b in doubles
+                         if type(b) is HunyuanVideoTransformerBlock],
+        chain="diffusers RMSNorm per head ((x * rsqrt(mean(x^2) + eps)).to(dtype) * weight: two roundings), "
+              "then " + rope_chain))
+    qk_single = plan.add_site(QkNormRopeSite(
+        "qk_norm_rope (single blocks)", op=None,
+        chain="diffusers RMSNorm per head over latent and text tokens in one call, then " + rope_chain +
+              " of the latent tokens only",
+        why="one norm call spans latent and text tokens; normalizing the text tokens as a slice of their "
+            "own is not shown to give diffusers RMSNorm's bits (torch.mean's reduction)"))
+    adaln = plan.add_site(_common.adaln_site())
+    residual = plan.add_site(_common.gated_residual_site())
+
+    for path, block in doubles:
+        if type(block) is not HunyuanVideoTransformerBlock:
+            plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")
+            continue
+        _common.patch_processor(plan, qk, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
+                                HunyuanVideoAttnProcessorDitops, ("latent",))
+        _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
+        _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
+        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]
+        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn", "context attn", "ff", "context ff")]
+        plan.patch_forward(path, block, double_block_forward(adaln, residual))
+    for path, block in singles:
+        if type(block) is not HunyuanVideoSingleTransformerBlock:
+            plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")
+            continue
+        qk_single.places.append(plan.prefix + f"{path}.attn")
+        _common.patch_adaln_module(plan, adaln, f"{path}.norm", block.norm)
+        residual.places.append(plan.prefix + f"{path} (attn + mlp)")
+        plan.patch_forward(path, block, single_block_forward(residual))
+    _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)

@@ -1,0 +1,505 @@
+"""ditops.diffusers on tiny random models built from each supported class (no hub access):
+the sites plan/enable find (counts from the config), exact restoration by disable, refusals that
+change nothing, the fallback paths (a first-sight mismatch, a failing op, a call that does not
+fit: the model's values bit for bit), torch.compile(fullgraph=True) tracing the ops, and on the
+CPU reference backend the patched model against the unpatched one. GPU tests (torch.equal on
+CUDA) skip without a device. Skipped without PyTorch or diffusers."""
+import json
+import types
+import warnings
+
+import pytest
+
+from conftest import torch_or_skip
+
+torch = torch_or_skip()
+diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+import ditops  # noqa: E402
+import ditops.diffusers as dd  # noqa: E402
+from ditops.diffusers import _common, _sites  # noqa: E402
+
+if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
+    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
+                f"{dd.TESTED_DIFFUSERS}", allow_module_level=True)
+
+HEAD_DIM = 64  # qknorm_rope's smallest head dim
+STRICT = _sites.strict_tier()  # the bit-exact default tier, by this build's name
+CLOSE = "extra-high" if STRICT == "lossless" else "high"  # a tier that admits close implementations
+
+
+# ---------------------------------------------------------------- tiny models
+
+def randomize(model, seed=0):
+    """Every weight random: norm weights around 1 (where diffusers' RMSNorm and F.rms_norm part
+    ways), modulation tables, linear layers."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                torch.nn.init.normal_(p, mean=1.0, std=0.3, generator=gen)
+            elif name.endswith("scale_shift_table"):
+                torch.nn.init.normal_(p, std=0.3, generator=gen)
+            else:
+                torch.nn.init.normal_(p, std=0.05, generator=gen)
+    return model
+
+
+def tiny_flux(dtype=torch.bfloat16, batch=1):
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=2, num_single_layers=2, attention_head_dim=HEAD_DIM,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(8, 28, 28))
+    model = randomize(model).to(dtype)
+    gen = torch.Generator().manual_seed(1)
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    inputs = dict(hidden_states=torch.randn(batch, 16, 8, generator=gen).to(dtype),
+                  encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
+                  pooled_projections=torch.randn(batch, 16, generator=gen).to(dtype),
+                  timestep=torch.full((batch,), 0.5).to(dtype), img_ids=torch.stack(grid, -1).reshape(-1, 3),
+                  txt_ids=torch.zeros(8, 3), return_dict=False)
+    cfg = model.config
+    L, N = cfg.num_layers, cfg.num_single_layers
+    counts = {"qk_norm_rope": 2 * L + N, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
+    return model, inputs, counts
+
+
+def tiny_qwen(dtype=torch.bfloat16, batch=1):
+    model = diffusers.QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=HEAD_DIM,
+        num_attention_heads=2, joint_attention_dim=32, axes_dims_rope=(8, 28, 28))
+    model = randomize(model).to(dtype)
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 16, 16, generator=gen).to(dtype),
+                  encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
+                  timestep=torch.full((batch,), 0.5).to(dtype), img_shapes=[(1, 4, 4)] * batch,
+                  return_dict=False)
+    L = model.config.num_layers
+    counts = {"qk_norm_rope": 2 * L, "adaln_modulate": 4 * L + 1, "gated_residual": 4 * L}
+    return model, inputs, counts
+
+
+def tiny_wan(dtype=torch.bfloat16, batch=1):
+    model = diffusers.WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=32)
+    with warnings.catch_warnings():  # "modules that should be kept in float32": not loaded from a checkpoint
+        warnings.simplefilter("ignore")
+        model = randomize(model).to(dtype)
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, 2, 8, 8, generator=gen).to(dtype),
+                  timestep=torch.full((batch,), 500.0),
+                  encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype), return_dict=False)
+    L = model.config.num_layers
+    counts = {"qk_norm_rope (cross-head)": L, "adaln_modulate": 2 * L, "gated_residual": 2 * L}
+    return model, inputs, counts
+
+
+def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
+    model = diffusers.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=HEAD_DIM, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, mlp_ratio=2.0, patch_size=2, patch_size_t=1,
+        text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(8, 28, 28), guidance_embeds=True)
+    model = randomize(model).to(dtype)
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 4, 2, 8, 8, generator=gen).to(dtype),
+                  timestep=torch.full((batch,), 500.0).to(dtype),
+                  encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
+                  encoder_attention_mask=torch.ones(batch, 8),
+                  pooled_projections=torch.randn(batch, 16, generator=gen).to(dtype),
+                  guidance=torch.full((batch,), 3.5).to(dtype), return_dict=False)
+    L, N = model.config.num_layers, model.config.num_single_layers
+    counts = {"qk_norm_rope": L, "qk_norm_rope (single blocks)": N, "adaln_modulate": 4 * L + N + 1,
+              "gated_residual": 4 * L + N}
+    return model, inputs, counts
+
+
+TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_hunyuan}
+
+# The op each site class runs in this build (qknorm_rope serves diffusers' twice-rounding RMSNorm
+# only once it has the norm_weight_rounding option).
+TWICE = "twice" in _sites.op_options("qknorm_rope").get("norm_weight_rounding", [])
+OPS = {
+    "flux": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
+             "gated_residual": "residual_gate_add"},
+    "qwen": {"qk_norm_rope": None, "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+    "wan": {"qk_norm_rope (cross-head)": None, "adaln_modulate": "norm_scale_shift", "gated_residual": None},
+    "hunyuan": {"qk_norm_rope": "qknorm_rope" if TWICE else None, "qk_norm_rope (single blocks)": None,
+                "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny(request):
+    """(name, model, inputs, counts, the unpatched output) built once per model."""
+    model, inputs, counts = TINY[request.param]()
+    with torch.no_grad():
+        reference = model(**inputs)[0]
+    return request.param, model, inputs, counts, reference
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_enabled():
+    yield
+    for model in list(dd._ENABLED):
+        dd.disable(model)
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def snapshot(model):
+    """Every module's attributes and registered children, parameters and buffers, by identity."""
+    shot = {}
+    for name, module in model.named_modules():
+        shot[name] = ({k: v for k, v in module.__dict__.items()},
+                      {k: dict(getattr(module, k)) for k in ("_parameters", "_buffers", "_modules")})
+    return shot
+
+
+def assert_same(before, after):
+    assert before.keys() == after.keys()
+    for name in before:
+        attrs_b, regs_b = before[name]
+        attrs_a, regs_a = after[name]
+        assert attrs_b.keys() == attrs_a.keys(), (name, attrs_b.keys() ^ attrs_a.keys())
+        for key in attrs_b:
+            assert attrs_b[key] is attrs_a[key], (name, key)
+        for kind in regs_b:
+            assert regs_b[kind].keys() == regs_a[kind].keys(), (name, kind)
+            for key in regs_b[kind]:
+                assert regs_b[kind][key] is regs_a[kind][key], (name, kind, key)
+
+
+class Perturbing:
+    """Stands in for torch.ops.ditops: one element of each op's result made NaN, or an Error, so
+    every first sight fails."""
+
+    def __init__(self, fail=False):
+        self.fail = fail
+        self.calls = 0
+
+    def __getattr__(self, name):
+        real = getattr(torch.ops.ditops, name)
+
+        def op(*args, **kwargs):
+            self.calls += 1
+            if self.fail:
+                raise ditops.Error(f"{name}: simulated launch failure")
+            out = real(*args, **kwargs)
+            first = args[0] if out is None else (out[0] if isinstance(out, (tuple, list)) else out)
+            first[(0,) * first.dim()] = float("nan")
+            return out
+        return op
+
+
+# ---------------------------------------------------------------- plan and report
+
+
+def test_plan_finds_the_sites_and_changes_nothing(tiny):
+    name, model, _, counts, _ = tiny
+    before = snapshot(model)
+    report = dd.plan(model)
+    assert_same(before, snapshot(model))
+    assert not report.patched
+    assert {s.name: len(s.places) for s in report.sites} == counts
+    assert {s.name: s.op for s in report.sites} == OPS[name]
+    for site in report.sites:
+        assert site.chain
+        assert site.op is not None or site.why, site.name  # the model's code always says why
+    json.dumps(report.as_dict())
+    text = str(report)
+    for site in report.sites:
+        assert site.name in text
+
+
+def test_qwen_qk_site_says_why_it_runs_the_model_code():
+    model, _, _ = tiny_qwen()
+    site = dd.plan(model)["qk_norm_rope"]
+    assert site.op is None
+    assert ("norm_weight_rounding" in site.why) if not TWICE else ("complex64" in site.why)
+
+
+def test_twice_rounding_option_maps_the_sites_once_the_op_has_it(monkeypatch):
+    """With qknorm_rope's norm_weight_rounding option (the option another change adds), diffusers'
+    RMSNorm sites map to it with 'twice'; Qwen-Image's complex RoPE only with probe=True."""
+    real = _sites.op_options
+    monkeypatch.setattr(_common, "op_options", lambda op: dict(real(op), norm_weight_rounding=["once", "twice"])
+                        if op == "qknorm_rope" else real(op))
+    hunyuan, _, _ = tiny_hunyuan()
+    site = dd.plan(hunyuan)["qk_norm_rope"]
+    assert site.op == "qknorm_rope" and site.options == {"norm_weight_rounding": "twice"}
+    flux, _, _ = tiny_flux()
+    assert dd.plan(flux)["qk_norm_rope"].options == {"norm_weight_rounding": "once"}
+    qwen, _, _ = tiny_qwen()
+    assert dd.plan(qwen)["qk_norm_rope"].op is None and "probe=True" in dd.plan(qwen)["qk_norm_rope"].why
+    probed = dd.plan(qwen, probe=True)["qk_norm_rope"]
+    assert probed.op == "qknorm_rope" and "complex64" in probed.note
+
+
+# ---------------------------------------------------------------- enable / disable
+
+
+@pytest.mark.filterwarnings("ignore:ditops.diffusers:RuntimeWarning")  # CPU: the close reference is not used
+def test_enable_disable_restores_exactly(tiny):
+    name, model, inputs, counts, reference = tiny
+    before = snapshot(model)
+    state = {k: (v.data_ptr(), v.clone()) for k, v in model.state_dict().items()}
+    report = dd.enable(model, allow_cpu=True)
+    assert report.patched and dd.enabled(model) is report
+    assert {s.name: len(s.places) for s in report.sites} == counts
+    changed = [n for n, m in model.named_modules() if "forward" in m.__dict__ or
+               type(getattr(m, "processor", None)).__module__.startswith("ditops")]
+    assert changed, "enable changed nothing"
+    run(model, inputs)
+    assert dd.disable(model) is report and not report.patched
+    assert dd.enabled(model) is None
+    assert_same(before, snapshot(model))
+    after = model.state_dict()
+    assert after.keys() == state.keys()
+    for key, (ptr, value) in state.items():
+        assert after[key].data_ptr() == ptr and torch.equal(after[key], value), key
+    assert torch.equal(run(model, inputs), reference)
+
+
+def test_cpu_reference_backend_against_the_unpatched_model(tiny):
+    """The ops' CPU reference in place of the model's CPU chains: the strict tier (first sight
+    decides) and a close tier (the ops' values kept). The reference is not required to equal CPU PyTorch;
+    the max difference is printed."""
+    name, model, inputs, _, reference = tiny
+    for quality in (STRICT, CLOSE):
+        report = dd.enable(model, quality, allow_cpu=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = run(model, inputs)
+        dd.disable(model)
+        diff = float((out.float() - reference.float()).abs().max())
+        fused = {s.name: s.fused_calls for s in report.sites if s.active}
+        print(f"{name} {quality}: max |patched - unpatched| = {diff:.3g}, fused calls {fused}")
+        assert diff <= 0.05 * float(reference.float().abs().max())
+        for site in (s for s in report.sites if s.active):
+            if quality == CLOSE:
+                assert site.fused_calls > 0, site.name
+                continue
+            # the strict tier runs bit_exact implementations only (layernorm_modulate's CPU
+            # reference is close: the model's code runs there), verified torch.equal at first sight
+            assert site.fused_calls > 0 or all("not bit_exact" in why for why in site.fallbacks), site.name
+            for sig, state in site.states.items():
+                if state == _sites.VERIFIED:
+                    assert site.differences[sig][0] == 0, (site.name, sig)
+                    assert _sites._contract(site.implementations[sig]) == "bit_exact"
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["mismatch", "op_error"])
+def test_first_sight_failure_falls_back_to_the_model_values(tiny, monkeypatch, fail):
+    name, model, inputs, _, reference = tiny
+    ops = Perturbing(fail)
+    monkeypatch.setattr(_sites, "ops", ops)
+    # as on a GPU, where every implementation that takes these calls is bit_exact (on the CPU,
+    # layernorm_modulate's reference is close and the strict tier would not call it)
+    monkeypatch.setattr(_sites, "_contract", lambda implementation: "bit_exact")
+    report = dd.enable(model, allow_cpu=True)
+    active = [s for s in report.sites if s.active]
+    with pytest.warns(RuntimeWarning, match="disabling") as caught:
+        out = run(model, inputs)
+    assert torch.equal(out, reference)
+    assert ops.calls > 0
+    for site in active:
+        assert site.reasons and site.fused_calls == 0, site.name
+        assert ("simulated launch failure" if fail else "differ from the model's chain") in \
+            next(iter(site.reasons.values()))
+    warned = " ".join(str(w.message) for w in caught)
+    assert all(f"at {site.name} for" in warned for site in active), warned
+    if fail:
+        return
+    calls = ops.calls
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # decided: no new warnings, no op calls
+        assert torch.equal(run(model, inputs), reference)
+    assert ops.calls == calls
+
+
+def test_calls_that_do_not_fit_fall_back_per_call():
+    """FLUX in float32: qknorm_rope (16-bit only) and layernorm_modulate (bf16 only) do not fit,
+    residual_gate_add takes float32: each call decides, the output is the model's."""
+    model, inputs, _ = tiny_flux(torch.float32)
+    reference = run(model, inputs)
+    report = dd.enable(model, allow_cpu=True)
+    with pytest.warns(RuntimeWarning, match="runs the model's code for a call"):
+        out = run(model, inputs)
+    assert torch.equal(out, reference)
+    qk, adaln, residual = report["qk_norm_rope"], report["adaln_modulate"], report["gated_residual"]
+    assert qk.fused_calls == 0 and sum(qk.fallbacks.values()) == len(qk.places)
+    assert adaln.fused_calls == 0 and sum(adaln.fallbacks.values()) == len(adaln.places)
+    assert residual.fused_calls == len(residual.places) and not residual.fallbacks
+    assert any("float32" in why for why in qk.fallbacks)
+
+
+def test_decisions_are_made_once_per_signature(monkeypatch):
+    """After the first forward every signature is decided: later calls ask the dispatcher
+    nothing (on the CPU the strict tier finds layernorm_modulate's close reference unfit)."""
+    model, inputs, _ = tiny_flux()
+    report = dd.enable(model, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        run(model, inputs)
+    assert report["adaln_modulate"].unfit and report["qk_norm_rope"].implementations
+    asked = []
+    monkeypatch.setattr(ditops, "explain", lambda *a, **k: asked.append(a[0]))
+    run(model, inputs)
+    assert asked == []
+    assert report["adaln_modulate"].model_calls == 2 * len(report["adaln_modulate"].places)
+
+
+def test_site_selection_leaves_the_others_to_the_model():
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+    report = dd.enable(model, allow_cpu=True, sites=["gated_residual"])
+    assert torch.equal(run(model, inputs), reference)
+    assert report["gated_residual"].fused_calls == len(report["gated_residual"].places)
+    for name in ("qk_norm_rope", "adaln_modulate"):
+        assert report[name].fused_calls == 0 and report[name].model_calls == len(report[name].places)
+        assert "not selected" in report[name].runs()
+
+
+def test_processor_keeps_the_attention_backend_of_the_original():
+    model, _, _ = tiny_flux()
+    attn = model.transformer_blocks[0].attn
+    original = attn.processor
+    dd.enable(model, allow_cpu=True)
+    assert attn.processor is not original
+    attn.set_attention_backend("native")
+    assert original._attention_backend == attn.processor._attention_backend
+    dd.disable(model)
+    assert attn.processor is original
+
+
+def test_pipeline_and_compiled_wrapper():
+    model, inputs, counts = tiny_flux()
+    pipe = types.SimpleNamespace(transformer=model, vae=None)
+    report = dd.enable(pipe, allow_cpu=True)
+    assert all(p.startswith("transformer.") for s in report.sites for p in s.places)
+    assert dd.enabled(model) is report
+    dd.disable(pipe)
+    assert dd.enabled(model) is None
+    compiled = torch.compile(model)  # the wrapper: its _orig_mod is planned (nothing compiled here)
+    assert {s.name: len(s.places) for s in dd.plan(compiled).sites} == counts
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_refusals_change_nothing(monkeypatch):
+    model, _, _ = tiny_flux()
+    before = snapshot(model)
+    with pytest.raises(dd.UnsupportedError, match="on the CPU"):
+        dd.enable(model)
+    assert_same(before, snapshot(model))
+    with pytest.raises(dd.UnsupportedError, match="not supported"):
+        dd.enable(torch.nn.Linear(4, 4), allow_cpu=True)
+    with pytest.raises(dd.UnsupportedError, match="neither a model nor a pipeline"):
+        dd.enable(object())
+    with pytest.raises(dd.UnsupportedError, match="unknown site classes"):
+        dd.enable(model, allow_cpu=True, sites=["rope"])
+    with pytest.raises(ditops.Error, match="unknown quality"):
+        dd.enable(model, "bogus", allow_cpu=True)
+
+    class MyFlux(diffusers.FluxTransformer2DModel):
+        pass
+    with pytest.raises(dd.UnsupportedError, match="not supported"):
+        dd.plan(MyFlux.__new__(MyFlux))
+
+    for version in ("0.43.0", "0.41.0", "0.43.0.dev0", "1.0.0"):
+        monkeypatch.setattr(diffusers, "__version__", version)
+        with pytest.raises(dd.UnsupportedError, match="outside the tested range"):
+            dd.enable(model, allow_cpu=True)
+        assert_same(before, snapshot(model))
+    monkeypatch.setattr(diffusers, "__version__", "0.42.1")
+
+    dd.enable(model, allow_cpu=True)
+    with pytest.raises(dd.UnsupportedError, match="already enabled"):
+        dd.enable(model, allow_cpu=True)
+    dd.disable(model)
+    assert dd.disable(model) is None
+    assert_same(before, snapshot(model))
+
+
+def test_unsupported_errors_are_value_errors():
+    assert issubclass(dd.UnsupportedError, ValueError) and issubclass(dd.UnsupportedError, ditops.Error)
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def test_verified_sites_compile_fullgraph_into_the_ops():
+    """After one eager call verified the signatures, a block traces with fullgraph=True and the
+    graph holds the ditops custom ops (a recording backend: no inductor compile)."""
+    model, inputs, _ = tiny_flux()
+    dd.enable(model, CLOSE, allow_cpu=True)  # the close tier: layernorm_modulate's CPU reference runs too
+    run(model, inputs)
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    block = model.single_transformer_blocks[0]
+    gen = torch.Generator().manual_seed(3)
+    hidden, context = (torch.randn(1, n, 128, generator=gen).bfloat16() for n in (16, 8))
+    temb = torch.randn(1, 128, generator=gen).bfloat16()
+    rotary = model.pos_embed(torch.cat([inputs["txt_ids"], inputs["img_ids"]]))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager = block(hidden, context, temb, rotary)
+        compiled = torch.compile(block, fullgraph=True, backend=recording)(hidden, context, temb, rotary)
+    torch._dynamo.reset()
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
+    ours = sorted(t for t in targets if t.startswith("ditops."))
+    assert ours == ["ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"], targets
+
+
+# ---------------------------------------------------------------- GPU (torch.equal on CUDA)
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
+                                                                       "device machine)")
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_gpu_patched_equals_unpatched(name, batch):
+    model, inputs, _ = TINY[name](batch=batch)
+    model = model.to("cuda")
+    inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+    reference = run(model, inputs)
+    report = dd.enable(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first, second = run(model, inputs), run(model, inputs)
+    print(report)
+    assert torch.equal(first, reference) and torch.equal(second, reference)
+    disabled = {s.name: s.reasons for s in report.sites if s.reasons}
+    assert not disabled, disabled  # every mapped site verified bit-exact at first sight
+    for site in report.sites:
+        if site.active:
+            assert site.fused_calls > 0, site.name
+    assert not [w for w in caught if "ditops" in str(w.message)], [str(w.message) for w in caught]
+    dd.disable(model)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["flux", "qwen"])
+def test_gpu_compile_fullgraph_equals_eager(name):
+    model, inputs, _ = TINY[name]()
+    model = model.to("cuda")
+    inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+    dd.enable(model)
+    eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(**inputs)[0]
+    torch._dynamo.reset()
+    # inductor fuses the model's own glue differently; the ditops sites are opaque custom ops
+    print(f"{name}: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
+    assert torch.isfinite(out).all()
