@@ -258,16 +258,16 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     """Install ditops at every site of a supported diffusers transformer (a model, or a pipeline's
     transformer and transformer_2). Returns the Report (live: it counts calls as the model runs).
 
-    quality: the dispatch tier (None: DITOPS_QUALITY, else the core's default, bit-exact tier:
-      "lossless" in builds with lossless/high/extra-high, "exact" in builds with SGLang's
-      exact/lossless/high). In the bit-exact tier a site runs its op only for signatures whose
-      first call was torch.equal to the model's chain; in the others the first call records the
+    quality: the dispatch tier (None: DITOPS_QUALITY, else "exact", the core's bit-exact default;
+      "lossless" and "high" admit close implementations, docs/quality.md). In the bit-exact tier
+      a site runs its op only for signatures whose first call was torch.equal to the model's
+      chain; in the others the first call records the
       difference (the report shows it) and the op's values are kept.
     sites: the site classes to serve (default all of SITE_CLASSES); the others run the model's code.
     probe: also map sites where the op's documented chain does not cover a part of the model's
       chain (the report's note names it); the first-sight check decides there.
     allow_cpu: patch a model on the CPU, where the ops run their CPU reference (for tests: the
-      reference is not bit-exact to CPU PyTorch, so in lossless most sites fall back).
+      reference is not bit-exact to CPU PyTorch, so in the exact tier most sites fall back).
 
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a

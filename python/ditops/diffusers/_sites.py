@@ -13,9 +13,9 @@ call decides, in order:
      unverified signature takes the model's code, so run one eager call before compiling;
   4. first sight: the dispatcher must take the call (ditops.explain; in the exact tier with an
      implementation whose contract is bit_exact: a close CPU reference is no better a fallback
-     than the model's own chain), then the model's chain and the op both run. In the exact tier (lossless, the default) the outputs must be torch.equal:
+     than the model's own chain), then the model's chain and the op both run. In the exact tier (the default) the outputs must be torch.equal:
      equal -> verified, else a RuntimeWarning, the signature is disabled and the model's values
-     are returned. In the close tiers (high, extra-high) the difference is recorded in the report
+     are returned. In the tiers that admit close implementations (lossless, high) the difference is recorded in the report
      and the op's values are kept.
 """
 from __future__ import annotations
@@ -38,30 +38,13 @@ ops = torch.ops.ditops
 # dispatcher has no implementation for it that may run here), unverified (not seen yet).
 VERIFIED, DISABLED, UNFIT, UNVERIFIED = "verified", "disabled", "unfit", "unverified"
 
-def _accepts_quality(name: str) -> bool:
-    """Whether the core knows the tier `name` (asked through can_use on a one-element CPU call,
-    which runs nothing)."""
-    x = torch.zeros(1, 1)
-    try:
-        ditops.can_use("residual_gate_add", x, x, x, quality=name)
-    except Error as e:
-        if "quality" in str(e):
-            return False
-        raise
-    return True
-
-
-_STRICT_TIER = None
+# The core's tiers (docs/quality.md): exact, the default, admits only bit_exact implementations.
+TIERS = ("exact", "lossless", "high")
 
 
 def strict_tier() -> str:
-    """The name of the tier that admits only bit_exact implementations (the default). The core
-    moved from lossless / high / extra-high to SGLang's exact / lossless / high, where "lossless"
-    admits close implementations: ask the build which naming it has."""
-    global _STRICT_TIER
-    if _STRICT_TIER is None:
-        _STRICT_TIER = "exact" if _accepts_quality("exact") else "lossless"
-    return _STRICT_TIER
+    """The tier that admits only bit_exact implementations (the default)."""
+    return "exact"
 
 
 def effective_quality(quality) -> str:
@@ -69,9 +52,9 @@ def effective_quality(quality) -> str:
     name the core does not know."""
     name = quality if quality is not None else (os.environ.get("DITOPS_QUALITY") or strict_tier())
     name = str(name).strip().lower()
-    if not _accepts_quality(name):
-        raise Error(f"ditops.diffusers: unknown quality {name!r} (the default, bit-exact tier of this build is "
-                    f"{strict_tier()!r})")
+    if name not in TIERS:
+        raise Error(f"ditops.diffusers: unknown quality {name!r} (expected {', '.join(TIERS)}; the default, "
+                    "bit-exact tier is 'exact')")
     return name
 
 
@@ -345,6 +328,8 @@ class QkNormRopeSite(Site):
         Hk = k.shape[2] if k.dim() == 4 else 0
         sig = None if why else (str(q.device), q.dtype, D, Hq, Hk, layout, self.rounding)
         extra = {"norm_weight_rounding": self.rounding} if "norm_weight_rounding" in self.options else {}
+        if self.rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
+            extra["norm_order"] = "aten_mean"
         eps = None if why else norm_eps(norm_q)
 
         def views():
