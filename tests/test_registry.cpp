@@ -678,6 +678,30 @@ TEST_F(DispatchTest, EveryEligibleFailedThrows) {
   }
 }
 
+TEST_F(DispatchTest, AFailureIsRememberedPerDevice) {
+  // An implementation that fails on cuda:0 (a module that will not load there, say) is skipped on
+  // cuda:0 from then on and still tried on cuda:1: failures are keyed by device.
+  KernelSpec jit = spec("fake.jit", Provenance::jit);
+  int runs = 0;
+  jit.run = [&](const void*) {
+    ++runs;
+    throw std::runtime_error("no module on this device");
+  };
+  registry_.add(jit);
+  registry_.add(spec("fake.reference", Provenance::reference));
+  DeviceInfo gpu0 = h200();
+  DeviceInfo gpu1 = h200();
+  gpu1.device.index = 1;
+  FakeCall call;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, gpu0).name, "fake.reference");
+  EXPECT_EQ(runs, 1);
+  EXPECT_NE(find_candidate(registry_.explain(kOp, &call, gpu0), "fake.jit")->reason.find("failed earlier"),
+            std::string::npos);
+  EXPECT_TRUE(find_candidate(registry_.explain(kOp, &call, gpu1), "fake.jit")->eligible);
+  EXPECT_EQ(registry_.dispatch(kOp, &call, gpu1).name, "fake.reference");
+  EXPECT_EQ(runs, 2);  // tried once on each device
+}
+
 TEST_F(DispatchTest, ConcurrentFirstCalls) {
   std::atomic<int> calls{0};
   KernelSpec jit = spec("fake.jit", Provenance::jit, {cuda_cap(80)});
