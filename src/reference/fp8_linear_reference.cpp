@@ -31,8 +31,9 @@ void run_columns(const Fp8LinearCall& c, const std::vector<float>& xq, float sca
     for (int64_t m0 = 0; m0 < c.m; m0 += kTokenBlock) {
       const int64_t count = std::min(kTokenBlock, c.m - m0);
       float acc[kTokenBlock] = {};
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t i = 0; i < count; ++i) acc[i] += xq[(m0 + i) * K + k] * row[k];
+      const float* xk = xq.data() + m0;  // xq is [K, M]: the block's tokens are adjacent per k
+      for (int64_t k = 0; k < K; ++k, xk += c.m)
+        for (int64_t i = 0; i < count; ++i) acc[i] += xk[i] * row[k];
       for (int64_t i = 0; i < count; ++i) {
         float y = acc[i] * scale;
         if (bias) y += ref::bf16_to_float(bias[n]);
@@ -59,8 +60,9 @@ void fp8_linear_reference(const Fp8LinearCall& c) {
         c.x, c.x_scale, TensorView::contiguous(bytes.data(), DType::f8e4m3fn, c.x.device, {M, K}), q);
     fp8_static_quant_reference(quant);
   }
-  std::vector<float> xq(bytes.size());
-  for (size_t i = 0; i < bytes.size(); ++i) xq[i] = ref::e4m3_to_float(bytes[i]);
+  std::vector<float> xq(bytes.size());  // transposed to [K, M]
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xq[k * M + m] = ref::e4m3_to_float(bytes[m * K + k]);
   const float scale = *static_cast<const float*>(c.x_scale.data) * *static_cast<const float*>(c.w_scale.data);
 
   // Threads over output columns for model-sized calls (each column's order is the same).

@@ -17,7 +17,7 @@ namespace ditops::optest {
 namespace {
 
 struct Fl {
-  int64_t M = 2, N = 256, K = 5120;
+  int64_t M = 2, N = 128, K = 5120;
   DType x_dtype = DType::bf16;
   const char* reciprocal = "ieee";
   bool bias = false;
@@ -63,7 +63,7 @@ std::vector<OpCase> make() {
   uint32_t seed = 1;
   auto add = [&](const Fl& s, CaseKind kind) { out.push_back(fl_case(s, kind, seed++)); };
 
-  // The decode K at every listed M over 256 columns; the adaLN K with bias at M 1 and 2.
+  // The decode K at every listed M over 128 columns; the adaLN K with bias at M 1 and 2.
   for (int64_t M : {1, 2, 3, 4, 8, 9, 16}) {
     Fl s;
     s.M = M;

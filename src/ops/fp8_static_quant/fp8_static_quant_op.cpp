@@ -129,27 +129,6 @@ void launch(const Fp8StaticQuantCall& c, const Fp8StaticQuantKey& key, const jit
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
-// Both dtypes x vector/scalar x both reciprocals, then 64-bit indices and no PDL.
-std::vector<Fp8StaticQuantKey> variant_keys() {
-  std::vector<Fp8StaticQuantKey> keys;
-  for (DType dtype : {DType::bf16, DType::f16})
-    for (bool vector : {true, false})
-      for (bool div_full : {false, true}) {
-        Fp8StaticQuantKey k;
-        k.dtype = dtype;
-        k.vector = vector;
-        k.div_full = div_full;
-        keys.push_back(k);
-      }
-  Fp8StaticQuantKey wide;
-  wide.index64 = true;
-  keys.push_back(wide);
-  Fp8StaticQuantKey nopdl;
-  nopdl.pdl = false;
-  keys.push_back(nopdl);
-  return keys;
-}
-
 const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey>& kernels() {
   static const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> family = [] {
     KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> f;
@@ -160,7 +139,7 @@ const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey>& kernels() {
     f.request = request_for;
     f.launch = launch;
     f.nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; };
-    f.variant_keys = variant_keys;
+    // No variant keys: every key names an instance token_cat_fp8's variants already compile.
     return f;
   }();
   return family;
