@@ -59,6 +59,10 @@ constexpr int kFp8MmaWarps = 4;
 constexpr int kFp8MmaRows = 16;       // weight rows per block (one m16 tile)
 constexpr int kFp8MmaUnroll = 4;      // 64-wide k chunks per warp in flight (2 x 16 B of weights each)
 
+// Static shared memory per block: the GEMV's staged x, the MMA kernel's cross-warp partial sums.
+static_assert(kFp8GemvChunk * 4 <= 48 * 1024, "GEMV staging above the 48 KB static limit (sm_120a: 99 KB per block)");
+static_assert(kFp8MmaWarps * 2 * 4 * 32 * 4 <= 48 * 1024, "MMA partial sums above the 48 KB static limit");
+
 DITOPS_HOST_DEVICE constexpr int fp8_gemv_rows_per_block(int rows_per_warp) { return kFp8GemvWarps * rows_per_warp; }
 
 }  // namespace ditops
