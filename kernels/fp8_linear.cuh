@@ -96,20 +96,30 @@ struct Input<f16> {
 
 // 16 consecutive x values of one token row as loaded (16 bytes of e4m3, or 32 bytes of 16-bit
 // values), and as the four e4m3 words an MMA B fragment takes.
+// A piece past K or of a token past M is zero bytes, not a quantized zero (which a scale of 0
+// would turn into NaN and spread into the real tokens' sums through the K tail).
 template <typename T>
 struct XPiece {
   static constexpr int kWords = Input<T>::kQuantize ? 2 : 1;
   Word<16> raw[kWords];
+  bool present;
 
   __device__ __forceinline__ void load(const T* src) {
+    present = true;
 #pragma unroll
     for (int i = 0; i < kWords; ++i) raw[i] = load_word<16, true>(src + 8 * i);
   }
   __device__ __forceinline__ void zero() {
+    present = false;
 #pragma unroll
     for (int i = 0; i < kWords; ++i) raw[i] = Word<16>{{0u, 0u, 0u, 0u}};
   }
   __device__ __forceinline__ void e4m3_words(float inv, u32 (&q)[4]) const {
+    if (!present) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) q[i] = 0u;
+      return;
+    }
     if constexpr (Input<T>::kQuantize) {
       e4m3x8_scaled<T>(raw[0], inv, &q[0], &q[1]);
       e4m3x8_scaled<T>(raw[1], inv, &q[2], &q[3]);
