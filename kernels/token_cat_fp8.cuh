@@ -7,9 +7,10 @@
 //   (kDivFull false; oracle: eager `(torch.cat([attn, mlp], -1).float() * (1.0 / scale))
 //   .clamp(-448, 448).to(torch.float8_e4m3fn)`) or div.full.f32 (kDivFull; oracle: SGLang's
 //   Triton static_quant_fp8 / try_flux2_token_cat_fp8, diffusion.md §7.2).
-// * Per element: widening of bf16/f16 is exact; one __fmul_rn (no FMA to contract: a single
-//   product); e4m3x2_rn_satfinite is the clamp + RNE conversion in one: finite values and
-//   infinities beyond +-448 end at +-448, as clamp then cast does. A NaN product is the GPU's
+// * Per element (common/fp8.cuh, shared with fp8_static_quant and fp8_linear): widening of
+//   bf16/f16 is exact; one __fmul_rn (no FMA to contract: a single product);
+//   e4m3x2_rn_satfinite is the clamp + RNE conversion in one: finite values and infinities
+//   beyond +-448 end at +-448, as clamp then cast does. A NaN product is the GPU's
 //   canonical NaN (positive) and converts to 0x7F, which is also what eager produces on CUDA.
 // * No reduction: every element is independent, so the vector and scalar paths give identical
 //   bytes.
@@ -53,6 +54,7 @@ DITOPS_HOST_DEVICE constexpr int token_cat_fp8_unroll(bool vector) { return vect
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+#include "common/fp8.cuh"
 #include "common/memory.cuh"
 #include "common/types.cuh"
 
@@ -94,23 +96,12 @@ __device__ __forceinline__ const T* source(const TokenCatFp8Params& p, const S& 
   return static_cast<const T*>(col < s.attn_units ? p.attn : p.mlp) + u * kElems;
 }
 
-// Four e4m3 bytes of x[0..3] * inv (byte i = element i).
-__device__ __forceinline__ u32 quantize4(float x0, float x1, float x2, float x3, float inv) {
-  return e4m3x2_rn_satfinite(__fmul_rn(x0, inv), __fmul_rn(x1, inv)) |
-         (e4m3x2_rn_satfinite(__fmul_rn(x2, inv), __fmul_rn(x3, inv)) << 16);
-}
-
 // 16 outputs from two 16-byte words of 8 elements each (lo: elements 0-7, hi: 8-15).
 template <typename T>
 __device__ __forceinline__ Word<16> quantize16(const Word<16>& lo, const Word<16>& hi, float inv) {
   Word<16> out;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const Word<16>& src = w < 2 ? lo : hi;
-    const int e = 4 * (w % 2);
-    out.w[w] = quantize4(to_float(word_element<T>(src, e)), to_float(word_element<T>(src, e + 1)),
-                         to_float(word_element<T>(src, e + 2)), to_float(word_element<T>(src, e + 3)), inv);
-  }
+  e4m3x8_scaled<T>(lo, inv, &out.w[0], &out.w[1]);
+  e4m3x8_scaled<T>(hi, inv, &out.w[2], &out.w[3]);
   return out;
 }
 

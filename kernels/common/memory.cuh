@@ -59,6 +59,23 @@ __device__ __forceinline__ Word<16> load_word_streaming(const void* p) {
   return out;
 }
 
+// An L2 policy that marks every line a load brings in as first to evict (weights streamed once
+// per call), for load_word_l2_hint; created once per thread (sm_80+).
+__device__ __forceinline__ u64 l2_evict_first_policy() {
+  u64 policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// 16 read-only bytes through the non-coherent path, not allocated in L1 and placed in L2 under
+// `policy` (l2_evict_first_policy: a weight matrix larger than L2 read once per call).
+__device__ __forceinline__ Word<16> load_word_l2_hint(const void* p, u64 policy) {
+  Word<16> out;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(out.w[0]), "=r"(out.w[1]), "=r"(out.w[2]), "=r"(out.w[3]) : "l"(p), "l"(policy));
+  return out;
+}
+
 // 16 bytes not read again by this grid: st.global.cs (evict-first).
 __device__ __forceinline__ void store_word_streaming(void* p, const Word<16>& v) {
   asm volatile("st.global.cs.v4.u32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),

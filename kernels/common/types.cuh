@@ -16,6 +16,10 @@ struct bf16 {
 struct f16 {
   unsigned short bits;
 };
+// float8_e4m3fn storage (common/fp8.cuh converts it).
+struct e4m3 {
+  unsigned char bits;
+};
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) {

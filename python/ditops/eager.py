@@ -121,6 +121,23 @@ def token_cat_fp8_eager(attn, mlp, input_scale):
     return static_quant_fp8_eager(torch.cat([attn, mlp], -1), input_scale)
 
 
+def fp8_static_quant_eager(x, scale):
+    """fp8_static_quant with fp8_reciprocal="ieee": eager's static e4m3 quantization of x [M, K]."""
+    return static_quant_fp8_eager(x, scale)
+
+
+def fp8_linear_eager(x, x_scale, w, w_scale, bias=None):
+    """fp8_linear as an eager chain: x quantized as fp8_static_quant does (when 16-bit), the
+    dequantized product in fp32, the bias, one rounding to bf16. Not the oracle of any contract
+    (fp8_linear's are `close` to the fp64 product; torch's fp32 matmul order is its own): the
+    benchmarks' reference value and a fallback."""
+    xq = x if x.dtype == torch.float8_e4m3fn else static_quant_fp8_eager(x, x_scale)
+    y = (xq.float() @ w.float().t()) * (x_scale.float() * w_scale.float()).reshape(())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(torch.bfloat16)
+
+
 def qk_head_layernorm_eager(q, k, eps):
     """F.layer_norm over the head dim of q and k (no affine)."""
     return F.layer_norm(q, (q.shape[-1],), eps=eps), F.layer_norm(k, (k.shape[-1],), eps=eps)
@@ -204,6 +221,12 @@ def oracle_outputs(op, x, o):
         if o.get("fp8_reciprocal", "ieee") != "ieee":
             return None
         return {"out": token_cat_fp8_eager(x["attn"], x["mlp"], x["input_scale"])}
+    if op == "fp8_static_quant":
+        if o.get("fp8_reciprocal", "ieee") != "ieee":
+            return None
+        return {"out": fp8_static_quant_eager(x["x"], x["scale"])}
+    if op == "fp8_linear":
+        return None  # no bit-exact chain: every implementation is `close` (docs/fp8_linear.md)
     if op == "causal_conv3d_cat_pad":
         pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
                                                 "pad_t_left", "pad_t_right")]

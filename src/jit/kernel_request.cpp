@@ -6,6 +6,7 @@ const char* kernel_type_name(DType dtype) {
   switch (dtype) {
     case DType::bf16: return "ditops::kernel::bf16";
     case DType::f16: return "ditops::kernel::f16";
+    case DType::f8e4m3fn: return "ditops::kernel::e4m3";
     case DType::f32: return "float";
     case DType::i32: return "int";
     case DType::i64: return "long long";

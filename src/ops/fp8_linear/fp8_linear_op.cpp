@@ -1,0 +1,415 @@
+// fp8_linear: argument matching, the kernel key (GEMV for M = 1, swap-AB mma.sync for M = 2..16),
+// its request and launch, the whitelist gate, the cuBLASLt (vendor) implementation, the CPU
+// reference's registration and the op's description. docs/fp8_linear.md.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/fp8_linear.h"
+#include "ditops/fp8_static_quant.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/fp8_linear.cuh"
+#include "vendor/cublaslt.h"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "fp8_linear";
+constexpr int64_t kMaxKernelTokens = 16;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+std::string shape_text(const Fp8LinearCall& c) {
+  return "(K, N, M) = (" + std::to_string(c.k) + ", " + std::to_string(c.n) + ", " + std::to_string(c.m) + ")";
+}
+
+}  // namespace
+
+Fp8LinearCall match_fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
+                               const TensorView& w_scale, const TensorView& bias, const TensorView& out,
+                               const Fp8LinearOptions& options, Stream stream) {
+  Matcher m(kOp);
+  m.tensor("x", x).shape({"M", "K"}).dtype({DType::bf16, DType::f16, DType::f8e4m3fn}).same_device("device")
+      .contiguous();
+  m.tensor("x_scale", x_scale).dtype({DType::f32}).same_device("device");
+  if (x_scale.numel() != 1)
+    m.fail("x_scale must have exactly 1 element but has " + std::to_string(x_scale.numel()) + " (" +
+           x_scale.describe() + ")");
+  // SGLang's facade takes the transposed [K, N] view with strides (1, K); say what to pass instead.
+  if (w.rank == 2 && w.shape[0] > 1 && w.shape[1] > 1 && w.strides[0] == 1 && w.strides[1] == w.shape[0])
+    m.fail("w must be the [N, K] row-major weight as checkpoints store it, but is a transposed view (" +
+           w.describe() + "): pass the tensor it transposes");
+  m.tensor("w", w).shape({"N", "K"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
+  m.tensor("w_scale", w_scale).dtype({DType::f32}).same_device("device");
+  if (w_scale.numel() != 1)
+    m.fail("w_scale must have exactly 1 element but has " + std::to_string(w_scale.numel()) + " (" +
+           w_scale.describe() + ")");
+  const int64_t K = *m.value("K");
+  if (K % 16 != 0) m.fail("K (x.shape[1], w.shape[1]) must be a multiple of 16 but is " + std::to_string(K));
+  const bool has_bias = bias.rank != 0 || bias.data != nullptr;
+  if (has_bias) m.tensor("bias", bias).shape({"N"}).dtype({DType::bf16}).same_device("device").contiguous();
+  m.tensor("out", out).shape({"M", "N"}).dtype({DType::bf16}).same_device("device").contiguous();
+  for (const auto& [input, name] : {std::pair<const TensorView*, const char*>{&x, "x"}, {&x_scale, "x_scale"},
+                                    {&w, "w"}, {&w_scale, "w_scale"}, {&bias, "bias"}})
+    if (input != &bias || has_bias) m.require_disjoint(out, "out", *input, name);
+
+  Fp8LinearCall call;
+  call.x = x;
+  call.x_scale = x_scale;
+  call.w = w;
+  call.w_scale = w_scale;
+  call.bias = has_bias ? bias : TensorView{};
+  call.out = out;
+  call.options = options;
+  call.m = *m.value("M");
+  call.n = *m.value("N");
+  call.k = K;
+  call.has_bias = has_bias;
+  call.aligned16 = aligned16(x.data) && aligned16(w.data);
+  call.stream = stream;
+  return call;
+}
+
+namespace {
+
+enum class Fp8Kernel : uint8_t { none, gemv, mma };
+
+// The template key: exactly the kernels' template parameters, plus which kernel.
+struct Fp8LinearKey {
+  Fp8Kernel kernel = Fp8Kernel::none;  // none: M outside 1..16
+  DType x_dtype = DType::bf16;
+  bool div_full = false;  // a 16-bit x's reciprocal (false for e4m3 x)
+  int tile = 1;           // gemv: rows per warp; mma: 8-token atoms
+  bool bias = false;
+  bool pdl = true;
+
+  // "gemv,bf16,ieee,r2,bias,pdl" / "mma,f8e4m3fn,a2,nobias,nopdl"
+  std::string to_string() const {
+    if (kernel == Fp8Kernel::none) return "none";
+    const bool quantize = x_dtype != DType::f8e4m3fn;
+    return std::string(kernel == Fp8Kernel::gemv ? "gemv," : "mma,") + dtype_name(x_dtype) +
+           (quantize ? (div_full ? ",div_full" : ",ieee") : "") +
+           (kernel == Fp8Kernel::gemv ? ",r" : ",a") + std::to_string(tile) + (bias ? ",bias" : ",nobias") +
+           (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(kernel);
+    v = v * 32 + static_cast<uint64_t>(x_dtype);
+    v = v * 2 + div_full;
+    v = v * 4 + static_cast<uint64_t>(tile);
+    v = v * 2 + bias;
+    v = v * 2 + pdl;
+    return v;
+  }
+};
+
+Device device_of(const Fp8LinearCall& c) { return c.x.device; }
+
+// R = 2 rows per warp from N = 8192 on (SGLang's GEMV rule; not measured here).
+int gemv_rows_per_warp(int64_t n) { return n >= 8192 ? 2 : 1; }
+
+Fp8LinearKey key_for(const Fp8LinearCall& c, const DeviceInfo& device) {
+  Fp8LinearKey key;
+  key.kernel = c.m == 1 ? Fp8Kernel::gemv : (c.m >= 2 && c.m <= kMaxKernelTokens) ? Fp8Kernel::mma : Fp8Kernel::none;
+  key.x_dtype = c.x.dtype;
+  key.div_full = c.x.dtype != DType::f8e4m3fn && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  key.tile = key.kernel == Fp8Kernel::gemv ? gemv_rows_per_warp(c.n) : c.m <= 8 ? 1 : 2;
+  key.bias = c.has_bias;
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+jit::KernelRequest request_for(const Fp8LinearKey& key) {
+  jit::KernelRequest r;
+  r.header = "fp8_linear.cuh";
+  const bool gemv = key.kernel == Fp8Kernel::gemv;
+  r.function = gemv ? "ditops::fp8_linear_gemv_body" : "ditops::fp8_linear_mma_body";
+  r.template_args = std::string(jit::kernel_type_name(key.x_dtype)) + ", " + jit::kernel_bool(key.div_full) + ", " +
+                    std::to_string(key.tile) + ", " + jit::kernel_bool(key.bias) + ", " + jit::kernel_bool(key.pdl);
+  r.params_type = "ditops::Fp8LinearParams";
+  r.max_threads = gemv ? kFp8GemvWarps * 32 : kFp8MmaWarps * 32;
+  r.template_key = std::string(kOp) + ":" + key.to_string();
+  return r;
+}
+
+void launch(const Fp8LinearCall& c, const Fp8LinearKey& key, const jit::LoadedKernel& kernel) {
+  Fp8LinearParams p{};
+  p.x = c.x.data;
+  p.x_scale = static_cast<const float*>(c.x_scale.data);
+  p.w = static_cast<const unsigned char*>(c.w.data);
+  p.w_scale = static_cast<const float*>(c.w_scale.data);
+  p.bias = c.has_bias ? static_cast<const unsigned short*>(c.bias.data) : nullptr;
+  p.out = static_cast<unsigned short*>(c.out.data);
+  p.m = static_cast<int>(c.m);
+  p.n = static_cast<int>(c.n);
+  p.k = static_cast<int>(c.k);
+  const bool gemv = key.kernel == Fp8Kernel::gemv;
+  const int64_t rows_per_block = gemv ? fp8_gemv_rows_per_block(key.tile) : kFp8MmaRows;
+  const int64_t grid = (c.n + rows_per_block - 1) / rows_per_block;
+  jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(kernel.max_threads), &p, sizeof p,
+              static_cast<CUstream>(c.stream), key.pdl);
+}
+
+// Every code path of both kernels: each x dtype, reciprocal, tile, bias and PDL value appears at
+// least once per kernel (4 keys each, not the full product: the compile test builds every key
+// for three archs).
+std::vector<Fp8LinearKey> variant_keys() {
+  struct Variant {
+    DType dtype;
+    bool div_full;
+    int tile;
+    bool bias, pdl;
+  };
+  std::vector<Fp8LinearKey> keys;
+  for (Fp8Kernel kernel : {Fp8Kernel::gemv, Fp8Kernel::mma})
+    for (const Variant& v : {Variant{DType::bf16, false, 1, true, true}, Variant{DType::f8e4m3fn, false, 2, false, false},
+                             Variant{DType::f16, true, 2, true, true}, Variant{DType::bf16, true, 1, false, true}}) {
+      Fp8LinearKey k;
+      k.kernel = kernel;
+      k.x_dtype = v.dtype;
+      k.div_full = v.div_full;
+      k.tile = v.tile;
+      k.bias = v.bias;
+      k.pdl = v.pdl;
+      keys.push_back(k);
+    }
+  return keys;
+}
+
+// What no specialized kernel computes, whatever the whitelist says.
+std::string kernel_refusal(const Fp8LinearCall& c) {
+  if (c.m < 1 || c.m > kMaxKernelTokens)
+    return "M = " + std::to_string(c.m) + " is outside the specialized kernels' 1..16 tokens (the vendor "
+           "implementation takes it)";
+  if (!c.aligned16) return "x or w is not 16-byte aligned (the kernels load 16-byte words)";
+  if (c.n > INT32_MAX || c.k > INT32_MAX) return "N or K beyond 2^31 - 1 (the kernels index rows with int)";
+  return "";
+}
+
+// Whitelist status: 0 not listed, 1 listed but not measured, 2 listed and measured.
+int whitelist_status(const Fp8LinearCall& c) {
+  const Fp8LinearShape* s = fp8_linear_whitelisted(c.k, c.n, c.m);
+  return !s ? 0 : s->measured ? 2 : 1;
+}
+
+// Why automatic dispatch does not choose a specialized kernel for this shape ("" when it may).
+// An explicit backend=jit skips this gate: it runs the kernel wherever the kernel computes the
+// call (tests, benchmarks).
+std::string whitelist_refusal(const Fp8LinearCall& c) {
+  if (c.options.dispatch.backend) return "";
+  const Fp8LinearShape* s = fp8_linear_whitelisted(c.k, c.n, c.m);
+  if (!s)
+    return shape_text(c) + " is not in the whitelist (docs/fp8_linear.md): dispatch leaves it to the vendor "
+           "implementation; backend=jit runs this kernel";
+  if (!s->measured)
+    return shape_text(c) + " is whitelisted (" + s->source + ") but not measured against cuBLASLt: dispatch "
+           "leaves it to the vendor implementation until bench/fp8_linear_torch.py records it faster; backend=jit "
+           "runs this kernel";
+  return "";
+}
+
+bool quantizes_x(const Fp8LinearCall& c) { return c.x.dtype != DType::f8e4m3fn; }
+bool fits_scratch(const Fp8LinearCall& c) { return !quantizes_x(c) || c.m * c.k <= int64_t(vendor::kScratchBytes); }
+// cuBLASLt's operands 16-byte aligned (a 16-bit x reaches it through the aligned scratch).
+bool vendor_aligned(const Fp8LinearCall& c) {
+  return (quantizes_x(c) || aligned16(c.x.data)) && aligned16(c.w.data) && aligned16(c.out.data) &&
+         (!c.has_bias || aligned16(c.bias.data));
+}
+
+const KernelFamily<Fp8LinearCall, Fp8LinearKey>& kernels() {
+  static const KernelFamily<Fp8LinearCall, Fp8LinearKey> family = [] {
+    KernelFamily<Fp8LinearCall, Fp8LinearKey> f;
+    f.op = kOp;
+    f.device_tensor = "x";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = request_for;
+    f.launch = launch;
+    f.nothing_to_do = [](const Fp8LinearCall& c) { return c.m * c.n == 0; };
+    f.refusal = kernel_refusal;
+    f.variant_keys = variant_keys;
+    // Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
+    // N % 16, scratch fit and alignment (the dispatch options, which lift the whitelist gate,
+    // are part of the decision cache's key already).
+    f.extra_signature = [](const Fp8LinearCall& c) -> uint64_t {
+      uint64_t v = static_cast<uint64_t>(whitelist_status(c));
+      v = v * 2 + c.aligned16;
+      v = v * 2 + (c.n % 16 == 0);
+      v = v * 2 + fits_scratch(c);
+      v = v * 2 + (c.n > INT32_MAX || c.k > INT32_MAX);
+      v = v * 2 + vendor_aligned(c);
+      return v;
+    };
+    f.extra_radix = 3 * 2 * 2 * 2 * 2 * 2;
+    return f;
+  }();
+  return family;
+}
+
+// ---------------------------------------------------------------- vendor (cuBLASLt)
+
+std::string vendor_availability() {
+  std::string why;
+  if (!jit::cuda_driver(&why)) return why;
+  if (!vendor::cublaslt(&why)) return why;
+  return "";
+}
+
+std::string vendor_predicate(const Fp8LinearCall& c) {
+  if (c.x.device.kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  // torch._scaled_mm refuses the same: cuBLASLt's FP8 layouts want 16-element leading dimensions.
+  if (c.n % 16 != 0) return "N = " + std::to_string(c.n) + " is not a multiple of 16 (cuBLASLt FP8, as torch._scaled_mm)";
+  if (!vendor_aligned(c)) return "cuBLASLt's FP8 operands must be 16-byte aligned (x when e4m3, w, out, bias)";
+  if (quantizes_x(c)) {
+    if (!fits_scratch(c))
+      return "a " + std::string(dtype_name(c.x.dtype)) + " x of M * K = " + std::to_string(c.m * c.k) +
+             " values exceeds the cached quantization scratch of " + std::to_string(vendor::kScratchBytes >> 20) +
+             " MiB: pass x quantized (fp8_static_quant) instead";
+    if (std::string why = jit::nvrtc_availability(); !why.empty())
+      return "a 16-bit x is quantized by fp8_static_quant's jit kernel first: " + why;
+  }
+  return "";
+}
+
+void vendor_run(const Fp8LinearCall& c) {
+  if (c.m * c.n == 0) return;
+  const int device = c.x.device.index;
+  const CUstream stream = static_cast<CUstream>(c.stream);
+  const void* xq = c.x.data;
+  if (quantizes_x(c)) {
+    // The same kernel fp8_static_quant runs, into this stream's scratch (allocated once).
+    void* scratch = vendor::stream_scratch(device, stream);
+    Fp8StaticQuantOptions q;
+    q.fp8_reciprocal = c.options.fp8_reciprocal;
+    q.use_pdl = c.options.use_pdl;
+    q.dispatch.backend = Provenance::jit;
+    fp8_static_quant(c.x, c.x_scale, TensorView::contiguous(scratch, DType::f8e4m3fn, c.x.device, {c.m, c.k}), q,
+                     c.stream);
+    xq = scratch;
+  }
+  vendor::Fp8MatmulArgs a;
+  a.device = device;
+  a.stream = stream;
+  a.x = xq;
+  a.w = c.w.data;
+  a.x_scale = static_cast<const float*>(c.x_scale.data);
+  a.w_scale = static_cast<const float*>(c.w_scale.data);
+  a.bias = c.has_bias ? c.bias.data : nullptr;
+  a.out = c.out.data;
+  a.tokens = c.m;
+  a.n = c.n;
+  a.k = c.k;
+  vendor::fp8_matmul(a);
+}
+
+}  // namespace
+
+std::string fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w, const TensorView& w_scale,
+                       const TensorView& bias, const TensorView& out, const Fp8LinearOptions& options, Stream stream) {
+  return kernels().dispatch(match_fp8_linear(x, x_scale, w, w_scale, bias, out, options, stream), stream,
+                            options.dispatch);
+}
+
+DispatchReport explain_fp8_linear(const Fp8LinearCall& call) { return kernels().explain(call, call.options.dispatch); }
+
+namespace {
+
+OpDescription describe_fp8_linear() {
+  OpBuilder<Fp8LinearCall> b(kOp, "bf16(x_q @ w.T * (x_scale * w_scale) (+ bias)): FP8 linear for M <= 16 tokens",
+                             "x [M, K] e4m3|bf16|f16 (16-bit: quantized with x_scale as fp8_static_quant); w [N, K] "
+                             "e4m3 row-major; x_scale, w_scale one fp32 each (read on the device); bias [N] bf16 "
+                             "or none; out [M, N] bf16; K % 16 == 0. Contract close (quality high): "
+                             "include/ditops/fp8_linear.h, docs/fp8_linear.md");
+  b.dims("M=2,N=8192,K=5120");
+  b.tensor({.name = "x", .dtypes = "bf16|f16|f8e4m3fn", .shape = "M,K"}, &Fp8LinearCall::x);
+  b.tensor({.name = "x_scale", .dtypes = "f32", .shape = "1"}, &Fp8LinearCall::x_scale);
+  b.tensor({.name = "w", .dtypes = "f8e4m3fn", .shape = "N,K"}, &Fp8LinearCall::w);
+  b.tensor({.name = "w_scale", .dtypes = "f32", .shape = "1"}, &Fp8LinearCall::w_scale);
+  b.tensor({.name = "bias", .optional = true, .dtypes = "bf16", .shape = "N"}, &Fp8LinearCall::bias);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
+            .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16"},
+           &Fp8LinearCall::out);
+  b.choice("fp8_reciprocal", &Fp8LinearOptions::fp8_reciprocal,
+           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+           "a 16-bit x's 1/x_scale: eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  b.option("use_pdl", &Fp8LinearOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const Fp8LinearCall& a, Stream s) {
+        return fp8_linear(a.x, a.x_scale, a.w, a.w_scale, a.bias, a.out, a.options, s);
+      },
+      [](const Fp8LinearCall& a) {
+        return explain_fp8_linear(match_fp8_linear(a.x, a.x_scale, a.w, a.w_scale, a.bias, a.out, a.options));
+      });
+}
+
+}  // namespace
+
+void register_fp8_linear(Registry& registry) {
+  registry.describe(describe_fp8_linear());
+  const std::string oracle =
+      "the fp64 product of the dequantized e4m3 operands, sum_k xq[m,k] w[n,k] * x_scale * w_scale (+ bias[n])";
+  const std::string bound =
+      "every output within 1 bf16 ulp plus K * 2^-24 * sum_k |xq w| * x_scale * w_scale of the oracle, >= 99.9 % "
+      "within 1 ulp";
+  const std::string unverified = "; compiled for sm_90a and sm_120a, not yet run on a device";
+
+  struct Kernel {
+    const char* name;
+    Fp8Kernel kernel;
+    const char* description;
+  };
+  for (const Kernel& k :
+       {Kernel{"fp8_linear.gemv", Fp8Kernel::gemv,
+               "M = 1 streaming GEMV on CUDA cores: 8 warps x 1-2 rows, 4 x 16-byte weight loads per row per lane in "
+               "flight (L2 evict-first), x staged in shared memory; NVRTC at first use"},
+        Kernel{"fp8_linear.skinny_mma", Fp8Kernel::mma,
+               "M = 2..16 swap-AB mma.sync m16n8k32 e4m3 (weights as the MMA's M side, tokens as n8 atoms), "
+               "16 rows x 4 warps splitting K, register-direct 16-byte loads; NVRTC at first use"}}) {
+    Implementation<Fp8LinearCall> impl = jit_implementation(kernels());
+    impl.name = k.name;
+    // mma.sync e4m3 and cvt e4m3x2 need sm_89+.
+    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
+    impl.contract = Contract::close(oracle, bound + "; bitwise identical from run to run (fixed order, no atomics)" +
+                                                unverified);
+    impl.description = k.description;
+    impl.predicate = [kernel = k.kernel, cuda = impl.predicate](const Fp8LinearCall& c) -> std::string {
+      if (std::string why = cuda(c); !why.empty()) return why;
+      if (kernel == Fp8Kernel::gemv && c.m != 1) return "handles M = 1 only (fp8_linear.skinny_mma takes 2..16)";
+      if (kernel == Fp8Kernel::mma && c.m == 1) return "handles M = 2..16 (fp8_linear.gemv takes M = 1)";
+      return whitelist_refusal(c);
+    };
+    add_implementation(registry, kOp, std::move(impl));
+  }
+
+  Implementation<Fp8LinearCall> cublaslt;
+  cublaslt.name = "fp8_linear.cublaslt";
+  cublaslt.provenance = Provenance::vendor;
+  cublaslt.capabilities = {{DeviceKind::cuda, 89, 1 << 20, 0}};  // FP8 cuBLASLt: sm_89+
+  cublaslt.contract = Contract::close(
+      oracle, bound + " (cuBLASLt's summation order is its own; fast accumulation off)" + unverified);
+  cublaslt.description =
+      "cuBLASLt (dlopen) FP8 matmul as torch._scaled_mm calls it: TN layout, per-tensor device scale pointers, "
+      "bias epilogue; a 16-bit x is quantized first by fp8_static_quant's kernel";
+  cublaslt.availability = vendor_availability;
+  cublaslt.predicate = vendor_predicate;
+  cublaslt.run = vendor_run;
+  add_implementation(registry, kOp, std::move(cublaslt));
+
+  add_implementation(registry, kOp,
+                     reference_implementation<Fp8LinearCall>(
+                         kOp, device_of, fp8_linear_reference,
+                         Contract::close(oracle, bound + "; checked on the CPU by tests/test_fp8_linear.cpp"),
+                         "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
+}
+
+DITOPS_REGISTER_OP(register_fp8_linear);
+
+}  // namespace ditops

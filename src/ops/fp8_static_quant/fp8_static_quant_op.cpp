@@ -1,0 +1,253 @@
+// fp8_static_quant: argument matching, the kernel key, its request and launch (token_cat_fp8's
+// kernel with one input: Da = K, Dm = 0), the registry entries (one jit implementation per
+// reciprocal mode, the CPU reference) and the op's description.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/fp8_static_quant.h"
+#include "ditops/token_cat_fp8.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/token_cat_fp8.cuh"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "fp8_static_quant";
+constexpr int kThreads = 256;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
+                                          const Fp8StaticQuantOptions& options, Stream stream) {
+  Matcher m(kOp);
+  m.tensor("x", x).shape({"M", "K"}).dtype({DType::bf16, DType::f16}).same_device("device").contiguous();
+  m.tensor("scale", scale).dtype({DType::f32}).same_device("device");
+  if (scale.numel() != 1)
+    m.fail("scale must have exactly 1 element but has " + std::to_string(scale.numel()) + " (" + scale.describe() +
+           ")");
+  m.tensor("out", out).shape({"M", "K"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
+  m.require_disjoint(out, "out", x, "x");
+  m.require_disjoint(out, "out", scale, "scale");
+
+  Fp8StaticQuantCall call;
+  call.x = x;
+  call.scale = scale;
+  call.out = out;
+  call.options = options;
+  call.rows = *m.value("M");
+  call.width = *m.value("K");
+  call.aligned16 = call.width % 16 == 0 && aligned16(x.data) && aligned16(out.data);
+  call.stream = stream;
+  return call;
+}
+
+namespace {
+
+// The template key: token_cat_fp8's kernel parameters.
+struct Fp8StaticQuantKey {
+  DType dtype = DType::bf16;
+  bool vector = true;     // 16-byte units (K % 16 == 0, aligned pointers)
+  bool div_full = false;  // fp8_reciprocal=div_full
+  bool index64 = false;   // 2^31 units or more
+  bool pdl = true;
+
+  // "bf16,vec16,ieee,pdl"
+  std::string to_string() const {
+    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (div_full ? ",div_full" : ",ieee") +
+           (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(dtype);
+    v = v * 2 + vector;
+    v = v * 2 + div_full;
+    v = v * 2 + index64;
+    v = v * 2 + pdl;
+    return v;
+  }
+};
+
+int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
+int64_t units_of(const Fp8StaticQuantCall& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
+
+Device device_of(const Fp8StaticQuantCall& c) { return c.x.device; }
+
+Fp8StaticQuantKey key_for(const Fp8StaticQuantCall& c, const DeviceInfo& device) {
+  Fp8StaticQuantKey key;
+  key.dtype = c.x.dtype;
+  key.vector = c.aligned16;
+  key.div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  key.index64 = units_of(c) > int64_t{0x7fffffff};
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+jit::KernelRequest request_for(const Fp8StaticQuantKey& key) {
+  jit::KernelRequest r;
+  r.header = "token_cat_fp8.cuh";
+  r.function = "ditops::token_cat_fp8_body";
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.vector) + ", " +
+                    jit::kernel_bool(key.div_full) + ", " + jit::kernel_bool(key.index64) + ", " +
+                    jit::kernel_bool(key.pdl);
+  r.params_type = "ditops::TokenCatFp8Params";
+  r.max_threads = kThreads;
+  // token_cat_fp8's key names the same instance: one compile and one cache entry serve both ops.
+  r.template_key = "token_cat_fp8:" + key.to_string();
+  return r;
+}
+
+void launch(const Fp8StaticQuantCall& c, const Fp8StaticQuantKey& key, const jit::LoadedKernel& kernel) {
+  const int64_t elems = elems_per_unit(key.vector);
+  TokenCatFp8Params p{};
+  p.attn = c.x.data;
+  p.mlp = c.x.data;  // no mlp columns (Dm = 0): never read
+  p.input_scale = static_cast<const float*>(c.scale.data);
+  p.out = c.out.data;
+  p.units = c.rows * c.width / elems;
+  p.row_units = c.width / elems;
+  p.attn_units = p.row_units;
+  if (!key.index64) {
+    p.units32 = static_cast<unsigned>(p.units);
+    p.row_units32 = static_cast<unsigned>(p.row_units);
+    p.attn_units32 = static_cast<unsigned>(p.attn_units);
+    p.row_units_divisor = fast_divisor(p.row_units32);  // row_units >= 1: units > 0 here
+  }
+  const int64_t per_block = int64_t{kThreads} * token_cat_fp8_unroll(key.vector);
+  const int64_t resident = std::max<int64_t>(1, int64_t{kernel.blocks_per_sm} * kernel.multiprocessors);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + per_block - 1) / per_block));
+  jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
+}
+
+const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey>& kernels() {
+  static const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> family = [] {
+    KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> f;
+    f.op = kOp;
+    f.device_tensor = "x";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = request_for;
+    f.launch = launch;
+    f.nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; };
+    // No variant keys: every key names an instance token_cat_fp8's variants already compile.
+    return f;
+  }();
+  return family;
+}
+
+// A CPU scale is checked on the host (reading it costs nothing there); a CUDA one is read by the
+// kernel only, as token_cat_fp8 does.
+void check_host_scale(const Fp8StaticQuantCall& c) {
+  if (c.scale.device.kind != DeviceKind::cpu) return;
+  const float s = *static_cast<const float*>(c.scale.data);
+  if (!(s > 0.0f) || !std::isfinite(s))
+    throw InvalidArgument(std::string(kOp) + ": scale must be finite and > 0 but is " + std::to_string(s) +
+                          " (checked on the cpu only: a CUDA scale is read by the kernel)");
+}
+
+// The same call as token_cat_fp8's with no mlp columns.
+TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
+  TokenCatFp8Call t;
+  t.attn = c.x;
+  t.mlp = TensorView::contiguous(c.x.data, c.x.dtype, c.x.device, {c.rows, int64_t{0}});
+  t.input_scale = c.scale;
+  t.out = c.out;
+  t.options.fp8_reciprocal = c.options.fp8_reciprocal;
+  t.rows = c.rows;
+  t.attn_width = c.width;
+  t.mlp_width = 0;
+  t.width = c.width;
+  t.aligned16 = c.aligned16;
+  t.stream = c.stream;
+  return t;
+}
+
+}  // namespace
+
+void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_reference(as_token_cat(call)); }
+
+std::string fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
+                             const Fp8StaticQuantOptions& options, Stream stream) {
+  const Fp8StaticQuantCall call = match_fp8_static_quant(x, scale, out, options, stream);
+  check_host_scale(call);
+  return kernels().dispatch(call, stream, options.dispatch);
+}
+
+DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call) {
+  return kernels().explain(call, call.options.dispatch);
+}
+
+namespace {
+
+OpDescription describe_fp8_static_quant() {
+  OpBuilder<Fp8StaticQuantCall> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
+                                  "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, "
+                                  "checked on the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, "
+                                  "docs/fp8_linear.md");
+  b.dims("M=16,K=5120");
+  b.tensor({.name = "x", .dtypes = "bf16|f16", .shape = "M,K"}, &Fp8StaticQuantCall::x);
+  b.tensor({.name = "scale", .dtypes = "f32", .shape = "1"}, &Fp8StaticQuantCall::scale);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
+            .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn"},
+           &Fp8StaticQuantCall::out);
+  b.choice("fp8_reciprocal", &Fp8StaticQuantOptions::fp8_reciprocal,
+           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+           "1/scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  b.option("use_pdl", &Fp8StaticQuantOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const Fp8StaticQuantCall& a, Stream s) { return fp8_static_quant(a.x, a.scale, a.out, a.options, s); },
+      [](const Fp8StaticQuantCall& a) {
+        return explain_fp8_static_quant(match_fp8_static_quant(a.x, a.scale, a.out, a.options));
+      });
+}
+
+}  // namespace
+
+void register_fp8_static_quant(Registry& registry) {
+  registry.describe(describe_fp8_static_quant());
+  const std::string eager =
+      "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
+  const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";
+  const std::string kernel =
+      "token_cat_fp8's flat grid-stride kernel with one input: 16 outputs per unit from two 16-byte loads "
+      "(scalar units for other widths or alignments); NVRTC at first use";
+  for (const bool div_full : {false, true}) {
+    Implementation<Fp8StaticQuantCall> impl = jit_implementation(kernels());
+    impl.name = div_full ? "fp8_static_quant.jit_div_full" : "fp8_static_quant.jit";
+    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+    // Not compared with its oracle on a device yet: token_cat_fp8's kernel is (same bytes per
+    // element), this op's own launch is not (docs/fp8_linear.md).
+    impl.contract = Contract::bit_exact(div_full ? sglang : eager);
+    impl.description = div_full ? kernel + "; fp8_reciprocal=div_full" : kernel + "; fp8_reciprocal=ieee";
+    impl.predicate = [div_full, cuda = impl.predicate](const Fp8StaticQuantCall& c) -> std::string {
+      if (std::string why = cuda(c); !why.empty()) return why;
+      if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
+        return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
+      return "";
+    };
+    add_implementation(registry, kOp, std::move(impl));
+  }
+  add_implementation(
+      registry, kOp,
+      reference_implementation<Fp8StaticQuantCall>(
+          kOp, device_of, fp8_static_quant_reference,
+          Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
+                          "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
+                          "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
+                          "1/scale differs from it (<= 2 ulp)"),
+          "CPU reference: token_cat_fp8's (exact e4m3 RNE of clamp(x * (1 / scale)), no FP contraction)"));
+}
+
+DITOPS_REGISTER_OP(register_fp8_static_quant);
+
+}  // namespace ditops
