@@ -45,7 +45,7 @@ BENCH_M = (1, 2, 4, 8, 9, 16)
 class Ditops(DitopsLib):
     def linear(self, x, xs, w, ws, out, bias=None, backend="jit", stream=None, div_full=False):
         return self.call("fp8_linear", stream,
-                         dict(backend=backend, quality="extra-high", fp8_reciprocal="div_full" if div_full else "ieee"),
+                         dict(backend=backend, quality="high", fp8_reciprocal="div_full" if div_full else "ieee"),
                          x=x, x_scale=xs, w=w, w_scale=ws, bias=bias, out=out)
 
     def quant(self, x, scale, out, div_full=False, stream=None):

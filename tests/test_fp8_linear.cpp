@@ -339,7 +339,7 @@ TEST(Fp8LinearDispatch, ExplainSaysWhichPathAShapeTakesAndWhy) {
 
   // Default quality: no implementation is bit-exact, so none on CUDA.
   GenericCall c = cuda_call(2, 8192, 5120, false);
-  c.dispatch.quality = Quality::lossless;
+  c.dispatch.quality = Quality::exact;
   DispatchReport r = explain("fp8_linear", c, sm90);
   EXPECT_EQ(r.chosen, nullptr) << r.format();
   EXPECT_TRUE(contains(candidate(r, "fp8_linear.skinny_mma").reason, "contract is close")) << r.format();
@@ -485,7 +485,7 @@ struct DeviceBuffer {
   }
 };
 
-// Every CUDA implementation (explicit backends, quality extra-high) on whitelisted shapes at the
+// Every CUDA implementation (explicit backends, quality high) on whitelisted shapes at the
 // issue's M: within the contract of the fp64 product, and bitwise identical on a second run.
 TEST(Fp8LinearGpu, EveryImplementationWithinTheContractAndRunToRunIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the GPU implementations are checked on the device run";
@@ -511,7 +511,7 @@ TEST(Fp8LinearGpu, EveryImplementationWithinTheContractAndRunToRunIdentical) {
           dws.put(ws);
           Fp8LinearOptions o;
           o.dispatch.backend = p;
-          o.dispatch.quality = Quality::extra_high;
+          o.dispatch.quality = Quality::high;
           fp8_linear(dx.view(x), dxs.view(xs), dw.view(w), dws.view(ws), bias ? db.view(b) : TensorView{},
                      dout.view(out), o);
           jit::check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");

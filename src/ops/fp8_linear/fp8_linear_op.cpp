@@ -378,7 +378,8 @@ void register_fp8_linear(Registry& registry) {
     // mma.sync e4m3 and cvt e4m3x2 need sm_89+.
     impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
     impl.contract = Contract::close(oracle, bound + "; bitwise identical from run to run (fixed order, no atomics)" +
-                                                unverified);
+                                                unverified)
+                        .unverified("compiled for sm_90a and sm_120a (SASS inspected), never run on a device");
     impl.description = k.description;
     impl.predicate = [kernel = k.kernel, cuda = impl.predicate](const Fp8LinearCall& c) -> std::string {
       if (std::string why = cuda(c); !why.empty()) return why;
@@ -394,7 +395,8 @@ void register_fp8_linear(Registry& registry) {
   cublaslt.provenance = Provenance::vendor;
   cublaslt.capabilities = {{DeviceKind::cuda, 89, 1 << 20, 0}};  // FP8 cuBLASLt: sm_89+
   cublaslt.contract = Contract::close(
-      oracle, bound + " (cuBLASLt's summation order is its own; fast accumulation off)" + unverified);
+      oracle, bound + " (cuBLASLt's summation order is its own; fast accumulation off)" + unverified)
+      .unverified("the cuBLASLt call was never run on a device");
   cublaslt.description =
       "cuBLASLt (dlopen) FP8 matmul as torch._scaled_mm calls it: TN layout, per-tensor device scale pointers, "
       "bias epilogue; a 16-bit x is quantized first by fp8_static_quant's kernel";
@@ -406,7 +408,9 @@ void register_fp8_linear(Registry& registry) {
   add_implementation(registry, kOp,
                      reference_implementation<Fp8LinearCall>(
                          kOp, device_of, fp8_linear_reference,
-                         Contract::close(oracle, bound + "; checked on the CPU by tests/test_fp8_linear.cpp"),
+                         Contract::close(oracle, bound + "; checked on the CPU by tests/test_fp8_linear.cpp")
+                             .verified("on every CI run (CPU) against an independent fp64 computation "
+                                       "(tests/test_fp8_linear.cpp); no device run yet"),
                          "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
 }
 
