@@ -68,11 +68,30 @@ def nothing_eligible(monkeypatch):
     dtorch.reset_gates()
 
 
+def _valid_case(op):
+    """A small valid case, with an eager chain where the op has one."""
+    return _case_with_oracle(op, has_oracle=True) or _case_with_oracle(op, has_oracle=False)
+
+
+def _invalid_input_case(op):
+    """A small invalid case whose refused tensor is an input (the torch ops allocate the outputs)."""
+    inputs = {t["name"] for t in TABLE[op]["tensors"] if t["role"] != "out"}
+    for c in CASES:
+        if c["op"] == op and c["invalid"] and _small(c) and re.split(r"[ .\[]", c["invalid"][0])[0] in inputs:
+            return c
+    return None
+
+
 @needs_cases
 @pytest.mark.parametrize("op", OPS)
 def test_no_eligible_implementation_runs_the_eager_chain_and_warns_once(op, nothing_eligible):
     case = _case_with_oracle(op, has_oracle=True)
-    assert case is not None, f"{op}: no case whose options have an eager chain"
+    if case is None:  # fp8_linear: no eager chain is its oracle, so nothing stands in
+        inputs, options = _torch_args(_valid_case(op))
+        nothing_eligible(op)
+        with pytest.raises(ditops.NoImplementation, match="no eager chain for these options"):
+            getattr(torch.ops.ditops, op)(**inputs, **options)
+        return
     inputs, options = _torch_args(case)
     given = {n: t.clone() for n, t in inputs.items() if t is not None}
     expected = fallback_outputs(op, given, case["options"])
@@ -95,7 +114,7 @@ def test_no_eligible_implementation_runs_the_eager_chain_and_warns_once(op, noth
 @needs_cases
 @pytest.mark.parametrize("op", OPS)
 def test_an_eligible_implementation_runs_without_a_fallback(op):
-    case = _case_with_oracle(op, has_oracle=True)
+    case = _valid_case(op)
     inputs, options = _torch_args(case)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -106,9 +125,9 @@ def test_an_eligible_implementation_runs_without_a_fallback(op):
 @needs_cases
 @pytest.mark.parametrize("op", OPS)
 def test_bad_input_raises_and_writes_nothing_with_or_without_implementations(op, nothing_eligible):
-    case = next((c for c in CASES if c["op"] == op and c["invalid"] and _small(c)), None)
+    case = _invalid_input_case(op)
     if case is None:
-        pytest.skip(f"{op}: no invalid case without shared storage")
+        pytest.skip(f"{op}: no invalid case of an input without shared storage")
     for disable in (False, True):
         if disable:
             nothing_eligible(op)
@@ -124,7 +143,7 @@ def test_bad_input_raises_and_writes_nothing_with_or_without_implementations(op,
 @needs_cases
 @pytest.mark.parametrize("op", OPS)
 def test_an_explicit_backend_stays_strict(op, nothing_eligible):
-    case = _case_with_oracle(op, has_oracle=True)
+    case = _valid_case(op)
     inputs, options = _torch_args(case)
     nothing_eligible(op)
     with pytest.raises(ditops.NoImplementation, match="for the requested backend reference"):
@@ -153,3 +172,18 @@ def test_the_fallback_runs_under_torch_compile(nothing_eligible):
         got = compiled(inputs["residual"], inputs["update"], inputs["gate"])
     assert torch.equal(got, expected["out"] * 2)
     assert dtorch.last_dispatch().ran == "eager"
+
+
+@needs_cases
+@pytest.mark.parametrize("op", OPS)
+def test_a_float64_input_raises_and_never_falls_back(op, nothing_eligible):
+    # No op takes float64 activations: a dtype error, with or without implementations.
+    inputs, options = _torch_args(_valid_case(op))
+    first = next(t["name"] for t in TABLE[op]["tensors"] if t["role"] != "out")
+    inputs[first] = inputs[first].double()
+    for disable in (False, True):
+        if disable:
+            nothing_eligible(op)
+        with pytest.raises(ditops.Error, match=f"{first}.*dtype|dtype.*{first}") as raised:
+            getattr(torch.ops.ditops, op)(**inputs, **options)
+        assert not isinstance(raised.value, ditops.NoImplementation)
