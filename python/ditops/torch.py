@@ -236,12 +236,13 @@ def _token_rows(x: torch.Tensor) -> bool:
 def _qknorm_rope_capability(device_index: int, dtype: torch.dtype, cache_dtype: torch.dtype,
                             pos_dtype: torch.dtype, num_q_heads: int, num_k_heads: int,
                             head_dim: int, cache_width: int, rope_dim: int, is_neox: bool,
-                            cache_full_width: bool, rounding: str) -> str:
+                            cache_full_width: bool, rounding: str, norm_order: str = "aten",
+                            norm_weight_rounding: str = "once") -> str:
     """"" when the dispatcher would run a CUDA implementation (not the CPU reference) for this
     signature, else why not. Asks the dispatcher on one-token tensors of the signature; runs
     nothing on the GPU. A constant for torch.compile: it depends on the signature only."""
     sig = (device_index, dtype, cache_dtype, pos_dtype, num_q_heads, num_k_heads, head_dim,
-           cache_width, rope_dim, is_neox, cache_full_width, rounding)
+           cache_width, rope_dim, is_neox, cache_full_width, rounding, norm_order, norm_weight_rounding)
     why = _QKNORM_ROPE_CAPABLE.get(sig)
     if why is not None:
         return why
@@ -256,7 +257,8 @@ def _qknorm_rope_capability(device_index: int, dtype: torch.dtype, cache_dtype: 
         try:
             report = _qknorm_rope_explain(q, k, w, w.clone(), cache, pos, is_neox=is_neox,
                                           rope_dim=rope_dim, cache_full_width=cache_full_width,
-                                          rounding=rounding)
+                                          rounding=rounding, norm_order=norm_order,
+                                          norm_weight_rounding=norm_weight_rounding)
             chosen = report["chosen"]
             if chosen is None:
                 why = "no eligible implementation"
@@ -272,7 +274,7 @@ def _qknorm_rope_capability(device_index: int, dtype: torch.dtype, cache_dtype: 
 
 def qk_norm_rope_gate(q, k, q_weight, k_weight, cos_sin_cache, positions=None, *, eps, is_neox,
                       k_eps=None, rope_dim=None, cache_full_width=False, rounding="rounded",
-                      allow_inplace=True) -> str:
+                      norm_order="aten", norm_weight_rounding="once", allow_inplace=True) -> str:
     """The gate of apply_qk_norm_rope: "" when the fused op will run, else why the eager chain
     will. Same arguments as apply_qk_norm_rope."""
     # 1. kill switch
@@ -325,7 +327,8 @@ def qk_norm_rope_gate(q, k, q_weight, k_weight, cos_sin_cache, positions=None, *
     # 3. self-check state (bit-exact mode only): decided before the capability so that nothing
     # is asked of the dispatcher while tracing or capturing an unverified signature.
     if rounding == "rounded":
-        sig = _signature(q, k, cos_sin_cache, pos_dtype, rdim, is_neox, cache_full_width)
+        sig = _signature(q, k, cos_sin_cache, pos_dtype, rdim, is_neox, cache_full_width,
+                         (norm_order, norm_weight_rounding))
         state = _QKNORM_ROPE_GATE.state(sig)
         if state == "disabled":
             return "disabled by the self-check: " + _QKNORM_ROPE_GATE.disabled[sig]
@@ -334,15 +337,24 @@ def qk_norm_rope_gate(q, k, q_weight, k_weight, cos_sin_cache, positions=None, *
     # 4. capability
     why = _qknorm_rope_capability(dev.index if dev.type == "cuda" else -1, q.dtype,
                                   cos_sin_cache.dtype, pos_dtype, Hq, Hk, D, width, rdim, is_neox,
-                                  cache_full_width, rounding)
+                                  cache_full_width, rounding, norm_order, norm_weight_rounding)
     if why:
         return "not capable: " + why
     return ""
 
 
-def _signature(q, k, cos_sin_cache, pos_dtype, rope_dim, is_neox, cache_full_width):
+def _signature(q, k, cos_sin_cache, pos_dtype, rope_dim, is_neox, cache_full_width, norm=("aten", "once")):
+    """norm: (norm_order, norm_weight_rounding)."""
     return (str(q.device), q.dtype, cos_sin_cache.dtype, pos_dtype, q.shape[-1], rope_dim,
-            is_neox, cache_full_width, q.shape[-2], k.shape[-2])
+            is_neox, cache_full_width, q.shape[-2], k.shape[-2]) + ((norm,) if norm != ("aten", "once") else ())
+
+
+def _norm_chain(norm_order, norm_weight_rounding) -> dict:
+    """The eager chain's norm options for the fused op's: diffusers' RMSNorm (aten_mean, twice)
+    and MochiRMSNorm (aten_mean, once) have chains of their own; aten and warp are F.rms_norm."""
+    if norm_order == "aten_mean" or norm_weight_rounding != "once":
+        return {"norm_order": norm_order, "norm_weight_rounding": norm_weight_rounding}
+    return {}
 
 
 # The chain the self-check compares with (a module attribute so tests can substitute it).
@@ -351,13 +363,16 @@ _self_check_reference = qknorm_rope_eager
 
 def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, *, eps, is_neox,
                        k_eps=None, rope_dim=None, cache_full_width=False, rounding="rounded",
-                       norm_order="aten", allow_inplace=True):
+                       norm_order="aten", norm_weight_rounding="once", allow_inplace=True):
     """QK RMSNorm per head then RoPE, for attention in a DiT block. Returns (q, k).
 
     q [..., Hq, D], k [..., Hk, D] (GQA: Hq != Hk allowed), weights [D], cos_sin_cache
     [P, rope_dim] (rope_dim/2 cos then rope_dim/2 sin) or [P, 2*rope_dim] with cache_full_width,
     positions [T] (None: token t uses cache row t). eps: q's norm eps; k_eps: k's, when different
-    (the fused op needs them equal). rope_dim None: from the cache width.
+    (the fused op needs them equal). rope_dim None: from the cache width. norm_order and
+    norm_weight_rounding: the op's options; norm_order="aten_mean" with
+    norm_weight_rounding="twice" is diffusers' own RMSNorm (Qwen-Image, HunyuanVideo), the
+    defaults F.rms_norm (torch.nn.RMSNorm: FLUX.1, Wan).
 
     The fused op writes q and k in place and returns them; the eager chain returns new tensors
     and leaves q and k as they were. Use the returned tensors. allow_inplace=False forces the
@@ -365,6 +380,7 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
     why = qk_norm_rope_gate(q, k, q_weight, k_weight, cos_sin_cache, positions, eps=eps,
                             is_neox=is_neox, k_eps=k_eps, rope_dim=rope_dim,
                             cache_full_width=cache_full_width, rounding=rounding,
+                            norm_order=norm_order, norm_weight_rounding=norm_weight_rounding,
                             allow_inplace=allow_inplace)
     width = cos_sin_cache.shape[1]
     rdim = rope_dim or (width // 2 if cache_full_width else width)
@@ -374,21 +390,24 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
         positions = torch.arange(q3.shape[0], device=q.device)
     if why:
         qo, ko = qknorm_rope_eager(q3, k3, q_weight, k_weight, cos_sin_cache, positions, rdim,
-                                   is_neox, eps, cache_full_width, k_eps)
+                                   is_neox, eps, cache_full_width, k_eps,
+                                   **_norm_chain(norm_order, norm_weight_rounding))
         return qo.view(q.shape), ko.view(k.shape)
 
     def fused():
         qknorm_rope(q3, k3, q_weight, k_weight, cos_sin_cache, positions, is_neox=is_neox, eps=eps,
                     rope_dim=rdim, cache_full_width=cache_full_width, rounding=rounding,
-                    norm_order=norm_order)
+                    norm_order=norm_order, norm_weight_rounding=norm_weight_rounding)
 
-    sig = _signature(q, k, cos_sin_cache, positions.dtype, rdim, is_neox, cache_full_width)
+    sig = _signature(q, k, cos_sin_cache, positions.dtype, rdim, is_neox, cache_full_width,
+                     (norm_order, norm_weight_rounding))
     if rounding != "rounded" or _QKNORM_ROPE_GATE.state(sig) == "verified":
         fused()
         return q, k
     # First call of this signature, eager and not capturing (the gate saw to that): compare.
     ref_q, ref_k = _self_check_reference(q3, k3, q_weight, k_weight, cos_sin_cache, positions,
-                                         rdim, is_neox, eps, cache_full_width)
+                                         rdim, is_neox, eps, cache_full_width,
+                                         **_norm_chain(norm_order, norm_weight_rounding))
     try:
         fused()
     except Error as e:

@@ -268,3 +268,36 @@ def test_helper_compiles_fullgraph_on_cpu():
     rq, rk = qknorm_rope_eager(q, k, wq, wk, cache, torch.arange(6), 128, True, 1e-6)
     torch.testing.assert_close(qo, rq, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(ko, rk, atol=1e-2, rtol=1e-2)
+
+
+def test_the_helper_takes_diffusers_rms_norm_chain(cpu_as_fused_platform, monkeypatch):
+    # norm_order="aten_mean" with norm_weight_rounding="twice" (diffusers' RMSNorm) reaches the
+    # fused op, the self-check's chain and the gate's signature; the default chain is another one.
+    seen = []
+
+    def agreeing_reference(q, k, wq, wk, cache, pos, R, neox, eps, full, **norm):
+        seen.append(norm)
+        q2, k2 = q.clone(), k.clone()
+        ditops.qknorm_rope(q2, k2, wq, wk, cache, pos, is_neox=neox, eps=eps, rope_dim=R,
+                           cache_full_width=full, **norm)
+        return q2, k2
+    monkeypatch.setattr(dt, "_self_check_reference", agreeing_reference)
+    q, k, _, _, cache, pos = inputs(T=5, Hq=3, Hk=1, dtype=torch.bfloat16)
+    gen = torch.Generator().manual_seed(3)
+    wq = (1 + 0.3 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    wk = (1 + 0.3 * torch.randn(128, generator=gen)).to(torch.bfloat16)
+    diffusers_norm = dict(norm_order="aten_mean", norm_weight_rounding="twice")
+    q_once, k_once = dt.apply_qk_norm_rope(q.clone(), k.clone(), wq, wk, cache, pos, eps=1e-6, is_neox=False)
+    q_twice, k_twice = dt.apply_qk_norm_rope(q.clone(), k.clone(), wq, wk, cache, pos, eps=1e-6, is_neox=False,
+                                             **diffusers_norm)
+    assert seen == [{}, diffusers_norm]
+    expect_q, expect_k = agreeing_reference(q, k, wq, wk, cache, pos, 128, False, 1e-6, False, **diffusers_norm)
+    assert torch.equal(q_twice, expect_q) and torch.equal(k_twice, expect_k)
+    assert not torch.equal(q_twice, q_once)  # the option is no no-op on weights other than 1
+    sig = dt._signature(q, k, cache, torch.int64, 128, False, False, ("aten_mean", "twice"))
+    assert dt._QKNORM_ROPE_GATE.state(sig) == "verified"
+    # The eager path (allow_inplace=False) runs the same chain.
+    eq, ek = dt.apply_qk_norm_rope(q.clone(), k.clone(), wq, wk, cache, pos, eps=1e-6, is_neox=False,
+                                   allow_inplace=False, **diffusers_norm)
+    ref_q, ref_k = qknorm_rope_eager(q, k, wq, wk, cache, pos, 128, False, 1e-6, **diffusers_norm)
+    assert torch.equal(eq, ref_q) and torch.equal(ek, ref_k)
