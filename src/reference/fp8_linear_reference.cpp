@@ -31,7 +31,8 @@ void run_columns(const Fp8LinearCall& c, const std::vector<float>& xq, float sca
     for (int64_t m0 = 0; m0 < c.m; m0 += kTokenBlock) {
       const int64_t count = std::min(kTokenBlock, c.m - m0);
       float acc[kTokenBlock] = {};
-      const float* xk = xq.data() + m0;  // xq is [K, M]: the block's tokens are adjacent per k
+      // xq is [K, M]: the block's tokens are adjacent per k (empty for K = 0: no pointer into it)
+      const float* xk = K > 0 ? xq.data() + m0 : nullptr;
       for (int64_t k = 0; k < K; ++k, xk += c.m)
         for (int64_t i = 0; i < count; ++i) acc[i] += xk[i] * row[k];
       for (int64_t i = 0; i < count; ++i) {
