@@ -49,7 +49,7 @@ void run_columns(const Fp8LinearCall& c, const std::vector<float>& xq, float sca
 void fp8_linear_reference(const Fp8LinearCall& c) {
   if (c.x.device.kind != DeviceKind::cpu)
     throw Error("fp8_linear.reference: the tensors must be on the cpu but are on " + device_name(c.x.device));
-  if (c.m * c.n == 0) return;
+  if (c.m == 0 || c.n == 0) return;  // the extents of an empty call may overflow a product
   const int64_t M = c.m, K = c.k;
   std::vector<uint8_t> bytes(static_cast<size_t>(M * K));
   if (c.x.dtype == DType::f8e4m3fn) {
@@ -67,7 +67,8 @@ void fp8_linear_reference(const Fp8LinearCall& c) {
   const float scale = *static_cast<const float*>(c.x_scale.data) * *static_cast<const float*>(c.w_scale.data);
 
   // Threads over output columns for model-sized calls (each column's order is the same).
-  const int64_t work = c.m * c.n * K;
+  int64_t work = 0;  // saturated: only compared with the threading threshold
+  if (__builtin_mul_overflow(c.m * c.n, K, &work)) work = INT64_MAX;
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = static_cast<int>(std::min<int64_t>({threads, std::max<int64_t>(1, work / (1 << 22)), c.n}));
   if (threads <= 1) {

@@ -233,7 +233,7 @@ const KernelFamily<Fp8LinearCall, Fp8LinearKey>& kernels() {
     f.key = key_for;
     f.request = request_for;
     f.launch = launch;
-    f.nothing_to_do = [](const Fp8LinearCall& c) { return c.m * c.n == 0; };
+    f.nothing_to_do = [](const Fp8LinearCall& c) { return c.m == 0 || c.n == 0; };
     f.refusal = kernel_refusal;
     f.variant_keys = variant_keys;
     // Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
@@ -280,7 +280,7 @@ std::string vendor_predicate(const Fp8LinearCall& c) {
 }
 
 void vendor_run(const Fp8LinearCall& c) {
-  if (c.m * c.n == 0) return;
+  if (c.m == 0 || c.n == 0) return;  // the extents of an empty call may overflow a product
   const int device = c.x.device.index;
   const CUstream stream = static_cast<CUstream>(c.stream);
   const void* xq = c.x.data;
