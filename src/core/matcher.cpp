@@ -32,26 +32,29 @@ TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
            t.describe() + ")");
     empty = empty || t.shape[i] == 0;
   }
-  // Strides of extent-1 dims address nothing but enter byte offsets (alignment checks): every
-  // stride in bytes must fit int64 too.
-  for (int i = 0; i < t.rank; ++i) {
-    int64_t bytes = 0;
-    if (__builtin_mul_overflow(t.strides[i], size, &bytes))
-      fail(name + ".stride(" + std::to_string(i) + ") = " + std::to_string(t.strides[i]) +
-           " overflows int64 in bytes (" + t.describe() + ")");
-  }
-  if (empty) return TensorMatch(*this, t, name);
-  // Every later size computation (numel, span, offsets) stays inside int64.
-  int64_t numel = 1, span = 1;
+  // Every view, empty or not, must describe memory that could exist: at most 2^48 elements and
+  // 2^56 bytes, counting a zero extent as 1. Then any sum of a few extents, strides or spans, and
+  // any extent times a stride of the same view, stays far inside int64 in every later check.
   for (int i = 0; i < t.rank; ++i) {
     const int64_t stride = t.strides[i] == INT64_MIN ? INT64_MAX : (t.strides[i] < 0 ? -t.strides[i] : t.strides[i]);
-    int64_t reach = 0;
-    if (__builtin_mul_overflow(t.shape[i], numel, &numel))
-      fail(name + " has more than 2^63 elements (" + t.describe() + ")");
-    if (__builtin_mul_overflow(t.shape[i] - 1, stride, &reach) || __builtin_add_overflow(span, reach, &span))
-      fail(name + " spans more than 2^63 elements (" + t.describe() + ")");
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(stride, size, &bytes) || bytes > kMaxViewBytes)
+      fail(name + ".stride(" + std::to_string(i) + ") = " + std::to_string(t.strides[i]) +
+           " is beyond 2^56 bytes (" + t.describe() + ")");
   }
-  if (__builtin_mul_overflow(span, size, &span)) fail(name + " spans more than 2^63 bytes (" + t.describe() + ")");
+  int64_t numel = 1, span = 1;
+  for (int i = 0; i < t.rank; ++i) {
+    const int64_t extent = t.shape[i] == 0 ? 1 : t.shape[i];
+    const int64_t stride = t.strides[i] < 0 ? -t.strides[i] : t.strides[i];  // bounded above
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(extent, numel, &numel) || numel > kMaxViewElements)
+      fail(name + " has more than 2^48 elements" + (empty ? " (counting zero extents as 1)" : "") + " (" +
+           t.describe() + ")");
+    if (__builtin_mul_overflow(extent - 1, stride, &reach) || __builtin_add_overflow(span, reach, &span) ||
+        span > kMaxViewBytes / size)
+      fail(name + " spans more than 2^56 bytes (" + t.describe() + ")");
+  }
+  if (empty) return TensorMatch(*this, t, name);
   if (!t.data) fail(name + ".data is NULL but " + name + " has " + std::to_string(numel) + " elements");
   if (reinterpret_cast<uintptr_t>(t.data) % static_cast<uintptr_t>(size) != 0) {
     char at[32];

@@ -56,12 +56,19 @@ class TensorMatch {
   std::string name_;
 };
 
+// Bounds on every matched view: far beyond any device's memory, and small enough that the checks
+// after matching add a few extents, strides or spans, or multiply an extent by a stride of the
+// same view, without leaving int64.
+constexpr int64_t kMaxViewElements = int64_t{1} << 48;
+constexpr int64_t kMaxViewBytes = int64_t{1} << 56;
+
 class Matcher {
  public:
   explicit Matcher(std::string op) : op_(std::move(op)) {}
   // Starts matching `t`; first checks what every view must satisfy: rank in [0, kMaxRank],
-  // extents >= 0, a byte span that fits int64, and data != NULL (aligned to the element size)
-  // when it has elements.
+  // extents >= 0, at most kMaxViewElements elements and kMaxViewBytes of span and of any stride
+  // (an empty view too, its zero extents counted as 1), and data != NULL (aligned to the element
+  // size) when it has elements.
   TensorMatch tensor(const std::string& name, const TensorView& t);
   // Bind a symbol up front (e.g. D from an option) so tensors are checked against it.
   void bind(const std::string& symbol, int64_t value, const std::string& origin);

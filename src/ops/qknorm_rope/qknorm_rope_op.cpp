@@ -38,14 +38,17 @@ namespace {
 bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int64_t Hq, int64_t Hk, int64_t D,
                         int64_t hs) {
   const int64_t es = static_cast<int64_t>(dtype_size(q.dtype));
-  const intptr_t qb = reinterpret_cast<intptr_t>(q.data), kb = reinterpret_cast<intptr_t>(k.data);
+  // Addresses in 128 bits: a hostile data pointer may sit anywhere in the 64-bit space. The
+  // spans are bounded by the matcher (kMaxViewBytes), so once the ranges meet the gap fits int64.
+  const __int128 qb = reinterpret_cast<uintptr_t>(q.data), kb = reinterpret_cast<uintptr_t>(k.data);
   const int64_t q_span = (Hq - 1) * hs + D, k_span = (Hk - 1) * hs + D;  // elements of one row
-  const int64_t q_end = qb + ((T - 1) * q.strides[0] + q_span) * es;
-  const int64_t k_end = kb + ((T - 1) * k.strides[0] + k_span) * es;
+  const __int128 q_end = qb + static_cast<__int128>((T - 1) * q.strides[0] + q_span) * es;
+  const __int128 k_end = kb + static_cast<__int128>((T - 1) * k.strides[0] + k_span) * es;
   if (q_end <= kb || k_end <= qb) return false;  // the byte ranges do not meet
   const int64_t S = q.strides[0];
-  if ((kb - qb) % es != 0 || (T > 1 && k.strides[0] != S)) return true;  // conservative
-  const int64_t delta = (kb - qb) / es;
+  const int64_t gap = static_cast<int64_t>(kb - qb);
+  if (gap % es != 0 || (T > 1 && k.strides[0] != S)) return true;  // conservative
+  const int64_t delta = gap / es;
   auto rows_share = [&](int64_t offset) {  // k row starts `offset` elements after the q row
     if (offset <= -k_span || offset >= q_span) return false;
     // Some m = h - h' in [-(Hk-1), Hq-1] with |offset - m*hs| < D.
