@@ -1,4 +1,4 @@
-// fp8_static_quant: argument matching, the kernel key, its request and launch (token_cat_fp8's
+// fp8_static_quant: argument matching, the kernel family (token_cat_fp8's
 // kernel with one input: Da = K, Dm = 0), the registry entries (one jit implementation per
 // reciprocal mode, the CPU reference) and the op's description.
 #include <algorithm>
@@ -16,14 +16,13 @@
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
-#include "kernels/token_cat_fp8.cuh"
+#include "ops/token_cat_fp8/token_cat_fp8_kernels.h"
 
 namespace ditops {
 
 namespace {
 
 constexpr const char* kOp = "fp8_static_quant";
-constexpr int kThreads = 256;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -55,89 +54,41 @@ Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView&
 
 namespace {
 
-// The template key: token_cat_fp8's kernel parameters.
-struct Fp8StaticQuantKey {
-  DType dtype = DType::bf16;
-  bool vector = true;     // 16-byte units (K % 16 == 0, aligned pointers)
-  bool div_full = false;  // fp8_reciprocal=div_full
-  bool index64 = false;   // 2^31 units or more
-  bool pdl = true;
-
-  // "bf16,vec16,ieee,pdl"
-  std::string to_string() const {
-    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (div_full ? ",div_full" : ",ieee") +
-           (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
-  }
-  uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(dtype);
-    v = v * 2 + vector;
-    v = v * 2 + div_full;
-    v = v * 2 + index64;
-    v = v * 2 + pdl;
-    return v;
-  }
-};
-
-int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
-int64_t units_of(const Fp8StaticQuantCall& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
-
 Device device_of(const Fp8StaticQuantCall& c) { return c.x.device; }
 
-Fp8StaticQuantKey key_for(const Fp8StaticQuantCall& c, const DeviceInfo& device) {
-  Fp8StaticQuantKey key;
-  key.dtype = c.x.dtype;
-  key.vector = c.aligned16;
-  key.div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
-  key.index64 = units_of(c) > int64_t{0x7fffffff};
-  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
-  return key;
+// The same call as token_cat_fp8's with no mlp columns.
+TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
+  TokenCatFp8Call t;
+  t.attn = c.x;
+  t.mlp = TensorView::contiguous(c.x.data, c.x.dtype, c.x.device, {c.rows, int64_t{0}});
+  t.input_scale = c.scale;
+  t.out = c.out;
+  t.options.fp8_reciprocal = c.options.fp8_reciprocal;
+  t.options.use_pdl = c.options.use_pdl;
+  t.rows = c.rows;
+  t.attn_width = c.width;
+  t.mlp_width = 0;
+  t.width = c.width;
+  t.aligned16 = c.aligned16;
+  t.stream = c.stream;
+  return t;
 }
 
-jit::KernelRequest request_for(const Fp8StaticQuantKey& key) {
-  jit::KernelRequest r;
-  r.header = "token_cat_fp8.cuh";
-  r.function = "ditops::token_cat_fp8_body";
-  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.vector) + ", " +
-                    jit::kernel_bool(key.div_full) + ", " + jit::kernel_bool(key.index64) + ", " +
-                    jit::kernel_bool(key.pdl);
-  r.params_type = "ditops::TokenCatFp8Params";
-  r.max_threads = kThreads;
-  // token_cat_fp8's key names the same instance: one compile and one cache entry serve both ops.
-  r.template_key = "token_cat_fp8:" + key.to_string();
-  return r;
-}
-
-void launch(const Fp8StaticQuantCall& c, const Fp8StaticQuantKey& key, const jit::LoadedKernel& kernel) {
-  const int64_t elems = elems_per_unit(key.vector);
-  TokenCatFp8Params p{};
-  p.attn = c.x.data;
-  p.mlp = c.x.data;  // no mlp columns (Dm = 0): never read
-  p.input_scale = static_cast<const float*>(c.scale.data);
-  p.out = c.out.data;
-  p.units = c.rows * c.width / elems;
-  p.row_units = c.width / elems;
-  p.attn_units = p.row_units;
-  if (!key.index64) {
-    p.units32 = static_cast<unsigned>(p.units);
-    p.row_units32 = static_cast<unsigned>(p.row_units);
-    p.attn_units32 = static_cast<unsigned>(p.attn_units);
-    p.row_units_divisor = fast_divisor(p.row_units32);  // row_units >= 1: units > 0 here
-  }
-  const int64_t per_block = int64_t{kThreads} * token_cat_fp8_unroll(key.vector);
-  const int64_t resident = std::max<int64_t>(1, int64_t{kernel.blocks_per_sm} * kernel.multiprocessors);
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + per_block - 1) / per_block));
-  jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
-}
-
-const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey>& kernels() {
-  static const KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> family = [] {
-    KernelFamily<Fp8StaticQuantCall, Fp8StaticQuantKey> f;
+// token_cat_fp8's key, request and launch: its request names the same template key, so one
+// compile and one cache entry serve both ops.
+const KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key>& kernels() {
+  static const KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key> family = [] {
+    KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key> f;
     f.op = kOp;
     f.device_tensor = "x";
     f.device = device_of;
-    f.key = key_for;
-    f.request = request_for;
-    f.launch = launch;
+    f.key = [](const Fp8StaticQuantCall& c, const DeviceInfo& device) {
+      return token_cat_fp8_key(as_token_cat(c), device);
+    };
+    f.request = token_cat_fp8_request;
+    f.launch = [](const Fp8StaticQuantCall& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
+      token_cat_fp8_launch(as_token_cat(c), key, kernel);
+    };
     f.nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; };
     // No variant keys: every key names an instance token_cat_fp8's variants already compile.
     return f;
@@ -153,23 +104,6 @@ void check_host_scale(const Fp8StaticQuantCall& c) {
   if (!(s > 0.0f) || !std::isfinite(s))
     throw InvalidArgument(std::string(kOp) + ": scale must be finite and > 0 but is " + std::to_string(s) +
                           " (checked on the cpu only: a CUDA scale is read by the kernel)");
-}
-
-// The same call as token_cat_fp8's with no mlp columns.
-TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
-  TokenCatFp8Call t;
-  t.attn = c.x;
-  t.mlp = TensorView::contiguous(c.x.data, c.x.dtype, c.x.device, {c.rows, int64_t{0}});
-  t.input_scale = c.scale;
-  t.out = c.out;
-  t.options.fp8_reciprocal = c.options.fp8_reciprocal;
-  t.rows = c.rows;
-  t.attn_width = c.width;
-  t.mlp_width = 0;
-  t.width = c.width;
-  t.aligned16 = c.aligned16;
-  t.stream = c.stream;
-  return t;
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/token_cat_fp8.cuh"
+#include "ops/token_cat_fp8/token_cat_fp8_kernels.h"
 
 namespace ditops {
 
@@ -62,35 +63,28 @@ TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& ml
 
 namespace {
 
-// The template key: exactly the kernel's template parameters.
-struct TokenCatFp8Key {
-  DType dtype = DType::bf16;
-  bool vector = true;    // 16-byte units (Da, Dm multiples of 16, aligned pointers)
-  bool div_full = false;  // fp8_reciprocal=div_full
-  bool index64 = false;   // 2^31 units or more
-  bool pdl = true;
-
-  // "bf16,vec16,ieee,pdl" / "f16,scalar,div_full,index64,nopdl"
-  std::string to_string() const {
-    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (div_full ? ",div_full" : ",ieee") +
-           (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
-  }
-  uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(dtype);
-    v = v * 2 + vector;
-    v = v * 2 + div_full;
-    v = v * 2 + index64;
-    v = v * 2 + pdl;
-    return v;
-  }
-};
-
 int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
 int64_t units_of(const TokenCatFp8Call& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
 
 Device device_of(const TokenCatFp8Call& c) { return c.attn.device; }
 
-TokenCatFp8Key key_for(const TokenCatFp8Call& c, const DeviceInfo& device) {
+}  // namespace
+
+std::string TokenCatFp8Key::to_string() const {
+  return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (div_full ? ",div_full" : ",ieee") +
+         (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
+}
+
+uint64_t TokenCatFp8Key::packed() const {
+  uint64_t v = static_cast<uint64_t>(dtype);
+  v = v * 2 + vector;
+  v = v * 2 + div_full;
+  v = v * 2 + index64;
+  v = v * 2 + pdl;
+  return v;
+}
+
+TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& c, const DeviceInfo& device) {
   TokenCatFp8Key key;
   key.dtype = c.attn.dtype;
   key.vector = c.aligned16;
@@ -100,7 +94,7 @@ TokenCatFp8Key key_for(const TokenCatFp8Call& c, const DeviceInfo& device) {
   return key;
 }
 
-jit::KernelRequest request_for(const TokenCatFp8Key& key) {
+jit::KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key) {
   jit::KernelRequest r;
   r.header = "token_cat_fp8.cuh";
   r.function = "ditops::token_cat_fp8_body";
@@ -113,7 +107,7 @@ jit::KernelRequest request_for(const TokenCatFp8Key& key) {
   return r;
 }
 
-void launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
+void token_cat_fp8_launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
   const int64_t elems = elems_per_unit(key.vector);
   TokenCatFp8Params p{};
   p.attn = c.attn.data;
@@ -136,6 +130,8 @@ void launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, const jit::Load
   const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(resident, (p.units + per_block - 1) / per_block));
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
+
+namespace {
 
 // Every code path: both dtypes x vector/scalar x both reciprocals (32-bit, PDL), then the
 // 64-bit indices and the launch without PDL.
@@ -168,9 +164,9 @@ const KernelFamily<TokenCatFp8Call, TokenCatFp8Key>& kernels() {
     f.op = kOp;
     f.device_tensor = "attn";
     f.device = device_of;
-    f.key = key_for;
-    f.request = request_for;
-    f.launch = launch;
+    f.key = token_cat_fp8_key;
+    f.request = token_cat_fp8_request;
+    f.launch = token_cat_fp8_launch;
     f.nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; };
     f.variant_keys = variant_keys;
     return f;

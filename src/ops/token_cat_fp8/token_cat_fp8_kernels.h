@@ -1,0 +1,32 @@
+// token_cat_fp8's kernel from the host: its template key, request and launch. fp8_static_quant
+// runs the same kernel with one input (Dm = 0), so both ops share one compile and cache entry.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ditops/registry.h"
+#include "ditops/token_cat_fp8.h"
+#include "jit/jit.h"
+#include "jit/kernel_request.h"
+
+namespace ditops {
+
+// The template key: exactly the kernel's template parameters.
+struct TokenCatFp8Key {
+  DType dtype = DType::bf16;
+  bool vector = true;     // 16-byte units (Da, Dm multiples of 16, aligned pointers)
+  bool div_full = false;  // fp8_reciprocal=div_full
+  bool index64 = false;   // 2^31 units or more
+  bool pdl = true;
+
+  // "bf16,vec16,ieee,pdl" / "f16,scalar,div_full,index64,nopdl"
+  std::string to_string() const;
+  uint64_t packed() const;  // unique small integer (memo key)
+};
+
+TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& call, const DeviceInfo& device);
+jit::KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key);
+void token_cat_fp8_launch(const TokenCatFp8Call& call, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel);
+
+}  // namespace ditops
