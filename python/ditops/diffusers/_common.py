@@ -22,6 +22,32 @@ ADALN_CHAIN = ("LayerNorm without affine (F.layer_norm), then * (1 + scale[:, No
                "each op rounded to the activation dtype")
 
 
+class ProcessorWrapper:
+    """Base of the replacement attention processors: holds the replaced processor and the qk site.
+    set_attention_backend and context parallelism set _attention_backend / _parallel_config on the
+    installed processor; they are forwarded to the replaced one, so both always agree."""
+
+    def __init__(self, original, site: QkNormRopeSite):
+        self.original = original
+        self.site = site
+
+    @property
+    def _attention_backend(self):
+        return self.original._attention_backend
+
+    @_attention_backend.setter
+    def _attention_backend(self, value):
+        self.original._attention_backend = value
+
+    @property
+    def _parallel_config(self):
+        return self.original._parallel_config
+
+    @_parallel_config.setter
+    def _parallel_config(self, value):
+        self.original._parallel_config = value
+
+
 def adaln_site(name="adaln_modulate"):
     return LayerNormModulateSite(name, op="layernorm_modulate", chain=ADALN_CHAIN)
 

@@ -21,38 +21,17 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, F
                                                             FluxTransformerBlock, _get_qkv_projections)
 
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, QkNormRopeSite
+from ._sites import GatedResidualSite, LayerNormModulateSite
 from . import _common
 
 MODEL_CLASS = "FluxTransformer2DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_flux"
 
 
-class FluxAttnProcessorDitops:
+class FluxAttnProcessorDitops(_common.ProcessorWrapper):
     """FluxAttnProcessor with the QK norm + RoPE of each stream through the qk site. Everything
     else is the processor's own sequence; attention backend and parallel config are the
     replaced processor's."""
-
-    def __init__(self, original, site: QkNormRopeSite):
-        self.original = original
-        self.site = site
-
-    # set_attention_backend and context parallelism set these on the installed processor.
-    @property
-    def _attention_backend(self):
-        return self.original._attention_backend
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return self.original._parallel_config
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):

@@ -28,29 +28,9 @@ MODEL_CLASS = "HunyuanVideoTransformer3DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
 
 
-class HunyuanVideoAttnProcessorDitops:
+class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
     """HunyuanVideoAttnProcessor2_0 of a double block (separate text projections) with the latent
     stream's QK norm + RoPE through the qk site."""
-
-    def __init__(self, original, site: QkNormRopeSite):
-        self.original = original
-        self.site = site
-
-    @property
-    def _attention_backend(self):
-        return self.original._attention_backend
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return self.original._parallel_config
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):

@@ -22,7 +22,7 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  QwenImageTransformerBlock)
 
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, QkNormRopeSite
+from ._sites import GatedResidualSite, LayerNormModulateSite
 from . import _common
 
 MODEL_CLASS = "QwenImageTransformer2DModel"
@@ -33,28 +33,8 @@ COMPLEX_ROPE = ("Qwen-Image's RoPE is a complex64 multiply (a*c - b*d, a*d + b*c
                 "fmul, fmul, fadd without FMA")
 
 
-class QwenDoubleStreamAttnProcessorDitops:
+class QwenDoubleStreamAttnProcessorDitops(_common.ProcessorWrapper):
     """QwenDoubleStreamAttnProcessor2_0 with each stream's QK norm + RoPE through the qk site."""
-
-    def __init__(self, original, site: QkNormRopeSite):
-        self.original = original
-        self.site = site
-
-    @property
-    def _attention_backend(self):
-        return self.original._attention_backend
-
-    @_attention_backend.setter
-    def _attention_backend(self, value):
-        self.original._attention_backend = value
-
-    @property
-    def _parallel_config(self):
-        return self.original._parallel_config
-
-    @_parallel_config.setter
-    def _parallel_config(self, value):
-        self.original._parallel_config = value
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, encoder_hidden_states_mask=None,
                  attention_mask=None, image_rotary_emb=None):
