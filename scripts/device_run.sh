@@ -30,6 +30,9 @@
 #                                        CamelCase name, and the driver's cases), `ditops bench OP`,
 #                                        and bench/OP_torch.py (torch.equal checks, then eager,
 #                                        torch.compile and a device copy beside ditops)
+#   scripts/device_run.sh sanitize [REGEX]  compute-sanitizer memcheck and racecheck over every GPU
+#                                        test binary (build-dev/tests/test_*_gpu; REGEX: a gtest
+#                                        filter, default all), to OUT_DIR/sanitizer.txt
 #   scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
 #   scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
@@ -46,7 +49,7 @@
 #                                        time with each tree's `ditops bench OP` instead
 set -uo pipefail
 case "${1:-}" in
-  verify|bench|gpu|ab|ops) PHASE=$1; shift ;;
+  verify|bench|gpu|ab|ops|sanitize) PHASE=$1; shift ;;
   *) PHASE=all; [ $# -gt 0 ] && OUT=$1 && shift ;;
 esac
 AB_DIRS=()
@@ -198,6 +201,23 @@ elif [ "$PHASE" = verify ]; then
     timeout 300 python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_torch_gpu.py -k overhead 2>&1 | tee -a "$OUT/torch.txt" | tail -8
   merge_json "$OUT/torch.json" "$TMP"/verify_*.json "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+elif [ "$PHASE" = sanitize ]; then
+  FILTER=${1:-*}
+  SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  SAN_RC=0
+  : > "$OUT/sanitizer.txt"
+  for tool in memcheck racecheck; do
+    for binary in build-dev/tests/test_*_gpu; do
+      echo "---- $tool $(basename "$binary") --gtest_filter=$FILTER" | tee -a "$OUT/sanitizer.txt"
+      timeout 280 "$SANITIZER" --tool $tool --error-exitcode 9 "$binary" --gtest_filter="$FILTER" --gtest_brief=1 \
+        >> "$OUT/sanitizer.txt" 2>&1
+      rc=$?
+      [ $rc = 0 ] || SAN_RC=1
+      echo "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.txt" | tail -1)" | tee -a "$OUT/summary.txt"
+    done
+  done
+  echo "== summary: sanitize rc=$SAN_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+  exit $SAN_RC
 elif [ "$PHASE" = gpu ]; then
   REGEX=${1:-Gpu}
   echo "== GPU tests matching $REGEX"

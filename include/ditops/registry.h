@@ -219,6 +219,9 @@ struct Config {
   // ignored) and republishes its disk entry; for a cache suspected stale.
   bool jit_force_recompile = false;
   std::string cache_dir;                // DITOPS_CACHE_DIR, default ~/.cache/ditops
+  // DITOPS_CHECK=1: device-resident indices are bounds-checked on the device before the op runs
+  // (a launch and a synchronization per call; refused under CUDA-graph capture). docs/dispatch.md
+  bool checked = false;
   std::vector<std::string> problems;    // unparseable values, warned about once
 };
 const Config& config();

@@ -128,6 +128,10 @@ Config read_config() {
   }
   c.jit_verbose = env("DITOPS_JIT_VERBOSE") == "1";
   c.jit_force_recompile = env("DITOPS_JIT_FORCE_RECOMPILE") == "1";
+  const std::string check = env("DITOPS_CHECK");
+  c.checked = check == "1";
+  if (!check.empty() && check != "0" && check != "1")
+    c.problems.push_back("DITOPS_CHECK='" + check + "' is not 0 or 1; checked mode is off");
   c.cache_dir = env("DITOPS_CACHE_DIR");
   if (c.cache_dir.empty()) {
     std::string xdg = env("XDG_CACHE_HOME");

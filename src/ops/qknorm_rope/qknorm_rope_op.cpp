@@ -10,6 +10,7 @@
 #include "core/op_builder.h"
 #include "ditops/qknorm_rope.h"
 #include "jit/cuda_driver.h"
+#include "jit/index_check.h"
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/qknorm_rope_params.h"
@@ -275,8 +276,14 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
                         const TensorView& k_weight, const TensorView& cos_sin_cache,
                         const TensorView& positions, const QkNormRopeOptions& options,
                         Stream stream) {
-  return kernels().dispatch(match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream),
-                            stream, options.dispatch);
+  const QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
+  // The CPU path checks positions on the host (the reference); CUDA positions only in checked mode.
+  if (call.q.device.kind == DeviceKind::cuda && call.num_tokens > 0 && jit::checked_mode()) {
+    jit::bind_and_check_stream(kOp, "q", call.q.device, stream);
+    jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
+                                 "the rows of cos_sin_cache", stream);
+  }
+  return kernels().dispatch(call, stream, options.dispatch);
 }
 
 DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return kernels().explain(call, call.options.dispatch); }
