@@ -29,6 +29,7 @@
 #include "ditops/norm_scale_shift.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/residual_gate_add.h"
+#include "src/core/matcher.h"  // kMaxViewElements, kMaxViewBytes: the contract modelled here
 
 namespace ditops_fuzz {
 
@@ -104,39 +105,44 @@ Arena& arena() {
   return a;
 }
 
-// Whether every op must refuse `v` (Matcher::tensor's contract), whatever else the call holds.
+// Whether every op must refuse `v` (Matcher::tensor's contract), whatever else the call holds:
+// rank, dtype, negative extents, then the view bounds (kMaxViewElements, kMaxViewBytes; zero
+// extents counted as 1, so they hold for empty views too), then NULL or misaligned data.
 bool must_refuse(const TensorView& v) {
   if (v.rank < 0 || v.rank > kMaxRank) return true;
-  if (dtype_size(v.dtype) == 0) return true;
-  for (int i = 0; i < v.rank; ++i)
-    if (static_cast<__int128>(v.strides[i]) * static_cast<__int128>(dtype_size(v.dtype)) !=
-        static_cast<int64_t>(static_cast<uint64_t>(v.strides[i]) * dtype_size(v.dtype)))
-      return true;
+  const __int128 size = dtype_size(v.dtype);
+  if (size == 0) return true;
   bool empty = false;
   for (int i = 0; i < v.rank; ++i) {
     if (v.shape[i] < 0) return true;
     empty = empty || v.shape[i] == 0;
   }
-  if (empty) return false;
   __int128 numel = 1, span = 1;
   for (int i = 0; i < v.rank; ++i) {
-    numel *= v.shape[i];
-    if (numel > std::numeric_limits<int64_t>::max()) return true;
     const __int128 stride = v.strides[i] < 0 ? -static_cast<__int128>(v.strides[i]) : v.strides[i];
-    span += (v.shape[i] - 1) * stride;
-    if (span > std::numeric_limits<int64_t>::max()) return true;
+    if (stride * size > kMaxViewBytes) return true;
   }
-  if (span * static_cast<__int128>(dtype_size(v.dtype)) > std::numeric_limits<int64_t>::max()) return true;
+  for (int i = 0; i < v.rank; ++i) {
+    const __int128 extent = v.shape[i] == 0 ? 1 : v.shape[i];
+    const __int128 stride = v.strides[i] < 0 ? -static_cast<__int128>(v.strides[i]) : v.strides[i];
+    numel *= extent;  // <= 2^48 * 2^63 before the test: fits
+    if (numel > kMaxViewElements) return true;
+    span += (extent - 1) * stride;  // <= 2^56 + 2^63 * 2^56: fits
+    if (span > kMaxViewBytes / size) return true;
+  }
+  if (empty) return false;
   return v.data == nullptr || reinterpret_cast<uintptr_t>(v.data) % dtype_size(v.dtype) != 0;
 }
 
 // A tensor not refused by must_refuse: whether its bytes are in the arena (and it is small
 // enough to run quickly).
 bool inside_arena(const TensorView& v) {
+  for (int i = 0; i < v.rank; ++i)
+    if (v.shape[i] == 0) return true;
   __int128 lo = 0, hi = 0, numel = 1;
   for (int i = 0; i < v.rank; ++i) {
-    if (v.shape[i] == 0) return true;
-    numel *= v.shape[i];
+    numel *= v.shape[i];  // bounded by must_refuse (kMaxViewElements) before this is asked
+    if (numel > (int64_t{1} << 20)) return false;
     const __int128 reach = static_cast<__int128>(v.shape[i] - 1) * v.strides[i];
     (reach < 0 ? lo : hi) += reach;
   }
@@ -645,6 +651,12 @@ std::vector<std::vector<uint8_t>> seed_corpus() {
        0x6f, 0x72, 0x9d, 0x5a, 0xb6, 0x00, 0xb0, 0x60, 0x00, 0x00, 0x6f, 0x70, 0x01, 0x71, 0x65, 0x2e,
        0x6a, 0x69, 0x74, 0x03, 0xc8, 0x72, 0x6f, 0xff, 0x65, 0xff, 0x00, 0x2e, 0x5f, 0xff, 0x6a, 0x69,
        0x5f, 0x01, 0x74, 0x03, 0xc8, 0x5f, 0xdf, 0xff, 0x2a, 0x01, 0x00, 0x00},
+      // libFuzzer (harness): an empty view's extents before its zero one overflowed inside_arena's
+      // 128-bit element count
+      {0x28, 0x2f, 0xc8, 0xc8, 0x2f, 0xc8, 0xa4, 0xc8, 0xc8, 0x6e, 0x6f, 0x72, 0x6d, 0x5f, 0x61, 0x6c,
+       0x65, 0x5f, 0x73, 0x68, 0xc8, 0xc8, 0xc8, 0xc8, 0xc8, 0xc8, 0x67, 0x2b, 0xc8, 0x2f, 0xc8, 0xa4,
+       0xc8, 0xc8, 0x6e, 0x6f, 0x72, 0x6d, 0x5f, 0x61, 0x6c, 0x65, 0x5f, 0x73, 0x68, 0x69, 0x66, 0x74,
+       0x2e, 0x72, 0x65, 0x66, 0x65, 0x72, 0x65, 0x6e, 0x63, 0x65, 0xc8, 0xc8, 0xc8, 0xc8},
   };
 }
 
