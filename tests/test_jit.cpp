@@ -14,6 +14,7 @@
 #include "ditops/qknorm_rope.h"
 #include "jit/index_check.h"
 #include "jit/jit.h"
+#include "test_util.h"
 #include "ops/qknorm_rope/qknorm_rope_kernels.h"
 
 namespace ditops {
@@ -172,45 +173,35 @@ TEST(JitCompile, IndexCheckKernelCompilesForEveryTargetArch) {
 
 // DITOPS_CHECK through config(): "1" on, unset or "0" off, anything else off with a warning.
 TEST(CheckedMode, EnvironmentValues) {
-  auto with = [](const char* value) {
-    if (value) setenv("DITOPS_CHECK", value, 1);
-    else unsetenv("DITOPS_CHECK");
-    reload_config();
-    return config();
-  };
-  EXPECT_FALSE(with(nullptr).checked);
-  EXPECT_FALSE(with("0").checked);
-  EXPECT_TRUE(with("1").checked);
+  test_util::ScopedEnv env("DITOPS_CHECK", nullptr);
+  EXPECT_FALSE(config().checked);
+  env.set("0");
+  EXPECT_FALSE(config().checked);
+  env.set("1");
+  EXPECT_TRUE(config().checked);
   EXPECT_TRUE(jit::checked_mode());
-  const Config yes = with("yes");
-  EXPECT_FALSE(yes.checked);
-  ASSERT_EQ(yes.problems.size(), 1u);
-  EXPECT_EQ(yes.problems[0], "DITOPS_CHECK='yes' is not 0 or 1; checked mode is off");
-  with(nullptr);
+  env.set("yes");
+  EXPECT_FALSE(config().checked);
+  ASSERT_EQ(config().problems.size(), 1u);
+  EXPECT_EQ(config().problems[0], "DITOPS_CHECK='yes' is not 0 or 1; checked mode is off");
 }
 
 // On the CPU, positions are host memory and the reference checks them whatever the mode; checked
 // mode adds no device work there (no driver is touched on this machine).
 TEST(CheckedMode, CpuCallsKeepTheHostCheck) {
-  setenv("DITOPS_CHECK", "1", 1);
-  reload_config();
+  test_util::ScopedEnv env("DITOPS_CHECK", "1");
   std::vector<uint16_t> q(2 * 64, 0x3F80), k(2 * 64, 0x3F80), w(64, 0x3F80);
   std::vector<float> cache(4 * 64, 0.0f);
   std::vector<int64_t> pos{1, 4};
   const Device cpu{DeviceKind::cpu, 0};
-  std::string message;
-  try {
+  const std::string message = test_util::error_of([&] {
     qknorm_rope(TensorView::contiguous(q.data(), DType::bf16, cpu, {2, 1, 64}),
                 TensorView::contiguous(k.data(), DType::bf16, cpu, {2, 1, 64}),
                 TensorView::contiguous(w.data(), DType::bf16, cpu, {64}),
                 TensorView::contiguous(w.data(), DType::bf16, cpu, {64}),
                 TensorView::contiguous(cache.data(), DType::f32, cpu, {4, 64}),
                 TensorView::contiguous(pos.data(), DType::i64, cpu, {2}));
-  } catch (const Error& e) {
-    message = e.what();
-  }
-  unsetenv("DITOPS_CHECK");
-  reload_config();
+  });
   EXPECT_NE(message.find("positions"), std::string::npos) << message;
   EXPECT_EQ(message.find("DITOPS_CHECK"), std::string::npos) << message;
 }

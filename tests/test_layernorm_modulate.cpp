@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 #include "reference/aten_layer_norm.h"
 #include "reference/half.h"
+#include "test_util.h"
 
 namespace ditops {
 namespace {
@@ -401,14 +401,7 @@ TEST(LayerNormModulateReference, InPlaceEqualsOutOfPlaceAndEmptyIsANoOp) {
 
 // ------------------------------------------------------------- matching ----
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
 
 TEST(LayerNormModulateMatching, MessagesNameTensorDimensionExpectedAndActual) {
   const Case c{2, 4, 96, 96, true};

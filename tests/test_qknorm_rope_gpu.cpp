@@ -6,9 +6,7 @@
 // Also checked mode (DITOPS_CHECK=1): CUDA positions bounds-checked on the device.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,6 +14,7 @@
 #include "ditops/registry.h"
 #include "jit/cuda_driver.h"
 #include "jit/index_check.h"
+#include "test_util.h"
 
 namespace ditops {
 namespace {
@@ -55,25 +54,8 @@ struct DeviceBytes {
   void* data() const { return reinterpret_cast<void*>(ptr); }
 };
 
-void set_checked_mode(bool on) {
-  if (on) setenv("DITOPS_CHECK", "1", 1);
-  else unsetenv("DITOPS_CHECK");
-  reload_config();
-}
-
-struct CheckedModeScope {
-  CheckedModeScope() { set_checked_mode(true); }
-  ~CheckedModeScope() { set_checked_mode(false); }
-};
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test_util::error_of;
+using test_util::ScopedEnv;
 
 // A position outside the cache is refused with the first bad index and its value, q and k keep
 // their bytes; good positions give the bytes of the unchecked call; a capturing stream is refused
@@ -99,7 +81,7 @@ TEST(QkNormRopeGpu, CheckedModeRefusesPositionsOutsideTheCacheAndWritesNothing) 
                        TensorView::contiguous(c.data(), DType::f32, gpu, {P, D}),
                        TensorView::contiguous(pos.data(), pos_dtype, gpu, {T}), {}, stream);
   };
-  CheckedModeScope checked;
+  ScopedEnv checked("DITOPS_CHECK", "1");
   {
     DeviceBytes bad(std::vector<int64_t>{0, 3, 9, 2});
     EXPECT_EQ(error_of([&] { call(q, k, bad, DType::i64); }),
@@ -112,13 +94,13 @@ TEST(QkNormRopeGpu, CheckedModeRefusesPositionsOutsideTheCacheAndWritesNothing) 
   }
   DeviceBytes good(std::vector<int64_t>{0, 3, 7, 2});
   call(q, k, good, DType::i64);
-  set_checked_mode(false);
+  checked.set(nullptr);
   DeviceBytes q2(act), k2(act);
   call(q2, k2, good, DType::i64);
   check_cu(d.cuCtxSynchronize(), "sync");
   EXPECT_EQ(q.download(), q2.download());
   EXPECT_EQ(k.download(), k2.download());
-  set_checked_mode(true);
+  checked.set("1");
 
   CUstream stream;
   check_cu(d.cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), "stream");

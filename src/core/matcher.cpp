@@ -35,17 +35,14 @@ TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
   // Every view, empty or not, must describe memory that could exist: at most 2^48 elements and
   // 2^56 bytes, counting a zero extent as 1. Then any sum of a few extents, strides or spans, and
   // any extent times a stride of the same view, stays far inside int64 in every later check.
+  int64_t numel = 1, span = 1;
   for (int i = 0; i < t.rank; ++i) {
     const int64_t stride = t.strides[i] == INT64_MIN ? INT64_MAX : (t.strides[i] < 0 ? -t.strides[i] : t.strides[i]);
     int64_t bytes = 0;
     if (__builtin_mul_overflow(stride, size, &bytes) || bytes > kMaxViewBytes)
       fail(name + ".stride(" + std::to_string(i) + ") = " + std::to_string(t.strides[i]) +
            " is beyond 2^56 bytes (" + t.describe() + ")");
-  }
-  int64_t numel = 1, span = 1;
-  for (int i = 0; i < t.rank; ++i) {
     const int64_t extent = t.shape[i] == 0 ? 1 : t.shape[i];
-    const int64_t stride = t.strides[i] < 0 ? -t.strides[i] : t.strides[i];  // bounded above
     int64_t reach = 0;
     if (__builtin_mul_overflow(extent, numel, &numel) || numel > kMaxViewElements)
       fail(name + " has more than 2^48 elements" + (empty ? " (counting zero extents as 1)" : "") + " (" +

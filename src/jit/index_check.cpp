@@ -65,9 +65,9 @@ void check_indices_on_device(const std::string& op, const std::string& name, con
   bind_primary_context(device);
   const CUdeviceptr word = result_word(device);
   static KernelMemo memo;
-  const KernelRequest request = index_check_request(indices.dtype);
-  const LoadedKernel& kernel = memo.get(static_cast<uint64_t>(indices.dtype) * 64 + static_cast<uint64_t>(device),
-                                        [&]() -> const LoadedKernel& { return jit_kernel(request, device); });
+  const LoadedKernel& kernel =
+      memo.get(static_cast<uint64_t>(indices.dtype) * 64 + static_cast<uint64_t>(device),
+               [&]() -> const LoadedKernel& { return jit_kernel(index_check_request(indices.dtype), device); });
   check_cu(cu.cuMemsetD8Async(word, 0xff, sizeof(unsigned long long), s), "DITOPS_CHECK: cuMemsetD8Async");
   IndexCheckParams p{};
   p.indices = indices.data;
