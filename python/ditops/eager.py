@@ -138,6 +138,15 @@ def fp8_linear_eager(x, x_scale, w, w_scale, bias=None):
     return y.to(torch.bfloat16)
 
 
+def fp8_linear_scaled_mm(x, x_scale, w, w_scale, bias=None):
+    """fp8_linear as PyTorch's own FP8 linear runs it on CUDA: x quantized as fp8_static_quant does
+    (when 16-bit, IEEE reciprocal), then torch._scaled_mm (cuBLASLt). fp8_linear.cublaslt's
+    contract: byte-equal to this on the same device and cuBLASLt library."""
+    xq = x if x.dtype == torch.float8_e4m3fn else static_quant_fp8_eager(x, x_scale)
+    return torch._scaled_mm(xq, w.t(), scale_a=x_scale.reshape(1).float(), scale_b=w_scale.reshape(1).float(),
+                            bias=bias, out_dtype=torch.bfloat16)
+
+
 def qk_head_layernorm_eager(q, k, eps):
     """F.layer_norm over the head dim of q and k (no affine)."""
     return F.layer_norm(q, (q.shape[-1],), eps=eps), F.layer_norm(k, (k.shape[-1],), eps=eps)
@@ -226,7 +235,11 @@ def oracle_outputs(op, x, o):
             return None
         return {"out": fp8_static_quant_eager(x["x"], x["scale"])}
     if op == "fp8_linear":
-        return None  # no bit-exact chain: every implementation is `close` (docs/fp8_linear.md)
+        # torch._scaled_mm is the chain fp8_linear.cublaslt is byte-equal to, on CUDA only; on the
+        # CPU every implementation is `close` to the fp64 product and no chain is an oracle.
+        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee":
+            return None
+        return {"out": fp8_linear_scaled_mm(x["x"], x["x_scale"], x["w"], x["w_scale"], x.get("bias"))}
     if op == "causal_conv3d_cat_pad":
         pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
                                                 "pad_t_left", "pad_t_right")]
