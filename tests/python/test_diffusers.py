@@ -2,8 +2,10 @@
 the sites plan/enable find (counts from the config), exact restoration by disable, refusals that
 change nothing, the fallback paths (a first-sight mismatch, a failing op, a call that does not
 fit: the model's values bit for bit), torch.compile(fullgraph=True) tracing the ops, and on the
-CPU reference backend the patched model against the unpatched one. GPU tests (torch.equal on
-CUDA) skip without a device. Skipped without PyTorch or diffusers."""
+CPU reference backend the patched model against the unpatched one; the cross-head QK sites of Wan
+and LTX-2 (per-call fallbacks with their reasons, fused projections, LTX-2's perturbed and gated
+attention) and the mapped sites. GPU tests (torch.equal on CUDA) skip without a device. Skipped
+without PyTorch or diffusers."""
 import json
 import types
 import warnings
@@ -17,6 +19,7 @@ diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed 
 import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _common, _sites  # noqa: E402
+from ditops.diffusers.bench import cast_like_from_pretrained  # noqa: E402
 
 if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
     pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
@@ -77,19 +80,63 @@ def tiny_qwen(dtype=torch.bfloat16, batch=1):
     return model, inputs, counts
 
 
-def tiny_wan(dtype=torch.bfloat16, batch=1):
+def tiny_wan(dtype=torch.bfloat16, batch=1, per_token_timestep=False, fused_qkv=False, cast="from_pretrained"):
+    """Wan 2.1 layout (cross_attn_norm: an affine norm2); per_token_timestep: Wan 2.2 TI2V's
+    timestep per latent token (per-token modulation); fused_qkv: fuse_qkv_projections (q and k
+    are chunks of to_qkv's output); cast "to": model.to(dtype), rotary tables included."""
     model = diffusers.WanTransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=HEAD_DIM, in_channels=4, out_channels=4,
-        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=32)
-    with warnings.catch_warnings():  # "modules that should be kept in float32": not loaded from a checkpoint
-        warnings.simplefilter("ignore")
-        model = randomize(model).to(dtype)
+        text_dim=32, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=32, cross_attn_norm=True)
+    model = randomize(model)
+    if cast == "to":
+        with warnings.catch_warnings():  # "modules that should be kept in float32"
+            warnings.simplefilter("ignore")
+            model = model.to(dtype)
+    else:
+        model = cast_like_from_pretrained(model, dtype)
+    if fused_qkv:
+        model.fuse_qkv_projections()
     gen = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(batch, 4, 2, 8, 8, generator=gen).to(dtype),
-                  timestep=torch.full((batch,), 500.0),
+    tokens = 2 * 4 * 4  # the latent grid after (1, 2, 2) patches
+    timestep = torch.full((batch, tokens), 500.0) if per_token_timestep else torch.full((batch,), 500.0)
+    inputs = dict(hidden_states=torch.randn(batch, 4, 2, 8, 8, generator=gen).to(dtype), timestep=timestep,
                   encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype), return_dict=False)
     L = model.config.num_layers
-    counts = {"qk_norm_rope (cross-head)": L, "adaln_modulate": 2 * L, "gated_residual": 2 * L}
+    counts = {"qk_norm_rope (self-attn)": L, "qk_norm_rope (text cross-attn)": L, "adaln_modulate": 2 * L,
+              "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
+    return model, inputs, counts
+
+
+def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
+    """LTX-2 with real head dims (video 128, audio 64) at 2 heads each; rope_type split or
+    interleaved. variant "gated_stg": gated attention, cross-attention modulation (LTX-2.3) and the
+    perturbed processor with spatio-temporal guidance in block 0."""
+    extra = {}
+    if variant == "gated_stg":
+        extra = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
+                     perturbed_attn=True)
+    model = diffusers.LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=128, cross_attention_dim=256,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=64,
+        audio_cross_attention_dim=128, num_layers=2, caption_channels=32, rope_type=rope_type, **extra)
+    model = cast_like_from_pretrained(randomize(model), dtype)
+    gen = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(batch, 2 * 4 * 4, 8, generator=gen).to(dtype),
+                  audio_hidden_states=torch.randn(batch, 8, 8, generator=gen).to(dtype),
+                  encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
+                  audio_encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
+                  timestep=torch.full((batch,), 500.0), num_frames=2, height=4, width=4, audio_num_frames=8,
+                  return_dict=False)
+    if variant == "gated_stg":
+        # batch 1: block 0 all perturbed (attention skipped); batch 2: one element perturbed
+        mask = [0.0] if batch == 1 else [0.0, 1.0]
+        inputs.update(sigma=torch.full((batch,), 0.5), spatio_temporal_guidance_blocks=[0],
+                      perturbation_mask=torch.tensor(mask).to(dtype))
+    L = model.config.num_layers
+    gates = 6 + (2 if variant == "gated_stg" else 0)
+    counts = {"qk_norm_rope (video self-attn)": L, "qk_norm_rope (audio self-attn)": L,
+              "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
+              "adaln_modulate": 8 * L + 2, "gated_residual": gates * L}
     return model, inputs, counts
 
 
@@ -112,7 +159,7 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
     return model, inputs, counts
 
 
-TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_hunyuan}
+TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_hunyuan, "ltx2": tiny_ltx2}
 
 # The op each site class runs in this build (qknorm_rope serves diffusers' twice-rounding RMSNorm
 # only once it has the norm_weight_rounding option).
@@ -121,9 +168,16 @@ OPS = {
     "flux": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
     "qwen": {"qk_norm_rope": None, "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
-    "wan": {"qk_norm_rope (cross-head)": None, "adaln_modulate": "norm_scale_shift", "gated_residual": None},
+    "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
+            "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
+            "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": None, "gated_residual": None},
     "hunyuan": {"qk_norm_rope": "qknorm_rope" if TWICE else None, "qk_norm_rope (single blocks)": None,
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+    "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
+             "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
+             "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
+             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope", "adaln_modulate": None,
+             "gated_residual": "residual_gate_add"},
 }
 
 
@@ -131,9 +185,7 @@ OPS = {
 def tiny(request):
     """(name, model, inputs, counts, the unpatched output) built once per model."""
     model, inputs, counts = TINY[request.param]()
-    with torch.no_grad():
-        reference = model(**inputs)[0]
-    return request.param, model, inputs, counts, reference
+    return request.param, model, inputs, counts, run(model, inputs)
 
 
 @pytest.fixture(autouse=True)
@@ -144,8 +196,9 @@ def nothing_left_enabled():
 
 
 def run(model, inputs):
+    """Every output of the forward (LTX-2: video and audio) in one flat tensor."""
     with torch.no_grad():
-        return model(**inputs)[0]
+        return torch.cat([out.flatten() for out in model(**inputs)])
 
 
 def snapshot(model):
@@ -386,6 +439,272 @@ def test_pipeline_and_compiled_wrapper():
     assert {s.name: len(s.places) for s in dd.plan(compiled).sites} == counts
 
 
+# ---------------------------------------------------------------- cross-head QK sites (Wan, LTX-2)
+
+
+def test_cross_head_sites_describe_the_op_and_the_model_code():
+    wan, _, _ = tiny_wan()
+    report = dd.plan(wan)
+    assert report["qk_norm_rope (self-attn)"].options == {"rope": "interleaved"}
+    assert report["qk_norm_rope (text cross-attn)"].options == {"rope": "none"}
+    assert "across heads" in report["qk_norm_rope (self-attn)"].chain
+    assert "float32" in report["adaln_modulate (norm2)"].why and "mixed dtypes" in report["gated_residual"].why
+    for rope in ("split", "interleaved"):
+        ltx, _, _ = tiny_ltx2(rope_type=rope)
+        report = dd.plan(ltx)
+        assert report["qk_norm_rope (video self-attn)"].options == {"rope": rope}
+        assert report["qk_norm_rope (text cross-attn)"].options == {"rope": "none"}
+        assert rope in report["qk_norm_rope (a2v/v2a cross-attn)"].chain
+        assert "torch.mean" in report["adaln_modulate"].why
+        places = report["qk_norm_rope (a2v/v2a cross-attn)"].places
+        assert places[:2] == ["transformer_blocks.0.audio_to_video_attn (video q, audio k)",
+                              "transformer_blocks.0.video_to_audio_attn (audio q, video k)"]
+
+
+def assert_first_sight_close(report):
+    """Every first sight of the close tier within a few bf16 ulps of the model's chain (the CPU
+    reference's rstd may differ in its last bit): a wrong table, head split or RoPE form would
+    move values by O(1)."""
+    for site in report.sites:
+        for sig, (n, largest) in site.differences.items():
+            assert largest <= 0.05, (site.name, sig, n, largest)
+
+
+def _cross_head_call(**change):
+    """The arguments of one fitting cross-head call (Wan-like: 2 heads of 64, tables [1, S, 1, 32]),
+    with the named parts replaced."""
+    gen = torch.Generator().manual_seed(5)
+    B, S, N, D = 2, 6, 128, 64
+    norm = torch.nn.RMSNorm(N, eps=1e-6).to(torch.bfloat16)
+    call = dict(q=torch.randn(B, S, N, generator=gen).bfloat16(), k=torch.randn(B, S, N, generator=gen).bfloat16(),
+                norm_q=norm, norm_k=norm, rope="interleaved", head_dim=D,
+                tables=(torch.randn(1, S, 1, D // 2, generator=gen), torch.randn(1, S, 1, D // 2, generator=gen),
+                        None, None))
+    call.update(change)
+    return call
+
+
+def test_cross_head_site_names_why_a_call_does_not_fit():
+    fit = _sites.CrossHeadQkNormRopeSite._fit
+    assert fit(**_cross_head_call()) == ""
+    no_weight = torch.nn.RMSNorm(128, eps=1e-6, elementwise_affine=False)
+    assert fit(**_cross_head_call(norm_q=no_weight, norm_k=no_weight)) == ""  # LTX-2's configurable norms
+    text_k = torch.randn(2, 9, 128).bfloat16()
+    assert fit(**_cross_head_call(k=text_k, rope="none", tables=(None,) * 4)) == ""  # another token count
+    qkv = torch.randn(2, 6, 3 * 128).bfloat16()  # fused projections: chunks of one output
+    assert fit(**_cross_head_call(q=qkv[..., :128], k=qkv[..., 128:256])) == ""
+    base = _cross_head_call()
+    q_grad = base["q"].clone().requires_grad_()
+    cases = {
+        "torch.float32 with torch.bfloat16 activations": dict(norm_q=torch.nn.RMSNorm(128, eps=1e-6)),
+        "eps=None": dict(norm_k=torch.nn.RMSNorm(128).bfloat16()),
+        "not the row (128,)": dict(norm_q=torch.nn.RMSNorm(64, eps=1e-6).bfloat16()),
+        "not torch.nn.RMSNorm": dict(norm_q=diffusers.models.normalization.RMSNorm(128, eps=1e-6)),
+        "8-byte aligned": dict(q=torch.randn(2 * 6 * 128 + 1).bfloat16()[1:].view(2, 6, 128)),
+        "rows overlap": dict(q=torch.randn(128).bfloat16().expand(2, 6, 128)),
+        "other tokens": dict(k=text_k),
+        "rotary tables are torch.bfloat16": dict(tables=tuple(t.bfloat16() if t is not None else None
+                                                             for t in base["tables"])),
+        "rotary tables are (1, 6, 1, 16)": dict(tables=(torch.zeros(1, 6, 1, 16), torch.zeros(1, 6, 1, 16),
+                                                        None, None)),
+        "head_dim 48": dict(head_dim=48),
+        "differ in batch": dict(k=torch.randn(1, 6, 128).bfloat16()),
+        "float16 or bfloat16": dict(q=base["q"].float(), k=base["k"].float()),
+    }
+    for expected, change in cases.items():
+        why = fit(**_cross_head_call(**change))
+        assert expected in why, (expected, why)
+    with torch.enable_grad():
+        assert "autograd" in fit(**_cross_head_call(q=q_grad))
+    with torch.no_grad():
+        assert fit(**_cross_head_call(q=q_grad)) == ""
+
+
+def test_wan_cross_head_falls_back_per_call_with_reasons():
+    """model.to(bfloat16) casts Wan's rotary tables too (from_pretrained keeps them float32): the
+    self-attention's RoPE then runs in bfloat16, not the op's chain, and every such call is the
+    model's; a float32 QK weight at one place falls back there only; a norm without eps is left
+    unpatched at plan time."""
+    model, inputs, _ = tiny_wan(cast="to")
+    reference = run(model, inputs)
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    with pytest.warns(RuntimeWarning, match="runs the model's code for a call"):
+        out = run(model, inputs)
+    self_qk, cross_qk = report["qk_norm_rope (self-attn)"], report["qk_norm_rope (text cross-attn)"]
+    assert self_qk.fused_calls == 0 and list(self_qk.fallbacks) == ["q's rotary tables are torch.bfloat16/"
+                                                                    "torch.bfloat16 (the op takes float32)"]
+    assert cross_qk.fused_calls == len(cross_qk.places)
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+
+    model, inputs, _ = tiny_wan()
+    model.blocks[0].attn1.norm_q.float()
+    eps_free = torch.nn.RMSNorm(model.blocks[1].attn2.norm_k.normalized_shape).bfloat16()
+    model.blocks[1].attn2.norm_k = eps_free
+    reference = run(model, inputs)
+    report = dd.enable(model, STRICT, allow_cpu=True)
+    assert type(model.blocks[1].attn2.processor) is diffusers.models.transformers.transformer_wan.WanAttnProcessor
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(run(model, inputs), reference)
+    self_qk, cross_qk = report["qk_norm_rope (self-attn)"], report["qk_norm_rope (text cross-attn)"]
+    assert cross_qk.skipped == [("blocks.1.attn2", "torch.nn.RMSNorm with eps=None (the dtype's epsilon)")]
+    assert self_qk.fallbacks["norm weight is torch.float32 with torch.bfloat16 activations (PyTorch's "
+                             "decomposed RMSNorm)"] == 1
+    dd.disable(model)
+    model.blocks[0].attn1.norm_q.bfloat16()
+    dd.enable(model, CLOSE, allow_cpu=True)
+    run(model, inputs)
+    assert report is not dd.enabled(model) and dd.enabled(model)["qk_norm_rope (self-attn)"].fused_calls == 2
+
+
+@pytest.mark.parametrize("per_token_timestep,fused_qkv", [(False, True), (True, False)], ids=["fused_qkv", "ti2v"])
+def test_wan_forms_run_the_op_on_the_cpu_reference(per_token_timestep, fused_qkv):
+    """Fused projections (q and k strided chunks of to_qkv's output, written in place) and Wan 2.2
+    TI2V's per-token modulation: every mapped site runs in the close tier (the CPU reference), the
+    strict tier gives the unpatched output bit for bit."""
+    model, inputs, _ = tiny_wan(per_token_timestep=per_token_timestep, fused_qkv=fused_qkv)
+    reference = run(model, inputs)
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    out = run(model, inputs)
+    for site in report.sites:
+        if site.active:
+            assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
+    assert_first_sight_close(report)
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+    dd.enable(model, STRICT, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(run(model, inputs), reference)
+
+
+@pytest.mark.parametrize("rope_type,variant", [("interleaved", None), ("split", "gated_stg")])
+def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
+    """LTX-2's interleaved tables (read every other column), and gated attention with the perturbed
+    processor (spatio-temporal guidance: an all-perturbed block skips the QK part) and the
+    cross-attention modulation's extra gated residuals: the processors are swapped for ours and
+    back, the close tier runs every mapped site, the strict tier gives the unpatched output."""
+    model, inputs, counts = tiny_ltx2(rope_type=rope_type, batch=2, variant=variant)
+    reference = run(model, inputs)
+    before = snapshot(model)
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    assert {s.name: len(s.places) for s in report.sites} == counts
+    expected = "LTX2PerturbedAttnProcessorDitops" if variant else "LTX2AttnProcessorDitops"
+    assert type(model.transformer_blocks[0].attn1.processor).__name__ == expected
+    out = run(model, inputs)
+    for site in report.sites:
+        if site.active:
+            assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
+    assert_first_sight_close(report)
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+    assert_same(before, snapshot(model))
+    inputs_all = dict(inputs, perturbation_mask=torch.zeros(2).bfloat16()) if variant else inputs
+    reference_all = run(model, inputs_all)
+    report = dd.enable(model, STRICT, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(run(model, inputs_all), reference_all)
+    if variant:  # block 0's self-attentions skipped: one QK call each, from block 1
+        assert report["qk_norm_rope (video self-attn)"].model_calls == 1
+
+
+def test_ltx2_norms_without_weight_and_a_user_processor():
+    """QK norms without a weight (torch.nn.RMSNorm(elementwise_affine=False)) are the op's chain
+    without a weight; a processor object the user set is replaced (its class is the model's) and
+    put back by disable; one of the user's own class is left as it is."""
+    model, inputs, _ = tiny_ltx2()
+    for block in model.transformer_blocks:
+        for name in ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn"):
+            attn = getattr(block, name)
+            for norm in ("norm_q", "norm_k"):
+                old = getattr(attn, norm)
+                setattr(attn, norm, torch.nn.RMSNorm(old.normalized_shape, eps=old.eps, elementwise_affine=False))
+    mine = diffusers.models.transformers.transformer_ltx2.LTX2AudioVideoAttnProcessor()
+    model.transformer_blocks[1].audio_attn1.set_processor(mine)
+    reference = run(model, inputs)
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    out = run(model, inputs)
+    assert model.transformer_blocks[1].audio_attn1.processor.original is mine
+    audio = report["qk_norm_rope (audio self-attn)"]
+    assert audio.skipped == [] and audio.fused_calls == 2
+    for site in report.sites:
+        if site.op == "cross_head_qknorm_rope":
+            assert site.fused_calls > 0 and not site.fallbacks, site.name
+    assert_first_sight_close(report)
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+    assert model.transformer_blocks[1].audio_attn1.processor is mine
+
+    class MyProcessor(diffusers.models.transformers.transformer_ltx2.LTX2AudioVideoAttnProcessor):
+        pass
+    model.transformer_blocks[1].audio_attn1.set_processor(MyProcessor())
+    report = dd.plan(model)
+    assert report["qk_norm_rope (audio self-attn)"].skipped == [
+        ("transformer_blocks.1.audio_attn1", "processor is MyProcessor, not LTX2AudioVideoAttnProcessor or "
+                                             "LTX2PerturbedAttnProcessor")]
+
+
+# ---------------------------------------------------------------- mapped sites (Wan's float32 chains)
+
+
+def test_mapped_site_runs_its_mapping_under_the_first_sight_check():
+    gen = torch.Generator().manual_seed(9)
+    x, u = (torch.randn(2, 3, 8, generator=gen) for _ in range(2))
+    g = torch.randn(2, 1, 8, generator=gen)
+
+    def chain(x, u, g):
+        return x + u * g
+
+    mapping = _sites.Mapping(op="residual_gate_add", fit=lambda x, u, g: "" if g.is_contiguous() else "strided gate",
+                             signature=lambda x, u, g: (x.dtype,),
+                             call=lambda x, u, g: _sites.OpCall("residual_gate_add", (x, u, g), {}, lambda out: out))
+    site = _sites.MappedSite("gated_residual (test)", mapping=mapping, chain="x + u * g")
+    site.quality = STRICT
+    assert torch.equal(site(chain, x, u, g), chain(x, u, g)) and site.fused_calls == 1
+    assert torch.equal(site(chain, x, u, g), chain(x, u, g)) and site.fused_calls == 2
+    with pytest.warns(RuntimeWarning, match="strided gate"):
+        site(chain, x, u, g.expand(2, 3, 8))
+    assert site.fallbacks == {"strided gate": 1}
+
+    def other_chain(x, u, g):
+        return x + u * g * 2
+    other = _sites.MappedSite("gated_residual (test)", mapping=mapping, chain="x + 2 u g")
+    other.quality = STRICT
+    with pytest.warns(RuntimeWarning, match="disabling residual_gate_add"):
+        assert torch.equal(other(other_chain, x, u, g), other_chain(x, u, g))
+    assert other.fused_calls == 0 and other.reasons
+
+    off = _sites.MappedSite("gated_residual (test)", mapping=_sites.Mapping(why="no op yet"), chain="x + u * g")
+    assert off.op is None and off.why == "no op yet" and "the model's code" in off.runs()
+    assert torch.equal(off(chain, x, u, g), chain(x, u, g)) and off.model_calls == 1
+
+
+def test_wan_site_switches_on_by_its_mapping(monkeypatch):
+    """The gated residual's mapping switched to residual_gate_add on float32 copies (the model's
+    chain exactly: x.float() + rne32(update * gate), then one rounding): the site runs it and the
+    output stays the model's. What the fp32-gate op will replace."""
+    from ditops.diffusers import wan
+
+    def fit(x, update, gate):
+        return "" if gate.dtype == torch.float32 and update.shape == x.shape else "not the float32-gate form"
+
+    mapping = _sites.Mapping(
+        op="residual_gate_add", fit=fit, signature=lambda x, update, gate: (str(x.device), x.dtype, gate.shape[1] == 1),
+        call=lambda x, update, gate: _sites.OpCall("residual_gate_add", (x.float(), update.float(), gate.contiguous()),
+                                                   {}, lambda out: out.type_as(x)))
+    monkeypatch.setattr(wan, "RESIDUAL", mapping)
+    model, inputs, _ = tiny_wan()
+    reference = run(model, inputs)
+    report = dd.enable(model, STRICT, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.equal(run(model, inputs), reference)
+    residual = report["gated_residual"]
+    assert residual.op == "residual_gate_add" and residual.fused_calls == len(residual.places)
+
+
 # ---------------------------------------------------------------- refusals
 
 
@@ -464,11 +783,20 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA d
                                                                        "device machine)")
 
 
+# The GPU test's models: every tiny model, and the forms whose chains differ in layout or tables.
+GPU_MODELS = dict(TINY, **{
+    "wan_ti2v": lambda batch: tiny_wan(batch=batch, per_token_timestep=True),
+    "wan_fused_qkv": lambda batch: tiny_wan(batch=batch, fused_qkv=True),
+    "ltx2_interleaved": lambda batch: tiny_ltx2(batch=batch, rope_type="interleaved"),
+    "ltx2_gated_stg": lambda batch: tiny_ltx2(batch=batch, variant="gated_stg"),
+})
+
+
 @needs_cuda
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", sorted(GPU_MODELS))
 @pytest.mark.parametrize("batch", [1, 2])
 def test_gpu_patched_equals_unpatched(name, batch):
-    model, inputs, _ = TINY[name](batch=batch)
+    model, inputs, _ = GPU_MODELS[name](batch=batch)
     model = model.to("cuda")
     inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
     reference = run(model, inputs)
@@ -485,6 +813,7 @@ def test_gpu_patched_equals_unpatched(name, batch):
             assert site.fused_calls > 0, site.name
     assert not [w for w in caught if "ditops" in str(w.message)], [str(w.message) for w in caught]
     dd.disable(model)
+    assert torch.equal(run(model, inputs), reference)
 
 
 @needs_cuda

@@ -9,7 +9,7 @@ of a supported model, and one call restores it.
 
 Supported (diffusers >=0.42.1,<0.43, the release range whose model code was read and tested):
 FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel, WanTransformer3DModel,
-HunyuanVideoTransformer3DModel. Each site keeps a first-sight check against the model's own chain
+HunyuanVideoTransformer3DModel, LTX2VideoTransformer3DModel (LTX-2). Each site keeps a first-sight check against the model's own chain
 (ditops.diffusers._sites) and falls back with a warning; docs/diffusers.md lists the sites per
 model with the chain each reproduces.
 
@@ -43,6 +43,7 @@ SUPPORTED_MODELS = {
     "QwenImageTransformer2DModel": "qwenimage",
     "WanTransformer3DModel": "wan",
     "HunyuanVideoTransformer3DModel": "hunyuan_video",
+    "LTX2VideoTransformer3DModel": "ltx2",
 }
 
 # The site classes enable(sites=...) selects from.

@@ -12,8 +12,8 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
 from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
-from ._sites import (GatedResidualSite, LayerNormModulateSite, QkNormRopeSite, affine_free_layer_norm,
-                     op_options, rms_norm_rounding)
+from ._sites import (CrossHeadQkNormRopeSite, GatedResidualSite, LayerNormModulateSite, QkNormRopeSite,
+                     affine_free_layer_norm, cross_head_norm, op_options, rms_norm_rounding)
 
 
 # ---------------------------------------------------------------- site constructors
@@ -102,6 +102,15 @@ def qk_site(name, attentions, *, chain, note="", probe=False, probe_reason=""):
     return site
 
 
+def cross_head_qk_site(name, rope, chain):
+    """The cross-head QK norm (+ RoPE) site of Wan / LTX-2: cross_head_qknorm_rope, where this build
+    has it."""
+    if not op_options("cross_head_qknorm_rope"):
+        return CrossHeadQkNormRopeSite(name, op=None, chain=chain,
+                                       why="this build of ditops has no cross_head_qknorm_rope op")
+    return CrossHeadQkNormRopeSite(name, op="cross_head_qknorm_rope", chain=chain, options={"rope": rope})
+
+
 # ---------------------------------------------------------------- the chains at call time
 
 def qk(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, start: int, layout="full_width", rows=None):
@@ -148,6 +157,26 @@ def patch_processor(plan, site, path, attn, default_cls, ours_cls, streams):
                                                  f"not {default_cls.__name__}"))
         return
     plan.patch_processor(f"{path}.processor", attn, ours_cls(attn.processor, site))
+
+
+def patch_cross_head_processor(plan, site, path, attn, processors, stream, widths):
+    """Count the attention as a place of the cross-head QK site; install ours where the site's op is
+    mapped, the attention runs one of the model's processors (processors: its class -> ours) and
+    its QK norms are what the op reproduces (torch.nn.RMSNorm over the whole projected row of
+    widths = (q's, k's), with an eps)."""
+    site.places.append(f"{plan.prefix}{path} ({stream})")
+    if site.op is None:
+        return
+    ours = processors.get(type(attn.processor))
+    if ours is None:
+        site.skipped.append((plan.prefix + path, f"processor is {type(attn.processor).__name__}, not "
+                                                 f"{' or '.join(c.__name__ for c in processors)}"))
+        return
+    why = cross_head_norm(attn.norm_q, widths[0]) or cross_head_norm(attn.norm_k, widths[1])
+    if why:
+        site.skipped.append((plan.prefix + path, why))
+        return
+    plan.patch_processor(f"{path}.processor", attn, ours(attn.processor, site))
 
 
 def _adaln_zero_forward(site):

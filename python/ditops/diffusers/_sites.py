@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import warnings
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -493,44 +495,177 @@ class GatedResidualSite(Site):
         return ""
 
 
-# ---------------------------------------------------------------- fp32 adaLN (Wan)
+# ---------------------------------------------------------------- cross-head QK RMSNorm + RoPE
 
 
-class Fp32NormScaleShiftSite(Site):
-    """(LayerNorm(x.float()) * (1 + scale) + shift).type_as(x), all in float32: norm_scale_shift on
-    the float32 copy, then the one rounding the model does."""
+def cross_head_norm(norm, width: int) -> str:
+    """'' when `norm` is what cross_head_qknorm_rope reproduces over a projected row of `width`
+    elements: torch.nn.RMSNorm(width) (F.rms_norm) with an eps, a weight or none; else the reason."""
+    if type(norm) is not torch.nn.RMSNorm:
+        return f"the QK norm is {type(norm).__name__}, not torch.nn.RMSNorm"
+    if tuple(norm.normalized_shape) != (width,):
+        return f"the QK norm's shape is {tuple(norm.normalized_shape)}, not the row ({width},)"
+    if norm.eps is None:
+        return "torch.nn.RMSNorm with eps=None (the dtype's epsilon)"
+    return ""
 
-    def __call__(self, x, scale, shift, norm, reference):
-        why = self._fit(x, scale, shift, norm)
-        sig = None if why else (str(x.device), x.dtype, x.shape[-1], scale.dim(),
-                                scale.shape[1] == 1, float(norm.eps))
+
+def _row_layout(x, name: str) -> str:
+    """'' when x [B, S, N] has 8-byte-aligned rows that do not overlap (a chunk of a fused
+    projection qualifies): where PyTorch's RMSNorm runs its vectorized row kernel, whose order the
+    op reproduces, and where the op's 8-byte loads apply."""
+    B, S, N = x.shape
+    size = x.element_size()
+    if x.stride(2) != 1:
+        return f"{name}'s last stride is {x.stride(2)}, not 1"
+    if x.data_ptr() % 8 or (S > 1 and x.stride(1) * size % 8) or (B > 1 and x.stride(0) * size % 8):
+        return f"{name}'s rows are not 8-byte aligned"
+    span = N  # each row's extent, then each batch's, in the order of the strides
+    for stride, n in sorted((x.stride(i), x.shape[i]) for i in (0, 1) if x.shape[i] > 1):
+        if stride < span:
+            return f"{name}'s rows overlap"
+        span += stride * (n - 1)
+    return ""
+
+
+class CrossHeadQkNormRopeSite(Site):
+    """RMSNorm of q and k over the whole projected row (all heads: torch.nn.RMSNorm(heads *
+    head_dim), Wan's and LTX-2's rms_norm_across_heads), then RoPE per head, as one in-place
+    cross_head_qknorm_rope call. Its CUDA kernel is bit_exact against that eager chain where the
+    norm runs PyTorch's fused row kernel (16-bit rows, a weight in their dtype or none, 8-byte
+    aligned rows, N % 4 == 0): every other call runs the model's code."""
+
+    def __call__(self, q, k, norm_q, norm_k, rope: str, head_dim: int, tables, reference, why: str = ""):
+        """q [B, S, Nq], k [B, Sk, Nk]: the projections, tensors nothing else reads (the op writes
+        them); their norm modules; the RoPE form (interleaved, split, none), the width of the
+        heads it rotates within, and the tables as the op reads them, (q_cos, q_sin, k_cos, k_sin)
+        ([1|B, tokens, 1|heads, head_dim/2] float32 views; k's None: k takes q's; all None for
+        rope none). reference(): the model's (q, k). why: the model module's reason this call
+        does not map (its tables are not the op's). Returns the normalized and rotated (q, k)."""
+        why = why or self._fit(q, k, norm_q, norm_k, rope, head_dim, tables)
+        sig = None if why else (str(q.device), q.dtype, q.shape[-1], k.shape[-1], head_dim, rope,
+                                norm_q.weight is not None, norm_k.weight is not None, float(norm_q.eps))
+
+        def arguments():
+            return ((q, k, norm_q.weight, norm_k.weight) + tuple(tables),
+                    dict(head_dim=head_dim, eps=float(norm_q.eps), rope=rope, rounding="rounded",
+                         quality=self.quality))
 
         def fused():
-            y = ops.norm_scale_shift(x.float(), scale, shift, norm="layer",
-                                                  eps=float(norm.eps), quality=self.quality)[0]
-            return (y.type_as(x),)
+            args, kwargs = arguments()
+            ops.cross_head_qknorm_rope(*args, **kwargs)
+            return q, k
 
         def explain():
-            return ditops.explain("norm_scale_shift", x.float(), scale, shift, norm="layer",
-                                  eps=float(norm.eps), quality=self.quality)
+            args, kwargs = arguments()
+            return ditops.explain("cross_head_qknorm_rope", *args, **kwargs)
 
-        return self.run(why, sig, x.device, fused, lambda: (reference(),), explain)[0]
+        return self.run(why, sig, q.device, fused, reference, explain)
 
     @staticmethod
-    def _fit(x, scale, shift, norm) -> str:
-        if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return f"x is {x.dtype} of rank {x.dim()}"
-        B, S, D = x.shape
-        if not 16 <= D <= 4096 or D % 4:
-            return f"dim {D} (the op's float32 rows: 16 <= D <= 4096, D % 4 == 0)"
-        for name, t in (("scale", scale), ("shift", shift)):
-            if t.dtype != torch.float32 or t.dim() != 3 or t.shape[0] != B or t.shape[1] not in (1, S) \
-                    or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
-                return f"{name} is not float32 [batch, 1 or tokens, dim] on x's device"
-        if x.stride(-1) != 1:
-            return "x's last stride is not 1"
-        if type(norm).__name__ != "FP32LayerNorm" or norm.weight is not None or norm.bias is not None:
-            return "the norm is not an affine-free FP32LayerNorm"
-        if tuple(norm.normalized_shape) != (D,):
-            return "the norm's shape is not x's last dim"
+    def _fit(q, k, norm_q, norm_k, rope, head_dim, tables) -> str:
+        if q.dim() != 3 or k.dim() != 3:
+            return "q and k must be [batch, tokens, heads * head_dim]"
+        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
+            return f"q/k are {q.dtype}/{k.dtype} (the op takes float16 or bfloat16)"
+        (B, S, Nq), (Bk, Sk, Nk) = q.shape, k.shape
+        if Bk != B:
+            return f"q and k differ in batch ({B}, {Bk})"
+        why = cross_head_norm(norm_q, Nq) or cross_head_norm(norm_k, Nk)
+        if why:
+            return why
+        if float(norm_q.eps) != float(norm_k.eps):
+            return "q and k norms have different eps"
+        for w in (norm_q.weight, norm_k.weight):
+            if w is None:
+                continue
+            if w.dtype != q.dtype:
+                # PyTorch decomposes RMSNorm with a weight of another dtype (pow, mean, rsqrt, mul)
+                return f"norm weight is {w.dtype} with {q.dtype} activations (PyTorch's decomposed RMSNorm)"
+            if not w.is_contiguous() or w.device != q.device:
+                return "norm weight is not contiguous on q's device"
+        if head_dim % 8 or not 8 <= head_dim <= 512 or Nq % head_dim or Nk % head_dim:
+            return f"head_dim {head_dim} (a multiple of 8 up to 512 that divides {Nq} and {Nk})"
+        if Nq > 8192 or Nk > 8192:
+            return f"rows of {max(Nq, Nk)} elements (the op's rows stop at 8192)"
+        why = _row_layout(q, "q") or _row_layout(k, "k")
+        if why:
+            return why
+        if k.device != q.device:
+            return "q and k on different devices"
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            return "autograd records q or k (the op writes them in place and has no backward)"
+        if rope not in ("interleaved", "split", "none"):
+            return f"RoPE form {rope!r}"
+        q_cos, q_sin, k_cos, k_sin = tables
+        if rope == "none":
+            return "" if all(t is None for t in tables) else "rotary tables given with rope none"
+        if k_cos is None and (k_sin is not None or Sk != S):
+            return "k takes q's rotary tables but has other tokens"
+        for name, cos, sin, x in (("q", q_cos, q_sin, q), ("k", k_cos, k_sin, k)):
+            if cos is None and name == "k":
+                continue
+            if cos is None or sin is None:
+                return f"{name} has no rotary tables"
+            heads = x.shape[2] // head_dim
+            if cos.dtype != torch.float32 or sin.dtype != torch.float32:
+                return f"{name}'s rotary tables are {cos.dtype}/{sin.dtype} (the op takes float32)"
+            if cos.dim() != 4 or cos.shape != sin.shape or cos.shape[0] not in (1, B) or cos.shape[1] != x.shape[1] \
+                    or cos.shape[2] not in (1, heads) or cos.shape[3] != head_dim // 2:
+                return (f"{name}'s rotary tables are {tuple(cos.shape)}, not [1|{B}, {x.shape[1]}, 1|{heads}, "
+                        f"{head_dim // 2}]")
+            if cos.device != q.device or sin.device != q.device:
+                return f"{name}'s rotary tables on another device"
         return ""
+
+
+# ---------------------------------------------------------------- a site with its op mapping beside the chain
+
+
+class OpCall(NamedTuple):
+    """One op call of a mapped site: ops.<op>(*args, **kwargs), and the site's output from its
+    result."""
+    op: str
+    args: tuple
+    kwargs: dict
+    output: Callable
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """How a site's calls map to an op: fit(*tensors) -> '' or why a call does not fit,
+    signature(*tensors) -> the first-sight key of a fitting call, call(*tensors) -> OpCall.
+    op None: the model's chain runs (why says why)."""
+    op: str | None = None
+    why: str = ""
+    options: dict = field(default_factory=dict)
+    fit: Callable | None = None
+    signature: Callable | None = None
+    call: Callable | None = None
+
+
+class MappedSite(Site):
+    """A site whose op call is one small function beside the model's chain (a Mapping), so a model
+    module states both side by side and switching a site to a new op changes only its mapping."""
+
+    def __init__(self, name: str, *, mapping: Mapping, chain: str, note: str = ""):
+        super().__init__(name, op=mapping.op, chain=chain, why=mapping.why, options=mapping.options, note=note)
+        self.mapping = mapping
+
+    def __call__(self, chain, *tensors):
+        """chain(*tensors): the model's output at this site; the op's where it runs."""
+        if not self.active:
+            return self.run("", None, None, None, lambda: (chain(*tensors),), None)[0]
+        m = self.mapping
+        why = m.fit(*tensors)
+        sig = None if why else m.signature(*tensors)
+
+        def fused():
+            c = m.call(*tensors)
+            return (c.output(getattr(ops, c.op)(*c.args, quality=self.quality, **c.kwargs)),)
+
+        def explain():
+            c = m.call(*tensors)
+            return ditops.explain(c.op, *c.args, quality=self.quality, **c.kwargs)
+
+        return self.run(why, sig, tensors[0].device, fused, lambda: (chain(*tensors),), explain)[0]

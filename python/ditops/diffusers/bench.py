@@ -14,6 +14,7 @@ Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens
 split into double (first half, rounded up) and single blocks. Wan and HunyuanVideo take the
 tokens as a latent video grid (--grid F,H,W after patching; by default Wan's 480p 81-frame grid
 21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens.
+Models are cast as from_pretrained(torch_dtype=bfloat16) loads them (Wan keeps its float32 modules).
 """
 from __future__ import annotations
 
@@ -98,6 +99,21 @@ def video_grid(args) -> tuple[int, int, int]:
     return (1,) + near_square(args.tokens)
 
 
+def cast_like_from_pretrained(model, dtype):
+    """model in dtype except its _keep_in_fp32_modules (Wan: rotary tables, norm1/2/3, modulation
+    tables), as from_pretrained(torch_dtype=dtype) loads it; model.to(dtype) would cast those too."""
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    for name, module in model.named_modules():
+        kept = bool(keep & set(name.split(".")))
+        for n, p in module.named_parameters(recurse=False):
+            if not (kept or n in keep):
+                p.data = p.data.to(dtype)
+        for n, b in module.named_buffers(recurse=False):
+            if b.is_floating_point() and not (kept or n in keep):
+                module._buffers[n] = b.to(dtype)
+    return model
+
+
 def build(args, torch, diffusers, device="cuda"):
     """(model, inputs, shape text, config) in bf16 with random weights on `device`; norm weights
     around 1 (not all 1, where norm rounding orders agree by accident)."""
@@ -110,7 +126,7 @@ def build(args, torch, diffusers, device="cuda"):
     torch.manual_seed(args.seed)
     with torch.device(device):
         model = getattr(diffusers, CLASSES[name])(**cfg)
-    model = model.to(torch.bfloat16).eval()
+    model = cast_like_from_pretrained(model, torch.bfloat16).eval()
     with torch.no_grad():
         for pname, p in model.named_parameters():
             if "norm" in pname and pname.endswith("weight"):

@@ -1,37 +1,195 @@
-"""Wan (diffusers WanTransformer3DModel), as diffusers 0.42 writes it.
+"""Wan (diffusers WanTransformer3DModel, 2.1 and 2.2), as diffusers 0.42 writes it.
 
 Sites and the chains they reproduce (docs/diffusers.md has the table):
-  * QK norm + RoPE: Wan normalizes q and k across all heads (torch.nn.RMSNorm over
-    heads * head_dim, before the heads are split). qknorm_rope normalizes per head, so the model's
-    code runs there until the cross-head op exists.
-  * adaLN: norm1 and norm3 are FP32LayerNorm on x.float(), the modulation is float32
-    ((norm(x.float()) * (1 + scale) + shift).type_as(x), scale/shift float32 [B, 1, D] or, for
-    Wan 2.2 TI2V, per token): norm_scale_shift on the float32 copy (eager numerics, LayerNorm
-    without affine), then the model's one rounding. norm_scale_shift's float32 rows stop at
-    D = 4096: Wan 1.3B (1536) fits, the 14B models (5120) run the model's code for that call.
-  * gated residuals: (x.float() + update * gate).type_as(x) mixes a 16-bit update with a float32
-    gate and sums in float32; residual_gate_add takes one dtype, and float32 copies of x and the
-    update would cost more than the fusion saves, so the model's code runs there.
+  * QK norm + RoPE of the self-attention (attn1): torch.nn.RMSNorm over all heads (heads *
+    head_dim, before the heads split), then RoPE with interleaved pairs from float32 tables
+    (x1*cos - x2*sin, x1*sin + x2*cos, one rounding): cross_head_qknorm_rope, in place on the
+    projections (chunks of to_qkv's output with fused projections), reading the tables through
+    the views WanAttnProcessor reads (freqs_cos[..., 0::2], freqs_sin[..., 1::2]).
+  * QK norm of the text cross-attention (attn2): the same norm over the video queries and the
+    text keys (another token count), no RoPE: cross_head_qknorm_rope(rope="none"). I2V's image
+    keys (norm_added_k) stay the model's code: a norm of k alone, with no query to pair it with
+    in the op's call, over 257 image tokens (a negligible kernel beside the video's).
+  * The float32 chains: adaLN (norm1, norm3: (FP32LayerNorm(x.float()) * (1 + scale) +
+    shift).type_as(x)), norm2 (norm2(x.float()).type_as(x), an affine FP32LayerNorm) and the two
+    gated residuals ((x.float() + update * gate).type_as(x)). Each is one MappedSite whose op is
+    one Mapping below, the op call beside the model's chain: adaLN runs norm_scale_shift on the
+    float32 copy up to D = 4096 (its float32 rows stop there); norm2 and the residuals run the
+    model's code until ops take these chains on 16-bit x directly (issue 34 §2): switching them
+    on changes only their Mapping.
+norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
+the model's code.
 """
 from __future__ import annotations
 
-from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+import torch
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
+                                                           _get_added_kv_projections, _get_qkv_projections)
 
 from ._patching import Plan
-from ._sites import Fp32NormScaleShiftSite, QkNormRopeSite, GatedResidualSite
+from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall
+from . import _common
 
 MODEL_CLASS = "WanTransformer3DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_wan"
 
+QK_NORM = "torch.nn.RMSNorm over heads * head_dim (across heads: F.rms_norm), then the heads split"
+QK_SELF_CHAIN = (QK_NORM + ", then RoPE with interleaved pairs from float32 cos/sin (x1 * cos - x2 * sin, "
+                 "x1 * sin + x2 * cos in float32, one rounding)")
+QK_CROSS_CHAIN = QK_NORM + " (video queries and text keys), no RoPE"
 FP32_ADALN_CHAIN = ("FP32LayerNorm(x.float()) (no affine) * (1 + scale) + shift, all float32, then "
                     ".type_as(x)")
+NORM2_CHAIN = "norm2(x.float()).type_as(x): FP32LayerNorm with weight and bias in float32, one rounding"
+RESIDUAL_CHAIN = "(x.float() + update * gate).type_as(x): 16-bit update times a float32 gate, float32 sum"
 
 
-def block_forward(adaln: Fp32NormScaleShiftSite):
-    """WanTransformerBlock.forward with the two float32 adaLN modulations through the site."""
+# ---------------------------------------------------------------- the float32 chains and their op mappings
 
-    def modulate(x, norm, scale, shift):
-        return adaln(x, scale, shift, norm, lambda: (norm(x.float()) * (1 + scale) + shift).type_as(x))
+
+def adaln_chain(x, norm, scale, shift):
+    """norm1 / norm3 with the modulation, as WanTransformerBlock.forward writes it."""
+    return (norm(x.float()) * (1 + scale) + shift).type_as(x)
+
+
+def _adaln_fit(x, norm, scale, shift) -> str:
+    if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"x is {x.dtype} of rank {x.dim()}"
+    B, S, D = x.shape
+    if not 16 <= D <= 4096 or D % 4:
+        return f"dim {D} (norm_scale_shift's float32 rows: 16 <= D <= 4096, D % 4 == 0)"
+    for name, t in (("scale", scale), ("shift", shift)):
+        if t.dtype != torch.float32 or t.dim() != 3 or t.shape[0] != B or t.shape[1] not in (1, S) \
+                or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
+            return f"{name} is not float32 [batch, 1 or tokens, dim] on x's device"
+    if x.stride(-1) != 1:
+        return "x's last stride is not 1"
+    if type(norm).__name__ != "FP32LayerNorm" or norm.weight is not None or norm.bias is not None:
+        return "the norm is not an affine-free FP32LayerNorm"
+    if tuple(norm.normalized_shape) != (D,):
+        return "the norm's shape is not x's last dim"
+    return ""
+
+
+# norm_scale_shift (eager numerics, LayerNorm, no affine) on the float32 copy, then the model's one
+# rounding: float32 rounding is the identity in norm_scale_shift.md §2.
+ADALN = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "eager", "x": "x.float()"},
+    fit=_adaln_fit,
+    signature=lambda x, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
+                                             float(norm.eps)),
+    call=lambda x, norm, scale, shift: OpCall("norm_scale_shift", (x.float(), scale, shift),
+                                              dict(norm="layer", eps=float(norm.eps)),
+                                              lambda out: out[0].type_as(x)))
+
+
+def norm2_chain(x, norm):
+    """The cross-attention's pre-norm (nn.Identity without cross_attn_norm)."""
+    return norm(x.float()).type_as(x)
+
+
+NORM2 = Mapping(why="the affine float32 LayerNorm of x.float() with one rounding back is not a chain of an op "
+                    "in this build (issue 34 §2 adds its float32-chain numerics)")
+
+
+def residual_attn_chain(x, update, gate):
+    """The self-attention's gated residual."""
+    return (x.float() + update * gate).type_as(x)
+
+
+def residual_ff_chain(x, update, gate):
+    """The feed-forward's gated residual (update.float() * gate: the same products)."""
+    return (x.float() + update.float() * gate).type_as(x)
+
+
+RESIDUAL = Mapping(why="mixed dtypes (residual_gate_add takes one dtype; float32 copies of x and the update "
+                       "would cost more than the fusion saves)")
+
+
+# ---------------------------------------------------------------- QK norm + RoPE
+
+
+def wan_rope(x, freqs_cos, freqs_sin):
+    """WanAttnProcessor's apply_rotary_emb: x [B, S, H, D], tables [1, S, 1, D] float32."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def qk(site: CrossHeadQkNormRopeSite, attn, query, key, rotary_emb):
+    """(query, key) [B, S, N] after the norms and, with rotary_emb, RoPE per head: the model's
+    order, or cross_head_qknorm_rope in place on the projections."""
+    heads = attn.heads
+
+    def reference():
+        q, k = attn.norm_q(query), attn.norm_k(key)
+        if rotary_emb is None:
+            return q, k
+        return (wan_rope(q.unflatten(2, (heads, -1)), *rotary_emb).flatten(2),
+                wan_rope(k.unflatten(2, (heads, -1)), *rotary_emb).flatten(2))
+
+    head_dim = query.shape[-1] // heads
+    if rotary_emb is None:
+        return site(query, key, attn.norm_q, attn.norm_k, "none", head_dim, (None,) * 4, reference)
+    freqs_cos, freqs_sin = rotary_emb
+    # k takes q's tables (self-attention: the same tokens)
+    tables = (freqs_cos[..., 0::2], freqs_sin[..., 1::2], None, None)
+    return site(query, key, attn.norm_q, attn.norm_k, "interleaved", head_dim, tables, reference)
+
+
+class WanAttnProcessorDitops(_common.ProcessorWrapper):
+    """WanAttnProcessor with the QK norm (and RoPE) through the cross-head qk site; everything
+    else is the processor's own sequence."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
+        encoder_hidden_states_img = None
+        if attn.add_k_proj is not None:
+            # 512 is the context length of the text encoder, hardcoded by the model
+            image_context_length = encoder_hidden_states.shape[1] - 512
+            encoder_hidden_states_img = encoder_hidden_states[:, :image_context_length]
+            encoder_hidden_states = encoder_hidden_states[:, image_context_length:]
+
+        query, key, value = _get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+        query, key = qk(self.site, attn, query, key, rotary_emb)
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+
+        hidden_states_img = None
+        if encoder_hidden_states_img is not None:
+            key_img, value_img = _get_added_kv_projections(attn, encoder_hidden_states_img)
+            key_img = attn.norm_added_k(key_img)
+            key_img = key_img.unflatten(2, (attn.heads, -1))
+            value_img = value_img.unflatten(2, (attn.heads, -1))
+            hidden_states_img = dispatch_attention_fn(query, key_img, value_img, attn_mask=None, dropout_p=0.0,
+                                                      is_causal=False, backend=self._attention_backend,
+                                                      parallel_config=None)
+            hidden_states_img = hidden_states_img.flatten(2, 3)
+            hidden_states_img = hidden_states_img.type_as(query)
+
+        hidden_states = dispatch_attention_fn(
+            query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+            backend=self._attention_backend,
+            parallel_config=(self._parallel_config if encoder_hidden_states is None else None))
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.type_as(query)
+        if hidden_states_img is not None:
+            hidden_states = hidden_states + hidden_states_img
+        hidden_states = attn.to_out[0](hidden_states)
+        hidden_states = attn.to_out[1](hidden_states)
+        return hidden_states
+
+
+# ---------------------------------------------------------------- the block
+
+
+def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite):
+    """WanTransformerBlock.forward with the float32 chains through their sites (the attentions'
+    QK sites are in their processors)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
         if temb.ndim == 4:  # Wan 2.2 TI2V: [batch, tokens, 6, dim]
@@ -41,41 +199,41 @@ def block_forward(adaln: Fp32NormScaleShiftSite):
             chunks = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = chunks
 
-        norm_hidden = modulate(hidden_states, self.norm1, scale_msa, shift_msa)
+        norm_hidden = adaln(adaln_chain, hidden_states, self.norm1, scale_msa, shift_msa)
         attn_output = self.attn1(norm_hidden, None, None, rotary_emb)
-        hidden_states = (hidden_states.float() + attn_output * gate_msa).type_as(hidden_states)
+        hidden_states = residual(residual_attn_chain, hidden_states, attn_output, gate_msa)
 
-        norm_hidden = self.norm2(hidden_states.float()).type_as(hidden_states)
+        norm_hidden = norm2(norm2_chain, hidden_states, self.norm2)
         hidden_states = hidden_states + self.attn2(norm_hidden, encoder_hidden_states, None, None)
 
-        norm_hidden = modulate(hidden_states, self.norm3, c_scale_msa, c_shift_msa)
+        norm_hidden = adaln(adaln_chain, hidden_states, self.norm3, c_scale_msa, c_shift_msa)
         ff_output = self.ffn(norm_hidden)
-        return (hidden_states.float() + ff_output.float() * c_gate_msa).type_as(hidden_states)
+        return residual(residual_ff_chain, hidden_states, ff_output, c_gate_msa)
 
     return forward
 
 
 def plan(model, plan: Plan, probe: bool = False) -> None:
-    qk = plan.add_site(QkNormRopeSite(
-        "qk_norm_rope (cross-head)", op=None,
-        chain="torch.nn.RMSNorm over heads * head_dim (across heads), then the heads split, then "
-              "RoPE (x1 * cos - x2 * sin, x1 * sin + x2 * cos in float32, one rounding)",
-        why="Wan's QK norm spans all heads; qknorm_rope normalizes per head and the cross-head "
-            "op is not in ditops yet"))
-    adaln = plan.add_site(Fp32NormScaleShiftSite("adaln_modulate", op="norm_scale_shift",
-                                                 chain=FP32_ADALN_CHAIN,
-                                                 options={"norm": "layer", "numerics": "eager"}))
-    residual = plan.add_site(GatedResidualSite(
-        "gated_residual", op=None,
-        chain="(x.float() + update * gate).type_as(x): 16-bit update times a float32 gate, float32 sum",
-        why="mixed dtypes (residual_gate_add takes one dtype; float32 copies of x and the update "
-            "would cost more than the fusion saves)"))
+    qk_self = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (self-attn)", "interleaved",
+                                                       QK_SELF_CHAIN))
+    qk_cross = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (text cross-attn)", "none",
+                                                        QK_CROSS_CHAIN))
+    adaln = plan.add_site(MappedSite("adaln_modulate", mapping=ADALN, chain=FP32_ADALN_CHAIN))
+    norm2 = plan.add_site(MappedSite("adaln_modulate (norm2)", mapping=NORM2, chain=NORM2_CHAIN))
+    residual = plan.add_site(MappedSite("gated_residual", mapping=RESIDUAL, chain=RESIDUAL_CHAIN))
+    processors = {WanAttnProcessor: WanAttnProcessorDitops}
     for i, block in enumerate(model.blocks):
         path = f"blocks.{i}"
-        qk.places.append(plan.prefix + f"{path}.attn1")
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn1", "ffn")]
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm1", "norm3")]
         if type(block) is not WanTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not WanTransformerBlock")
             continue
-        plan.patch_forward(path, block, block_forward(adaln))
+        a1, a2 = block.attn1, block.attn2
+        _common.patch_cross_head_processor(plan, qk_self, f"{path}.attn1", a1, processors, "video",
+                                           (a1.inner_dim, a1.kv_inner_dim))
+        _common.patch_cross_head_processor(plan, qk_cross, f"{path}.attn2", a2, processors,
+                                           "video q, text k", (a2.inner_dim, a2.kv_inner_dim))
+        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm1", "norm3")]
+        if type(block.norm2).__name__ == "FP32LayerNorm":
+            norm2.places.append(plan.prefix + f"{path}.norm2")
+        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn1", "ffn")]
+        plan.patch_forward(path, block, block_forward(adaln, norm2, residual))

@@ -1,0 +1,381 @@
+"""LTX-2 (diffusers LTX2VideoTransformer3DModel), as diffusers 0.42 writes it.
+
+Sites and the chains they reproduce (docs/diffusers.md has the table):
+  * QK norm + RoPE of every LTX2Attention: torch.nn.RMSNorm over the whole projected row
+    (rms_norm_across_heads; the attentions build it with a weight, the model's
+    norm_elementwise_affine configures the blocks' own norms, not these), then the model's RoPE
+    on the [B, T, N] row: split halves from per-head tables [B, H, T, D/2] (apply_split_rotary_emb:
+    x * cos, then addcmul_ of -sin and sin, one rounding), or interleaved pairs from full-width
+    tables [B, T, N] (apply_interleaved_rotary_emb), per the model's rope_type. One in-place
+    cross_head_qknorm_rope call per attention: split tables as .transpose(1, 2); interleaved ones
+    as cos[..., 0::2].unflatten(-1, (H, D/2)) (the same values only because the model repeats
+    each frequency twice: the first-sight check decides). Video and audio self-attention, the
+    audio-video cross attentions (q and k of different modalities and token counts, each with
+    its own table; k takes q's where the model passes none), and the text cross attentions
+    (query_rotary_emb None: no RoPE). Gated attention (to_gate_logits) and the perturbed
+    processor (spatio-temporal guidance) keep their own steps around the QK part.
+  * gated residuals: residual + update * gate in the activation dtype (the attentions', the
+    a2v / v2a ones, the feed-forwards', and the text cross-attentions' with cross_attn_mod):
+    residual_gate_add.
+  * adaLN: the blocks' norms are diffusers' RMSNorm, which sums squares with torch.mean over the
+    row (x.float().pow(2).mean(-1)); no ditops op reproduces that order at these widths
+    (norm_scale_shift's rms numerics follow F.rms_norm's fused row kernel; qknorm_rope's
+    aten_mean order covers head dims 64 and 128 only): the model's code. norm_out and
+    audio_norm_out (LayerNorm then modulation) are written inline in the model's forward, one
+    call each per step: the model's code.
+"""
+from __future__ import annotations
+
+from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor,
+                                                            LTX2VideoTransformerBlock, apply_interleaved_rotary_emb,
+                                                            apply_split_rotary_emb)
+import torch
+
+from ._patching import Plan
+from ._sites import CrossHeadQkNormRopeSite, GatedResidualSite, Site
+from . import _common
+
+MODEL_CLASS = "LTX2VideoTransformer3DModel"
+DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_ltx2"
+
+QK_NORM = "torch.nn.RMSNorm over the projected row (all heads: F.rms_norm)"
+ROPE_CHAINS = {
+    "split": "apply_split_rotary_emb: halves j, j + D/2 of each head from [B, H, T, D/2] float32 tables, "
+             "x.float() * cos, then addcmul_(-sin, second) and addcmul_(sin, first), one rounding",
+    "interleaved": "apply_interleaved_rotary_emb: pairs 2j, 2j+1 from full-width [B, T, N] float32 tables, "
+                   "(x.float() * cos + x_rotated.float() * sin).to(dtype)",
+}
+ADALN_WHY = ("diffusers' RMSNorm (norm1/2/3, the audio and a2v / v2a norms) sums squares with torch.mean "
+             "(x.float().pow(2).mean(-1)), an order no ditops op reproduces at these widths (norm_scale_shift's "
+             "rms numerics follow F.rms_norm's fused row kernel; qknorm_rope's aten_mean order covers head dims "
+             "64 and 128 only); norm_out and audio_norm_out (layernorm_modulate's chain) are inline in the "
+             "model's forward, one call each per step")
+
+
+# ---------------------------------------------------------------- QK norm + RoPE
+
+
+def _tables(attn, query, key, query_rotary_emb, key_rotary_emb):
+    """(rope, head_dim, (q_cos, q_sin, k_cos, k_sin), why): the model's tables as the op reads them,
+    or why this call is not one the op can take as the model runs it."""
+    none = (None,) * 4
+    if query_rotary_emb is None:
+        return "none", attn.head_dim, none, ""
+    rope = attn.rope_type
+    Nq, Nk = query.shape[-1], key.shape[-1]
+    if rope == "interleaved":
+        D = attn.head_dim
+        views = []
+        for name, freqs, N in (("q", query_rotary_emb, Nq), ("k", key_rotary_emb, Nk)):
+            if freqs is None:  # k takes q's table
+                views += [None, None]
+                continue
+            cos, sin = freqs
+            if cos.dim() != 3 or cos.shape[-1] != N or sin.shape != cos.shape or N % D:
+                return rope, D, none, f"{name}'s interleaved tables are {tuple(cos.shape)}, not [batch, tokens, {N}]"
+            views += [t[..., 0::2].unflatten(-1, (N // D, D // 2)) for t in (cos, sin)]
+        return rope, D, tuple(views), ""
+    if rope == "split":
+        cos = query_rotary_emb[0]
+        if cos.dim() != 4:
+            return (rope, attn.head_dim, none,
+                    f"q's split tables are {tuple(cos.shape)}, not [batch, heads, tokens, D/2]")
+        D = 2 * cos.shape[-1]  # the model splits each of the table's heads in halves
+        views = []
+        for name, freqs, x in (("q", query_rotary_emb, query), ("k", key_rotary_emb, key)):
+            if freqs is None:
+                views += [None, None]
+                continue
+            cos, sin = freqs
+            B, H = x.shape[0], x.shape[-1] // D
+            # the model reshapes x to the table's (batch, heads): both must be x's own
+            if cos.dim() != 4 or sin.shape != cos.shape or cos.shape[0] != B or cos.shape[1] * D != x.shape[-1] \
+                    or cos.shape[-1] * 2 != D:
+                return rope, D, none, (f"{name}'s split tables are {tuple(cos.shape)}, not [{B}, {H}, tokens, "
+                                       f"{D // 2}]")
+            views += [cos.transpose(1, 2), sin.transpose(1, 2)]
+        return rope, D, tuple(views), ""
+    return "none", attn.head_dim, none, f"rope_type {rope!r} (the model rotates nothing then; not mapped)"
+
+
+def qk(site: CrossHeadQkNormRopeSite, attn, query, key, query_rotary_emb, key_rotary_emb):
+    """(query, key) [B, T, N] after the norms and the model's RoPE, or cross_head_qknorm_rope in
+    place on the projections."""
+
+    def reference():
+        q, k = attn.norm_q(query), attn.norm_k(key)
+        if query_rotary_emb is not None:
+            key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
+            if attn.rope_type == "interleaved":
+                q = apply_interleaved_rotary_emb(q, query_rotary_emb)
+                k = apply_interleaved_rotary_emb(k, key_emb)
+            elif attn.rope_type == "split":
+                q = apply_split_rotary_emb(q, query_rotary_emb)
+                k = apply_split_rotary_emb(k, key_emb)
+        return q, k
+
+    rope, head_dim, tables, why = _tables(attn, query, key, query_rotary_emb, key_rotary_emb)
+    return site(query, key, attn.norm_q, attn.norm_k, rope, head_dim, tables, reference, why=why)
+
+
+def _attention(self, attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+               key_rotary_emb, perturbation_mask=None, all_perturbed=None, perturbed=False):
+    """LTX2AudioVideoAttnProcessor (perturbed: LTX2PerturbedAttnProcessor) with the QK part
+    through the site; the same steps in the same order otherwise."""
+    batch_size, sequence_length, _ = (hidden_states.shape if encoder_hidden_states is None
+                                      else encoder_hidden_states.shape)
+    if attention_mask is not None:
+        attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+        attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+    if encoder_hidden_states is None:
+        encoder_hidden_states = hidden_states
+    if attn.to_gate_logits is not None:
+        gate_logits = attn.to_gate_logits(hidden_states)
+
+    if perturbed:
+        value = attn.to_v(encoder_hidden_states)
+        if all_perturbed is None:
+            all_perturbed = torch.all(perturbation_mask == 0) if perturbation_mask is not None else False
+    if perturbed and all_perturbed:
+        hidden_states = value  # the guidance pass skips attention
+    else:
+        query = attn.to_q(hidden_states)
+        key = attn.to_k(encoder_hidden_states)
+        if not perturbed:
+            value = attn.to_v(encoder_hidden_states)
+        query, key = qk(self.site, attn, query, key, query_rotary_emb, key_rotary_emb)
+        query = query.unflatten(2, (attn.heads, -1))
+        key = key.unflatten(2, (attn.heads, -1))
+        value = value.unflatten(2, (attn.heads, -1))
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3)
+        hidden_states = hidden_states.to(query.dtype)
+        if perturbed and perturbation_mask is not None:
+            value = value.flatten(2, 3)
+            hidden_states = torch.lerp(value, hidden_states, perturbation_mask)
+
+    if attn.to_gate_logits is not None:
+        hidden_states = hidden_states.unflatten(2, (attn.heads, -1))  # [B, T, H, D]
+        gates = 2.0 * torch.sigmoid(gate_logits)  # [B, T, H]
+        hidden_states = hidden_states * gates.unsqueeze(-1)
+        hidden_states = hidden_states.flatten(2, 3)
+    hidden_states = attn.to_out[0](hidden_states)
+    hidden_states = attn.to_out[1](hidden_states)
+    return hidden_states
+
+
+class LTX2AttnProcessorDitops(_common.ProcessorWrapper):
+    """LTX2AudioVideoAttnProcessor with the QK norm + RoPE through the cross-head qk site. The
+    signature is the replaced processor's: LTX2Attention.forward passes only the keywords its
+    processor's __call__ names."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None):
+        return _attention(self, attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+                          key_rotary_emb)
+
+
+class LTX2PerturbedAttnProcessorDitops(_common.ProcessorWrapper):
+    """LTX2PerturbedAttnProcessor (perturbed_attn=True: spatio-temporal guidance) with the QK norm
+    + RoPE through the cross-head qk site; an all-perturbed call skips attention as the model does."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
+                 key_rotary_emb=None, perturbation_mask=None, all_perturbed=None):
+        return _attention(self, attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
+                          key_rotary_emb, perturbation_mask, all_perturbed, perturbed=True)
+
+
+PROCESSORS = {LTX2AudioVideoAttnProcessor: LTX2AttnProcessorDitops,
+              LTX2PerturbedAttnProcessor: LTX2PerturbedAttnProcessorDitops}
+
+
+# ---------------------------------------------------------------- the block
+
+
+def block_forward(residual: GatedResidualSite):
+    """LTX2VideoTransformerBlock.forward with the gated residuals through the site (the QK sites
+    are in the attentions' processors; the norms and modulations are the model's code)."""
+
+    def gated(x, update, gate):
+        return _common.gated(residual, x, update, gate)
+
+    def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
+                temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                temb_prompt=None, temb_prompt_audio=None, video_rotary_emb=None, audio_rotary_emb=None,
+                ca_video_rotary_emb=None, ca_audio_rotary_emb=None, encoder_attention_mask=None,
+                audio_encoder_attention_mask=None, self_attention_mask=None, audio_self_attention_mask=None,
+                a2v_cross_attention_mask=None, v2a_cross_attention_mask=None, use_a2v_cross_attention=True,
+                use_v2a_cross_attention=True, perturbation_mask=None, all_perturbed=None):
+        batch_size = hidden_states.size(0)
+
+        # 1. Video and audio self-attention
+        video_ada_params = self.get_mod_params(self.scale_shift_table, temb, batch_size)
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = video_ada_params[:6]
+        if self.video_cross_attn_adaln:
+            shift_text_q, scale_text_q, gate_text_q = video_ada_params[6:9]
+        norm_hidden_states = self.norm1(hidden_states)
+        norm_hidden_states = norm_hidden_states * (1 + scale_msa) + shift_msa
+        video_self_attn_args = {"hidden_states": norm_hidden_states, "encoder_hidden_states": None,
+                                "query_rotary_emb": video_rotary_emb, "attention_mask": self_attention_mask}
+        if self.perturbed_attn:
+            video_self_attn_args["perturbation_mask"] = perturbation_mask
+            video_self_attn_args["all_perturbed"] = all_perturbed
+        attn_hidden_states = self.attn1(**video_self_attn_args)
+        hidden_states = gated(hidden_states, attn_hidden_states, gate_msa)
+
+        audio_ada_params = self.get_mod_params(self.audio_scale_shift_table, temb_audio, batch_size)
+        audio_shift_msa, audio_scale_msa, audio_gate_msa, audio_shift_mlp, audio_scale_mlp, audio_gate_mlp = (
+            audio_ada_params[:6])
+        if self.audio_cross_attn_adaln:
+            audio_shift_text_q, audio_scale_text_q, audio_gate_text_q = audio_ada_params[6:9]
+        norm_audio_hidden_states = self.audio_norm1(audio_hidden_states)
+        norm_audio_hidden_states = norm_audio_hidden_states * (1 + audio_scale_msa) + audio_shift_msa
+        audio_self_attn_args = {"hidden_states": norm_audio_hidden_states, "encoder_hidden_states": None,
+                                "query_rotary_emb": audio_rotary_emb, "attention_mask": audio_self_attention_mask}
+        if self.perturbed_attn:
+            audio_self_attn_args["perturbation_mask"] = perturbation_mask
+            audio_self_attn_args["all_perturbed"] = all_perturbed
+        attn_audio_hidden_states = self.audio_attn1(**audio_self_attn_args)
+        audio_hidden_states = gated(audio_hidden_states, attn_audio_hidden_states, audio_gate_msa)
+
+        # 2. Video and audio cross-attention with the text
+        if self.cross_attn_adaln:
+            if temb_prompt is not None:
+                shift_text_kv, scale_text_kv = self.get_mod_params(self.prompt_scale_shift_table, temb_prompt,
+                                                                   batch_size)
+            else:
+                shift_text_kv, scale_text_kv = (self.prompt_scale_shift_table[None, None]
+                                                .to(device=hidden_states.device, dtype=hidden_states.dtype)
+                                                .unbind(dim=2))
+            if temb_prompt_audio is not None:
+                audio_shift_text_kv, audio_scale_text_kv = self.get_mod_params(
+                    self.audio_prompt_scale_shift_table, temb_prompt_audio, batch_size)
+            else:
+                audio_shift_text_kv, audio_scale_text_kv = (
+                    self.audio_prompt_scale_shift_table[None, None]
+                    .to(device=audio_hidden_states.device, dtype=audio_hidden_states.dtype).unbind(dim=2))
+
+        norm_hidden_states = self.norm2(hidden_states)
+        if self.video_cross_attn_adaln:
+            norm_hidden_states = norm_hidden_states * (1 + scale_text_q) + shift_text_q
+        if self.cross_attn_adaln:
+            encoder_hidden_states = encoder_hidden_states * (1 + scale_text_kv) + shift_text_kv
+        attn_hidden_states = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
+                                        query_rotary_emb=None, attention_mask=encoder_attention_mask)
+        if self.video_cross_attn_adaln:
+            hidden_states = gated(hidden_states, attn_hidden_states, gate_text_q)
+        else:
+            hidden_states = hidden_states + attn_hidden_states
+
+        norm_audio_hidden_states = self.audio_norm2(audio_hidden_states)
+        if self.audio_cross_attn_adaln:
+            norm_audio_hidden_states = norm_audio_hidden_states * (1 + audio_scale_text_q) + audio_shift_text_q
+        if self.cross_attn_adaln:
+            audio_encoder_hidden_states = audio_encoder_hidden_states * (1 + audio_scale_text_kv) + audio_shift_text_kv
+        attn_audio_hidden_states = self.audio_attn2(norm_audio_hidden_states,
+                                                    encoder_hidden_states=audio_encoder_hidden_states,
+                                                    query_rotary_emb=None, attention_mask=audio_encoder_attention_mask)
+        if self.audio_cross_attn_adaln:
+            audio_hidden_states = gated(audio_hidden_states, attn_audio_hidden_states, audio_gate_text_q)
+        else:
+            audio_hidden_states = audio_hidden_states + attn_audio_hidden_states
+
+        # 3. Audio-to-video and video-to-audio cross attention
+        if use_a2v_cross_attention or use_v2a_cross_attention:
+            norm_hidden_states = self.audio_to_video_norm(hidden_states)
+            norm_audio_hidden_states = self.video_to_audio_norm(audio_hidden_states)
+
+            video_per_layer_ca_scale_shift = self.video_a2v_cross_attn_scale_shift_table[:4, :]
+            video_per_layer_ca_gate = self.video_a2v_cross_attn_scale_shift_table[4:, :]
+            video_ca_ada_params = self.get_mod_params(video_per_layer_ca_scale_shift, temb_ca_scale_shift, batch_size)
+            video_ca_gate_param = self.get_mod_params(video_per_layer_ca_gate, temb_ca_gate, batch_size)
+            video_a2v_ca_scale, video_a2v_ca_shift, video_v2a_ca_scale, video_v2a_ca_shift = video_ca_ada_params
+            a2v_gate = video_ca_gate_param[0].squeeze(2)
+
+            audio_per_layer_ca_scale_shift = self.audio_a2v_cross_attn_scale_shift_table[:4, :]
+            audio_per_layer_ca_gate = self.audio_a2v_cross_attn_scale_shift_table[4:, :]
+            audio_ca_ada_params = self.get_mod_params(audio_per_layer_ca_scale_shift, temb_ca_audio_scale_shift,
+                                                      batch_size)
+            audio_ca_gate_param = self.get_mod_params(audio_per_layer_ca_gate, temb_ca_audio_gate, batch_size)
+            audio_a2v_ca_scale, audio_a2v_ca_shift, audio_v2a_ca_scale, audio_v2a_ca_shift = audio_ca_ada_params
+            v2a_gate = audio_ca_gate_param[0].squeeze(2)
+
+            if use_a2v_cross_attention:
+                mod_norm_hidden_states = norm_hidden_states * (
+                    1 + video_a2v_ca_scale.squeeze(2)) + video_a2v_ca_shift.squeeze(2)
+                mod_norm_audio_hidden_states = norm_audio_hidden_states * (
+                    1 + audio_a2v_ca_scale.squeeze(2)) + audio_a2v_ca_shift.squeeze(2)
+                a2v_attn_hidden_states = self.audio_to_video_attn(
+                    mod_norm_hidden_states, encoder_hidden_states=mod_norm_audio_hidden_states,
+                    query_rotary_emb=ca_video_rotary_emb, key_rotary_emb=ca_audio_rotary_emb,
+                    attention_mask=a2v_cross_attention_mask)
+                hidden_states = gated(hidden_states, a2v_attn_hidden_states, a2v_gate)
+
+            if use_v2a_cross_attention:
+                mod_norm_hidden_states = norm_hidden_states * (
+                    1 + video_v2a_ca_scale.squeeze(2)) + video_v2a_ca_shift.squeeze(2)
+                mod_norm_audio_hidden_states = norm_audio_hidden_states * (
+                    1 + audio_v2a_ca_scale.squeeze(2)) + audio_v2a_ca_shift.squeeze(2)
+                v2a_attn_hidden_states = self.video_to_audio_attn(
+                    mod_norm_audio_hidden_states, encoder_hidden_states=mod_norm_hidden_states,
+                    query_rotary_emb=ca_audio_rotary_emb, key_rotary_emb=ca_video_rotary_emb,
+                    attention_mask=v2a_cross_attention_mask)
+                audio_hidden_states = gated(audio_hidden_states, v2a_attn_hidden_states, v2a_gate)
+
+        # 4. Feed-forward
+        norm_hidden_states = self.norm3(hidden_states) * (1 + scale_mlp) + shift_mlp
+        ff_output = self.ff(norm_hidden_states)
+        hidden_states = gated(hidden_states, ff_output, gate_mlp)
+
+        norm_audio_hidden_states = self.audio_norm3(audio_hidden_states) * (1 + audio_scale_mlp) + audio_shift_mlp
+        audio_ff_output = self.audio_ff(norm_audio_hidden_states)
+        audio_hidden_states = gated(audio_hidden_states, audio_ff_output, audio_gate_mlp)
+        return hidden_states, audio_hidden_states
+
+    return forward
+
+
+def plan(model, plan: Plan, probe: bool = False) -> None:
+    rope = model.config.rope_type
+    rope_chain = ROPE_CHAINS.get(rope, f"rope_type {rope!r}")
+    qk_video = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (video self-attn)", rope,
+                                                        f"{QK_NORM}, then {rope_chain}"))
+    qk_audio = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (audio self-attn)", rope,
+                                                        f"{QK_NORM}, then {rope_chain}"))
+    qk_av = plan.add_site(_common.cross_head_qk_site(
+        "qk_norm_rope (a2v/v2a cross-attn)", rope,
+        f"{QK_NORM} of q and of k (other modality, tokens and width), then {rope_chain} with q's table for q, "
+        "k's for k (q's where the model passes none)"))
+    qk_text = plan.add_site(_common.cross_head_qk_site(
+        "qk_norm_rope (text cross-attn)", "none", f"{QK_NORM} of the queries and the text keys, no RoPE"))
+    adaln = plan.add_site(Site(
+        "adaln_modulate", op=None, why=ADALN_WHY,
+        chain="diffusers RMSNorm (x * rsqrt(x.float().pow(2).mean(-1) + eps), cast back; no weight by default), "
+              "then * (1 + scale) + shift in the activation dtype"))
+    residual = plan.add_site(_common.gated_residual_site())
+
+    attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
+                  ("audio_to_video_attn", qk_av, "video q, audio k"),
+                  ("video_to_audio_attn", qk_av, "audio q, video k"),
+                  ("attn2", qk_text, "video q, text k"), ("audio_attn2", qk_text, "audio q, text k"))
+    for i, block in enumerate(model.transformer_blocks):
+        path = f"transformer_blocks.{i}"
+        if type(block) is not LTX2VideoTransformerBlock:
+            plan.skip(path, f"{type(block).__name__} is not LTX2VideoTransformerBlock")
+            continue
+        for name, site, stream in attentions:
+            attn = getattr(block, name)
+            _common.patch_cross_head_processor(plan, site, f"{path}.{name}", attn, PROCESSORS, stream,
+                                               (attn.inner_dim, attn.inner_kv_dim))
+        adaln.places += [plan.prefix + f"{path}.{n}" for n in (
+            "norm1", "audio_norm1", "norm2", "audio_norm2", "audio_to_video_norm", "video_to_audio_norm", "norm3",
+            "audio_norm3")]
+        gates = ["attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn", "ff", "audio_ff"]
+        gates += ["attn2"] if block.video_cross_attn_adaln else []
+        gates += ["audio_attn2"] if block.audio_cross_attn_adaln else []
+        residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
+        plan.patch_forward(path, block, block_forward(residual))
+    adaln.places += [plan.prefix + n for n in ("norm_out", "audio_norm_out")]
