@@ -13,7 +13,9 @@ Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens
 (default 512) and the rest as a square-ish image grid; FLUX.1's and HunyuanVideo's --blocks are
 split into double (first half, rounded up) and single blocks. Wan and HunyuanVideo take the
 tokens as a latent video grid (--grid F,H,W after patching; by default Wan's 480p 81-frame grid
-21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens.
+21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens. LTX-2
+takes --tokens video tokens (6144: its 121-frame 768x512 grid 16x16x24) and the audio tokens of
+the same duration (126 for 121 frames), with --text-tokens caption tokens per stream.
 Models are cast as from_pretrained(torch_dtype=bfloat16) loads them (Wan keeps its float32 modules).
 """
 from __future__ import annotations
@@ -42,9 +44,15 @@ CONFIGS = {
     "hunyuan": dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
                     num_refiner_layers=2, mlp_ratio=4.0, patch_size=2, patch_size_t=1, text_embed_dim=4096,
                     pooled_projection_dim=768, rope_axes_dim=(16, 56, 56), guidance_embeds=True),
+    # LTX-2 (19B): video 32 x 128, audio 32 x 64, Gemma-3 captions (3840), split RoPE
+    "ltx2": dict(in_channels=128, out_channels=128, patch_size=1, patch_size_t=1, num_attention_heads=32,
+                 attention_head_dim=128, cross_attention_dim=4096, audio_in_channels=128, audio_out_channels=128,
+                 audio_num_attention_heads=32, audio_attention_head_dim=64, audio_cross_attention_dim=2048,
+                 caption_channels=3840, rope_type="split"),
 }
 CLASSES = {"flux": "FluxTransformer2DModel", "qwen": "QwenImageTransformer2DModel",
-           "wan": "WanTransformer3DModel", "hunyuan": "HunyuanVideoTransformer3DModel"}
+           "wan": "WanTransformer3DModel", "hunyuan": "HunyuanVideoTransformer3DModel",
+           "ltx2": "LTX2VideoTransformer3DModel"}
 
 # Kernel name patterns of the profile's categories (first match wins; the rest is glue).
 KERNEL_CLASSES = (
@@ -61,7 +69,7 @@ def parse_args(argv=None):
     p.add_argument("--blocks", type=int, default=2, help="transformer blocks (FLUX.1/HunyuanVideo: double + single)")
     p.add_argument("--tokens", type=int, default=4608, help="sequence length: text + image, or latent video tokens")
     p.add_argument("--text-tokens", type=int, default=512)
-    p.add_argument("--grid", default=None, help="Wan/HunyuanVideo latent grid after patching: F,H,W")
+    p.add_argument("--grid", default=None, help="Wan/HunyuanVideo/LTX-2 latent grid after patching: F,H,W")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--iters", type=int, default=30, help="timed forwards per variant (the median is reported)")
     p.add_argument("--warmup", type=int, default=5)
@@ -114,6 +122,24 @@ def cast_like_from_pretrained(model, dtype):
     return model
 
 
+def ltx2_inputs(args, torch, dev):
+    """LTX-2's inputs as its pipeline makes them: --tokens video tokens on a latent grid (VAE scale
+    factors 8, 32, 32, patch 1: 121 frames at 768 x 512 are 16 x 16 x 24 = 6144 tokens, the default
+    grid for 6144), the audio tokens of the same duration at 24 fps (16 kHz, hop 160, 4x: 25 per
+    second, 126 for 121 frames), --text-tokens caption tokens for each stream (the pipeline: 1024)."""
+    B, bf16, text = args.batch, torch.bfloat16, args.text_tokens
+    f, h, w = (16, 16, 24) if args.tokens == 6144 and not args.grid else video_grid(args)
+    audio = round(((f - 1) * 8 + 1) / 24.0 * 16000 / 160 / 4)
+    timestep = torch.full((B,), 500.0, device=dev)
+    inputs = dict(hidden_states=torch.randn(B, f * h * w, 128, device=dev, dtype=bf16),
+                  audio_hidden_states=torch.randn(B, audio, 128, device=dev, dtype=bf16),
+                  encoder_hidden_states=torch.randn(B, text, 3840, device=dev, dtype=bf16),
+                  audio_encoder_hidden_states=torch.randn(B, text, 3840, device=dev, dtype=bf16),
+                  timestep=timestep, sigma=timestep, num_frames=f, height=h, width=w, fps=24.0,
+                  audio_num_frames=audio, use_cross_timestep=True, return_dict=False)
+    return inputs, f"video {f}x{h}x{w} + audio {audio} + text {text}"
+
+
 def build(args, torch, diffusers, device="cuda"):
     """(model, inputs, shape text, config) in bf16 with random weights on `device`; norm weights
     around 1 (not all 1, where norm rounding orders agree by accident)."""
@@ -153,6 +179,8 @@ def build(args, torch, diffusers, device="cuda"):
                           timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
                           img_shapes=[(1, h, w)] * B, return_dict=False)
         shape = f"text {text} + image {h}x{w}"
+    elif name == "ltx2":
+        inputs, shape = ltx2_inputs(args, torch, dev)
     else:
         f, h, w = video_grid(args)
         latent = torch.randn(B, 16, f, 2 * h, 2 * w, device=dev, dtype=bf16)
@@ -239,7 +267,8 @@ def main(argv=None) -> int:
     def forward(m):
         def call():
             with torch.inference_mode():
-                return m(**inputs)[0]
+                out = m(**inputs)
+                return out[0] if len(out) == 1 else torch.cat([o.flatten() for o in out])  # LTX-2: video, audio
         return call
 
     results, outputs, reports = {}, {}, {}
