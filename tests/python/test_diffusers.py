@@ -777,6 +777,32 @@ def test_verified_sites_compile_fullgraph_into_the_ops():
     assert ours == ["ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"], targets
 
 
+@pytest.mark.parametrize("name", ["wan", "ltx2"])
+def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
+    """A whole tiny Wan / LTX-2 forward traces with fullgraph=True after one eager call verified
+    the signatures (a recording backend): the graph holds the cross-head op and the sites' others,
+    and runs to the eager values."""
+    model, inputs, _ = TINY[name]()
+    dd.enable(model, CLOSE, allow_cpu=True)
+    eager = run(model, inputs)
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            compiled = torch.compile(model, fullgraph=True, backend=recording)(**inputs)
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(torch.cat([o.flatten() for o in compiled]), eager)
+    ours = sorted({t for t in targets if t.startswith("ditops.")})
+    other = "ditops.norm_scale_shift" if name == "wan" else "ditops.residual_gate_add"
+    assert ours == sorted(["ditops.cross_head_qknorm_rope", other]), targets
+
+
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
@@ -817,7 +843,7 @@ def test_gpu_patched_equals_unpatched(name, batch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", ["flux", "qwen"])
+@pytest.mark.parametrize("name", ["flux", "qwen", "wan", "ltx2"])
 def test_gpu_compile_fullgraph_equals_eager(name):
     model, inputs, _ = TINY[name]()
     model = model.to("cuda")
@@ -827,7 +853,7 @@ def test_gpu_compile_fullgraph_equals_eager(name):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     with torch.no_grad():
-        out = compiled(**inputs)[0]
+        out = torch.cat([o.flatten() for o in compiled(**inputs)])  # as run() flattens the outputs
     torch._dynamo.reset()
     # inductor fuses the model's own glue differently; the ditops sites are opaque custom ops
     print(f"{name}: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
