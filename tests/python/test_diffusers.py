@@ -684,7 +684,7 @@ def test_mapped_site_runs_its_mapping_under_the_first_sight_check():
 def test_wan_site_switches_on_by_its_mapping(monkeypatch):
     """The gated residual's mapping switched to residual_gate_add on float32 copies (the model's
     chain exactly: x.float() + rne32(update * gate), then one rounding): the site runs it and the
-    output stays the model's. What the fp32-gate op will replace."""
+    output stays the model's."""
     from ditops.diffusers import wan
 
     def fit(x, update, gate):
@@ -694,7 +694,8 @@ def test_wan_site_switches_on_by_its_mapping(monkeypatch):
         op="residual_gate_add", fit=fit, signature=lambda x, update, gate: (str(x.device), x.dtype, gate.shape[1] == 1),
         call=lambda x, update, gate: _sites.OpCall("residual_gate_add", (x.float(), update.float(), gate.contiguous()),
                                                    {}, lambda out: out.type_as(x)))
-    monkeypatch.setattr(wan, "RESIDUAL", mapping)
+    real = wan.mappings
+    monkeypatch.setattr(wan, "mappings", lambda: dict(real(), residual=mapping))
     model, inputs, _ = tiny_wan()
     reference = run(model, inputs)
     report = dd.enable(model, STRICT, allow_cpu=True)
@@ -703,6 +704,58 @@ def test_wan_site_switches_on_by_its_mapping(monkeypatch):
         assert torch.equal(run(model, inputs), reference)
     residual = report["gated_residual"]
     assert residual.op == "residual_gate_add" and residual.fused_calls == len(residual.places)
+
+
+def test_wan_float32_chain_mappings_once_the_ops_declare_them(monkeypatch):
+    """Where the op table declares norm_scale_shift's float32 numerics and residual_gate_add's
+    float32 gate (issue 34 §2), adaLN, norm2 and the residuals map to them on 16-bit x itself; each
+    mapping's fit takes Wan's own tensors (strided modulation chunks, per-token TI2V rows) and
+    names what it refuses. (In this build the ops refuse the calls: the sites run the model's code.)"""
+    from ditops.diffusers import wan
+    declared = _sites.op_options("norm_scale_shift")
+    assert wan.mappings()["adaln"] is (wan.ADALN_FLOAT32 if "float32" in declared.get("numerics", [])
+                                       else wan.ADALN_ON_FLOAT32_COPY)
+    monkeypatch.setattr(wan, "op_options", lambda op: dict(declared, numerics=["eager", "sglang", "float32"]))
+    monkeypatch.setattr(wan, "op_tensor_dtypes", lambda op, tensor: "=residual|f32")
+    assert wan.mappings() == {"adaln": wan.ADALN_FLOAT32, "norm2": wan.NORM2_FLOAT32,
+                              "residual": wan.RESIDUAL_FLOAT32_GATE}
+    model, inputs, _ = tiny_wan(per_token_timestep=True)
+    report = dd.plan(model)
+    assert report["adaln_modulate"].options["numerics"] == "float32"
+    assert report["adaln_modulate (norm2)"].op == "norm_scale_shift"
+    assert report["gated_residual"].op == "residual_gate_add"
+
+    block = model.blocks[0]
+    B, S, D = 2, 32, 128
+    x, update = torch.randn(B, S, D).bfloat16(), torch.randn(B, S, D).bfloat16()
+    table = torch.randn(B, 6, D)  # (scale_shift_table + temb.float()) of Wan 2.1
+    shift, scale, gate = table.chunk(6, dim=1)[:3]
+    per_token = torch.randn(B, S, 6, D).chunk(6, dim=2)  # Wan 2.2 TI2V
+    t_shift, t_scale, t_gate = (c.squeeze(2) for c in per_token[:3])
+    assert wan.ADALN_FLOAT32.fit(x, block.norm1, scale, shift) == ""
+    assert wan.ADALN_FLOAT32.fit(x, block.norm1, t_scale, t_shift) == ""
+    assert wan.NORM2_FLOAT32.fit(x, block.norm2) == ""
+    assert wan.RESIDUAL_FLOAT32_GATE.fit(x, update, gate) == ""
+    assert wan.RESIDUAL_FLOAT32_GATE.fit(x, update, t_gate) == ""
+    assert "affine weight" in wan.ADALN_FLOAT32.fit(x, block.norm2, scale, shift)
+    assert "not float32" in wan.ADALN_FLOAT32.fit(x, block.norm1, scale.bfloat16(), shift)
+    assert "dim 10240" in wan.ADALN_FLOAT32.fit(torch.zeros(1, 2, 10240).bfloat16(), block.norm1, scale, shift)
+    assert "16-bit" in wan.RESIDUAL_FLOAT32_GATE.fit(x.float(), update.float(), gate)
+    assert "gate is not float32" in wan.RESIDUAL_FLOAT32_GATE.fit(x, update, gate.bfloat16())
+    call = wan.NORM2_FLOAT32.call(x, block.norm2)
+    assert call.op == "norm_scale_shift" and call.args == (x, None, None)
+    assert call.kwargs["weight"] is block.norm2.weight and call.kwargs["numerics"] == "float32"
+    call = wan.RESIDUAL_FLOAT32_GATE.call(x, update, gate)
+    assert call.args[2] is gate  # the strided chunk itself, no copy
+
+    reference = run(model, inputs)
+    report = dd.enable(model, STRICT, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = run(model, inputs)
+    assert torch.equal(out, reference)
+    if "float32" not in declared.get("numerics", []):
+        assert all("the op refuses it" in why for why in report["adaln_modulate (norm2)"].unfit.values())
 
 
 # ---------------------------------------------------------------- refusals

@@ -78,6 +78,15 @@ def op_options(op: str) -> dict:
     return {}
 
 
+def op_tensor_dtypes(op: str, tensor: str) -> str:
+    """The dtype rule the compiled op table declares for one tensor of `op` ("bf16|f16",
+    "=residual|f32", ...), or "" when the op or the tensor is not there."""
+    for entry in ditops.op_table():
+        if entry["name"] == op:
+            return next((t["dtypes"] for t in entry["tensors"] if t["name"] == tensor), "")
+    return ""
+
+
 class Site:
     """One site class of one enabled model: what runs there, where, and what happened."""
 

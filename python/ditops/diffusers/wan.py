@@ -13,10 +13,11 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * The float32 chains: adaLN (norm1, norm3: (FP32LayerNorm(x.float()) * (1 + scale) +
     shift).type_as(x)), norm2 (norm2(x.float()).type_as(x), an affine FP32LayerNorm) and the two
     gated residuals ((x.float() + update * gate).type_as(x)). Each is one MappedSite whose op is
-    one Mapping below, the op call beside the model's chain: adaLN runs norm_scale_shift on the
-    float32 copy up to D = 4096 (its float32 rows stop there); norm2 and the residuals run the
-    model's code until ops take these chains on 16-bit x directly (issue 34 §2): switching them
-    on changes only their Mapping.
+    one Mapping below, the op call beside the model's chain. Where this build's op table declares
+    the float32-chain ops (issue 34 §2: norm_scale_shift numerics="float32", residual_gate_add with
+    a float32 gate), the sites run them on 16-bit x directly; otherwise adaLN runs
+    norm_scale_shift on the float32 copy up to D = 4096 (its float32 rows stop there), and norm2
+    and the residuals run the model's code. mappings() picks; the first-sight check guards each.
 norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
 the model's code.
 """
@@ -28,7 +29,7 @@ from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, Wan
                                                            _get_added_kv_projections, _get_qkv_projections)
 
 from ._patching import Plan
-from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall
+from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
 from . import _common
 
 MODEL_CLASS = "WanTransformer3DModel"
@@ -73,7 +74,7 @@ def _adaln_fit(x, norm, scale, shift) -> str:
 
 # norm_scale_shift (eager numerics, LayerNorm, no affine) on the float32 copy, then the model's one
 # rounding: float32 rounding is the identity in norm_scale_shift.md §2.
-ADALN = Mapping(
+ADALN_ON_FLOAT32_COPY = Mapping(
     op="norm_scale_shift", options={"norm": "layer", "numerics": "eager", "x": "x.float()"},
     fit=_adaln_fit,
     signature=lambda x, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
@@ -83,13 +84,64 @@ ADALN = Mapping(
                                               lambda out: out[0].type_as(x)))
 
 
+def _float32_rows_fit(x, norm, operands) -> str:
+    """'' when norm_scale_shift(numerics="float32") takes x (16-bit, or float32: eager's own fp32
+    chain), the affine-free or affine FP32LayerNorm `norm` over its last dim and the float32
+    operands (scale/shift chunks [B, 1 or S, D] of the modulation table: any row stride)."""
+    if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"x is {x.dtype} of rank {x.dim()}"
+    B, S, D = x.shape
+    top = 4096 if x.dtype == torch.float32 else 8192
+    if not 16 <= D <= top or D % 4:
+        return f"dim {D} (norm_scale_shift's rows: 16 <= D <= {top}, D % 4 == 0)"
+    if not x.is_contiguous():
+        return "x is not contiguous"
+    if type(norm).__name__ != "FP32LayerNorm" or tuple(norm.normalized_shape) != (D,):
+        return "the norm is not an FP32LayerNorm over x's last dim"
+    for name, t in operands:
+        if t.dtype != torch.float32 or t.dim() != 3 or t.shape[0] != B or t.shape[1] not in (1, S) \
+                or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
+            return f"{name} is not float32 [batch, 1 or tokens, dim] on x's device"
+        if any(t.stride(i) % 4 for i in (0, 1) if t.shape[i] > 1):
+            return f"{name}'s rows are not 16-byte aligned"
+    for name in ("weight", "bias"):
+        t = getattr(norm, name)
+        if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.device != x.device):
+            return f"the norm's {name} is not a contiguous float32 vector on x's device"
+    return ""
+
+
+# norm_scale_shift with numerics="float32" (Wan's FP32LayerNorm chain, norm_scale_shift.md §2a) on x
+# itself: float32 statistics and modulation, one rounding; no float32 copy of x.
+ADALN_FLOAT32 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32"},
+    fit=lambda x, norm, scale, shift: (_float32_rows_fit(x, norm, (("scale", scale), ("shift", shift)))
+                                       or ("the norm has an affine weight" if norm.weight is not None else "")),
+    signature=lambda x, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
+                                             float(norm.eps)),
+    call=lambda x, norm, scale, shift: OpCall("norm_scale_shift", (x, scale, shift),
+                                              dict(norm="layer", eps=float(norm.eps), numerics="float32"),
+                                              lambda out: out[0]))
+
+
 def norm2_chain(x, norm):
     """The cross-attention's pre-norm (nn.Identity without cross_attn_norm)."""
     return norm(x.float()).type_as(x)
 
 
-NORM2 = Mapping(why="the affine float32 LayerNorm of x.float() with one rounding back is not a chain of an op "
-                    "in this build (issue 34 §2 adds its float32-chain numerics)")
+NORM2_MODEL_CODE = Mapping(why="the affine float32 LayerNorm of x.float() with one rounding back is not a chain "
+                               "of an op in this build (issue 34 §2 adds its float32-chain numerics)")
+
+# The affine LayerNorm alone: norm_scale_shift(numerics="float32") without scale or shift.
+NORM2_FLOAT32 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32", "affine": "float32"},
+    fit=lambda x, norm: _float32_rows_fit(x, norm, ()),
+    signature=lambda x, norm: (str(x.device), x.dtype, x.shape[-1], float(norm.eps), norm.weight is not None,
+                               norm.bias is not None),
+    call=lambda x, norm: OpCall("norm_scale_shift", (x, None, None),
+                                dict(weight=norm.weight, bias=norm.bias, norm="layer", eps=float(norm.eps),
+                                     numerics="float32"),
+                                lambda out: out[0]))
 
 
 def residual_attn_chain(x, update, gate):
@@ -102,8 +154,44 @@ def residual_ff_chain(x, update, gate):
     return (x.float() + update.float() * gate).type_as(x)
 
 
-RESIDUAL = Mapping(why="mixed dtypes (residual_gate_add takes one dtype; float32 copies of x and the update "
-                       "would cost more than the fusion saves)")
+RESIDUAL_MODEL_CODE = Mapping(why="mixed dtypes (residual_gate_add takes one dtype; float32 copies of x and the "
+                                  "update would cost more than the fusion saves)")
+
+
+def _residual_fit(x, update, gate) -> str:
+    if x.dtype not in (torch.float16, torch.bfloat16) or update.dtype != x.dtype or x.dim() != 3:
+        return f"x / update are {x.dtype} / {update.dtype} of rank {x.dim()} (16-bit [batch, tokens, dim])"
+    if update.shape != x.shape or not (x.is_contiguous() and update.is_contiguous()):
+        return "x and update are not contiguous tensors of one shape"
+    B, S, D = x.shape
+    if gate.dtype != torch.float32 or gate.dim() != 3 or gate.shape[0] != B or gate.shape[1] not in (1, S) \
+            or gate.shape[2] != D or gate.stride(-1) != 1 or gate.device != x.device:
+        return "gate is not float32 [batch, 1 or tokens, dim] on x's device"
+    if B > 1 and gate.shape[1] > 1 and gate.stride(0) != gate.stride(1) * S:
+        return "gate's rows are not one stride apart"  # the op's strided gate mode
+    return ""
+
+
+# residual_gate_add with a float32 gate beside 16-bit data (residual_gate_add.md, the promoted
+# chain): rne(float(x) + float(update) * gate), one rounding; the gate chunk read in place.
+RESIDUAL_FLOAT32_GATE = Mapping(
+    op="residual_gate_add", options={"gate": "float32"},
+    fit=_residual_fit,
+    signature=lambda x, update, gate: (str(x.device), x.dtype, gate.shape[1] == 1, gate.is_contiguous()),
+    call=lambda x, update, gate: OpCall("residual_gate_add", (x, update, gate), {}, lambda out: out))
+
+
+# The mapping each site runs: the float32-chain ops where this build's op table declares them
+# (issue 34 §2), else the mappings above. Each is guarded by the first-sight check like any site.
+def _float32_numerics() -> bool:
+    return "float32" in op_options("norm_scale_shift").get("numerics", [])
+
+
+def mappings() -> dict:
+    f32_gate = "f32" in op_tensor_dtypes("residual_gate_add", "gate").split("|")
+    return {"adaln": ADALN_FLOAT32 if _float32_numerics() else ADALN_ON_FLOAT32_COPY,
+            "norm2": NORM2_FLOAT32 if _float32_numerics() else NORM2_MODEL_CODE,
+            "residual": RESIDUAL_FLOAT32_GATE if f32_gate else RESIDUAL_MODEL_CODE}
 
 
 # ---------------------------------------------------------------- QK norm + RoPE
@@ -203,7 +291,10 @@ def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite):
         attn_output = self.attn1(norm_hidden, None, None, rotary_emb)
         hidden_states = residual(residual_attn_chain, hidden_states, attn_output, gate_msa)
 
-        norm_hidden = norm2(norm2_chain, hidden_states, self.norm2)
+        if type(self.norm2).__name__ == "FP32LayerNorm":
+            norm_hidden = norm2(norm2_chain, hidden_states, self.norm2)
+        else:  # nn.Identity (cross_attn_norm=False): not a place
+            norm_hidden = norm2_chain(hidden_states, self.norm2)
         hidden_states = hidden_states + self.attn2(norm_hidden, encoder_hidden_states, None, None)
 
         norm_hidden = adaln(adaln_chain, hidden_states, self.norm3, c_scale_msa, c_shift_msa)
@@ -218,9 +309,10 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                                                        QK_SELF_CHAIN))
     qk_cross = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (text cross-attn)", "none",
                                                         QK_CROSS_CHAIN))
-    adaln = plan.add_site(MappedSite("adaln_modulate", mapping=ADALN, chain=FP32_ADALN_CHAIN))
-    norm2 = plan.add_site(MappedSite("adaln_modulate (norm2)", mapping=NORM2, chain=NORM2_CHAIN))
-    residual = plan.add_site(MappedSite("gated_residual", mapping=RESIDUAL, chain=RESIDUAL_CHAIN))
+    mapped = mappings()
+    adaln = plan.add_site(MappedSite("adaln_modulate", mapping=mapped["adaln"], chain=FP32_ADALN_CHAIN))
+    norm2 = plan.add_site(MappedSite("adaln_modulate (norm2)", mapping=mapped["norm2"], chain=NORM2_CHAIN))
+    residual = plan.add_site(MappedSite("gated_residual", mapping=mapped["residual"], chain=RESIDUAL_CHAIN))
     processors = {WanAttnProcessor: WanAttnProcessorDitops}
     for i, block in enumerate(model.blocks):
         path = f"blocks.{i}"
