@@ -54,7 +54,8 @@ int bench_reps(const Args& args, const std::string& op) {
 bool BenchRun::gpu_available(const char* op) {
   std::string why;
   if (jit::cuda_driver(&why)) return true;
-  std::printf("ditops bench %s: %s; the benchmark needs a CUDA GPU.\n", op, why.c_str());
+  std::fprintf(stderr, "ditops bench %s: %s; the benchmark needs a CUDA GPU (nothing measured, exit code %d)\n", op,
+               why.c_str(), kExitNoGpu);
   return false;
 }
 

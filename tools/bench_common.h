@@ -49,7 +49,8 @@ int bench_reps(const Args& args, const std::string& op);
 // row per record and writes the JSON list at the end.
 class BenchRun {
  public:
-  // Returns false (after printing why) when no CUDA GPU is usable: the caller returns 0.
+  // Returns false (after printing why on stderr) when no CUDA GPU is usable: the caller returns
+  // kExitNoGpu.
   static bool gpu_available(const char* op);
   BenchRun(const char* op, const Args& args);
   int reps() const { return reps_; }

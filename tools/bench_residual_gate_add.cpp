@@ -87,7 +87,7 @@ void upload_random(DeviceBuffer& buffer, DType dtype, int64_t count, uint32_t se
 }  // namespace
 
 int run_bench_residual_gate_add(const Args& args) {
-  if (!BenchRun::gpu_available("residual_gate_add")) return 0;
+  if (!BenchRun::gpu_available("residual_gate_add")) return kExitNoGpu;
   BenchRun run("residual_gate_add", args);
   for (const RgaCase& c : bench_cases()) {
     const int64_t n = product(c.shape), gn = product(c.gate);

@@ -19,7 +19,7 @@ namespace ditops::cli {
 int run_table_bench(const OpDescription& d, const Args& a) {
   // The sizing flags are checked first, on any machine (no memory is touched).
   table_call(d, a, Device{DeviceKind::cuda, 0}, [](size_t, int64_t) { return reinterpret_cast<void*>(uintptr_t{1} << 40); });
-  if (!BenchRun::gpu_available(d.name.c_str())) return 0;
+  if (!BenchRun::gpu_available(d.name.c_str())) return kExitNoGpu;
   BenchRun run(d.name.c_str(), a);
   const auto& driver = jit::require_cuda_driver();
   const Device cuda{DeviceKind::cuda, 0};
