@@ -205,7 +205,7 @@ def test_norm_scale_shift_in_place_output():
 
 @pytest.fixture
 def torch():
-    return pytest.importorskip("torch")
+    return pytest.importorskip("torch", reason="PyTorch is not installed")
 
 
 def ln_inputs(torch, B=2, S=5, D=64, seed=0):

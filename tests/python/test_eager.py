@@ -3,9 +3,9 @@ the diffusers chains are written op for op as diffusers writes them (compared wi
 modules where diffusers is installed). Bit-exactness against the fused kernel is a CUDA matter
 (test_ops_eager.py)."""
 import pytest
-import torch
 
-from ditops import eager
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (ditops.eager's chains are torch code)")
+from ditops import eager  # noqa: E402
 
 
 def _qk_inputs(D, dtype, seed=0):
@@ -50,7 +50,7 @@ def test_weight_rounding_twice_differs_from_once_on_random_weights(dtype):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mean_chains_are_diffusers_modules(D, dtype):
-    normalization = pytest.importorskip("diffusers.models.normalization")
+    normalization = pytest.importorskip("diffusers.models.normalization", reason="diffusers is not installed")
     g = torch.Generator().manual_seed(D)
     x = torch.randn(2, 33, 3, D, generator=g).to(dtype)  # [B, S, H, D] as the processors pass it
     weight = (1 + 0.5 * torch.randn(D, generator=g)).to(dtype)
