@@ -212,6 +212,7 @@ int cmd_ops(const Args& args) {
   if (ops.empty()) ops = op_descriptions();
   for (const OpDescription* d : ops) {
     std::printf("%s: %s\n  dims %s\n", d->name.c_str(), d->summary.c_str(), d->dims.c_str());
+    if (d->gemm) std::printf("  a GEMM/GEMV: `ditops bench` reports the fraction of the read roof\n");
     for (const TensorSlot& t : d->tensors)
       std::printf("  tensor %-14s %-5s %-14s [%s]%s%s\n", t.name.c_str(), tensor_role_name(t.role), t.dtypes.c_str(),
                   t.shape.c_str(), t.optional ? " optional" : "", t.keyword ? " keyword" : "");

@@ -198,7 +198,8 @@ def generated_source() -> str:
 
 
 def op_table() -> list[dict]:
-    """Every op's description: name, summary, doc, tensors (name, role, optional, keyword,
+    """Every op's description: name, summary, doc, dims, gemm (a GEMM/GEMV: benchmarks report the
+    read roof), tensors (name, role, optional, keyword,
     dtypes, shape, alloc, alloc_dtype, present, doc) and options (name, kind, default, choices,
     doc), as the C++ core declares them."""
     import copy

@@ -74,6 +74,13 @@ def test_raw_call_arguments_run_the_op():
         _codegen.call_arguments(table[index], dict(x=q))
 
 
+def test_gemm_flag_is_exported():
+    """`gemm` (benchmarks report the read roof) is a bool of every op, set only on GEMMs/GEMVs."""
+    table = ditops.op_table()
+    assert all(isinstance(op["gemm"], bool) for op in table)
+    assert {op["name"] for op in table if op["gemm"]} <= {"fp8_linear"}
+
+
 def test_known_cpp_defaults_reach_python():
     qk = inspect.signature(ditops.qknorm_rope).parameters
     assert qk["eps"].default == 1e-06 and qk["rounding"].default == "rounded" and qk["use_pdl"].default is True
