@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
@@ -337,6 +338,47 @@ TEST(CliNewUser, DemoSaysWhatItDid) {
     EXPECT_NE(r.out.find("nothing was checked"), std::string::npos) << r.out;
     EXPECT_EQ(r.out.find("check against"), std::string::npos) << r.out;
   }
+}
+
+// Configure without the CUDA headers stops at once and says what is missing, where it looked and
+// how to point at a toolkit (not later, at the first #include <cuda.h> of the build).
+TEST(CliNewUser, ConfigureWithoutTheCudaHeadersNamesWhatIsMissing) {
+  const std::string work = std::string(DITOPS_TEST_WORK_DIR) + "/configure-without-cuda";
+  const std::string fake = work + "/fake-toolkit";
+  std::system(("rm -rf '" + work + "' && mkdir -p '" + fake + "/include' && touch '" + fake + "/include/cuda.h'").c_str());
+  auto configure = [&](const std::string& root) {
+    CliRun r;
+    const std::string command = std::string("'") + DITOPS_CMAKE_COMMAND + "' -S '" + DITOPS_SOURCE_DIR + "' -B '" + work +
+                                "/build' -DDITOPS_CUDA_ROOT=" + root + " -DCUDAToolkit_ROOT=" + root +
+                                " -DDITOPS_BUILD_TESTS=OFF -DDITOPS_BUILD_PYTHON=OFF 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    if (!pipe) return r;
+    r.out = read_all(pipe);
+    const int status = pclose(pipe);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::system(("rm -rf '" + work + "/build'").c_str());
+    return r;
+  };
+  // CMake wraps the message at spaces: compare with the spaces and line breaks taken out.
+  auto flat = [](std::string text) {
+    std::string out;
+    for (char c : text)
+      if (c != ' ' && c != '\n') out += c;
+    return out;
+  };
+  const CliRun none = configure("/nonexistent");
+  EXPECT_NE(none.status, 0) << none.out;
+  EXPECT_NE(flat(none.out).find(flat("missing CUDA toolkit headers: cuda.h, nvrtc.h (looked in /nonexistent/include: "
+                                     "DITOPS_CUDA_ROOT=/nonexistent)")),
+            std::string::npos) << none.out;
+  EXPECT_NE(flat(none.out).find(flat("-DDITOPS_CUDA_ROOT=/path/to/cuda")), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("Generating done"), std::string::npos) << none.out;
+  // A toolkit folder with cuda.h alone: only nvrtc.h is named.
+  const CliRun half = configure(fake);
+  EXPECT_NE(half.status, 0) << half.out;
+  EXPECT_NE(flat(half.out).find(flat("missing CUDA toolkit headers: nvrtc.h (looked in " + fake + "/include:")),
+            std::string::npos) << half.out;
+  std::system(("rm -rf '" + work + "'").c_str());
 }
 
 }  // namespace
