@@ -1,7 +1,7 @@
 """residual_gate_add on the GPU beside PyTorch, in one process (run by scripts/device_run.sh).
 
 1. Verification: ditops (every CUDA backend) against eager `residual + update * gate` on CUDA with
-   torch.equal over the spec's grid: GATE_CASES, per-token, batch and per-frame gates, dtype
+   torch.equal over SGLang's test grid: GATE_CASES, per-token, batch and per-frame gates, dtype
    sweeps (fp16/bf16/fp32), the transposed SANA-Video layout, non-zero storage offsets (pointers
    off 16-byte alignment); out keeps residual's strides.
 2. CUDA-graph capture and replay with new inputs on a side stream.

@@ -11,8 +11,8 @@
 //     n = rstd * (v - mean); a = fma(w, n, b) | w * n | n (affine weight+bias | weight | none,
 //       nvcc's contraction of aten's `gamma * (rstd * (x - mean)) + beta`); y0 = rne(a)
 //     y = rne(rne(y0 * rne(1 + scale)) + shift)   (no shift: y = rne(y0 * rne(1 + scale)))
-// * sglang (kSglang = true), bit_exact vs SGLang's native Qwen-Image kernel as spec §2.3 defines
-//   it: v = rne(fma(x, g, r)); thread t of D/16 owns elements [16t, 16t+16); per-thread
+// * sglang (kSglang = true), bit_exact vs SGLang's native Qwen-Image kernel as
+//   docs/norm_scale_shift.md §3 states it: v = rne(fma(x, g, r)); thread t of D/16 owns elements [16t, 16t+16); per-thread
 //   sequential sums from +0, XOR butterfly per warp, warp totals summed by a butterfly over 32
 //   slots (empty slots +0); mean = sum * fp32(1/D); var the same over fma(d, d, acc) with
 //   d = v - mean; factor = rsqrtf(var + eps); norm = rne((v - mean) * factor);

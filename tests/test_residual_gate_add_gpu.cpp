@@ -1,6 +1,6 @@
 // The residual_gate_add test driver on the GPU: every registered CUDA implementation against the
 // CPU reference on the same inputs, byte for byte (the op is bit-exact: no reduction, two
-// roundings). The spec's GATE_CASES, per-token, batch and transposed layouts, odd widths,
+// roundings). SGLang's test GATE_CASES, per-token, batch and transposed layouts, odd widths,
 // pointers off 16-byte alignment, fp16/bf16/fp32; guard bytes around out must stay untouched; a
 // call captured into a CUDA graph replays correctly on new inputs. Skipped without a GPU.
 #include <gtest/gtest.h>

@@ -1,4 +1,5 @@
-// `ditops bench residual_gate_add`: the spec's workloads (§3.9), cold L2, median of --reps; GB/s by
+// `ditops bench residual_gate_add`: the workloads of SGLang's A/B script (flux_text ... sana_transposed,
+// bf16 and fp16), cold L2, median of --reps; GB/s by
 // the byte model (residual, update and gate read once, out written once) and the fraction of a
 // device-to-device copy of the same bytes measured in the same run.
 #include <chrono>

@@ -47,10 +47,10 @@ enum class NssNumerics : uint8_t {
   // rounded), F.layer_norm / F.rms_norm (aten's vectorized kernel order), then
   // y * (1 + scale) + shift with every op rounded to the dtype. Contract: bit_exact.
   eager,
-  // SGLang's native Qwen-Image kernel (spec diffusion.md §2.3): fma residual, two-pass mean/var in
-  // its 16-elements-per-thread block order, norm rounded, y = rne(fma(norm, 1 + s, shift)).
-  // LayerNorm without affine, 16-bit dtypes. Contract: bit_exact vs that chain as the spec
-  // defines it, checked against our CPU reference only (the chain itself is not available).
+  // SGLang's native Qwen-Image kernel (docs/norm_scale_shift.md §3): fma residual, two-pass
+  // mean/var in its 16-elements-per-thread block order, norm rounded, y = rne(fma(norm, 1 + s,
+  // shift)). LayerNorm without affine, 16-bit dtypes. Contract: bit_exact vs that chain as the doc
+  // states it, checked against our CPU reference only (the chain itself is not available).
   sglang,
 };
 const char* nss_numerics_name(NssNumerics numerics);

@@ -1,4 +1,4 @@
-// residual_gate_add's cases: the spec's GATE_CASES, per-token, per-batch and per-frame gates,
+// residual_gate_add's cases: SGLang's test GATE_CASES, per-token, per-batch and per-frame gates,
 // transposed residual/out ([B, T, H] stored as [B, H, T]), odd widths, pointers off 16 bytes,
 // fp16/bf16/fp32; empty, in-place (refused) and invalid calls. Bit-exact: bytes equal.
 #include "op_test_driver.h"
@@ -47,7 +47,7 @@ std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
   auto add = [&](const Rga& s, CaseKind kind) { out.push_back(rga_case(s, kind, seed++)); };
-  // The spec's GATE_CASES (model shapes: FLUX, Qwen-Image, SANA).
+  // SGLang's test GATE_CASES (model shapes: FLUX, Qwen-Image, SANA).
   for (const auto& [shape, gate] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
            {{1, 1024, 4096}, {1, 1, 4096}}, {{1, 512, 4096}, {1, 512, 4096}}, {{1, 17, 65}, {1, 1, 65}},
            {{1, 17, 65}, {1, 17, 65}}, {{1, 4096, 3072}, {1, 1, 3072}}, {{1, 512, 3072}, {1, 1, 3072}},

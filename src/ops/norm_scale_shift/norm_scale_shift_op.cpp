@@ -510,10 +510,10 @@ void register_norm_scale_shift(Registry& registry) {
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
                      "the CPU reference only (no device run of TRT-LLM's fp4_quantize)")},
       {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
-       Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as spec diffusion.md §2.3 defines it "
+       Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as docs/norm_scale_shift.md §3 states it "
                            "(checked against the CPU reference only; the chain itself is not available)")
-           .unverified("SGLang's chain was never run beside it on a device; it matches the CPU reference of spec "
-                       "section 2.3's chain on the GPU test cases")},
+           .unverified("SGLang's chain was never run beside it on a device; it matches the CPU reference of that "
+                       "chain on the GPU test cases")},
   };
   for (const Variant& v : variants) {
     Implementation<NormScaleShiftCall> impl = jit_implementation(kernels());
