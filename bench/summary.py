@@ -33,8 +33,9 @@ ALIASES = [("ln_mod_fp8", "layernorm_modulate_fp8"), ("ln_mod", "layernorm_modul
            ("nss", "norm_scale_shift"), ("rga", "residual_gate_add")]
 
 # "  5/316 Test  #12: Suite.Name ......***Failed    0.10 sec" (Passed, ***Skipped, ***Timeout,
-# ***Exception: SegFault, ***Failed  Required regular expression not found ..., ***Not Run).
-CTEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+) \.+\s*(?:\*\*\*)?(\w+).*?\s+([\d.]+) sec\s*$")
+# ***Exception: SegFault, ***Failed  Required regular expression not found ..., ***Not Run); a
+# parametrized gtest's name is followed by '  # GetParam() = "..."' before the dots.
+CTEST_LINE = re.compile(r"^\s*\d+/\d+ Test\s+#\d+: (\S+).*? \.{3,}\s*(?:\*\*\*)?(\w+).*?\s+([\d.]+) sec\s*$")
 
 
 def op_of(test, ops):
