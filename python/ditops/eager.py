@@ -281,8 +281,8 @@ def oracle_outputs(op, x, o):
     if op == "fp8_linear":
         # torch._scaled_mm is the chain fp8_linear.cublaslt is byte-equal to, on CUDA only; on the
         # CPU every implementation is `close` to the fp64 product and no chain is an oracle.
-        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee":
-            return None
+        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee" or x["w"].shape[0] % 16 != 0:
+            return None  # torch._scaled_mm takes N % 16 == 0 only (as cuBLASLt's FP8 layouts)
         return {"out": fp8_linear_scaled_mm(x["x"], x["x_scale"], x["w"], x["w_scale"], x.get("bias"))}
     if op == "causal_conv3d_cat_pad":
         pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
