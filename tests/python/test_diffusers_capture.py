@@ -257,7 +257,8 @@ def test_max_graphs_refuses_more_with_one_warning(standin):
 
 def test_a_python_number_that_changes_runs_eagerly_with_one_warning(standin, monkeypatch):
     """A float that differs per call (a timestep passed as a Python number) would bake each value
-    into a graph of its own: the second value marks the argument, and such calls run eagerly."""
+    into a graph of its own: past VALUES_PER_LAYOUT values with the same tensors, calls with a new
+    value run eagerly, unrecorded."""
     model, inputs, _ = small_flux()
     seen = []
     real = type(model).forward
@@ -268,14 +269,30 @@ def test_a_python_number_that_changes_runs_eagerly_with_one_warning(standin, mon
 
     monkeypatch.setattr(type(model), "forward", forward)
     state = dd.capture(model)["FluxTransformer2DModel"]
+    n = _graphs.VALUES_PER_LAYOUT
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for i in range(4):
+        for i in range(n + 2):
             with torch.no_grad():
                 model(**inputs, step_scale=1.0 - 0.1 * i)
     (msg,) = capture_warnings(caught)
-    assert "step_scale (1.0, then 0.9)" in msg and "pass it as a tensor" in msg
-    assert state.graphs == 0 and len(state.entries) == 1 and len(seen) == 4
+    assert "step_scale (1.0, ..., " in msg and f"more than {n} values" in msg and "pass it as a tensor" in msg
+    assert state.graphs == 0 and len(state.entries) == n and len(seen) == n + 2
+
+
+def test_numbers_with_a_few_values_each_get_a_graph(standin):
+    """Qwen-Image's img_shapes at one token count (portrait and landscape): two signatures that
+    differ only in Python numbers, each captured, each equal to eager."""
+    model, inputs, _ = TINY["qwen"]()
+    shapes = [[(1, 4, 4)], [(1, 2, 8)]]
+    reference = [run(model, dict(inputs, img_shapes=s)) for s in shapes]
+    state = dd.capture(model)["QwenImageTransformer2DModel"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(3):
+            for s, want in zip(shapes, reference):
+                assert torch.equal(run(model, dict(inputs, img_shapes=s)), want)
+    assert state.graphs == 2 and state.replays == 2
 
 
 @pytest.mark.parametrize("hazard", ["grad", "opaque", "hook", "processor", "replaced_forward"])

@@ -38,6 +38,11 @@ __all__ = ["capture", "release", "captured", "CapturedForward", "CaptureReport"]
 
 DEFAULT_MAX_GRAPHS = 8
 
+# Keys that differ only in Python numbers, per tensor layout, before the numbers count as
+# changing with every call: a few legitimate values (Qwen-Image's img_shapes of one token count:
+# portrait and landscape) each get their graph, a float timestep does not get one per step.
+VALUES_PER_LAYOUT = 4
+
 
 # ---------------------------------------------------------------- the signature
 
@@ -353,7 +358,7 @@ class CapturedForward:
         self.replays = 0
         self._device = None
         self._warned: set = set()
-        self._skeletons: dict = {}           # skeleton -> the first key seen with it
+        self._skeletons: dict = {}           # skeleton -> the keys seen with it
         self._volatile: dict = {}            # skeleton -> why its Python numbers steer the forward
         self._weights: list = []             # parameters and buffers the graphs read, and where
         self._weight_ptrs: list = []
@@ -472,14 +477,16 @@ class CapturedForward:
             return self._eager(args, kwargs, why)
         paths = []
         signature(args, kwargs, paths)
-        first = self._skeletons.setdefault(skeleton, key)
-        if first is not key:
-            changed = [(paths[i], a[1], b[1]) for i, (a, b) in enumerate(zip(first, key)) if a != b]
-            names = ", ".join(f"{p} ({old!r}, then {new!r})" for p, old, new in changed[:3])
+        keys = self._skeletons.setdefault(skeleton, [])
+        if len(keys) >= VALUES_PER_LAYOUT:
+            changed = [(paths[i], a[1], b[1]) for i, (a, b) in enumerate(zip(keys[0], key)) if a != b]
+            names = ", ".join(f"{p} ({old!r}, ..., {new!r})" for p, old, new in changed[:3])
             why = self._volatile[skeleton] = (
-                f"the Python value of {names} changed between calls: a graph bakes it in, so each value "
-                "would need a graph of its own; calls with a new value run eagerly (pass it as a tensor)")
+                f"the Python value of {names} took more than {VALUES_PER_LAYOUT} values with the same "
+                "tensors: a graph bakes it in, so each value would need a graph of its own; calls with a "
+                "new value run eagerly (pass it as a tensor)")
             return self._eager(args, kwargs, why)
+        keys.append(key)
         if len(self.entries) >= 4 * self.max_graphs:
             return self._eager(args, kwargs, f"more than {4 * self.max_graphs} signatures were seen (a shape "
                                              "or an argument that changes with every call?)")
