@@ -271,7 +271,7 @@ def main(argv=None) -> int:
         results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares}
         if graphed:
             capture_text[variant], capture_dicts[variant] = str(dd.captured(model)), dd.captured(model).as_dict()
-        print(f"{variant:>15}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
+        print(f"{variant:>18}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
               f"(min {min(times):.3f}, max {max(times):.3f}, {len(times)} runs)", flush=True)
     if dd.enabled(model) or dd.captured(model):
         dd.disable(model)
@@ -305,7 +305,7 @@ def main(argv=None) -> int:
         for variant, r in results.items():
             k = r["kernels_us"]
             total = sum(k.values()) or 1.0
-            print(f"  {variant:>15}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
+            print(f"  {variant:>18}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
                   f"{k['glue']:9.1f} ({100 * k['glue'] / total:4.1f} % glue, "
                   f"{100 * k['ditops'] / total:4.1f} % ditops)")
     for variant, m in memory.items():
