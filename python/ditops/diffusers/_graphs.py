@@ -461,6 +461,10 @@ class CapturedForward:
                 why = str(e)
             except Exception as e:  # noqa: BLE001 (any failure: this signature runs eagerly)
                 entry.drop()
+                if not self.graphs:
+                    # the failed capture released the pool's last use: torch refuses to begin
+                    # another capture in a pool waiting to be freed
+                    self.pool = None
                 why = f"the capture failed ({type(e).__name__}: {_first_line(e)})"
         if why:
             entry.state, entry.why = _REFUSED, why
