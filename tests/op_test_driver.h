@@ -75,10 +75,12 @@ struct OpCase {
   std::vector<std::pair<std::string, std::string>> unsupported;
   Tolerance tolerance;                                       // written tensors against the reference
   std::vector<std::pair<std::string, Tolerance>> tolerance_for;  // per tensor, overriding it
+  // Per implementation (its contract's own bound against the reference), overriding both.
+  std::vector<std::pair<std::string, Tolerance>> tolerance_for_impl;
   // Too slow for the CPU reference alone to be worth it: run only where a device compares.
   bool large = false;
 
-  const Tolerance& tolerance_of(const std::string& tensor) const;
+  const Tolerance& tolerance_of(const std::string& tensor, const std::string& impl = "") const;
 };
 
 // Where a run's buffers live: host memory (the reference; and a stand-in device that tests the

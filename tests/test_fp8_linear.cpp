@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/device.h"
@@ -94,9 +96,12 @@ struct Tally {
   int64_t outputs = 0, within_ulp = 0, beyond_bound = 0;
 };
 
-// x [M, K] bf16 or e4m3, w [N, K] e4m3, out [M, N] bf16: every output against the contract.
+// x [M, K] bf16 or e4m3, w [N, K] e4m3, out [M, N] bf16: the outputs of the columns n with
+// column(n) (all by default) against the fp64 product: the K bound on every one, and the count
+// within 1 ulp.
 void check_contract(const HostTensor& x, float xs, const HostTensor& w, float ws, const HostTensor* bias,
-                    const HostTensor& out, int64_t M, int64_t N, int64_t K, Tally& t) {
+                    const HostTensor& out, int64_t M, int64_t N, int64_t K, Tally& t,
+                    bool (*column)(int64_t n, int64_t N) = nullptr) {
   // The oracle's quantization of every bf16 pattern, computed once per scale.
   static std::map<float, std::vector<double>> tables;
   std::vector<double>& quantized = tables[xs];
@@ -107,13 +112,14 @@ void check_contract(const HostTensor& x, float xs, const HostTensor& w, float ws
   std::vector<double> xq(static_cast<size_t>(M * K));
   for (int64_t i = 0; i < M * K; ++i)
     xq[i] = x.view.dtype == DType::f8e4m3fn ? e4m3_value(x.u8()[i]) : quantized[x.u16()[i]];
-  std::vector<double> wv(static_cast<size_t>(N * K));
-  for (int64_t i = 0; i < N * K; ++i) wv[i] = e4m3_value(w.u8()[i]);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
+  std::vector<double> wv(static_cast<size_t>(K));
+  for (int64_t n = 0; n < N; ++n) {
+    if (column && !column(n, N)) continue;
+    for (int64_t k = 0; k < K; ++k) wv[k] = e4m3_value(w.u8()[n * K + k]);
+    for (int64_t m = 0; m < M; ++m) {
       double sum = 0, abs_sum = 0;
       for (int64_t k = 0; k < K; ++k) {
-        const double p = xq[m * K + k] * wv[n * K + k];
+        const double p = xq[m * K + k] * wv[k];
         sum += p;
         abs_sum += std::fabs(p);
       }
@@ -126,6 +132,7 @@ void check_contract(const HostTensor& x, float xs, const HostTensor& w, float ws
       if (!(err <= bound) && ++t.beyond_bound <= 5)
         ADD_FAILURE() << "out[" << m << ", " << n << "] = " << got << ", fp64 " << y << ", bound " << bound;
     }
+  }
 }
 
 // Deterministic bell-shaped values of standard deviation about sigma (a sum of four uniforms from
@@ -337,13 +344,18 @@ TEST(Fp8LinearDispatch, ExplainSaysWhichPathAShapeTakesAndWhy) {
   std::string lt_why;
   const bool have_lt = vendor::cublaslt(&lt_why) != nullptr;
 
-  // Default quality: no implementation is bit-exact, so none on CUDA.
+  // Default quality: only the vendor path is bit-exact (byte-equal to torch._scaled_mm); the
+  // kernels are close.
   GenericCall c = cuda_call(2, 8192, 5120, false);
   c.dispatch.quality = Quality::exact;
   DispatchReport r = explain("fp8_linear", c, sm90);
-  EXPECT_EQ(r.chosen, nullptr) << r.format();
   EXPECT_TRUE(contains(candidate(r, "fp8_linear.skinny_mma").reason, "contract is close")) << r.format();
-  EXPECT_TRUE(contains(candidate(r, "fp8_linear.cublaslt").reason, "contract is close")) << r.format();
+  if (have_lt) {
+    ASSERT_NE(r.chosen, nullptr) << r.format();
+    EXPECT_EQ(r.chosen->name, "fp8_linear.cublaslt") << r.format();
+  } else {
+    EXPECT_EQ(r.chosen, nullptr) << r.format();
+  }
 
   // Quality high, a whitelisted shape: not measured, so the vendor implementation takes it.
   c.dispatch.quality = Quality::high;
@@ -485,30 +497,38 @@ struct DeviceBuffer {
   }
 };
 
+// The rows every kernel block has at its edges and middle (16-row MMA blocks: rows 0, 7, 8, 15;
+// the GEMV's warps: any row), and the last block whole: a quarter of the fp64 oracle's work.
+bool sampled_column(int64_t n, int64_t N) { return n % 16 == 0 || n % 16 == 7 || n % 16 == 8 || n % 16 == 15 || n >= N - 16; }
+
 // Every CUDA implementation (explicit backends, quality high) on whitelisted shapes at the
-// issue's M: within the contract of the fp64 product, and bitwise identical on a second run.
-TEST(Fp8LinearGpu, EveryImplementationWithinTheContractAndRunToRunIdentical) {
+// issue's M, each against its own contract over the sampled columns: the jit kernels within the K
+// bound of the fp64 product with >= 99.9 % within 1 ulp, bitwise identical on a second run;
+// cuBLASLt within the K bound (its stated contract is byte equality with torch._scaled_mm, which
+// bench/fp8_linear_torch.py checks where torch is), deterministic for its cached algorithm.
+TEST(Fp8LinearGpu, EveryImplementationWithinItsContractAndRunToRunIdentical) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device: the GPU implementations are checked on the device run";
   jit::bind_primary_context(0);
+  std::map<Provenance, Tally> totals;
   for (const auto& [K, N, bias] : {std::tuple<int64_t, int64_t, bool>{5120, 8192, false}, {3072, 9216, true}})
     for (int64_t M : {1, 2, 3, 9, 16})
-      for (uint32_t seed : {0u, 1u, 7u})
+      for (uint32_t seed : {0u, 1u, 7u}) {
+        Rng rng(seed);
+        HostTensor x(DType::bf16, {M, K}), w(DType::f8e4m3fn, {N, K}), b(DType::bf16, {N}), out(DType::bf16, {M, N});
+        fill_bf16(x, rng, 1.0f);
+        fill_e4m3(w, rng, 32.0f);
+        fill_bf16(b, rng, 4.0f);
+        const HostTensor xs = scalar(0.025f), ws = scalar(0.02f);
+        DeviceBuffer dx(x.bytes.size()), dw(w.bytes.size()), db(b.bytes.size()), dout(out.bytes.size()), dxs(4),
+            dws(4);
+        dx.put(x);
+        dw.put(w);
+        db.put(b);
+        dxs.put(xs);
+        dws.put(ws);
         for (Provenance p : {Provenance::jit, Provenance::vendor}) {
           SCOPED_TRACE(std::string(provenance_name(p)) + " K=" + std::to_string(K) + " N=" + std::to_string(N) +
                        " M=" + std::to_string(M) + " seed " + std::to_string(seed));
-          Rng rng(seed);
-          HostTensor x(DType::bf16, {M, K}), w(DType::f8e4m3fn, {N, K}), b(DType::bf16, {N}), out(DType::bf16, {M, N});
-          fill_bf16(x, rng, 1.0f);
-          fill_e4m3(w, rng, 32.0f);
-          fill_bf16(b, rng, 4.0f);
-          const HostTensor xs = scalar(0.025f), ws = scalar(0.02f);
-          DeviceBuffer dx(x.bytes.size()), dw(w.bytes.size()), db(b.bytes.size()), dout(out.bytes.size()),
-              dxs(4), dws(4);
-          dx.put(x);
-          dw.put(w);
-          db.put(b);
-          dxs.put(xs);
-          dws.put(ws);
           Fp8LinearOptions o;
           o.dispatch.backend = p;
           o.dispatch.quality = Quality::high;
@@ -517,18 +537,25 @@ TEST(Fp8LinearGpu, EveryImplementationWithinTheContractAndRunToRunIdentical) {
           jit::check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
           dout.take(out);
           Tally t;
-          check_contract(x, 0.025f, w, 0.02f, bias ? &b : nullptr, out, M, N, K, t);
+          check_contract(x, 0.025f, w, 0.02f, bias ? &b : nullptr, out, M, N, K, t, sampled_column);
           EXPECT_EQ(t.beyond_bound, 0);
-          EXPECT_GE(static_cast<double>(t.within_ulp), 0.999 * static_cast<double>(t.outputs));
+          if (p == Provenance::jit)
+            EXPECT_GE(static_cast<double>(t.within_ulp), 0.999 * static_cast<double>(t.outputs));
+          Tally& total = totals[p];
+          total.outputs += t.outputs;
+          total.within_ulp += t.within_ulp;
           HostTensor again(DType::bf16, {M, N});
           fp8_linear(dx.view(x), dxs.view(xs), dw.view(w), dws.view(ws), bias ? db.view(b) : TensorView{},
                      dout.view(out), o);
           jit::check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
           dout.take(again);
-          if (p == Provenance::jit) {
-            EXPECT_EQ(again.bytes, out.bytes) << "run to run";
-          }
+          EXPECT_EQ(again.bytes, out.bytes) << "run to run";
         }
+      }
+  for (const auto& [p, t] : totals)
+    std::printf("fp8_linear %s: %lld of %lld sampled outputs within 1 bf16 ulp of the fp64 product (%.3f %%)\n",
+                provenance_name(p), static_cast<long long>(t.within_ulp), static_cast<long long>(t.outputs),
+                100.0 * static_cast<double>(t.within_ulp) / static_cast<double>(std::max<int64_t>(t.outputs, 1)));
 }
 
 }  // namespace

@@ -87,6 +87,43 @@ def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_d
     return qo, ko
 
 
+def cross_head_rope_eager(x, cos, sin, head_dim, rope):
+    """RoPE per head of x [B, S, N] (the normalized projection, activation dtype) as Wan and
+    LTX-2 write it: cos/sin [1|B, S, 1|H, head_dim/2] fp32, per pair (interleaved: channels 2j, 2j+1
+    of a head; split: j and j + head_dim/2) first = a*cos - c*sin, second = c*cos + a*sin in fp32
+    (each product and sum its own kernel), stored into a tensor of x's dtype (one rounding)."""
+    heads = x.unflatten(-1, (x.shape[-1] // head_dim, head_dim))
+    if rope == "interleaved":
+        a, c = heads.unflatten(-1, (-1, 2)).unbind(-1)
+    else:
+        a, c = heads[..., : head_dim // 2], heads[..., head_dim // 2:]
+    first = a * cos - c * sin
+    second = c * cos + a * sin
+    out = torch.empty_like(heads)
+    if rope == "interleaved":
+        out[..., 0::2] = first
+        out[..., 1::2] = second
+    else:
+        out[..., : head_dim // 2] = first
+        out[..., head_dim // 2:] = second
+    return out.flatten(-2)
+
+
+def cross_head_qknorm_rope_eager(q, k, q_weight, k_weight, q_cos=None, q_sin=None, k_cos=None, k_sin=None, *,
+                                 head_dim=128, eps=1e-6, rope="interleaved"):
+    """torch.nn.RMSNorm over the whole row (F.rms_norm), then the model's RoPE per head
+    (cross_head_rope_eager; none: the norm alone). k takes q's tables when it has none. Returns new
+    (q, k)."""
+    qn = F.rms_norm(q, (q.shape[-1],), q_weight, eps)
+    kn = F.rms_norm(k, (k.shape[-1],), k_weight, eps)
+    if rope == "none":
+        return qn, kn
+    if k_cos is None:
+        k_cos, k_sin = q_cos, q_sin
+    return (cross_head_rope_eager(qn, q_cos, q_sin, head_dim, rope),
+            cross_head_rope_eager(kn, k_cos, k_sin, head_dim, rope))
+
+
 # The name bench/qknorm_rope_torch.py has always used.
 def eager_chain(q, k, wq, wk, cache, pos, R, neox, eps, full_width=False):
     return qknorm_rope_eager(q, k, wq, wk, cache, pos, R, neox, eps, full_width)
@@ -136,6 +173,15 @@ def fp8_linear_eager(x, x_scale, w, w_scale, bias=None):
     if bias is not None:
         y = y + bias.float()
     return y.to(torch.bfloat16)
+
+
+def fp8_linear_scaled_mm(x, x_scale, w, w_scale, bias=None):
+    """fp8_linear as PyTorch's own FP8 linear runs it on CUDA: x quantized as fp8_static_quant does
+    (when 16-bit, IEEE reciprocal), then torch._scaled_mm (cuBLASLt). fp8_linear.cublaslt's
+    contract: byte-equal to this on the same device and cuBLASLt library."""
+    xq = x if x.dtype == torch.float8_e4m3fn else static_quant_fp8_eager(x, x_scale)
+    return torch._scaled_mm(xq, w.t(), scale_a=x_scale.reshape(1).float(), scale_b=w_scale.reshape(1).float(),
+                            bias=bias, out_dtype=torch.bfloat16)
 
 
 def qk_head_layernorm_eager(q, k, eps):
@@ -225,8 +271,19 @@ def oracle_outputs(op, x, o):
         if o.get("fp8_reciprocal", "ieee") != "ieee":
             return None
         return {"out": fp8_static_quant_eager(x["x"], x["scale"])}
+    if op == "cross_head_qknorm_rope":
+        if o.get("rounding", "rounded") != "rounded":
+            return None
+        q, k = cross_head_qknorm_rope_eager(
+            x["q"], x["k"], x.get("q_weight"), x.get("k_weight"), x.get("q_cos"), x.get("q_sin"), x.get("k_cos"),
+            x.get("k_sin"), head_dim=int(o.get("head_dim", "128")), eps=eps, rope=o.get("rope", "interleaved"))
+        return {"q": q, "k": k}
     if op == "fp8_linear":
-        return None  # no bit-exact chain: every implementation is `close` (docs/fp8_linear.md)
+        # torch._scaled_mm is the chain fp8_linear.cublaslt is byte-equal to, on CUDA only; on the
+        # CPU every implementation is `close` to the fp64 product and no chain is an oracle.
+        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee" or x["w"].shape[0] % 16 != 0:
+            return None  # torch._scaled_mm takes N % 16 == 0 only (as cuBLASLt's FP8 layouts)
+        return {"out": fp8_linear_scaled_mm(x["x"], x["x_scale"], x["w"], x["w_scale"], x.get("bias"))}
     if op == "causal_conv3d_cat_pad":
         pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
                                                 "pad_t_left", "pad_t_right")]

@@ -19,7 +19,7 @@ namespace ditops::jit {
   X(cuMemsetD8) X(cuMemsetD8Async) X(cuEventCreate) X(cuEventDestroy) X(cuEventRecord)         \
   X(cuEventSynchronize) X(cuEventElapsedTime) X(cuStreamBeginCapture) X(cuStreamEndCapture)    \
   X(cuGraphInstantiate) X(cuGraphLaunch) X(cuGraphDestroy) X(cuGraphExecDestroy)              \
-  X(cuPointerGetAttribute) X(cuStreamIsCapturing)
+  X(cuPointerGetAttribute) X(cuStreamIsCapturing) X(cuThreadExchangeStreamCaptureMode)
 
 struct CudaDriver {
 #define DITOPS_DECLARE_FN(name) decltype(&::name) name = nullptr;

@@ -15,6 +15,7 @@
 #include "core/device.h"
 #include "core/implementation.h"
 #include "jit/cuda_driver.h"
+#include "jit/first_use.h"
 #include "jit/launch.h"
 #include "jit/module_loader.h"
 #include "jit/nvrtc.h"
@@ -82,14 +83,18 @@ std::vector<jit::KernelRequest> requests(const KernelFamily<Call, Key>& family, 
 }
 
 // The run of a jit or aot implementation: the call's key, its kernel from `memo` (resolved by
-// load(key, device index) the first time per key and device), the launch.
+// load(key, device index) the first time per key and device, capture-safe: jit/first_use.h), the
+// launch.
 template <typename Call, typename Key, typename Load>
 void run_memoized(const KernelFamily<Call, Key>& family, jit::KernelMemo& memo, const Call& c, const Load& load) {
   if (family.nothing_to_do && family.nothing_to_do(c)) return;
   const Device d = family.device(c);
   const Key key = family.key(c, device_info(d));
-  const jit::LoadedKernel& kernel = memo.get(key.packed() * 64 + static_cast<uint64_t>(d.index),
-                                             [&]() -> const jit::LoadedKernel& { return load(key, d.index); });
+  const jit::LoadedKernel& kernel =
+      memo.get(key.packed() * 64 + static_cast<uint64_t>(d.index), [&]() -> const jit::LoadedKernel& {
+        return jit::first_use(static_cast<CUstream>(c.stream), std::string(family.op) + " kernel " + key.to_string(),
+                              [&]() -> const jit::LoadedKernel& { return load(key, d.index); });
+      });
   jit::bind_primary_context(d.index);
   family.launch(c, key, kernel);
 }

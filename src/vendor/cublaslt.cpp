@@ -10,6 +10,7 @@
 #include "core/device.h"
 #include "ditops/tensor.h"
 #include "jit/cuda_driver.h"
+#include "jit/first_use.h"
 
 #define DITOPS_STR(x) #x
 #define DITOPS_XSTR(x) DITOPS_STR(x)
@@ -111,14 +112,16 @@ DeviceState& device_state() {
   return *s;
 }
 
-cublasLtHandle_t handle_for(int device) {
+// The first call on a device or stream may be inside a graph capture on a stream never seen before:
+// what is made here is made capture-safe (jit/first_use.h), once.
+cublasLtHandle_t handle_for(int device, CUstream stream) {
   const CublasLt& lt = require_cublaslt();
   DeviceState& s = device_state();
   std::lock_guard<std::mutex> lock(s.mutex);
   auto it = s.handles.find(device);
   if (it != s.handles.end()) return it->second;
   cublasLtHandle_t handle = nullptr;
-  check_cublaslt(lt.cublasLtCreate(&handle), "cublasLtCreate");
+  jit::first_use(stream, "cublasLtCreate", [&] { check_cublaslt(lt.cublasLtCreate(&handle), "cublasLtCreate"); });
   s.handles.emplace(device, handle);
   return handle;
 }
@@ -131,7 +134,9 @@ const StreamMemory& memory_for(int device, CUstream stream) {
   const jit::CudaDriver& d = jit::require_cuda_driver();
   StreamMemory m;
   m.workspace = workspace_bytes(device_info({DeviceKind::cuda, device}).sm);
-  jit::check_cu(d.cuMemAlloc(&m.base, m.workspace + kScratchBytes), "cuMemAlloc (cuBLASLt workspace)");
+  jit::first_use(stream, "the cuBLASLt workspace of a stream", [&] {
+    jit::check_cu(d.cuMemAlloc(&m.base, m.workspace + kScratchBytes), "cuMemAlloc (cuBLASLt workspace)");
+  });
   return s.memory.emplace(std::make_pair(device, stream), m).first->second;
 }
 
@@ -160,6 +165,8 @@ void set_pointers(const CublasLt& lt, Plan& plan, const Fp8MatmulArgs& a) {
   if (a.bias) set_desc(lt, plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias, "BIAS_POINTER");
 }
 
+std::unique_ptr<Plan> make_plan(const CublasLt& lt, cublasLtHandle_t handle, const Fp8MatmulArgs& a, size_t workspace);
+
 Plan& plan_for(const CublasLt& lt, cublasLtHandle_t handle, const Fp8MatmulArgs& a, size_t workspace) {
   static std::mutex mutex;
   static auto* plans = new std::map<PlanKey, std::unique_ptr<Plan>>();
@@ -167,6 +174,12 @@ Plan& plan_for(const CublasLt& lt, cublasLtHandle_t handle, const Fp8MatmulArgs&
   std::lock_guard<std::mutex> lock(mutex);
   auto it = plans->find(key);
   if (it != plans->end()) return *it->second;
+  return jit::first_use(a.stream, "the cuBLASLt plan of an FP8 matmul", [&]() -> Plan& {
+    return *plans->emplace(key, make_plan(lt, handle, a, workspace)).first->second;
+  });
+}
+
+std::unique_ptr<Plan> make_plan(const CublasLt& lt, cublasLtHandle_t handle, const Fp8MatmulArgs& a, size_t workspace) {
 
   auto plan = std::make_unique<Plan>();
   check_cublaslt(lt.cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -205,7 +218,7 @@ Plan& plan_for(const CublasLt& lt, cublasLtHandle_t handle, const Fp8MatmulArgs&
                 std::to_string(a.n) + ", k=" + std::to_string(a.k) + " within a " + std::to_string(workspace >> 20) +
                 " MiB workspace");
   plan->algo = result.algo;
-  return *plans->emplace(key, std::move(plan)).first->second;
+  return plan;
 }
 
 }  // namespace
@@ -218,7 +231,7 @@ void* stream_scratch(int device, CUstream stream) {
 void fp8_matmul(const Fp8MatmulArgs& a) {
   const CublasLt& lt = require_cublaslt();
   jit::bind_primary_context(a.device);
-  const cublasLtHandle_t handle = handle_for(a.device);
+  const cublasLtHandle_t handle = handle_for(a.device, a.stream);
   const StreamMemory& memory = memory_for(a.device, a.stream);
   Plan& plan = plan_for(lt, handle, a, memory.workspace);
   const float one = 1.0f, zero = 0.0f;  // alpha and beta: the scales come from the pointers

@@ -4,9 +4,10 @@
 // whitelisted (K, N) at full size is `large`: run where a device compares it.
 //
 // Tolerance against the reference: both accumulate exact products in fp32 in different orders
-// (the kernels' K split and MMA order, cuBLASLt's own), so a bf16 output may differ by one ulp;
-// outputs below 1.0 (cancellation) are compared at 1.0's ulp. The contract's own bound against
-// an fp64 oracle is checked in tests/test_fp8_linear.cpp.
+// (the kernels' K split and MMA order, cuBLASLt's own), so a bf16 output may differ by one ulp
+// (cuBLASLt: see tolerance_for_impl); outputs below 1.0 (cancellation) are compared at 1.0's ulp.
+// The contract's own bound against an fp64 oracle is checked in tests/test_fp8_linear.cpp,
+// cuBLASLt's byte equality with torch._scaled_mm in bench/fp8_linear_torch.py.
 #include <string>
 #include <vector>
 
@@ -54,6 +55,12 @@ OpCase fl_case(const Fl& s, CaseKind kind, uint32_t seed) {
   }
   c.options = {{"fp8_reciprocal", s.reciprocal}};
   c.tolerance = {1, 1.0, 1.0, 0};
+  // cuBLASLt's own fp32 order (split-K among them): both sides are within the contract's K bound of
+  // the fp64 product, which at these K spans several ulps (4 at most seen on the H200, at M = 2,
+  // N = 30720, K = 5120 with bias). A sanity check of layout, scales and bias: the contract itself
+  // (byte equality with torch._scaled_mm, the K bound) is checked by tests/python/test_ops_eager.py,
+  // bench/fp8_linear_torch.py and Fp8LinearGpu.
+  c.tolerance_for_impl = {{"fp8_linear.cublaslt", Tolerance{8, 1.0, 1.0, 0}}};
   c.large = s.M * s.N * s.K > (int64_t{1} << 25);
   return c;
 }
@@ -103,8 +110,10 @@ std::vector<OpCase> make() {
   }
 
   // Every whitelisted (K, N) at full size: where a device compares (the reference alone is slow).
+  // Each kernel's path once per shape (the GEMV at M = 1, two MMA atoms at M = 16; M = 2 with the
+  // adaLN bias); the other M run above at a smaller N.
   for (const Fp8LinearShape& w : fp8_linear_whitelist())
-    for (int64_t M : w.bias ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{1, 9, 16}) {
+    for (int64_t M : w.bias ? std::vector<int64_t>{2} : std::vector<int64_t>{1, 16}) {
       Fl s;
       s.M = M;
       s.N = w.n;

@@ -2,7 +2,8 @@
 driver runs (exported as JSON by the export_op_cases executable, DITOPS_EXPORT_OP_CASES), laid
 out the same way (strides, shared buffers, offsets), run through every implementation of the op
 that explain finds eligible, and compared with torch.equal against the chain that the
-implementation's bit_exact contract names. The chains are ditops.eager's (the benchmarks' too).
+implementation's bit_exact contract names (an eager chain, or torch._scaled_mm for fp8_linear's
+vendor path). The chains are ditops.eager's (the benchmarks' too).
 Cases whose numerics have no eager chain (fp32 rounding, SGLang orders, quantized NVFP4 outputs)
 are left to the C++ driver, which compares them with the CPU reference."""
 
@@ -27,9 +28,10 @@ def _eager(case, x):
 CASES = [c for c in _cases() if not c["invalid"] and c["kind"] != "empty"]
 # Looked up once: a thousand cases would otherwise copy the whole table each.
 TABLE = {op["name"]: op for op in ditops.op_table()}
-# The implementations each case tries: those bit-exact to an eager chain.
+# The implementations each case tries: those bit-exact to an eager chain (or torch._scaled_mm).
 EAGER_EXACT = {name: [k for k in ditops.list_kernels(name) if k["provenance"] != "reference"
-                      and k["contract"] == "bit_exact" and "eager" in k["oracle"]] for name in TABLE}
+                      and k["contract"] == "bit_exact"
+                      and ("eager" in k["oracle"] or "torch._scaled_mm" in k["oracle"])] for name in TABLE}
 
 
 @pytest.mark.skipif(not CASES, reason="DITOPS_EXPORT_OP_CASES does not name the case exporter")

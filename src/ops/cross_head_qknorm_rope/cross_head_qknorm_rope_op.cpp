@@ -1,0 +1,432 @@
+// cross_head_qknorm_rope: argument matching, the kernel key, its request and launch, the registry
+// entries (the jit kernel, the CPU reference) and the op's description.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/cross_head_qknorm_rope.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/cross_head_qknorm_rope.cuh"
+
+namespace ditops {
+
+const char* cross_head_rope_name(CrossHeadRope rope) {
+  switch (rope) {
+    case CrossHeadRope::none: return "none";
+    case CrossHeadRope::interleaved: return "interleaved";
+    case CrossHeadRope::split: return "split";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr const char* kOp = "cross_head_qknorm_rope";
+constexpr int64_t kMaxWidth = int64_t{4} * kCrossHeadThreads * kCrossHeadMaxVectors;  // 8192
+
+bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
+
+// A row tensor's rows may not overlap each other (each is read whole, then written).
+void check_rows_disjoint(const Matcher& m, const TensorView& t, const char* name, int64_t B, int64_t S, int64_t N) {
+  if (B * S <= 1) return;
+  if (t.strides[0] < 0 || t.strides[1] < 0)
+    m.fail(std::string(name) + "'s strides must be >= 0 but are (" + std::to_string(t.strides[0]) + ", " +
+           std::to_string(t.strides[1]) + ")");
+  if (S > 1 && t.strides[1] < N)
+    m.fail(std::string(name) + ".stride(1) must be >= " + std::to_string(N) + " (rows may not overlap) but is " +
+           std::to_string(t.strides[1]));
+  const int64_t span = (S - 1) * t.strides[1] + N;
+  if (B > 1 && t.strides[0] < span)
+    m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string(span) + " (rows may not overlap) but is " +
+           std::to_string(t.strides[0]));
+}
+
+// Whether some row of q and some row of k share an element. Views of one packed projection
+// (Wan's fused to_qkv: q, k, v chunks of each token's row) interleave in memory without sharing
+// one, so a byte-range test is not enough: with one row stride R for both, q row i starts at i*R
+// and k row j at delta + j*R, and they meet iff delta + (j - i)*R lies in (-Nk, Nq).
+bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t B, int64_t S, int64_t Sk, int64_t Nq,
+                        int64_t Nk) {
+  if (!memory_overlaps(q, k)) return false;
+  const int64_t R = q.strides[1];
+  const bool uniform = R > 0 && k.strides[1] == R && (B == 1 || (q.strides[0] == S * R && k.strides[0] == Sk * R));
+  const int64_t es = static_cast<int64_t>(dtype_size(q.dtype));
+  const __int128 gap = static_cast<__int128>(reinterpret_cast<uintptr_t>(k.data)) -
+                       static_cast<__int128>(reinterpret_cast<uintptr_t>(q.data));
+  if (!uniform || gap % es != 0) return true;  // conservative
+  const int64_t delta = static_cast<int64_t>(gap / es);  // within the views' spans: fits
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  const int64_t m_lo = std::max(floor_div(-Nk - delta, R) + 1, -(B * S - 1));
+  const int64_t m_hi = std::min(-floor_div(-(Nq - delta), R) - 1, B * Sk - 1);  // ceil((Nq - delta) / R) - 1
+  return m_lo <= m_hi;
+}
+
+// A cos or sin table [Bc, S, Hc, D/2] fp32 with Bc in {1, B} and Hc in {1, H}: its strides, a
+// broadcast dim's as 0.
+void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, int64_t S, int64_t H, int64_t half,
+                 int64_t strides[4]) {
+  m.tensor(name, t).rank(4).dtype({DType::f32}).same_device("device");
+  const int64_t want[4] = {B, S, H, half};
+  const char* what[4] = {"the batch (1 or B)", "the tokens (S)", "the heads (1 or H)", "head_dim / 2"};
+  for (int d = 0; d < 4; ++d) {
+    const bool broadcast_ok = d == 0 || d == 2;
+    if (t.shape[d] != want[d] && !(broadcast_ok && t.shape[d] == 1))
+      m.fail(std::string(name) + ".shape[" + std::to_string(d) + "] must be " + std::to_string(want[d]) +
+             (broadcast_ok ? " or 1" : "") + " (" + what[d] + ") but is " + std::to_string(t.shape[d]) + " (" +
+             t.describe() + ")");
+    strides[d] = t.shape[d] == 1 ? 0 : t.strides[d];
+  }
+}
+
+}  // namespace
+
+CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const TensorView& k,
+                                                     const TensorView& q_weight, const TensorView& k_weight,
+                                                     const TensorView& q_cos, const TensorView& q_sin,
+                                                     const TensorView& k_cos, const TensorView& k_sin,
+                                                     const CrossHeadQkNormRopeOptions& options, Stream stream) {
+  Matcher m(kOp);
+  m.tensor("q", q).shape({"B", "S", "Nq"}).strides({Dim::anything(), Dim::anything(), 1})
+      .dtype_as("act", {DType::bf16, DType::f16}).same_device("device");
+  m.tensor("k", k).shape({"B", "Sk", "Nk"}).strides({Dim::anything(), Dim::anything(), 1}).dtype_as("act")
+      .same_device("device");
+  const int64_t D = options.head_dim;
+  if (D < 8 || D > 512 || D % 8 != 0)
+    m.fail("head_dim must be a multiple of 8 in [8, 512] (a 4-element vector lies inside one half of a head) but is " +
+           std::to_string(D));
+  const int64_t B = *m.value("B"), S = *m.value("S"), Sk = *m.value("Sk");
+  const int64_t Nq = *m.value("Nq"), Nk = *m.value("Nk");
+  for (const auto& [name, N] : {std::pair<const char*, int64_t>{"q", Nq}, {"k", Nk}}) {
+    if (N <= 0 || N % D != 0 || N > kMaxWidth)
+      m.fail(std::string(name) + ".shape[2] (heads * head_dim) must be a positive multiple of head_dim=" +
+             std::to_string(D) + " up to " + std::to_string(kMaxWidth) + " but is " + std::to_string(N));
+  }
+  const bool has_q_weight = q_weight.rank != 0 || q_weight.data != nullptr;
+  const bool has_k_weight = k_weight.rank != 0 || k_weight.data != nullptr;
+  if (has_q_weight) m.tensor("q_weight", q_weight).shape({"Nq"}).strides({1}).dtype_as("act").same_device("device");
+  if (has_k_weight) m.tensor("k_weight", k_weight).shape({"Nk"}).strides({1}).dtype_as("act").same_device("device");
+  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+
+  auto given = [](const TensorView& t) { return t.rank != 0 || t.data != nullptr; };
+  CrossHeadQkNormRopeCall call;
+  call.q_rows = {B, S, Nq, Nq / D, q.strides[0], q.strides[1]};
+  call.k_rows = {B, Sk, Nk, Nk / D, k.strides[0], k.strides[1]};
+  if (options.rope == CrossHeadRope::none) {
+    for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q_cos, "q_cos"}, {&q_sin, "q_sin"},
+                                  {&k_cos, "k_cos"}, {&k_sin, "k_sin"}})
+      if (given(*t)) m.fail(std::string("rope=none takes no cos/sin tables but ") + name + " is given");
+  } else {
+    if (!given(q_cos) || !given(q_sin))
+      m.fail(std::string("rope=") + cross_head_rope_name(options.rope) + " needs q_cos and q_sin");
+    if (given(k_cos) != given(k_sin)) m.fail("k_cos and k_sin are given together or not at all");
+    match_table(m, q_cos, "q_cos", B, S, Nq / D, D / 2, call.q_rows.cos_strides);
+    match_table(m, q_sin, "q_sin", B, S, Nq / D, D / 2, call.q_rows.sin_strides);
+    const bool own_k = given(k_cos);
+    if (!own_k && Sk != S)
+      m.fail("k has " + std::to_string(Sk) + " tokens and q " + std::to_string(S) +
+             ": without k_cos/k_sin k takes q's tables, which need equal token counts");
+    match_table(m, own_k ? k_cos : q_cos, own_k ? "k_cos" : "q_cos (for k)", B, Sk, Nk / D, D / 2,
+                call.k_rows.cos_strides);
+    match_table(m, own_k ? k_sin : q_sin, own_k ? "k_sin" : "q_sin (for k)", B, Sk, Nk / D, D / 2,
+                call.k_rows.sin_strides);
+    call.q_rows.cos = static_cast<const float*>(q_cos.data);
+    call.q_rows.sin = static_cast<const float*>(q_sin.data);
+    call.k_rows.cos = static_cast<const float*>(own_k ? k_cos.data : q_cos.data);
+    call.k_rows.sin = static_cast<const float*>(own_k ? k_sin.data : q_sin.data);
+  }
+
+  // In place: rows may not overlap, q and k may not share an element, and nothing read may
+  // overlap what is written.
+  check_rows_disjoint(m, q, "q", B, S, Nq);
+  check_rows_disjoint(m, k, "k", B, Sk, Nk);
+  if (B * S > 0 && B * Sk > 0 && q_k_share_elements(q, k, B, S, Sk, Nq, Nk))
+    m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q and k parts of "
+           "one packed QKV projection");
+  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q_weight, "q_weight"},
+                                {&k_weight, "k_weight"}, {&q_cos, "q_cos"}, {&q_sin, "q_sin"}, {&k_cos, "k_cos"},
+                                {&k_sin, "k_sin"}}) {
+    if (!given(*t)) continue;
+    m.require_disjoint(q, "q", *t, name);
+    m.require_disjoint(k, "k", *t, name);
+  }
+
+  call.q = q;
+  call.k = k;
+  call.q_weight = has_q_weight ? q_weight : TensorView{};
+  call.k_weight = has_k_weight ? k_weight : TensorView{};
+  call.q_cos = q_cos;
+  call.q_sin = q_sin;
+  call.k_cos = k_cos;
+  call.k_sin = k_sin;
+  call.options = options;
+  // 4-element (8-byte) loads of rows and weights: row starts and row strides in whole vectors.
+  auto rows_aligned = [](const TensorView& t) {
+    return aligned8(t.data) && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0;
+  };
+  call.aligned8 = rows_aligned(q) && rows_aligned(k) && (!has_q_weight || aligned8(q_weight.data)) &&
+                  (!has_k_weight || aligned8(k_weight.data));
+  call.stream = stream;
+  return call;
+}
+
+namespace {
+
+// The template key: exactly the kernel's template parameters.
+struct CrossHeadKey {
+  DType dtype = DType::bf16;
+  CrossHeadRope rope = CrossHeadRope::interleaved;
+  bool rounded = true;
+  int vectors = 1;  // 4-element vectors per thread: ceil(max(Nq, Nk) / 512)
+  int head_dim = 128;
+  int table = kTableScalar;  // how cos/sin are read (kernels/cross_head_qknorm_rope.cuh)
+  bool pdl = true;
+
+  // "bf16,interleaved,rounded,v10,d128,hoisted,pdl"
+  std::string to_string() const {
+    static const char* tables[] = {"scalar", "vector", "hoisted"};
+    return std::string(dtype_name(dtype)) + "," + cross_head_rope_name(rope) + (rounded ? ",rounded" : ",fp32") +
+           ",v" + std::to_string(vectors) + ",d" + std::to_string(head_dim) + "," + tables[table] +
+           (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(dtype);
+    v = v * 4 + static_cast<uint64_t>(rope);
+    v = v * 2 + rounded;
+    v = v * 32 + static_cast<uint64_t>(vectors);
+    v = v * 1024 + static_cast<uint64_t>(head_dim);
+    v = v * 4 + static_cast<uint64_t>(table);
+    v = v * 2 + pdl;
+    return v;
+  }
+};
+
+// The fastest way the kernel may read both tensors' tables (every table read the same way).
+int table_access(const CrossHeadQkNormRopeCall& c) {
+  if (c.options.rope == CrossHeadRope::none) return kTableScalar;
+  const CrossHeadRows* rows[] = {&c.q_rows, &c.k_rows};
+  const int64_t D = c.options.head_dim;
+  bool hoisted = (4 * kCrossHeadThreads) % D == 0, vector = true;
+  const int64_t values = c.options.rope == CrossHeadRope::split ? 4 : 2;  // per vector, 4 bytes each
+  for (const CrossHeadRows* r : rows)
+    for (const auto& [table, strides] : {std::pair<const float*, const int64_t*>{r->cos, r->cos_strides},
+                                         {r->sin, r->sin_strides}}) {
+      hoisted = hoisted && strides[2] == 0;
+      vector = vector && strides[3] == 1 && reinterpret_cast<uintptr_t>(table) % (4 * values) == 0 &&
+               strides[0] % values == 0 && strides[1] % values == 0 && strides[2] % values == 0;
+    }
+  return hoisted ? kTableHoisted : vector ? kTableVector : kTableScalar;
+}
+
+Device device_of(const CrossHeadQkNormRopeCall& c) { return c.q.device; }
+
+int vectors_per_thread(int64_t width) {
+  const int64_t per_pass = 4 * kCrossHeadThreads;
+  return static_cast<int>(std::max<int64_t>(1, (width + per_pass - 1) / per_pass));
+}
+
+CrossHeadKey key_for(const CrossHeadQkNormRopeCall& c, const DeviceInfo& device) {
+  CrossHeadKey key;
+  key.dtype = c.q.dtype;
+  key.rope = c.options.rope;
+  key.rounded = c.options.rounding == QkRounding::rounded;
+  key.vectors = vectors_per_thread(std::max(c.q_rows.width, c.k_rows.width));
+  key.head_dim = c.options.head_dim;
+  key.table = table_access(c);
+  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return key;
+}
+
+jit::KernelRequest request_for(const CrossHeadKey& key) {
+  jit::KernelRequest r;
+  r.header = "cross_head_qknorm_rope.cuh";
+  r.function = "ditops::cross_head_qknorm_rope_body";
+  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " +
+                    std::to_string(static_cast<int>(key.rope)) + ", " + jit::kernel_bool(key.rounded) + ", " +
+                    std::to_string(key.vectors) + ", " + std::to_string(key.head_dim) + ", " +
+                    std::to_string(key.table) + ", " + jit::kernel_bool(key.pdl);
+  r.params_type = "ditops::CrossHeadQkNormRopeParams";
+  r.max_threads = kCrossHeadThreads;
+  r.template_key = std::string(kOp) + ":" + key.to_string();
+  return r;
+}
+
+CrossHeadRowParams row_params(const TensorView& x, const TensorView& weight, const CrossHeadRows& r) {
+  CrossHeadRowParams p{};
+  p.x = x.data;
+  p.weight = weight.data;
+  p.cos = r.cos;
+  p.sin = r.sin;
+  p.batch_stride = r.batch_stride;
+  p.token_stride = r.token_stride;
+  for (int d = 0; d < 4; ++d) {
+    p.cos_strides[d] = r.cos_strides[d];
+    p.sin_strides[d] = r.sin_strides[d];
+  }
+  p.tokens = std::max<int64_t>(r.tokens, 1);
+  p.rows = r.rows();
+  p.width = static_cast<int>(r.width);
+  return p;
+}
+
+void launch(const CrossHeadQkNormRopeCall& c, const CrossHeadKey& key, const jit::LoadedKernel& kernel) {
+  CrossHeadQkNormRopeParams p{};
+  p.q = row_params(c.q, c.q_weight, c.q_rows);
+  p.k = row_params(c.k, c.k_weight, c.k_rows);
+  p.eps = c.options.eps;
+  p.interleave = p.q.rows == p.k.rows ? 1 : 0;
+  const int64_t blocks = p.q.rows + p.k.rows;
+  jit::launch(kernel, static_cast<unsigned>(blocks), kCrossHeadThreads, &p, sizeof p, static_cast<CUstream>(c.stream),
+              key.pdl);
+}
+
+// What no kernel computes (the CPU reference takes CPU calls).
+std::string kernel_refusal(const CrossHeadQkNormRopeCall& c) {
+  if (!c.aligned8)
+    return "a row start, row stride or weight is not 8-byte aligned (the kernel loads 4-element vectors, as "
+           "PyTorch's fused RMSNorm row kernel does)";
+  if (c.q_rows.rows() + c.k_rows.rows() > int64_t{0x7fffffff}) return "more than 2^31 - 1 rows (one block per row)";
+  return "";
+}
+
+// Every code path: each rope form in both roundings with every table access, fp16, one and
+// sixteen vectors per thread, head_dim 64 / 128 / 256, without PDL.
+std::vector<CrossHeadKey> variant_keys() {
+  std::vector<CrossHeadKey> keys;
+  for (CrossHeadRope rope : {CrossHeadRope::none, CrossHeadRope::interleaved, CrossHeadRope::split})
+    for (bool rounded : {true, false})
+      for (int table : {kTableScalar, kTableVector, kTableHoisted}) {
+        if (rope == CrossHeadRope::none && table != kTableScalar) continue;
+        CrossHeadKey k;
+        k.rope = rope;
+        k.rounded = rounded;
+        k.vectors = 10;
+        k.table = table;
+        keys.push_back(k);
+      }
+  CrossHeadKey f16;
+  f16.dtype = DType::f16;
+  f16.rope = CrossHeadRope::split;
+  f16.vectors = 16;
+  f16.head_dim = 64;
+  keys.push_back(f16);
+  CrossHeadKey one;
+  one.vectors = 1;
+  one.head_dim = 256;
+  one.pdl = false;
+  keys.push_back(one);
+  return keys;
+}
+
+const KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey>& kernels() {
+  static const KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey> family = [] {
+    KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey> f;
+    f.op = kOp;
+    f.device_tensor = "q";
+    f.device = device_of;
+    f.key = key_for;
+    f.request = request_for;
+    f.launch = launch;
+    f.nothing_to_do = [](const CrossHeadQkNormRopeCall& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; };
+    f.refusal = kernel_refusal;
+    f.variant_keys = variant_keys;
+    f.extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; };  // table: in the key
+    f.extra_radix = 2;
+    return f;
+  }();
+  return family;
+}
+
+}  // namespace
+
+std::string cross_head_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
+                                   const TensorView& k_weight, const TensorView& q_cos, const TensorView& q_sin,
+                                   const TensorView& k_cos, const TensorView& k_sin,
+                                   const CrossHeadQkNormRopeOptions& options, Stream stream) {
+  return kernels().dispatch(
+      match_cross_head_qknorm_rope(q, k, q_weight, k_weight, q_cos, q_sin, k_cos, k_sin, options, stream), stream,
+      options.dispatch);
+}
+
+DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& call) {
+  return kernels().explain(call, call.options.dispatch);
+}
+
+namespace {
+
+OpDescription describe_cross_head_qknorm_rope() {
+  OpBuilder<CrossHeadQkNormRopeCall> b(
+      kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
+      "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
+      "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
+      "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
+  b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
+  b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq"},
+           &CrossHeadQkNormRopeCall::q);
+  b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk"}, &CrossHeadQkNormRopeCall::k);
+  b.tensor({.name = "q_weight", .optional = true, .dtypes = "=q", .shape = "Nq"}, &CrossHeadQkNormRopeCall::q_weight);
+  b.tensor({.name = "k_weight", .optional = true, .dtypes = "=q", .shape = "Nk"}, &CrossHeadQkNormRopeCall::k_weight);
+  b.tensor({.name = "q_cos", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R"}, &CrossHeadQkNormRopeCall::q_cos);
+  b.tensor({.name = "q_sin", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R"}, &CrossHeadQkNormRopeCall::q_sin);
+  b.tensor({.name = "k_cos", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R"}, &CrossHeadQkNormRopeCall::k_cos);
+  b.tensor({.name = "k_sin", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R"}, &CrossHeadQkNormRopeCall::k_sin);
+  b.option("head_dim", &CrossHeadQkNormRopeOptions::head_dim, "channels per head (RoPE rotates within a head)");
+  b.option("eps", &CrossHeadQkNormRopeOptions::eps, "RMSNorm epsilon");
+  b.choice("rope", &CrossHeadQkNormRopeOptions::rope,
+           {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
+           "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
+  b.choice("rounding", &CrossHeadQkNormRopeOptions::rounding,
+           {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+           "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
+  b.option("use_pdl", &CrossHeadQkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b.build(
+      [](const CrossHeadQkNormRopeCall& a, Stream s) {
+        return cross_head_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin,
+                                      a.options, s);
+      },
+      [](const CrossHeadQkNormRopeCall& a) {
+        return explain_cross_head_qknorm_rope(match_cross_head_qknorm_rope(
+            a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.options));
+      });
+}
+
+}  // namespace
+
+void register_cross_head_qknorm_rope(Registry& registry) {
+  registry.describe(describe_cross_head_qknorm_rope());
+  const std::string eager =
+      "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
+      "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "
+      "x1*cos - x2*sin / x1*sin + x2*cos, LTX-2's split addcmul) with one rounding to x's dtype";
+  Implementation<CrossHeadQkNormRopeCall> jit = jit_implementation(kernels());
+  jit.name = "cross_head_qknorm_rope.jit";
+  jit.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  jit.contract = Contract::bit_exact(eager + " (rounding=rounded); rounding=fp32: close, the norm unrounded "
+                                             "before RoPE, within 1 ulp of the activation dtype of that chain")
+                     .unverified("compiled for sm_90a, sm_100a and sm_120a; not yet run on a device");
+  jit.description =
+      "one 128-thread block per row in PyTorch's RMSNorm row order (8-byte loads, the thread's vectors t + 128 i), "
+      "RoPE per head from strided cos/sin views; q and k rows interleaved when their counts match; NVRTC at first "
+      "use";
+  add_implementation(registry, kOp, std::move(jit));
+  add_implementation(
+      registry, kOp,
+      reference_implementation<CrossHeadQkNormRopeCall>(
+          kOp, device_of, cross_head_qknorm_rope_reference,
+          Contract::close(eager, "the chain's order exactly, with rstd correctly rounded (the GPU's rsqrtf may differ "
+                                 "by 1 fp32 ulp): outputs within 1 ulp of the activation dtype, on a small fraction")
+              .verified("on every CI run (CPU) against an independent float64 computation of the order "
+                        "(tests/test_cross_head_qknorm_rope.cpp); not yet compared with a device"),
+          "CPU reference: PyTorch's RMSNorm row order emulated (128 virtual threads, warp trees), compiled without "
+          "FP contraction"));
+}
+
+DITOPS_REGISTER_OP(register_cross_head_qknorm_rope);
+
+}  // namespace ditops
