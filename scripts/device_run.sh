@@ -296,7 +296,7 @@ elif [ "$PHASE" = sanitize ]; then
     esac
     [ "$rc" = 0 ] || SAN_RC=1
     passed=$(grep -cE '^\[       OK \]' "$log")
-    skipped=$(grep -cE '^\[  SKIPPED \]' "$log")
+    skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log")
     echo "$(basename "$log" .txt): $verdict, $passed passed, $skipped skipped, ${secs} s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)" \
       | tee -a "$OUT/summary.txt"
     cat "$log" >> "$OUT/sanitizer.txt"
