@@ -5,6 +5,7 @@
 // call captured into a CUDA graph replays correctly on new inputs. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -133,10 +134,12 @@ std::string compare(const DeviceTensor& out, const std::vector<uint8_t>& want, s
   return "";
 }
 
+// Each provenance once: .jit and .jit_float32 share one (the call's gate dtype picks between them).
 std::vector<Provenance> cuda_backends() {
   std::vector<Provenance> out;
   for (const KernelSpec* s : Registry::global().list("residual_gate_add"))
-    if (s->provenance != Provenance::reference) out.push_back(s->provenance);
+    if (s->provenance != Provenance::reference && std::find(out.begin(), out.end(), s->provenance) == out.end())
+      out.push_back(s->provenance);
   return out;
 }
 
