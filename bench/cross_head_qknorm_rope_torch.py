@@ -18,7 +18,7 @@ import sys
 
 import torch
 from torch_bench_common import (DitopsLib, allow_recompiles, case_selected, copy_buffers, copy_impl,
-                                graph_on_side_stream, load_eager, measure, report, report_header, rotation_count,
+                                graph_on_side_stream, load_eager, measure, report, report_header, rotation_count, script_main,
                                 shape_str)
 
 _eager = load_eager()

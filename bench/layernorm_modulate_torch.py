@@ -1,7 +1,7 @@
 """layernorm_modulate family on the GPU beside PyTorch (ctypes over the C ABI; needs only libditops).
 
-1. Verification: torch.equal (int16 / uint8 views) against the eager chain on CUDA over the spec
-   §6.7 grid: amplitudes 1e-4/1/100, eps 1e-6/1e-5, shift on/off, chunk(4)/chunk(6) views,
+1. Verification: torch.equal (int16 / uint8 views) against the eager chain on CUDA over SGLang's
+   test grid: amplitudes 1e-4/1/100, eps 1e-6/1e-5, shift on/off, chunk(4)/chunk(6) views,
    signed zeros and scales -1/0/1, every row mapping; per-head QK LayerNorm; fp8 against
    `(y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)` (eager
    `1.0 / tensor` is Tensor.reciprocal, an IEEE division: fp8_reciprocal=ieee matches it).

@@ -6,6 +6,10 @@
    amplitudes 1e-4..100, eps 1e-6/1e-5, signed zeros and the special scales -1/0/1, shift absent.
    The fp8 oracle is SGLang's static quant of the eager y: inv = 1.0/input_scale as Triton computes
    it (div.full.f32), then (y.float() * inv).clamp(+-448).to(float8_e4m3fn).
+   numerics=float32 (Wan's FP32LayerNorm chains: bf16/f16 x, f32 operands as chunks of [B, 6, D]
+   or [B, S, 6, D]): torch.equal of y and residual_out against eager.norm_scale_shift_float32_eager
+   for norm1/norm3, norm2 behind the gated residual, norm3 behind the cross-attention residual and
+   norm2 alone, at Wan's shapes too.
 2. Benchmark: device copy, ditops (jit; eager and sglang numerics), eager and torch.compile on the
    model shapes, each timed cold (triton.testing.do_bench; ditops as a one-kernel CUDA graph, the
    ctypes call costs tens of us of host time), rotated (buffer sets over 3x the L2 captured
@@ -51,6 +55,7 @@ def inv_div_full(input_scale):
 # compiled ditops module (only libditops through ctypes).
 _eager = load_eager()
 bcast, eager_chain = _eager.nss_broadcast, _eager.norm_scale_shift_eager
+float32_chain = _eager.norm_scale_shift_float32_eager  # numerics="float32" (Wan)
 
 
 def static_quant(y, input_scale):
@@ -133,6 +138,63 @@ def verify(dt, rows):
         if not ok:
             print("MISMATCH", impl, case, f"y differ {differ}/{y.numel()}", flush=True)
     print(f"verification vs the eager chain: {summary['equal']}/{summary['cases']} cases torch.equal")
+    return summary["equal"] == summary["cases"]
+
+
+def wan_tensors(B, S, D, site, per_token, gen, dtype=torch.bfloat16, amp=1.0):
+    """One call of a Wan site (numerics="float32"): ditops keyword tensors (outputs included) and the
+    float32 chain's arguments. The modulation in f32 as Wan builds it, chunks of [B, 6, D] (or of
+    [B, S, 6, D] per token: 2.2 TI2V); norm2's affine weight and bias f32."""
+    dev = "cuda"
+    x = (torch.randn(B, S, D, device=dev, generator=gen) * amp).to(dtype)
+    if per_token:
+        mod = [c.squeeze(2) for c in (torch.randn(B, S, 6, D, device=dev, generator=gen) * 0.3).chunk(6, dim=2)]
+    else:
+        mod = list((torch.randn(B, 6, D, device=dev, generator=gen) * 0.3).chunk(6, dim=1))
+    shift, scale, gate = mod[0], mod[1], mod[2]
+    t = dict(x=x, y=torch.empty_like(x))
+    chain = dict()
+    if site in ("norm1", "norm3_residual"):
+        t.update(scale=scale, shift=shift)
+        chain.update(scale=scale, shift=shift)
+    if site in ("norm2_gated", "norm3_residual"):
+        res = (torch.randn(B, S, D, device=dev, generator=gen) * amp).to(dtype)
+        t.update(residual=res, residual_out=torch.empty_like(x))
+        chain["residual"] = res
+        if site == "norm2_gated":
+            t["gate"] = chain["gate"] = gate
+    if site in ("norm2_gated", "norm2"):
+        w = 1 + 0.2 * torch.randn(D, device=dev, generator=gen)
+        b = 0.1 * torch.randn(D, device=dev, generator=gen)
+        t.update(weight=w, bias=b)
+        chain.update(weight=w, bias=b)
+    return t, chain
+
+
+def verify_float32(dt, rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(3)
+    shapes = [(2, 9, 1536, False), (1, 65, 5120, False), (2, 33, 3072, True), (1, 17, 8192, False),
+              (2, 17, 2240, False), (3, 5, 64, True), (1, 32760, 5120, False), (2, 32760, 5120, False),
+              (1, 32760, 1536, False), (1, 4096, 3072, True)]
+    summary = dict(cases=0, equal=0)
+    for i, ((B, S, D, per_token), site) in enumerate(itertools.product(
+            shapes, ("norm1", "norm2_gated", "norm3_residual", "norm2"))):
+        dtype = torch.float16 if i % 7 == 3 else torch.bfloat16
+        t, chain = wan_tensors(B, S, D, site, per_token, gen, dtype, amp=(1e-3, 1.0, 30.0)[i % 3])
+        ref_y, ref_v = float32_chain(t["x"], chain.pop("scale", None), chain.pop("shift", None), eps=1e-6, **chain)
+        impl = dt.run(numerics="float32", **t)
+        torch.cuda.synchronize()
+        ok = torch.equal(t["y"], ref_y) and ("residual_out" not in t or torch.equal(t["residual_out"], ref_v))
+        summary["cases"] += 1
+        summary["equal"] += int(ok)
+        case = dict(B=B, S=S, D=D, site=site, per_token=per_token, dtype=str(dtype))
+        rows.append(dict(kind="verify", op="norm_scale_shift", impl=impl, case=case, torch_equal=ok,
+                         differ_fraction=int((t["y"] != ref_y).sum().item()) / max(ref_y.numel(), 1)))
+        if not ok:
+            print("MISMATCH float32", impl, case, flush=True)
+        t = chain = ref_y = ref_v = None
+    print(f"verification of numerics=float32 vs Wan's chain: {summary['equal']}/{summary['cases']} cases torch.equal")
     return summary["equal"] == summary["cases"]
 
 
@@ -226,10 +288,52 @@ def run_bench(dt, rows, meta):
         report(measure(impls), rows, meta, "norm_scale_shift", label, shape_str((B, S, D)), nbytes, 44)
         sets = t0 = impls = None  # release before the next case allocates
         torch.cuda.empty_cache()
+    run_bench_float32(dt, rows, meta, gen)
+
+
+# Wan's sites with numerics=float32: norm1/norm3 (x in, y out, f32 scale and shift rows) and norm2
+# behind the gated residual (x and residual in, residual_out and y out, f32 gate, weight, bias).
+WAN_CASES = [("Wan 14B 1x32760x5120", 1, 32760, 5120), ("Wan 1.3B 1x32760x1536", 1, 32760, 1536),
+             ("Wan 14B 2x32760x5120", 2, 32760, 5120)]
+
+
+def run_bench_float32(dt, rows, meta, gen):
+    compiled = torch.compile(float32_chain, dynamic=False)
+    for (name, B, S, D), site in itertools.product(WAN_CASES, ("norm1", "norm2_gated")):
+        label = f"{name} float32 {site}"
+        if not case_selected(label):
+            continue
+        n = B * S * D
+        nbytes = (4 * n + 8 * B * D) if site == "norm1" else (8 * n + 4 * B * D + 8 * D)
+        sets = [wan_tensors(B, S, D, site, False, gen) for _ in range(rotation_count(nbytes))]
+        for t, _ in sets:
+            t["src"], t["dst"] = copy_buffers(nbytes)
+        args = lambda t: {k: v for k, v in t.items() if k not in ("src", "dst")}  # noqa: E731
+
+        def chain_args(c):
+            c = dict(c)
+            return (c.pop("scale", None), c.pop("shift", None)), c
+
+        def eager_fn(t, c, fn=float32_chain):
+            (sc, sh), kw = chain_args(c)
+            return fn(t["x"], sc, sh, **kw)
+
+        t0, c0 = sets[0]
+        dt.run(numerics="float32", **args(t0))
+        g = graph_of(lambda s: dt.run(numerics="float32", stream=s, **args(t0)))
+        impls = [copy_impl([t for t, _ in sets], lambda t: t["src"], lambda t: t["dst"]),
+                 ("ditops:jit", g.replay, [lambda t=t: dt.run(numerics="float32", **args(t)) for t, _ in sets]),
+                 ("torch_eager", lambda: eager_fn(t0, c0), [lambda t=t, c=c: eager_fn(t, c) for t, c in sets]),
+                 ("torch_compile", lambda: eager_fn(t0, c0, compiled),
+                  [lambda t=t, c=c: eager_fn(t, c, compiled) for t, c in sets])]
+        report(measure(impls), rows, meta, "norm_scale_shift", label, shape_str((B, S, D)), nbytes, 44)
+        sets = t0 = c0 = impls = g = None
+        torch.cuda.empty_cache()
 
 
 def main():
-    return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows))], run_bench)
+    return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows)),
+                                ("VERIFY_FLOAT32", lambda dt, rows, meta: verify_float32(dt, rows))], run_bench)
 
 
 if __name__ == "__main__":

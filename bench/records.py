@@ -9,10 +9,11 @@
       afresh from the records of this call.
   python3 bench/records.py table bench/results/h200 [--op OP] [--method METHOD]
       One markdown table per op (and method): a row per case, a column per implementation,
-      us (% of the device copy timed the same way).
+      us (% of the device copy timed the same way; "r" before it: % of the read roof, GEMM/GEMV).
 
 A record (bench/results/README.md): op, case, shape, impl, method, us, bytes, gb_per_s,
-copy_fraction, device, date, commit. Methods: cold_l2, rotated_graph, cold_graph, host.
+copy_fraction, read_roof_fraction, device, date, commit. Methods: cold_l2, rotated_graph,
+cold_graph, host.
 """
 import argparse
 import json
@@ -20,8 +21,8 @@ import os
 import re
 import sys
 
-FIELDS = ("op", "case", "shape", "impl", "method", "us", "bytes", "gb_per_s", "copy_fraction", "device", "date",
-          "commit")
+FIELDS = ("op", "case", "shape", "impl", "method", "us", "bytes", "gb_per_s", "copy_fraction", "read_roof_fraction",
+          "device", "date", "commit")
 METHODS = ("cold_l2", "rotated_graph", "cold_graph", "host")
 # Names of the older records.
 OLD_METHODS = {"cold": "cold_l2", "rotated": "rotated_graph", "cold_graph": "cold_graph"}
@@ -162,10 +163,12 @@ def print_table(title, rows):
         if (r["case"], r["shape"]) not in cases:
             cases.append((r["case"], r["shape"]))
         text = f"{r['us']:.2f}"
-        if r.get("copy_fraction") and r["impl"] != "device_copy":
+        if r.get("read_roof_fraction") and r["impl"] != "read_roof":
+            text += f" (r{100 * r['read_roof_fraction']:.0f})"
+        elif r.get("copy_fraction") and r["impl"] != "device_copy":
             text += f" ({100 * r['copy_fraction']:.0f})"
         cell[(r["case"], r["shape"], impl)] = text
-    print(f"{title}: us (% of the device copy timed the same way)\n")
+    print(f"{title}: us (% of the device copy timed the same way; rNN: % of the read roof)\n")
     print("| case | shape | " + " | ".join(impls) + " |")
     print("|---|---|" + "---|" * len(impls))
     for case, shape in cases:

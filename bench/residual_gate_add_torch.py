@@ -1,9 +1,11 @@
 """residual_gate_add on the GPU beside PyTorch, in one process (run by scripts/device_run.sh).
 
 1. Verification: ditops (every CUDA backend) against eager `residual + update * gate` on CUDA with
-   torch.equal over the spec's grid: GATE_CASES, per-token, batch and per-frame gates, dtype
+   torch.equal over SGLang's test grid: GATE_CASES, per-token, batch and per-frame gates, dtype
    sweeps (fp16/bf16/fp32), the transposed SANA-Video layout, non-zero storage offsets (pointers
-   off 16-byte alignment); out keeps residual's strides.
+   off 16-byte alignment); out keeps residual's strides. Wan's promoted chain (an f32 gate beside
+   bf16/f16 data, `(x.float() + update * gate).type_as(x)`) with the gate as Wan builds it: a
+   chunk of [B, 6, D] or of [B, S, 6, D] (strided views), at Wan's shapes too.
 2. CUDA-graph capture and replay with new inputs on a side stream.
 3. Benchmark, every implementation (device copy, eager, torch.compile, ditops with and without
    PDL) timed three ways in the same run: "cold" = triton.testing.do_bench (a 256 MiB cache clear
@@ -37,16 +39,24 @@ class Ditops(DitopsLib):
 # compiled ditops module (only libditops through ctypes).
 _eager = load_eager()
 eager = _eager.residual_gate_add_eager
+eager_float32 = _eager.residual_gate_add_float32_eager  # an f32 gate beside 16-bit data (Wan)
 
 
-def make(shape, gate_shape, dtype, transposed=False, offset=0, gen=None):
+def chain_of(g, r):
+    """The eager chain a call is bit-exact with: the promoted one for an f32 gate beside 16-bit data."""
+    return eager_float32 if g.dtype == torch.float32 and r.dtype != torch.float32 else eager
+
+
+def make(shape, gate_shape, dtype, transposed=False, offset=0, gen=None, gate_dtype=None, chunk=False):
     """residual (transposed: a [B, H, T] tensor viewed as [B, T, H]), update, gate; offset > 0
-    places every tensor `offset` elements into a larger buffer (storage offset, misaligned)."""
-    def rand(shp, scale):
+    places every tensor `offset` elements into a larger buffer (storage offset, misaligned).
+    gate_dtype: the gate's (default dtype); chunk: the gate as Wan's modulation chunk 2 of
+    [B, 6, D] ([B, 1, D] gates) or of [B, S, 6, D] ([B, S, D] gates), a strided view."""
+    def rand(shp, scale, dt=dtype):
         n = 1
         for s in shp:
             n *= s
-        base = torch.empty(n + offset, device="cuda", dtype=dtype)
+        base = torch.empty(n + offset, device="cuda", dtype=dt)
         v = base[offset:].view(shp)
         v.copy_(torch.randn(shp, device="cuda", generator=gen) * scale)
         return v
@@ -55,7 +65,14 @@ def make(shape, gate_shape, dtype, transposed=False, offset=0, gen=None):
         r = rand((B, H, T), 4.0).transpose(1, 2)
     else:
         r = rand(shape, 4.0)
-    return r, rand(shape, 1.0), rand(gate_shape, 0.5)
+    gdt = gate_dtype or dtype
+    if chunk and gate_shape[1] == 1:
+        g = rand((gate_shape[0], 6, gate_shape[2]), 0.5, gdt)[:, 2:3]
+    elif chunk:
+        g = rand((*gate_shape[:2], 6, gate_shape[2]), 0.5, gdt)[:, :, 2]
+    else:
+        g = rand(gate_shape, 0.5, gdt)
+    return r, rand(shape, 1.0), g
 
 
 GATE_CASES = [((1, 1024, 4096), (1, 1, 4096)), ((1, 512, 4096), (1, 512, 4096)), ((1, 17, 65), (1, 1, 65)),
@@ -63,7 +80,17 @@ GATE_CASES = [((1, 1024, 4096), (1, 1, 4096)), ((1, 512, 4096), (1, 512, 4096)),
               ((1, 4608, 3072), (1, 1, 3072)), ((1, 4608, 6144), (1, 1, 6144)), ((1, 4216, 4096), (1, 1, 4096))]
 
 
+# Wan's gated residuals: (shape, gate shape, dtype, chunk) with an f32 gate; 14B D = 5120, 1.3B
+# D = 1536, 81 frames 720p S = 32760, batch 2; per token (2.2 TI2V) a chunk of [B, S, 6, D].
+WAN_GATES = [((1, 32760, 5120), (1, 1, 5120), torch.bfloat16, True), ((2, 32760, 5120), (2, 1, 5120), torch.bfloat16, True),
+             ((1, 32760, 1536), (1, 1, 1536), torch.bfloat16, True), ((1, 4096, 3072), (1, 4096, 3072), torch.bfloat16, True),
+             ((2, 257, 1536), (2, 1, 1536), torch.float16, True), ((2, 33, 128), (2, 33, 128), torch.bfloat16, True),
+             ((2, 33, 65), (2, 1, 65), torch.bfloat16, True), ((3, 1031, 72), (1, 1, 72), torch.bfloat16, False),
+             ((2, 33, 128), (2, 33, 1), torch.float16, False), ((2, 3, 5, 64), (2, 3, 1, 64), torch.bfloat16, False)]
+
+
 def grid():
+    """(shape, gate shape, dtype, transposed, storage offset, gate dtype, chunk)."""
     bf16, f16, f32 = torch.bfloat16, torch.float16, torch.float32
     cases = [(s, g, bf16, False, 0) for s, g in GATE_CASES]
     cases += [((1, 2560, 512), (1, 2560, 1), bf16, False, 0), ((1, 17, 65), (1, 17, 1), bf16, False, 0),
@@ -79,6 +106,10 @@ def grid():
         cases += [((1, 1024, 4096), (1, 1, 4096), dt, False, 1), ((2, 33, 128), (2, 33, 1), dt, False, 3),
                   ((2, 513, 256), (1, 1, 256), dt, True, 1)]
     cases.append(((1, 32760, 2240), (1, 1, 2240), bf16, True, 0))
+    cases = [c + (None, False) for c in cases]
+    cases += [(s, g, dt, False, 0, f32, chunk) for s, g, dt, chunk in WAN_GATES]
+    cases += [((1, 1024, 4096), (1, 1, 4096), bf16, False, 1, f32, False),  # off 16 bytes: the scalar path
+              ((2, 513, 256), (2, 1, 256), bf16, False, 0, bf16, True)]  # a strided gate of bf16
     return cases
 
 
@@ -86,9 +117,9 @@ def verify(dt, rows):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(0)
     ok, n = True, 0
-    for shape, gshape, dtype, transposed, offset in grid():
-        r, u, g = make(shape, gshape, dtype, transposed, offset, gen)
-        want = eager(r, u, g)
+    for shape, gshape, dtype, transposed, offset, gate_dtype, chunk in grid():
+        r, u, g = make(shape, gshape, dtype, transposed, offset, gen, gate_dtype, chunk)
+        want = chain_of(g, r)(r, u, g)
         for backend in ("jit",):
             out = torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype)
             impl = dt.residual_gate_add(r, u, g, out, backend=backend)
@@ -98,9 +129,11 @@ def verify(dt, rows):
             if not equal:
                 ok = False
                 print("MISMATCH", impl, shape, gshape, dtype, "transposed" if transposed else "", offset,
-                      int((out != want).sum()), flush=True)
+                      g.dtype, "chunk" if chunk else "", int((out != want).sum()), flush=True)
             rows.append(dict(kind="verify", impl=impl, shape=list(shape), gate=list(gshape), dtype=str(dtype),
-                             transposed=transposed, storage_offset=offset, torch_equal=equal))
+                             transposed=transposed, storage_offset=offset, gate_dtype=str(g.dtype),
+                             gate_strides=list(g.stride()), torch_equal=equal))
+        r = u = g = want = None  # release the Wan-sized tensors before the next case
     print(f"verification: {sum(r['torch_equal'] for r in rows if r['kind'] == 'verify')}/{n} cases torch.equal to eager")
     return ok
 
@@ -134,18 +167,24 @@ BENCH = [("flux_text", (1, 512, 3072), (1, 1, 3072), False), ("flux_image", (1, 
          ("odd_width", (2, 33, 65), (1, 1, 65), False), ("sana_transposed", (1, 32760, 2240), (1, 1, 2240), True),
          ("transposed_small", (1, 17, 65), (1, 1, 65), True), ("transposed_medium", (2, 513, 256), (1, 1, 256), True),
          ("sana_odd_tokens", (1, 32761, 2240), (1, 1, 2240), True)]
+# Wan's promoted residuals beside the copy, eager and torch.compile: the f32 gate a chunk of the
+# [B, 6, D] modulation (a strided view for B = 2).
+BENCH_WAN = [("wan14b f32 gate", (1, 32760, 5120), (1, 1, 5120)), ("wan1.3b f32 gate", (1, 32760, 1536), (1, 1, 1536)),
+             ("wan14b b2 f32 gate", (2, 32760, 5120), (2, 1, 5120))]
 
 
 
 def run_bench(dt, rows, meta):
     allow_recompiles()
-    compiled = torch.compile(eager, dynamic=False)
+    compiled = {eager: torch.compile(eager, dynamic=False), eager_float32: torch.compile(eager_float32, dynamic=False)}
     gen = torch.Generator(device="cuda")
     gen.manual_seed(2)
-    cases = [(n, s, g, t, torch.bfloat16) for n, s, g, t in BENCH]
-    cases += [(n + " fp16", s, g, t, torch.float16) for n, s, g, t in BENCH if n in ("flux_image", "flux_joint", "sana_transposed")]
+    cases = [(n, s, g, t, torch.bfloat16, None) for n, s, g, t in BENCH]
+    cases += [(n + " fp16", s, g, t, torch.float16, None) for n, s, g, t in BENCH
+              if n in ("flux_image", "flux_joint", "sana_transposed")]
+    cases += [(n, s, g, False, torch.bfloat16, torch.float32) for n, s, g in BENCH_WAN]
     report_header(22)
-    for name, shape, gshape, transposed, dtype in cases:
+    for name, shape, gshape, transposed, dtype, gate_dtype in cases:
         if not case_selected(name):
             continue
         numel, gnumel = 1, 1
@@ -153,12 +192,15 @@ def run_bench(dt, rows, meta):
             numel *= d
         for d in gshape:
             gnumel *= d
-        nbytes = (3 * numel + gnumel) * torch.empty((), dtype=dtype).element_size()
+        gate_size = torch.empty((), dtype=gate_dtype or dtype).element_size()
+        nbytes = 3 * numel * torch.empty((), dtype=dtype).element_size() + gnumel * gate_size
         sets = []  # (residual, update, gate, out, copy src, copy dst)
         for _ in range(rotation_count(nbytes)):
-            r, u, g = make(shape, gshape, dtype, transposed, 0, gen)
+            r, u, g = make(shape, gshape, dtype, transposed, 0, gen, gate_dtype, gate_dtype is not None)
             sets.append((r, u, g, torch.empty_strided(r.shape, r.stride(), device="cuda", dtype=dtype), *copy_buffers(nbytes)))
         r, u, g, out = sets[0][:4]
+        chain = chain_of(g, r)
+        compiled_chain = compiled[chain]
         one_kernel_graph = {}  # the cold timing launches ditops as a graph: ctypes costs ~20 us of host time
         for pdl in (True, False):
             dt.residual_gate_add(r, u, g, out, pdl=pdl)
@@ -166,8 +208,8 @@ def run_bench(dt, rows, meta):
                 lambda stream, pdl=pdl: dt.residual_gate_add(r, u, g, out, stream=stream, pdl=pdl))
         measured = measure([
             copy_impl(sets, lambda s: s[4], lambda s: s[5]),
-            ("torch_eager", lambda: eager(r, u, g), [lambda s=s: eager(*s[:3]) for s in sets]),
-            ("torch_compile", lambda: compiled(r, u, g), [lambda s=s: compiled(*s[:3]) for s in sets]),
+            ("torch_eager", lambda: chain(r, u, g), [lambda s=s: chain(*s[:3]) for s in sets]),
+            ("torch_compile", lambda: compiled_chain(r, u, g), [lambda s=s: compiled_chain(*s[:3]) for s in sets]),
             ("ditops:jit", one_kernel_graph[True].replay, [lambda s=s: dt.residual_gate_add(*s[:4]) for s in sets]),
             ("ditops:jit nopdl", one_kernel_graph[False].replay,
              [lambda s=s: dt.residual_gate_add(*s[:4], pdl=False) for s in sets])])

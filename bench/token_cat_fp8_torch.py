@@ -3,7 +3,7 @@
 1. Verification, torch.equal on uint8 views:
    * fp8_reciprocal=ieee against the eager chain
      `(torch.cat([attn, mlp], -1).float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)`;
-   * fp8_reciprocal=div_full against an emulation of SGLang's Triton quantizer (diffusion.md §7.2):
+   * fp8_reciprocal=div_full against an emulation of SGLang's Triton quantizer (try_flux2_token_cat_fp8):
      inv = 1.0 / scale computed by a Triton kernel (Triton lowers it to div.full.f32), then the
      same product, clamp and cast;
    over tokens {1, 127, 4096, 4608, 16384} x widths (6144, 18432) and (3072, 9216), bf16, a few

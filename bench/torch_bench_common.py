@@ -107,7 +107,7 @@ def script_main(make_ditops, checks, run_bench):
     """The command line every bench/*_torch.py script shares: --lib PATH (libditops), --json PATH,
     --commit SHA, --skip-bench. Runs each (label, check(dt, rows, meta) -> bool) of `checks`, then
     run_bench(dt, rows, meta) unless --skip-bench; writes the timing records (bench/results/README.md:
-    op, case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, device, date, commit) to
+    op, case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, read_roof_fraction, device, date, commit) to
     --json and the checks' records (torch.equal results, with the torch version) beside it as
     <name>_checks.json; prints e.g. "VERIFY PASS GRAPH PASS"; returns the exit code."""
     import argparse
@@ -146,8 +146,8 @@ def script_main(make_ditops, checks, run_bench):
 
 
 # The fields of a timing record, in order (bench/results/README.md; bench/records.py reads them).
-RECORD_FIELDS = ("op", "case", "shape", "impl", "method", "us", "bytes", "gb_per_s", "copy_fraction", "device",
-                 "date", "commit")
+RECORD_FIELDS = ("op", "case", "shape", "impl", "method", "us", "bytes", "gb_per_s", "copy_fraction",
+                 "read_roof_fraction", "device", "date", "commit")
 
 
 def shape_str(*dims):
@@ -155,12 +155,14 @@ def shape_str(*dims):
     return ",".join("(" + ",".join(str(int(d)) for d in t) + ")" for t in dims)
 
 
-def record(rows, meta, op, case, shape, impl, method, us, nbytes, copy_us):
+def record(rows, meta, op, case, shape, impl, method, us, nbytes, copy_us, read_roof_us=None):
     """Appends one timing record. method: "cold_l2" (do_bench: the L2 cleared before each call),
-    "rotated_graph" (rotated_graph_us) or "cold_graph" (cold_graph_us)."""
+    "rotated_graph" (rotated_graph_us) or "cold_graph" (cold_graph_us). read_roof_us: a GEMM/GEMV's
+    read roof (the bytes it must read at the measured read bandwidth), for read_roof_fraction."""
     rows.append(dict(kind="bench", op=op, case=case, shape=shape, impl=impl, method=method, us=round(us, 3),
                      bytes=nbytes, gb_per_s=round(nbytes / (us * 1e-6) / 1e9, 1),
                      copy_fraction=round(copy_us / us, 4) if copy_us else None,
+                     read_roof_fraction=round(read_roof_us / us, 4) if read_roof_us else None,
                      device=meta["device"], date=meta["date"], commit=meta["commit"]))
 
 

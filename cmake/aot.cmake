@@ -4,7 +4,7 @@
 # the library takes the empty table tools/aot_table_empty.cpp, and the
 # aot entries report "built without prebuilt kernels".
 set(DITOPS_AOT_TABLE ${CMAKE_BINARY_DIR}/generated/aot_table.cpp)
-find_program(DITOPS_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
+find_program(DITOPS_NVCC nvcc HINTS ${DITOPS_CUDA_ROOT}/bin ${CUDAToolkit_BIN_DIR} /usr/local/cuda/bin)
 if(DITOPS_BUILD_AOT AND DITOPS_NVCC)
   add_executable(ditops_aotgen tools/aotgen.cpp tools/aot_table_empty.cpp $<TARGET_OBJECTS:ditops_objects>)
   target_include_directories(ditops_aotgen PRIVATE ${CMAKE_SOURCE_DIR}/include ${CMAKE_SOURCE_DIR}/src

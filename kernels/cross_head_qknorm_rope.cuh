@@ -37,6 +37,15 @@ struct CrossHeadRowParams {
   int width;            // N
 };
 
+// How the kernel reads a row's cos/sin values (the host picks it from the tables' strides):
+//   kTableScalar   one 4-byte load per value, any strides;
+//   kTableVector   j-contiguous tables whose rows are aligned: a vector's 2 (interleaved) or 4
+//                  (split) values in one 8- or 16-byte load (LTX-2's per-head split tables);
+//   kTableHoisted  tables without a head dim (stride 0) and head_dim dividing 512: thread t's
+//                  vectors t + 128 i all sit at the same offset in their heads, so its values are
+//                  loaded once per row, before the reduction (Wan's [1, S, 1, D/2] views).
+constexpr int kTableScalar = 0, kTableVector = 1, kTableHoisted = 2;
+
 struct CrossHeadQkNormRopeParams {
   CrossHeadRowParams q, k;
   float eps;
@@ -74,15 +83,6 @@ __device__ __forceinline__ Word<8> pack(const float (&v)[4]) {
   return w;
 }
 
-template <bool kFirst, typename A, typename B>
-struct Pick {
-  using type = A;
-};
-template <typename A, typename B>
-struct Pick<false, A, B> {
-  using type = B;
-};
-
 // first = a*C - c*S, second = c*C + a*S, one fp32 rounding per operation.
 __device__ __forceinline__ float rope_first(float a, float c, float cs, float sn) {
   return __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
@@ -93,17 +93,41 @@ __device__ __forceinline__ float rope_second(float a, float c, float cs, float s
 
 }  // namespace chqr_detail
 
+
+namespace chqr_detail {
+
+// kCount values of one table at (head, j0 .. j0 + kCount - 1) of a row.
+template <int kCount, int kTable>
+__device__ __forceinline__ void load_table(const float* row, long long head_stride, long long j_stride, int head,
+                                           int j0, float (&out)[kCount]) {
+  const float* at = row + head * head_stride + j0 * j_stride;
+  if constexpr (kTable == kTableVector) {
+    const Word<kCount * 4> w = load_word<kCount * 4, true>(at);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) out[i] = __uint_as_float(w.w[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) out[i] = __ldg(at + i * j_stride);
+  }
+}
+
+}  // namespace chqr_detail
+
 // kRope: 0 none, 1 interleaved pairs, 2 split halves. kRounded: the norm is rounded to T before
 // RoPE. kVectors: 4-element vectors per thread (ceil(N / 512) over q and k). kHeadDim: D.
-template <typename T, int kRope, bool kRounded, int kVectors, int kHeadDim, bool kPdl>
+// kTable: kTableScalar / kTableVector / kTableHoisted (above).
+template <typename T, int kRope, bool kRounded, int kVectors, int kHeadDim, int kTable, bool kPdl>
 __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNormRopeParams& p) {
   using namespace chqr_detail;
   static_assert(kVectors >= 1 && kVectors <= kCrossHeadMaxVectors, "1..16 vectors per thread");
   static_assert(kHeadDim % 8 == 0, "a 4-element vector lies inside one head and one half of it");
+  static_assert(kTable != kTableHoisted || (4 * kCrossHeadThreads) % kHeadDim == 0,
+                "hoisted tables need head_dim to divide 512");
   constexpr int kHalf = kHeadDim / 2;
-  // The split form's row in shared memory: the normalized values as the next step reads them.
-  using Staged = typename Pick<kRounded, T, float>::type;
-  __shared__ Staged staged[kRope == 2 ? kVectors * 4 * kCrossHeadThreads : 1];
+  constexpr int kValues = kRope == 2 ? 4 : 2;  // table values a vector reads (split: 4 j's; pairs: 2)
+  // The split form's row in shared memory, one word per vector: 4 values of T (rounded) or fp32.
+  using Staged = Word<kRounded ? 8 : 16>;
+  __shared__ Staged staged[kRope == 2 ? kVectors * kCrossHeadThreads : 1];
   __shared__ float warp_sums[kCrossHeadThreads / 32];
 
   const long long block = blockIdx.x;
@@ -114,6 +138,15 @@ __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNor
   T* x = static_cast<T*>(t.x) + b * t.batch_stride + s * t.token_stride;
   const int vectors = t.width >> 2;
   const int tid = threadIdx.x;
+  // The row's cos/sin (rope = none has none).
+  const float* cos_row = kRope == 0 ? nullptr : t.cos + b * t.cos_strides[0] + s * t.cos_strides[1];
+  const float* sin_row = kRope == 0 ? nullptr : t.sin + b * t.sin_strides[0] + s * t.sin_strides[1];
+  // Where a vector starting at element n0 reads its table values.
+  auto table_place = [](int n0, int& head, int& d0, int& j0) {
+    head = n0 / kHeadDim;
+    d0 = n0 - head * kHeadDim;
+    j0 = kRope == 1 ? d0 >> 1 : (d0 < kHalf ? d0 : d0 - kHalf);
+  };
 
   if constexpr (kPdl) pdl_wait();
   Word<8> data[kVectors];
@@ -121,6 +154,13 @@ __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNor
   for (int i = 0; i < kVectors; ++i) {
     const int v = tid + i * kCrossHeadThreads;
     if (v < vectors) data[i] = load_word<8, false>(x + 4 * v);
+  }
+  float hoisted_cos[kValues], hoisted_sin[kValues];
+  if constexpr (kRope != 0 && kTable == kTableHoisted) {
+    int head, d0, j0;
+    table_place(4 * tid, head, d0, j0);
+    load_table<kValues, kTableScalar>(cos_row, 0, t.cos_strides[3], 0, j0, hoisted_cos);
+    load_table<kValues, kTableScalar>(sin_row, 0, t.sin_strides[3], 0, j0, hoisted_sin);
   }
   if constexpr (kPdl) pdl_launch_dependents();
 
@@ -142,71 +182,87 @@ __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNor
   const float total = __fadd_rn(__fadd_rn(warp_sums[0], warp_sums[2]), __fadd_rn(warp_sums[1], warp_sums[3]));
   const float rstd = rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(t.width)), p.eps));
 
-  // The normalized row, per vector.
-  float y[kVectors][4];
-#pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    const int v = tid + i * kCrossHeadThreads;
-    if (v >= vectors) continue;
+  // y = w * (rstd * x), rounded to T or kept in fp32, for vector i.
+  auto normalize = [&](int i, int v, float (&y)[4]) {
     Word<8> w{};
     if (t.weight) w = load_word<8, true>(static_cast<const T*>(t.weight) + 4 * v);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const float n = __fmul_rn(rstd, element<T>(data[i], e));
       const float weighted = t.weight ? __fmul_rn(element<T>(w, e), n) : n;
-      y[i][e] = kRounded ? round_to<T>(weighted) : weighted;
+      y[e] = kRounded ? round_to<T>(weighted) : weighted;
     }
-  }
+  };
 
-  if constexpr (kRope == 2) {
+  if constexpr (kRope != 2) {
+    // none / interleaved: a vector holds whole pairs; normalize, rotate and store it at once.
 #pragma unroll
     for (int i = 0; i < kVectors; ++i) {
       const int v = tid + i * kCrossHeadThreads;
       if (v >= vectors) continue;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) staged[4 * v + e] = from_float<Staged>(y[i][e]);  // exact: y is a Staged value
-    }
-    __syncthreads();
-  }
-
-  // The row's cos/sin (rope = none has none).
-  const float* cos_row = kRope == 0 ? nullptr : t.cos + b * t.cos_strides[0] + s * t.cos_strides[1];
-  const float* sin_row = kRope == 0 ? nullptr : t.sin + b * t.sin_strides[0] + s * t.sin_strides[1];
-#pragma unroll
-  for (int i = 0; i < kVectors; ++i) {
-    const int v = tid + i * kCrossHeadThreads;
-    if (v >= vectors) continue;
-    float out[4];
-    if constexpr (kRope == 0) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) out[e] = y[i][e];
-    } else {
-      const int n0 = 4 * v;
-      const int head = n0 / kHeadDim, d0 = n0 - head * kHeadDim;
-      const float* cos_head = cos_row + head * t.cos_strides[2];
-      const float* sin_head = sin_row + head * t.sin_strides[2];
+      float y[4];
+      normalize(i, v, y);
+      float out[4] = {y[0], y[1], y[2], y[3]};
       if constexpr (kRope == 1) {
+        float cs[2], sn[2];
+        if constexpr (kTable == kTableHoisted) {
+          cs[0] = hoisted_cos[0], cs[1] = hoisted_cos[1], sn[0] = hoisted_sin[0], sn[1] = hoisted_sin[1];
+        } else {
+          int head, d0, j0;
+          table_place(4 * v, head, d0, j0);
+          load_table<2, kTable>(cos_row, t.cos_strides[2], t.cos_strides[3], head, j0, cs);
+          load_table<2, kTable>(sin_row, t.sin_strides[2], t.sin_strides[3], head, j0, sn);
+        }
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
-          const int j = (d0 >> 1) + pair;
-          const float cs = cos_head[j * t.cos_strides[3]], sn = sin_head[j * t.sin_strides[3]];
-          const float a = y[i][2 * pair], c = y[i][2 * pair + 1];
-          out[2 * pair] = rope_first(a, c, cs, sn);
-          out[2 * pair + 1] = rope_second(a, c, cs, sn);
-        }
-      } else {
-        const bool first_half = d0 < kHalf;
-        const int j0 = first_half ? d0 : d0 - kHalf;
-        const int partner = first_half ? n0 + kHalf : n0 - kHalf;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float cs = cos_head[(j0 + e) * t.cos_strides[3]], sn = sin_head[(j0 + e) * t.sin_strides[3]];
-          const float other = to_float(staged[partner + e]);
-          out[e] = first_half ? rope_first(y[i][e], other, cs, sn) : rope_second(other, y[i][e], cs, sn);
+          out[2 * pair] = rope_first(y[2 * pair], y[2 * pair + 1], cs[pair], sn[pair]);
+          out[2 * pair + 1] = rope_second(y[2 * pair], y[2 * pair + 1], cs[pair], sn[pair]);
         }
       }
+      store_word<8>(x + 4 * v, pack<T>(out));
     }
-    store_word<8>(x + 4 * v, pack<T>(out));
+  } else {
+    // split: the other half of each head belongs to another thread; stage the row first.
+    float y[kVectors][4];
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = tid + i * kCrossHeadThreads;
+      if (v >= vectors) continue;
+      normalize(i, v, y[i]);
+      if constexpr (kRounded) {
+        staged[v] = pack<T>(y[i]);  // exact: y is a T value
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) staged[v].w[e] = __float_as_uint(y[i][e]);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = tid + i * kCrossHeadThreads;
+      if (v >= vectors) continue;
+      int head, d0, j0;
+      table_place(4 * v, head, d0, j0);
+      float cs[4], sn[4];
+      if constexpr (kTable == kTableHoisted) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) cs[e] = hoisted_cos[e], sn[e] = hoisted_sin[e];
+      } else {
+        load_table<4, kTable>(cos_row, t.cos_strides[2], t.cos_strides[3], head, j0, cs);
+        load_table<4, kTable>(sin_row, t.sin_strides[2], t.sin_strides[3], head, j0, sn);
+      }
+      const bool first_half = d0 < kHalf;
+      const Staged other_word = staged[first_half ? v + kHalf / 4 : v - kHalf / 4];
+      float out[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float other;
+        if constexpr (kRounded) other = element<T>(other_word, e);
+        else other = __uint_as_float(other_word.w[e]);
+        out[e] = first_half ? rope_first(y[i][e], other, cs[e], sn[e]) : rope_second(other, y[i][e], cs[e], sn[e]);
+      }
+      store_word<8>(x + 4 * v, pack<T>(out));
+    }
   }
 }
 

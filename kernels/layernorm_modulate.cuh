@@ -1,6 +1,6 @@
 // LayerNorm (no affine) + adaLN modulate, its fp8 e4m3 output variant, and per-head QK LayerNorm.
 //
-// Numerics contract (docs/layernorm_modulate.md is the full statement; diffusion.md §6.3):
+// Numerics contract (docs/layernorm_modulate.md is the full statement):
 // * Row statistics exactly as aten's vectorized_layer_norm_kernel<BFloat16, float> (torch 2.11)
 //   computes them: common/aten_layer_norm.cuh (128 virtual threads, vec4 Welford pushes, shfl_down
 //   fold per virtual warp, inter-warp (0,2),(1,3),(0,1), rstd = rsqrt.approx(div.rn(m2, N) + eps)).

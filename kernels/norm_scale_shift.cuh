@@ -11,8 +11,13 @@
 //     n = rstd * (v - mean); a = fma(w, n, b) | w * n | n (affine weight+bias | weight | none,
 //       nvcc's contraction of aten's `gamma * (rstd * (x - mean)) + beta`); y0 = rne(a)
 //     y = rne(rne(y0 * rne(1 + scale)) + shift)   (no shift: y = rne(y0 * rne(1 + scale)))
-// * sglang (kSglang = true), bit_exact vs SGLang's native Qwen-Image kernel as spec §2.3 defines
-//   it: v = rne(fma(x, g, r)); thread t of D/16 owns elements [16t, 16t+16); per-thread
+// * float32 chain (kFloat32: 16-bit x and residual, fp32 operands), bit_exact vs diffusers' Wan
+//   chain: v = rne(fadd(r, fmul(x, g))) (absent gate: g = 1, i.e. rne(r + x)); the LayerNorm
+//   statistics as above (aten's float32 instantiation pushes the same values); a as above with fp32
+//   weight / bias; then, kModulate, a = fmul(a, fadd(1, scale)), a = fadd(a, shift) (shift absent:
+//   no add); y = rne(a): one rounding, every operation fp32 (each a separate eager kernel: no FMA).
+// * sglang (kSglang = true), bit_exact vs SGLang's native Qwen-Image kernel as
+//   docs/norm_scale_shift.md §3 states it: v = rne(fma(x, g, r)); thread t of D/16 owns elements [16t, 16t+16); per-thread
 //   sequential sums from +0, XOR butterfly per warp, warp totals summed by a butterfly over 32
 //   slots (empty slots +0); mean = sum * fp32(1/D); var the same over fma(d, d, acc) with
 //   d = v - mean; factor = rsqrtf(var + eps); norm = rne((v - mean) * factor);
@@ -364,20 +369,62 @@ __device__ __forceinline__ Vec<float> add_vec(float, const Vec<float>& a, const 
   return lanewise<float>(a, b, add_rn_bf16x2, fadd);
 }
 
-// Where a broadcast operand's row is held between rows: in registers, or (kShared) in this
-// thread's own words of a shared array, slot j at t + 128 j. No other thread reads a thread's
-// words, so no barrier is needed; each operand held there frees two registers a slot (16-bit T).
-template <typename T, int kSlots, bool kShared>
+// The type a held operand's values keep: the activation type, or fp32 in the float32 chain.
+template <typename T, bool kFloat32>
+struct OperandOf {
+  using type = T;
+};
+template <typename T>
+struct OperandOf<T, true> {
+  using type = float;
+};
+
+// The float32 chain's residual sum: rne(float(r) + float(x) * g) in fp32, one rounding (Wan's
+// `(hidden.float() + attn_output * gate).type_as(hidden)`; an absent gate is held as 1, which
+// makes it eager's 16-bit `hidden + attn_output`).
+template <typename T>
+__device__ __forceinline__ Vec<T> promoted_sum(const Vec<T>& x, const Vec<T>& r, const Vec<float>& g) {
+  float xv[4], rv[4], gv[4], v[4];
+  to_floats<T, 4>(x, xv);
+  to_floats<T, 4>(r, rv);
+  to_floats<float, 4>(g, gv);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(rv[e], __fmul_rn(xv[e], gv[e]));
+  return round_vec(T{}, v);
+}
+
+// Where a broadcast operand's row is held between rows (kHome): in registers; in this thread's
+// own words of a shared array, slot j at t + 128 j (no other thread reads a thread's words, so no
+// barrier is needed; each operand held there frees two registers a slot for 16-bit T); or not held
+// at all (kStreamed, the float32 chain's rows of more than 10 slots, whose fp32 operands fit
+// neither): each use loads the slot from global memory (L1 / L2 after the first row), as the
+// affine weight and bias are.
+enum : int { kHeldInRegisters = 0, kHeldInShared = 1, kStreamed = 2 };
+template <typename T, int kSlots, int kHome>
 struct HeldOperand {
-  Vec<T> reg[kShared ? 1 : kSlots];
-  Vec<T>* own;  // kShared: this thread's slot 0
+  Vec<T> reg[kHome == kHeldInRegisters ? kSlots : 1];
+  Vec<T>* own;     // kHeldInShared: this thread's slot 0
+  const T* row;    // kStreamed: this thread's slot 0 of a row operand, else null
+  float scalar;    // kStreamed: the value of a scalar (or absent) operand
+  bool plus_one;   // kStreamed: get() returns 1 + value (one_plus), in fp32 (T = float)
   __device__ __forceinline__ Vec<T> get(int j) const {
-    if constexpr (kShared) return own[128 * j];
-    else return reg[j];
+    if constexpr (kHome == kHeldInShared) {
+      return own[128 * j];
+    } else if constexpr (kHome == kHeldInRegisters) {
+      return reg[j];
+    } else {
+      static_assert(sizeof(T) == 4, "streamed operands: the float32 chain");
+      float v[4] = {scalar, scalar, scalar, scalar};
+      if (row) to_floats<T, 4>(load_word<4 * sizeof(T), true>(row + 512 * j), v);
+      if (plus_one)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = __fadd_rn(1.0f, v[e]);
+      return round_vec(T{}, v);
+    }
   }
   __device__ __forceinline__ void set(int j, const Vec<T>& v) {
-    if constexpr (kShared) own[128 * j] = v;
-    else reg[j] = v;
+    if constexpr (kHome == kHeldInShared) own[128 * j] = v;
+    else if constexpr (kHome == kHeldInRegisters) reg[j] = v;
   }
 };
 
@@ -387,14 +434,21 @@ struct HeldOperand {
 // Only loads: the caller issues every operand's loads before it converts any (one memory round
 // trip for scale, shift and gate, not three: a CTA of the 512-token calls runs one row).
 // This thread's slots are j0 + j, j < kSlots (j0 = 0 unless the row is split: eager_rows).
-template <typename T, int kSlots, bool kEven, bool kShared>
+// Streamed: only where the row is (a scalar operand's value).
+template <typename T, int kSlots, bool kEven, int kHome>
 __device__ __forceinline__ bool load_operand(const NssOperandParams& op, long long b, long long s, int t, int j0,
-                                             int n_vec, float absent, HeldOperand<T, kSlots, kShared>& held,
+                                             int n_vec, float absent, HeldOperand<T, kSlots, kHome>& held,
                                              long long& held_offset) {
   const long long offset = op.kind ? operand_offset(op, b, s) : 0;
   if (offset == held_offset) return false;
   held_offset = offset;
   const T* row = static_cast<const T*>(op.data) + offset;
+  if constexpr (kHome == kStreamed) {
+    held.row = op.kind == 2 ? row + 4 * t + 512 * j0 : nullptr;
+    held.scalar = op.kind == 1 ? to_float(row[0]) : absent;
+    held.plus_one = false;
+    return true;
+  }
   if (op.kind == 2) {
     const T* const row_t = row + 4 * t + 512 * j0;  // slot j at the constant offset 512 j (see load_inputs)
 #pragma unroll
@@ -413,13 +467,18 @@ __device__ __forceinline__ bool load_operand(const NssOperandParams& op, long lo
 // The scale as held: rne(1 + value) of each T value, eager's 1 + scale (fp32 add, one rounding);
 // add_vec's packed add gives the same bits for 16-bit T (a sum of two T values, see lanewise), in
 // a fifth of the instructions (they run once per CTA and batch: per row at 512 tokens).
-template <typename T, int kSlots, bool kEven, bool kShared>
-__device__ __forceinline__ void one_plus(HeldOperand<T, kSlots, kShared>& held, int t, int j0, int n_vec) {
-  const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  const Vec<T> ones = round_vec(T{}, one);
+// Streamed: each use adds the 1.
+template <typename T, int kSlots, bool kEven, int kHome>
+__device__ __forceinline__ void one_plus(HeldOperand<T, kSlots, kHome>& held, int t, int j0, int n_vec) {
+  if constexpr (kHome == kStreamed) {
+    held.plus_one = true;
+  } else {
+    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    const Vec<T> ones = round_vec(T{}, one);
 #pragma unroll
-  for (int j = 0; j < kSlots; ++j)
-    if (kEven || t + 128 * (j0 + j) < n_vec) held.set(j, add_vec(T{}, ones, held.get(j)));
+    for (int j = 0; j < kSlots; ++j)
+      if (kEven || t + 128 * (j0 + j) < n_vec) held.set(j, add_vec(T{}, ones, held.get(j)));
+  }
 }
 
 // Where this thread's vec4s of x (and the residual) of row (b, s) start, slot j at the constant
@@ -489,9 +548,13 @@ __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], i
 // (as rne(1 + scale)), shift and gate stay in registers (kSharedOperands: in shared memory,
 // HeldOperand) while their row does not change. NVFP4: a block of 16 is the vec4s of 4
 // neighbouring threads.
+// kFloat32: the float32 chain (operands, weight and bias fp32; see the contract above); kModulate:
+// scale and shift are held and applied (always, unless kFloat32); kStreamOperands: scale, shift and
+// gate are not held but loaded at each use (HeldOperand).
 template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands,
-          int kSplit, bool kPdl>
+          int kSplit, bool kPdl, bool kFloat32, bool kModulate, bool kStreamOperands>
 __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
+  using O = typename OperandOf<T, kFloat32>::type;  // held operands, weight and bias
   constexpr int kVecs = D / 4;
   constexpr int kRowSlots = (kVecs + 127) / 128;
   constexpr int kSlots = kRowSlots / kSplit;
@@ -512,12 +575,23 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   __shared__ float rms_handoff[kSplit == 1 ? 1 : 128];
 
   V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots];
-  HeldOperand<T, kSlots, kSharedOperands> op, sh, g;
+  // The float32 chain keeps its fp32 gate in registers (three fp32 rows of D = 5120 would take
+  // 60 KB of shared memory) and scale and shift in shared memory where the schedule says so;
+  // kStreamOperands: none is held.
+  static_assert(!kStreamOperands || (kFloat32 && !kSharedOperands), "streamed operands: the float32 chain");
+  constexpr bool kSharedGate = kSharedOperands && !kFloat32;
+  constexpr int kHome = kStreamOperands ? kStreamed : kSharedOperands ? kHeldInShared : kHeldInRegisters;
+  HeldOperand<O, kSlots, kHome> op, sh;
+  HeldOperand<O, kSlots, kStreamOperands ? kStreamed : kSharedGate ? kHeldInShared : kHeldInRegisters> g;
   if constexpr (kSharedOperands) {
-    __shared__ V held_shared[3][128 * kSlots];
+    // Static shared memory: at most 40 KB a CTA (5 CTAs per SM).
+    static_assert(kModulate, "held in shared memory: scale and shift");
+    constexpr int kHeld = kSharedGate ? 3 : 2;
+    static_assert(kHeld * D * sizeof(O) <= 40960, "held operands within 40 KB of static shared memory");
+    __shared__ Vec<O> held_shared[kHeld][128 * kSlots];
     op.own = held_shared[0] + t;
     sh.own = held_shared[1] + t;
-    g.own = held_shared[2] + t;
+    if constexpr (kSharedGate) g.own = held_shared[kSharedGate ? 2 : 0] + t;
   }
   // kStaged: x (and the residual) arrive through shared memory by cp.async, one commit group per
   // slot, and the statistics take slot j as soon as its group is in (copy_async_wait): the
@@ -593,9 +667,17 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     // then scale and shift (after the statistics); rne(1 + scale) is formed after the statistics
     // too, so no warp waits for the scale before its first Welford push. H200 A/B, rotated:
     // 512 x 3072 NVFP4 5.53-5.61 us against 5.59-5.74: within the noise, never behind.
-    if constexpr (kResidual) load_operand<T, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
-    const bool new_scale = load_operand<T, kSlots, kEven>(p.scale, b, s, t, j0, kVecs, 0.0f, op, held_scale);
-    if (p.shift.kind) load_operand<T, kSlots, kEven>(p.shift, b, s, t, j0, kVecs, 0.0f, sh, held_shift);
+    if constexpr (kResidual) load_operand<O, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
+    bool new_scale = false;
+    if constexpr (kModulate) {
+      new_scale = load_operand<O, kSlots, kEven>(p.scale, b, s, t, j0, kVecs, 0.0f, op, held_scale);
+      if (p.shift.kind) load_operand<O, kSlots, kEven>(p.shift, b, s, t, j0, kVecs, 0.0f, sh, held_shift);
+    }
+    // v of slot j (the residual variant), in place of x: eager's 16-bit chain or the float32 one.
+    const auto residual_sum = [&](int j) {
+      if constexpr (kFloat32) xw[j] = promoted_sum<T>(xw[j], rw[j], g.get(j));
+      else xw[j] = add_vec(T{}, rw[j], mul_vec(T{}, xw[j], g.get(j)));
+    };
 
     T* const ot = kResidual ? static_cast<T*>(p.residual_out) + b * p.ro_batch_stride + s * p.ro_token_stride + 4 * t + 512 * j0 : nullptr;
     constexpr bool kLazyResidual = kResidual && kStaged;
@@ -613,7 +695,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           // itself does. GPU test NormScaleShiftGpu.PackedProductsEqualTheFp32ProductRounded
           // checks every bf16 and f16 pair. Against unpacking x and g, an fp32 multiply and a
           // repack: 3 instructions per element fewer.
-          xw[j] = add_vec(T{}, rw[j], mul_vec(T{}, xw[j], g.get(j)));
+          residual_sum(j);
           store_word<kBytes>(ot + 512 * j, xw[j]);
         }
       }
@@ -627,7 +709,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
         if constexpr (kResidual) rw[j] = staged[kResidual ? 1 : 0][j][t];
       }
       if constexpr (kLazyResidual) {
-        xw[j] = add_vec(T{}, rw[j], mul_vec(T{}, xw[j], g.get(j)));
+        residual_sum(j);
         store_word<kBytes>(ot + 512 * j, xw[j]);
       }
       to_floats<T, 4>(xw[j], v);
@@ -644,7 +726,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       rstd = st.rstd;
     }
     if constexpr (kSplit == 1) parity ^= 1;
-    if (new_scale) one_plus<T, kSlots, kEven>(op, t, j0, kVecs);
+    if (new_scale) one_plus<O, kSlots, kEven>(op, t, j0, kVecs);
 
     // This thread's first vec4 in each output (slot j at the constant offsets 512 j, 256 j bytes).
     const int first = 4 * t + 512 * j0;
@@ -667,9 +749,10 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       amax[j] = 0.0f;
       if (active) {
         float v[4], a[4], w[4], bias[4];
+        constexpr int kOBytes = 4 * static_cast<int>(sizeof(O));
         to_floats<T, 4>(xw[j], v);
-        if constexpr (kAffine >= 1) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.weight) + first + 512 * j), w);
-        if constexpr (kAffine == 2) to_floats<T, 4>(load_word<kBytes, true>(static_cast<const T*>(p.bias) + first + 512 * j), bias);
+        if constexpr (kAffine >= 1) to_floats<O, 4>(load_word<kOBytes, true>(static_cast<const O*>(p.weight) + first + 512 * j), w);
+        if constexpr (kAffine == 2) to_floats<O, 4>(load_word<kOBytes, true>(static_cast<const O*>(p.bias) + first + 512 * j), bias);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const float n = __fmul_rn(rstd, __fsub_rn(v[e], mean));
@@ -677,8 +760,25 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           if constexpr (kAffine == 1) a[e] = __fmul_rn(w[e], n);
           if constexpr (kAffine == 2) a[e] = __fmaf_rn(w[e], n, bias[e]);
         }
-        V out = mul_vec(T{}, round_vec(T{}, a), op.get(j));
-        if (p.shift.kind) out = add_vec(T{}, out, sh.get(j));
+        V out;
+        if constexpr (kFloat32) {
+          // The modulation in fp32 on the unrounded norm, then the chain's one rounding.
+          if constexpr (kModulate) {
+            float m[4];
+            to_floats<float, 4>(op.get(j), m);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) a[e] = __fmul_rn(a[e], m[e]);
+            if (p.shift.kind) {
+              to_floats<float, 4>(sh.get(j), m);
+#pragma unroll
+              for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], m[e]);
+            }
+          }
+          out = round_vec(T{}, a);
+        } else {
+          out = mul_vec(T{}, round_vec(T{}, a), op.get(j));
+          if (p.shift.kind) out = add_vec(T{}, out, sh.get(j));
+        }
         if (kQuant < kQuantFp4Software && yt) store_word<kBytes>(yt + 512 * j, out);
         float (&y)[4] = ys[j];
         to_floats<T, 4>(out, y);
@@ -893,16 +993,21 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 // eager numerics: a 128-thread CTA per row, persistent over rows (eager_rows); sglang numerics:
 // one warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
 // 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
+// kFloat32 / kModulate / kStreamOperands: the float32 chain (eager_rows), with or without the
+// scale / shift, its operands held or streamed.
 template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
-          bool kPrefetch = false, bool kSharedOperands = false, int kSplit = 1>
+          bool kPrefetch = false, bool kSharedOperands = false, int kSplit = 1, bool kFloat32 = false,
+          bool kModulate = true, bool kStreamOperands = false>
 __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   using namespace nss_detail;
   static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
   static_assert(!kSglang || (D % 16 == 0 && sizeof(T) == 2 && !kRms && kAffine == 0),
                 "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
   static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
-  static_assert(!kSharedOperands || (!kSglang && 3 * D * sizeof(T) <= 40960),
-                "operands in shared memory: eager numerics, 3 rows of D within 40 KB of static shared memory");
+  static_assert(!kSharedOperands || !kSglang, "operands in shared memory: eager numerics");
+  static_assert(!kFloat32 || (sizeof(T) == 2 && !kSglang && !kRms && kQuant == kQuantNone && kSplit == 1),
+                "float32 chain: 16-bit x, LayerNorm, no quantized output, one thread per aten thread");
+  static_assert(kModulate || kFloat32, "only the float32 chain leaves the modulation out");
   if constexpr (kSglang) {
     if constexpr (kPdl) pdl_wait();
     const int lane = threadIdx.x & 31;
@@ -916,7 +1021,8 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
     }
   } else {
-    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch, kSharedOperands, kSplit, kPdl>(p);  // waits itself
+    eager_rows<T, D, kRms, kResidual, kAffine, kQuant, kPrefetch, kSharedOperands, kSplit, kPdl, kFloat32, kModulate,
+               kStreamOperands>(p);  // waits itself
   }
   if constexpr (kPdl) pdl_launch_dependents();
 }

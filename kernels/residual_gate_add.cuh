@@ -8,6 +8,9 @@
 //   That is eager PyTorch's `residual + update * gate` on CUDA (mul and add each compute in fp32
 //   and round to the dtype). For fp32, rne_T is the identity: two fp32 roundings, no FMA, which is
 //   eager's fp32 result too. Contract: bit_exact against eager PyTorch on CUDA, every dtype.
+// * Promoted (an fp32 gate G beside 16-bit T, Wan's `(x.float() + update * gate).type_as(x)`):
+//   out = rne_T(fadd_rn(float(r), fmul_rn(float(u), g))): torch's type promotion runs the product
+//   and the sum in fp32 (two kernels, no FMA) and only the final .type_as rounds. Flat kernel only.
 // * No reduction, no accumulation: the order of elements never matters, so every path (vector,
 //   scalar, transposed tile) gives identical bits.
 //
@@ -52,6 +55,12 @@ __device__ __forceinline__ T gated_sum(T r, T u, T g) {
   return from_float<T>(__fadd_rn(to_float(r), product));
 }
 
+// The promoted chain's two fp32 operations and its one rounding (an fp32 gate beside 16-bit T).
+template <typename T>
+__device__ __forceinline__ T gated_sum_promoted(T r, T u, float g) {
+  return from_float<T>(__fadd_rn(to_float(r), __fmul_rn(to_float(u), g)));
+}
+
 // The rounded products of a transposed tile as kept in shared memory: fp32, or (kAsT) T itself.
 template <typename T, bool kAsT>
 struct TileProducts {
@@ -84,6 +93,34 @@ struct Unit<T, false> {
   __device__ __forceinline__ T get(int) const { return value; }
 };
 
+// The gate values of one unit of kElems elements of T: a Unit of T itself, or (G = float beside
+// 16-bit T) the unit's kElems fp32 values, two 16-byte loads on the vector path.
+template <typename T, typename G, bool kVector>
+struct GateUnit : Unit<T, kVector> {};
+template <typename T, bool kVector>
+struct GateUnit<T, float, kVector> {
+  static_assert(sizeof(T) == 2, "an fp32 gate beside a 16-bit residual");
+  static constexpr int kWords = kVector ? 2 : 1;
+  Word<16> word[kWords];
+  float value;
+  __device__ __forceinline__ void load(const float* p) {
+    if constexpr (kVector) {
+      word[0] = load_word<16, false>(p);
+      word[1] = load_word<16, false>(p + 4);
+    } else {
+      value = *p;
+    }
+  }
+  __device__ __forceinline__ float get(int e) const {
+    if constexpr (kVector) return __uint_as_float(word[e / 4].w[e % 4]);
+    else return value;
+  }
+};
+template <>
+struct GateUnit<float, float, true> : Unit<float, true> {};
+template <>
+struct GateUnit<float, float, false> : Unit<float, false> {};
+
 // The flat kernel's unit index type.
 template <bool kIndex64>
 struct FlatIndex {
@@ -108,17 +145,21 @@ __device__ __forceinline__ unsigned long long gate_offset(Index unit, Index row_
   const Index column = unit - row * row_units;
   if constexpr (kMode == kRgaGateRow) return static_cast<Offset>(column) * elems;
   const Index gate_row = kFast ? fast_quotient(unit, p.units_per_gate_row_divisor) : unit / units_per_gate_row;
+  if constexpr (kMode == kRgaGateStrided)
+    return static_cast<Offset>(gate_row) * static_cast<Offset>(p.gate_row_stride) + static_cast<Offset>(column) * elems;
   return (static_cast<Offset>(gate_row) * row_units + column) * elems;  // batch
 }
 
-template <typename Index, typename T, int kMode, bool kVector, int kUnroll, bool kStreaming>
+template <typename Index, typename T, int kMode, bool kVector, int kUnroll, bool kStreaming, typename G>
 __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   using U = Unit<T, kVector>;
+  using GU = GateUnit<T, G, kVector>;
   constexpr int kElems = U::kElems;
   constexpr bool kGateUnit = kMode != kRgaGateToken;  // token mode: one scalar gate per row
+  constexpr bool kPromoted = sizeof(G) != sizeof(T);
   const T* residual = static_cast<const T*>(p.residual);
   const T* update = static_cast<const T*>(p.update);
-  const T* gate = static_cast<const T*>(p.gate);
+  const G* gate = static_cast<const G*>(p.gate);
   T* out = static_cast<T*>(p.out);
   // The 32-bit kernel reads the sizes of the params' first constant line (residual_gate_add_params.h).
   constexpr bool k32 = sizeof(Index) == 4;
@@ -133,8 +174,9 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   // at (1,512,3072) (3.83 against 3.76 us rotated, H200, bench/experiments/rga_cold_variants.cu).
   constexpr bool kOneRound = kUnroll == 1 && sizeof(Index) == 4;
   for (Index base = first; base < units; base += kUnroll * threads) {
-    U r[kUnroll], u[kUnroll], g[kGateUnit ? kUnroll : 1];
-    T g_scalar[kGateUnit ? 1 : kUnroll];
+    U r[kUnroll], u[kUnroll];
+    GU g[kGateUnit ? kUnroll : 1];
+    G g_scalar[kGateUnit ? 1 : kUnroll];
 #pragma unroll
     for (int k = 0; k < kUnroll; ++k) {
       const Index unit = base + k * threads;
@@ -158,7 +200,11 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
         T o[kElems];
 #pragma unroll
         for (int e = 0; e < kElems; ++e) {
-          if constexpr (kGateUnit)
+          if constexpr (kPromoted && kGateUnit)
+            o[e] = gated_sum_promoted(r[k].get(e), u[k].get(e), g[k].get(e));
+          else if constexpr (kPromoted)
+            o[e] = gated_sum_promoted(r[k].get(e), u[k].get(e), g_scalar[k]);
+          else if constexpr (kGateUnit)
             o[e] = gated_sum(r[k].get(e), u[k].get(e), g[k].get(e));
           else
             o[e] = gated_sum(r[k].get(e), u[k].get(e), g_scalar[k]);
@@ -182,12 +228,14 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
 // kStreaming: residual and update read with ld.global.cs, out written with st.global.cs
 // (evict-first: every byte is touched once). Measured: see the host's rga_flat_units.
 // kIndex64: 64-bit unit indices and divisions (tensors of 2^31 units or more).
-template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false, bool kIndex64 = false>
+// G: the gate's type, T or (the promoted chain) float beside a 16-bit T.
+template <typename T, int kMode, bool kVector, bool kPdl, int kUnits = 0, bool kStreaming = false, bool kIndex64 = false,
+          typename G = T>
 __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
   using namespace rga_detail;
   constexpr int kUnroll = kUnits > 0 ? kUnits : kVector ? 2 : 8;
   if constexpr (kPdl) pdl_wait();
-  flat_units<typename FlatIndex<kIndex64>::type, T, kMode, kVector, kUnroll, kStreaming>(p);
+  flat_units<typename FlatIndex<kIndex64>::type, T, kMode, kVector, kUnroll, kStreaming, G>(p);
   if constexpr (kPdl) pdl_launch_dependents();
 }
 

@@ -7,7 +7,7 @@
 namespace ditops {
 
 // Gate modes (template parameter kMode of the kernels); docs/residual_gate_add.md.
-enum : int { kRgaGateFull = 0, kRgaGateRow = 1, kRgaGateToken = 2, kRgaGateBatch = 3 };
+enum : int { kRgaGateFull = 0, kRgaGateRow = 1, kRgaGateToken = 2, kRgaGateBatch = 3, kRgaGateStrided = 4 };
 
 // Field order: the first 48 bytes hold everything the flat kernel of 32-bit indices reads before
 // its loads. The parameters start at byte 0x210 of the constant bank on sm_90, so these fields
@@ -32,7 +32,9 @@ struct ResidualGateAddParams {
   // The same sizes for the kernel of 64-bit indices.
   long long units;
   long long row_units;
-  long long units_per_gate_row;  // batch mode: the units of the rows that share one gate row
+  long long units_per_gate_row;  // batch and strided modes: the units of the rows that share one gate row
+  long long gate_row_stride;     // strided mode: elements from one gate row to the next (after the
+                                 // first constant line: the other modes' kernels read the same lines)
   // Transposed kernel: residual/out [B, T, H] stored as [B, H, T]; update [B, T, H] row-major.
   // A 1-D grid of B * tiles_t * tiles_h blocks (< 2^31), token tiles fastest.
   long long tokens;  // T

@@ -6,7 +6,7 @@
 // * inv = 1 / input_scale, read on the device (common/types.cuh fp8_inverse): IEEE division
 //   (kDivFull false; oracle: eager `(torch.cat([attn, mlp], -1).float() * (1.0 / scale))
 //   .clamp(-448, 448).to(torch.float8_e4m3fn)`) or div.full.f32 (kDivFull; oracle: SGLang's
-//   Triton static_quant_fp8 / try_flux2_token_cat_fp8, diffusion.md §7.2).
+//   Triton static_quant_fp8 / try_flux2_token_cat_fp8).
 // * Per element (common/fp8.cuh, shared with fp8_static_quant and fp8_linear): widening of
 //   bf16/f16 is exact; one __fmul_rn (no FMA to contract: a single product);
 //   e4m3x2_rn_satfinite is the clamp + RNE conversion in one: finite values and infinities

@@ -9,20 +9,27 @@
 # PyTorch (torch.equal, bench/<op>_torch.py), runs the benchmarks (`ditops bench <op>` for every
 # op, and bench/<op>_torch.py: ditops beside eager PyTorch and torch.compile, three timing
 # methods), and writes to OUT_DIR:
-#   summary.txt build.log ctest.log                 the build, the device, the test results
+#   summary.txt build.log ctest.log pytest.xml      the build, the device, the test results
 #   bench_cpp.txt bench_cpp_<op>.json               `ditops bench <op>` tables and records
 #   torch.txt torch_<op>.json torch_<op>_checks.json  bench/<op>_torch.py output, records, torch.equal results
 #   py_overhead.json                                host cost per call of the Python layer
 #   records/<op>.json                               all records of this run in the record format
 #                                                   (bench/results/README.md; bench/records.py)
+#   (verify: torch/verify_<op>[_checks].json, bench_cpp.json, torch.json; the summary per op at the
+#   end of summary.txt: python3 bench/summary.py OUT_DIR prints it again)
 # and prints a table of the rotated-graph timings at the end. Needs CUDA, cmake, ninja, PyTorch
 # with Triton, pytest and the tvm_ffi wheel (installed from .whl/ when present: docs/python.md).
 # To keep the records: python3 bench/records.py convert --out bench/results/<device> OUT_DIR/records/*.json
 #
 # Modes for parts of it (OUT_DIR from $OUT there, default ./device-out), each inside the device
 # tool's 10-minute limit:
-#   scripts/device_run.sh verify   build; every test; C++ benchmarks of every op; bit-exactness of
-#                                        every op against the PyTorch eager chain
+#   scripts/device_run.sh verify   build; every test (pytest over pytest-xdist workers where
+#                                        installed) beside the bit-exactness checks of every op
+#                                        against the PyTorch eager chain; then, alone on the GPU, the
+#                                        C++ benchmarks of every op (read-roof fraction for GEMMs)
+#                                        and the host overhead; ends with bench/summary.py's table
+#                                        per op (tests, torch.equal, fastest us and roof fraction).
+#                                        Under 6 minutes with the build on an H200
 #   scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
 #                                        run (all four ops by default; split them over two calls
 #                                        to stay inside the limit)
@@ -30,9 +37,10 @@
 #                                        CamelCase name, and the driver's cases), `ditops bench OP`,
 #                                        and bench/OP_torch.py (torch.equal checks, then eager,
 #                                        torch.compile and a device copy beside ditops)
-#   scripts/device_run.sh sanitize [REGEX]  compute-sanitizer memcheck and racecheck over every GPU
-#                                        test binary (build-dev/tests/test_*_gpu; REGEX: a gtest
-#                                        filter, default all), to OUT_DIR/sanitizer.txt
+#   scripts/device_run.sh sanitize [REGEX]  compute-sanitizer memcheck and racecheck over the GPU
+#                                        tests of every op in every test binary, in parallel, capped
+#                                        to end within 8 minutes with the build (the phase below says
+#                                        how); REGEX: a gtest filter instead; to OUT_DIR/sanitizer/
 #   scripts/device_run.sh gpu [REGEX]  the GPU tests matching REGEX and the host-overhead
 #                                        figures (C++ facade, Python, torch.ops)
 #   scripts/device_run.sh ab DIR... [OPS]  A/B timing of kernel versions in one session (first,
@@ -48,6 +56,7 @@
 #                                        of an earlier commit), for host-code changes; AB_CPP=1:
 #                                        time with each tree's `ditops bench OP` instead
 set -uo pipefail
+SCRIPT_START=$(date +%s)
 case "${1:-}" in
   verify|bench|gpu|ab|ops|sanitize) PHASE=$1; shift ;;
   *) PHASE=all; [ $# -gt 0 ] && OUT=$1 && shift ;;
@@ -137,9 +146,13 @@ PY
 }
 trap clock_summary EXIT
 
+# pytest (ctest's python_pytest) over 4 workers where pytest-xdist is installed; JUnit XML for
+# bench/summary.py.
+PYTEST_OPTS="--junitxml=$OUT/pytest.xml"
+python3 -c "import xdist" 2>/dev/null && PYTEST_OPTS="-n 4 $PYTEST_OPTS"
 if [ "$PHASE" = all ]; then
   echo "== tests (CPU + GPU + pytest tests/python)"
-  ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
+  PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
   CTEST_RC=$?
   grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
   grep -q python_pytest "$OUT/ctest.log" || echo "notice: python_pytest did not run (tvm_ffi or PyTorch missing)" | tee -a "$OUT/summary.txt"
@@ -170,51 +183,123 @@ if [ "$PHASE" = all ]; then
   [ $CTEST_RC = 0 ] && [ $PY_RC = 0 ]
   exit $?
 elif [ "$PHASE" = verify ]; then
-  echo "== tests (CPU + GPU + pytest)"
-  ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
+  # Inside 6 minutes with the build: the tests and the torch.equal checks (correctness only) share
+  # the GPU; the benchmarks and the host-overhead figure run after them, alone.
+  ALL_OPS=$(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p' | tr '\n' ' ')
+  echo "== tests (CPU + GPU + pytest) beside the bit-exactness checks against the PyTorch eager chain"
+  PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
+  CTEST_PID=$!
+  mkdir -p "$OUT/torch"
+  : > "$OUT/torch.txt"
+  (
+    rc=0
+    for op in $OPS; do
+      echo "---- $op" >> "$OUT/torch.txt"
+      timeout 300 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$OUT/torch/verify_$op.json" --skip-bench \
+        >> "$OUT/torch.txt" 2>&1 || rc=1
+    done
+    exit $rc
+  ) &
+  TORCH_PID=$!
+  wait $CTEST_PID
   CTEST_RC=$?
   grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
   grep -E "^[0-9]+: .*(differ|ulp|max)" "$OUT/ctest.log" | head -20
+  wait $TORCH_PID
+  PY_RC=$?
+  for op in $OPS; do
+    echo "---- $op: $(sed -n "/^---- $op\$/,/^---- /p" "$OUT/torch.txt" | grep -v '^MISMATCH' | grep -E 'PASS|FAIL|Traceback|rror' | tail -3 | tr '\n' ' ')"
+    echo "mismatch lines: $(sed -n "/^---- $op\$/,/^---- /p" "$OUT/torch.txt" | grep -c '^MISMATCH')"
+  done
 
   echo "== JIT timing: first compile and warm disk-cache load of one key"
   DITOPS_JIT_VERBOSE=1 build-dev/tests/test_jit --gtest_filter='*JitTiming*' 2>&1 | grep -E "JIT first|jit " | tee -a "$OUT/summary.txt"
 
-  echo "== C++ benchmarks (cold L2, median, copy fraction)"
+  echo "== C++ benchmarks of every op (cold L2, rotated graphs; copy or read-roof fraction)"
   : > "$OUT/bench_cpp.txt"
-  for op in $OPS; do
-    build-dev/ditops bench $op --reps 100 --commit "$COMMIT" --json "$TMP/cpp_$op.json" 2>&1 | tee -a "$OUT/bench_cpp.txt"
+  for op in $ALL_OPS; do
+    build-dev/ditops bench $op --reps 100 --commit "$COMMIT" --json "$TMP/cpp_$op.json" >> "$OUT/bench_cpp.txt" 2>&1
   done
   merge_json "$OUT/bench_cpp.json" "$TMP"/cpp_*.json
-
-  echo "== bit-exactness against the PyTorch eager chain (torch.equal), graphs, streams"
-  : > "$OUT/torch.txt"
-  PY_RC=0
-  for op in $OPS; do
-    echo "---- $op" | tee -a "$OUT/torch.txt"
-    timeout 400 python3 bench/${op}_torch.py --lib $LIB --commit "$COMMIT" --json "$TMP/verify_$op.json" --skip-bench \
-      >> "$OUT/torch.txt" 2>&1 || PY_RC=1
-    grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | tail -22
-    echo "mismatch lines: $(sed -n "/^---- $op/,\$p" "$OUT/torch.txt" | grep -c '^MISMATCH')"
-  done
   echo "== Python package: host overhead of a torch call"
   DITOPS_COMMIT=$COMMIT DITOPS_BENCH_JSON=$TMP/py_overhead.json PYTHONPATH=build-dev/python:${PYTHONPATH:-} \
     timeout 300 python3 -m pytest -q -s -rs -p no:cacheprovider tests/python/test_torch_gpu.py -k overhead 2>&1 | tee -a "$OUT/torch.txt" | tail -8
-  merge_json "$OUT/torch.json" "$TMP"/verify_*.json "$TMP/py_overhead.json"
+  TIMINGS=()
+  for f in "$OUT"/torch/verify_*.json; do [[ $f == *_checks.json ]] || TIMINGS+=("$f"); done
+  merge_json "$OUT/torch.json" "${TIMINGS[@]}" "$TMP/py_overhead.json"
   echo "== summary: ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
+  python3 bench/summary.py "$OUT" --ops "$(echo $ALL_OPS | tr ' ' ',')" | tee -a "$OUT/summary.txt"
+  [ $CTEST_RC = 0 ] && [ $PY_RC = 0 ]
+  exit $?
 elif [ "$PHASE" = sanitize ]; then
-  FILTER=${1:-*}
+  # compute-sanitizer memcheck and racecheck over the GPU tests of every op, within 8 minutes with
+  # the build. Selected by gtest filter in every test binary: all tests of the test_*_gpu binaries,
+  # the *Gpu* suites of the others (fp8_linear's, causal_conv3d_cat_pad's, token_cat_fp8's), and the
+  # op test driver's cases of each op that no GPU suite names (fp8_static_quant, qk_head_layernorm,
+  # layernorm_modulate_fp8: the driver's device cases for them). Every (tool, binary) pair runs at
+  # once, each under a time cap that ends by the deadline (SANITIZE_BUDGET_S after the script
+  # started, default 460 s): a slow racecheck cannot push the run past 8 minutes, and a pair cut
+  # by the cap says so (timed out, not clean). REGEX (a gtest filter) replaces the selection.
   SANITIZER=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  DEADLINE=$((SCRIPT_START + ${SANITIZE_BUDGET_S:-460}))
+  mkdir -p "$OUT/sanitizer"
+  JOBS=()
+  covered=""
+  for binary in build-dev/tests/test_*; do
+    [ -f "$binary" ] && [ -x "$binary" ] || continue
+    name=$(basename "$binary")
+    if [ -n "${1:-}" ]; then
+      filter=$1
+    elif [[ $name == *_gpu ]]; then
+      filter='*'
+      covered="$covered $name"
+    else
+      suites=$("$binary" --gtest_list_tests 2>/dev/null | sed -nE 's/^([A-Za-z0-9_]*Gpu[A-Za-z0-9_]*)\.$/\1/p')
+      [ -n "$suites" ] || continue
+      filter=$(printf '%s.*:' $suites)
+      filter=${filter%:}
+      covered="$covered $suites"
+    fi
+    JOBS+=("$binary|$filter")
+  done
+  if [ -z "${1:-}" ]; then  # ops no GPU suite names: their driver cases
+    flat=$(echo "$covered" | tr 'A-Z' 'a-z' | tr -d '_')
+    driver=""
+    for op in $(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p'); do
+      [[ $flat == *"${op//_/}"* ]] || driver="$driver${driver:+:}driver/ops.every_case_against_the_reference/$op"
+    done
+    [ -n "$driver" ] && JOBS+=("build-dev/tests/test_ops|$driver")
+  fi
+  CAP=$((DEADLINE - $(date +%s)))
+  [ $CAP -ge 60 ] || CAP=60
+  echo "== compute-sanitizer: ${#JOBS[@]} binaries x memcheck, racecheck at once, each capped at $CAP s" | tee -a "$OUT/summary.txt"
+  for tool in memcheck racecheck; do
+    for job in "${JOBS[@]}"; do
+      binary=${job%%|*}
+      log=$OUT/sanitizer/${tool}_$(basename "$binary").txt
+      ( t0=$(date +%s)
+        echo "filter: ${job#*|}" > "$log"
+        timeout $CAP "$SANITIZER" --tool $tool --error-exitcode 9 "$binary" --gtest_filter="${job#*|}" >> "$log" 2>&1
+        echo "$? $(( $(date +%s) - t0 ))" > "$log.rc" ) &
+    done
+  done
+  wait
   SAN_RC=0
   : > "$OUT/sanitizer.txt"
-  for tool in memcheck racecheck; do
-    for binary in build-dev/tests/test_*_gpu; do
-      echo "---- $tool $(basename "$binary") --gtest_filter=$FILTER" | tee -a "$OUT/sanitizer.txt"
-      timeout 280 "$SANITIZER" --tool $tool --error-exitcode 9 "$binary" --gtest_filter="$FILTER" --gtest_brief=1 \
-        >> "$OUT/sanitizer.txt" 2>&1
-      rc=$?
-      [ $rc = 0 ] || SAN_RC=1
-      echo "rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.txt" | tail -1)" | tee -a "$OUT/summary.txt"
-    done
+  for log in "$OUT"/sanitizer/*.txt; do
+    read -r rc secs < "$log.rc"
+    case $rc in
+      0) verdict=clean ;;
+      9) verdict="ERRORS FOUND" ;;
+      124) verdict="TIMED OUT at the cap (not finished: not clean)" ;;
+      *) verdict="a test failed or the tool stopped (rc $rc)" ;;
+    esac
+    [ "$rc" = 0 ] || SAN_RC=1
+    passed=$(grep -cE '^\[       OK \]' "$log")
+    skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$log")
+    echo "$(basename "$log" .txt): $verdict, $passed passed, $skipped skipped, ${secs} s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)" \
+      | tee -a "$OUT/summary.txt"
+    cat "$log" >> "$OUT/sanitizer.txt"
   done
   echo "== summary: sanitize rc=$SAN_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
   exit $SAN_RC

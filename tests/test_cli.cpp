@@ -3,28 +3,60 @@
 // machine; list fits the output width.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
 namespace {
 
 struct CliRun {
-  int status = -1;  // exit code
-  std::string out;  // stdout and stderr
+  int status = -1;   // exit code
+  std::string out;   // stdout and stderr
+  std::string err;   // stderr alone (cli_streams)
 };
+
+std::string read_all(FILE* f) {
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  return text;
+}
 
 CliRun cli(const std::string& args, const std::string& env = "") {
   CliRun r;
   FILE* pipe = popen((env + (env.empty() ? "" : " ") + DITOPS_CLI_PATH + " " + args + " 2>&1").c_str(), "r");
   if (!pipe) return r;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) r.out.append(buf, n);
+  r.out = read_all(pipe);
   const int status = pclose(pipe);
   r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+// The same with stdout in `out` and stderr in `err`, apart.
+CliRun cli_streams(const std::string& args) {
+  CliRun r;
+  char path[] = "/tmp/ditops_cli_stderr_XXXXXX";
+  const int fd = mkstemp(path);
+  if (fd < 0) return r;
+  close(fd);
+  FILE* pipe = popen((std::string(DITOPS_CLI_PATH) + " " + args + " 2>" + path).c_str(), "r");
+  if (pipe) {
+    r.out = read_all(pipe);
+    const int status = pclose(pipe);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  if (FILE* f = fopen(path, "r")) {
+    r.err = read_all(f);
+    fclose(f);
+  }
+  unlink(path);
+  return r;
+}
+
+bool gpu_present() { return cli("info").out.find("cuda driver:") != std::string::npos; }
 
 void expect_error(const std::string& args, const std::string& message) {
   const CliRun r = cli(args);
@@ -112,8 +144,9 @@ TEST(CliBench, EveryDescribedOpHasABenchWithTheTableFlags) {
   expect_error("bench qk_head_layernorm --dims Q=5", "--dims: qk_head_layernorm has no dim 'Q'");
   expect_error("bench no_such_op", "unknown op 'no_such_op' (known: ");
   const CliRun r = cli("bench qk_head_layernorm --reps 2 --dims S=8");
-  if (r.out.find("needs a CUDA GPU") != std::string::npos) {
-    EXPECT_EQ(r.status, 0) << r.out;  // no GPU here: a notice, not a failure
+  if (!gpu_present()) {
+    EXPECT_EQ(r.status, 3) << r.out;  // no GPU here: nothing measured, its own exit code
+    EXPECT_NE(r.out.find("needs a CUDA GPU"), std::string::npos) << r.out;
   } else {
     EXPECT_EQ(r.status, 0) << r.out;
     EXPECT_NE(r.out.find("qk_head_layernorm.jit"), std::string::npos) << r.out;
@@ -185,6 +218,167 @@ TEST(CliHostile, HelpUnknownOptionsAndBadValues) {
   const CliRun rga = cli("explain residual_gate_add --device cpu");
   EXPECT_EQ(rga.status, 0) << rga.out;
   EXPECT_NE(rga.out.find("* residual_gate_add.reference"), std::string::npos) << rga.out;
+}
+
+// ---------------------------------------------------------------- what a new user trips over (issue 33)
+
+// Options are printed with hyphens, and both spellings are the same option everywhere.
+TEST(CliNewUser, OptionNamesTakeHyphensOrUnderscores) {
+  const CliRun ops = cli("ops qknorm_rope");
+  ASSERT_EQ(ops.status, 0) << ops.out;
+  EXPECT_NE(ops.out.find("option --is-neox "), std::string::npos) << ops.out;
+  EXPECT_NE(ops.out.find("option --norm-weight-rounding "), std::string::npos) << ops.out;
+  EXPECT_EQ(ops.out.find("--is_neox"), std::string::npos) << ops.out;
+  const CliRun conv = cli("ops causal_conv3d_cat_pad");
+  EXPECT_NE(conv.out.find("option --pad-w-left "), std::string::npos) << conv.out;
+  // The same call either way; a bad value is refused under either spelling.
+  const std::string call = "explain qknorm_rope --shape 16,24,24,128,32,64 --device cpu";
+  const CliRun hyphen = cli(call + " --is-neox true --rope-dim 64"), underscore = cli(call + " --is_neox true --rope_dim 64");
+  ASSERT_EQ(hyphen.status, 0) << hyphen.out;
+  ASSERT_EQ(underscore.status, 0) << underscore.out;
+  EXPECT_EQ(hyphen.out, underscore.out);
+  expect_error("explain qknorm_rope --rope_dim abc", "qknorm_rope: option 'rope_dim' must be an integer but is 'abc'");
+  expect_error("explain qknorm_rope --is_neox 1 --is-neox 0",
+               "explain qknorm_rope: option --is-neox is given more than once");
+  expect_error("explain causal_conv3d_cat_pad --pad_w_left 1 --pad_w_left 2",
+               "explain causal_conv3d_cat_pad: option --pad-w-left is given more than once");
+}
+
+// A bench without a GPU: the reason on stderr, nothing on stdout, exit code 3 (not 0: a script
+// must not take it for a measurement).
+TEST(CliNewUser, BenchWithoutAGpuFailsOnStderr) {
+  if (gpu_present()) GTEST_SKIP() << "a CUDA GPU is present: the bench runs";
+  for (const char* op : {"qknorm_rope", "residual_gate_add", "fp8_linear"}) {
+    const CliRun r = cli_streams(std::string("bench ") + op + " --reps 2");
+    EXPECT_EQ(r.status, 3) << op << "\n" << r.out << r.err;
+    EXPECT_EQ(r.out, "") << op;
+    EXPECT_NE(r.err.find(std::string("ditops bench ") + op + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("needs a CUDA GPU"), std::string::npos) << r.err;
+  }
+}
+
+// Words and sizes a command would have ignored or filled in are refused by name.
+TEST(CliNewUser, ExtraWordsShortShapesAndRepeatedDimsAreRefused) {
+  expect_error("ops extra", "unknown op 'extra' (known: ");
+  expect_error("list extra", "list: unexpected argument 'extra' (list takes none)");
+  expect_error("info extra", "info: unexpected argument 'extra' (info takes none)");
+  expect_error("demo extra", "demo: unexpected argument 'extra' (demo takes none)");
+  const CliRun one = cli("ops residual_gate_add");  // a named op: that op alone
+  ASSERT_EQ(one.status, 0) << one.out;
+  EXPECT_EQ(one.out.rfind("residual_gate_add: ", 0), 0u) << one.out;
+  EXPECT_EQ(one.out.find("qknorm_rope:"), std::string::npos) << one.out;
+  // qknorm_rope's P and R follow T and D, so 4 to 6 sizes; every dim of causal_conv3d_cat_pad is free.
+  expect_error("explain qknorm_rope --shape 1,2",
+               "--shape takes 4 to 6 sizes (T,Hq,Hk,D[,P,R]) but has 2; to set some dims only, use --dims NAME=N");
+  expect_error("explain causal_conv3d_cat_pad --shape 1,2,3",
+               "--shape takes 6 sizes (B,C,T,H,W,CT) but has 3");
+  expect_error("explain qknorm_rope --shape 1,2,3,4,5,6,7", "--shape takes 4 to 6 sizes (T,Hq,Hk,D[,P,R]) but has 7");
+  expect_error("explain qknorm_rope --dims D=128,D=64", "--dims names D twice (D=128 and D=64)");
+  EXPECT_EQ(cli("explain qknorm_rope --shape 16,24,24,128 --device cpu").status, 0);
+  EXPECT_EQ(cli("explain qknorm_rope --shape 16,24,24,128,32,64 --device cpu").status, 0);
+}
+
+TEST(CliNewUser, VersionAndShortHelp) {
+  const CliRun version = cli_streams("--version");
+  EXPECT_EQ(version.status, 0) << version.out << version.err;
+  EXPECT_EQ(version.out.rfind("ditops ", 0), 0u) << version.out;
+  EXPECT_EQ(version.out.find('\n'), version.out.size() - 1) << "one line: " << version.out;
+  EXPECT_EQ(cli("info").out.find(version.out), 0u) << "info starts with the same version line";
+  const CliRun h = cli_streams("-h"), help = cli_streams("--help");
+  EXPECT_EQ(h.status, 0) << h.err;
+  EXPECT_NE(h.out.find("usage: ditops"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out, help.out);
+  const CliRun sub = cli_streams("explain -h");
+  EXPECT_EQ(sub.status, 0) << sub.err;
+  EXPECT_EQ(sub.out, help.out);
+  // No command: the usage on stderr, exit 2; an unknown command says which.
+  const CliRun none = cli_streams("");
+  EXPECT_EQ(none.status, 2);
+  EXPECT_EQ(none.out, "");
+  EXPECT_NE(none.err.find("usage: ditops"), std::string::npos) << none.err;
+  const CliRun unknown = cli_streams("lst");
+  EXPECT_EQ(unknown.status, 2);
+  EXPECT_EQ(unknown.out, "");
+  EXPECT_NE(unknown.err.find("ditops: unknown command 'lst'"), std::string::npos) << unknown.err;
+  // Errors go to stderr alone.
+  const CliRun error = cli_streams("list --wide");
+  EXPECT_EQ(error.status, 1);
+  EXPECT_EQ(error.out, "");
+  EXPECT_NE(error.err.find("ditops: error: list: unknown option --wide"), std::string::npos) << error.err;
+}
+
+// Nothing eligible at the default quality, but a close implementation would take the call at a
+// higher tier: explain says which tier and which implementation (here qknorm_rope's fp32 rounding,
+// whose kernels are close, on a simulated sm_90 where the CPU reference cannot run).
+TEST(CliNewUser, ExplainNamesTheTierThatWouldChooseAnImplementation) {
+  const CliRun r = cli("explain qknorm_rope --shape 16,24,24,128 --rounding fp32 --sm 90");
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("no eligible implementation at quality exact; quality "), std::string::npos) << r.out;
+  const size_t at = r.out.find(" would choose qknorm_rope.");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  // The named implementation is what that tier chooses.
+  const std::string tier = r.out.substr(r.out.rfind("quality ", at) + 8, at - r.out.rfind("quality ", at) - 8);
+  const std::string chosen = r.out.substr(at + 14, r.out.find(' ', at + 14) - at - 14);
+  const CliRun at_tier = cli("explain qknorm_rope --shape 16,24,24,128 --rounding fp32 --sm 90 --quality " + tier);
+  EXPECT_NE(at_tier.out.find("* " + chosen + " "), std::string::npos) << tier << " " << chosen << "\n" << at_tier.out;
+  EXPECT_EQ(at_tier.out.find("would choose"), std::string::npos) << at_tier.out;
+  // Refused for another reason than the contract (the CPU reference on a CUDA device): no tier named.
+  const CliRun cpu_only = cli("explain qknorm_rope --shape 16,24,24,128 --device cpu --backend jit");
+  EXPECT_EQ(cpu_only.out.find("would choose"), std::string::npos) << cpu_only.out;
+}
+
+// Without a GPU the demo runs the CPU reference and says that nothing was compared.
+TEST(CliNewUser, DemoSaysWhatItDid) {
+  const CliRun r = cli("demo");
+  ASSERT_EQ(r.status, 0) << r.out;
+  if (gpu_present()) {
+    EXPECT_NE(r.out.find("check against the CPU reference"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.out.find("ran qknorm_rope.reference (the CPU reference)"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("nothing was checked"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("check against"), std::string::npos) << r.out;
+  }
+}
+
+// Configure without the CUDA headers stops at once and says what is missing, where it looked and
+// how to point at a toolkit (not later, at the first #include <cuda.h> of the build).
+TEST(CliNewUser, ConfigureWithoutTheCudaHeadersNamesWhatIsMissing) {
+  const std::string work = std::string(DITOPS_TEST_WORK_DIR) + "/configure-without-cuda";
+  const std::string fake = work + "/fake-toolkit";
+  std::system(("rm -rf '" + work + "' && mkdir -p '" + fake + "/include' && touch '" + fake + "/include/cuda.h'").c_str());
+  auto configure = [&](const std::string& root) {
+    CliRun r;
+    const std::string command = std::string("'") + DITOPS_CMAKE_COMMAND + "' -S '" + DITOPS_SOURCE_DIR + "' -B '" + work +
+                                "/build' -DDITOPS_CUDA_ROOT=" + root + " -DCUDAToolkit_ROOT=" + root +
+                                " -DDITOPS_BUILD_TESTS=OFF -DDITOPS_BUILD_PYTHON=OFF 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    if (!pipe) return r;
+    r.out = read_all(pipe);
+    const int status = pclose(pipe);
+    r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::system(("rm -rf '" + work + "/build'").c_str());
+    return r;
+  };
+  // CMake wraps the message at spaces: compare with the spaces and line breaks taken out.
+  auto flat = [](std::string text) {
+    std::string out;
+    for (char c : text)
+      if (c != ' ' && c != '\n') out += c;
+    return out;
+  };
+  const CliRun none = configure("/nonexistent");
+  EXPECT_NE(none.status, 0) << none.out;
+  EXPECT_NE(flat(none.out).find(flat("missing CUDA toolkit headers: cuda.h, nvrtc.h (looked in /nonexistent/include: "
+                                     "DITOPS_CUDA_ROOT=/nonexistent)")),
+            std::string::npos) << none.out;
+  EXPECT_NE(flat(none.out).find(flat("-DDITOPS_CUDA_ROOT=/path/to/cuda")), std::string::npos) << none.out;
+  EXPECT_EQ(none.out.find("Generating done"), std::string::npos) << none.out;
+  // A toolkit folder with cuda.h alone: only nvrtc.h is named.
+  const CliRun half = configure(fake);
+  EXPECT_NE(half.status, 0) << half.out;
+  EXPECT_NE(flat(half.out).find(flat("missing CUDA toolkit headers: nvrtc.h (looked in " + fake + "/include:")),
+            std::string::npos) << half.out;
+  std::system(("rm -rf '" + work + "'").c_str());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "jit/jit.h"
 #include "test_util.h"
 #include "ops/qknorm_rope/qknorm_rope_kernels.h"
+#include "tools/read_bandwidth.h"
 
 namespace ditops {
 namespace {
@@ -169,6 +170,19 @@ TEST(JitCompile, IndexCheckKernelCompilesForEveryTargetArch) {
           << request.template_key << " for " << arch;
       EXPECT_GT(cubin.size(), 1000u) << request.template_key;
     }
+}
+
+// The benchmarks' read-bandwidth kernel (the read roof of GEMM/GEMV benchmarks), compiled here too.
+TEST(JitCompile, ReadBandwidthKernelCompilesForEveryTargetArch) {
+  if (!nvrtc_present()) GTEST_SKIP() << "NVRTC not loadable here";
+  const jit::KernelRequest request = cli::read_bandwidth_request();
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
+    std::vector<uint8_t> cubin;
+    ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(request, "ditops_entry"), "ditops_jit_entry.cu",
+                                               arch, jit::embedded_sources()))
+        << request.template_key << " for " << arch;
+    EXPECT_GT(cubin.size(), 1000u) << request.template_key;
+  }
 }
 
 // DITOPS_CHECK through config(): "1" on, unset or "0" off, anything else off with a warning.

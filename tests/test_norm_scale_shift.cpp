@@ -815,6 +815,85 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   EXPECT_EQ(arguments(r.template_args), 8) << r.template_args;
 }
 
+// numerics=float32 (fp32 operands beside a 16-bit x): the schedule keeps ptxas from spilling
+// (sm_90a, nvcc -Xptxas -v: docs/tuning/norm_scale_shift.md) and reaches the request as the last
+// three template arguments (kFloat32, kModulate, kStreamOperands).
+TEST(NssJit, Float32ChainScheduleHoldsItsOperandsWhereTheyFit) {
+  auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  NssKernelKey k;
+  k.numerics = NssNumerics::float32;
+  k.dim = 1536;  // Wan 1.3B, 3 slots: registers
+  NssEagerSchedule s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.prefetch || s.shared_operands || s.stream_operands);
+  EXPECT_EQ(s.split, 1);
+  EXPECT_EQ(s.min_blocks, 7);
+  jit::KernelRequest r = nss_kernel_request(k);
+  EXPECT_TRUE(ends_with(r.template_args, "false, false, 1, true, true, false")) << r.template_args;
+  k.dim = 5120;  // Wan 14B, 10 slots: scale and shift (fp32) in shared memory, prefetch, 5
+  s = nss_eager_schedule(k);
+  EXPECT_TRUE(s.prefetch && s.shared_operands && !s.stream_operands);
+  EXPECT_EQ(s.min_blocks, 5);
+  k.residual = true;  // the residual rows: the gate in registers, 3
+  s = nss_eager_schedule(k);
+  EXPECT_TRUE(s.prefetch && s.shared_operands);
+  EXPECT_EQ(s.min_blocks, 3);
+  k.modulate = false;  // norm2 behind the gated residual: nothing to hold in shared memory
+  k.affine = 2;
+  s = nss_eager_schedule(k);
+  EXPECT_FALSE(s.shared_operands);
+  r = nss_kernel_request(k);
+  EXPECT_TRUE(ends_with(r.template_args, "true, false, 1, true, false, false")) << r.template_args;
+  EXPECT_NE(k.to_string().find("float32,residual,affine=2,noquant,pdl,nomod"), std::string::npos) << k.to_string();
+  NssKernelKey modulated = k;
+  modulated.modulate = true;
+  EXPECT_NE(modulated.packed(), k.packed());
+  k.dim = 8192;  // 16 slots: operands streamed from memory at each use
+  s = nss_eager_schedule(k);
+  EXPECT_TRUE(s.stream_operands && !s.shared_operands && !s.prefetch);
+  EXPECT_TRUE(ends_with(nss_kernel_request(k).template_args, ", true, false, true")) << nss_kernel_request(k).template_args;
+  k.dim = 3072;  // 6 slots with scale and shift: fewer CTAs for their registers
+  k.modulate = true;
+  EXPECT_EQ(nss_eager_schedule(k).min_blocks, 3);
+  k.residual = false;
+  k.affine = 0;
+  EXPECT_EQ(nss_eager_schedule(k).min_blocks, 5);
+}
+
+// numerics=float32's matching: f32 operands beside a 16-bit x, the modulation optional (norm2),
+// an f32 x taking the eager fp32 kernel (the same chain), and the key's numerics and modulation.
+TEST(NssMatching, Float32ChainTakesFloat32OperandsAndOptionalModulation) {
+  Problem p(2, 9, 64, DType::bf16, 1);
+  Buf w(DType::f32, {64}), b(DType::f32, {64}), g(DType::f32, {2, 1, 64}), r(DType::bf16, {2, 9, 64}),
+      ro(DType::bf16, {2, 9, 64});
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.residual = r.view;
+  in.gate = g.view;
+  in.weight = w.view;
+  in.bias = b.view;
+  NormScaleShiftOutputs out;
+  out.y = p.y.view;
+  out.residual_out = ro.view;
+  NormScaleShiftOptions opt;
+  opt.numerics = NssNumerics::float32;
+  const NormScaleShiftCall call = match_norm_scale_shift(in, out, opt);
+  EXPECT_FALSE(call.modulate);
+  EXPECT_EQ(call.affine, 2);
+  EXPECT_EQ(norm_scale_shift(in, out, opt), "norm_scale_shift.reference");
+  opt.numerics = NssNumerics::eager;  // f32 operands beside bf16 x: the eager numerics refuses them
+  try {
+    match_norm_scale_shift(in, out, opt);
+    ADD_FAILURE() << "f32 gate accepted with numerics=eager";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gate.dtype must be bf16 (as x; f32 operands beside a 16-bit x: "
+                                         "numerics=float32) but is f32"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(NssJit, HardwareE2m1KeyIsRefusedOnSm90) {
   if (jit::nvrtc_version() == 0) GTEST_SKIP() << "NVRTC not loadable here";
   NssKernelKey k;

@@ -377,6 +377,75 @@ TEST_F(DispatchTest, LosslessAdmitsAdmittedCloseImplementations) {
   EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), high).name, "fake.jit_admitted");
 }
 
+// Nothing eligible at the call's tier, but a close implementation refused for its contract alone:
+// the report names the lowest tier that admits one and what that tier would choose.
+TEST_F(DispatchTest, NoEligibleImplementationNamesTheTierThatWouldChooseOne) {
+  Contract admitted = Contract::close("oracle", "1 ulp");
+  admitted.admission = "H200, op test grid";
+  registry_.add(spec("fake.reference", Provenance::reference, {cpu_cap()}));
+  registry_.add(spec("fake.vendor", Provenance::vendor, {cuda_cap(70)}, Contract::close("oracle", "2 ulp")));
+  FakeCall call;
+  DispatchReport r = registry_.explain(kOp, &call, h200());
+  ASSERT_EQ(r.chosen, nullptr);
+  EXPECT_EQ(r.quality, Quality::exact);
+  ASSERT_TRUE(r.admitting_quality.has_value());
+  EXPECT_EQ(*r.admitting_quality, Quality::high);  // not admitted: only high takes it
+  EXPECT_EQ(r.admitting_choice, "fake.vendor");
+  std::string text = r.format();
+  EXPECT_NE(text.find("no eligible implementation at quality exact; quality high would choose fake.vendor"),
+            std::string::npos) << text;
+  try {
+    registry_.dispatch(kOp, &call, h200());
+    FAIL() << "dispatched at quality exact";
+  } catch (const ditops::NoImplementation& e) {
+    EXPECT_NE(std::string(e.what()).find("quality high would choose fake.vendor"), std::string::npos) << e.what();
+  }
+
+  // An admitted jit implementation: lossless is now the lowest tier that admits one.
+  registry_.add(spec("fake.jit", Provenance::jit, {cuda_cap(80)}, admitted));
+  r = registry_.explain(kOp, &call, h200());
+  ASSERT_TRUE(r.admitting_quality.has_value());
+  EXPECT_EQ(*r.admitting_quality, Quality::lossless);
+  EXPECT_EQ(r.admitting_choice, "fake.jit");
+  DispatchOptions lossless;
+  lossless.quality = Quality::lossless;
+  EXPECT_EQ(registry_.dispatch(kOp, &call, h200(), lossless).name, "fake.jit");  // the hint holds
+
+  // Judged at lossless with the admitted one disabled: only high is left to name.
+  setenv("DITOPS_DISABLE", "fake_op:jit", 1);
+  ditops::reload_config();
+  r = registry_.explain(kOp, &call, h200(), lossless);
+  ASSERT_EQ(r.chosen, nullptr);
+  ASSERT_TRUE(r.admitting_quality.has_value());
+  EXPECT_EQ(*r.admitting_quality, Quality::high);
+  EXPECT_EQ(r.admitting_choice, "fake.vendor");
+  text = r.format();
+  EXPECT_NE(text.find("no eligible implementation at quality lossless; quality high would choose fake.vendor"),
+            std::string::npos) << text;
+}
+
+// A close implementation that its predicate refuses too is no answer: no tier is named.
+TEST_F(DispatchTest, NoTierIsNamedWhenTheContractIsNotTheOnlyRefusal) {
+  KernelSpec vendor = spec("fake.vendor", Provenance::vendor, {cuda_cap(70)}, Contract::close("oracle", "2 ulp"));
+  vendor.predicate = [](const void*) { return std::string("K must be a multiple of 16"); };
+  registry_.add(std::move(vendor));
+  registry_.add(spec("fake.reference", Provenance::reference, {cpu_cap()}));
+  FakeCall call;
+  const DispatchReport r = registry_.explain(kOp, &call, h200());
+  ASSERT_EQ(r.chosen, nullptr);
+  EXPECT_FALSE(r.admitting_quality.has_value());
+  EXPECT_TRUE(r.admitting_choice.empty());
+  const std::string text = r.format();
+  EXPECT_NE(text.find("no eligible implementation at quality exact\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("would choose"), std::string::npos) << text;
+  // The contract stays the reason shown (the tier is the first thing a caller chooses).
+  EXPECT_NE(find_candidate(r, "fake.vendor")->reason.find("contract is close"), std::string::npos);
+  // An eligible candidate: no hint either.
+  DispatchOptions high;
+  high.quality = Quality::high;
+  EXPECT_FALSE(registry_.explain(kOp, &call, cpu(), high).admitting_quality.has_value());
+}
+
 TEST_F(DispatchTest, QualityFromEnvironment) {
   registry_.add(spec("fake.jit_fp32", Provenance::jit, {}, Contract::close("oracle", "1 ulp")));
   registry_.add(spec("fake.reference", Provenance::reference));

@@ -147,6 +147,62 @@ TEST(ResidualGateAddReference, RoundingPointsAreTheEagerOnes) {
   EXPECT_NE(fused, static_cast<double>(o.get(0))) << "the case does not distinguish the rounding points";
 }
 
+// Wan's promoted chain (an f32 gate beside bf16/f16 data): out = T(fp32(r + fp32(u * g))), one
+// rounding to T, against the float64 transcription; elements whose product is so much smaller than
+// r that the double sum would not be exact are skipped (a few in a million). The gate as a chunk
+// of [B, 6, D] (the strided mode) and of [B, S, 6, D] (per token), plus the contiguous modes.
+TEST(ResidualGateAddReference, PromotedChainRoundsOnceAgainstTheFloat64Oracle) {
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const int64_t B = 2, S = 33, D = 72;
+    struct Gate {
+      std::vector<int64_t> shape, strides;
+      int64_t storage, offset;
+      GateMode mode;
+    };
+    const Gate gates[] = {{{B, 1, D}, {6 * D, D, 1}, B * 6 * D, 2 * D, GateMode::strided},
+                          {{B, S, D}, {S * 6 * D, 6 * D, 1}, B * S * 6 * D, 5 * D, GateMode::strided},
+                          {{1, 1, D}, {}, D, 0, GateMode::row},
+                          {{B, S, 1}, {}, B * S, 0, GateMode::token},
+                          {{B, 1, D}, {}, B * D, 0, GateMode::batch}};
+    for (const Gate& gc : gates) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " gate mode " + gate_mode_name(gc.mode));
+      std::mt19937 rng(7);
+      HostTensor r(dt, {B, S, D}), u(dt, {B, S, D}), o(dt, {B, S, D}), g(DType::f32, {gc.storage});
+      r.fill(rng, 4.0f);
+      u.fill(rng, 1.0f);
+      g.fill(rng, 0.5f);
+      TensorView gv = g.view;
+      gv.rank = 3;
+      for (int d = 0; d < 3; ++d) gv.shape[d] = gc.shape[d];
+      if (gc.strides.empty()) {
+        gv = TensorView::contiguous(g.view.data, DType::f32, kCpu, gc.shape);
+      } else {
+        for (int d = 0; d < 3; ++d) gv.strides[d] = gc.strides[d];
+        gv.data = static_cast<float*>(g.view.data) + gc.offset;
+      }
+      const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, gv, o.view);
+      EXPECT_EQ(call.gate_mode, gc.mode);
+      EXPECT_TRUE(call.gate_f32);
+      residual_gate_add(r.view, u.view, gv, o.view);
+      int64_t checked = 0, rounded_product_differs = 0;
+      for (int64_t i = 0; i < r.view.numel(); ++i) {
+        const int64_t b = i / (S * D), s = (i / D) % S, c = i % D;
+        int64_t at = gc.mode == GateMode::token ? b * S + s : gc.mode == GateMode::row ? c : b * D + c;
+        if (!gc.strides.empty()) at = gc.offset + b * gc.strides[0] + (gc.shape[1] > 1 ? s * gc.strides[1] : 0) + c;
+        const float gate = static_cast<const float*>(g.view.data)[at];
+        const double p = round_f32(static_cast<double>(u.get(i)) * gate);
+        if (p != 0.0 && std::fabs(p) < 0x1p-26 * std::fabs(r.get(i))) continue;
+        const double want = round_dtype(round_f32(static_cast<double>(r.get(i)) + p), dt);
+        ASSERT_EQ(static_cast<double>(o.get(i)), want) << "element " << i;
+        rounded_product_differs += want != round_dtype(round_f32(r.get(i) + round_dtype(p, dt)), dt);
+        ++checked;
+      }
+      EXPECT_GT(checked, r.view.numel() * 99 / 100);
+      EXPECT_GT(rounded_product_differs, 0) << "no element tells the promoted chain from eager's 16-bit one";
+    }
+  }
+}
+
 TEST(ResidualGateAddReference, SignedZerosAndSubnormals) {
   for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
     const std::vector<float> rs = {0.0f, -0.0f, 0.0f, -0.0f, 1e-7f, -6e-8f, 1.0f};
@@ -338,11 +394,24 @@ TEST(ResidualGateAddMatch, ErrorsNameTensorDimensionExpectedAndActual) {
   u_strided.strides[1] = 130;
   EXPECT_NE(error_of(r.view, u_strided, g.view, o.view).find("update.stride(1) must be 65 (contiguous) but is 130"),
             std::string::npos);
+  // A gate of padded rows is a row-strided gate (the strided mode); one whose rows are not
+  // contiguous, or whose rows are not one stride apart, is refused.
   HostTensor g_full(DType::bf16, {1, 17, 130});
   TensorView g_strided = g_full.view;
   g_strided.shape[2] = 65;
-  EXPECT_NE(error_of(r.view, u.view, g_strided, o.view).find("gate.stride(1) must be 65 (contiguous) but is 130"),
-            std::string::npos);
+  const ResidualGateAddCall strided = match_residual_gate_add(r.view, u.view, g_strided, o.view);
+  EXPECT_EQ(strided.gate_mode, GateMode::strided);
+  EXPECT_EQ(strided.gate_row_stride, 130);
+  EXPECT_EQ(strided.rows_per_batch, 1);
+  TensorView g_columns = g_strided;
+  g_columns.strides[2] = 2;
+  EXPECT_NE(error_of(r.view, u.view, g_columns, o.view).find("gate.stride(2) must be 1"), std::string::npos);
+  HostTensor r3(DType::bf16, {2, 17, 65}), u3(DType::bf16, {2, 17, 65}), o3(DType::bf16, {2, 17, 65});
+  HostTensor g_pad(DType::bf16, {2, 17, 130});
+  TensorView g_two = g_pad.view;
+  g_two.shape[2] = 65;
+  g_two.strides[0] = 17 * 130 + 64;
+  EXPECT_NE(error_of(r3.view, u3.view, g_two, o3.view).find("gate.stride(0) must be 2210"), std::string::npos);
   // out with other strides than residual.
   HostTensor o_t(DType::bf16, {1, 65, 17});
   TensorView o_transposed = o_t.view;
@@ -563,6 +632,43 @@ TEST(ResidualGateAddJit, FlatKernelUnitsFollowTheMeasuredSchedule) {
       << rga_kernel_request(k).template_args;
   k.vector = true;
   EXPECT_NE(k.to_string().find("transposed32,vec16"), std::string::npos) << k.to_string();
+}
+
+// The promoted chain and the strided gate rows reach the key and the request: an f32 gate's type as
+// the flat kernel's last template argument, the strided mode's constant; the transposed layout
+// takes neither.
+TEST(ResidualGateAddJit, PromotedGateAndStridedRowsReachTheKernel) {
+  RgaKernelKey k;
+  k.dtype = DType::bf16;
+  k.mode = GateMode::strided;
+  k.gate_f32 = true;
+  const jit::KernelRequest r = rga_kernel_request(k);
+  EXPECT_NE(r.template_args.find("ditops::kRgaGateStrided"), std::string::npos) << r.template_args;
+  EXPECT_EQ(r.template_args.substr(r.template_args.size() - 7), ", float") << r.template_args;
+  EXPECT_NE(k.to_string().find("strided,flat,vec16,gate_f32"), std::string::npos) << k.to_string();
+  RgaKernelKey same = k;
+  same.gate_f32 = false;
+  EXPECT_NE(same.packed(), k.packed());
+  EXPECT_EQ(rga_kernel_request(same).template_args.find("float"), std::string::npos);
+  // Matching: the f32 gate beside bf16 data is the promoted chain; a 16-byte unit's gate values are
+  // 32 bytes, the vector path needs them 16-byte aligned and the gate rows 16 bytes apart.
+  HostTensor res(DType::bf16, {2, 8, 64}), upd(DType::bf16, {2, 8, 64}), out(DType::bf16, {2, 8, 64});
+  HostTensor g(DType::f32, {2 * 6 * 64 + 8});
+  TensorView chunk = TensorView::contiguous(g.view.data, DType::f32, kCpu, {2, 1, 64});
+  chunk.strides[0] = 6 * 64;
+  chunk.data = static_cast<float*>(g.view.data) + 2 * 64;
+  const bool aligned = reinterpret_cast<uintptr_t>(chunk.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(res.view.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(upd.view.data) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(out.view.data) % 16 == 0;
+  ResidualGateAddCall call = match_residual_gate_add(res.view, upd.view, chunk, out.view);
+  EXPECT_TRUE(call.gate_f32);
+  EXPECT_EQ(call.gate_mode, GateMode::strided);
+  EXPECT_EQ(call.gate_row_stride, 6 * 64);
+  EXPECT_EQ(call.rows_per_batch, 8);
+  EXPECT_EQ(call.aligned16, aligned);
+  chunk.strides[0] = 6 * 64 + 2;  // rows 8 bytes apart: the scalar path
+  EXPECT_FALSE(match_residual_gate_add(res.view, upd.view, chunk, out.view).aligned16);
 }
 
 // The flat kernel of 32-bit indices divides by a multiply and a shift (kernels/common/fast_divide.h):

@@ -1,10 +1,11 @@
 // The residual_gate_add test driver on the GPU: every registered CUDA implementation against the
 // CPU reference on the same inputs, byte for byte (the op is bit-exact: no reduction, two
-// roundings). The spec's GATE_CASES, per-token, batch and transposed layouts, odd widths,
+// roundings). SGLang's test GATE_CASES, per-token, batch and transposed layouts, odd widths,
 // pointers off 16-byte alignment, fp16/bf16/fp32; guard bytes around out must stay untouched; a
 // call captured into a CUDA graph replays correctly on new inputs. Skipped without a GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -133,10 +134,12 @@ std::string compare(const DeviceTensor& out, const std::vector<uint8_t>& want, s
   return "";
 }
 
+// Each provenance once: .jit and .jit_float32 share one (the call's gate dtype picks between them).
 std::vector<Provenance> cuda_backends() {
   std::vector<Provenance> out;
   for (const KernelSpec* s : Registry::global().list("residual_gate_add"))
-    if (s->provenance != Provenance::reference) out.push_back(s->provenance);
+    if (s->provenance != Provenance::reference && std::find(out.begin(), out.end(), s->provenance) == out.end())
+      out.push_back(s->provenance);
   return out;
 }
 

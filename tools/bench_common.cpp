@@ -6,6 +6,8 @@
 #include <memory>
 
 #include "jit/jit.h"
+#include "kernels/read_bandwidth.cuh"
+#include "tools/read_bandwidth.h"
 
 namespace ditops::cli {
 
@@ -54,11 +56,12 @@ int bench_reps(const Args& args, const std::string& op) {
 bool BenchRun::gpu_available(const char* op) {
   std::string why;
   if (jit::cuda_driver(&why)) return true;
-  std::printf("ditops bench %s: %s; the benchmark needs a CUDA GPU.\n", op, why.c_str());
+  std::fprintf(stderr, "ditops bench %s: %s; the benchmark needs a CUDA GPU (nothing measured, exit code %d)\n", op,
+               why.c_str(), kExitNoGpu);
   return false;
 }
 
-BenchRun::BenchRun(const char* op, const Args& args)
+BenchRun::BenchRun(const char* op, const Args& args, const char* roof_column)
     : op_(op),
       json_path_(args.get("--json", "")),
       commit_(args.get("--commit", "unknown")),
@@ -66,7 +69,7 @@ BenchRun::BenchRun(const char* op, const Args& args)
       reps_(bench_reps(args, op)),
       flush_((jit::bind_primary_context(0), size_t{256} << 20)) {  // 256 MiB > the H200's 60 MB L2
   device_name_ = device_info(Device{DeviceKind::cuda, 0}).name;
-  std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", "copy%");
+  std::printf("%-40s %-24s %10s %10s %8s\n", "case", "impl", "us", "GB/s", roof_column);
 }
 
 double BenchRun::rotated_us(int sets, const std::function<void(int, Stream)>& fn) {
@@ -123,6 +126,26 @@ double BenchRun::copy_rotated_us(int64_t bytes) {
   });
 }
 
+double BenchRun::read_bandwidth_gbs() {
+  if (read_gbs_ > 0) return read_gbs_;
+  const size_t bytes = size_t{1} << 30;  // far past any L2: every word from DRAM
+  DeviceBuffer data(bytes), sink(sizeof(unsigned long long));
+  const auto& d = jit::require_cuda_driver();
+  check_cu(d.cuMemsetD8(data.ptr, 1, bytes), "cuMemsetD8");
+  check_cu(d.cuMemsetD8(sink.ptr, 0, sink.bytes), "cuMemsetD8");
+  const jit::LoadedKernel& kernel = jit::jit_kernel(read_bandwidth_request(), 0);
+  ReadBandwidthParams p{};
+  p.data = data.get();
+  p.words = static_cast<long long>(bytes / 16);
+  p.sink = reinterpret_cast<unsigned long long*>(sink.ptr);
+  const unsigned grid = static_cast<unsigned>(kernel.multiprocessors * std::max(1, kernel.blocks_per_sm));
+  const double us = time_us([&] { jit::launch(kernel, grid, kReadBandwidthThreads, &p, sizeof p, nullptr, false); });
+  read_gbs_ = static_cast<double>(bytes) / (us * 1e-6) / 1e9;
+  std::printf("read bandwidth: %.0f GB/s (%zu MiB read by kernels/read_bandwidth.cuh in %.1f us, median of %d)\n",
+              read_gbs_, bytes >> 20, us, reps_);
+  return read_gbs_;
+}
+
 double BenchRun::copy_us(int64_t bytes) {
   DeviceBuffer src(bytes / 2), dst(bytes / 2);
   const auto& d = jit::require_cuda_driver();
@@ -136,29 +159,33 @@ std::string shape_string(const std::vector<int64_t>& dims) {
 }
 
 void BenchRun::record(const std::string& case_name, const std::string& shape, const std::string& impl,
-                      const char* method, double us, int64_t bytes, double copy_us) {
+                      const char* method, double us, int64_t bytes, double copy_us, double read_roof_us) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
+  const double roof_us = read_roof_us > 0 ? read_roof_us : copy_us;
   std::printf("%-40s %-24s %10.2f %10.1f %7.1f%%%s\n", case_name.c_str(), impl.c_str(), us, gbs,
-              copy_us > 0 ? 100.0 * copy_us / us : 0.0, std::string(method) == kColdL2 ? "" : "  (rotated)");
-  char fraction[32] = "null";
+              roof_us > 0 ? 100.0 * roof_us / us : 0.0, std::string(method) == kColdL2 ? "" : "  (rotated)");
+  char fraction[32] = "null", read_fraction[32] = "null";
   if (copy_us > 0) std::snprintf(fraction, sizeof fraction, "%.4f", copy_us / us);
-  char buf[1024];
+  if (read_roof_us > 0) std::snprintf(read_fraction, sizeof read_fraction, "%.4f", read_roof_us / us);
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"op\": \"%s\", \"case\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"method\": \"%s\", "
-                "\"us\": %.3f, \"bytes\": %lld, \"gb_per_s\": %.1f, \"copy_fraction\": %s, \"device\": \"%s\", "
-                "\"date\": \"%s\", \"commit\": \"%s\"}",
+                "\"us\": %.3f, \"bytes\": %lld, \"gb_per_s\": %.1f, \"copy_fraction\": %s, \"read_roof_fraction\": %s, "
+                "\"device\": \"%s\", \"date\": \"%s\", \"commit\": \"%s\"}",
                 op_.c_str(), case_name.c_str(), shape.c_str(), impl.c_str(), method, us,
-                static_cast<long long>(bytes), gbs, fraction, device_name_.c_str(), date_.c_str(), commit_.c_str());
+                static_cast<long long>(bytes), gbs, fraction, read_fraction, device_name_.c_str(), date_.c_str(),
+                commit_.c_str());
   records_.push_back(buf);
 }
 
 void BenchRun::record_time(const std::string& case_name, const std::string& shape, const std::string& impl,
                            double us) {
   std::printf("%-40s %-24s %10.2f\n", case_name.c_str(), impl.c_str(), us);
-  char buf[1024];
+  char buf[2048];
   std::snprintf(buf, sizeof buf,
                 "{\"op\": \"%s\", \"case\": \"%s\", \"shape\": \"%s\", \"impl\": \"%s\", \"method\": \"%s\", "
-                "\"us\": %.3f, \"bytes\": null, \"gb_per_s\": null, \"copy_fraction\": null, \"device\": \"%s\", "
+                "\"us\": %.3f, \"bytes\": null, \"gb_per_s\": null, \"copy_fraction\": null, \"read_roof_fraction\": null, "
+                "\"device\": \"%s\", "
                 "\"date\": \"%s\", \"commit\": \"%s\"}",
                 op_.c_str(), case_name.c_str(), shape.c_str(), impl.c_str(), kHostTime, us, device_name_.c_str(),
                 date_.c_str(), commit_.c_str());

@@ -1,7 +1,8 @@
 // Shared plumbing of the `ditops bench <op>` commands: device buffers, cold-L2 timing with CUDA
-// events, the same-size device copy as the ceiling, and the JSON records of bench/results/ (op,
-// case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, device, date, commit; the format
-// is described in bench/results/README.md and read by bench/records.py).
+// events, the same-size device copy as the ceiling (for a GEMM or GEMV the read roof: the bytes it
+// must read at the read bandwidth measured in the same run), and the JSON records of bench/results/
+// (op, case, shape, impl, method, us, bytes, gb_per_s, copy_fraction, read_roof_fraction, device,
+// date, commit; the format is described in bench/results/README.md and read by bench/records.py).
 #pragma once
 
 #include <cstdint>
@@ -49,9 +50,11 @@ int bench_reps(const Args& args, const std::string& op);
 // row per record and writes the JSON list at the end.
 class BenchRun {
  public:
-  // Returns false (after printing why) when no CUDA GPU is usable: the caller returns 0.
+  // Returns false (after printing why on stderr) when no CUDA GPU is usable: the caller returns
+  // kExitNoGpu.
   static bool gpu_available(const char* op);
-  BenchRun(const char* op, const Args& args);
+  // roof_column: the header of the printed fraction ("copy%", or "read%" for a GEMM/GEMV).
+  BenchRun(const char* op, const Args& args, const char* roof_column = "copy%");
   int reps() const { return reps_; }
   const std::string& device_name() const { return device_name_; }
   // Median time of a device-to-device copy of bytes/2 (the ceiling for a kernel that reads
@@ -69,10 +72,14 @@ class BenchRun {
   static int rotation_sets(int64_t bytes);
   // A device copy of bytes/2 timed the same way.
   double copy_rotated_us(int64_t bytes);
+  // The device's read bandwidth in GB/s: a 1 GiB buffer read by kernels/read_bandwidth.cuh
+  // (median of the run's reps), measured once per run and printed.
+  double read_bandwidth_gbs();
   // Prints and stores one record; `method` is kColdL2 or kRotatedGraph; copy_us <= 0 leaves
-  // copy_fraction null.
+  // copy_fraction null, read_roof_us <= 0 read_roof_fraction (the read roof's time over this
+  // record's).
   void record(const std::string& case_name, const std::string& shape, const std::string& impl, const char* method,
-              double us, int64_t bytes, double copy_us);
+              double us, int64_t bytes, double copy_us, double read_roof_us = 0);
   // A record with only a time (host overheads, compile times): method "host".
   void record_time(const std::string& case_name, const std::string& shape, const std::string& impl, double us);
   void write_json() const;  // to --json PATH when given
@@ -80,6 +87,7 @@ class BenchRun {
  private:
   std::string op_, json_path_, commit_, date_, device_name_;
   int reps_ = 50;
+  double read_gbs_ = 0;
   DeviceBuffer flush_;
   std::vector<std::string> records_;
 };

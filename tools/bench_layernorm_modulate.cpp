@@ -35,7 +35,7 @@ std::vector<uint16_t> random_bf16(size_t n, float amplitude, uint32_t seed) {
 }  // namespace
 
 int run_bench_layernorm_modulate(const Args& args) {
-  if (!BenchRun::gpu_available("layernorm_modulate")) return 0;
+  if (!BenchRun::gpu_available("layernorm_modulate")) return kExitNoGpu;
   BenchRun run("layernorm_modulate", args);
   const Device dev{DeviceKind::cuda, 0};
   const std::vector<LnCase> cases = {

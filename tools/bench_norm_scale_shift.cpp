@@ -55,7 +55,7 @@ void check_cu_copy(DeviceBuffer& dst, const DeviceBuffer& src, size_t bytes) {
 }  // namespace
 
 int run_bench_norm_scale_shift(const Args& args) {
-  if (!BenchRun::gpu_available("norm_scale_shift")) return 0;
+  if (!BenchRun::gpu_available("norm_scale_shift")) return kExitNoGpu;
   BenchRun run("norm_scale_shift", args);
   const Device dev{DeviceKind::cuda, 0};
   std::mt19937 rng(3);

@@ -110,7 +110,7 @@ Views views_of(const QkCase& c, int64_t cache_rows, Device dev, void* q, void* k
 }  // namespace
 
 int run_bench_qknorm_rope(const Args& args) {
-  if (!BenchRun::gpu_available("qknorm_rope")) return 0;
+  if (!BenchRun::gpu_available("qknorm_rope")) return kExitNoGpu;
   BenchRun run("qknorm_rope", args);
   const Device dev{DeviceKind::cuda, 0};
   // --host-only: just the per-call host cost below.
@@ -181,8 +181,10 @@ int run_demo(const Args& args) {
   const std::string ref_impl = qknorm_rope(hv.q, hv.k, hv.wq, hv.wk, hv.cache, hv.pos, opt);
   const double ref_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!gpu) {
-    std::printf("notice: %s -> running the CPU reference backend.\n", why.c_str());
-    std::printf("ran %s in %.2f ms (wall clock, host)\n", ref_impl.c_str(), ref_ms);
+    std::printf("notice: %s -> only the CPU reference backend can run here.\n", why.c_str());
+    std::printf("ran %s (the CPU reference) in %.2f ms (wall clock, host); nothing was checked: with a CUDA GPU "
+                "the demo runs the best GPU backend and compares its output with this reference\n",
+                ref_impl.c_str(), ref_ms);
     return 0;
   }
   const Device dev{DeviceKind::cuda, 0};

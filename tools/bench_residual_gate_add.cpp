@@ -1,4 +1,5 @@
-// `ditops bench residual_gate_add`: the spec's workloads (§3.9), cold L2, median of --reps; GB/s by
+// `ditops bench residual_gate_add`: the workloads of SGLang's A/B script (flux_text ... sana_transposed,
+// bf16 and fp16), cold L2, median of --reps; GB/s by
 // the byte model (residual, update and gate read once, out written once) and the fraction of a
 // device-to-device copy of the same bytes measured in the same run.
 #include <chrono>
@@ -87,7 +88,7 @@ void upload_random(DeviceBuffer& buffer, DType dtype, int64_t count, uint32_t se
 }  // namespace
 
 int run_bench_residual_gate_add(const Args& args) {
-  if (!BenchRun::gpu_available("residual_gate_add")) return 0;
+  if (!BenchRun::gpu_available("residual_gate_add")) return kExitNoGpu;
   BenchRun run("residual_gate_add", args);
   for (const RgaCase& c : bench_cases()) {
     const int64_t n = product(c.shape), gn = product(c.gate);

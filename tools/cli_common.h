@@ -14,6 +14,7 @@ struct Args {
   std::vector<std::string> words;
   std::map<std::string, std::string> flags;
   std::vector<std::string> missing_value;  // flags given last without their value
+  std::vector<std::string> repeated;       // flags given more than once (refused)
   std::string get(const std::string& flag, const std::string& fallback) const {
     auto it = flags.find(flag);
     return it == flags.end() ? fallback : it->second;
@@ -32,6 +33,12 @@ inline std::string today() {
   std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
   return buf;
 }
+
+// Exit codes: 0 done, 1 an error (the message on stderr), 2 a usage error (no command, an unknown
+// one), 3 `bench` without a usable CUDA GPU (nothing was measured; the reason on stderr).
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitNoGpu = 3;
 
 int run_demo(const Args& args);
 int cmd_cache(const Args& args);  // tools/cli_cache.cpp

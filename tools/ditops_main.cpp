@@ -36,11 +36,12 @@ int64_t int_flag(const Args& args, const std::string& command, const std::string
 
 namespace {
 
-constexpr const char* kUsage = R"(usage: ditops <command> [options]
+constexpr const char* kUsage = R"(usage: ditops <command> [options]      (ditops --help, -h; ditops --version)
 
   list [--keys]                 every op x implementation: provenance, capabilities, contract,
                                 availability on this machine (--keys: the prebuilt template keys)
-  ops                           every op's description: tensors, options with defaults, dims
+  ops [<op> ..]                 every op's (or the named ops') description: tensors, options
+                                with defaults (--is-neox and --is_neox are the same flag), dims
   explain <op> [--shape N,N,..] [--dims NAME=N,..] [--dtype TENSOR=DT,..] [--with T,..]
           [--without T,..] [--<option> VALUE ..] [--device cpu|cuda:N] [--backend B] [--quality Q]
           [--sm SM [--sms N]]
@@ -50,26 +51,43 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]
                                 on any machine (the driver is taken as present)
   info                          devices, SM, driver, NVRTC, cache directory
   cache list|clear              the cubin cache: entries (path, arch, size), total / remove entries, locks
-  demo                          FLUX-sized QK norm + RoPE on the best backend, checked against
-                                the reference (the README's first command)
+  demo                          FLUX-sized QK norm + RoPE: on a GPU the best backend, its output
+                                compared with the CPU reference's; without a GPU the CPU
+                                reference alone (the README's first command)
   bench <op> [--reps N (1..100000, default 50)] [--json PATH] [--commit SHA]
           [--host-only (qknorm_rope)]
-                                model shapes: us, GB/s, fraction of a device copy (needs a GPU);
+                                model shapes: us, GB/s, fraction of a device copy (of the read
+                                roof for a GEMM/GEMV); needs a GPU (without one: exit code 3);
                                 an op without a benchmark of its own takes explain's sizing
                                 flags and times one call from the op table
+
+exit codes: 0 done, 1 error, 2 usage (no or unknown command), 3 bench without a usable CUDA GPU
 )";
 
 // Flags that take no value; every other --flag takes exactly one.
-bool is_switch(const std::string& flag) { return flag == "--keys" || flag == "--host-only" || flag == "--help"; }
+bool is_switch(const std::string& flag) {
+  return flag == "--keys" || flag == "--host-only" || flag == "--help" || flag == "--version";
+}
+
+// Option names are spelled with hyphens; an underscore is the same character (`ditops ops` prints
+// the op table's option names, --is-neox for is_neox, and either spelling is accepted).
+std::string flag_name(std::string s) {
+  if (s == "-h") return "--help";
+  std::replace(s.begin() + 2, s.end(), '_', '-');
+  return s;
+}
 
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
-    std::string s = argv[i];
-    if (s.rfind("--", 0) == 0) {
-      if (is_switch(s)) a.flags[s] = "1";
-      else if (i + 1 < argc) a.flags[s] = argv[++i];
-      else a.missing_value.push_back(s);  // refused by require_known_flags: unknown, or no value
+    const std::string s = argv[i];
+    if (s.rfind("--", 0) == 0 || s == "-h") {
+      const std::string flag = flag_name(s);
+      if (a.has(flag) && std::find(a.repeated.begin(), a.repeated.end(), flag) == a.repeated.end())
+        a.repeated.push_back(flag);
+      if (is_switch(flag)) a.flags[flag] = "1";
+      else if (i + 1 < argc) a.flags[flag] = argv[++i];
+      else a.missing_value.push_back(flag);  // refused by require_known_flags: unknown, or no value
     } else {
       a.words.push_back(s);
     }
@@ -77,8 +95,8 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Refuses flags the command does not know (a typo must not run the default silently), then a
-// known flag given last without its value.
+// Refuses flags the command does not know (a typo must not run the default silently), a flag given
+// twice (which value was meant?), then a known flag given last without its value.
 void require_known_flags(const Args& a, const std::vector<std::string>& known, const std::string& command) {
   std::string list;
   for (const auto& k : known) list += (list.empty() ? "" : " ") + k;
@@ -88,7 +106,16 @@ void require_known_flags(const Args& a, const std::vector<std::string>& known, c
   };
   for (const auto& [flag, value] : a.flags) refuse_unknown(flag);
   for (const auto& flag : a.missing_value) refuse_unknown(flag);
+  if (!a.repeated.empty())
+    throw Error(command + ": option " + a.repeated[0] + " is given more than once");
   if (!a.missing_value.empty()) throw Error(command + ": option " + a.missing_value[0] + " needs a value");
+}
+
+// Commands that take no further words refuse them (`ditops list extra` must not list silently).
+void require_no_words(const Args& a, const std::string& command, size_t words = 1) {
+  if (a.words.size() > words)
+    throw Error(command + ": unexpected argument '" + a.words[words] + "' (" + command + " takes " +
+                (words == 1 ? "none" : "one") + ")");
 }
 
 std::string availability_of(const KernelSpec& s) {
@@ -180,13 +207,17 @@ int cmd_list(const Args& args) {
 
 int cmd_ops(const Args& args) {
   require_known_flags(args, {}, "ops");
-  for (const OpDescription* d : op_descriptions()) {
+  std::vector<const OpDescription*> ops;
+  for (size_t i = 1; i < args.words.size(); ++i) ops.push_back(&op(args.words[i]));  // throws naming the known ops
+  if (ops.empty()) ops = op_descriptions();
+  for (const OpDescription* d : ops) {
     std::printf("%s: %s\n  dims %s\n", d->name.c_str(), d->summary.c_str(), d->dims.c_str());
+    if (d->gemm) std::printf("  a GEMM/GEMV: `ditops bench` reports the fraction of the read roof\n");
     for (const TensorSlot& t : d->tensors)
       std::printf("  tensor %-14s %-5s %-14s [%s]%s%s\n", t.name.c_str(), tensor_role_name(t.role), t.dtypes.c_str(),
                   t.shape.c_str(), t.optional ? " optional" : "", t.keyword ? " keyword" : "");
     for (const OptionSlot& o : d->options)
-      std::printf("  option --%-19s %-6s default %s%s\n", o.name.c_str(), option_kind_name(o.kind),
+      std::printf("  option %-24s %-6s default %s%s\n", option_flag(o).c_str(), option_kind_name(o.kind),
                   o.default_text.c_str(), o.choices.empty() ? "" : (" (" + [&] {
                     std::string c;
                     for (const auto& x : o.choices) c += (c.empty() ? "" : "|") + x;
@@ -277,20 +308,28 @@ int main(int argc, char** argv) {
   using namespace ditops::cli;
   try {
     const Args args = parse(argc, argv);
-    if (args.words.empty() || args.words[0] == "help" || args.has("--help")) {
-      if (args.words.empty() && args.has("--help")) {
-        std::printf("%s", kUsage);
-        return 0;
-      }
+    if (args.has("--version")) {
+      std::printf("ditops %s\n", DITOPS_VERSION);
+      return 0;
+    }
+    if (args.has("--help") || (!args.words.empty() && args.words[0] == "help")) {
       std::printf("%s", kUsage);
-      return args.words.empty() ? 2 : 0;
+      return 0;
+    }
+    if (args.words.empty()) {
+      std::fprintf(stderr, "%s", kUsage);  // no command: a usage error
+      return kExitUsage;
     }
     const std::string& cmd = args.words[0];
-    if (cmd == "list") return cmd_list(args);
+    if (cmd == "list") {
+      require_no_words(args, "list");
+      return cmd_list(args);
+    }
     if (cmd == "explain") return cmd_explain(args);
     if (cmd == "ops") return cmd_ops(args);
     if (cmd == "info") {
       require_known_flags(args, {}, "info");
+      require_no_words(args, "info");
       return cmd_info();
     }
     if (cmd == "cache") {
@@ -300,6 +339,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "demo") {
       require_known_flags(args, {}, "demo");
+      require_no_words(args, "demo");
       return run_demo(args);
     }
     if (cmd == "bench") {
@@ -328,10 +368,10 @@ int main(int argc, char** argv) {
       for (const ditops::OpDescription* d : ditops::op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
       throw ditops::Error("bench: name one op, one of: " + known);
     }
-    std::fprintf(stderr, "unknown command '%s'\n%s", cmd.c_str(), kUsage);
-    return 2;
+    std::fprintf(stderr, "ditops: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    return kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ditops: error: %s\n", e.what());
-    return 1;
+    return kExitError;
   }
 }

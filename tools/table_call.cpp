@@ -15,12 +15,6 @@ int64_t parse_size(const std::string& flag, const std::string& name, const std::
   return std::stoll(text);
 }
 
-std::string option_flag(const OptionSlot& o) {
-  std::string flag = "--" + o.name;
-  std::replace(flag.begin(), flag.end(), '_', '-');
-  return flag;
-}
-
 std::string sizes(const std::vector<int64_t>& shape) {
   std::string list;
   for (int64_t e : shape) list += (list.empty() ? "" : ",") + std::to_string(e);
@@ -28,6 +22,12 @@ std::string sizes(const std::vector<int64_t>& shape) {
 }
 
 }  // namespace
+
+std::string option_flag(const OptionSlot& o) {
+  std::string flag = "--" + o.name;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
@@ -49,13 +49,32 @@ TableCall table_call(const OpDescription& d, const Args& a, Device dev,
   std::vector<std::pair<std::string, int64_t>>& dims = out.dims;
   std::vector<std::string> given_shape = a.has("--shape") ? split(a.get("--shape", ""), ',') : std::vector<std::string>{};
   const auto examples = split(d.dims, ',');
-  if (given_shape.size() > examples.size())
-    throw Error("--shape takes at most " + std::to_string(examples.size()) + " sizes (" + d.dims + ") but has " +
-                std::to_string(given_shape.size()));
+  // --shape gives every dim whose example is a plain size; trailing dims defined by earlier ones
+  // (qknorm_rope's P=T, R=D) may be left out, since they follow the given sizes.
+  size_t required = 0;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const std::string value = examples[i].substr(examples[i].find('=') + 1);
+    if (!value.empty() && value.find_first_not_of("0123456789") == std::string::npos) required = i + 1;
+  }
+  std::string names;  // "T,Hq,Hk,D[,P,R]"
+  for (size_t i = 0; i < examples.size(); ++i)
+    names += std::string(i == required ? "[" : "") + (i ? "," : "") + examples[i].substr(0, examples[i].find('='));
+  if (required < examples.size()) names += "]";
+  for (size_t i = 0; i < given_shape.size(); ++i)  // each size checked first: "abc" is refused as such
+    parse_size("--shape", i < examples.size() ? examples[i].substr(0, examples[i].find('=')) : "a size", given_shape[i]);
+  if (a.has("--shape") && (given_shape.size() < required || given_shape.size() > examples.size()))
+    throw Error("--shape takes " +
+                (required == examples.size() ? std::to_string(required)
+                                             : std::to_string(required) + " to " + std::to_string(examples.size())) +
+                " sizes (" + names + ") but has " + std::to_string(given_shape.size()) +
+                "; to set some dims only, use --dims NAME=N,... (the others keep their example sizes: " + d.dims + ")");
   std::vector<std::pair<std::string, std::string>> overrides;
   for (const auto& item : split(a.get("--dims", ""), ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string::npos) throw Error("--dims takes NAME=N items but has '" + item + "'");
+    for (const auto& [n, v] : overrides)
+      if (n == item.substr(0, eq))
+        throw Error("--dims names " + n + " twice (" + n + "=" + v + " and " + item + ")");
     overrides.emplace_back(item.substr(0, eq), item.substr(eq + 1));
   }
   for (size_t i = 0; i < examples.size(); ++i) {

@@ -16,6 +16,8 @@ namespace ditops::cli {
 
 // The flags table_call reads, the op's options among them (--rope-dim for rope_dim).
 std::vector<std::string> table_call_flags(const OpDescription& op);
+// An option's flag: its name with hyphens (the CLI reads --rope_dim as --rope-dim too).
+std::string option_flag(const OptionSlot& option);
 
 struct TableCall {
   GenericCall call;

@@ -1,4 +1,4 @@
-// FP8 linear with per-tensor static scales for decode-sized token counts (gemm.md A2, C1, C2):
+// FP8 linear with per-tensor static scales for decode-sized token counts (SGLang's sm120_fp8 decode GEMMs, DiT adaLN linears):
 //
 //   out[m, n] = bf16(sum_k xq[m, k] * w[n, k] * (x_scale * w_scale) (+ bias[n]))
 //

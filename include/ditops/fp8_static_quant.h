@@ -1,5 +1,5 @@
 // Static per-tensor FP8 quantization of activations, as ModelOpt FP8 checkpoints and SGLang's
-// static_quant_fp8 apply it before an FP8 linear (gemm.md A2.1, C1):
+// static_quant_fp8 apply it before an FP8 linear:
 //
 //   out = e4m3fn(clamp(x.float() * inv, -448, 448)),   inv = 1 / scale
 //

@@ -3,7 +3,8 @@
 //   v            = residual + x * gate            (gated-residual variant; else v = x)
 //   residual_out = v                              (gated-residual variant)
 //   y            = norm(v) * (1 + scale) + shift  (norm: LayerNorm or RMSNorm over D, optional
-//                                                  affine weight [D] / bias [D])
+//                                                  affine weight [D] / bias [D]; scale optional
+//                                                  except with sglang numerics: absent = 0)
 //   fp8          = e4m3(y * (1 / input_scale))    (static FP8, optional)
 //   nvfp4        = NVFP4(y) with global_scale     (packed E2M1 + 128x4-swizzled E4M3 block scales)
 //
@@ -13,7 +14,7 @@
 //   fp8                fp8 is f8e4m3fn (or u8). An output may BE an input (same data, strides,
 //                      dtype: in place, each row is read fully before it is written) but may not
 //                      overlap any input or output otherwise.
-//   scale, shift, gate broadcast operands, dtype of x, one of the classes
+//   scale, shift, gate broadcast operands, dtype of x (numerics=float32: f32), one of the classes
 //                        scalar: rank 0 or all dims 1 with no D       []   [1]
 //                        per channel:                                  [D] [1,D] [1,1,D]
 //                        per batch:                                    [B,D] [B,1,D]
@@ -21,13 +22,17 @@
 //                        per frame (S = F * tokens per frame):         [B,F,1,D] [1,F,1,D]
 //                      with free strides (a chunk of the adaLN projection works without a copy).
 //                      shift is optional; gate is optional with residual (absent = 1).
-//   weight, bias       [D] (affine; bias needs weight; RMSNorm takes no bias).
+//   weight, bias       [D] (affine; bias needs weight; RMSNorm takes no bias), dtype of x
+//                      (numerics=float32: f32).
 //   input_scale        fp32, one element, on the device of x (fp8 only).
 //   nvfp4_packed       [B*S, D/2] u8 or fp4e2m1x2, contiguous (two values per byte, even element
 //                      in the low nibble); nvfp4_scales [pad128(B*S), D/16] u8 contiguous, the
 //                      128x4 swizzled layout (padding rows written as 0); global_scale fp32,
 //                      one element. D % 64 == 0.
-//   D: D % 4 == 0 and 16 <= D <= 8192 (fp32: <= 4096); sglang numerics: D % 16 == 0.
+//   D: D % 4 == 0 and 16 <= D <= 8192 (fp32 x: <= 4096); sglang numerics: D % 16 == 0.
+// numerics=float32 (Wan's FP32LayerNorm chains): x and residual bf16/f16 (or f32), every
+// operand f32, every operation in fp32 and y (and residual_out) rounded once to x's dtype;
+// LayerNorm only, no quantized output.
 // B*S == 0 is a no-op. The numerics, operation by operation, are in docs/norm_scale_shift.md.
 #pragma once
 
@@ -47,11 +52,17 @@ enum class NssNumerics : uint8_t {
   // rounded), F.layer_norm / F.rms_norm (aten's vectorized kernel order), then
   // y * (1 + scale) + shift with every op rounded to the dtype. Contract: bit_exact.
   eager,
-  // SGLang's native Qwen-Image kernel (spec diffusion.md §2.3): fma residual, two-pass mean/var in
-  // its 16-elements-per-thread block order, norm rounded, y = rne(fma(norm, 1 + s, shift)).
-  // LayerNorm without affine, 16-bit dtypes. Contract: bit_exact vs that chain as the spec
-  // defines it, checked against our CPU reference only (the chain itself is not available).
+  // SGLang's native Qwen-Image kernel (docs/norm_scale_shift.md §3): fma residual, two-pass
+  // mean/var in its 16-elements-per-thread block order, norm rounded, y = rne(fma(norm, 1 + s,
+  // shift)). LayerNorm without affine, 16-bit dtypes. Contract: bit_exact vs that chain as the doc
+  // states it, checked against our CPU reference only (the chain itself is not available).
   sglang,
+  // The eager chain computed in float32 as diffusers' Wan block writes it (FP32LayerNorm, float32
+  // modulation and gates): v = (residual.float() + x * gate).type_as(residual) (or residual + x),
+  // (F.layer_norm(v.float(), (D,), weight, bias, eps) * (1 + scale) + shift).type_as(x) with every
+  // operand f32 and one rounding of y to x's dtype. LayerNorm, no quantized output. Contract:
+  // bit_exact vs that chain (aten's statistics of a float32 row are those of its 16-bit values).
+  float32,
 };
 const char* nss_numerics_name(NssNumerics numerics);
 
@@ -118,6 +129,7 @@ struct NormScaleShiftCall {
   bool residual = false;
   bool store_y = false;
   int affine = 0;  // 0 none, 1 weight, 2 weight + bias
+  bool modulate = true;  // scale or shift given (numerics=float32 without both: y = norm(v) alone)
   Stream stream = nullptr;
 };
 

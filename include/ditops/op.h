@@ -76,6 +76,9 @@ struct OpDescription {
   // The symbolic dims of the tensors' shapes with example sizes (the CLI's defaults), in the
   // order `--shape` takes them; a size may use earlier dims: "T=4608,Hq=24,Hk=24,D=128,P=T,R=D".
   std::string dims;
+  // A GEMM or GEMV: its roof is reading its operands once (a weight-streaming GEMV never comes
+  // near a copy's bytes), so benchmarks report the fraction of the read roof, not of a copy.
+  bool gemm = false;
   std::vector<TensorSlot> tensors;
   std::vector<OptionSlot> options;
   // Matches, dispatches and runs; returns the implementation that ran.

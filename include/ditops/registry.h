@@ -156,7 +156,12 @@ struct DispatchReport {
   std::string template_key;
   const KernelSpec* chosen = nullptr;
   std::vector<CandidateReport> candidates;  // in the order they were considered
-  std::string format() const;               // a table for people
+  Quality quality = Quality::exact;         // the tier the call was judged at
+  // When nothing is eligible and some candidates were refused only for their contract: the
+  // lowest higher tier that admits one, and the implementation it would choose (empty otherwise).
+  std::optional<Quality> admitting_quality;
+  std::string admitting_choice;
+  std::string format() const;  // a table for people
 };
 
 struct OpDescription;  // ditops/op.h

@@ -1,4 +1,4 @@
-// FLUX.2 single-block token concat + static FP8 quantization (diffusion.md §7.2):
+// FLUX.2 single-block token concat + static FP8 quantization (SGLang's try_flux2_token_cat_fp8):
 //
 //   out = e4m3fn(clamp(cat([attn, mlp], -1).float() * inv, -448, 448)),  inv = 1 / input_scale
 //

@@ -1,6 +1,6 @@
 // The row statistics of aten's vectorized_layer_norm_kernel<BFloat16, float> (PyTorch 2.11, CUDA),
 // replicated operation by operation so that mean and rstd come out bit-identical. Device only;
-// NVRTC- and nvcc-compilable, no CUDA headers. Spec: diffusion.md §6.3 steps 1-5.
+// NVRTC- and nvcc-compilable, no CUDA headers. The order: docs/layernorm_modulate.md, "Numerics".
 //
 // What aten does for one row of N elements (N % 4 == 0):
 //   * 128 threads = 4 warps of 32. Thread t (= 32*w + l) pushes the 4-element vectors with vector

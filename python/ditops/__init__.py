@@ -198,7 +198,8 @@ def generated_source() -> str:
 
 
 def op_table() -> list[dict]:
-    """Every op's description: name, summary, doc, tensors (name, role, optional, keyword,
+    """Every op's description: name, summary, doc, dims, gemm (a GEMM/GEMV: benchmarks report the
+    read roof), tensors (name, role, optional, keyword,
     dtypes, shape, alloc, alloc_dtype, present, doc) and options (name, kind, default, choices,
     doc), as the C++ core declares them."""
     import copy
@@ -210,13 +211,18 @@ def op_table() -> list[dict]:
 
 class DispatchReport:
     """The dispatch reasoning for one call: every candidate in the order considered, with the
-    reason it was chosen or refused. str() gives the table `ditops explain` prints."""
+    reason it was chosen or refused. str() gives the table `ditops explain` prints. When nothing is
+    eligible at the call's quality and some candidates were refused only for their contract,
+    admitting_quality names the lowest tier that admits one and admitting_choice what it would run."""
 
     def __init__(self, record):
         self.op = str(record["op"])
         self.device = str(record["device"])
         self.template_key = str(record["template_key"])
         self.chosen = None if record["chosen"] is None else str(record["chosen"])
+        self.quality = str(record["quality"])
+        self.admitting_quality = None if record["admitting_quality"] is None else str(record["admitting_quality"])
+        self.admitting_choice = str(record["admitting_choice"]) or None
         self.candidates = [
             {"name": str(c["name"]), "provenance": str(c["provenance"]), "eligible": bool(c["eligible"]),
              "chosen": bool(c["chosen"]), "reason": str(c["reason"])}

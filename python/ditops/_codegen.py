@@ -118,6 +118,21 @@ def _call_args(op: dict) -> str:
     return ", ".join(tensors + options + ["backend", "quality"])
 
 
+def call_arguments(op: dict, tensors: dict, options: dict | None = None, backend=None, quality=None) -> tuple:
+    """The arguments of the FFI entry `call(op_index, explain, stream, *arguments)` for one call, in
+    the order the generated functions pass them: every tensor slot (None when absent), every option
+    (None: the C++ default), backend, quality. For raw calls (the host-overhead benchmark): built
+    from the table, they follow every option the op gains. Unknown names raise ValueError."""
+    options = options or {}
+    slots = [t["name"] for t in op["tensors"]]
+    names = [o["name"] for o in op["options"]]
+    for given, known, what in ((tensors, slots, "tensor"), (options, names, "option")):
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"{op['name']}: no {what} named {', '.join(unknown)} (its {what}s: {', '.join(known)})")
+    return tuple(tensors.get(n) for n in slots) + tuple(options.get(n) for n in names) + (backend, quality)
+
+
 def _docstring(op: dict) -> str:
     lines = [op["summary"] + ".", "", op["doc"], ""]
     for t in op["tensors"]:

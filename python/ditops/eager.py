@@ -139,6 +139,13 @@ def residual_gate_add_eager(residual, update, gate):
     return residual + update * gate
 
 
+def residual_gate_add_float32_eager(residual, update, gate):
+    """Wan's gated residuals (diffusers WanTransformerBlock): an f32 gate beside bf16/f16 residual
+    and update, `(x.float() + attn_output * gate).type_as(x)` (the FFN's `ff_output.float() * gate`
+    is the same product): product and sum in fp32, one rounding."""
+    return (residual.float() + update * gate).type_as(residual)
+
+
 def layernorm_modulate_eager(x, scale, shift, eps):
     """F.layer_norm (no affine) * (1 + scale[:, None]) (+ shift[:, None]); x [B, S, D],
     scale/shift [B, D] (shift None: no add)."""
@@ -210,10 +217,31 @@ def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weig
     else:
         v = x
     n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
-    y = n * (1 + nss_broadcast(scale, B, S, D))
+    y = n * (1 + nss_broadcast(scale, B, S, D)) if scale is not None else n
     if shift is not None:
         y = y + nss_broadcast(shift, B, S, D)
     return y, v
+
+
+def norm_scale_shift_float32_eager(x, scale=None, shift=None, *, eps=1e-6, weight=None, bias=None, residual=None,
+                                   gate=None):
+    """norm_scale_shift's numerics="float32": diffusers' Wan block with f32 modulation and norms
+    (FP32LayerNorm). v = (residual.float() + x * gate).type_as(residual) (the gated residual; no
+    gate: the 16-bit residual + x), y = (F.layer_norm(v.float(), (D,), weight, bias, eps)
+    * (1 + scale) + shift).type_as(x), each of scale / shift optional (norm2: neither).
+    Returns (y, v)."""
+    B, S, D = x.shape
+    if residual is not None:
+        v = (residual.float() + x * nss_broadcast(gate, B, S, D)).type_as(residual) if gate is not None \
+            else residual + x
+    else:
+        v = x
+    y = F.layer_norm(v.float(), (D,), weight, bias, eps)
+    if scale is not None:
+        y = y * (1 + nss_broadcast(scale, B, S, D))
+    if shift is not None:
+        y = y + nss_broadcast(shift, B, S, D)
+    return y.type_as(x), v
 
 
 # ---------------------------------------------------------------- copy family
@@ -252,7 +280,9 @@ def oracle_outputs(op, x, o):
                                  norm_order=order, norm_weight_rounding=weight_rounding)
         return {"q": q, "k": k}
     if op == "residual_gate_add":
-        return {"out": residual_gate_add_eager(x["residual"], x["update"], x["gate"])}
+        promoted = x["gate"].dtype == torch.float32 and x["residual"].dtype != torch.float32
+        chain = residual_gate_add_float32_eager if promoted else residual_gate_add_eager
+        return {"out": chain(x["residual"], x["update"], x["gate"])}
     if op in ("layernorm_modulate", "layernorm_modulate_fp8"):
         y = layernorm_modulate_eager(x["x"], x["scale"], x.get("shift"), eps)
         if op == "layernorm_modulate_fp8":
@@ -281,19 +311,25 @@ def oracle_outputs(op, x, o):
     if op == "fp8_linear":
         # torch._scaled_mm is the chain fp8_linear.cublaslt is byte-equal to, on CUDA only; on the
         # CPU every implementation is `close` to the fp64 product and no chain is an oracle.
-        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee":
-            return None
+        if not x["x"].is_cuda or o.get("fp8_reciprocal", "ieee") != "ieee" or x["w"].shape[0] % 16 != 0:
+            return None  # torch._scaled_mm takes N % 16 == 0 only (as cuBLASLt's FP8 layouts)
         return {"out": fp8_linear_scaled_mm(x["x"], x["x_scale"], x["w"], x["w_scale"], x.get("bias"))}
     if op == "causal_conv3d_cat_pad":
         pads = [int(o.get(n, "0")) for n in ("pad_w_left", "pad_w_right", "pad_h_top", "pad_h_bottom",
                                                 "pad_t_left", "pad_t_right")]
         return {"out": causal_conv3d_cat_pad_eager(x["x"], x.get("cache"), pads)}
     if op == "norm_scale_shift":
-        if o.get("numerics", "eager") != "eager" or "input_scale" in x or "global_scale" in x:
+        numerics = o.get("numerics", "eager")
+        if numerics not in ("eager", "float32") or "input_scale" in x or "global_scale" in x:
             return None
-        y, v = norm_scale_shift_eager(x["x"], x["scale"], x.get("shift"), norm=o.get("norm", "layer"),
-                                      eps=eps, weight=x.get("weight"), bias=x.get("bias"),
-                                      residual=x.get("residual"), gate=x.get("gate"))
+        if numerics == "float32":
+            y, v = norm_scale_shift_float32_eager(x["x"], x.get("scale"), x.get("shift"), eps=eps,
+                                                  weight=x.get("weight"), bias=x.get("bias"),
+                                                  residual=x.get("residual"), gate=x.get("gate"))
+        else:
+            y, v = norm_scale_shift_eager(x["x"], x.get("scale"), x.get("shift"), norm=o.get("norm", "layer"),
+                                          eps=eps, weight=x.get("weight"), bias=x.get("bias"),
+                                          residual=x.get("residual"), gate=x.get("gate"))
         return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
     return None
 

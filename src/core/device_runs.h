@@ -12,7 +12,7 @@ inline constexpr const char* kVerifyCbc736f = "H200 (sm_90), scripts/device_run.
 // against the CPU reference within the case's bound) and the new ops' torch.equal checks.
 inline constexpr const char* kOps8dea671 = "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671";
 
-// The H200 report of main at 563ceb6 (shared/device-reports): the whole verify run, the op test
+// The H200 report of main at 563ceb6 (the project's device report of that round): the whole verify run, the op test
 // driver and bench/<op>_torch.py's checks.
 inline constexpr const char* kReport563ceb6 = "H200 (sm_90), the device report of main at 563ceb6, 2026-12-02";
 

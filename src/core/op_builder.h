@@ -46,6 +46,12 @@ class OpBuilder {
     return *this;
   }
 
+  // The op is a GEMM or GEMV (OpDescription::gemm: benchmarks report the read roof).
+  OpBuilder& gemm() {
+    desc_.gemm = true;
+    return *this;
+  }
+
   // A tensor slot and the member it fills (a member pointer, or a function for nested members).
   OpBuilder& tensor(TensorSlot slot, TensorView Args::*member) {
     desc_.tensors.push_back(std::move(slot));

@@ -418,7 +418,7 @@ std::string op_table_json() {
     out += first_op ? "\n" : ",\n";
     first_op = false;
     out += "{\"name\": " + quoted(d->name) + ", \"summary\": " + quoted(d->summary) + ", \"doc\": " + quoted(d->doc) +
-           ", \"dims\": " + quoted(d->dims) +
+           ", \"dims\": " + quoted(d->dims) + ", \"gemm\": " + (d->gemm ? "true" : "false") +
            ",\n \"tensors\": [";
     for (size_t i = 0; i < d->tensors.size(); ++i) {
       const TensorSlot& t = d->tensors[i];

@@ -341,6 +341,7 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
 
   DispatchReport report;
   report.op = op;
+  report.quality = quality;
   report.device = device_name(device.device) +
                   (device.device.kind == DeviceKind::cuda ? " (sm_" + std::to_string(device.sm) + ")" : "");
   std::vector<const KernelSpec*> specs = list(op);
@@ -351,6 +352,8 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
     const KernelSpec* spec;
     std::string refusal;  // "" = eligible
     std::string key;
+    // Refused only for its contract: the lowest tier that admits it (for the report's hint).
+    std::optional<Quality> admitted_at;
   };
   std::vector<Eval> evals;
   for (const KernelSpec* spec : specs) {
@@ -366,14 +369,19 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
       e.refusal = "unavailable: " + why;
     } else if (is_disabled(c, *spec)) {
       e.refusal = "disabled by DITOPS_DISABLE";
-    } else if (std::string why = quality_refusal(*spec, quality); !why.empty()) {
-      e.refusal = why;
-    } else if (std::string why = spec->predicate(call); !why.empty()) {
-      e.refusal = why;
     } else {
-      std::lock_guard<std::mutex> lock(state_->failure_mutex);
-      auto it = state_->failures.find(failure_key(device, *spec, e.key));
-      if (it != state_->failures.end()) e.refusal = "failed earlier for this key: " + it->second;
+      const std::string contract = quality_refusal(*spec, quality);
+      if (std::string why = spec->predicate(call); !why.empty()) {
+        e.refusal = why;
+      } else {
+        std::lock_guard<std::mutex> lock(state_->failure_mutex);
+        auto it = state_->failures.find(failure_key(device, *spec, e.key));
+        if (it != state_->failures.end()) e.refusal = "failed earlier for this key: " + it->second;
+      }
+      // Refused for its contract alone: the report can name the tier that would admit it.
+      if (!contract.empty() && e.refusal.empty())
+        e.admitted_at = spec->contract.admission.empty() ? Quality::high : Quality::lossless;
+      if (!contract.empty()) e.refusal = contract;  // the contract is the reason shown first
     }
     evals.push_back(e);
   }
@@ -414,6 +422,18 @@ DispatchReport Registry::explain(const std::string& op, const void* call, const 
       r.reason = e->refusal;
     }
     report.candidates.push_back(r);
+  }
+  if (!report.chosen) {
+    // The lowest tier that admits one of the candidates refused only for their contract, and the
+    // first of them in this call's order at that tier.
+    for (const Eval* e : order)
+      if (e->admitted_at && (!report.admitting_quality || *e->admitted_at < *report.admitting_quality))
+        report.admitting_quality = e->admitted_at;
+    for (const Eval* e : order)
+      if (report.admitting_quality && e->admitted_at && *e->admitted_at <= *report.admitting_quality) {
+        report.admitting_choice = e->spec->name;
+        break;
+      }
   }
   if (options.backend) {
     // Show the others too, so the table is complete.
@@ -486,6 +506,9 @@ const KernelSpec& Registry::dispatch(const std::string& op, const void* call,
     std::string msg = op + ": no eligible implementation on " + report.device;
     if (options.backend) msg += " for the requested backend " + std::string(provenance_name(*options.backend));
     for (const auto& c : report.candidates) msg += "\n  " + c.name + ": " + c.reason;
+    if (report.admitting_quality)
+      msg += "\n  quality " + std::string(quality_name(*report.admitting_quality)) + " would choose " +
+             report.admitting_choice;
     throw NoImplementation(msg);
   }
   for (const auto& cand : report.candidates) {
@@ -535,7 +558,14 @@ std::string DispatchReport::format() const {
     out << (c.chosen ? "  * " : "    ") << c.name << std::string(width - c.name.size() + 2, ' ')
         << (c.chosen ? "CHOSEN   " : c.eligible ? "eligible " : "refused  ") << c.reason << "\n";
   }
-  if (!chosen) out << "  no eligible implementation\n";
+  if (!chosen) {
+    out << "  no eligible implementation at quality " << quality_name(quality);
+    if (admitting_quality)
+      out << "; quality " << quality_name(*admitting_quality) << " would choose " << admitting_choice
+          << " (--quality " << quality_name(*admitting_quality) << ", quality=\"" << quality_name(*admitting_quality)
+          << "\" in Python, or DITOPS_QUALITY=" << quality_name(*admitting_quality) << ")";
+    out << "\n";
+  }
   return out.str();
 }
 

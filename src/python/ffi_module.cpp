@@ -116,8 +116,12 @@ Map<String, Any> report_to_map(const ditops::DispatchReport& r) {
                        {"device", String(r.device)},
                        {"template_key", String(r.template_key)},
                        {"candidates", candidates},
+                       {"quality", String(ditops::quality_name(r.quality))},
                        {"text", String(r.format())}};
   out.Set("chosen", r.chosen ? Any(String(r.chosen->name)) : Any(nullptr));
+  out.Set("admitting_quality",
+          r.admitting_quality ? Any(String(ditops::quality_name(*r.admitting_quality))) : Any(nullptr));
+  out.Set("admitting_choice", String(r.admitting_choice));
   return out;
 }
 

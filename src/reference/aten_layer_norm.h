@@ -2,7 +2,7 @@
 // vectorized_layer_norm_kernel<BFloat16, float> (PyTorch 2.11), in the same operation order:
 // 128 virtual threads pushing 4-element vectors into Welford states, the shfl_down tree inside
 // each virtual warp, the inter-warp combine (0,2), (1,3), (0,1), rstd = rsqrt(m2 / N + eps).
-// Spec: diffusion.md §6.3 steps 1-5.
+// docs/layernorm_modulate.md, "Numerics", states the order step by step.
 //
 // Where the GPU uses MUFU approximations the CPU uses correctly rounded operations:
 //   * rcp4 (MUFU.RCP + one Newton step) -> IEEE 1/x. On the counts the statistics use (positive

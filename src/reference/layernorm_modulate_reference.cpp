@@ -2,7 +2,7 @@
 // oracle every CUDA implementation is compared with.
 //
 // Statistics: ref::aten_row_stats (aten's order; rstd correctly rounded, see aten_layer_norm.h).
-// Then, per element, the eager chain's rounding steps (diffusion.md §6.3 steps 6-9), each one
+// Then, per element, the eager chain's rounding steps (docs/layernorm_modulate.md), each one
 // IEEE binary32 operation (this file is compiled with -ffp-contract=off) followed by an exact
 // bf16 round-to-nearest-even:
 //   y   = bf16(rstd * (x - mean))                  F.layer_norm's store (no FMA)

@@ -1,6 +1,7 @@
 // CPU reference of norm_scale_shift: the portable oracle every CUDA implementation is compared with.
 //
-// Contract: docs/norm_scale_shift.md, followed operation by operation (this file is compiled with
+// Contract: docs/norm_scale_shift.md, followed operation by operation, for the eager, sglang and
+// float32 numerics (this file is compiled with
 // -ffp-contract=off; every FMA of the contract is an explicit std::fma). The only places where the
 // GPU may legitimately differ are its approximate instructions, which are correctly rounded here:
 // rsqrtf (LayerNorm/RMSNorm rstd, up to 2 fp32 ulp: reference/aten_layer_norm.h), rcp.approx.ftz
@@ -105,9 +106,11 @@ void process_row(const NormScaleShiftCall& c, int64_t row, std::vector<float>& v
   const int d = c.dim;
   const int64_t b = row / c.seq, s = row % c.seq;
   const bool sglang = c.options.numerics == NssNumerics::sglang;
-  const OperandRow scale = operand_row(c.scale, dt, b, s);
-  const OperandRow shift = operand_row(c.shift, dt, b, s);
-  const OperandRow gate = operand_row(c.gate, dt, b, s);
+  // numerics=float32: every operand f32, every operation fp32, y and v rounded once to dt.
+  const bool float32 = c.options.numerics == NssNumerics::float32;
+  const OperandRow scale = operand_row(c.scale, c.in.scale.data ? c.in.scale.dtype : dt, b, s);
+  const OperandRow shift = operand_row(c.shift, c.in.shift.data ? c.in.shift.dtype : dt, b, s);
+  const OperandRow gate = operand_row(c.gate, c.in.gate.data ? c.in.gate.dtype : dt, b, s);
 
   const char* x = at(c.in.x, row_offset(c.in.x, b, s));
   for (int i = 0; i < d; ++i) v[i] = ref::load_act(x, i, dt);
@@ -117,8 +120,9 @@ void process_row(const NormScaleShiftCall& c, int64_t row, std::vector<float>& v
     for (int i = 0; i < d; ++i) {
       const float rv = ref::load_act(r, i, dt);
       const float g = gate.value(i, 1.0f);
-      v[i] = sglang ? ref::round_to(dt, std::fma(v[i], g, rv))
-                    : ref::round_to(dt, rv + ref::round_to(dt, v[i] * g));
+      v[i] = sglang    ? ref::round_to(dt, std::fma(v[i], g, rv))
+             : float32 ? ref::round_to(dt, rv + v[i] * g)
+                       : ref::round_to(dt, rv + ref::round_to(dt, v[i] * g));
     }
     for (int i = 0; i < d; ++i) ref::store_act(ro, i, dt, v[i]);
   }
@@ -153,6 +157,13 @@ void process_row(const NormScaleShiftCall& c, int64_t row, std::vector<float>& v
       if (c.affine >= 1) {
         const float w = ref::load_act(c.in.weight.data, i, c.in.weight.dtype);
         a = c.affine == 2 ? std::fma(w, n, ref::load_act(c.in.bias.data, i, c.in.bias.dtype)) : w * n;
+      }
+      if (float32) {  // the modulation in fp32 on the unrounded norm, one rounding
+        float m = a;
+        if (c.modulate) m = m * (1.0f + scale.value(i, 0.0f));
+        if (c.shift.kind != NssOperand::Kind::absent) m = m + shift.value(i, 0.0f);
+        y[i] = ref::round_to(dt, m);
+        continue;
       }
       const float y0 = ref::round_to(dt, a);
       const float y1 = ref::round_to(dt, y0 * ref::round_to(dt, 1.0f + scale.value(i, 0.0f)));

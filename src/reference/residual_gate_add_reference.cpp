@@ -1,7 +1,8 @@
 // CPU reference of residual_gate_add: the portable oracle every CUDA implementation is compared with.
 //
 // Contract (docs/residual_gate_add.md): per element, p = rne_T(float(u) * float(g)) and
-// out = rne_T(float(r) + p); for fp32, rne_T is the identity (two fp32 roundings). Each fp32
+// out = rne_T(float(r) + p); for fp32, rne_T is the identity (two fp32 roundings). With an f32
+// gate beside 16-bit data (the promoted chain) p = float(u) * g is not rounded. Each fp32
 // operation below is one IEEE binary32 operation: this file is compiled with -ffp-contract=off, so
 // `u * g` and `r + p` are never fused into an FMA. The 16-bit roundings are half.h's exact RNE.
 //
@@ -45,8 +46,8 @@ void run_rows(const ResidualGateAddCall& c, const Walk& w, int64_t first, int64_
     for (int64_t col = 0; col < width; ++col) {
       const float r = ref::load_act(c.residual.data, r0 + col * w.residual[inner], dtype);
       const float u = ref::load_act(c.update.data, u0 + col * w.update[inner], dtype);
-      const float g = ref::load_act(c.gate.data, g0 + col * w.gate[inner], dtype);
-      const float product = ref::round_to(dtype, u * g);
+      const float g = ref::load_act(c.gate.data, g0 + col * w.gate[inner], c.gate.dtype);
+      const float product = c.gate_f32 ? u * g : ref::round_to(dtype, u * g);
       ref::store_act(c.out.data, o0 + col * w.out[inner], dtype, r + product);
     }
   }

@@ -56,8 +56,11 @@ OpCase fl_case(const Fl& s, CaseKind kind, uint32_t seed) {
   c.options = {{"fp8_reciprocal", s.reciprocal}};
   c.tolerance = {1, 1.0, 1.0, 0};
   // cuBLASLt's own fp32 order (split-K among them): both sides are within the contract's K bound of
-  // the fp64 product, which at these K spans several ulps; 2 ulps at most were seen on the H200.
-  c.tolerance_for_impl = {{"fp8_linear.cublaslt", Tolerance{3, 1.0, 1.0, 0}}};
+  // the fp64 product, which at these K spans several ulps (4 at most seen on the H200, at M = 2,
+  // N = 30720, K = 5120 with bias). A sanity check of layout, scales and bias: the contract itself
+  // (byte equality with torch._scaled_mm, the K bound) is checked by tests/python/test_ops_eager.py,
+  // bench/fp8_linear_torch.py and Fp8LinearGpu.
+  c.tolerance_for_impl = {{"fp8_linear.cublaslt", Tolerance{8, 1.0, 1.0, 0}}};
   c.large = s.M * s.N * s.K > (int64_t{1} << 25);
   return c;
 }

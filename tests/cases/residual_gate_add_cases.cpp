@@ -1,6 +1,10 @@
-// residual_gate_add's cases: the spec's GATE_CASES, per-token, per-batch and per-frame gates,
+// residual_gate_add's cases: SGLang's test GATE_CASES, per-token, per-batch and per-frame gates,
 // transposed residual/out ([B, T, H] stored as [B, H, T]), odd widths, pointers off 16 bytes,
-// fp16/bf16/fp32; empty, in-place (refused) and invalid calls. Bit-exact: bytes equal.
+// fp16/bf16/fp32; Wan's promoted chain (an f32 gate beside bf16/f16 data) and row-strided gates
+// (chunks of [B, 6, D] and of [B, S, 6, D]); empty, in-place (refused) and invalid calls.
+// Bit-exact: bytes equal.
+#include <optional>
+
 #include "op_test_driver.h"
 
 namespace ditops::optest {
@@ -12,6 +16,11 @@ struct Rga {
   bool transposed = false;    // residual/out [B, T, H] with strides (T*H, 1, T)
   int64_t misalign = 0;       // elements every pointer is moved off 16-byte alignment
   int64_t residual_misalign = 0;  // elements residual and out alone are moved (after misalign)
+  std::optional<DType> gate_dtype;  // absent: dtype; f32 beside 16-bit data: the promoted chain
+  // A chunk of an adaLN projection: the gate's strides (empty: contiguous) and its first element's
+  // offset in its buffer (added to misalign), e.g. chunk 2 of [B, 6, D]: {6D, D, 1} at 2D.
+  std::vector<int64_t> gate_strides;
+  int64_t gate_chunk_offset = 0;
 };
 
 std::string dims(const std::vector<int64_t>& v) {
@@ -25,15 +34,20 @@ OpCase rga_case(const Rga& s, CaseKind kind, uint32_t seed) {
   c.op = "residual_gate_add";
   c.kind = kind;
   c.seed = seed;
+  const DType gate_dtype = s.gate_dtype.value_or(s.dtype);
   c.name = std::string(dtype_name(s.dtype)) + "_" + dims(s.shape) + "_gate_" + dims(s.gate) +
+           (gate_dtype != s.dtype ? std::string("_") + dtype_name(gate_dtype) : "") +
+           (s.gate_strides.empty() ? "" : "_strides_" + dims(s.gate_strides)) +
            (s.transposed ? "_transposed" : "") + (s.misalign ? "_off" + std::to_string(s.misalign) : "") +
            (s.residual_misalign ? "_residual_off" + std::to_string(s.residual_misalign) : "");
-  TensorCase residual{"residual", s.dtype, s.shape}, update{"update", s.dtype, s.shape}, gate{"gate", s.dtype, s.gate};
+  TensorCase residual{"residual", s.dtype, s.shape}, update{"update", s.dtype, s.shape}, gate{"gate", gate_dtype, s.gate};
   if (s.transposed) residual.strides = {s.shape[1] * s.shape[2], 1, s.shape[1]};
+  gate.strides = s.gate_strides;
   residual.fill = Fill::normal(4.0);
   gate.fill = Fill::normal(0.5);
   residual.offset = s.misalign + s.residual_misalign;
-  update.offset = gate.offset = s.misalign;
+  update.offset = s.misalign;
+  gate.offset = s.misalign + s.gate_chunk_offset;
   TensorCase out{"out", s.dtype, s.shape, residual.strides};
   out.offset = residual.offset;
   c.tensors = {residual, update, gate, out};
@@ -47,7 +61,7 @@ std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
   auto add = [&](const Rga& s, CaseKind kind) { out.push_back(rga_case(s, kind, seed++)); };
-  // The spec's GATE_CASES (model shapes: FLUX, Qwen-Image, SANA).
+  // SGLang's test GATE_CASES (model shapes: FLUX, Qwen-Image, SANA).
   for (const auto& [shape, gate] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
            {{1, 1024, 4096}, {1, 1, 4096}}, {{1, 512, 4096}, {1, 512, 4096}}, {{1, 17, 65}, {1, 1, 65}},
            {{1, 17, 65}, {1, 17, 65}}, {{1, 4096, 3072}, {1, 1, 3072}}, {{1, 512, 3072}, {1, 1, 3072}},
@@ -87,6 +101,45 @@ std::vector<OpCase> make() {
     add({{2, 33, 128}, {2, 1, 128}, dt, false, 3}, CaseKind::misaligned);
     add({{2, 513, 256}, {1, 1, 256}, dt, true, 1}, CaseKind::misaligned);
   }
+  // Wan's gated residuals: `(x.float() + attn_output * gate).type_as(x)` with bf16 x and an f32
+  // gate [B, 1, D] (a chunk of the [B, 6, D] modulation: chunk 2, gate_msa) or per token (Wan 2.2
+  // TI2V: a chunk of [B, S, 6, D] squeezed). 14B D = 5120, 1.3B D = 1536, 81 frames 720p S = 32760.
+  const DType f32 = DType::f32;
+  const auto chunk_of_b6d = [&](int64_t B, int64_t S, int64_t D, DType dt, CaseKind kind) {
+    add({{B, S, D}, {B, 1, D}, dt, false, 0, 0, f32, {6 * D, D, 1}, 2 * D}, kind);
+  };
+  const auto chunk_of_bs6d = [&](int64_t B, int64_t S, int64_t D, DType dt, CaseKind kind) {
+    add({{B, S, D}, {B, S, D}, dt, false, 0, 0, f32, {S * 6 * D, 6 * D, 1}, 5 * D}, kind);
+  };
+  for (int64_t D : {5120, 1536})
+    for (int64_t B : {1, 2}) chunk_of_b6d(B, 32760, D, DType::bf16, CaseKind::model);
+  chunk_of_bs6d(1, 4096, 3072, DType::bf16, CaseKind::model);  // TI2V 5B width, per token
+  chunk_of_bs6d(2, 257, 1536, DType::bf16, CaseKind::model);
+  // The same forms small enough for the CPU, every gate mode with an f32 gate, both 16-bit dtypes.
+  chunk_of_b6d(2, 257, 1536, DType::bf16, CaseKind::strided);
+  chunk_of_b6d(1, 65, 5120, DType::bf16, CaseKind::strided);
+  chunk_of_b6d(2, 1031, 128, DType::f16, CaseKind::strided);
+  chunk_of_b6d(2, 33, 65, DType::bf16, CaseKind::strided);  // odd width: the scalar path
+  chunk_of_bs6d(2, 33, 128, DType::bf16, CaseKind::strided);
+  chunk_of_bs6d(1, 17, 65, DType::f16, CaseKind::strided);
+  for (DType dt : {DType::bf16, DType::f16}) {
+    add({{3, 1031, 72}, {1, 1, 72}, dt, false, 0, 0, f32}, CaseKind::odd);     // row
+    add({{1, 9, 64}, {1, 9, 64}, dt, false, 0, 0, f32}, CaseKind::odd);        // full
+    add({{2, 33, 128}, {2, 33, 1}, dt, false, 0, 0, f32}, CaseKind::odd);      // per token [..., 1]
+    add({{2, 1031, 128}, {2, 1, 128}, dt, false, 0, 0, f32}, CaseKind::odd);   // batch
+    add({{2, 3, 5, 64}, {2, 3, 1, 64}, dt, false, 0, 0, f32}, CaseKind::odd);  // per frame
+    add({{2, 33, 65}, {2, 1, 65}, dt, false, 0, 0, f32}, CaseKind::odd);       // batch, scalar path
+    add({{5, 7}, {1, 7}, dt, false, 0, 0, f32}, CaseKind::odd);                // rank 2, tiny
+  }
+  // Row-strided gates of residual's own dtype (the same indexing without promotion).
+  add({{2, 1031, 128}, {2, 1, 128}, DType::bf16, false, 0, 0, std::nullopt, {6 * 128, 128, 1}, 128}, CaseKind::strided);
+  add({{2, 33, 65}, {2, 1, 65}, DType::f32, false, 0, 0, std::nullopt, {6 * 65, 65, 1}, 3 * 65}, CaseKind::strided);
+  add({{2, 9, 64}, {2, 9, 64}, DType::f32, false, 0, 0, std::nullopt, {9 * 6 * 64, 6 * 64, 1}, 64}, CaseKind::strided);
+  // f32 gates off 16 bytes: the pointers, and gate rows 8 bytes off (a row stride of 6 D + 2).
+  add({{1, 1024, 4096}, {1, 1, 4096}, DType::bf16, false, 1, 0, f32}, CaseKind::misaligned);
+  add({{2, 64, 128}, {2, 1, 128}, DType::bf16, false, 0, 0, f32, {6 * 128 + 2, 128, 1}, 2 * 128}, CaseKind::misaligned);
+  add({{2, 33, 128}, {2, 33, 1}, DType::f16, false, 3, 0, f32}, CaseKind::misaligned);
+
   // Empty: no tokens.
   add({{1, 0, 64}, {1, 1, 64}}, CaseKind::empty);
   // torch gives the empty [2, 0, 64] strides (64, 64, 1): no element, so any strides are contiguous.
@@ -120,6 +173,33 @@ std::vector<OpCase> make() {
   c.tensors = {{"residual", DType::bf16, {64}}, {"update", DType::bf16, {64}}, {"gate", DType::bf16, {64}},
                {"out", DType::bf16, {64}}};
   c.invalid = {"residual must have rank >= 2 but has rank 1"};
+  out.push_back(c);
+  // Dtypes the promoted chain does not take, each named with what is expected.
+  c = rga_case({{2, 8, 64}, {1, 1, 64}, DType::bf16, false, 0, 0, DType::f16}, CaseKind::invalid, seed++);
+  c.name = "gate_f16_beside_bf16";
+  c.invalid = {"gate.dtype must be bf16 (as residual) or f32", "but is f16"};
+  out.push_back(c);
+  c = rga_case({{2, 8, 64}, {1, 1, 64}, DType::f32, false, 0, 0, DType::bf16}, CaseKind::invalid, seed++);
+  c.name = "gate_bf16_beside_f32";
+  c.invalid = {"gate.dtype must be f32 (as residual) but is bf16"};
+  out.push_back(c);
+  c = rga_case({{2, 8, 64}, {1, 1, 64}, DType::bf16, false, 0, 0, DType::f32}, CaseKind::invalid, seed++);
+  c.name = "update_f32_beside_bf16";
+  c.tensors[1].dtype = DType::f32;
+  c.invalid = {"update.dtype must be bf16 (as residual) but is f32"};
+  out.push_back(c);
+  c = rga_case({{2, 33, 128}, {1, 1, 128}, DType::bf16, true, 0, 0, DType::f32}, CaseKind::invalid, seed++);
+  c.name = "gate_f32_transposed";
+  c.invalid = {"an f32 gate takes the contiguous layout", "but is f32"};
+  out.push_back(c);
+  // Gate rows that are not one stride apart, and a gate row that is not contiguous.
+  c = rga_case({{2, 4, 64}, {2, 4, 64}, DType::bf16, false, 0, 0, DType::f32, {1024, 128, 1}}, CaseKind::invalid, seed++);
+  c.name = "gate_rows_two_strides";
+  c.invalid = {"gate.stride(0) must be 512", "but is 1024"};
+  out.push_back(c);
+  c = rga_case({{2, 4, 64}, {2, 1, 64}, DType::bf16, false, 0, 0, DType::f32, {256, 128, 2}}, CaseKind::invalid, seed++);
+  c.name = "gate_row_not_contiguous";
+  c.invalid = {"gate.stride(2) must be 1", "but is 2"};
   out.push_back(c);
   return out;
 }

@@ -157,7 +157,7 @@ def test_list_kernels_has_every_qknorm_rope_implementation():
 def test_explain_chooses_the_reference_for_cpu_arrays():
     q, k, wq, wk, cache, pos, _ = make_qknorm_rope_inputs(4, 2, 2, 128, 128)
     q0 = q.copy()
-    report = ditops.explain("qknorm_rope", q, k, wq, wk, cache, pos, is_neox=True)
+    report = ditops.explain("qknorm_rope", q, k, wq, wk, cache, pos, is_neox=True, quality="high")
     assert report.op == "qknorm_rope" and report.device == "cpu"
     assert report.chosen == "qknorm_rope.reference"
     by_name = {c["name"]: c for c in report.candidates}
@@ -165,6 +165,11 @@ def test_explain_chooses_the_reference_for_cpu_arrays():
     assert not by_name["qknorm_rope.jit"]["eligible"] and "cpu" in by_name["qknorm_rope.jit"]["reason"]
     assert "CHOSEN" in str(report)
     assert np.array_equal(q, q0)  # explain runs nothing
+    assert report.quality == "high" and report.admitting_quality is None and report.admitting_choice is None
+    # Nothing eligible (the named backend cannot take CPU arrays), and no tier would change that.
+    refused = ditops.explain("qknorm_rope", q, k, wq, wk, cache, pos, backend="jit", quality="exact")
+    assert refused.chosen is None and refused.quality == "exact" and refused.admitting_quality is None
+    assert "no eligible implementation at quality exact\n" in str(refused)
 
 
 def test_explain_errors():

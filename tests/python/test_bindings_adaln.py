@@ -205,7 +205,7 @@ def test_norm_scale_shift_in_place_output():
 
 @pytest.fixture
 def torch():
-    return pytest.importorskip("torch")
+    return pytest.importorskip("torch", reason="PyTorch is not installed")
 
 
 def ln_inputs(torch, B=2, S=5, D=64, seed=0):
@@ -329,3 +329,41 @@ def test_explain_layernorm_ops(torch):
         assert r.chosen is not None and r.chosen.endswith(".reference"), (op, str(r))
     with pytest.raises(ditops.Error, match="scale"):
         ditops.explain("layernorm_modulate", x, scale[:1], shift)
+
+
+# ---------------------------------------------------------------- Wan's float32 chains
+
+
+def test_residual_gate_add_f32_gate_is_the_promoted_chain():
+    """An f32 gate beside f16 data (a chunk of [B, 6, D]: a strided view): Wan's
+    (x.float() + update * gate).type_as(x), numpy's own f32 arithmetic as the oracle."""
+    rng = np.random.default_rng(8)
+    B, S, D = 2, 5, 40
+    r = (4 * rng.standard_normal((B, S, D))).astype(np.float16)
+    u = rng.standard_normal((B, S, D)).astype(np.float16)
+    g = (0.5 * rng.standard_normal((B, 6, D))).astype(np.float32)[:, 2:3]
+    out = ditops.residual_gate_add(r, u, g)
+    assert out.dtype == np.float16
+    assert np.array_equal(out, (r.astype(np.float32) + u.astype(np.float32) * g).astype(np.float16))
+    assert not np.array_equal(out, rga_expected(r, u, g.astype(np.float16)))
+    with pytest.raises(ditops.Error, match="gate.dtype must be f32 \\(as residual\\) but is f16"):
+        ditops.residual_gate_add(r.astype(np.float32), u.astype(np.float32), g.astype(np.float16))
+
+
+def test_norm_scale_shift_float32_numerics_is_wans_chain():
+    """numerics="float32": f16 x and residual, f32 operands; residual_out exact, y close to float64."""
+    rng = np.random.default_rng(9)
+    B, S, D = 2, 3, 64
+    x, res = (rng.standard_normal((B, S, D)).astype(np.float16) for _ in range(2))
+    mod = (0.3 * rng.standard_normal((B, 6, D))).astype(np.float32)
+    shift, scale, gate = mod[:, 0:1], mod[:, 1:2], mod[:, 2:3]
+    o = ditops.norm_scale_shift(x, scale, shift, residual=res, gate=gate, numerics="float32")
+    v = (res.astype(np.float32) + x.astype(np.float32) * gate).astype(np.float16)
+    assert o.y.dtype == np.float16 and np.array_equal(o.residual_out, v)
+    np.testing.assert_allclose(o.y.astype(np.float64), nss_float64(v, scale, shift, 1e-6), rtol=2e-3, atol=2e-3)
+    w, b = (1 + 0.2 * rng.standard_normal(D)).astype(np.float32), (0.1 * rng.standard_normal(D)).astype(np.float32)
+    n = ditops.norm_scale_shift(x, weight=w, bias=b, numerics="float32")  # norm2: no modulation
+    np.testing.assert_allclose(n.y.astype(np.float64), nss_float64(x, np.zeros(D), None, 1e-6) * w + b,
+                               rtol=2e-3, atol=2e-3)
+    with pytest.raises(ditops.Error, match="scale.dtype must be f32 \\(numerics=float32"):
+        ditops.norm_scale_shift(x, scale.astype(np.float16), numerics="float32")

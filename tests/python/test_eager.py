@@ -3,9 +3,9 @@ the diffusers chains are written op for op as diffusers writes them (compared wi
 modules where diffusers is installed). Bit-exactness against the fused kernel is a CUDA matter
 (test_ops_eager.py)."""
 import pytest
-import torch
 
-from ditops import eager
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (ditops.eager's chains are torch code)")
+from ditops import eager  # noqa: E402
 
 
 def _qk_inputs(D, dtype, seed=0):
@@ -50,7 +50,7 @@ def test_weight_rounding_twice_differs_from_once_on_random_weights(dtype):
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_mean_chains_are_diffusers_modules(D, dtype):
-    normalization = pytest.importorskip("diffusers.models.normalization")
+    normalization = pytest.importorskip("diffusers.models.normalization", reason="diffusers is not installed")
     g = torch.Generator().manual_seed(D)
     x = torch.randn(2, 33, 3, D, generator=g).to(dtype)  # [B, S, H, D] as the processors pass it
     weight = (1 + 0.5 * torch.randn(D, generator=g)).to(dtype)
@@ -62,3 +62,58 @@ def test_mean_chains_are_diffusers_modules(D, dtype):
         mochi.weight.copy_(weight)
         assert torch.equal(rms(x), eager.rms_norm_mean_eager(x, weight, eps, round_twice=True))
         assert torch.equal(mochi(x), eager.rms_norm_mean_eager(x, weight, eps, round_twice=False))
+
+
+def _wan_inputs(B, S, D, per_token, seed=0):
+    """bf16 hidden states and updates; the f32 modulation as Wan's block builds it: chunks of
+    [B, 6, D] (14B) or of [B, S, 6, D] squeezed (2.2 TI2V)."""
+    g = torch.Generator().manual_seed(seed)
+    hidden, update = (torch.randn(B, S, D, generator=g).to(torch.bfloat16) for _ in range(2))
+    if per_token:
+        chunks = [c.squeeze(2) for c in (0.3 * torch.randn(B, S, 6, D, generator=g)).chunk(6, dim=2)]
+    else:
+        chunks = list((0.3 * torch.randn(B, 6, D, generator=g)).chunk(6, dim=1))
+    return hidden, update, chunks
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_wan_float32_chains_are_diffusers_block_ops(per_token):
+    """The chains of norm_scale_shift's numerics="float32" and of residual_gate_add's f32 gate are
+    WanTransformerBlock.forward's expressions (diffusers 0.42.1) op for op, FP32LayerNorm included."""
+    normalization = pytest.importorskip("diffusers.models.normalization")
+    B, S, D, eps = 2, 9, 64, 1e-6
+    hidden, attn, (shift, scale, gate, c_shift, c_scale, c_gate) = _wan_inputs(B, S, D, per_token)
+    norm1 = normalization.FP32LayerNorm(D, eps, elementwise_affine=False)
+    norm2 = normalization.FP32LayerNorm(D, eps, elementwise_affine=True)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        norm2.weight.copy_(1 + 0.2 * torch.randn(D, generator=g))
+        norm2.bias.copy_(0.1 * torch.randn(D, generator=g))
+        y1 = (norm1(hidden.float()) * (1 + scale) + shift).type_as(hidden)
+        assert torch.equal(y1, eager.norm_scale_shift_float32_eager(hidden, scale, shift, eps=eps)[0])
+        h2 = (hidden.float() + attn * gate).type_as(hidden)
+        assert torch.equal(h2, eager.residual_gate_add_float32_eager(hidden, attn, gate))
+        y2 = norm2(h2.float()).type_as(h2)
+        fused_y, fused_v = eager.norm_scale_shift_float32_eager(attn, None, None, eps=eps, weight=norm2.weight,
+                                                                bias=norm2.bias, residual=hidden, gate=gate)
+        assert torch.equal(fused_v, h2) and torch.equal(fused_y, y2)
+        h3 = h2 + attn  # the cross-attention residual, then norm3
+        y3 = (norm1(h3.float()) * (1 + c_scale) + c_shift).type_as(h3)
+        fused_y, fused_v = eager.norm_scale_shift_float32_eager(attn, c_scale, c_shift, eps=eps, residual=h2)
+        assert torch.equal(fused_v, h3) and torch.equal(fused_y, y3)
+        h4 = (h3.float() + attn.float() * c_gate).type_as(h3)  # the FFN's form
+        assert torch.equal(h4, eager.residual_gate_add_float32_eager(h3, attn, c_gate))
+
+
+def test_float32_options_route_to_the_float32_chains():
+    hidden, attn, (shift, scale, gate, *_) = _wan_inputs(1, 5, 32, False)
+    out = eager.oracle_outputs("residual_gate_add", {"residual": hidden, "update": attn, "gate": gate}, {})
+    assert out["out"].dtype == torch.bfloat16
+    assert torch.equal(out["out"], eager.residual_gate_add_float32_eager(hidden, attn, gate))
+    x = {"x": hidden, "scale": scale, "shift": shift}
+    y = eager.oracle_outputs("norm_scale_shift", x, {"numerics": "float32"})["y"]
+    assert y.dtype == torch.bfloat16 and torch.equal(y, eager.norm_scale_shift_float32_eager(hidden, scale, shift)[0])
+    assert eager.oracle_outputs("norm_scale_shift", x, {"numerics": "sglang"}) is None
+    # The eager numerics without a scale: F.layer_norm alone.
+    y = eager.oracle_outputs("norm_scale_shift", {"x": hidden}, {})["y"]
+    assert torch.equal(y, torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6))

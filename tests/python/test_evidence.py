@@ -55,7 +55,7 @@ def test_a_promotion_record_must_match_the_timing_records(tmp_path):
 
 
 def test_the_admission_rule():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     gen = torch.Generator().manual_seed(0)
     exact = torch.randn(4096, generator=gen, dtype=torch.float64)
     eager = exact.to(torch.bfloat16)

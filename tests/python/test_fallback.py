@@ -11,7 +11,7 @@ import warnings
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import ditops  # noqa: E402
 import ditops.torch as dtorch  # noqa: E402

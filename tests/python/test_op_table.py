@@ -40,6 +40,47 @@ def test_python_functions_take_the_cpp_defaults():
         assert params["backend"].default is None and params["stream"].default is None
 
 
+def test_raw_call_arguments_match_the_ffi_entry_for_every_op():
+    """_codegen.call_arguments (the host-overhead benchmark's raw call) gives exactly the count the
+    FFI entry expects for every op: one fewer is refused as a count, these reach argument matching."""
+    from ditops import _codegen
+    for index, op in enumerate(ditops.op_table()):
+        args = _codegen.call_arguments(op, {})
+        assert len(args) == len(op["tensors"]) + len(op["options"]) + 2, op["name"]
+        with pytest.raises(ditops.Error, match="arguments after the op") as short:
+            ditops._call(index, True, -1, *args[:-1])
+        assert f"expected {len(args)} arguments after the op but got {len(args) - 1}" in str(short.value)
+        try:  # every tensor absent: matching refuses the call, the count is not the complaint
+            ditops._call(index, True, -1, *args)
+        except ditops.Error as e:
+            assert "arguments after the op" not in str(e), (op["name"], str(e))
+
+
+def test_raw_call_arguments_run_the_op():
+    from ditops import _codegen
+    from conftest import make_qknorm_rope_inputs
+    table = ditops.op_table()
+    index = [op["name"] for op in table].index("qknorm_rope")
+    q, k, wq, wk, cache, pos, _ = make_qknorm_rope_inputs(3, 2, 2, 64, 64)
+    tensors = dict(q=q.copy(), k=k.copy(), q_weight=wq, k_weight=wk, cos_sin_cache=cache, positions=pos)
+    args = _codegen.call_arguments(table[index], tensors, dict(is_neox=True, eps=1e-5))
+    assert str(ditops._call(index, False, -1, *args)) == "qknorm_rope.reference"
+    q2, k2 = q.copy(), k.copy()
+    ditops.qknorm_rope(q2, k2, wq, wk, cache, pos, is_neox=True, eps=1e-5)  # the generated function
+    assert np.array_equal(tensors["q"], q2) and np.array_equal(tensors["k"], k2)
+    with pytest.raises(ValueError, match="qknorm_rope: no option named is_neo "):
+        _codegen.call_arguments(table[index], tensors, dict(is_neo=True))
+    with pytest.raises(ValueError, match="qknorm_rope: no tensor named x "):
+        _codegen.call_arguments(table[index], dict(x=q))
+
+
+def test_gemm_flag_is_exported():
+    """`gemm` (benchmarks report the read roof) is a bool of every op, set only on GEMMs/GEMVs."""
+    table = ditops.op_table()
+    assert all(isinstance(op["gemm"], bool) for op in table)
+    assert {op["name"] for op in table if op["gemm"]} == {"fp8_linear"}
+
+
 def test_known_cpp_defaults_reach_python():
     qk = inspect.signature(ditops.qknorm_rope).parameters
     assert qk["eps"].default == 1e-06 and qk["rounding"].default == "rounded" and qk["use_pdl"].default is True
@@ -50,7 +91,7 @@ def test_known_cpp_defaults_reach_python():
 
 
 def test_torch_schemas_take_the_cpp_defaults():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     import ditops.torch  # noqa: F401 (registers the ops)
     for op in ditops.op_table():
         schema = getattr(torch.ops.ditops, op["name"]).default._schema
@@ -103,7 +144,7 @@ def test_alloc_rules_evaluate_in_python_as_in_cpp():
 
 
 def test_format_outputs_keep_the_dimension_order_of_their_tensor():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     x = torch.zeros(1, 4, 2, 3, 5).to(memory_format=torch.channels_last_3d)
     out = ditops._dense_in_order_of(x, (1, 4, 3, 5, 7), torch.float16)
     assert out.shape == (1, 4, 3, 5, 7) and out.dtype == torch.float16

@@ -26,6 +26,12 @@ def _eager(case, x):
 
 
 CASES = [c for c in _cases() if not c["invalid"] and c["kind"] != "empty"]
+# Looked up once: a thousand cases would otherwise copy the whole table each.
+TABLE = {op["name"]: op for op in ditops.op_table()}
+# The implementations each case tries: those bit-exact to an eager chain (or torch._scaled_mm).
+EAGER_EXACT = {name: [k for k in ditops.list_kernels(name) if k["provenance"] != "reference"
+                      and k["contract"] == "bit_exact"
+                      and ("eager" in k["oracle"] or "torch._scaled_mm" in k["oracle"])] for name in TABLE}
 
 
 @pytest.mark.skipif(not CASES, reason="DITOPS_EXPORT_OP_CASES does not name the case exporter")
@@ -36,13 +42,9 @@ def test_every_eligible_implementation_equals_the_eager_chain(case):
     if want is None:
         pytest.skip("no eager chain is this case's oracle (the C++ driver compares it with the reference)")
     fn = getattr(ditops, case["op"])
-    table = next(op for op in ditops.op_table() if op["name"] == case["op"])
-    options, absent = op_cases.options_and_absent(case, table)
+    options, absent = op_cases.options_and_absent(case, TABLE[case["op"]])
     ran = 0
-    for kernel in ditops.list_kernels(case["op"]):
-        chain = "eager" in kernel["oracle"] or "torch._scaled_mm" in kernel["oracle"]
-        if kernel["provenance"] == "reference" or kernel["contract"] != "bit_exact" or not chain:
-            continue
+    for kernel in EAGER_EXACT[case["op"]]:
         x = {**_tensors(case, case["seed"]), **absent}
         report = ditops.explain(case["op"], **x, **options, backend=kernel["provenance"], quality="high")
         if report.chosen != kernel["name"]:

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 
 import ditops  # noqa: E402
 import op_cases  # noqa: E402

@@ -15,6 +15,7 @@ from conftest import cuda_or_skip
 torch = cuda_or_skip()
 import ditops  # noqa: E402
 import ditops.torch as dt  # noqa: E402
+from ditops import _codegen  # noqa: E402
 from ditops.eager import qknorm_rope_eager  # noqa: E402
 
 DEV = "cuda"
@@ -211,10 +212,13 @@ def test_host_overhead_per_call():
     the cost of the Python layer + TVM-FFI + the facade, which the GPU hides only for big calls."""
     q, k, wq, wk, cache, pos = inputs(1, 24, 24)
     direct = ditops._call
-    index = [op["name"] for op in ditops.op_table()].index("qknorm_rope")
+    table = ditops.op_table()
+    index = [op["name"] for op in table].index("qknorm_rope")
+    # The raw FFI arguments from the op table (every other option at its C++ default).
+    args = _codegen.call_arguments(table[index], dict(q=q, k=k, q_weight=wq, k_weight=wk, cos_sin_cache=cache,
+                                                      positions=pos), dict(is_neox=False, eps=1e-6))
     calls = {
-        "ffi_direct": lambda: direct(index, False, -1, q, k, wq, wk, cache, pos, False, 1e-6, 0, False, "rounded",
-                                     "aten", True, None, None),
+        "ffi_direct": lambda: direct(index, False, -1, *args),
         "ditops.qknorm_rope": lambda: ditops.qknorm_rope(q, k, wq, wk, cache, pos),
         "torch.ops.ditops.qknorm_rope": lambda: torch.ops.ditops.qknorm_rope(q, k, wq, wk, cache, pos),
     }

@@ -7,6 +7,8 @@ of a supported model, and one call restores it.
     ...
     ditops.diffusers.disable(pipe)                # the same processor objects and forwards as before
 
+    ditops.diffusers.enable(pipe, cuda_graph=True)  # also one CUDA graph per input signature (_graphs.py)
+
 Supported (diffusers >=0.42.1,<0.43, the release range whose model code was read and tested):
 FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel, WanTransformer3DModel,
 HunyuanVideoTransformer3DModel, LTX2VideoTransformer3DModel (LTX-2). Each site keeps a first-sight check against the model's own chain
@@ -27,11 +29,13 @@ import ditops
 from ditops import Error
 import ditops.torch  # noqa: F401  (registers torch.ops.ditops.*)
 
-from . import _sites
+from . import _graphs, _sites
+from ._graphs import CaptureReport, CapturedForward, capture, captured, release
 from ._patching import Plan
 
 __all__ = ["enable", "disable", "plan", "enabled", "Report", "UnsupportedError", "SUPPORTED_MODELS",
-           "TESTED_DIFFUSERS", "SITE_CLASSES"]
+           "TESTED_DIFFUSERS", "SITE_CLASSES", "capture", "release", "captured", "CaptureReport",
+           "CapturedForward"]
 
 # The diffusers releases whose model code the patched processors and forwards follow.
 TESTED_DIFFUSERS = ">=0.42.1,<0.43"
@@ -69,6 +73,7 @@ class Report:
         self.sites = list(sites)
         self.skipped = list(skipped)
         self.patched = patched
+        self.graphs = None  # the CaptureReport of enable(..., cuda_graph=True)
 
     def __getitem__(self, name: str):
         for site in self.sites:
@@ -82,7 +87,8 @@ class Report:
     def as_dict(self) -> dict:
         return {"model": self.model_class, "diffusers": self.diffusers_version, "quality": self.quality,
                 "device": self.device, "patched": self.patched,
-                "sites": [s.as_dict() for s in self.sites], "skipped": [list(s) for s in self.skipped]}
+                "sites": [s.as_dict() for s in self.sites], "skipped": [list(s) for s in self.skipped],
+                "graphs": self.graphs.as_dict() if self.graphs is not None else None}
 
     def __str__(self):
         head = (f"ditops.diffusers: {self.model_class} (diffusers {self.diffusers_version}) on {self.device}, "
@@ -114,6 +120,8 @@ class Report:
                 rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
         for path, why in self.skipped:
             rows.append(f"  not patched: {path}: {why}")
+        if self.graphs is not None:
+            rows.append(str(self.graphs))
         return "\n".join(rows)
 
     def __repr__(self):
@@ -255,7 +263,8 @@ def plan(model_or_pipeline, quality=None, *, sites=None, probe: bool = False) ->
 
 
 def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
-           allow_cpu: bool = False) -> Report:
+           allow_cpu: bool = False, cuda_graph: bool = False,
+           max_graphs: int = _graphs.DEFAULT_MAX_GRAPHS) -> Report:
     """Install ditops at every site of a supported diffusers transformer (a model, or a pipeline's
     transformer and transformer_2). Returns the Report (live: it counts calls as the model runs).
 
@@ -269,11 +278,15 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
       chain (the report's note names it); the first-sight check decides there.
     allow_cpu: patch a model on the CPU, where the ops run their CPU reference (for tests: the
       reference is not bit-exact to CPU PyTorch, so in the exact tier most sites fall back).
+    cuda_graph: also capture(model_or_pipeline, max_graphs=max_graphs): one CUDA graph per input
+      signature, the first call of each eager (the sites' checks run there); report.graphs.
 
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a
     model already enabled. Run one eager forward before torch.compile or CUDA-graph capture: the
     first-sight checks never run while tracing or capturing."""
+    if cuda_graph:
+        _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
                                   allow_cpu=allow_cpu)
     done = []
@@ -288,13 +301,18 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
         _ENABLED[model] = _Enabled([plan_], report)
+        _graphs.forget(model)  # graphs captured before ran the model's code at the sites
+    if cuda_graph:
+        report.graphs = _graphs._install(model_or_pipeline, max_graphs, reuse=True)
     return report
 
 
 def disable(model_or_pipeline) -> Report | None:
-    """Restore every processor and forward enable changed (the same objects). Returns the report
-    of what had been enabled, or None when ditops was not enabled on it."""
+    """Restore every processor and forward enable changed (the same objects), and free the graphs
+    of a capture (enable(..., cuda_graph=True) or capture()). Returns the report of what had been
+    enabled, or None when ditops was not enabled on it."""
     report = None
+    _graphs.release(model_or_pipeline)
     for _, model in _transformers(model_or_pipeline):
         record = _ENABLED.pop(model, None)
         if record is None:

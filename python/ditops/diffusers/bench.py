@@ -1,5 +1,6 @@
-"""Real-width diffusers transformer blocks with random bf16 weights, timed four ways in one run:
-eager, eager + ditops, torch.compile, torch.compile + ditops.
+"""Real-width diffusers transformer blocks with random bf16 weights, timed six ways in one run:
+eager, eager + ditops, torch.compile, torch.compile + ditops, and the whole forward in CUDA graphs
+(ditops.diffusers.capture) without and with ditops: eager + graph, eager + ditops + graph.
 
     python -m ditops.diffusers.bench --model flux --blocks 2 --tokens 4608 --json flux.json
 
@@ -7,7 +8,8 @@ Prints the median time per forward and per block of each variant (CUDA events ar
 forward, after warm-up), the speed-ups, and where the CUDA time goes (torch.profiler over a few
 forwards, kernels sorted by name into GEMM, attention, ditops and the rest, the glue: norms,
 RoPE, modulation, residuals, copies, fused Triton kernels). --json writes the records with the
-device, the date and the commit. Needs a CUDA device and diffusers.
+device, the date and the commit. The graph variants also print the memory the first graph and
+one more graph (the same shapes, another signature) cost. Needs a CUDA device and diffusers.
 
 Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens of it as text
 (default 512) and the rest as a square-ish image grid; FLUX.1's and HunyuanVideo's --blocks are
@@ -30,7 +32,7 @@ import statistics
 import subprocess
 import sys
 
-VARIANTS = ("eager", "eager+ditops", "compile", "compile+ditops")
+VARIANTS = ("eager", "eager+ditops", "compile", "compile+ditops", "eager+graph", "eager+ditops+graph")
 
 # Real widths (the released checkpoints' configs); blocks and tokens come from the command line.
 CONFIGS = {
@@ -233,6 +235,19 @@ def kernel_shares(torch, fn, iters):
     return {k: v / iters for k, v in totals.items()}
 
 
+def graph_memory(torch, call):
+    """Device memory (MiB) that call() adds: reserved and allocated by PyTorch's allocator, and
+    used on the device (cudaMemGetInfo: also the CUDA graph objects themselves)."""
+    torch.cuda.synchronize()
+    reserved, allocated, free = torch.cuda.memory_reserved(), torch.cuda.memory_allocated(), torch.cuda.mem_get_info()[0]
+    call()
+    torch.cuda.synchronize()
+    mib = 1 << 20
+    return {"reserved_mib": (torch.cuda.memory_reserved() - reserved) / mib,
+            "allocated_mib": (torch.cuda.memory_allocated() - allocated) / mib,
+            "device_mib": (free - torch.cuda.mem_get_info()[0]) / mib}
+
+
 def commit_of_package() -> str:
     here = os.path.dirname(os.path.realpath(__file__))
     try:
@@ -271,39 +286,59 @@ def main(argv=None) -> int:
                 return out[0] if len(out) == 1 else torch.cat([o.flatten() for o in out])  # LTX-2: video, audio
         return call
 
-    results, outputs, reports = {}, {}, {}
+    results, outputs, reports, capture_text, capture_dicts, memory = {}, {}, {}, {}, {}, {}
     for variant in args.variants:
-        uses_ditops, compiled = variant.endswith("+ditops"), variant.startswith("compile")
-        if dd.enabled(model):
+        uses_ditops, compiled = "+ditops" in variant, variant.startswith("compile")
+        graphed = variant.endswith("+graph")
+        if dd.enabled(model) or dd.captured(model):
             dd.disable(model)
         torch._dynamo.reset()
         if uses_ditops:
-            reports[variant] = dd.enable(model, args.quality, probe=args.probe)
-            forward(model)()  # first-sight checks run eagerly, before any tracing
+            reports[variant] = dd.enable(model, args.quality, probe=args.probe, cuda_graph=graphed)
+            forward(model)()  # first-sight checks run eagerly, before any tracing or capture
+        elif graphed:
+            dd.capture(model)
+            forward(model)()  # the signature's first call runs eagerly
         target = torch.compile(model, fullgraph=fullgraph, mode=args.compile_mode) if compiled else model
         fn = forward(target)
+        if graphed:
+            # the second call captures; then one more graph: the same shapes, another signature
+            memory[variant] = {"first_graph": graph_memory(torch, fn)}
+            other = dict(inputs, return_dict=True)
+
+            def capture_another():
+                with torch.inference_mode():
+                    model(**other), model(**other)
+            memory[variant]["one_more_graph"] = graph_memory(torch, capture_another)
         outputs[variant] = fn()
         median, times = time_forward(torch, fn, args.iters, args.warmup)
         shares = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else None
         results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares}
-        print(f"{variant:>15}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
+        if graphed:
+            capture_text[variant], capture_dicts[variant] = str(dd.captured(model)), dd.captured(model).as_dict()
+        print(f"{variant:>18}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
               f"(min {min(times):.3f}, max {max(times):.3f}, {len(times)} runs)", flush=True)
-    if dd.enabled(model):
+    if dd.enabled(model) or dd.captured(model):
         dd.disable(model)
 
     print(f"\n{CLASSES[args.model]} x{args.blocks} blocks, {shape}, batch {args.batch}, bf16, "
           f"{torch.cuda.get_device_name()}")
-    base = {"eager+ditops": "eager", "compile+ditops": "compile", "compile": "eager"}
+    base = {"eager+ditops": "eager", "compile+ditops": "compile", "compile": "eager", "eager+graph": "eager",
+            "eager+ditops+graph": "eager"}
     speedups = {}
     for variant, ref in base.items():
         if variant in results and ref in results:
             speedups[f"{variant} vs {ref}"] = results[ref]["ms"] / results[variant]["ms"]
-    if "eager+ditops" in results and "compile" in results:
-        speedups["eager+ditops vs compile"] = results["compile"]["ms"] / results["eager+ditops"]["ms"]
+    for variant in ("eager+ditops", "eager+ditops+graph"):
+        if variant in results and "compile" in results:
+            speedups[f"{variant} vs compile"] = results["compile"]["ms"] / results[variant]["ms"]
+    if "eager+ditops+graph" in results and "eager+graph" in results:
+        speedups["eager+ditops+graph vs eager+graph"] = results["eager+graph"]["ms"] / results["eager+ditops+graph"]["ms"]
     for name, x in speedups.items():
         print(f"  {name}: {x:.3f}x")
     equal = {}
-    for variant, ref in (("eager+ditops", "eager"), ("compile+ditops", "compile")):
+    for variant, ref in (("eager+ditops", "eager"), ("compile+ditops", "compile"), ("eager+graph", "eager"),
+                         ("eager+ditops+graph", "eager")):
         if variant in outputs and ref in outputs:
             a, b = outputs[variant], outputs[ref]
             equal[variant] = {"torch_equal": bool(torch.equal(a, b)),
@@ -315,11 +350,17 @@ def main(argv=None) -> int:
         for variant, r in results.items():
             k = r["kernels_us"]
             total = sum(k.values()) or 1.0
-            print(f"  {variant:>15}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
+            print(f"  {variant:>18}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
                   f"{k['glue']:9.1f} ({100 * k['glue'] / total:4.1f} % glue, "
                   f"{100 * k['ditops'] / total:4.1f} % ditops)")
+    for variant, m in memory.items():
+        print(f"\n  [{variant}] memory, MiB reserved / allocated / on the device: "
+              + "; ".join(f"{what.replace('_', ' ')} +{d['reserved_mib']:.1f} / +{d['allocated_mib']:.1f} / "
+                          f"+{d['device_mib']:.1f}" for what, d in m.items()))
     for variant, report in reports.items():
         print(f"\n[{variant}] {report}")
+    for variant, text in capture_text.items():
+        print(f"\n[{variant}] {text}")
 
     if args.json:
         props = torch.cuda.get_device_properties(0)
@@ -336,7 +377,8 @@ def main(argv=None) -> int:
         records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
                         min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
                         output=equal.get(variant),
-                        report=reports[variant].as_dict() if variant in reports else None)
+                        report=reports[variant].as_dict() if variant in reports else None,
+                        graphs=capture_dicts.get(variant), graph_memory=memory.get(variant))
                    for variant, r in results.items()]
         with open(args.json, "w") as f:
             json.dump({"records": records, "speedups": speedups}, f, indent=1)

@@ -185,12 +185,15 @@ struct CrossHeadKey {
   bool rounded = true;
   int vectors = 1;  // 4-element vectors per thread: ceil(max(Nq, Nk) / 512)
   int head_dim = 128;
+  int table = kTableScalar;  // how cos/sin are read (kernels/cross_head_qknorm_rope.cuh)
   bool pdl = true;
 
-  // "bf16,interleaved,rounded,v10,d128,pdl"
+  // "bf16,interleaved,rounded,v10,d128,hoisted,pdl"
   std::string to_string() const {
+    static const char* tables[] = {"scalar", "vector", "hoisted"};
     return std::string(dtype_name(dtype)) + "," + cross_head_rope_name(rope) + (rounded ? ",rounded" : ",fp32") +
-           ",v" + std::to_string(vectors) + ",d" + std::to_string(head_dim) + (pdl ? ",pdl" : ",nopdl");
+           ",v" + std::to_string(vectors) + ",d" + std::to_string(head_dim) + "," + tables[table] +
+           (pdl ? ",pdl" : ",nopdl");
   }
   uint64_t packed() const {
     uint64_t v = static_cast<uint64_t>(dtype);
@@ -198,10 +201,28 @@ struct CrossHeadKey {
     v = v * 2 + rounded;
     v = v * 32 + static_cast<uint64_t>(vectors);
     v = v * 1024 + static_cast<uint64_t>(head_dim);
+    v = v * 4 + static_cast<uint64_t>(table);
     v = v * 2 + pdl;
     return v;
   }
 };
+
+// The fastest way the kernel may read both tensors' tables (every table read the same way).
+int table_access(const CrossHeadQkNormRopeCall& c) {
+  if (c.options.rope == CrossHeadRope::none) return kTableScalar;
+  const CrossHeadRows* rows[] = {&c.q_rows, &c.k_rows};
+  const int64_t D = c.options.head_dim;
+  bool hoisted = (4 * kCrossHeadThreads) % D == 0, vector = true;
+  const int64_t values = c.options.rope == CrossHeadRope::split ? 4 : 2;  // per vector, 4 bytes each
+  for (const CrossHeadRows* r : rows)
+    for (const auto& [table, strides] : {std::pair<const float*, const int64_t*>{r->cos, r->cos_strides},
+                                         {r->sin, r->sin_strides}}) {
+      hoisted = hoisted && strides[2] == 0;
+      vector = vector && strides[3] == 1 && reinterpret_cast<uintptr_t>(table) % (4 * values) == 0 &&
+               strides[0] % values == 0 && strides[1] % values == 0 && strides[2] % values == 0;
+    }
+  return hoisted ? kTableHoisted : vector ? kTableVector : kTableScalar;
+}
 
 Device device_of(const CrossHeadQkNormRopeCall& c) { return c.q.device; }
 
@@ -217,6 +238,7 @@ CrossHeadKey key_for(const CrossHeadQkNormRopeCall& c, const DeviceInfo& device)
   key.rounded = c.options.rounding == QkRounding::rounded;
   key.vectors = vectors_per_thread(std::max(c.q_rows.width, c.k_rows.width));
   key.head_dim = c.options.head_dim;
+  key.table = table_access(c);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
 }
@@ -228,7 +250,7 @@ jit::KernelRequest request_for(const CrossHeadKey& key) {
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " +
                     std::to_string(static_cast<int>(key.rope)) + ", " + jit::kernel_bool(key.rounded) + ", " +
                     std::to_string(key.vectors) + ", " + std::to_string(key.head_dim) + ", " +
-                    jit::kernel_bool(key.pdl);
+                    std::to_string(key.table) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::CrossHeadQkNormRopeParams";
   r.max_threads = kCrossHeadThreads;
   r.template_key = std::string(kOp) + ":" + key.to_string();
@@ -273,18 +295,21 @@ std::string kernel_refusal(const CrossHeadQkNormRopeCall& c) {
   return "";
 }
 
-// Every code path: each rope form in both roundings and both dtypes, one and sixteen vectors per
-// thread, head_dim 64 / 128 / 256, without PDL.
+// Every code path: each rope form in both roundings with every table access, fp16, one and
+// sixteen vectors per thread, head_dim 64 / 128 / 256, without PDL.
 std::vector<CrossHeadKey> variant_keys() {
   std::vector<CrossHeadKey> keys;
   for (CrossHeadRope rope : {CrossHeadRope::none, CrossHeadRope::interleaved, CrossHeadRope::split})
-    for (bool rounded : {true, false}) {
-      CrossHeadKey k;
-      k.rope = rope;
-      k.rounded = rounded;
-      k.vectors = 10;
-      keys.push_back(k);
-    }
+    for (bool rounded : {true, false})
+      for (int table : {kTableScalar, kTableVector, kTableHoisted}) {
+        if (rope == CrossHeadRope::none && table != kTableScalar) continue;
+        CrossHeadKey k;
+        k.rope = rope;
+        k.rounded = rounded;
+        k.vectors = 10;
+        k.table = table;
+        keys.push_back(k);
+      }
   CrossHeadKey f16;
   f16.dtype = DType::f16;
   f16.rope = CrossHeadRope::split;
@@ -311,7 +336,7 @@ const KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey>& kernels() {
     f.nothing_to_do = [](const CrossHeadQkNormRopeCall& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; };
     f.refusal = kernel_refusal;
     f.variant_keys = variant_keys;
-    f.extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; };
+    f.extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; };  // table: in the key
     f.extra_radix = 2;
     return f;
   }();

@@ -17,7 +17,7 @@ constexpr uint32_t ms(std::initializer_list<int> list) {
   return mask;
 }
 
-// SGLang's FP8 decode shapes (gemm.md A2.2) at the M set, and the DiT adaLN modulation
+// SGLang's FP8 decode shapes (its sm120_fp8 path's model table) at the M set, and the DiT adaLN modulation
 // linears (with bias) at M in {1, 2}: one conditioning vector per sample, batch 1 or 2 (CFG).
 constexpr uint32_t kDecodeM = ms({1, 2, 3, 4, 8, 9, 16});
 constexpr uint32_t kAdalnM = ms({1, 2});

@@ -5,7 +5,12 @@ namespace ditops {
 const char* norm_type_name(NormType type) { return type == NormType::layer ? "layer" : "rms"; }
 
 const char* nss_numerics_name(NssNumerics numerics) {
-  return numerics == NssNumerics::eager ? "eager" : "sglang";
+  switch (numerics) {
+    case NssNumerics::eager: return "eager";
+    case NssNumerics::sglang: return "sglang";
+    case NssNumerics::float32: return "float32";
+  }
+  return "?";
 }
 
 const char* nss_operand_kind_name(NssOperand::Kind kind) {
@@ -35,22 +40,52 @@ const char* quant_name(NssKernelQuant q) {
 std::string NssKernelKey::to_string() const {
   return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) + "," +
          nss_numerics_name(numerics) + (residual ? ",residual" : ",plain") + ",affine=" + std::to_string(affine) +
-         "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl");
+         "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
 }
 
 uint64_t NssKernelKey::packed() const {
   uint64_t v = static_cast<uint64_t>(act);
   v = v * 16384 + static_cast<uint64_t>(dim);
   v = v * 2 + (norm == NormType::rms);
-  v = v * 2 + (numerics == NssNumerics::sglang);
+  v = v * 4 + static_cast<uint64_t>(numerics);
   v = v * 2 + residual;
   v = v * 4 + static_cast<uint64_t>(affine);
   v = v * 4 + static_cast<uint64_t>(quant);
   v = v * 2 + pdl;
+  v = v * 2 + modulate;
   return v;
 }
 
+namespace {
+
+// The float32 chain (16-bit x, fp32 operands): the 16-bit rows' schedule where its fp32 operands
+// fit, held in shared memory or not held where registers would not hold them. Not measured yet
+// (no device run): chosen so that ptxas spills nothing for sm_90a at any width (nvcc -Xptxas -v;
+// docs/tuning/norm_scale_shift.md has the register counts).
+NssEagerSchedule float32_schedule(const NssKernelKey& key) {
+  const int slots = (key.dim / 4 + 127) / 128;
+  NssEagerSchedule s;
+  if (slots <= 3) {  // Wan 1.3B (D = 1536): 64-80 registers
+    s.min_blocks = key.residual && key.modulate ? 6 : 7;
+  } else if (slots <= 6) {  // fp32 scale and shift take 8 registers a slot
+    s.min_blocks = !key.modulate ? 7 : (key.residual ? 4 : 5) - (key.affine ? 1 : 0);
+  } else if (slots <= 10) {
+    // As the 16-bit rows (Wan 14B, D = 5120): plain rows hold scale and shift (2 x 20 KB fp32) in
+    // shared memory and prefetch at (128,5); residual rows prefetch at (128,3) with the gate in
+    // registers (168 registers), scale and shift in shared memory.
+    s.prefetch = true;
+    s.shared_operands = key.modulate;
+    s.min_blocks = key.residual ? 3 : 5;
+  } else {
+    s.stream_operands = true;  // 16 slots of fp32 scale and shift would take 128 registers
+  }
+  return s;
+}
+
+}  // namespace
+
 NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
+  if (key.numerics == NssNumerics::float32) return float32_schedule(key);
   // Register words of a thread's vec4 slots: D/4 vectors over 128 threads, 2 words per bf16/f16
   // vector, 4 per fp32 one (counted here in 16-bit slots).
   const int slots = (key.dim / 4 + 127) / 128 * (key.act == DType::f32 ? 2 : 1);
@@ -93,10 +128,13 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
                     std::to_string(static_cast<int>(key.quant)) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::NormScaleShiftParams";
   r.max_threads = kNssMaxThreads;
-  if (key.numerics == NssNumerics::eager) {
+  if (key.numerics != NssNumerics::sglang) {
     const NssEagerSchedule schedule = nss_eager_schedule(key);
     r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch) + ", " +
                        jit::kernel_bool(schedule.shared_operands) + ", " + std::to_string(schedule.split);
+    if (key.numerics == NssNumerics::float32)
+      r.template_args += std::string(", true, ") + jit::kernel_bool(key.modulate) + ", " +
+                         jit::kernel_bool(schedule.stream_operands);
     r.min_blocks = schedule.min_blocks;
     r.max_threads = kNssMaxThreads * schedule.split;
   }

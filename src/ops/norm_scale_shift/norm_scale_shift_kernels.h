@@ -21,8 +21,11 @@ struct NssKernelKey {
   int affine = 0;  // 0 none, 1 weight, 2 weight + bias
   NssKernelQuant quant = NssKernelQuant::none;
   bool pdl = true;
+  // numerics=float32: whether scale / shift are held and applied (false: y = norm(v) alone, e.g.
+  // Wan's norm2). Always true for the other numerics (an absent scale is a 0 there).
+  bool modulate = true;
 
-  // "bf16,D=3072,layer,eager,residual,affine=0,fp4sw,pdl"
+  // "bf16,D=3072,layer,eager,residual,affine=0,fp4sw,pdl" / "bf16,D=5120,layer,float32,residual,affine=2,noquant,pdl,nomod"
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
 };
@@ -38,6 +41,7 @@ struct NssEagerSchedule {
   bool shared_operands = false;
   int min_blocks = 0;
   int split = 1;
+  bool stream_operands = false;  // the float32 chain's widest rows: operands loaded at each use
 };
 NssEagerSchedule nss_eager_schedule(const NssKernelKey& key);
 

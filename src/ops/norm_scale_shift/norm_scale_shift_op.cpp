@@ -28,7 +28,7 @@ std::string num(int64_t v) { return std::to_string(v); }
 int64_t pad128(int64_t rows) { return (rows + 127) / 128 * 128; }
 
 // The element count every vector access of the kernel moves (and so the alignment it needs).
-int vector_elems(NssNumerics numerics) { return numerics == NssNumerics::eager ? 4 : 8; }
+int vector_elems(NssNumerics numerics) { return numerics == NssNumerics::sglang ? 8 : 4; }
 
 void check_aligned(const Matcher& m, const std::string& name, const TensorView& t, int64_t bytes,
                    std::initializer_list<int> stride_dims, int64_t stride_multiple, const char* why) {
@@ -70,15 +70,29 @@ void check_rows_disjoint(const Matcher& m, const std::string& name, const Tensor
            " (batches are written and may not overlap) but is " + num(t.strides[0]));
 }
 
+// An operand's dtype (scale, shift, gate, weight, bias): x's, or f32 with numerics=float32.
+void match_operand_dtype(const Matcher& m, const std::string& name, const TensorView& t, DType act, bool float32) {
+  if (float32) {
+    if (t.dtype != DType::f32)
+      m.fail(name + ".dtype must be f32 (numerics=float32: every operand of the chain is float32) but is " +
+             dtype_name(t.dtype));
+  } else if (t.dtype != act) {
+    m.fail(name + ".dtype must be " + dtype_name(act) + " (as x" +
+           (t.dtype == DType::f32 ? std::string("; f32 operands beside a 16-bit x: numerics=float32") : "") +
+           ") but is " + dtype_name(t.dtype));
+  }
+}
+
 // One broadcast operand (scale, shift, gate): its class from its shape (docs/norm_scale_shift.md §1).
 NssOperand match_operand(Matcher& m, const std::string& name, const TensorView& t, int64_t B, int64_t S, int64_t D,
-                         bool required, int vec, const char* role) {
+                         bool required, int vec, const char* role, DType act, bool float32) {
   NssOperand op;
   if (!present(t)) {
     if (required) m.fail(name + " is required (" + role + ")");
     return op;
   }
-  m.tensor(name, t).dtype_as("act").same_device("device");
+  match_operand_dtype(m, name, t, act, float32);
+  m.tensor(name, t).same_device("device");
   check_non_negative_strides(m, name, t);
   op.data = t.data;
   bool all_one = true;
@@ -169,6 +183,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   const int64_t B = *m.value("B"), S = *m.value("S"), D = *m.value("D");
   const DType act = in.x.dtype;
   const bool sglang = options.numerics == NssNumerics::sglang;
+  const bool float32 = options.numerics == NssNumerics::float32;
   const int vec = vector_elems(options.numerics);
   const int64_t esize = static_cast<int64_t>(dtype_size(act));
 
@@ -185,6 +200,8 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     if (present(in.weight) || present(in.bias))
       m.fail("numerics=sglang has no affine weight/bias (SGLang's native kernel has none)");
   }
+  if (float32 && options.norm != NormType::layer)
+    m.fail("numerics=float32 implements LayerNorm only (Wan's FP32LayerNorm chain; norm=rms requested)");
 
   NormScaleShiftCall call;
   call.in = in;
@@ -207,17 +224,20 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     if (present(in.gate)) m.fail("gate is given without residual (gate scales x in residual + x * gate)");
     if (present(out.residual_out)) m.fail("residual_out is given without residual");
   }
-  call.gate = match_operand(m, "gate", in.gate, B, S, D, false, vec, "");
-  call.scale = match_operand(m, "scale", in.scale, B, S, D, true, vec, "y = norm(v) * (1 + scale) + shift");
-  call.shift = match_operand(m, "shift", in.shift, B, S, D, false, vec, "");
+  call.gate = match_operand(m, "gate", in.gate, B, S, D, false, vec, "", act, float32);
+  call.scale = match_operand(m, "scale", in.scale, B, S, D, sglang, vec, "numerics=sglang: y = norm(v) * (1 + scale) + shift",
+                             act, float32);
+  call.shift = match_operand(m, "shift", in.shift, B, S, D, false, vec, "", act, float32);
+  call.modulate = !float32 || present(in.scale) || present(in.shift);
 
   // Affine.
   if (present(in.bias) && !present(in.weight)) m.fail("bias is given without weight (affine is weight [+ bias])");
   if (present(in.bias) && options.norm == NormType::rms) m.fail("bias is given with norm=rms (F.rms_norm has no bias)");
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"weight", &in.weight}, {"bias", &in.bias}}) {
     if (!present(*t)) continue;
-    m.tensor(name, *t).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
-    check_aligned(m, name, *t, vec * esize, {}, 1, "vector access");
+    m.tensor(name, *t).shape({"D"}).strides({1}).same_device("device");
+    match_operand_dtype(m, name, *t, act, float32);
+    check_aligned(m, name, *t, vec * static_cast<int64_t>(dtype_size(t->dtype)), {}, 1, "vector access");
   }
   call.affine = present(in.bias) ? 2 : present(in.weight) ? 1 : 0;
 
@@ -258,6 +278,9 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     check_aligned(m, "nvfp4_packed", out.nvfp4_packed, 8, {}, 1, "8-byte stores");
     match_scalar("global_scale", in.global_scale, "the nvfp4 output");
   }
+  if (float32 && call.quant != NssQuant::none)
+    m.fail(std::string("numerics=float32 has no quantized output (") + (call.quant == NssQuant::fp8 ? "fp8" : "nvfp4") +
+           " requested)");
   if (!call.store_y && call.quant == NssQuant::none) m.fail("y is required unless fp8 or nvfp4 is requested");
   if (present(in.input_scale) && call.quant != NssQuant::fp8)
     m.fail("input_scale is given without the fp8 output");
@@ -312,7 +335,10 @@ NssKernelKey key_for(const NormScaleShiftCall& c, const DeviceInfo& device) {
   key.act = c.in.x.dtype;
   key.dim = c.dim;
   key.norm = c.options.norm;
-  key.numerics = c.options.numerics;
+  // An f32 x makes the float32 chain eager's own fp32 chain: the same kernel.
+  key.numerics = c.options.numerics == NssNumerics::float32 && c.in.x.dtype == DType::f32 ? NssNumerics::eager
+                                                                                          : c.options.numerics;
+  key.modulate = key.numerics != NssNumerics::float32 || c.modulate;
   key.residual = c.residual;
   key.affine = c.affine;
   key.quant = c.quant == NssQuant::fp8     ? NssKernelQuant::fp8
@@ -373,7 +399,7 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const NssKernelKey& ke
   }
   p.eps = c.options.eps;
   p.fp8_div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
-  if (c.options.numerics == NssNumerics::eager) {
+  if (c.options.numerics != NssNumerics::sglang) {
     // A CTA per row at a time (128 threads, 128 * split for a split schedule: the request's
     // bound), as many CTAs as are resident, every one looping over the same number of rows (a last
     // partial round would leave most SMs idle).
@@ -402,6 +428,33 @@ std::string e2m1_refusal(const NormScaleShiftCall& c) {
   return "";
 }
 
+// The compile test's keys (NVRTC for every target arch, no GPU): the float32 chain at Wan's widths
+// (1.3B: 3 slots, 14B: 10 slots: shared-memory operands, prefetch) and the widest rows, with and
+// without modulation, residual and affine; tests/test_norm_scale_shift.cpp compiles the others.
+std::vector<NssKernelKey> variant_keys() {
+  std::vector<NssKernelKey> keys;
+  const auto key = [&](DType act, int dim, bool residual, int affine, bool modulate) {
+    NssKernelKey k;
+    k.act = act;
+    k.dim = dim;
+    k.numerics = NssNumerics::float32;
+    k.residual = residual;
+    k.affine = affine;
+    k.modulate = modulate;
+    keys.push_back(k);
+  };
+  for (int dim : {1536, 5120}) {
+    key(DType::bf16, dim, false, 0, true);  // norm1 / norm3
+    key(DType::bf16, dim, true, 2, false);  // the gated residual and norm2
+  }
+  key(DType::bf16, 5120, true, 0, true);   // the cross-attention residual and norm3
+  key(DType::bf16, 5120, false, 2, false);  // norm2 alone
+  key(DType::bf16, 8192, false, 0, true);
+  key(DType::f16, 3072, true, 1, true);
+  keys.back().pdl = false;
+  return keys;
+}
+
 const KernelFamily<NormScaleShiftCall, NssKernelKey>& kernels() {
   static const KernelFamily<NormScaleShiftCall, NssKernelKey> family = [] {
     KernelFamily<NormScaleShiftCall, NssKernelKey> f;
@@ -414,6 +467,7 @@ const KernelFamily<NormScaleShiftCall, NssKernelKey>& kernels() {
     f.refusal = e2m1_refusal;
     f.extra_signature = [](const NormScaleShiftCall& c) { return static_cast<uint64_t>(c.options.e2m1); };
     f.extra_radix = 4;
+    f.variant_keys = variant_keys;
     return f;
   }();
   return family;
@@ -437,19 +491,21 @@ OpDescription describe_norm_scale_shift() {
   using O = NormScaleShiftOptions;
   OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
                  "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
-                 "weight/bias [D]. include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
+                 "weight/bias [D]; operands of x's dtype, or f32 with numerics=float32 (Wan). "
+                 "include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
   b.dims("B=1,S=4608,D=3072");
   b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, +[](C& a) -> TensorView& { return a.in.x; });
-  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D"}, +[](C& a) -> TensorView& { return a.in.scale; });
-  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D"},
+  b.tensor({.name = "scale", .optional = true, .dtypes = "=x|f32", .shape = "B,D"},
+           +[](C& a) -> TensorView& { return a.in.scale; });
+  b.tensor({.name = "shift", .optional = true, .dtypes = "=x|f32", .shape = "B,D"},
            +[](C& a) -> TensorView& { return a.in.shift; });
   b.tensor({.name = "residual", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D"},
            +[](C& a) -> TensorView& { return a.in.residual; });
-  b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,D"},
+  b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D"},
            +[](C& a) -> TensorView& { return a.in.gate; });
-  b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x", .shape = "D"},
+  b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D"},
            +[](C& a) -> TensorView& { return a.in.weight; });
-  b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x", .shape = "D"},
+  b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D"},
            +[](C& a) -> TensorView& { return a.in.bias; });
   b.tensor({.name = "input_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
            +[](C& a) -> TensorView& { return a.in.input_scale; });
@@ -475,8 +531,9 @@ OpDescription describe_norm_scale_shift() {
                     .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
   b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
   b.option("eps", &O::eps, "norm epsilon");
-  b.choice("numerics", &O::numerics, {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}},
-           "which chain the result is bit-exact with");
+  b.choice("numerics", &O::numerics,
+           {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
+           "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
   b.choice("fp8_reciprocal", &O::fp8_reciprocal, {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
            "1/input_scale as an IEEE division or SGLang's div.full");
   b.choice("e2m1", &O::e2m1,
@@ -510,17 +567,25 @@ void register_norm_scale_shift(Registry& registry) {
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
                      "the CPU reference only (no device run of TRT-LLM's fp4_quantize)")},
       {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
-       Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as spec diffusion.md §2.3 defines it "
+       Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as docs/norm_scale_shift.md §3 states it "
                            "(checked against the CPU reference only; the chain itself is not available)")
-           .unverified("SGLang's chain was never run beside it on a device; it matches the CPU reference of spec "
-                       "section 2.3's chain on the GPU test cases")},
+           .unverified("SGLang's chain was never run beside it on a device; it matches the CPU reference of that "
+                       "chain on the GPU test cases")},
+      {NssNumerics::float32, "norm_scale_shift.jit_float32",
+       Contract::bit_exact("diffusers 0.42.1 Wan's eager chain on CUDA, PyTorch 2.11: v = (residual.float() + x * "
+                           "gate).type_as(residual) (no gate: residual + x), (F.layer_norm(v.float(), (D,), weight, "
+                           "bias, eps) * (1 + scale) + shift).type_as(x) (FP32LayerNorm: aten vectorized kernel on the "
+                           "float32 row) with f32 operands, one rounding of y to x's dtype")
+           .unverified("not yet run on a device: derived from aten's layer_norm source (the float32 "
+                       "instantiation of the verified vectorized kernel) and torch's type promotion; matches the CPU "
+                       "reference on the CPU cases")},
   };
   for (const Variant& v : variants) {
     Implementation<NormScaleShiftCall> impl = jit_implementation(kernels());
     impl.name = v.name;
     impl.capabilities = sm90_plus;
     impl.contract = v.contract;
-    impl.description = std::string(v.numerics == NssNumerics::eager
+    impl.description = std::string(v.numerics != NssNumerics::sglang
                                        ? "a persistent 128-thread CTA per row (aten's layout)"
                                        : "one warp per row") +
                        ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
@@ -530,6 +595,8 @@ void register_norm_scale_shift(Registry& registry) {
         return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
       return cuda(c);
     };
+    // The family's variant keys are compiled once, under the first implementation.
+    if (v.numerics != NssNumerics::eager) impl.variants = nullptr;
     add_implementation(registry, kOp, std::move(impl));
   }
 
@@ -537,10 +604,10 @@ void register_norm_scale_shift(Registry& registry) {
       registry, kOp,
       reference_implementation<NormScaleShiftCall>(
           kOp, device_of, norm_scale_shift_reference,
-          Contract::bit_exact("docs/norm_scale_shift.md operation order (the portable oracle; rsqrt, rcp.approx and "
-                              "div.full correctly rounded)")
+          Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
+                              "rsqrt, rcp.approx and div.full correctly rounded)")
               .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
-          "CPU reference, multithreaded over rows; both numerics, both norms, every output"));
+          "CPU reference, multithreaded over rows; every numerics, both norms, every output"));
 }
 
 DITOPS_REGISTER_OP(register_norm_scale_shift);

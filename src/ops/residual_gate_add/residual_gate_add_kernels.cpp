@@ -10,6 +10,7 @@ const char* gate_mode_name(GateMode mode) {
     case GateMode::row: return "row";
     case GateMode::token: return "token";
     case GateMode::batch: return "batch";
+    case GateMode::strided: return "strided";
   }
   return "?";
 }
@@ -24,13 +25,13 @@ std::string RgaKernelKey::to_string() const {
           : transposed && chunked_residual ? ",chunk16"
           : transposed && vector_update    ? ",update16"
                                            : ",scalar") +
-         (one_wave ? ",one_wave" : "") + (index64 ? ",index64" : "") +
+         (one_wave ? ",one_wave" : "") + (index64 ? ",index64" : "") + (gate_f32 ? ",gate_f32" : "") +
          (pdl ? ",pdl" : ",nopdl");
 }
 
 uint64_t RgaKernelKey::packed() const {
   uint64_t v = static_cast<uint64_t>(dtype);
-  v = v * 4 + static_cast<uint64_t>(mode);
+  v = v * 8 + static_cast<uint64_t>(mode);
   v = v * 2 + transposed;
   v = v * 2 + vector;
   v = v * 128 + static_cast<uint64_t>(tile);
@@ -39,6 +40,7 @@ uint64_t RgaKernelKey::packed() const {
   v = v * 2 + index64;
   v = v * 2 + vector_update;
   v = v * 2 + chunked_residual;
+  v = v * 2 + gate_f32;
   v = v * 2 + pdl;
   return v;
 }
@@ -50,6 +52,7 @@ const char* mode_constant(GateMode m) {
     case GateMode::row: return "ditops::kRgaGateRow";
     case GateMode::token: return "ditops::kRgaGateToken";
     case GateMode::batch: return "ditops::kRgaGateBatch";
+    case GateMode::strided: return "ditops::kRgaGateStrided";
   }
   return "?";
 }
@@ -81,7 +84,8 @@ jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
                     jit::kernel_bool(vector_residual) +
                     (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
   if (!key.transposed)
-    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false, " + jit::kernel_bool(key.index64);
+    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false, " + jit::kernel_bool(key.index64) +
+                       (key.gate_f32 ? ", float" : "");
   else
     r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update) + ", " +
                        jit::kernel_bool(key.chunked_residual && !key.vector) +

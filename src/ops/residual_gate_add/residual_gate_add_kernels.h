@@ -20,10 +20,11 @@ struct RgaKernelKey {
   bool index64 = false;   // flat: 64-bit unit indices (2^31 units or more; flat_index64)
   bool vector_update = false;  // transposed: update and gate by 16-byte units (true with vector)
   bool chunked_residual = false;  // transposed: residual/out by the aligned 16-byte chunks of each line
+  bool gate_f32 = false;  // flat: an fp32 gate beside 16-bit data (the promoted chain)
   bool pdl = true;
 
   // "bf16,row,flat,vec16,pdl" / "bf16,row,transposed64,vec16,pdl" / "...,transposed128x64,vec16,pdl" /
-  // "...,transposed64,chunk16,pdl" / "...,transposed32,update16,pdl"
+  // "...,transposed64,chunk16,pdl" / "...,transposed32,update16,pdl" / "bf16,strided,flat,vec16,gate_f32,pdl"
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
   int tokens_per_tile() const { return token_tile > 0 ? token_tile : tile; }

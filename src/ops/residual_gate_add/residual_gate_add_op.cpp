@@ -21,6 +21,11 @@ namespace ditops {
 namespace {
 
 constexpr const char* kOp = "residual_gate_add";
+// The promoted chain's oracle: diffusers' Wan gated residuals (WanTransformerBlock.forward).
+constexpr const char* kPromotedOracle =
+    "with an f32 gate beside bf16/f16 residual and update: diffusers 0.42.1 Wan's eager `(residual.float() + "
+    "update * gate).type_as(residual)` (and `(residual.float() + update.float() * gate).type_as(residual)`) on "
+    "CUDA, PyTorch 2.11: the product and the sum in fp32, one rounding to residual's dtype";
 
 bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
@@ -93,6 +98,30 @@ GateMode classify_gate(const Matcher& m, const TensorView& residual, const Tenso
          std::to_string(R - 1) + "]) or 1 (per-token) but is " + std::to_string(gate.shape[R - 1]) + ": " + modes);
 }
 
+// A full or batch gate that is not contiguous: its gate rows (the leading dims that are not
+// broadcast, flattened) must be one stride apart, as in a chunk of an adaLN projection
+// ([B, 6, D].chunk(6, 1), [B, S, 6, D].chunk(6, 2) squeezed). Returns that stride in elements.
+int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
+  const int R = gate.rank;
+  const std::string why = " (a non-contiguous gate takes one stride between its rows of D, as a chunk of [B, 6, D] has)";
+  if (gate.shape[R - 1] > 1 && gate.strides[R - 1] != 1)
+    m.fail("gate.stride(" + std::to_string(R - 1) + ") must be 1" + why + " but is " + std::to_string(gate.strides[R - 1]));
+  int64_t stride = -1, expected = 0;
+  for (int d = R - 2; d >= 0; --d) {
+    if (gate.shape[d] == 1) continue;
+    if (stride < 0) {
+      stride = gate.strides[d];
+      if (stride < 0)
+        m.fail("gate.stride(" + std::to_string(d) + ") must be >= 0" + why + " but is " + std::to_string(stride));
+    } else if (gate.strides[d] != expected) {
+      m.fail("gate.stride(" + std::to_string(d) + ") must be " + std::to_string(expected) + why + " but is " +
+             std::to_string(gate.strides[d]) + " (" + gate.describe() + ")");
+    }
+    expected = gate.strides[d] * gate.shape[d];
+  }
+  return stride < 0 ? gate.shape[R - 1] : stride;
+}
+
 }  // namespace
 
 ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
@@ -101,7 +130,13 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   Matcher m(kOp);
   m.tensor("residual", residual).dtype_as("dtype", {DType::bf16, DType::f16, DType::f32}).same_device("device");
   m.tensor("update", update).dtype_as("dtype").same_device("device");
-  m.tensor("gate", gate).dtype_as("dtype").same_device("device");
+  // The gate: residual's dtype, or f32 beside a 16-bit residual (the promoted chain).
+  const bool gate_f32 = gate.dtype == DType::f32 && residual.dtype != DType::f32;
+  if (!gate_f32 && gate.dtype != residual.dtype)
+    m.fail(std::string("gate.dtype must be ") + dtype_name(residual.dtype) + " (as residual)" +
+           (residual.dtype != DType::f32 ? " or f32 (promoted: residual + update * gate in float32, one rounding)" : "") +
+           " but is " + dtype_name(gate.dtype));
+  m.tensor("gate", gate).same_device("device");
   m.tensor("out", out).dtype_as("dtype").same_device("device");
   const int R = residual.rank;
   if (R < 2) m.fail("residual must have rank >= 2 but has rank " + std::to_string(R) + " (" + residual.describe() + ")");
@@ -141,8 +176,23 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   }
   require_contiguous(m, update, "update", call.transposed ? "contiguous [B, T, H] beside a transposed residual" : "contiguous");
   int64_t rows_per_batch = 0;
-  const GateMode mode = classify_gate(m, residual, gate, &rows_per_batch);
-  require_contiguous(m, gate, "gate", "contiguous");
+  GateMode mode = classify_gate(m, residual, gate, &rows_per_batch);
+  int64_t row_stride = 0;
+  int64_t unused = 0;
+  if ((mode == GateMode::full || mode == GateMode::batch) && dense_layout_mismatch(gate, nullptr, &unused) >= 0) {
+    // A row-strided view (an adaLN chunk): one gate row per token (full) or per batch row block.
+    if (call.transposed)
+      m.fail("gate must be contiguous beside a transposed residual (a strided gate takes the contiguous layout) but "
+             "is " + gate.describe());
+    row_stride = gate_row_stride(m, gate);
+    rows_per_batch = mode == GateMode::full ? 1 : rows_per_batch;
+    mode = GateMode::strided;
+  } else {
+    require_contiguous(m, gate, "gate", "contiguous");
+  }
+  if (gate_f32 && call.transposed)
+    m.fail(std::string("gate.dtype must be ") + dtype_name(residual.dtype) +
+           " (as residual: an f32 gate takes the contiguous layout, not the transposed one) but is f32");
 
   call.numel = residual.numel();
   if (call.numel > 0) {
@@ -159,9 +209,15 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   call.width = residual.shape[R - 1];
   call.rows = call.width ? call.numel / call.width : 0;
   call.rows_per_batch = rows_per_batch;
+  call.gate_row_stride = row_stride;
+  call.gate_f32 = gate_f32;
   call.stream = stream;
   const int64_t elems = 16 / static_cast<int64_t>(dtype_size(residual.dtype));
-  const bool update_side = aligned_bytes(update.data, 16) && (mode == GateMode::token || aligned_bytes(gate.data, 16));
+  // A unit's gate values: 16 bytes (32 for an f32 gate beside 16-bit data), each gate row starting
+  // on 16 bytes.
+  const bool gate_vector = aligned_bytes(gate.data, 16) &&
+                           (mode != GateMode::strided || row_stride * static_cast<int64_t>(dtype_size(gate.dtype)) % 16 == 0);
+  const bool update_side = aligned_bytes(update.data, 16) && (mode == GateMode::token || gate_vector);
   const bool residual_side = aligned_bytes(residual.data, 16) && aligned_bytes(out.data, 16);
   call.aligned16 = update_side && residual_side &&
                    (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0 : call.width % elems == 0);
@@ -245,6 +301,7 @@ RgaKernelKey key_for(const ResidualGateAddCall& c, const DeviceInfo& device) {
   key.token_tile = c.transposed ? transposed_token_tile(c, key.tile, device.multiprocessors) : 0;
   key.one_wave = flat_one_wave(c, device.multiprocessors);
   key.index64 = !c.transposed && flat_index64(c.numel / flat_elems_per_unit(c));
+  key.gate_f32 = c.gate_f32;
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
 }
@@ -266,6 +323,7 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
     const int64_t elems = flat_elems_per_unit(c);
     const int64_t units = c.numel / elems, row_units = c.width / elems;
     rga_set_flat_sizes(p, units, row_units, std::max<int64_t>(c.rows_per_batch, 1) * row_units);
+    p.gate_row_stride = c.gate_row_stride;
     // One unit per thread: a grid over the whole tensor (measured, rga_flat_units); the 32-bit
     // kernel then runs a single round (below 2^31 units the grid is under 2^23 blocks, never
     // capped). Otherwise a resident grid (occupancy cached with the kernel), fewer blocks when
@@ -278,6 +336,36 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
   jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
+
+// The compile test's keys (NVRTC for every target arch, no GPU): the strided gate rows and the
+// promoted chain on every flat path; tests/test_residual_gate_add.cpp compiles the older keys.
+std::vector<RgaKernelKey> variant_keys() {
+  std::vector<RgaKernelKey> keys;
+  const auto key = [&](DType dt, GateMode mode, bool vector, bool gate_f32) {
+    RgaKernelKey k;
+    k.dtype = dt;
+    k.mode = mode;
+    k.vector = vector;
+    k.gate_f32 = gate_f32;
+    keys.push_back(k);
+    return k;
+  };
+  for (GateMode mode : {GateMode::full, GateMode::row, GateMode::token, GateMode::batch, GateMode::strided})
+    for (bool vector : {true, false}) key(DType::bf16, mode, vector, true);
+  RgaKernelKey k = keys.back();  // bf16, strided, scalar, f32 gate
+  k.one_wave = true;              // the scalar path of one element per thread
+  keys.push_back(k);
+  k.one_wave = false;
+  k.vector = true;
+  k.index64 = true;  // 64-bit unit indices
+  keys.push_back(k);
+  key(DType::f16, GateMode::row, true, true);
+  key(DType::f16, GateMode::strided, false, true);
+  key(DType::bf16, GateMode::strided, true, false);  // strided rows of a gate of residual's dtype
+  key(DType::f32, GateMode::strided, true, false);
+  key(DType::f32, GateMode::strided, false, false);
+  return keys;
+}
 
 std::string grid_refusal(const ResidualGateAddCall& c) {
   if (!transposed_grid_fits(c))
@@ -298,6 +386,7 @@ const KernelFamily<ResidualGateAddCall, RgaKernelKey>& kernels() {
     f.refusal = grid_refusal;
     f.extra_signature = [](const ResidualGateAddCall& c) -> uint64_t { return transposed_grid_fits(c); };
     f.extra_radix = 2;
+    f.variant_keys = variant_keys;
     return f;
   }();
   return family;
@@ -320,13 +409,15 @@ namespace {
 OpDescription describe_residual_gate_add() {
   OpBuilder<ResidualGateAddCall> b(kOp, "out = residual + update * gate with eager rounding",
                                    "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
-                                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D]; "
+                                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
+                                   "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
+                                   "or f32 beside 16-bit data (Wan's promoted chain); "
                                    "out takes residual's shape and strides and must not overlap an input. "
                                    "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
   b.dims("B=1,S=4608,D=3072");
   b.tensor({.name = "residual", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, &ResidualGateAddCall::residual);
   b.tensor({.name = "update", .dtypes = "=residual", .shape = "B,S,D"}, &ResidualGateAddCall::update);
-  b.tensor({.name = "gate", .dtypes = "=residual", .shape = "B,1,D"}, &ResidualGateAddCall::gate);
+  b.tensor({.name = "gate", .dtypes = "=residual|f32", .shape = "B,1,D"}, &ResidualGateAddCall::gate);
   b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
             .alloc = "strided:residual"},
            &ResidualGateAddCall::out);
@@ -355,12 +446,35 @@ void register_residual_gate_add(Registry& registry) {
   jit_impl.description =
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
       "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
+  // The two chains are two implementations of one kernel family, so that each has its own contract.
+  const auto serves = [](bool gate_f32, std::function<std::string(const ResidualGateAddCall&)> cuda) {
+    return [gate_f32, cuda](const ResidualGateAddCall& c) -> std::string {
+      if (c.residual.device.kind == DeviceKind::cuda && c.gate_f32 != gate_f32)
+        return gate_f32 ? "handles an f32 gate beside 16-bit data only (the promoted chain)"
+                        : "handles a gate of residual's dtype only (an f32 gate beside 16-bit data: .jit_float32)";
+      return cuda(c);
+    };
+  };
+  Implementation<ResidualGateAddCall> promoted = jit_implementation(kernels());
+  jit_impl.predicate = serves(false, jit_impl.predicate);
   add_implementation(registry, kOp, std::move(jit_impl));
+
+  promoted.name = "residual_gate_add.jit_float32";
+  promoted.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
+  promoted.contract =
+      Contract::bit_exact(kPromotedOracle)
+          .unverified("not yet run on a device: derived from torch's type promotion (bf16 * f32 and bf16 + f32 "
+                      "compute in fp32, one kernel each) and checked against the CPU reference only");
+  promoted.description = "the flat kernel with an fp32 gate (two 16-byte gate loads per unit), explicit "
+                         "__fmul_rn/__fadd_rn in fp32 and one rounding to residual's dtype";
+  promoted.predicate = serves(true, promoted.predicate);
+  promoted.variants = nullptr;  // the family's keys, compiled once (under residual_gate_add.jit)
+  add_implementation(registry, kOp, std::move(promoted));
 
   add_implementation(registry, kOp,
                      reference_implementation<ResidualGateAddCall>(
                          kOp, device_of, residual_gate_add_reference,
-                         Contract::bit_exact(oracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+                         Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
 

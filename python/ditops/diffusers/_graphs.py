@@ -1,0 +1,739 @@
+"""One-call CUDA-graph capture of a diffusers transformer's forward (issue 36).
+
+capture(model) (or enable(model, cuda_graph=True)) puts a dispatcher in the model's forward, an
+instance attribute as enable's patches are, so release/disable restores the class's forward. Per
+input signature it runs:
+
+  first call   the model's forward, eagerly: ditops's first-sight checks run here;
+  second call  the forward once more on a side stream (the warm-up: that stream's cuBLAS
+               workspace, lazily loaded kernels), then captured into a CUDA graph in the
+               model's one memory pool, then replayed for this call;
+  later calls  one copy_ per input tensor into the graph's static input, the replay, and clones
+               of the static outputs (a caller may keep an output while the next call replays).
+
+The signature is everything a captured graph bakes in: each tensor's shape, strides, dtype,
+device and address alignment, every non-tensor argument's value (return_dict, the attention
+kwargs, Qwen-Image's img_shapes), inference mode and autocast. Whatever cannot be captured runs
+the model's forward eagerly with one RuntimeWarning per reason (docs/diffusers.md lists them);
+a failed capture leaves no graph behind and that signature runs eagerly from then on.
+
+The capture backend is a module attribute (tests substitute one that "captures" a Python
+closure, so the signature and fallback logic runs on the CPU).
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import itertools
+import warnings
+from collections import Counter
+
+import torch
+import torch.utils._pytree as pytree
+from torch._dynamo.comptime import comptime
+from torch.nn.modules import module as _nn_module
+
+
+__all__ = ["capture", "release", "captured", "CapturedForward", "CaptureReport"]
+
+DEFAULT_MAX_GRAPHS = 8
+
+# Keys that differ only in Python numbers, per tensor layout, before the numbers count as
+# changing with every call: a few legitimate values (Qwen-Image's img_shapes of one token count:
+# portrait and landscape) each get their graph, a float timestep does not get one per step.
+VALUES_PER_LAYOUT = 4
+
+
+# ---------------------------------------------------------------- the signature
+
+_Tensor = torch.Tensor
+_NUMBERS = (int, float)
+_SCALARS = frozenset((bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device,
+                      torch.layout, torch.memory_format))
+
+
+class _Opaque(Exception):
+    """An argument the signature cannot hold (a tensor subclass, an object with state)."""
+
+
+def _walk(value, key, tensors, paths, path):
+    """Appends value's signature entries to key (paths, when not None, gets each entry's
+    argument path) and its tensors, in traversal order, to tensors."""
+    kind = type(value)
+    if kind is _Tensor or kind is torch.nn.Parameter:
+        tensors.append(value)
+        key.append((value.shape, value.stride(), value.dtype, value.device, value.data_ptr() & 15))
+    elif kind in _SCALARS or isinstance(value, enum.Enum):
+        key.append((kind, value))  # the type too: 1, 1.0 and True are equal keys otherwise
+    elif kind is tuple or kind is list:
+        key.append((kind, len(value)))
+        if paths is not None:
+            paths.append(path)
+        for i, item in enumerate(value):
+            _walk(item, key, tensors, paths, f"{path}[{i}]" if paths is not None else None)
+        return
+    elif kind is dict:
+        key.append((dict, tuple(value)))
+        if paths is not None:
+            paths.append(path)
+        for name, item in value.items():
+            _walk(item, key, tensors, paths, f"{path}[{name!r}]" if paths is not None else None)
+        return
+    else:
+        what = "a tensor subclass" if isinstance(value, torch.Tensor) else "an object whose state the graph cannot see"
+        raise _Opaque(f"argument {path or '?'} is a {kind.__qualname__} ({what})")
+    if paths is not None:
+        paths.append(path)
+
+
+def _mode() -> tuple:
+    autocast = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda")
+    return (torch.is_inference_mode_enabled(), autocast)
+
+
+def signature(args, kwargs, paths=None):
+    """(key, tensors): the hashable signature of a forward call and its tensors in traversal
+    order. paths (a list) receives the argument path of each key entry. Raises _Opaque."""
+    key, tensors = [_mode()], []
+    if paths is not None:
+        paths.append("(mode)")
+    for i, value in enumerate(args):
+        _walk(value, key, tensors, paths, f"args[{i}]" if paths is not None else None)
+    for name, value in kwargs.items():
+        key.append(name)
+        if paths is not None:
+            paths.append(name)
+        _walk(value, key, tensors, paths, name)
+    return tuple(key), tensors
+
+
+def _skeleton(key) -> tuple:
+    """The key with the values of Python numbers left out: two keys with one skeleton differ
+    only in a number's value."""
+    return tuple(entry[0] if type(entry) is tuple and len(entry) == 2 and entry[0] in _NUMBERS else entry
+                 for entry in key)
+
+
+def _substitute(value, statics):
+    """value with each tensor replaced by the next of statics (an iterator), containers rebuilt."""
+    kind = type(value)
+    if kind is _Tensor or kind is torch.nn.Parameter:
+        return next(statics)
+    if kind is tuple or kind is list:
+        return kind(_substitute(item, statics) for item in value)
+    if kind is dict:
+        return {name: _substitute(item, statics) for name, item in value.items()}
+    return value
+
+
+def _non_overlapping(shape, stride) -> bool:
+    """No two indices share an element: with the dims in order of stride, each stride reaches past
+    the extent of the dims before it (slices with gaps pass; aten's overlap check calls them too
+    hard)."""
+    extent = 1
+    for n, st in sorted(((n, st) for n, st in zip(shape, stride) if n > 1), key=lambda d: d[1]):
+        if st < extent:
+            return False
+        extent = st * (n - 1) + extent
+    return True
+
+
+class _StaticInput:
+    """A graph's input buffer for one argument: its view has the argument's shape, strides and
+    address alignment (kernels may choose by alignment, e.g. cuBLAS: the replay must run what the
+    eager call ran); dims of stride 0 (expand) are stored once, as the argument stores them."""
+
+    def __init__(self, t: torch.Tensor, path: str):
+        shape, stride = tuple(t.shape), t.stride()
+        compact = [1 if st == 0 else n for n, st in zip(shape, stride)]
+        extent = 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(compact, stride))
+        offset = (t.data_ptr() & 15) // t.element_size()
+        flat = torch.empty(extent + offset, dtype=t.dtype, device=t.device)
+        if not _non_overlapping(compact, stride):
+            raise _Opaque(f"argument {path} has overlapping strides {stride} (a copy into it is undefined)")
+        self.base = flat.as_strided(compact, stride, offset)
+        self.view = flat.as_strided(shape, stride, offset)
+        self.narrow = tuple(d for d, (n, st) in enumerate(zip(shape, stride)) if st == 0 and n > 1)
+        self.copy = self.base.copy_ if not self.narrow else self._copy_narrowed
+
+    def _copy_narrowed(self, src):
+        for d in self.narrow:
+            src = src.narrow(d, 0, 1)
+        self.base.copy_(src)
+
+
+def _output_rebuilder(out):
+    """(static output tensors, a function returning the output structure with clones)."""
+    leaves, spec = pytree.tree_flatten(out)
+    tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    if type(out) is tuple and len(leaves) == len(out) and len(tensors) == len(leaves):
+        return tensors, lambda: tuple([t.clone() for t in tensors])
+    return tensors, lambda: pytree.tree_unflatten(
+        [leaf.clone() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec)
+
+
+# ---------------------------------------------------------------- backends
+
+
+class CudaGraphs:
+    """torch.cuda.CUDAGraph on a side stream per device, in the pool the caller gives."""
+
+    _streams: dict = {}
+
+    def refuses(self, device: torch.device) -> str:
+        if device.type != "cuda":
+            return f"the model is on {device}; CUDA graphs capture CUDA work only"
+        return ""
+
+    def capturing(self) -> bool:
+        return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+    def new_pool(self, device):
+        return torch.cuda.graph_pool_handle()
+
+    def _stream(self, device):
+        stream = self._streams.get(device.index)
+        if stream is None:
+            stream = self._streams[device.index] = torch.cuda.Stream(device)
+        return stream
+
+    def capture(self, fn, pool, device):
+        """(graph, outputs): fn run once as the warm-up, then captured into pool. On any failure
+        the stream capture is ended, the pool and the CUDA generator are left usable, and the
+        exception propagates."""
+        stream, current = self._stream(device), torch.cuda.current_stream(device)
+        with torch.cuda.device(device):
+            stream.wait_stream(current)
+            try:
+                with torch.cuda.stream(stream):
+                    fn()  # the warm-up: this stream's cuBLAS workspace and first launches, outside the pool
+                torch.cuda.synchronize(device)  # as torch.cuda.graph does: nothing in flight at capture_begin
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(stream):
+                    # thread_local: other threads' CUDA calls stay legal while this thread captures
+                    graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                    try:
+                        out = fn()
+                    except BaseException:
+                        self._abandon(graph, pool, device, stream, forward_failed=True)
+                        raise
+                    try:
+                        graph.capture_end()
+                    except BaseException:
+                        self._abandon(graph, pool, device, stream, forward_failed=False)
+                        raise
+            finally:
+                current.wait_stream(stream)
+        return graph, out
+
+    @staticmethod
+    def _abandon(graph, pool, device, stream, forward_failed):
+        """Cleans up a failed capture. When cudaStreamEndCapture fails (an invalidated capture: a
+        sync or an illegal call inside), torch's capture_end stops before its bookkeeping: the pool
+        stays marked as capturing and keeps the capture's use count (it would never be freed), and
+        the default CUDA generator stays in capture mode (its next eager use raises 'Offset
+        increment outside graph capture')."""
+        if forward_failed:
+            try:
+                graph.capture_end()  # a Python error that left the capture valid ends cleanly here
+                graph.reset()
+                return
+            except RuntimeError:
+                pass
+        never_ended = False
+        try:
+            torch._C._cuda_endAllocateToPool(device.index, pool)
+            never_ended = True  # capture_end stopped before this; else it raises 'not recording'
+        except RuntimeError:
+            pass
+        try:
+            graph.reset()
+        except RuntimeError:
+            pass
+        if never_ended:
+            try:
+                torch._C._cuda_releasePool(device.index, pool)  # what reset does for an ended capture
+            except RuntimeError:
+                pass
+        # a clean capture of one trivial kernel runs the generator's capture prologue and epilogue
+        scratch = torch.zeros(1, device=device)
+        clean = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream):
+            clean.capture_begin()
+            scratch.add_(1)
+            clean.capture_end()
+        clean.reset()
+
+
+BACKEND = CudaGraphs()
+
+
+# ---------------------------------------------------------------- per model
+
+
+_SEEN, _GRAPH, _REFUSED = "seen once", "captured", "eager"
+
+
+def _py_ptrs_equal(tensors, ptrs, indices) -> bool:
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+# True when tensors[i].data_ptr() == ptrs[i] for each index: in C++ where torch has it (its
+# cudagraph trees check their static inputs with it), as the replay path runs it every call.
+_ptrs_equal = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _py_ptrs_equal)
+
+
+def _is_tensor_entry(entry) -> bool:
+    return type(entry) is tuple and len(entry) == 5 and isinstance(entry[3], torch.device)
+
+
+class _Entry:
+    """One signature: seen once (its first, eager call ran), captured, or refused (eager)."""
+    __slots__ = ("state", "why", "graph", "inputs", "outputs", "rebuild", "calls", "label")
+
+    def __init__(self, label: str):
+        self.state, self.why, self.label = _SEEN, "", label
+        self.graph = self.inputs = self.outputs = self.rebuild = None
+        self.calls = 1
+
+    def replay(self, tensors):
+        for static, src in zip(self.inputs, tensors):
+            static.copy(src)
+        self.graph.replay()
+        return self.rebuild()
+
+    def drop(self):
+        self.graph = self.inputs = self.outputs = self.rebuild = None
+
+
+_TRACED = ("the forward is being traced by torch.compile: the traced code is the model's forward and "
+           "ditops's graphs are not used (compile the model without capture, or capture it without compile)")
+_traced_warned = []
+
+
+def _warn_traced(ctx=None):
+    """Runs at trace time (torch._dynamo.comptime): a warning inside fullgraph tracing would break it."""
+    if not _traced_warned:
+        _traced_warned.append(True)
+        warnings.warn("ditops.diffusers.capture: " + _TRACED, RuntimeWarning, stacklevel=2)
+
+
+def _ditops_forwards(model) -> set:
+    """ids of the bound forwards ditops.diffusers.enable installed in model's submodules."""
+    from . import _ENABLED
+    from ._patching import _ForwardPatch
+    record = _ENABLED.get(model)
+    if record is None:
+        return set()
+    return {id(p.bound) for plan in record.plans for p in plan.patches if isinstance(p, _ForwardPatch)}
+
+
+def _describe_forward(module) -> str:
+    registry = getattr(module, "_diffusers_hook", None)
+    if registry is not None and getattr(registry, "hooks", None):
+        return f"diffusers hooks ({', '.join(registry.hooks)})"
+    if hasattr(module, "_hf_hook"):
+        return f"accelerate's {type(module._hf_hook).__name__}"
+    return "an instance attribute ditops did not set"
+
+
+class CapturedForward:
+    """The captured forward of one model: its signatures, graphs and counters (live).
+
+    It is reachable from the forward it installs (model.forward._ditops_capture), not from a
+    global table, which would keep every captured model alive: the model and its capture form
+    one cycle, which the garbage collector frees with the model."""
+
+    def __init__(self, model, name: str, max_graphs: int, backend):
+        self.model = model
+        self.name = name or type(model).__name__
+        self.max_graphs = int(max_graphs)
+        self.backend = backend
+        self.original = type(model).forward.__get__(model, type(model))
+        self.entries: dict = {}
+        self.pool = None
+        self.refusals: Counter = Counter()   # reason -> eager calls
+        self.eager_calls = 0                 # first calls of a signature
+        self.captures = 0
+        self.replays = 0
+        self._device = None
+        self._warned: set = set()
+        self._skeletons: dict = {}           # skeleton -> the keys seen with it
+        self._volatile: dict = {}            # skeleton -> why its Python numbers steer the forward
+        self._weights: list = []             # parameters and buffers the graphs read, and where
+        self._weight_ptrs: list = []
+        self._weight_idx: list = []
+
+        @functools.wraps(self.original)  # inspect.signature(model.forward) stays the model's
+        def forward(*args, **kwargs):
+            return forward._ditops_capture.call(args, kwargs)
+
+        forward._ditops_capture = self
+        self.installed = forward
+
+    # ------------------------------------------------------------ install / release
+    def install(self):
+        self.model.forward = self.installed
+
+    def uninstall(self) -> str:
+        self.drop_graphs()
+        if self.model.__dict__.get("forward") is not self.installed:
+            return f"{self.name}.forward was replaced after capture; left as it is"
+        del self.model.forward
+        return ""
+
+    def drop_graphs(self):
+        """Frees every graph, its static tensors and (with the last graph) the pool; forgets
+        every signature."""
+        if self._device is not None and self._device.type == "cuda" and self.graphs:
+            torch.cuda.synchronize(self._device)  # no replay in flight while its graph is destroyed
+        for entry in self.entries.values():
+            entry.drop()
+        self.entries.clear()
+        self._skeletons.clear()
+        self._volatile.clear()
+        self.pool = None
+        self._weights, self._weight_ptrs, self._weight_idx = [], [], []
+
+    # ------------------------------------------------------------ the call
+    def call(self, args, kwargs):
+        if torch.compiler.is_compiling():
+            comptime(_warn_traced)
+            return self.original(*args, **kwargs)
+        if torch.jit.is_tracing():
+            return self._eager(args, kwargs, "the forward is being traced by torch.jit")
+        if _nn_module._global_forward_hooks or _nn_module._global_forward_pre_hooks:
+            return self._eager(args, kwargs, "global module forward hooks are registered (they would run "
+                                             "at capture only, not at each replay)")
+        if torch.is_grad_enabled():
+            return self._eager(args, kwargs, "autograd is recording (call the model under torch.no_grad() "
+                                             "or torch.inference_mode(), as the pipelines do)")
+        if self.backend.capturing():
+            return self._eager(args, kwargs, "the call is inside a CUDA-graph capture ditops does not own "
+                                             "(the forward is recorded into that capture as eager code)")
+        try:
+            key, tensors = signature(args, kwargs)
+        except _Opaque:
+            return self._eager(args, kwargs, _opaque_why(args, kwargs))
+        entry = self.entries.get(key)
+        if entry is not None and entry.graph is not None and _ptrs_equal(
+                self._weights, self._weight_ptrs, self._weight_idx):
+            self.replays += 1
+            entry.calls += 1
+            return entry.replay(tensors)
+        return self._slow(key, args, kwargs, tensors)
+
+    def _warn(self, why: str):
+        if why not in self._warned:
+            self._warned.add(why)
+            warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}; the forward runs eagerly",
+                          RuntimeWarning, stacklevel=2)
+
+    def _eager(self, args, kwargs, why: str):
+        self.refusals[why] += 1
+        self._warn(why)
+        return self.original(*args, **kwargs)
+
+    def _slow(self, key, args, kwargs, tensors):
+        if self._weights and not _ptrs_equal(
+                self._weights, self._weight_ptrs, self._weight_idx):
+            # the graphs read the parameters at their capture-time addresses
+            self.drop_graphs()
+            why = ("the model's parameters moved since the capture (model.to, a fused LoRA, replaced "
+                   "weights): its graphs were released, and each signature is captured again")
+            if why not in self._warned:
+                self._warned.add(why)
+                warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}", RuntimeWarning, stacklevel=2)
+        entry = self.entries.get(key)
+        if entry is None:
+            return self._first(key, args, kwargs)
+        entry.calls += 1
+        if entry.state == _REFUSED:
+            return self._eager(args, kwargs, entry.why)
+        paths = []
+        signature(args, kwargs, paths)
+        why = self._refusal(key, paths)
+        if not why:
+            try:
+                self._capture(entry, key, paths, args, kwargs, tensors)
+            except _Opaque as e:
+                entry.drop()
+                why = str(e)
+            except Exception as e:  # noqa: BLE001 (any failure: this signature runs eagerly)
+                entry.drop()
+                if not self.graphs:
+                    # the failed capture released the pool's last use: torch refuses to begin
+                    # another capture in a pool waiting to be freed
+                    self.pool = None
+                why = f"the capture failed ({type(e).__name__}: {_first_line(e)})"
+        if why:
+            entry.state, entry.why = _REFUSED, why
+            return self._eager(args, kwargs, why)
+        self.captures += 1
+        return entry.replay(tensors)
+
+    def _first(self, key, args, kwargs):
+        """A signature's first call: eager, recorded; or eager unrecorded where a Python number
+        changes between calls (each value would be a signature of its own)."""
+        skeleton = _skeleton(key)
+        why = self._volatile.get(skeleton)
+        if why:
+            return self._eager(args, kwargs, why)
+        paths = []
+        signature(args, kwargs, paths)
+        keys = self._skeletons.setdefault(skeleton, [])
+        if len(keys) >= VALUES_PER_LAYOUT:
+            changed = [(paths[i], a[1], b[1]) for i, (a, b) in enumerate(zip(keys[0], key)) if a != b]
+            names = ", ".join(f"{p} ({old!r}, ..., {new!r})" for p, old, new in changed[:3])
+            why = self._volatile[skeleton] = (
+                f"the Python value of {names} took more than {VALUES_PER_LAYOUT} values with the same "
+                "tensors: a graph bakes it in, so each value would need a graph of its own; calls with a "
+                "new value run eagerly (pass it as a tensor)")
+            return self._eager(args, kwargs, why)
+        keys.append(key)
+        if len(self.entries) >= 4 * self.max_graphs:
+            return self._eager(args, kwargs, f"more than {4 * self.max_graphs} signatures were seen (a shape "
+                                             "or an argument that changes with every call?)")
+        self.entries[key] = _Entry(_label(key, paths))
+        self.eager_calls += 1
+        return self.original(*args, **kwargs)
+
+    def _refusal(self, key, paths) -> str:
+        """Why this signature cannot be captured now, or ''."""
+        model = self.model
+        if model.__dict__.get("forward") is not self.installed:
+            return "the model's forward was replaced after capture() (something wraps it)"
+        weights = list(itertools.chain(model.parameters(), model.buffers()))
+        devices = sorted({str(t.device) for t in weights})
+        if len(devices) > 1:
+            return f"the model's parameters are on several devices ({', '.join(devices)})"
+        tensor_devices = [(p, e[3]) for e, p in zip(key, paths) if _is_tensor_entry(e)]
+        device = weights[0].device if weights else (tensor_devices[0][1] if tensor_devices else torch.device("cpu"))
+        why = self.backend.refuses(device)
+        if why:
+            return why
+        for path, d in tensor_devices:
+            if d != device:
+                return f"argument {path} is on {d}, the model on {device} (mixed devices)"
+        ours = _ditops_forwards(model)
+        for name, module in model.named_modules():
+            if module is model:
+                continue  # its own hooks run around this forward at every call
+            if module._forward_hooks or module._forward_pre_hooks:
+                return f"{name} has forward hooks (they would run at capture only, not at each replay)"
+            own = module.__dict__.get("forward")
+            if own is not None and id(own) not in ours:
+                return f"{name}.forward is replaced by {_describe_forward(module)}"
+            processor = getattr(module, "processor", None)
+            if processor is not None and not type(processor).__module__.startswith(("diffusers.", "ditops.")):
+                return (f"{name}.processor is {type(processor).__module__}.{type(processor).__qualname__} "
+                        "(a processor that is not diffusers' or ditops's may keep Python state)")
+        if self.graphs >= self.max_graphs:
+            return (f"{self.name} has max_graphs={self.max_graphs} graphs already (release() frees them; "
+                    "capture(..., max_graphs=) allows more)")
+        self._device = device
+        if not self._weights:
+            self._weights = weights
+            self._weight_ptrs = [t.data_ptr() for t in weights]
+            self._weight_idx = list(range(len(weights)))
+        return ""
+
+    def _capture(self, entry, key, paths, args, kwargs, tensors):
+        tensor_paths = [p for e, p in zip(key, paths) if _is_tensor_entry(e)]
+        inputs = [_StaticInput(t, p) for t, p in zip(tensors, tensor_paths)]
+        for static, src in zip(inputs, tensors):
+            static.copy(src)  # the warm-up and the capture run on this call's values
+        views = iter([s.view for s in inputs])
+        s_args, s_kwargs = _substitute(args, views), _substitute(kwargs, views)
+        if self.pool is None:
+            self.pool = self.backend.new_pool(self._device)
+        original = self.original
+        graph, out = self.backend.capture(lambda: original(*s_args, **s_kwargs), self.pool, self._device)
+        entry.outputs, entry.rebuild = _output_rebuilder(out)
+        entry.graph, entry.inputs, entry.state = graph, inputs, _GRAPH
+
+    # ------------------------------------------------------------ report
+    @property
+    def graphs(self) -> int:
+        return sum(e.graph is not None for e in self.entries.values())
+
+    def signatures(self) -> list:
+        return [{"signature": e.label, "state": e.state, "why": e.why, "calls": e.calls}
+                for e in self.entries.values()]
+
+    def as_dict(self) -> dict:
+        return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
+                "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
+                "signatures": self.signatures(), "refusals": dict(self.refusals)}
+
+    def __str__(self):
+        rows = [f"{self.name}: {self.graphs} graph(s) (max {self.max_graphs}), {self.captures} captured, "
+                f"{self.replays} replays, {self.eager_calls} first calls, "
+                f"{sum(self.refusals.values())} eager calls refused capture"]
+        for e in self.entries.values():
+            rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
+        for why, n in self.refusals.most_common(5):
+            rows.append(f"  {n} eager call(s): {why}")
+        return "\n".join(rows)
+
+
+def _opaque_why(args, kwargs) -> str:
+    """The refusal of an argument the signature cannot hold, naming it (the fast path has no paths)."""
+    try:
+        signature(args, kwargs, [])
+    except _Opaque as e:
+        return str(e)
+    return "an argument the signature cannot hold"
+
+
+def _first_line(e) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def _label(key, paths) -> str:
+    """A short text of a signature: each tensor's shape and dtype, each non-tensor value."""
+    parts = []
+    for entry, path in zip(key[1:], paths[1:]):
+        if _is_tensor_entry(entry):
+            parts.append(f"{path}={list(entry[0])} {str(entry[2]).replace('torch.', '')}")
+        elif type(entry) is tuple and len(entry) == 2 and entry[0] in _SCALARS and entry[1] is not None:
+            parts.append(f"{path}={entry[1]!r}")
+    return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- the API
+
+
+class CaptureReport:
+    """What capture() installed: a CapturedForward per model (a pipeline's transformer and
+    transformer_2), and the parts it left eager, with why."""
+
+    def __init__(self):
+        self.parts: dict = {}     # name -> CapturedForward
+        self.refused: dict = {}   # name -> why
+
+    def __getitem__(self, name: str) -> CapturedForward:
+        return self.parts[name]
+
+    def as_dict(self) -> dict:
+        return {"captured": {n: c.as_dict() for n, c in self.parts.items()}, "refused": dict(self.refused)}
+
+    def __str__(self):
+        rows = ["ditops.diffusers.capture: one CUDA graph per input signature (the first call eager)"]
+        rows += ["  " + line for c in self.parts.values() for line in str(c).splitlines()]
+        rows += [f"  not captured: {n}: {why}" for n, why in self.refused.items()]
+        return "\n".join(rows)
+
+
+_COMPILED = ("is a torch.compile wrapper: its forward is compiled, and a capture of it would be traced "
+             "(torch.compile(mode='reduce-overhead') captures CUDA graphs itself; or capture the model)")
+
+
+def _parts(target):
+    """[(name, model or None, why not)]: a model, or a pipeline's transformer and transformer_2."""
+    from . import UnsupportedError
+    compiled = torch._dynamo.eval_frame.OptimizedModule
+    if isinstance(target, torch.nn.Module):
+        return [(type(target).__name__, None, _COMPILED) if isinstance(target, compiled)
+                else (type(target).__name__, target, "")]
+    found = []
+    for name in ("transformer", "transformer_2"):
+        part = getattr(target, name, None)
+        if isinstance(part, compiled):
+            found.append((name, None, _COMPILED))
+        elif isinstance(part, torch.nn.Module):
+            found.append((name, part, ""))
+    if not found:
+        raise UnsupportedError(f"ditops.diffusers.capture: {type(target).__name__} is neither a model nor a "
+                               "pipeline with a transformer; nothing was changed")
+    return found
+
+
+def captured(model_or_pipeline) -> CapturedForward | None:
+    """The CapturedForward of a captured model (a pipeline's transformer), or None."""
+    for _, model, _ in _parts(model_or_pipeline):
+        if model is not None:
+            state = getattr(model.__dict__.get("forward"), "_ditops_capture", None)
+            if state is not None:
+                return state
+    return None
+
+
+def check_max_graphs(max_graphs) -> None:
+    from . import UnsupportedError
+    if type(max_graphs) is not int or max_graphs < 1:
+        raise UnsupportedError(f"ditops.diffusers.capture: max_graphs must be an int >= 1, not {max_graphs!r}; "
+                               "nothing was changed")
+
+
+def _install(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureReport:
+    from . import SUPPORTED_MODELS, UnsupportedError
+    check_max_graphs(max_graphs)
+    report, todo = CaptureReport(), []
+    for name, model, why in _parts(model_or_pipeline):
+        if model is None:
+            report.refused[name] = why
+            warnings.warn(f"ditops.diffusers.capture: {name} {why}; it runs as it is", RuntimeWarning, stacklevel=3)
+            continue
+        existing = captured(model)
+        if existing is not None:
+            if not reuse:
+                raise UnsupportedError(f"ditops.diffusers.capture: {name} is already captured; release it first "
+                                       "(nothing was changed)")
+            report.parts[name] = existing
+            continue
+        own = model.__dict__.get("forward")
+        if own is not None:
+            why = (f"its forward is already replaced by {_describe_forward(model)}; a capture would hide "
+                   "it, so the model runs as it is")
+            report.refused[name] = why
+            warnings.warn(f"ditops.diffusers.capture: {name}: {why}", RuntimeWarning, stacklevel=3)
+            continue
+        todo.append((name, model))
+    for name, model in todo:
+        if type(model).__name__ not in SUPPORTED_MODELS:
+            warnings.warn(f"ditops.diffusers.capture: {type(model).__name__} is not among the classes "
+                          f"ditops.diffusers tests ({', '.join(SUPPORTED_MODELS)}); it is captured on the "
+                          "assumption that its forward depends on its arguments and weights only",
+                          RuntimeWarning, stacklevel=3)
+        state = CapturedForward(model, name, max_graphs, BACKEND)
+        state.install()
+        report.parts[name] = state
+    return report
+
+
+def capture(model_or_pipeline, *, max_graphs: int = DEFAULT_MAX_GRAPHS) -> CaptureReport:
+    """Capture the forward of a diffusers transformer (a model, or a pipeline's transformer and
+    transformer_2) in CUDA graphs, one per input signature: the first call of a signature runs
+    eagerly, the second captures, later calls replay. Returns the live CaptureReport.
+
+    Each call returns new tensors (clones of the graph's outputs), safe to keep across calls.
+    What cannot be captured runs eagerly with one RuntimeWarning per reason; a torch.compile
+    wrapper is left as it is (a warning). At most max_graphs graphs per model (all in one memory
+    pool). Raises UnsupportedError, with nothing changed, for a target that is neither a model
+    nor a pipeline, or a model already captured. release() or ditops.diffusers.disable() frees
+    the graphs and restores the forward."""
+    return _install(model_or_pipeline, max_graphs, reuse=False)
+
+
+def release(model_or_pipeline) -> bool:
+    """Free the graphs and restore the forward capture() replaced. True when something was
+    captured."""
+    done = False
+    for _, model, _ in _parts(model_or_pipeline):
+        state = captured(model) if model is not None else None
+        if state is None:
+            continue
+        why = state.uninstall()
+        if why:
+            warnings.warn(f"ditops.diffusers.release: {why}", RuntimeWarning, stacklevel=2)
+        done = True
+    return done
+
+
+def forget(model) -> None:
+    """Drop a captured model's graphs and signatures (its code changed: enable, disable)."""
+    state = captured(model)
+    if state is not None:
+        state.drop_graphs()
