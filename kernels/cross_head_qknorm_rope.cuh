@@ -10,8 +10,9 @@
 //   (IEEE division), rstd = rsqrtf(mean + eps).
 // * Norm: y = w * (rstd * x) (fp32, two roundings; rstd * x without a weight), rounded to the
 //   activation dtype (rounding = rounded) or kept in fp32 (rounding = fp32).
-// * RoPE: first = a*C - c*S, second = c*C + a*S with every product and sum one fp32 operation
-//   (__fmul_rn / __fadd_rn / __fsub_rn: no FMA contraction), then one RNE rounding at the store.
+// * RoPE: pairs (interleaved) first = a*C - c*S, second = c*C + a*S with every product and sum one
+//   fp32 operation (__fmul_rn / __fadd_rn / __fsub_rn: no FMA contraction); halves (split, LTX-2's
+//   x*cos then addcmul_) first = fma(-S, c, a*C), second = fma(S, a, c*C); then one RNE rounding.
 // Each thread owns exactly the vectors PyTorch's thread of the same index reads, so the loads are
 // 8 bytes wide (a warp reads 256 contiguous bytes per access). The split form needs the partner
 // half of a head, which another thread holds: the normalized row goes through shared memory.
@@ -83,12 +84,21 @@ __device__ __forceinline__ Word<8> pack(const float (&v)[4]) {
   return w;
 }
 
-// first = a*C - c*S, second = c*C + a*S, one fp32 rounding per operation.
+// Pairs (Wan, LTX-2 interleaved): first = a*C - c*S, second = c*C + a*S, one fp32 rounding per
+// operation (separate eager kernels).
 __device__ __forceinline__ float rope_first(float a, float c, float cs, float sn) {
   return __fsub_rn(__fmul_rn(a, cs), __fmul_rn(c, sn));
 }
 __device__ __forceinline__ float rope_second(float a, float c, float cs, float sn) {
   return __fadd_rn(__fmul_rn(c, cs), __fmul_rn(a, sn));
+}
+// Halves (LTX-2 split): x*cos, then addcmul_(-sin, c) / addcmul_(sin, a), which PyTorch computes as
+// fma(tensor1, tensor2, input) when value is 1: the product a*C rounded, the other exact in the FMA.
+__device__ __forceinline__ float rope_first_fma(float a, float c, float cs, float sn) {
+  return __fmaf_rn(-sn, c, __fmul_rn(a, cs));
+}
+__device__ __forceinline__ float rope_second_fma(float a, float c, float cs, float sn) {
+  return __fmaf_rn(sn, a, __fmul_rn(c, cs));
 }
 
 }  // namespace chqr_detail
@@ -259,7 +269,8 @@ __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNor
         float other;
         if constexpr (kRounded) other = element<T>(other_word, e);
         else other = __uint_as_float(other_word.w[e]);
-        out[e] = first_half ? rope_first(y[i][e], other, cs[e], sn[e]) : rope_second(other, y[i][e], cs[e], sn[e]);
+        out[e] = first_half ? rope_first_fma(y[i][e], other, cs[e], sn[e])
+                            : rope_second_fma(other, y[i][e], cs[e], sn[e]);
       }
       store_word<8>(x + 4 * v, pack<T>(out));
     }

@@ -89,16 +89,20 @@ def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_d
 
 def cross_head_rope_eager(x, cos, sin, head_dim, rope):
     """RoPE per head of x [B, S, N] (the normalized projection, activation dtype) as Wan and
-    LTX-2 write it: cos/sin [1|B, S, 1|H, head_dim/2] fp32, per pair (interleaved: channels 2j, 2j+1
-    of a head; split: j and j + head_dim/2) first = a*cos - c*sin, second = c*cos + a*sin in fp32
-    (each product and sum its own kernel), stored into a tensor of x's dtype (one rounding)."""
+    LTX-2 write it: cos/sin [1|B, S, 1|H, head_dim/2] fp32. Interleaved (channels 2j, 2j+1 of a
+    head; Wan, LTX-2's interleaved form): first = a*cos - c*sin, second = c*cos + a*sin in fp32, each
+    product and sum its own kernel. Split (j and j + head_dim/2; LTX-2): a*cos and c*cos, then
+    addcmul_(-sin, c) / addcmul_(sin, a), which CUDA computes as one FMA each. Stored into a tensor
+    of x's dtype (one rounding)."""
     heads = x.unflatten(-1, (x.shape[-1] // head_dim, head_dim))
     if rope == "interleaved":
         a, c = heads.unflatten(-1, (-1, 2)).unbind(-1)
-    else:
-        a, c = heads[..., : head_dim // 2], heads[..., head_dim // 2:]
-    first = a * cos - c * sin
-    second = c * cos + a * sin
+        first = a * cos - c * sin
+        second = c * cos + a * sin
+    else:  # LTX-2's apply_split_rotary_emb: x * cos, then addcmul_ (one FMA: the product exact)
+        a, c = heads[..., : head_dim // 2].float(), heads[..., head_dim // 2:].float()
+        first = (a * cos).addcmul_(-sin, c)
+        second = (c * cos).addcmul_(sin, a)
     out = torch.empty_like(heads)
     if rope == "interleaved":
         out[..., 0::2] = first

@@ -7,7 +7,8 @@
 //   rstd = rsqrt(sum / N + eps), correctly rounded here (1 / sqrt in double, rounded once): the
 //     GPU's rsqrtf may differ by 1 fp32 ulp, the only legitimate reference/GPU difference;
 //   y = w * (rstd * x) (rstd * x without a weight), rounded to the activation dtype (rounded) or
-//     not (fp32); RoPE first = a*C - c*S, second = c*C + a*S, then one rounding at the store.
+//     not (fp32); RoPE pairs first = a*C - c*S, second = c*C + a*S; halves (LTX-2's addcmul_)
+//     first = fma(-S, c, a*C), second = fma(S, a, c*C); then one rounding at the store.
 // The call is assumed validated by the facade (match_cross_head_qknorm_rope).
 #include <cmath>
 #include <cstdint>
@@ -43,6 +44,9 @@ float row_sum_of_squares(const std::vector<float>& x) {
 
 float rope_first(float a, float c, float cs, float sn) { return a * cs - c * sn; }
 float rope_second(float a, float c, float cs, float sn) { return c * cs + a * sn; }
+// split (LTX-2's addcmul_): the second product exact inside one FMA
+float rope_first_fma(float a, float c, float cs, float sn) { return std::fma(-sn, c, a * cs); }
+float rope_second_fma(float a, float c, float cs, float sn) { return std::fma(sn, a, c * cs); }
 
 void rows(const CrossHeadQkNormRopeCall& call, const TensorView& t, const TensorView& weight, const CrossHeadRows& r) {
   const DType act = call.q.dtype;
@@ -77,7 +81,9 @@ void rows(const CrossHeadQkNormRopeCall& call, const TensorView& t, const Tensor
           }
           const float cs = r.cos[b * r.cos_strides[0] + s * r.cos_strides[1] + h * r.cos_strides[2] + j * r.cos_strides[3]];
           const float sn = r.sin[b * r.sin_strides[0] + s * r.sin_strides[1] + h * r.sin_strides[2] + j * r.sin_strides[3]];
-          out = n == first ? rope_first(y[first], y[second], cs, sn) : rope_second(y[first], y[second], cs, sn);
+          const bool split = rope == CrossHeadRope::split;
+          out = n == first ? (split ? rope_first_fma : rope_first)(y[first], y[second], cs, sn)
+                           : (split ? rope_second_fma : rope_second)(y[first], y[second], cs, sn);
         }
         ref::store_act(t.data, base + n, act, out);
       }

@@ -224,11 +224,16 @@ std::vector<OpCase> make() {
     // Other widths and classes: 5 slots with an idle tail (2240), the widest rows (8192), 64,
     // f16, an f32 x (the eager fp32 kernel), weight alone, scale alone, shift alone, amplitudes.
     const auto f32chain = [&](Nss w, CaseKind kind) { out.push_back(nss_case(w, kind, seed++)); };
-    f32chain({2, 9, 2240, DType::bf16, "layer", "float32", true, 2, "", 3, 100.0, 1e-5}, CaseKind::odd);
+    // (gates of class 2: a 0-dim gate is refused with a 16-bit x, below)
+    Nss wide{2, 9, 2240, DType::bf16, "layer", "float32", true, 2, "", 3, 100.0, 1e-5};
+    wide.gate_class = 2;
+    f32chain(wide, CaseKind::odd);
     f32chain({1, 17, 8192, DType::bf16, "layer", "float32", false, 0, "", 2, 1.0, 1e-6}, CaseKind::odd);
     f32chain({1, 17, 8192, DType::bf16, "layer", "float32", true, 2, "", 1, 1e-4, 1e-6}, CaseKind::odd);
     f32chain({3, 5, 64, DType::bf16, "layer", "float32", true, 1, "", 4, 1.0, 1e-6}, CaseKind::odd);
-    f32chain({2, 17, 1024, DType::f16, "layer", "float32", true, 1, "", 3, 1.0, 1e-5}, CaseKind::odd);
+    Nss half{2, 17, 1024, DType::f16, "layer", "float32", true, 1, "", 3, 1.0, 1e-5};
+    half.gate_class = 2;
+    f32chain(half, CaseKind::odd);
     f32chain({2, 17, 1024, DType::f32, "layer", "float32", true, 2, "", 2, 1.0, 1e-5}, CaseKind::odd);
     Nss only{2, 33, 1536, DType::bf16, "layer", "float32", false, 0, "", 0, 1.0, 1e-6};
     only.with_shift = false;  // scale alone (a scalar)
@@ -290,6 +295,14 @@ std::vector<OpCase> make() {
     c.tensors[1].dtype = DType::f32;
     c.invalid = {"scale.dtype must be bf16 (as x; f32 operands beside a 16-bit x: numerics=float32) but is f32"};
     out.push_back(c);
+    {
+      Nss scalar_gate = f32;
+      scalar_gate.gate_class = 0;
+      c = nss_case(scalar_gate, CaseKind::invalid, seed++);
+      c.name = "float32_0dim_gate";
+      c.invalid = {"gate must have a dim with numerics=float32 beside a 16-bit x", "0-dim"};
+      out.push_back(c);
+    }
     c = nss_case({1, 4, 64, DType::bf16, "rms", "float32", false, 0, "", 2}, CaseKind::invalid, seed++);
     c.name = "float32_rms";
     c.invalid = {"numerics=float32 implements LayerNorm only"};

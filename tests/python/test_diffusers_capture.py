@@ -466,8 +466,17 @@ def test_torch_compile_wrappers_and_tracing():
 # ---------------------------------------------------------------- GPU: real CUDA graphs
 
 
-def to_cuda(inputs):
-    return {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+def to_cuda(inputs, model=None):
+    """inputs on the GPU; LTX-2's with the RoPE coordinates its pipeline passes (without them its
+    forward builds them from host values on every call, which a capture cannot hold)."""
+    out = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+    if model is not None and "audio_num_frames" in out and out.get("video_coords") is None:
+        batch = out["hidden_states"].shape[0]
+        out["video_coords"] = model.rope.prepare_video_coords(batch, out["num_frames"], out["height"], out["width"],
+                                                              torch.device("cuda"))
+        out["audio_coords"] = model.audio_rope.prepare_audio_coords(batch, out["audio_num_frames"],
+                                                                    torch.device("cuda"))
+    return out
 
 
 def bigger(name, inputs):
@@ -481,8 +490,8 @@ def bigger(name, inputs):
 def test_gpu_captured_equals_eager(name, with_ditops):
     model, inputs, _ = TINY[name]()
     model = model.to("cuda")
-    steps = [to_cuda(varied(inputs, i)) for i in range(5)]
-    two = to_cuda(bigger(name, inputs))
+    steps = [to_cuda(varied(inputs, i), model) for i in range(5)]
+    two = to_cuda(bigger(name, inputs), model)
     reference = [run(model, s) for s in steps]
     reference_two = run(model, two)
     before = snapshot(model)

@@ -225,6 +225,11 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     if (present(out.residual_out)) m.fail("residual_out is given without residual");
   }
   call.gate = match_operand(m, "gate", in.gate, B, S, D, false, vec, "", act, float32);
+  // Eager's x * gate with a 0-dim f32 gate stays in x's dtype (a 0-dim tensor promotes like a Python
+  // scalar): a product rounded to 16 bits, not the float32 chain's.
+  if (float32 && act != DType::f32 && present(in.gate) && in.gate.rank == 0)
+    m.fail("gate must have a dim with numerics=float32 beside a 16-bit x (a 0-dim f32 gate does not promote x * "
+           "gate to float32 in eager PyTorch: pass it as [1]) but is 0-dim");
   call.scale = match_operand(m, "scale", in.scale, B, S, D, sglang, vec, "numerics=sglang: y = norm(v) * (1 + scale) + shift",
                              act, float32);
   call.shift = match_operand(m, "shift", in.shift, B, S, D, false, vec, "", act, float32);
@@ -591,8 +596,13 @@ void register_norm_scale_shift(Registry& registry) {
                        ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
                        nss_numerics_name(v.numerics);
     impl.predicate = [numerics = v.numerics, cuda = impl.predicate](const NormScaleShiftCall& c) -> std::string {
-      if (c.in.x.device.kind == DeviceKind::cuda && c.options.numerics != numerics)
-        return std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
+      // numerics=float32 on an f32 x is eager's own fp32 chain: the eager implementation's kernel.
+      const bool f32_chain_of_f32 = c.options.numerics == NssNumerics::float32 && c.in.x.dtype == DType::f32;
+      const NssNumerics wanted = f32_chain_of_f32 ? NssNumerics::eager : c.options.numerics;
+      if (c.in.x.device.kind == DeviceKind::cuda && wanted != numerics)
+        return f32_chain_of_f32 ? std::string("an f32 x makes numerics=float32 eager's own fp32 chain, which "
+                                              "norm_scale_shift.jit runs")
+                                : std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
       return cuda(c);
     };
     // The family's variant keys are compiled once, under the first implementation.
