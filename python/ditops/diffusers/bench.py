@@ -249,6 +249,10 @@ def graph_memory(torch, call):
 
 
 def commit_of_package() -> str:
+    """DITOPS_COMMIT when the caller names the tree (a copy without its git history, e.g. a device
+    run), else the package's git checkout."""
+    if os.environ.get("DITOPS_COMMIT"):
+        return os.environ["DITOPS_COMMIT"]
     here = os.path.dirname(os.path.realpath(__file__))
     try:
         out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,

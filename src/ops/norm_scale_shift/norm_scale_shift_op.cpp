@@ -581,9 +581,9 @@ void register_norm_scale_shift(Registry& registry) {
                            "gate).type_as(residual) (no gate: residual + x), (F.layer_norm(v.float(), (D,), weight, "
                            "bias, eps) * (1 + scale) + shift).type_as(x) (FP32LayerNorm: aten vectorized kernel on the "
                            "float32 row) with f32 operands, one rounding of y to x's dtype")
-           .unverified("not yet run on a device: derived from aten's layer_norm source (the float32 "
-                       "instantiation of the verified vectorized kernel) and torch's type promotion; matches the CPU "
-                       "reference on the CPU cases")},
+           .verified("H200 (sm_90), 2026-12-02: bench/norm_scale_shift_torch.py's VERIFY_FLOAT32 (every Wan site "
+                     "at 14B / 1.3B / batch 2 / TI2V) at ee9c29e; every float32 case of tests/python/test_ops_eager.py "
+                     "and the Wan sites of ditops.diffusers (bench/results/h200/models/wan.json) at 64c434f")},
   };
   for (const Variant& v : variants) {
     Implementation<NormScaleShiftCall> impl = jit_implementation(kernels());
