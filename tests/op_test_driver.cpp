@@ -689,6 +689,21 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
   return failures;
 }
 
+std::vector<CheckedProperty> checked_properties(const OpCase& c) {
+  std::vector<CheckedProperty> out;
+  if (!c.invalid.empty()) return {{"refused, nothing written", true}, {"refused on a device", false}};
+  const Prepared p = prepare(c, false);
+  bool pure = false, shares = false;
+  for (const Buffer& b : p.buffers) pure = pure || b.pure_output;
+  for (const TensorCase& t : p.tensors) shares = shares || !t.storage.empty();
+  out.push_back({"runs, writes only its outputs", !c.large});
+  if (pure && !c.large) out.push_back({"everything written", true});
+  if (shares) out.push_back({"aliased equals separate buffers", !c.large});
+  out.push_back({"each implementation eligible or refused by explain", false});
+  out.push_back({"each implementation against the reference", false});
+  return out;
+}
+
 // ---------------------------------------------------------------- case registry
 
 namespace {

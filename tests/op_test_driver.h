@@ -124,6 +124,15 @@ struct DriverOptions {
 // the reference. Returns the failures ("" lines never); tallies into `summary`.
 std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options, Summary* summary);
 
+// What the driver checks for one case, one name per property (docs/testing.md: the count of
+// distinct checked cases): on every machine for the reference, and where a device is present for
+// every implementation. A large case's reference runs only where a device compares it.
+struct CheckedProperty {
+  std::string name;
+  bool on_cpu;  // checked without a device too
+};
+std::vector<CheckedProperty> checked_properties(const OpCase& c);
+
 // Every declared case of `op` ("" for all), in declaration order.
 std::vector<OpCase> cases(const std::string& op = "");
 std::vector<std::string> ops_with_cases();

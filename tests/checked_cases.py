@@ -1,0 +1,359 @@
+"""The distinct checked cases of every op, and whether they dropped (ctest `checked_cases`).
+
+A checked case is a triple (op, configuration, property): a configuration is one distinct call of
+the op (shapes, dtypes, layout, options, a class of values) or one distinct argument set of a unit
+of it (a kernel key and arch, a conversion's exhaustive sweep counted once); a property is one kind
+of expectation on it (agreement with an independent oracle or with the reference, the refusal and
+its message with nothing written, nothing written outside the outputs, equality with another
+configuration, a classification or kernel key, ...). docs/testing.md says more.
+
+* The op test driver's: `export_op_cases --count` (each case once per property the driver checks
+  for it; the ones checked without a device apart).
+* The bespoke tests' (tests/test_<op>*.cpp): the table BESPOKE, one entry per TEST with its count
+  and how it was counted. The script fails when a TEST of those files has no entry or an entry
+  names a TEST that is gone, so the table follows the files.
+
+It fails too when the total falls below BEFORE: the counts before the driver took the bespoke
+tests over (main at 3b0128b).
+
+    python3 tests/checked_cases.py build/tests/export_op_cases
+"""
+import collections
+import pathlib
+import re
+import subprocess
+import sys
+
+TESTS = pathlib.Path(__file__).resolve().parent
+
+# Per op: (driver, bespoke) at 3b0128b, counted by this script's first version.
+BEFORE = {
+    "causal_conv3d_cat_pad": (312, 501),
+    "cross_head_qknorm_rope": (126, 0),
+    "fp8_linear": (199, 417),
+    "fp8_static_quant": (112, 1),
+    "layernorm_modulate": (756, 500),
+    "layernorm_modulate_fp8": (186, 45),
+    "norm_scale_shift": (559, 326),
+    "qk_head_layernorm": (49, 11),
+    "qknorm_rope": (1669, 2855),
+    "residual_gate_add": (507, 908),
+    "token_cat_fp8": (160, 378),
+}
+
+# file -> {Suite.Test: (op, count, how)}
+BESPOKE = {
+    "test_residual_gate_add.cpp": {
+        "ResidualGateAddReference.EveryGateModeAndDtypeMatchesTheFloat64Oracle":
+            ("residual_gate_add", 60, "3 dtypes x 10 shapes: float64 oracle, gate mode"),
+        "ResidualGateAddReference.RoundingPointsAreTheEagerOnes":
+            ("residual_gate_add", 3, "1 call: oracle, the expected bits, the oracle tells fma apart"),
+        "ResidualGateAddReference.PromotedChainRoundsOnceAgainstTheFloat64Oracle":
+            ("residual_gate_add", 30, "2 dtypes x 5 f32 gates: oracle, gate mode, tells the 16-bit chain apart"),
+        "ResidualGateAddReference.SignedZerosAndSubnormals":
+            ("residual_gate_add", 6, "3 dtypes: oracle, signs"),
+        "ResidualGateAddReference.TransposedLayoutEqualsContiguous":
+            ("residual_gate_add", 30, "3 dtypes x 5 shapes: equals contiguous, classification"),
+        "ResidualGateAddReference.EmptyIsANoOpAndLargeCallsAreSplitIdentically":
+            ("residual_gate_add", 3, "empty; the threaded path: oracle, gate mode"),
+        "ResidualGateAddMatch.GateModesAndAlignment": ("residual_gate_add", 9, "9 classifications"),
+        "ResidualGateAddMatch.TransposedResidualTakesAlignedChunksWhenOutSharesItsOffset":
+            ("residual_gate_add", 10, "2 T x 4 offsets + 2 scalar update sides: classification"),
+        "ResidualGateAddMatch.ErrorsNameTensorDimensionExpectedAndActual":
+            ("residual_gate_add", 14, "13 refusals, 1 strided gate classified"),
+        "ResidualGateAddMatch.InPlaceAndOverlapAreRefusedBeforeAnyWrite":
+            ("residual_gate_add", 5, "4 overlaps refused, 1 adjacent accepted"),
+        "ResidualGateAddMatch.ExplainListsEveryCandidateWithItsReason":
+            ("residual_gate_add", 3, "explain's candidates, its text, a strict jit backend refused"),
+        "ResidualGateAddCApi.RunsAndReportsErrors":
+            ("residual_gate_add", 4, "C ABI: a call (runs, oracle), an aliased call refused, explain"),
+        "ResidualGateAddJit.EveryKernelKeyCompilesForEveryTargetArch":
+            ("residual_gate_add", 516, "172 kernel keys x 3 archs compile"),
+        "ResidualGateAddJit.FlatKernelUnitsFollowTheMeasuredSchedule":
+            ("residual_gate_add", 7, "7 keys: units and template arguments"),
+        "ResidualGateAddJit.PromotedGateAndStridedRowsReachTheKernel":
+            ("residual_gate_add", 4, "2 keys, 2 matches"),
+        "ResidualGateAddJit.FastDivisionEqualsIntegerDivisionBelowTwoToThe31":
+            ("residual_gate_add", 1, "one sweep of the fast division"),
+        "ResidualGateAddJit.SixtyFourBitIndicesFromTwoToThe31Units":
+            ("residual_gate_add", 3, "the threshold, 2 keys"),
+        "ResidualGateAddJit.FlatSizesOfThe32BitKernelLeadTheParams":
+            ("residual_gate_add", 4, "the params' layout, 3 size fillings"),
+        "ResidualGateAddJit.TransposedBlockHasOneThreadPerTileUnit":
+            ("residual_gate_add", 9, "9 keys' block sizes"),
+    },
+    "test_residual_gate_add_gpu.cpp": {
+        "ResidualGateAddGpu.GateCasesOfTheSpecAreByteEqualToTheReference":
+            ("residual_gate_add", 9, "9 shapes: every CUDA implementation against the reference"),
+        "ResidualGateAddGpu.PerTokenBatchAndDtypeSweeps":
+            ("residual_gate_add", 27, "27 calls against the reference"),
+        "ResidualGateAddGpu.TransposedLayout": ("residual_gate_add", 49, "49 calls against the reference"),
+        "ResidualGateAddGpu.PointersOffSixteenBytesTakeTheScalarPathAndAgree":
+            ("residual_gate_add", 20, "10 calls: against the reference, not aligned16"),
+        "ResidualGateAddGpu.FlatKernelIndexWidthsAndGridStrideLoopAgree":
+            ("residual_gate_add", 28, "28 direct launches against the reference"),
+        "ResidualGateAddGpu.ChunkedResidualKernelAgreesAtEveryLineOffset":
+            ("residual_gate_add", 30, "30 direct launches against the reference"),
+        "ResidualGateAddGpu.TallTileKernelAgreesBelowAtAndAcrossItsEdges":
+            ("residual_gate_add", 10, "10 direct launches against the reference"),
+        "ResidualGateAddGpu.SmallScalarCallsTakeTheirMeasuredSchedule":
+            ("residual_gate_add", 9, "9 kernel keys chosen"),
+        "ResidualGateAddGpu.CapturedInACudaGraphReplaysOnNewInputs":
+            ("residual_gate_add", 4, "captured; 3 replays against the reference"),
+        "ResidualGateAddGpu.InPlaceOnTheGpuIsRefusedAndWritesNothing":
+            ("residual_gate_add", 1, "refused on the device"),
+    },
+    "test_token_cat_fp8.cpp": {
+        "TokenCatFp8Reference.IssueShapesScaledDownMatchTheFloat64Oracle":
+            ("token_cat_fp8", 8, "8 calls: float64 oracle"),
+        "TokenCatFp8Reference.OddWidthsScalesAndDtypes": ("token_cat_fp8", 65, "65 calls: oracle"),
+        "TokenCatFp8Reference.SpecialValues":
+            ("token_cat_fp8", 3, "bf16 specials: expected bytes, oracle; f16 specials"),
+        "TokenCatFp8Matching.BadInputsAreRefusedWithNothingWritten": ("token_cat_fp8", 24, "24 refusals"),
+        "TokenCatFp8Matching.EmptyCallsAreNoOpsAndTheVectorPathNeedsAlignment":
+            ("token_cat_fp8", 5, "empty; 4 alignment classifications"),
+        "TokenCatFp8Description.SlotsOptionsAndAllocRule":
+            ("token_cat_fp8", 5, "slots, alloc rule, generic call, bad option, registry"),
+        "TokenCatFp8Gpu.IssueShapesEveryImplementationByteEqualToTheReference":
+            ("token_cat_fp8", 40, "10 shapes: against the reference, the facade's choice, aligned16, the "
+                                  "device's IEEE inverse"),
+        "TokenCatFp8Gpu.OddWidthsMisalignedPointersDtypesAndScales":
+            ("token_cat_fp8", 172, "43 calls x the same 4"),
+        "TokenCatFp8Gpu.SpecialValuesAndScalesOutsideTheContract":
+            ("token_cat_fp8", 56, "7 scales x 2 widths x the same 4"),
+    },
+    "test_causal_conv3d_cat_pad.cpp": {
+        "CausalConv3dCatPadReference.IssueShapesAgreeWithCatThenPad":
+            ("causal_conv3d_cat_pad", 32, "16 calls: cat-then-pad oracle, nothing written outside out"),
+        "CausalConv3dCatPadReference.OddSizesAsymmetricPaddingEveryDtypeBothLayouts":
+            ("causal_conv3d_cat_pad", 96, "48 calls: the same 2"),
+        "CausalConv3dCatPadReference.EmptyTensorsAreANoOpOrZeroFill":
+            ("causal_conv3d_cat_pad", 12, "6 calls: the same 2"),
+        "CausalConv3dCatPadReference.EmptyOutWithHugeExtentsReturnsAtOnce":
+            ("causal_conv3d_cat_pad", 1, "1 call"),
+        "CausalConv3dCatPadReference.ExtentOneDimsTakeAnyStride":
+            ("causal_conv3d_cat_pad", 2, "1 call: the same 2"),
+        "CausalConv3dCatPadReference.EmptyInputsTakeAnyStrides":
+            ("causal_conv3d_cat_pad", 2, "1 call: the same 2"),
+        "CausalConv3dCatPadErrors.DtypeMismatch": ("causal_conv3d_cat_pad", 3, "3 refusals"),
+        "CausalConv3dCatPadErrors.CacheBatchChannelHeightWidthMismatch": ("causal_conv3d_cat_pad", 4, "4 refusals"),
+        "CausalConv3dCatPadErrors.LeftTimePaddingBelowTheCacheLength": ("causal_conv3d_cat_pad", 1, "1 refusal"),
+        "CausalConv3dCatPadErrors.TensorsThatAreNot5D": ("causal_conv3d_cat_pad", 4, "4 refusals"),
+        "CausalConv3dCatPadErrors.MixedDevices": ("causal_conv3d_cat_pad", 2, "2 refusals"),
+        "CausalConv3dCatPadErrors.NegativePadding": ("causal_conv3d_cat_pad", 6, "6 refusals"),
+        "CausalConv3dCatPadErrors.OutOfTheWrongShape": ("causal_conv3d_cat_pad", 5, "5 refusals"),
+        "CausalConv3dCatPadErrors.LayoutsThatDifferOrAreNeither": ("causal_conv3d_cat_pad", 3, "3 refusals"),
+        "CausalConv3dCatPadErrors.OutOverlappingAnInput": ("causal_conv3d_cat_pad", 2, "2 refusals"),
+        "CausalConv3dCatPadBindings.DescriptionTakesFPadOrderAndAllocatesThePaddedShape":
+            ("causal_conv3d_cat_pad", 2, "slots, option defaults"),
+        "CausalConv3dCatPadBindings.AllocRuleGivesThePaddedShape":
+            ("causal_conv3d_cat_pad", 2, "shape, memory format"),
+        "CausalConv3dCatPadBindings.GenericCallAndCAbiAgreeWithCatThenPad":
+            ("causal_conv3d_cat_pad", 4, "generic call, C ABI, C ABI without cache, C ABI error"),
+        "CausalConv3dCatPadGpu.IssueShapesAreByteEqualToTheReference":
+            ("causal_conv3d_cat_pad", 22, "11 shapes x use_pdl on/off: against the reference"),
+        "CausalConv3dCatPadGpu.OddSizesLayoutsDtypesAndMisalignedPointers":
+            ("causal_conv3d_cat_pad", 294, "147 calls x use_pdl on/off: against the reference"),
+        "CausalConv3dCatPadGpu.BothIndexWidthsOnAGridThatLoops":
+            ("causal_conv3d_cat_pad", 2, "2 direct launches"),
+    },
+    "test_fp8_linear.cpp": {
+        "Fp8LinearReference.WhitelistedShapesWithinTheContractOfTheFp64Product":
+            ("fp8_linear", 220, "73 (shape, M) x 3 seeds: within the fp64 bound; the fraction within 1 ulp"),
+        "Fp8LinearReference.QuantizedAndBf16InputsAgreeAndBothReciprocalsRun":
+            ("fp8_linear", 4, "quantized x equals bf16 x, oracle, div_full equals ieee, the quantizer runs"),
+        "Fp8LinearReference.QuantizationBoundaries":
+            ("fp8_linear", 3, "16 boundary inputs: quantizer oracle, linear oracle, explicit codes"),
+        "Fp8StaticQuantReference.NanStaysNanAndInfinitiesSaturate": ("fp8_static_quant", 1, "NaN and Inf codes"),
+        "Fp8LinearMatching.BadInputsAreRefusedBeforeAnythingIsWritten":
+            ("fp8_linear", 10, "8 refusals, M = 0 and M = 20 accepted"),
+        "Fp8LinearDispatch.ExplainSaysWhichPathAShapeTakesAndWhy": ("fp8_linear", 8, "8 explain verdicts"),
+        "Fp8LinearWhitelist.CoversTheIssueShapesAndNothingIsMeasuredYet":
+            ("fp8_linear", 75, "74 whitelist look-ups, the entries' fields"),
+        "Fp8LinearDescription.SlotsAndAllocRule": ("fp8_linear", 3, "slots, alloc rule, compile variants"),
+        "CublasLtLoader.LoadsHereOrSaysWhy": ("fp8_linear", 1, "the loader"),
+        "CublasLtLoader.AMissingLibraryGivesAClearReason": ("fp8_linear", 3, "missing library, status, workspace"),
+        "Fp8LinearGpu.EveryImplementationWithinItsContractAndRunToRunIdentical":
+            ("fp8_linear", 90, "30 calls: each implementation within the fp64 bound, against it, run to run"),
+    },
+    "test_layernorm_modulate.cpp": {
+        "E4m3.DecodesTheFormat": ("layernorm_modulate", 1, "the decoder"),
+        "E4m3.EveryCodeRoundTrips": ("layernorm_modulate", 1, "every code"),
+        "E4m3.MidpointsTieToEvenAndNeighboursRoundToNearest": ("layernorm_modulate", 1, "every midpoint"),
+        "E4m3.RangeEndsFollowC10": ("layernorm_modulate", 1, "the range ends"),
+        "E4m3.RandomValuesMatchANearestSearch": ("layernorm_modulate", 1, "a nearest search"),
+        "AtenStats.NewtonStepFromAnyNearbySeedGivesTheIeeeReciprocalOfEveryCount":
+            ("layernorm_modulate", 1, "every count"),
+        "AtenStats.TwinMatchesAnIndependentSimulationBitForBit":
+            ("layernorm_modulate", 54, "18 widths x 3 amplitudes"),
+        "AtenStats.TheOrderIsVisible": ("layernorm_modulate", 2, "every width, head widths"),
+        "AtenStats.AgreeWithFloat64TwoPassWithinStatedBounds": ("layernorm_modulate", 36, "4 x 3 x 3 rows"),
+        "AtenStats.RsqrtTwinIsCorrectlyRoundedWithTheSubnormalPath": ("layernorm_modulate", 1, "the rsqrt twin"),
+        "LayerNormModulateReference.FollowsTheEagerRoundingSteps":
+            ("layernorm_modulate", 4, "4 calls: the eager chain"),
+        "LayerNormModulateReference.SpecialScalesAndSignedZeros":
+            ("layernorm_modulate", 12, "4 scales x 3 shifts: the chain's signed zeros"),
+        "LayerNormModulateReference.Fp8IsTheStaticQuantOfTheBf16Result":
+            ("layernorm_modulate_fp8", 5, "4 scales: the quant of the bf16 result; the clamp reached"),
+        "LayerNormModulateReference.QkHeadIsPerHeadLayerNormAndWorksInPlace":
+            ("qk_head_layernorm", 3, "q and k per-head LayerNorm, in place"),
+        "LayerNormModulateReference.InPlaceEqualsOutOfPlaceAndEmptyIsANoOp":
+            ("layernorm_modulate", 2, "in place, empty"),
+        "LayerNormModulateMatching.MessagesNameTensorDimensionExpectedAndActual":
+            ("layernorm_modulate", 10, "9 refusals, a valid call"),
+        "LayerNormModulateMatching.QkHeadChecks": ("qk_head_layernorm", 3, "3 refusals"),
+        "LayerNormModulateExplain.ListsEveryCandidateWithItsReason":
+            ("layernorm_modulate", 3, "explain bf16 (candidates, text), explain fp8"),
+        "LayerNormModulateKernels.EveryKeyCompilesWithNvrtcForTheTargetArchs":
+            ("layernorm_modulate", 96, "44 + 2 x 13 sampled keys, 8 qk keys x 3 archs, the knobs, the self-check"),
+    },
+    "test_layernorm_modulate_gpu.cpp": {
+        "LayerNormModulateGpu.StatsAndOutputsAgainstTheReference":
+            ("layernorm_modulate", 270, "54 calls: mappings equal, mean bit-exact, rstd within 2 ulp, the chain "
+                                        "from the device's statistics, against the reference"),
+        "LayerNormModulateGpu.Fp8BytesAreTheStaticQuantOfTheBf16Output":
+            ("layernorm_modulate_fp8", 40, "20 calls: the quant of the bf16 output, div_full within a code"),
+        "LayerNormModulateGpu.InPlaceEqualsOutOfPlace": ("layernorm_modulate", 2, "2 mappings"),
+        "LayerNormModulateGpu.QkHeadAgainstTheReference": ("qk_head_layernorm", 5, "5 shapes in place"),
+        "LayerNormModulateGpu.PrimitivesRcp4IsTheIeeeReciprocalAndRsqrtHasTheSubnormalPath":
+            ("layernorm_modulate", 2, "rcp4, rsqrt on the device"),
+    },
+    "test_norm_scale_shift.cpp": {
+        "NssConverters.E4m3MatchesNearestValueSearchEverywhere": ("norm_scale_shift", 1, "every probe"),
+        "NssConverters.E2m1MatchesNearestValueSearchEverywhere": ("norm_scale_shift", 1, "every probe"),
+        "NssSwizzle.OffsetsFollowThe128x4LayoutAndCoverThePaddedTensor":
+            ("norm_scale_shift", 2, "anchors, coverage"),
+        "NssBroadcast.EveryClassEqualsItsPerTokenMaterialization":
+            ("norm_scale_shift", 48, "12 classes x 2 numerics x scale and gate: equals the materialized operand"),
+        "NssBroadcast.MatchedClassesAreReported": ("norm_scale_shift", 3, "3 classifications"),
+        "NssStatistics.LayerAndRmsNormMatchFloat64WithinBounds":
+            ("norm_scale_shift", 36, "2 norms x 3 amplitudes x 2 eps x 3 widths: float64"),
+        "NssStatistics.EagerModulationRoundsEachOp": ("norm_scale_shift", 1, "the eager chain"),
+        "NssResidual.ResidualOutFollowsEachNumerics": ("norm_scale_shift", 2, "2 numerics: residual_out"),
+        "NssNumericsModes.SglangAndEagerAgreeWithinTwoUlps":
+            ("norm_scale_shift", 2, "within 2 ulps, and different somewhere"),
+        "NssQuant.Fp8IsTheStaticQuantOfY": ("norm_scale_shift", 2, "2 reciprocals"),
+        "NssQuant.Nvfp4BlocksScalesAndZeroPaddingRows":
+            ("norm_scale_shift", 5, "scales, nibbles, dequantized bound, padding rows, a zero row"),
+        "NssMatching.BadInputGetsAClearErrorAndNothingIsWritten": ("norm_scale_shift", 15, "15 refusals"),
+        "NssMatching.InPlaceOverXGivesTheOutOfPlaceResult": ("norm_scale_shift", 2, "y over x, residual_out"),
+        "NssMatching.ExplainChoosesTheReferenceOnTheCpu": ("norm_scale_shift", 1, "explain"),
+        "NssMatching.ZeroRowsIsANoOp": ("norm_scale_shift", 1, "empty"),
+        "NssJit.KernelKeysCompileForEveryTargetArch": ("norm_scale_shift", 39, "13 keys x 3 archs"),
+        "NssJit.RowPositionsAdvancedByTheStepEqualDivision": ("norm_scale_shift", 1, "one sweep"),
+        "NssJit.EagerScheduleFollowsTheMeasuredRules": ("norm_scale_shift", 12, "12 keys' schedules"),
+        "NssJit.Float32ChainScheduleHoldsItsOperandsWhereTheyFit": ("norm_scale_shift", 8, "8 keys' schedules"),
+        "NssMatching.Float32ChainTakesFloat32OperandsAndOptionalModulation":
+            ("norm_scale_shift", 3, "classification, runs, numerics=eager refuses"),
+        "NssJit.HardwareE2m1KeyIsRefusedOnSm90": ("norm_scale_shift", 1, "refused key"),
+    },
+    "test_norm_scale_shift_gpu.cpp": {
+        "NormScaleShiftGpu.EveryImplementationMatchesTheReferenceOverTheGrid":
+            ("norm_scale_shift", 133, "101 runs against the reference; 20 NVFP4 padding rows; 12 NVFP4 "
+                                      "against the device's own y"),
+        "NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput":
+            ("norm_scale_shift", 3, "E2M1 over 2^32 inputs, canonical NaN, E4M3 decode"),
+        "NormScaleShiftGpu.PackedProductsEqualTheFp32ProductRounded": ("norm_scale_shift", 2, "bf16, f16 pairs"),
+        "NormScaleShiftGpu.BadInputIsRefusedBeforeAnyLaunch": ("norm_scale_shift", 1, "refused on the device"),
+        "NormScaleShiftGpu.HardwareE2m1IsRefusedWhereTheDeviceLacksIt": ("norm_scale_shift", 1, "refusal"),
+    },
+    "test_qknorm_rope_reference.cpp": {
+        "HalfConversion.Fp16AllPatternsWidenExactlyAndRoundTrip": ("qknorm_rope", 1, "every pattern"),
+        "HalfConversion.Bf16AllPatternsWidenExactlyAndRoundTrip": ("qknorm_rope", 1, "every pattern"),
+        "HalfConversion.NarrowingMatchesIndependentRounding": ("qknorm_rope", 3, "f16, bf16, NaNs"),
+        "HalfConversion.LoadStoreAct": ("qknorm_rope", 1, "load/store"),
+        "QkNormRopeReference.SweepMatchesFloat64AndExactChain":
+            ("qknorm_rope", 1824, "608 calls: float64, the exact chain, nothing else written"),
+        "QkNormRopeReference.GqaAndOddTokenCounts": ("qknorm_rope", 45, "15 calls: the same 3"),
+        "QkNormRopeReference.PackedQkvViewsLeaveVAndGapsUntouched": ("qknorm_rope", 18, "6 calls: the same 3"),
+        "QkNormRopeReference.FullWidthCacheEqualToCompactGivesIdenticalBits":
+            ("qknorm_rope", 24, "24 calls: equal to the compact cache's"),
+        "QkNormRopeReference.FullWidthPerChannelCosSin": ("qknorm_rope", 48, "16 calls: the same 3"),
+        "QkNormRopeReference.PaddedHeadAndTokenStrides": ("qknorm_rope", 6, "2 calls: the same 3"),
+        "QkNormRopeReference.CacheRowStrideAndPositionStride": ("qknorm_rope", 6, "2 calls: the same 3"),
+        "QkNormRopeReference.LargePositionsSparseCache": ("qknorm_rope", 6, "2 calls: the same 3"),
+        "QkNormRopeReference.Int64PositionsBeyond32Bits": ("qknorm_rope", 3, "1 call: the same 3"),
+        "QkNormRopeReference.EmptyTokensIsANoOp": ("qknorm_rope", 2, "empty, null pointers"),
+        "QkNormRopeReference.RejectsCallsItCannotRunSafely": ("qknorm_rope", 3, "3 refusals"),
+        "QkNormRopeReference.AtenAndWarpOrdersIdenticalAtD128": ("qknorm_rope", 4, "4 calls: the orders equal"),
+        "QkNormRopeReference.AtenAndWarpOrdersMayDifferAtD64AndD256":
+            ("qknorm_rope", 14, "2 widths: both orders (the same 3 each), the orders differ"),
+        "QkNormRopeReference.PassThroughChannelsBitExactWithAtenOrderSum":
+            ("qknorm_rope", 12, "4 calls: pass-through bits, 2 sensitivities"),
+        "QkNormRopeReference.MultithreadedEqualsPerTokenAndIsDeterministic":
+            ("qknorm_rope", 6, "2 orders: deterministic, per token, float64"),
+        "QkNormRopeReference.DiffusersModesSweepMatchesFloat64AndExactChain":
+            ("qknorm_rope", 774, "258 calls: the same 3"),
+        "QkNormRopeReference.DiffusersRmsNormTwiceMatchesStepByStepChain":
+            ("qknorm_rope", 24, "24 calls: diffusers' chain"),
+        "QkNormRopeReference.WeightRoundingOnceAndTwiceDifferOnRandomWeights":
+            ("qknorm_rope", 8, "4 calls: once and twice differ; equal with weights of 1"),
+        "QkNormRopeReference.AtenMeanOrderAgainstAtenOrder":
+            ("qknorm_rope", 16, "4 calls: the same 3, equal or different from aten"),
+    },
+    "test_qknorm_rope_gpu.cpp": {
+        "QkNormRopeGpu.CpuTensorToExplicitCudaBackendIsRefused": ("qknorm_rope", 1, "refusal"),
+        "QkNormRopeGpu.CheckedModeRefusesPositionsOutsideTheCacheAndWritesNothing":
+            ("qknorm_rope", 5, "2 bad positions, nothing written, checked equals unchecked, capture refused"),
+    },
+}
+
+TEST_RE = re.compile(r"^TEST(?:_F|_P)?\((\w+),\s*(\w+)\)", re.M)
+
+
+def driver_counts(exporter):
+    """{op: (checked with a device, of them without one)} from export_op_cases --count."""
+    out = subprocess.run([exporter, "--count"], check=True, capture_output=True, text=True).stdout
+    counts = collections.defaultdict(lambda: [0, 0])
+    for line in out.splitlines():
+        op, _, n, cpu = line.split("\t")
+        counts[op][0] += int(n)
+        counts[op][1] += int(cpu)
+    return counts
+
+
+def per_op_files(ops):
+    """The bespoke test files of the ops: tests/test_<op>*.cpp."""
+    files = set()
+    for path in TESTS.glob("test_*.cpp"):
+        stem = path.stem[len("test_"):]
+        if any(stem == op or stem.startswith(op + "_") for op in ops):
+            files.add(path.name)
+    return files
+
+
+def main():
+    exporter = sys.argv[1] if len(sys.argv) > 1 else "build/tests/export_op_cases"
+    driver = driver_counts(exporter)
+    problems = []
+    bespoke = collections.Counter()
+    files = per_op_files(driver)
+    for name in sorted(files | set(BESPOKE)):
+        path = TESTS / name
+        found = {f"{s}.{t}" for s, t in TEST_RE.findall(path.read_text())} if path.exists() else set()
+        table = BESPOKE.get(name, {})
+        problems += [f"{name}: {t} has no entry in BESPOKE" for t in sorted(found - set(table))]
+        problems += [f"{name}: BESPOKE names {t}, which is gone" for t in sorted(set(table) - found)]
+        for test, (op, n, _) in table.items():
+            if test in found:
+                bespoke[op] += n
+    ops = sorted(set(driver) | set(bespoke))
+    print(f"{'op':24} {'driver':>8} {'(no GPU)':>8} {'bespoke':>8} {'total':>8} {'before':>8}")
+    total = total_before = 0
+    for op in ops:
+        d, cpu = driver.get(op, (0, 0))
+        before = sum(BEFORE.get(op, (0, 0)))
+        total += d + bespoke[op]
+        total_before += before
+        print(f"{op:24} {d:8} {cpu:8} {bespoke[op]:8} {d + bespoke[op]:8} {before:8}")
+    print(f"{'all':24} {sum(d for d, _ in driver.values()):8} {sum(c for _, c in driver.values()):8} "
+          f"{sum(bespoke.values()):8} {total:8} {total_before:8}")
+    if total < total_before:
+        problems.append(f"the distinct checked cases dropped: {total} < {total_before} before")
+    for p in problems:
+        print("FAIL:", p)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
