@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <random>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -16,6 +18,19 @@
 #include "reference/half.h"
 
 namespace ditops::optest {
+
+struct OracleIo::Slot {
+  const TensorCase* tensor;
+  int index;  // in the prepared case's tensors
+  bool written;
+  const uint8_t* before;  // the tensor's first element before the call
+  const uint8_t* after;   // and as the reference left it
+  bool dense;  // contiguous: an element's offset is its index
+  std::vector<double> want, bound;
+  std::vector<uint8_t> given;
+
+  int64_t offset(int64_t index) const;
+};
 
 namespace {
 
@@ -111,6 +126,11 @@ void store(uint8_t* base, int64_t i, DType dt, double v) {
   }
 }
 
+void store_bits(uint8_t* base, int64_t i, DType dt, uint64_t bits) {
+  const size_t es = dtype_size(dt);
+  std::memcpy(base + i * es, &bits, es);  // little-endian: the low bytes
+}
+
 // The value of element `i` of a float-like dtype (fp8 decoded); NaN-free inputs are assumed.
 double load(const uint8_t* base, int64_t i, DType dt) {
   switch (dt) {
@@ -176,6 +196,20 @@ void fill_range(uint8_t* body, int64_t first, int64_t last, DType dt, const Fill
       case Fill::Kind::wave: v = std::sin(0.37 * static_cast<double>(i)); break;
       case Fill::Kind::constant: v = f.scale; break;
       case Fill::Kind::sentinel: return;
+      case Fill::Kind::bits:
+        if (f.patterns.empty()) return;
+        store_bits(body, i, dt, f.patterns[static_cast<size_t>(i) % f.patterns.size()]);
+        continue;
+      case Fill::Kind::special:
+        // The specials land on other elements in each tensor (the seed offsets them), so that
+        // an elementwise op meets them beside finite operands as well as beside each other.
+        if (i % std::max<int64_t>(f.modulo, 1) == 0) {
+          const std::vector<uint64_t> specials = special_patterns(dt);
+          store_bits(body, i, dt, specials[(static_cast<size_t>(i / std::max<int64_t>(f.modulo, 1)) + seed) % specials.size()]);
+          continue;
+        }
+        v = f.scale * normal(rng);
+        break;
     }
     store(body, i, dt, v);
   }
@@ -529,6 +563,145 @@ bool default_covers(const KernelSpec& spec, Device device) {
   return false;
 }
 
+// ---------------------------------------------------------------- oracles, relations
+
+// Element `index` (row-major over the shape) of a tensor: its offset in elements from the first.
+int64_t element_offset(const TensorCase& t, int64_t index) {
+  int64_t at = 0;
+  for (int d = static_cast<int>(t.shape.size()) - 1; d >= 0; --d) {
+    const int64_t extent = std::max<int64_t>(t.shape[d], 1);
+    at += (index % extent) * t.strides[d];
+    index /= extent;
+  }
+  return at;
+}
+
+// Any dtype's element as a double: floats decoded, integers as they are, packed bytes as bytes.
+double element_value(const uint8_t* base, int64_t i, DType dt) {
+  switch (dt) {
+    case DType::i32: return reinterpret_cast<const int32_t*>(base)[i];
+    case DType::i64: return static_cast<double>(reinterpret_cast<const int64_t*>(base)[i]);
+    default: return is_float(dt) ? load(base, i, dt) : static_cast<double>(base[i]);
+  }
+}
+
+const uint8_t* tensor_start(const Prepared& p, size_t t, const std::vector<std::vector<uint8_t>>& buffers) {
+  return buffers[p.buffer_of[t]].data() + kGuard + p.tensors[t].offset * dtype_size(p.tensors[t].dtype);
+}
+
+std::list<std::pair<std::string, Oracle>>& oracle_sets() {
+  static std::list<std::pair<std::string, Oracle>> sets;  // a list: the pointers oracles() hands out stay valid
+  return sets;
+}
+
+bool oracle_applies(const Oracle& o, const OpCase& c) {
+  if (o.applies) return o.applies(c);
+  return c.invalid.empty() && !c.large;
+}
+
+// The oracle's expectations for a case, from the inputs (`before`) and the reference's outputs.
+std::vector<OracleIo::Slot> oracle_expectations(const Oracle& o, const OpCase& c, const Prepared& p,
+                                               const std::vector<std::vector<uint8_t>>& before,
+                                               const std::vector<std::vector<uint8_t>>& after) {
+  std::vector<OracleIo::Slot> slots;
+  for (size_t t = 0; t < p.tensors.size(); ++t)
+    slots.push_back({&p.tensors[t], static_cast<int>(t), p.written[t], tensor_start(p, t, before),
+                     tensor_start(p, t, after), p.tensors[t].strides == contiguous_strides(p.tensors[t].shape), {}, {}, {}});
+  OracleIo io(&slots, &c.options, p.op);
+  o.expect(io);
+  return slots;
+}
+
+// "" when the written tensors in `buffers` hold the oracle's values within its bounds.
+std::string oracle_mismatches(const Oracle& o, const Prepared& p, const std::vector<OracleIo::Slot>& slots,
+                              const std::vector<std::vector<uint8_t>>& buffers) {
+  std::string problems;
+  for (const OracleIo::Slot& s : slots) {
+    if (s.given.empty()) continue;
+    const TensorCase& tc = *s.tensor;
+    const uint8_t* base = tensor_start(p, s.index, buffers);
+    int64_t checked = 0, beyond = 0, first = -1;
+    double first_got = 0, first_want = 0, first_bound = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(s.given.size()); ++i) {
+      if (!s.given[i]) continue;
+      ++checked;
+      const double got = element_value(base, s.offset(i), tc.dtype), want = s.want[i];
+      double bound = s.bound[i];
+      if (bound < 0) {
+        const double scale = std::max(std::fabs(want), 1e-30);
+        bound = is_float(tc.dtype) && std::isfinite(want) ? o.ulps * std::exp2(std::floor(std::log2(scale))) * unit_ulp(tc.dtype) : 0;
+      }
+      const bool ok = std::isnan(want) ? std::isnan(got)
+                      : bound == 0     ? got == want && std::signbit(got) == std::signbit(want)
+                                       : got == want || std::fabs(got - want) <= bound;
+      if (ok) continue;
+      if (beyond++ == 0) {
+        first = i;
+        first_got = got;
+        first_want = want;
+        first_bound = bound;
+      }
+    }
+    if (beyond == 0) continue;
+    std::ostringstream m;
+    m << tc.name << ": " << beyond << " of " << checked << " elements beyond the oracle (first at index " << first
+      << ": " << first_got << ", the oracle's " << first_want << " +- " << first_bound << ")";
+    problems += (problems.empty() ? "" : "; ") + m.str();
+  }
+  return problems;
+}
+
+// Case `twin` of the op run on `memory` (the backend and implementation as in execute) with the
+// input values of `p`'s tensors copied in where a twin tensor has the same name, shape and dtype.
+struct TwinRun {
+  Prepared p;
+  Outcome run;
+};
+std::optional<TwinRun> run_twin(const OpCase& c, const Prepared& p, const std::vector<std::vector<uint8_t>>& before,
+                                const std::string& twin, Memory& memory, std::optional<Provenance> backend,
+                                const std::string& impl, std::string* error) {
+  const OpCase* other = find_case(c.op, twin);
+  if (!other) {
+    *error = "names a related case '" + twin + "' the op does not declare";
+    return std::nullopt;
+  }
+  TwinRun r;
+  r.p = prepare(*other);
+  for (size_t t = 0; t < r.p.tensors.size(); ++t) {
+    const TensorCase& to = r.p.tensors[t];
+    if (r.p.slot(t).role == TensorRole::out) continue;
+    for (size_t s = 0; s < p.tensors.size(); ++s) {
+      const TensorCase& from = p.tensors[s];
+      if (from.name != to.name || from.shape != to.shape || from.dtype != to.dtype) continue;
+      const size_t es = dtype_size(to.dtype);
+      const uint8_t* src = tensor_start(p, s, before);
+      uint8_t* dst = r.p.buffers[r.p.buffer_of[t]].initial.data() + kGuard + to.offset * es;
+      for (int64_t i = 0; i < numel(to.shape); ++i)
+        std::memcpy(dst + element_offset(to, i) * es, src + element_offset(from, i) * es, es);
+    }
+  }
+  r.run = execute(r.p, memory, backend, impl, initial_contents(r.p));
+  return r;
+}
+
+// The elements of the written tensors two runs share by name, shape and dtype: (compared, differing).
+std::pair<int64_t, int64_t> written_difference(const Prepared& a, const std::vector<std::vector<uint8_t>>& abuf,
+                                              const Prepared& b, const std::vector<std::vector<uint8_t>>& bbuf) {
+  int64_t compared = 0, differ = 0;
+  for (size_t t = 0; t < a.tensors.size(); ++t) {
+    if (!a.written[t]) continue;
+    for (size_t u = 0; u < b.tensors.size(); ++u) {
+      const TensorCase &x = a.tensors[t], &y = b.tensors[u];
+      if (!b.written[u] || x.name != y.name || x.shape != y.shape || x.dtype != y.dtype) continue;
+      const size_t es = dtype_size(x.dtype);
+      const uint8_t *pa = tensor_start(a, t, abuf), *pb = tensor_start(b, u, bbuf);
+      for (int64_t i = 0; i < numel(x.shape); ++i, ++compared)
+        differ += std::memcmp(pa + element_offset(x, i) * es, pb + element_offset(y, i) * es, es) != 0;
+    }
+  }
+  return {compared, differ};
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public
@@ -593,6 +766,16 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
   const auto before = initial_contents(p);
   auto host = host_memory();
   const std::string ref_name = c.op + ".reference";
+  // The contents a second run starts from: pure outputs pre-filled differently.
+  auto other = before;
+  bool any_pure = false;
+  for (size_t b = 0; b < p.buffers.size(); ++b)
+    if (p.buffers[b].pure_output) {
+      any_pure = true;
+      for (size_t i = kGuard; i < kGuard + p.buffers[b].body; ++i) other[b][i] = kOtherSentinel;
+    }
+  // (oracle, its expectations) of the oracles that also bound the implementations.
+  std::vector<std::pair<const Oracle*, std::vector<OracleIo::Slot>>> contract_bounds;
 
   // The reference and its invariants.
   const Outcome ref = execute(p, *host, Provenance::reference, "", before);
@@ -609,13 +792,6 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     summary->impls[ref_name].ran++;
     if (auto w = unwritten_unchanged(p, &mask, before, ref.buffers); !w.empty()) fail("the reference " + w);
     // Everything written: the result may not depend on the outputs' prior contents.
-    auto other = before;
-    bool any_pure = false;
-    for (size_t b = 0; b < p.buffers.size(); ++b)
-      if (p.buffers[b].pure_output) {
-        any_pure = true;
-        for (size_t i = kGuard; i < kGuard + p.buffers[b].body; ++i) other[b][i] = kOtherSentinel;
-      }
     if (any_pure && !c.large) {  // a large case's second reference run teaches nothing a small one does not
       const Outcome again = execute(p, *host, Provenance::reference, "", other);
       if (!again.error.empty()) fail("the reference failed on other output contents: " + again.error);
@@ -632,6 +808,34 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
       else if (gather_written(tp, separate.buffers) != gather_written(p, ref.buffers))
         fail("the aliased result differs from the same call on separate buffers");
     }
+    // The oracles: independent computations the reference must agree with.
+    auto seen = ref.buffers;
+    if (options.tamper_reference) options.tamper_reference(seen);
+    for (const Oracle* o : oracles(c.op)) {
+      if (!oracle_applies(*o, c)) continue;
+      try {
+        auto slots = oracle_expectations(*o, c, p, before, seen);
+        if (auto m = oracle_mismatches(*o, p, slots, seen); !m.empty())
+          fail("the reference against the oracle (" + o->name + "): " + m);
+        if (o->bounds_implementations) contract_bounds.emplace_back(o, std::move(slots));
+      } catch (const std::exception& e) {
+        fail("the oracle (" + o->name + ") failed: " + e.what());
+      }
+    }
+    // Related cases on the same input values.
+    for (const auto& [names, same] : {std::pair{&c.same_as, true}, std::pair{&c.differs_from, false}})
+      for (const std::string& twin : *names) {
+        std::string error;
+        const auto r = run_twin(c, p, before, twin, *host, Provenance::reference, "", &error);
+        if (!r || !r->run.error.empty()) {
+          fail("the related case " + twin + (r ? " failed: " + r->run.error : ": " + error));
+          continue;
+        }
+        const auto [compared, differ] = written_difference(p, ref.buffers, r->p, r->run.buffers);
+        if (compared == 0) fail("shares no written tensor with the related case " + twin);
+        else if (same && differ) fail(std::to_string(differ) + " of " + std::to_string(compared) + " written elements differ from " + twin + "'s");
+        else if (!same && !differ) fail("writes what " + twin + " writes: the two are not told apart on these inputs");
+      }
   }
 
   // Every other implementation against the reference, on the device.
@@ -685,8 +889,159 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     if (auto w = unwritten_unchanged(p, &mask, before, run.buffers); !w.empty()) fail(who + " " + w);
     if (auto d = written_within(c, p, ref.buffers, run.buffers, false, spec->name); !d.empty())
       fail(who + " against the reference: " + d);
+    for (const auto& [o, slots] : contract_bounds)
+      if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
+        fail(who + " against the oracle (" + o->name + "): " + m);
+    // Run to run: again on outputs pre-filled differently, the same bytes.
+    if (c.run_twice && !c.large) {
+      Outcome again = execute(p, *options.device, spec->provenance, spec->name, other);
+      if (options.tamper && !again.impl.empty()) options.tamper(spec->name + "#2", again.buffers);
+      if (!again.error.empty()) fail(who + " failed on its second run: " + again.error);
+      else if (auto d = written_within(c, p, run.buffers, again.buffers, true); !d.empty())
+        fail(who + " run again on other output contents: " + d);
+    }
+    for (const std::string& twin : c.same_as) {
+      std::string error;
+      const auto r = run_twin(c, p, before, twin, *options.device, spec->provenance, spec->name, &error);
+      if (!r || !r->run.candidate || !r->run.candidate->eligible || r->run.impl != spec->name) continue;  // ineligible there
+      if (!r->run.error.empty()) {
+        fail(who + " on the related case " + twin + " failed: " + r->run.error);
+        continue;
+      }
+      const auto [compared, differ] = written_difference(p, run.buffers, r->p, r->run.buffers);
+      if (differ) fail(who + ": " + std::to_string(differ) + " of " + std::to_string(compared) + " written elements differ from its run of " + twin);
+    }
   }
   return failures;
+}
+
+// ---------------------------------------------------------------- fills, oracles, variants
+
+std::vector<uint64_t> special_patterns(DType dtype) {
+  switch (dtype) {
+    case DType::f32:
+      return {0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x00000001, 0x807FFFFF,
+              0x00800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x3F800000, 0x3F800001, 0xBF800000};
+    case DType::f16:
+      return {0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x0001, 0x83FF, 0x0400, 0x7BFF, 0xFBFF, 0x3C00, 0x3C01, 0xBC00};
+    case DType::bf16:
+      return {0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x0001, 0x807F, 0x0080, 0x7F7F, 0xFF7F, 0x3F80, 0x3F81, 0xBF80};
+    case DType::f8e4m3fn: return {0x00, 0x80, 0x7F, 0xFF, 0x01, 0x87, 0x08, 0x7E, 0xFE, 0x38, 0x39, 0xB8};
+    case DType::i32: return {0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 0x80000000};
+    case DType::i64: return {0, 1, ~uint64_t{0}, 0x7FFFFFFFFFFFFFFF, 0x8000000000000000};
+    default: return {0x00, 0x01, 0x7F, 0x80, 0xFF};
+  }
+}
+
+int OracleIo::id(const std::string& tensor) const {
+  for (size_t t = 0; t < slots_->size(); ++t)
+    if ((*slots_)[t].tensor->name == tensor) return static_cast<int>(t);
+  return -1;
+}
+DType OracleIo::dtype(int t) const { return (*slots_)[t].tensor->dtype; }
+const std::vector<int64_t>& OracleIo::shape(int t) const { return (*slots_)[t].tensor->shape; }
+int64_t OracleIo::numel(int t) const { return optest::numel(shape(t)); }
+int64_t OracleIo::Slot::offset(int64_t index) const { return dense ? index : element_offset(*tensor, index); }
+double OracleIo::in(int t, int64_t index) const {
+  const Slot& s = (*slots_)[t];
+  return element_value(s.before, s.offset(index), s.tensor->dtype);
+}
+uint64_t OracleIo::bits(int t, int64_t index) const {
+  const Slot& s = (*slots_)[t];
+  uint64_t b = 0;
+  std::memcpy(&b, s.before + s.offset(index) * dtype_size(s.tensor->dtype), dtype_size(s.tensor->dtype));
+  return b;
+}
+double OracleIo::out(int t, int64_t index) const {
+  const Slot& s = (*slots_)[t];
+  return element_value(s.after, s.offset(index), s.tensor->dtype);
+}
+std::string OracleIo::option(const std::string& name) const {
+  for (const auto& [n, text] : *options_)
+    if (n == name) return text;
+  const int i = op_->option_index(name);
+  if (i < 0) throw Error("the oracle asks for option '" + name + "', which " + op_->name + " does not have");
+  return op_->options[i].default_text;
+}
+double OracleIo::number(const std::string& name) const { return std::stod(option(name)); }
+void OracleIo::expect(int t, int64_t index, double value, double bound) {
+  Slot& s = (*slots_)[t];
+  if (!s.written) throw Error("the oracle expects values of " + s.tensor->name + ", which the op does not write");
+  if (s.given.empty()) {
+    const int64_t n = optest::numel(s.tensor->shape);
+    s.want.assign(n, 0.0);
+    s.bound.assign(n, -1.0);
+    s.given.assign(n, 0);
+  }
+  s.want[index] = value;
+  s.bound[index] = bound;
+  s.given[index] = 1;
+}
+
+OracleSet::OracleSet(std::string op, Oracle oracle) { oracle_sets().emplace_back(std::move(op), std::move(oracle)); }
+
+std::vector<const Oracle*> oracles(const std::string& op) {
+  std::vector<const Oracle*> out;
+  for (const auto& [name, o] : oracle_sets())
+    if (name == op) out.push_back(&o);
+  return out;
+}
+
+OpCase misaligned_variant(const OpCase& c, const std::vector<std::string>& tensors, int64_t by) {
+  OpCase v = c;
+  v.name += by == 1 ? "_misaligned" : "_misaligned" + std::to_string(by);
+  v.kind = CaseKind::misaligned;
+  std::set<std::string> owners;  // the buffers that move, with every view of them
+  for (const TensorCase& t : v.tensors)
+    if (std::find(tensors.begin(), tensors.end(), t.name) != tensors.end())
+      owners.insert(t.storage.empty() ? t.name : t.storage);
+  for (TensorCase& t : v.tensors)
+    if (owners.count(t.storage.empty() ? t.name : t.storage)) t.offset += by;
+  return v;
+}
+
+OpCase padded_variant(const OpCase& c, const std::vector<std::string>& tensors, int64_t pad) {
+  OpCase v = c;
+  v.name += "_padded";
+  v.kind = CaseKind::strided;
+  for (TensorCase& t : v.tensors) {
+    if (std::find(tensors.begin(), tensors.end(), t.name) == tensors.end() || !t.strides.empty() ||
+        !t.storage.empty() || t.shape.size() < 2)
+      continue;
+    bool viewed = false;
+    for (const TensorCase& u : v.tensors) viewed = viewed || u.storage == t.name;
+    if (viewed) continue;
+    const size_t r = t.shape.size();
+    t.strides.assign(r, 1);
+    t.strides[r - 2] = t.shape[r - 1] + pad;
+    for (int d = static_cast<int>(r) - 3; d >= 0; --d) t.strides[d] = t.strides[d + 1] * std::max<int64_t>(t.shape[d + 1], 1);
+  }
+  return v;
+}
+
+OpCase option_variant(const OpCase& c, const std::vector<std::pair<std::string, std::string>>& options,
+                      const std::string& suffix) {
+  OpCase v = c;
+  v.name += "_" + suffix;
+  for (const auto& [name, text] : options) {
+    bool set = false;
+    for (auto& [n, t] : v.options)
+      if (n == name) t = text, set = true;
+    if (!set) v.options.emplace_back(name, text);
+  }
+  return v;
+}
+
+void add_variants(std::vector<OpCase>& cases, const Variants& v) {
+  const size_t n = cases.size();
+  for (size_t i = 0; i < n; ++i) {
+    const OpCase c = cases[i];
+    const bool selected = v.of ? v.of(c) : c.kind == CaseKind::model && c.invalid.empty() && !c.large;
+    if (!selected) continue;
+    if (!v.misalign.empty()) cases.push_back(misaligned_variant(c, v.misalign, v.misalign_by));
+    if (!v.pad_rows.empty()) cases.push_back(padded_variant(c, v.pad_rows, v.pad));
+    for (const auto& [options, suffix] : v.options) cases.push_back(option_variant(c, options, suffix));
+  }
 }
 
 std::vector<CheckedProperty> checked_properties(const OpCase& c) {
@@ -699,8 +1054,19 @@ std::vector<CheckedProperty> checked_properties(const OpCase& c) {
   out.push_back({"runs, writes only its outputs", !c.large});
   if (pure && !c.large) out.push_back({"everything written", true});
   if (shares) out.push_back({"aliased equals separate buffers", !c.large});
+  for (const Oracle* o : oracles(c.op)) {
+    if (!oracle_applies(*o, c)) continue;
+    out.push_back({"the reference against the oracle (" + o->name + ")", true});
+    if (o->bounds_implementations) out.push_back({"each implementation within the oracle's bound (" + o->name + ")", false});
+  }
+  for (size_t i = 0; i < c.same_as.size(); ++i) {
+    out.push_back({"the same bytes as a related case", !c.large});
+    out.push_back({"each implementation the same bytes as on a related case", false});
+  }
+  for (size_t i = 0; i < c.differs_from.size(); ++i) out.push_back({"other bytes than a related case", !c.large});
   out.push_back({"each implementation eligible or refused by explain", false});
   out.push_back({"each implementation against the reference", false});
+  if (c.run_twice && !c.large) out.push_back({"each implementation run to run identical", false});
   return out;
 }
 
@@ -726,6 +1092,15 @@ std::vector<OpCase> cases(const std::string& op) {
   return out;
 }
 
+const OpCase* find_case(const std::string& op, const std::string& name) {
+  static std::map<std::string, std::vector<OpCase>> made;
+  auto it = made.find(op);
+  if (it == made.end()) it = made.emplace(op, cases(op)).first;
+  for (const OpCase& c : it->second)
+    if (c.name == name) return &c;
+  return nullptr;
+}
+
 std::vector<std::string> ops_with_cases() {
   std::vector<std::string> out;
   for (const OpCase& c : cases())
@@ -733,13 +1108,23 @@ std::vector<std::string> ops_with_cases() {
   return out;
 }
 
+namespace {
+// A fill's raw patterns for the JSON table (special: the dtype's, in the order the driver cycles).
+std::string patterns_json(const Fill& f, DType dtype) {
+  const std::vector<uint64_t> v = f.kind == Fill::Kind::special ? special_patterns(dtype) : f.patterns;
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out;
+}
+}  // namespace
+
 std::string cases_json() {
   auto q = [](const std::string& s) {
     std::string out = "\"";
     for (char ch : s) out += (ch == '"' || ch == '\\') ? std::string("\\") + ch : std::string(1, ch);
     return out + "\"";
   };
-  const char* fill_names[] = {"normal", "positive", "index", "wave", "constant", "sentinel"};
+  const char* fill_names[] = {"normal", "positive", "index", "wave", "constant", "sentinel", "special", "bits"};
   std::string out = "[";
   bool first = true;
   for (const OpCase& c : cases()) {
@@ -766,7 +1151,7 @@ std::string cases_json() {
              q(tc.storage) + ", \"offset\": " + std::to_string(tc.offset) + ", \"written\": " +
              (p.written[t] ? "true" : "false") + ", \"fill\": {\"kind\": " + q(fill_names[static_cast<int>(f.kind)]) +
              ", \"scale\": " + std::to_string(f.scale) + ", \"offset\": " + std::to_string(f.offset) +
-             ", \"modulo\": " + std::to_string(f.modulo) + "}}";
+             ", \"modulo\": " + std::to_string(f.modulo) + ", \"patterns\": [" + patterns_json(f, tc.dtype) + "]}}";
     }
     out += "]}";
   }

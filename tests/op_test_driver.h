@@ -20,11 +20,14 @@ namespace ditops::optest {
 
 // How a tensor's values are generated: deterministic from the case seed and the tensor's name.
 struct Fill {
-  enum class Kind : uint8_t { normal, positive, index, wave, constant, sentinel };
+  enum class Kind : uint8_t { normal, positive, index, wave, constant, sentinel, special, bits };
   Kind kind = Kind::normal;
   double scale = 1.0;   // normal: scale * (N(0,1) + offset), signed zeros sprinkled in
   double offset = 0.0;  // positive: offset + scale * |N(0,1)|; constant: scale
   int64_t modulo = 1;   // index: (7 i + 3) mod modulo (row indices such as positions)
+  // bits: the elements' raw patterns, cycled; special: every `modulo`-th element one of the
+  // dtype's special values (special_patterns), the others normal(scale).
+  std::vector<uint64_t> patterns;
 
   static Fill normal(double scale = 1.0, double offset = 0.0) { return {Kind::normal, scale, offset, 1}; }
   static Fill positive(double offset = 0.5, double scale = 1.0) { return {Kind::positive, scale, offset, 1}; }
@@ -32,7 +35,14 @@ struct Fill {
   static Fill wave() { return {Kind::wave, 1.0, 0.0, 1}; }  // sin(0.37 i): a cos/sin cache
   static Fill constant(double value) { return {Kind::constant, value, 0.0, 1}; }
   static Fill sentinel() { return {Kind::sentinel, 1.0, 0.0, 1}; }  // an output's prior contents
+  static Fill special(double scale = 1.0, int64_t every = 3) { return {Kind::special, scale, 0.0, every}; }
+  static Fill bits(std::vector<uint64_t> patterns) { return {Kind::bits, 1.0, 0.0, 1, std::move(patterns)}; }
 };
+
+// A dtype's special values as raw patterns: +-0, +-Inf, NaN of both signs, the smallest and largest
+// subnormals, the smallest normal, +-the largest finite, 1 and its neighbour, -1 (fp8: its own; an
+// integer dtype: 0, 1, -1 and its extremes).
+std::vector<uint64_t> special_patterns(DType dtype);
 
 // One tensor of a case. A tensor the case leaves out is absent, except outputs that a binding
 // would produce (the op table's `present` rule): the driver adds those, contiguous, shaped by
@@ -79,9 +89,86 @@ struct OpCase {
   std::vector<std::pair<std::string, Tolerance>> tolerance_for_impl;
   // Too slow for the CPU reference alone to be worth it: run only where a device compares.
   bool large = false;
+  // Each implementation runs a second time, its outputs pre-filled differently, and must give the
+  // same bytes (run to run; nothing left unwritten). Large cases run once.
+  bool run_twice = true;
+  // Other cases of the op run on the same logical input values (inputs of the same name, shape and
+  // dtype copied element by element): `same_as` ones must write the same bytes (the reference,
+  // and each implementation on a device), `differs_from` ones must differ somewhere (the
+  // reference: an option that is not silently another's).
+  std::vector<std::string> same_as, differs_from;
 
   const Tolerance& tolerance_of(const std::string& tensor, const std::string& impl = "") const;
 };
+
+// What an oracle reads and writes: the case's tensors by logical index (row-major over the shape),
+// its options, and the values it expects of the written tensors.
+class OracleIo {
+ public:
+  int id(const std::string& tensor) const;  // -1 when the case has no such tensor
+  bool has(const std::string& tensor) const { return id(tensor) >= 0; }
+  DType dtype(int t) const;
+  const std::vector<int64_t>& shape(int t) const;
+  int64_t numel(int t) const;
+  // An element's value before the call (fp8 decoded, integers as they are) and its raw bits.
+  double in(int t, int64_t index) const;
+  uint64_t bits(int t, int64_t index) const;
+  // A written element as the reference wrote it (relations between outputs: fp8 = quant(y)).
+  double out(int t, int64_t index) const;
+  // The case's option text, or the op's default.
+  std::string option(const std::string& name) const;
+  double number(const std::string& name) const;
+  bool flag(const std::string& name) const { return option(name) == "true"; }
+  // The oracle's value for element `index` of written tensor `t`, within `bound` (absolute; < 0:
+  // the oracle's `ulps`). NaN expects a NaN.
+  void expect(int t, int64_t index, double value, double bound = -1);
+
+  struct Slot;  // one tensor of the case (op_test_driver.cpp)
+  explicit OracleIo(std::vector<Slot>* slots, const std::vector<std::pair<std::string, std::string>>* options,
+                    const OpDescription* op)
+      : slots_(slots), options_(options), op_(op) {}
+
+ private:
+  std::vector<Slot>* slots_;
+  const std::vector<std::pair<std::string, std::string>>* options_;
+  const OpDescription* op_;
+};
+
+// An independent computation of an op's written tensors (in double, written without the
+// reference's code), checked against the reference on every machine: it keeps the reference itself
+// tested. Elements it leaves out are not compared.
+struct Oracle {
+  std::string name;  // what it computes, for the failure messages
+  std::function<void(OracleIo&)> expect;
+  double ulps = 0;  // the default bound, in ulps of the written dtype at the value; 0: the same value
+                    // (signed zeros apart, any NaN for a NaN)
+  bool bounds_implementations = false;  // also every implementation on a device (a contract's bound)
+  std::function<bool(const OpCase&)> applies;  // default: every valid case that is not large
+};
+// Registers an oracle of `op` (an op may have several).
+struct OracleSet {
+  OracleSet(std::string op, Oracle oracle);
+};
+std::vector<const Oracle*> oracles(const std::string& op);
+
+// Variants of a case, derived by the driver: the same call with every buffer holding one of
+// `tensors` moved `by` elements off its alignment (its views move with it; kind misaligned); with
+// `tensors` (contiguous, buffers of their own) given rows `pad` elements longer (kind strided); with
+// other option values (e.g. {{"use_pdl", "false"}}). Names gain a suffix saying which.
+OpCase misaligned_variant(const OpCase& c, const std::vector<std::string>& tensors, int64_t by = 1);
+OpCase padded_variant(const OpCase& c, const std::vector<std::string>& tensors, int64_t pad = 8);
+OpCase option_variant(const OpCase& c, const std::vector<std::pair<std::string, std::string>>& options,
+                      const std::string& suffix);
+// Appends the variants of every case `of` selects (default: valid model cases that are not large).
+struct Variants {
+  std::vector<std::string> misalign;  // misaligned_variant's tensors (none: no such variant)
+  int64_t misalign_by = 1;
+  std::vector<std::string> pad_rows;  // padded_variant's
+  int64_t pad = 8;
+  std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> options;  // (options, suffix)
+  std::function<bool(const OpCase&)> of;
+};
+void add_variants(std::vector<OpCase>& cases, const Variants& v);
 
 // Where a run's buffers live: host memory (the reference; and a stand-in device that tests the
 // device path's logic without a GPU), or a CUDA device through the driver API.
@@ -118,6 +205,8 @@ struct DriverOptions {
   // Called on an implementation's downloaded buffers before they are compared: the driver's
   // self-test corrupts them here to see that the comparison catches it.
   std::function<void(const std::string& impl, std::vector<std::vector<uint8_t>>& buffers)> tamper;
+  // The same for the reference's buffers before the oracles compare them (their self-test).
+  std::function<void(std::vector<std::vector<uint8_t>>& buffers)> tamper_reference;
 };
 
 // Runs one case: the reference and its invariants, then every covered implementation against
@@ -135,6 +224,8 @@ std::vector<CheckedProperty> checked_properties(const OpCase& c);
 
 // Every declared case of `op` ("" for all), in declaration order.
 std::vector<OpCase> cases(const std::string& op = "");
+// One case by op and name (declared cases, made once per process); nullptr when there is none.
+const OpCase* find_case(const std::string& op, const std::string& name);
 std::vector<std::string> ops_with_cases();
 
 // Cases as JSON (the eager PyTorch test reads them), with each implicit output made explicit.

@@ -118,6 +118,108 @@ TEST(ops_driver, wrong_expectations_fail) {
   EXPECT_NE(joined(run_case(c, options, &summary)).find("the case says it is unsupported"), std::string::npos);
 }
 
+OpCase named(const std::string& op, const std::string& name) {
+  const OpCase* c = find_case(op, name);
+  if (!c) ADD_FAILURE() << op << "/" << name << ": the self-test's case is gone";
+  return c ? *c : OpCase{};
+}
+
+// An oracle catches a reference that is off by one bit in one element.
+TEST(ops_driver, the_oracle_catches_a_wrong_reference) {
+  ASSERT_FALSE(oracles("residual_gate_add").empty());
+  DriverOptions options;
+  Summary summary;
+  const OpCase c = small_case();
+  EXPECT_EQ(joined(run_case(c, options, &summary)), "");
+  options.tamper_reference = [](std::vector<std::vector<uint8_t>>& b) { b[3][256 + 20] ^= 1; };
+  const std::string failures = joined(run_case(c, options, &summary));
+  EXPECT_NE(failures.find("the reference against the oracle"), std::string::npos) << failures;
+  EXPECT_NE(failures.find("out: 1 of"), std::string::npos) << failures;
+}
+
+// Special values reach the inputs; a NaN compares equal to any NaN and to nothing else.
+TEST(ops_driver, special_values_compare_as_values) {
+  const std::string json = cases_json();
+  EXPECT_NE(json.find("\"kind\": \"special\", \"scale\": 4.000000, \"offset\": 0.000000, \"modulo\": 3, "
+                      "\"patterns\": [0, 32768, 32640, 65408, 32704, 65472"),
+            std::string::npos);
+  const std::unique_ptr<Memory> host = host_memory();
+  const OpCase c = named("residual_gate_add", "bf16_3x5x64_gate_3x5x64_special");
+  auto retouch = [](uint16_t nan_to) {
+    return [nan_to](const std::string&, std::vector<std::vector<uint8_t>>& b) {
+      auto* out = reinterpret_cast<uint16_t*>(b[3].data() + 256);
+      for (size_t i = 0; i < (b[3].size() - 512) / 2; ++i)
+        if ((out[i] & 0x7F80) == 0x7F80 && (out[i] & 0x7F)) {
+          out[i] = nan_to;
+          return;
+        }
+      ADD_FAILURE() << "no NaN in out";
+    };
+  };
+  DriverOptions options;
+  options.device = host.get();
+  Summary summary;
+  options.tamper = retouch(0xFFC1);  // another NaN
+  EXPECT_EQ(joined(run_case(c, options, &summary)), "");
+  options.tamper = retouch(0x3F80);  // 1.0
+  const std::string failures = joined(run_case(c, options, &summary));
+  EXPECT_NE(failures.find("against the reference: out: 1 of"), std::string::npos) << failures;
+}
+
+// Derived variants move whole buffers, pad rows and set options; they run clean.
+TEST(ops_driver, variants_move_buffers_pad_rows_and_set_options) {
+  const OpCase c = small_case();
+  const OpCase m = misaligned_variant(c, {"residual", "gate"});
+  EXPECT_EQ(m.name, c.name + "_misaligned");
+  EXPECT_EQ(m.kind, CaseKind::misaligned);
+  EXPECT_EQ(m.tensors[0].offset, 1);
+  EXPECT_EQ(m.tensors[1].offset, 0);
+  EXPECT_EQ(m.tensors[2].offset, 1);
+  const OpCase padded = padded_variant(c, {"update"}, 8);
+  EXPECT_EQ(padded.tensors[1].strides, (std::vector<int64_t>{33 * 136, 136, 1}));
+  EXPECT_TRUE(padded.tensors[0].strides.empty());
+  const OpCase o = option_variant(c, {{"use_pdl", "false"}}, "nopdl");
+  EXPECT_EQ(o.name, c.name + "_nopdl");
+  EXPECT_EQ(o.options.back(), (std::pair<std::string, std::string>{"use_pdl", "false"}));
+  std::vector<OpCase> list = {c};
+  list[0].kind = CaseKind::model;
+  add_variants(list, {{"out"}, 3, {}, 8, {{{{"use_pdl", "false"}}, "nopdl"}}, nullptr});
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[1].tensors[3].offset, 3);
+  const std::unique_ptr<Memory> host = host_memory();
+  DriverOptions options;
+  options.device = host.get();
+  Summary summary;
+  for (const OpCase& v : {m, o}) EXPECT_EQ(joined(run_case(v, options, &summary)), "") << v.name;
+}
+
+// A related case that writes other bytes, or one that is not told apart, fails.
+TEST(ops_driver, related_cases_are_compared) {
+  DriverOptions options;
+  Summary summary;
+  OpCase c = named("residual_gate_add", "bf16_2x9x16_gate_2x9x1_transposed");
+  ASSERT_EQ(c.same_as, (std::vector<std::string>{"bf16_2x9x16_gate_2x9x1"}));
+  EXPECT_EQ(joined(run_case(c, options, &summary)), "");
+  c.same_as = {"bf16_2x9x16_gate_2x9x16"};  // a full gate: other values
+  EXPECT_NE(joined(run_case(c, options, &summary)).find("written elements differ from"), std::string::npos);
+  c.same_as.clear();
+  c.differs_from = {"bf16_2x9x16_gate_2x9x1"};
+  EXPECT_NE(joined(run_case(c, options, &summary)).find("not told apart"), std::string::npos);
+}
+
+// A second run that writes other bytes fails.
+TEST(ops_driver, run_to_run_differences_fail) {
+  const std::unique_ptr<Memory> host = host_memory();
+  DriverOptions options;
+  options.device = host.get();
+  options.tamper = [](const std::string& impl, std::vector<std::vector<uint8_t>>& b) {
+    if (impl.size() > 2 && impl.compare(impl.size() - 2, 2, "#2") == 0) b[3][256 + 4] ^= 0x10;
+  };
+  Summary summary;
+  const std::string failures = joined(run_case(small_case(), options, &summary));
+  EXPECT_NE(failures.find("run again on other output contents"), std::string::npos) << failures;
+}
+
 // Every case of every op prepares, and names are unique per op (the JSON table and the failure
 // messages refer to cases by name).
 TEST(ops_driver, case_names_are_unique) {

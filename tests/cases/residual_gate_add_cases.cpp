@@ -2,10 +2,14 @@
 // transposed residual/out ([B, T, H] stored as [B, H, T]), odd widths, pointers off 16 bytes,
 // fp16/bf16/fp32; Wan's promoted chain (an f32 gate beside bf16/f16 data) and row-strided gates
 // (chunks of [B, 6, D] and of [B, S, 6, D]); empty, in-place (refused) and invalid calls.
-// Bit-exact: bytes equal.
+// Bit-exact: bytes equal. The float64 oracle below transcribes eager's chain independently of the
+// reference: p = T(fp32(u * g)) (fp32(u * g) for an f32 gate), out = T(fp32(r + p)).
+#include <cmath>
 #include <optional>
 
 #include "op_test_driver.h"
+#include "reference/half.h"
+#include "rounding_oracle.h"
 
 namespace ditops::optest {
 namespace {
@@ -57,10 +61,28 @@ OpCase rga_case(const Rga& s, CaseKind kind, uint32_t seed) {
   return c;
 }
 
+// The raw patterns of `values` in `dtype` (explicit inputs: rounding points, signed zeros).
+std::vector<uint64_t> bits_of(DType dtype, const std::vector<float>& values) {
+  std::vector<uint64_t> out;
+  for (float v : values) {
+    uint64_t b = 0;
+    ref::store_act(&b, 0, dtype, v);
+    out.push_back(b);
+  }
+  return out;
+}
+
 std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
   auto add = [&](const Rga& s, CaseKind kind) { out.push_back(rga_case(s, kind, seed++)); };
+  // A call the lists below may already hold (the same name: the same call) is not added twice.
+  auto add_once = [&](const Rga& s, CaseKind kind) {
+    OpCase c = rga_case(s, kind, seed++);
+    for (const OpCase& o : out)
+      if (o.name == c.name) return;
+    out.push_back(c);
+  };
   // SGLang's test GATE_CASES (model shapes: FLUX, Qwen-Image, SANA).
   for (const auto& [shape, gate] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
            {{1, 1024, 4096}, {1, 1, 4096}}, {{1, 512, 4096}, {1, 512, 4096}}, {{1, 17, 65}, {1, 1, 65}},
@@ -140,6 +162,60 @@ std::vector<OpCase> make() {
   add({{2, 64, 128}, {2, 1, 128}, DType::bf16, false, 0, 0, f32, {6 * 128 + 2, 128, 1}, 2 * 128}, CaseKind::misaligned);
   add({{2, 33, 128}, {2, 33, 1}, DType::f16, false, 3, 0, f32}, CaseKind::misaligned);
 
+  // Every gate mode and dtype at small sizes (the float64 oracle checks each), the per-frame gate
+  // over frames of 5 rows and a rank-2 call among them.
+  for (DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (const auto& [shape, gate] : std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+             {{1, 17, 65}, {1, 17, 65}}, {{1, 17, 65}, {1, 1, 65}}, {{1, 17, 65}, {1, 17, 1}}, {{2, 33, 128}, {2, 33, 1}},
+             {{2, 3, 5, 8}, {2, 3, 1, 8}}, {{2, 3, 5, 8}, {2, 1, 1, 8}}, {{7, 3}, {1, 3}}, {{3, 700, 520}, {1, 1, 520}}})
+      add_once({shape, gate, dt}, CaseKind::odd);
+  // Wan's promoted chain at one width, every form of its f32 gate: chunks of [B, 6, D] and of
+  // [B, S, 6, D], per row, per token, per batch.
+  for (DType dt : {DType::bf16, DType::f16}) {
+    const int64_t B = 2, S = 33, D = 72;
+    add_once({{B, S, D}, {B, 1, D}, dt, false, 0, 0, f32, {6 * D, D, 1}, 2 * D}, CaseKind::strided);
+    add_once({{B, S, D}, {B, S, D}, dt, false, 0, 0, f32, {S * 6 * D, 6 * D, 1}, 5 * D}, CaseKind::strided);
+    for (const std::vector<int64_t>& gate : {std::vector<int64_t>{1, 1, D}, {B, S, 1}, {B, 1, D}})
+      add_once({{B, S, D}, gate, dt, false, 0, 0, f32}, CaseKind::odd);
+  }
+  // Transposed against contiguous on the same values, per-token and full gates.
+  for (DType dt : {DType::bf16, DType::f16, DType::f32})
+    for (const std::vector<int64_t>& gate : {std::vector<int64_t>{2, 9, 1}, {2, 9, 16}}) {
+      OpCase contiguous = rga_case({{2, 9, 16}, gate, dt}, CaseKind::odd, seed++);
+      OpCase transposed = rga_case({{2, 9, 16}, gate, dt, true}, CaseKind::strided, seed++);
+      transposed.same_as = {contiguous.name};
+      out.push_back(contiguous);
+      out.push_back(transposed);
+    }
+  // A gate of padded rows (a row-strided gate of residual's dtype).
+  add_once({{1, 17, 65}, {1, 17, 65}, DType::bf16, false, 0, 0, std::nullopt, {17 * 130, 130, 1}}, CaseKind::strided);
+  // Eager's rounding points: u * g = 2^-8 + 2^-16 - 2^-23 rounds to 2^-8, so 1 + p is a tie to
+  // even (1.0), where one fused multiply-add would give 1 + 2^-7; and -0 + (-0 * 3) = -0.
+  {
+    OpCase c = rga_case({{1, 2}, {1, 2}}, CaseKind::odd, seed++);
+    c.name = "bf16_rounding_points";
+    c.tensors[0].fill = Fill::bits({0x3F80, 0x8000});
+    c.tensors[1].fill = Fill::bits({0x3F81, 0x8000});
+    c.tensors[2].fill = Fill::bits({0x3B7F, 0x4040});
+    out.push_back(c);
+  }
+  // Signed zeros and subnormals of every dtype, then every dtype's special values (NaN, +-Inf,
+  // +-0, subnormals, the largest finite) among normal values in every operand.
+  for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
+    OpCase c = rga_case({{1, 7}, {1, 7}, dt}, CaseKind::odd, seed++);
+    c.name = std::string(dtype_name(dt)) + "_signed_zeros_subnormals";
+    c.tensors[0].fill = Fill::bits(bits_of(dt, {0.0f, -0.0f, 0.0f, -0.0f, 1e-7f, -6e-8f, 1.0f}));
+    c.tensors[1].fill = Fill::bits(bits_of(dt, {-0.0f, -0.0f, 0.0f, 2.0f, 1e-4f, 3e-5f, -1.0f}));
+    c.tensors[2].fill = Fill::bits(bits_of(dt, {1.0f, 5.0f, -0.0f, -0.0f, 1e-3f, 7e-4f, 1.0f}));
+    out.push_back(c);
+    for (const std::vector<int64_t>& gate : {std::vector<int64_t>{3, 5, 64}, {1, 1, 64}}) {
+      OpCase sp = rga_case({{3, 5, 64}, gate, dt}, CaseKind::odd, seed++);
+      sp.name += "_special";
+      for (int t = 0; t < 3; ++t) sp.tensors[t].fill = Fill::special(t == 0 ? 4.0 : 1.0);
+      out.push_back(sp);
+    }
+  }
+
   // Empty: no tokens.
   add({{1, 0, 64}, {1, 1, 64}}, CaseKind::empty);
   // torch gives the empty [2, 0, 64] strides (64, 64, 1): no element, so any strides are contiguous.
@@ -158,7 +234,58 @@ std::vector<OpCase> make() {
   over_update.tensors[3].offset = 32;
   over_update.invalid = {"out must not overlap update"};
   out.push_back(over_update);
+  // Out over residual's last row, and out right after residual in one buffer (no overlap: valid).
+  OpCase partial = rga_case({{4, 64}, {1, 64}}, CaseKind::aliased, seed++);
+  partial.name = "out_over_residuals_last_row";
+  partial.tensors[3].storage = "residual";
+  partial.tensors[3].offset = 3 * 64;
+  partial.invalid = {"out must not overlap residual"};
+  out.push_back(partial);
+  OpCase adjacent = partial;
+  adjacent.name = "out_right_after_residual";
+  adjacent.tensors[3].offset = 4 * 64;
+  adjacent.invalid.clear();
+  out.push_back(adjacent);
+  // The gate inside out's buffer.
+  OpCase gate_in_out = rga_case({{4, 64}, {1, 64}}, CaseKind::aliased, seed++);
+  gate_in_out.name = "gate_inside_out";
+  std::swap(gate_in_out.tensors[2], gate_in_out.tensors[3]);  // out first: it owns the buffer
+  gate_in_out.tensors[3].storage = "out";
+  gate_in_out.tensors[3].offset = 64;
+  gate_in_out.invalid = {"out must not overlap gate"};
+  out.push_back(gate_in_out);
   // Invalid inputs.
+  auto invalid = [&](const Rga& s, const char* name, auto edit, std::vector<std::string> fragments) {
+    OpCase c = rga_case(s, CaseKind::invalid, seed++);
+    c.name = name;
+    edit(c);
+    c.invalid = std::move(fragments);
+    out.push_back(c);
+  };
+  const Rga odd{{1, 17, 65}, {1, 1, 65}};
+  invalid(odd, "update_tokens_16_of_17", [](OpCase& c) { c.tensors[1].shape = {1, 16, 65}; },
+          {"residual_gate_add: update.shape[1] must be 17 (as residual.shape[1]) but is 16"});
+  invalid(odd, "update_f16_beside_bf16", [](OpCase& c) { c.tensors[1].dtype = DType::f16; },
+          {"residual_gate_add: update.dtype must be bf16 (as residual) but is f16"});
+  invalid(odd, "gate_width_64_of_65", [](OpCase& c) { c.tensors[2].shape = {1, 1, 64}; },
+          {"gate.shape[2] must be 65 (as residual.shape[2]) or 1 (per-token) but is 64"});
+  invalid(odd, "gate_rank_1", [](OpCase& c) { c.tensors[2].shape = {65}; },
+          {"gate must have rank 3 (as residual) but has rank 1"});
+  invalid({{2, 17, 65}, {2, 3, 65}}, "gate_middle_dim_3_of_17", [](OpCase&) {}, {"gate.shape[1] must be 1 or 17"});
+  invalid(odd, "per_token_gate_16_of_17", [](OpCase& c) { c.tensors[2].shape = {1, 16, 1}; },
+          {"gate.shape[1] must be 17"});
+  invalid(odd, "update_column_slice", [](OpCase& c) { c.tensors[1].strides = {17 * 130, 130, 1}; },
+          {"update.stride(1) must be 65 (contiguous) but is 130"});
+  invalid(odd, "out_transposed_beside_contiguous_residual", [](OpCase& c) { c.tensors[3].strides = {17 * 65, 1, 17}; },
+          {"out.stride(1) must be 65 (as residual.stride(1)"});
+  invalid(odd, "residual_padded_rows",
+          [](OpCase& c) { c.tensors[0].strides = c.tensors[3].strides = {17 * 66, 66, 1}; },
+          {"residual.stride(1) must be 65 (contiguous"});
+  invalid({{2, 4}, {1, 4}}, "i32_tensors",
+          [](OpCase& c) {
+            for (TensorCase& t : c.tensors) t.dtype = DType::i32;
+          },
+          {"residual.dtype must be bf16, f16 or f32 but is i32"});
   OpCase c = rga_case({{2, 8, 64}, {1, 1, 32}}, CaseKind::invalid, seed++);
   c.name = "gate_width_differs";
   c.invalid = {"gate.shape[2] must be 64", "32"};
@@ -205,6 +332,44 @@ std::vector<OpCase> make() {
 }
 
 const CaseSet kCases("residual_gate_add", make);
+
+using testing_oracle::round_dtype;
+using testing_oracle::round_f32;
+
+// fp32(a + b) for doubles holding fp32 values, correctly rounded: the double sum is exact unless
+// the exponents lie far apart, and then it matters only on an fp32 midpoint, where the part the
+// double sum lost decides the direction (TwoSum).
+double round_f32_sum(double a, double b) {
+  const double s = a + b;
+  if (!std::isfinite(s)) return s;
+  const double bb = s - a, lost = (a - (s - bb)) + (b - bb);
+  if (lost == 0) return round_f32(s);
+  const bool midpoint = round_f32(std::nextafter(s, INFINITY)) != round_f32(std::nextafter(s, -INFINITY));
+  return round_f32(midpoint ? std::nextafter(s, lost > 0 ? INFINITY : -INFINITY) : s);
+}
+
+void rga_oracle(OracleIo& io) {
+  const int r = io.id("residual"), u = io.id("update"), g = io.id("gate"), out = io.id("out");
+  const DType t = io.dtype(r);
+  const bool promoted = io.dtype(g) != t;  // an f32 gate beside 16-bit data: one rounding to T
+  const std::vector<int64_t>& shape = io.shape(r);
+  const std::vector<int64_t>& gshape = io.shape(g);
+  const int rank = static_cast<int>(shape.size());
+  std::vector<int64_t> idx(rank);
+  for (int64_t i = 0; i < io.numel(r); ++i) {
+    int64_t rest = i, gi = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      idx[d] = rest % shape[d];
+      rest /= shape[d];
+    }
+    for (int d = 0; d < rank; ++d) gi = gi * gshape[d] + (gshape[d] == 1 ? 0 : idx[d]);
+    double p = round_f32(io.in(u, i) * io.in(g, gi));  // exact in double, rounded once
+    if (!promoted) p = round_dtype(p, t);
+    io.expect(out, i, round_dtype(round_f32_sum(io.in(r, i), p), t));
+  }
+}
+
+const OracleSet kOracle("residual_gate_add", {"float64 transcription of eager's chain", rga_oracle});
 
 }  // namespace
 }  // namespace ditops::optest

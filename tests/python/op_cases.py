@@ -23,9 +23,31 @@ def _option(case, name, default):
     return case["options"].get(name, default)
 
 
+def _patterns(patterns, n, dtype, device):
+    """Raw element patterns (the low bytes of each) as `dtype`, cycled over n elements."""
+    bits = 8 * dtype.itemsize
+    signed = [p - (1 << bits) if p >= 1 << (bits - 1) else p for p in (int(p) & ((1 << bits) - 1) for p in patterns)]
+    raw = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[dtype.itemsize]
+    pattern = torch.tensor(signed, dtype=raw, device=device).view(dtype)
+    return pattern.repeat((n + len(signed) - 1) // len(signed))[:n] if n else pattern[:0]
+
+
+def has_special_values(case):
+    """Whether a tensor of the case holds raw patterns (special values: NaN, +-Inf, subnormals)."""
+    return any(t["fill"]["kind"] in ("special", "bits") for t in case["tensors"])
+
+
 def _fill(t, n, gen, device):
     f, dtype = t["fill"], DTYPES[t["dtype"]]
     kind = f["kind"]
+    if kind == "bits":
+        return _patterns(f["patterns"], n, dtype, device)
+    if kind == "special":  # every modulo-th element a special value, the others normal
+        v = (f["scale"] * torch.randn(n, device=device, generator=gen, dtype=torch.float64)).to(dtype)
+        every = max(f["modulo"], 1)
+        count = (n + every - 1) // every
+        v[::every] = _patterns(f["patterns"], count, dtype, device)
+        return v
     if kind == "index":
         return ((torch.arange(n, device=device) * 7 + 3) % f["modulo"]).to(dtype)
     if kind == "wave":
