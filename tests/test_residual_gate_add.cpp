@@ -1,15 +1,10 @@
-// residual_gate_add on the CPU: the reference against an independent float64 transcription of the
-// contract, gate-mode classification, the transposed layout, argument matching with its messages,
-// the in-place refusal, explain, the C ABI, and NVRTC compiling every kernel key (no GPU needed).
-//
-// The float64 oracle: for 16-bit and fp32 inputs with moderate magnitudes, the double product
-// u*g and the double sum r + p are exact, so rounding them with an independently written
-// round-to-nearest-even (frexp / nearbyint in double) gives exactly eager's
-//   p = T(fp32(u*g)),  out = T(fp32(r + p))
-// including the double rounding fp32-then-T of the sum. Bit-for-bit agreement is required.
+// residual_gate_add beyond its driver cases (tests/cases/residual_gate_add_cases.cpp: every shape,
+// layout, dtype, overlap and invalid input against the float64 oracle and the reference): what the
+// matcher decides (gate modes, alignment, the transposed residual's chunks), explain on the CPU, the
+// C ABI, and the kernel keys: their schedules, the fast division, the params' layout and NVRTC
+// compiling every key for every target arch (no GPU needed).
 #include <gtest/gtest.h>
 
-#include <cfenv>
 #include <cstddef>
 #include <cmath>
 #include <cstdint>
@@ -27,16 +22,12 @@
 #include "kernels/residual_gate_add_params.h"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
-#include "rounding_oracle.h"
 
 namespace {
 
 using namespace ditops;
 
 const Device kCpu{DeviceKind::cpu, 0};
-
-using ditops::testing_oracle::round_dtype;
-using ditops::testing_oracle::round_f32;
 
 // ---- host tensors ----
 struct HostTensor {
@@ -64,227 +55,6 @@ struct HostTensor {
   }
 };
 
-std::vector<int64_t> shape_of(const TensorView& t) { return std::vector<int64_t>(t.shape, t.shape + t.rank); }
-
-// The oracle at one element, given the three input values.
-uint32_t oracle_bits(float r, float u, float g, DType t) {
-  const double p = round_dtype(round_f32(static_cast<double>(u) * g), t);
-  const double o = round_dtype(round_f32(static_cast<double>(r) + p), t);
-  const float f = static_cast<float>(o);  // exact: o is a T value
-  if (t == DType::bf16) return ref::float_to_bf16_rne(f);
-  if (t == DType::f16) return ref::float_to_fp16_rne(f);
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-}
-
-// Gate element of logical index (multi-index via residual's shape) with explicit broadcast.
-int64_t gate_index(const TensorView& residual, const TensorView& gate, int64_t flat) {
-  int64_t idx[kMaxRank];
-  for (int d = residual.rank - 1; d >= 0; --d) {
-    idx[d] = flat % residual.shape[d];
-    flat /= residual.shape[d];
-  }
-  int64_t g = 0;
-  for (int d = 0; d < residual.rank; ++d) g = g * gate.shape[d] + (gate.shape[d] == 1 ? 0 : idx[d]);
-  return g;
-}
-
-// Runs the facade on CPU views (contiguous residual) and checks every element against the oracle.
-void check_contiguous_case(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> gshape, GateMode mode,
-                           uint32_t seed) {
-  SCOPED_TRACE(std::string(dtype_name(dtype)) + " gate mode " + gate_mode_name(mode));
-  std::mt19937 rng(seed);
-  HostTensor r(dtype, shape), u(dtype, shape), g(dtype, gshape), o(dtype, shape);
-  r.fill(rng, 4.0f);
-  u.fill(rng, 1.0f);
-  g.fill(rng, 0.5f);
-  const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, g.view, o.view);
-  EXPECT_EQ(call.gate_mode, mode);
-  EXPECT_FALSE(call.transposed);
-  EXPECT_EQ(residual_gate_add(r.view, u.view, g.view, o.view), "residual_gate_add.reference");
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < r.view.numel(); ++i) {
-    const uint32_t want = oracle_bits(r.get(i), u.get(i), g.get(gate_index(r.view, g.view, i)), dtype);
-    if (o.bits(i) != want && ++mismatches < 5)
-      ADD_FAILURE() << "element " << i << ": got " << std::hex << o.bits(i) << " want " << want;
-  }
-  EXPECT_EQ(mismatches, 0);
-}
-
-TEST(ResidualGateAddReference, EveryGateModeAndDtypeMatchesTheFloat64Oracle) {
-  uint32_t seed = 1;
-  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {
-    check_contiguous_case(dt, {1, 9, 64}, {1, 9, 64}, GateMode::full, seed++);
-    check_contiguous_case(dt, {1, 9, 64}, {1, 1, 64}, GateMode::row, seed++);
-    check_contiguous_case(dt, {1, 17, 65}, {1, 17, 65}, GateMode::full, seed++);
-    check_contiguous_case(dt, {1, 17, 65}, {1, 1, 65}, GateMode::row, seed++);
-    check_contiguous_case(dt, {1, 17, 65}, {1, 17, 1}, GateMode::token, seed++);
-    check_contiguous_case(dt, {2, 33, 128}, {2, 33, 1}, GateMode::token, seed++);
-    check_contiguous_case(dt, {2, 33, 65}, {2, 1, 65}, GateMode::batch, seed++);
-    check_contiguous_case(dt, {2, 3, 5, 8}, {2, 3, 1, 8}, GateMode::batch, seed++);  // per-frame gate
-    check_contiguous_case(dt, {2, 3, 5, 8}, {2, 1, 1, 8}, GateMode::batch, seed++);
-    check_contiguous_case(dt, {7, 3}, {1, 3}, GateMode::row, seed++);  // rank 2
-  }
-}
-
-TEST(ResidualGateAddReference, RoundingPointsAreTheEagerOnes) {
-  // bf16 (8 significant bits): u*g = 2^-8 + 2^-16 - 2^-23 rounds to 2^-8, so r + p = 1 + 2^-8 is a
-  // tie that goes to even (1.0); a fused multiply-add (one rounding) would give 1 + 2^-7.
-  HostTensor r(DType::bf16, {1, 2}), u(DType::bf16, {1, 2}), g(DType::bf16, {1, 2}), o(DType::bf16, {1, 2});
-  r.set(0, 1.0f);
-  u.set(0, 1.0f + 0x1p-7f);
-  g.set(0, 0x1p-8f - 0x1p-16f);
-  r.set(1, -0.0f);
-  u.set(1, -0.0f);
-  g.set(1, 3.0f);  // (-0)*3 = -0; -0 + -0 = -0
-  residual_gate_add(r.view, u.view, g.view, o.view);
-  for (int i = 0; i < 2; ++i) EXPECT_EQ(o.bits(i), oracle_bits(r.get(i), u.get(i), g.get(i), DType::bf16)) << i;
-  EXPECT_EQ(o.bits(0), 0x3f80u) << "1 + rne(u*g) ties to even";
-  EXPECT_EQ(o.bits(1), 0x8000u) << "-0 + (-0 * 3) is -0";
-  // A fused multiply-add would round once: check the oracle itself separates the two here.
-  const double fused = round_dtype(static_cast<double>(r.get(0)) + static_cast<double>(u.get(0)) * g.get(0), DType::bf16);
-  EXPECT_NE(fused, static_cast<double>(o.get(0))) << "the case does not distinguish the rounding points";
-}
-
-// Wan's promoted chain (an f32 gate beside bf16/f16 data): out = T(fp32(r + fp32(u * g))), one
-// rounding to T, against the float64 transcription; elements whose product is so much smaller than
-// r that the double sum would not be exact are skipped (a few in a million). The gate as a chunk
-// of [B, 6, D] (the strided mode) and of [B, S, 6, D] (per token), plus the contiguous modes.
-TEST(ResidualGateAddReference, PromotedChainRoundsOnceAgainstTheFloat64Oracle) {
-  for (DType dt : {DType::bf16, DType::f16}) {
-    const int64_t B = 2, S = 33, D = 72;
-    struct Gate {
-      std::vector<int64_t> shape, strides;
-      int64_t storage, offset;
-      GateMode mode;
-    };
-    const Gate gates[] = {{{B, 1, D}, {6 * D, D, 1}, B * 6 * D, 2 * D, GateMode::strided},
-                          {{B, S, D}, {S * 6 * D, 6 * D, 1}, B * S * 6 * D, 5 * D, GateMode::strided},
-                          {{1, 1, D}, {}, D, 0, GateMode::row},
-                          {{B, S, 1}, {}, B * S, 0, GateMode::token},
-                          {{B, 1, D}, {}, B * D, 0, GateMode::batch}};
-    for (const Gate& gc : gates) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " gate mode " + gate_mode_name(gc.mode));
-      std::mt19937 rng(7);
-      HostTensor r(dt, {B, S, D}), u(dt, {B, S, D}), o(dt, {B, S, D}), g(DType::f32, {gc.storage});
-      r.fill(rng, 4.0f);
-      u.fill(rng, 1.0f);
-      g.fill(rng, 0.5f);
-      TensorView gv = g.view;
-      gv.rank = 3;
-      for (int d = 0; d < 3; ++d) gv.shape[d] = gc.shape[d];
-      if (gc.strides.empty()) {
-        gv = TensorView::contiguous(g.view.data, DType::f32, kCpu, gc.shape);
-      } else {
-        for (int d = 0; d < 3; ++d) gv.strides[d] = gc.strides[d];
-        gv.data = static_cast<float*>(g.view.data) + gc.offset;
-      }
-      const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, gv, o.view);
-      EXPECT_EQ(call.gate_mode, gc.mode);
-      EXPECT_TRUE(call.gate_f32);
-      residual_gate_add(r.view, u.view, gv, o.view);
-      int64_t checked = 0, rounded_product_differs = 0;
-      for (int64_t i = 0; i < r.view.numel(); ++i) {
-        const int64_t b = i / (S * D), s = (i / D) % S, c = i % D;
-        int64_t at = gc.mode == GateMode::token ? b * S + s : gc.mode == GateMode::row ? c : b * D + c;
-        if (!gc.strides.empty()) at = gc.offset + b * gc.strides[0] + (gc.shape[1] > 1 ? s * gc.strides[1] : 0) + c;
-        const float gate = static_cast<const float*>(g.view.data)[at];
-        const double p = round_f32(static_cast<double>(u.get(i)) * gate);
-        if (p != 0.0 && std::fabs(p) < 0x1p-26 * std::fabs(r.get(i))) continue;
-        const double want = round_dtype(round_f32(static_cast<double>(r.get(i)) + p), dt);
-        ASSERT_EQ(static_cast<double>(o.get(i)), want) << "element " << i;
-        rounded_product_differs += want != round_dtype(round_f32(r.get(i) + round_dtype(p, dt)), dt);
-        ++checked;
-      }
-      EXPECT_GT(checked, r.view.numel() * 99 / 100);
-      EXPECT_GT(rounded_product_differs, 0) << "no element tells the promoted chain from eager's 16-bit one";
-    }
-  }
-}
-
-TEST(ResidualGateAddReference, SignedZerosAndSubnormals) {
-  for (DType dt : {DType::f16, DType::bf16, DType::f32}) {
-    const std::vector<float> rs = {0.0f, -0.0f, 0.0f, -0.0f, 1e-7f, -6e-8f, 1.0f};
-    const std::vector<float> us = {-0.0f, -0.0f, 0.0f, 2.0f, 1e-4f, 3e-5f, -1.0f};
-    const std::vector<float> gs = {1.0f, 5.0f, -0.0f, -0.0f, 1e-3f, 7e-4f, 1.0f};
-    const int64_t n = static_cast<int64_t>(rs.size());
-    HostTensor r(dt, {1, n}), u(dt, {1, n}), g(dt, {1, n}), o(dt, {1, n});
-    for (int64_t i = 0; i < n; ++i) {
-      r.set(i, rs[i]);
-      u.set(i, us[i]);
-      g.set(i, gs[i]);
-    }
-    residual_gate_add(r.view, u.view, g.view, o.view);
-    for (int64_t i = 0; i < n; ++i)
-      EXPECT_EQ(o.bits(i), oracle_bits(r.get(i), u.get(i), g.get(i), dt)) << dtype_name(dt) << " element " << i;
-    EXPECT_TRUE(std::signbit(o.get(1))) << "-0 + -0*5 = -0";
-    EXPECT_FALSE(std::signbit(o.get(0))) << "+0 + -0 = +0";
-    EXPECT_EQ(o.get(6), 0.0f);
-  }
-}
-
-// Transposed [B, T, H] with strides (T*H, 1, T) gives the bits of the same logical values laid
-// out contiguously, for every gate mode.
-TEST(ResidualGateAddReference, TransposedLayoutEqualsContiguous) {
-  struct Case {
-    int64_t B, T, H;
-    std::vector<int64_t> gate;
-    GateMode mode;
-  };
-  const std::vector<Case> cases = {{1, 17, 65, {1, 1, 65}, GateMode::row},
-                                   {2, 33, 128, {1, 1, 128}, GateMode::row},
-                                   {2, 33, 128, {2, 1, 128}, GateMode::batch},
-                                   {2, 9, 16, {2, 9, 1}, GateMode::token},
-                                   {2, 9, 16, {2, 9, 16}, GateMode::full}};
-  for (DType dt : {DType::bf16, DType::f16, DType::f32})
-    for (const Case& c : cases) {
-      SCOPED_TRACE(std::string(dtype_name(dt)) + " B=" + std::to_string(c.B) + " T=" + std::to_string(c.T) +
-                   " H=" + std::to_string(c.H) + " " + gate_mode_name(c.mode));
-      std::mt19937 rng(static_cast<uint32_t>(c.T * 7 + c.H));
-      HostTensor rc(dt, {c.B, c.T, c.H}), u(dt, {c.B, c.T, c.H}), g(dt, c.gate), oc(dt, {c.B, c.T, c.H});
-      rc.fill(rng, 2.0f);
-      u.fill(rng, 1.0f);
-      g.fill(rng, 0.5f);
-      // Physically [B, H, T].
-      HostTensor rt(dt, {c.B, c.H, c.T}), ot(dt, {c.B, c.H, c.T});
-      auto transposed_view = [&](HostTensor& t) {
-        TensorView v = t.view;
-        v.shape[1] = c.T;
-        v.shape[2] = c.H;
-        v.strides[0] = c.T * c.H;
-        v.strides[1] = 1;
-        v.strides[2] = c.T;
-        return v;
-      };
-      const TensorView rv = transposed_view(rt), ov = transposed_view(ot);
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = 0; t < c.T; ++t)
-          for (int64_t h = 0; h < c.H; ++h)
-            rt.set(b * c.T * c.H + h * c.T + t, rc.get((b * c.T + t) * c.H + h));
-      const ResidualGateAddCall call = match_residual_gate_add(rv, u.view, g.view, ov);
-      EXPECT_TRUE(call.transposed);
-      EXPECT_EQ(call.gate_mode, c.mode);
-      EXPECT_EQ(call.tokens, c.T);
-      EXPECT_EQ(call.hidden, c.H);
-      residual_gate_add(rv, u.view, g.view, ov);
-      residual_gate_add(rc.view, u.view, g.view, oc.view);
-      int64_t differ = 0;
-      for (int64_t b = 0; b < c.B; ++b)
-        for (int64_t t = 0; t < c.T; ++t)
-          for (int64_t h = 0; h < c.H; ++h)
-            differ += ot.bits(b * c.T * c.H + h * c.T + t) != oc.bits((b * c.T + t) * c.H + h);
-      EXPECT_EQ(differ, 0);
-    }
-}
-
-TEST(ResidualGateAddReference, EmptyIsANoOpAndLargeCallsAreSplitIdentically) {
-  HostTensor r(DType::bf16, {0, 64}), u(DType::bf16, {0, 64}), g(DType::bf16, {1, 64}), o(DType::bf16, {0, 64});
-  EXPECT_EQ(residual_gate_add(r.view, u.view, g.view, o.view), "residual_gate_add.reference");
-  // Large enough for the threaded path: rows split across workers, every element still the oracle's.
-  check_contiguous_case(DType::bf16, {3, 700, 520}, {1, 1, 520}, GateMode::row, 99);
-}
-
 // ---- classification and matching ----
 
 TEST(ResidualGateAddMatch, GateModesAndAlignment) {
@@ -299,6 +69,41 @@ TEST(ResidualGateAddMatch, GateModesAndAlignment) {
   const auto batch = classify({2, 33, 65}, {2, 1, 65});
   EXPECT_EQ(batch.gate_mode, GateMode::batch);
   EXPECT_EQ(batch.rows_per_batch, 33);
+  for (DType dt : {DType::bf16, DType::f16, DType::f32}) {  // every dtype classifies alike
+    HostTensor r(dt, {2, 33, 65}), u(dt, {2, 33, 65}), g(dt, {2, 33, 1}), o(dt, {2, 33, 65});
+    const ResidualGateAddCall token = match_residual_gate_add(r.view, u.view, g.view, o.view);
+    EXPECT_EQ(token.gate_mode, GateMode::token) << dtype_name(dt);
+    EXPECT_FALSE(token.transposed);
+    EXPECT_FALSE(token.gate_f32);
+  }
+  // Transposed [B, T, H] as strides (T H, 1, T): tokens and hidden read through them.
+  {
+    HostTensor r(DType::bf16, {2, 128, 33}), u(DType::bf16, {2, 33, 128}), g(DType::bf16, {2, 1, 128}),
+        o(DType::bf16, {2, 128, 33});
+    for (HostTensor* t : {&r, &o}) {
+      t->view.shape[1] = 33;
+      t->view.shape[2] = 128;
+      t->view.strides[1] = 1;
+      t->view.strides[2] = 33;
+    }
+    const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, g.view, o.view);
+    EXPECT_TRUE(call.transposed);
+    EXPECT_EQ(call.gate_mode, GateMode::batch);
+    EXPECT_EQ(call.tokens, 33);
+    EXPECT_EQ(call.hidden, 128);
+  }
+  // An f32 gate beside 16-bit data: the promoted chain, a chunk of [B, S, 6, D] per token strided.
+  {
+    HostTensor r(DType::f16, {2, 33, 72}), u(DType::f16, {2, 33, 72}), o(DType::f16, {2, 33, 72}),
+        g(DType::f32, {2 * 33 * 6 * 72});
+    TensorView chunk = TensorView::contiguous(static_cast<float*>(g.view.data) + 5 * 72, DType::f32, kCpu, {2, 33, 72});
+    chunk.strides[0] = 33 * 6 * 72;
+    chunk.strides[1] = 6 * 72;
+    const ResidualGateAddCall call = match_residual_gate_add(r.view, u.view, chunk, o.view);
+    EXPECT_TRUE(call.gate_f32);
+    EXPECT_EQ(call.gate_mode, GateMode::strided);
+    EXPECT_EQ(call.gate_row_stride, 6 * 72);
+  }
   const auto frames = classify({2, 3, 4, 5, 8}, {2, 3, 1, 1, 8});
   EXPECT_EQ(frames.gate_mode, GateMode::batch);
   EXPECT_EQ(frames.rows_per_batch, 20);
@@ -368,100 +173,6 @@ std::string error_of(const TensorView& r, const TensorView& u, const TensorView&
   return "";
 }
 
-TEST(ResidualGateAddMatch, ErrorsNameTensorDimensionExpectedAndActual) {
-  HostTensor r(DType::bf16, {1, 17, 65}), u(DType::bf16, {1, 17, 65}), g(DType::bf16, {1, 1, 65}),
-      o(DType::bf16, {1, 17, 65});
-  HostTensor u_short(DType::bf16, {1, 16, 65});
-  EXPECT_EQ(error_of(r.view, u_short.view, g.view, o.view),
-            "residual_gate_add: update.shape[1] must be 17 (as residual.shape[1]) but is 16");
-  HostTensor u_f16(DType::f16, {1, 17, 65});
-  EXPECT_EQ(error_of(r.view, u_f16.view, g.view, o.view),
-            "residual_gate_add: update.dtype must be bf16 (as residual) but is f16");
-  HostTensor g_bad(DType::bf16, {1, 1, 64});
-  EXPECT_NE(error_of(r.view, u.view, g_bad.view, o.view)
-                .find("gate.shape[2] must be 65 (as residual.shape[2]) or 1 (per-token) but is 64"),
-            std::string::npos);
-  HostTensor g_rank(DType::bf16, {65});
-  EXPECT_NE(error_of(r.view, u.view, g_rank.view, o.view).find("gate must have rank 3 (as residual) but has rank 1"),
-            std::string::npos);
-  HostTensor r2(DType::bf16, {2, 17, 65}), u2(DType::bf16, {2, 17, 65}), o2(DType::bf16, {2, 17, 65});
-  HostTensor g_mid(DType::bf16, {2, 3, 65});
-  EXPECT_NE(error_of(r2.view, u2.view, g_mid.view, o2.view).find("gate.shape[1] must be 1 or 17"), std::string::npos);
-  HostTensor g_tok(DType::bf16, {1, 16, 1});
-  EXPECT_NE(error_of(r.view, u.view, g_tok.view, o.view).find("gate.shape[1] must be 17"), std::string::npos);
-  // Strided update (a column slice) and strided gate.
-  TensorView u_strided = u.view;
-  u_strided.strides[1] = 130;
-  EXPECT_NE(error_of(r.view, u_strided, g.view, o.view).find("update.stride(1) must be 65 (contiguous) but is 130"),
-            std::string::npos);
-  // A gate of padded rows is a row-strided gate (the strided mode); one whose rows are not
-  // contiguous, or whose rows are not one stride apart, is refused.
-  HostTensor g_full(DType::bf16, {1, 17, 130});
-  TensorView g_strided = g_full.view;
-  g_strided.shape[2] = 65;
-  const ResidualGateAddCall strided = match_residual_gate_add(r.view, u.view, g_strided, o.view);
-  EXPECT_EQ(strided.gate_mode, GateMode::strided);
-  EXPECT_EQ(strided.gate_row_stride, 130);
-  EXPECT_EQ(strided.rows_per_batch, 1);
-  TensorView g_columns = g_strided;
-  g_columns.strides[2] = 2;
-  EXPECT_NE(error_of(r.view, u.view, g_columns, o.view).find("gate.stride(2) must be 1"), std::string::npos);
-  HostTensor r3(DType::bf16, {2, 17, 65}), u3(DType::bf16, {2, 17, 65}), o3(DType::bf16, {2, 17, 65});
-  HostTensor g_pad(DType::bf16, {2, 17, 130});
-  TensorView g_two = g_pad.view;
-  g_two.shape[2] = 65;
-  g_two.strides[0] = 17 * 130 + 64;
-  EXPECT_NE(error_of(r3.view, u3.view, g_two, o3.view).find("gate.stride(0) must be 2210"), std::string::npos);
-  // out with other strides than residual.
-  HostTensor o_t(DType::bf16, {1, 65, 17});
-  TensorView o_transposed = o_t.view;
-  o_transposed.shape[1] = 17;
-  o_transposed.shape[2] = 65;
-  o_transposed.strides[1] = 1;
-  o_transposed.strides[2] = 17;
-  EXPECT_NE(error_of(r.view, u.view, g.view, o_transposed).find("out.stride(1) must be 65 (as residual.stride(1)"),
-            std::string::npos);
-  // A residual layout that is neither contiguous nor transposed.
-  HostTensor r_pad(DType::bf16, {1, 17, 66}), o_pad(DType::bf16, {1, 17, 66});
-  TensorView r_strided = r_pad.view, o_strided = o_pad.view;
-  r_strided.shape[2] = o_strided.shape[2] = 65;
-  EXPECT_NE(error_of(r_strided, u.view, g.view, o_strided).find("residual.stride(1) must be 65 (contiguous"),
-            std::string::npos);
-  HostTensor r1(DType::bf16, {65});
-  EXPECT_NE(error_of(r1.view, r1.view, r1.view, r1.view).find("residual must have rank >= 2 but has rank 1"),
-            std::string::npos);
-  HostTensor r_i32(DType::i32, {2, 4});
-  EXPECT_NE(error_of(r_i32.view, r_i32.view, r_i32.view, r_i32.view).find("residual.dtype must be bf16, f16 or f32 but is i32"),
-            std::string::npos);
-}
-
-TEST(ResidualGateAddMatch, InPlaceAndOverlapAreRefusedBeforeAnyWrite) {
-  std::mt19937 rng(5);
-  HostTensor r(DType::bf16, {4, 64}), u(DType::bf16, {4, 64}), g(DType::bf16, {1, 64});
-  r.fill(rng, 1.0f);
-  u.fill(rng, 1.0f);
-  g.fill(rng, 1.0f);
-  const std::vector<uint8_t> before = r.bytes;
-  EXPECT_NE(error_of(r.view, u.view, g.view, r.view).find("out must not overlap residual (in place is not supported"),
-            std::string::npos);
-  EXPECT_NE(error_of(r.view, u.view, g.view, u.view).find("out must not overlap update"), std::string::npos);
-  // Partial overlap: out starts inside residual's last row.
-  HostTensor big(DType::bf16, {8, 64});
-  TensorView first = big.view, second = big.view;
-  first.shape[0] = second.shape[0] = 4;
-  second.data = static_cast<char*>(big.view.data) + 3 * 64 * 2;
-  EXPECT_NE(error_of(first, u.view, g.view, second).find("out must not overlap residual"), std::string::npos);
-  // Adjacent (touching, not overlapping) is fine.
-  second.data = static_cast<char*>(big.view.data) + 4 * 64 * 2;
-  EXPECT_EQ(error_of(first, u.view, g.view, second), "");
-  // The gate inside out's buffer.
-  TensorView g_inside = big.view;
-  g_inside.shape[0] = 1;
-  g_inside.data = static_cast<char*>(big.view.data) + 64 * 2;
-  EXPECT_NE(error_of(r.view, u.view, g_inside, first).find("out must not overlap gate"), std::string::npos);
-  EXPECT_EQ(r.bytes, before) << "a refused call wrote";
-}
-
 TEST(ResidualGateAddMatch, ExplainListsEveryCandidateWithItsReason) {
   HostTensor r(DType::bf16, {1, 17, 65}), u(DType::bf16, {1, 17, 65}), g(DType::bf16, {1, 1, 65}),
       o(DType::bf16, {1, 17, 65});
@@ -516,8 +227,9 @@ TEST(ResidualGateAddCApi, RunsAndReportsErrors) {
   ASSERT_EQ(ditops_call("residual_gate_add", slots, 4, nullptr, 0, nullptr, impl, sizeof impl, err, sizeof err), 0)
       << err;
   EXPECT_STREQ(impl, "residual_gate_add.reference");
-  for (int64_t i = 0; i < 120; ++i)
-    EXPECT_EQ(o.bits(i), oracle_bits(r.get(i), u.get(i), g.get(i / 40), DType::f16)) << i;
+  HostTensor want(DType::f16, {3, 40});  // the C++ facade's result on the same inputs
+  residual_gate_add(r.view, u.view, g.view, want.view);
+  EXPECT_EQ(o.bytes, want.bytes);
   const DLTensor* aliased[] = {&dr, &du, &dg, &dr};
   EXPECT_EQ(ditops_call("residual_gate_add", aliased, 4, nullptr, 0, nullptr, impl, sizeof impl, err, sizeof err), 1);
   EXPECT_NE(std::string(err).find("out must not overlap residual"), std::string::npos) << err;
