@@ -28,4 +28,13 @@ inline double round_dtype(double x, DType t) {
   }
 }
 
+// The e4m3fn value a static fp8 quantization stores for fp32 product p: NaN stays NaN, the rest
+// clamped to +-448 and rounded to 4 significant bits (subnormals from 2^-6 down, in steps of 2^-9).
+inline double round_e4m3_saturated(double p) {
+  if (std::isnan(p)) return p;
+  return round_binary(std::fmin(std::fmax(p, -448.0), 448.0), 4, -6, 448.0);
+}
+// fl32(1 / scale): IEEE division (53 >= 2 * 24 + 2 bits: the double quotient rounds correctly).
+inline double ieee_inverse(double scale) { return round_f32(1.0 / scale); }
+
 }  // namespace ditops::testing_oracle

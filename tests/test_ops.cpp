@@ -207,6 +207,22 @@ TEST(ops_driver, related_cases_are_compared) {
   EXPECT_NE(joined(run_case(c, options, &summary)).find("not told apart"), std::string::npos);
 }
 
+// An oracle that bounds a contract bounds every implementation on the device too.
+TEST(ops_driver, an_oracle_bounds_every_implementation) {
+  const OpCase c = named("fp8_linear", "bf16_M1_N128_K5120_ieee_seed0");
+  const std::unique_ptr<Memory> host = host_memory();
+  DriverOptions options;
+  options.device = host.get();
+  Summary summary;
+  EXPECT_EQ(joined(run_case(c, options, &summary)), "");
+  // Buffers: x, x_scale, w, w_scale, out; out[5]'s exponent moved (a factor of 2^8 or 2^-8).
+  options.tamper = [](const std::string&, std::vector<std::vector<uint8_t>>& b) { b[4][256 + 11] ^= 0x04; };
+  const std::string failures = joined(run_case(c, options, &summary));
+  EXPECT_NE(failures.find("against the oracle (fp64 product within the contract's bound): out: 1 of 128"),
+            std::string::npos)
+      << failures;
+}
+
 // A second run that writes other bytes fails.
 TEST(ops_driver, run_to_run_differences_fail) {
   const std::unique_ptr<Memory> host = host_memory();

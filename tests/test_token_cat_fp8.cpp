@@ -1,15 +1,12 @@
-// token_cat_fp8: the CPU reference against an independent float64 transcription of the contract
-// (issue shapes scaled down, odd widths, special values), argument matching with its messages and
-// nothing written, the op's description; then, on a GPU (skipped without one), every CUDA
-// implementation byte-equal to the reference in its mode over the issue's shapes, odd widths and
-// misaligned pointers. Byte-equality with eager PyTorch and SGLang's quantizer themselves is
-// checked by bench/token_cat_fp8_torch.py.
-//
-// The float64 oracle: x (bf16/f16, <= 11 significant bits) times inv (fp32) is exact in double;
-// rounding it to fp32 with an independently written round-to-nearest-even gives the fp32 product;
-// 1/scale in double rounded to fp32 is the IEEE fp32 division (53 >= 2 * 24 + 2: no double
-// rounding error). Then clamp to +-448 and RNE to the e4m3 grid (4 significant bits, emin -6),
-// and the byte found in an independently decoded table of the 256 codes.
+// token_cat_fp8 beyond its driver cases (tests/cases/token_cat_fp8_cases.cpp: the shapes, odd
+// widths, scales, misaligned pointers, special values, overlaps and invalid inputs against the
+// float64 oracle and the reference, on a device every CUDA implementation): what a case cannot
+// express. On the CPU: scales the contract excludes (refused on the CPU only: CUDA does not read
+// the scale on the host), tensors on two devices, the vector path's alignment rule, the op's
+// description. On a GPU (skipped without one): the token counts whose CPU reference is too slow for
+// the driver, and scales outside the contract, with the reciprocal the kernels compute on the
+// device (a probe kernel), the facade's choice of implementation per mode and no byte written past
+// out. Byte-equality with eager PyTorch is checked by bench/token_cat_fp8_torch.py.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ditops/op.h"
@@ -35,41 +33,7 @@ using namespace ditops;
 
 const Device kCpu{DeviceKind::cpu, 0};
 
-// ---- the independent oracle ----
-using ditops::testing_oracle::round_binary;
-using ditops::testing_oracle::round_f32;
-
-// The value of each e4m3fn code, decoded by its own formula (0x7F / 0xFF NaN).
-const std::vector<double>& e4m3_table() {
-  static const std::vector<double> table = [] {
-    std::vector<double> t(256);
-    for (int code = 0; code < 256; ++code) {
-      const int e = (code >> 3) & 15, m = code & 7;
-      double v = e == 0 ? m / 512.0 : (1.0 + m / 8.0) * std::pow(2.0, e - 7);
-      if (e == 15 && m == 7) v = NAN;
-      t[code] = (code & 0x80) ? -v : v;
-    }
-    return t;
-  }();
-  return table;
-}
-
-float ieee_inverse(float scale) { return static_cast<float>(round_f32(1.0 / static_cast<double>(scale))); }
-
-uint8_t oracle_byte(float x, float inv) {
-  const double p = round_f32(static_cast<double>(x) * static_cast<double>(inv));
-  if (std::isnan(p)) return 0x7F;
-  const double clamped = std::fmin(std::fmax(p, -448.0), 448.0);
-  const double q = round_binary(clamped, 4, -6, 448.0);
-  const std::vector<double>& t = e4m3_table();  // codes 0..126 ascending
-  const int sign = std::signbit(q) ? 0x80 : 0;
-  const auto it = std::lower_bound(t.begin(), t.begin() + 127, std::fabs(q));
-  if (it == t.begin() + 127 || *it != std::fabs(q)) {
-    ADD_FAILURE() << "no e4m3 code for " << q;
-    return 0;
-  }
-  return static_cast<uint8_t>(sign | (it - t.begin()));
-}
+using ditops::testing_oracle::ieee_inverse;
 
 // ---- host tensors ----
 struct HostTensor {
@@ -94,114 +58,6 @@ HostTensor scale_tensor(float s) {
   return t;
 }
 
-// Fills with values spread over the e4m3 range after scaling (some beyond +-448), and a few
-// signed zeros.
-void fill(HostTensor& t, std::mt19937& rng, float amplitude) {
-  std::normal_distribution<float> normal(0.0f, amplitude);
-  const int64_t n = t.view.numel();
-  for (int64_t i = 0; i < n; ++i) t.set(i, normal(rng));
-  for (int64_t i = 0; i < n; i += 101) t.set(i, (i & 1) ? -0.0f : 0.0f);
-}
-
-// Runs the facade on CPU tensors and checks every byte against the oracle.
-void check_case(DType dtype, int64_t B, int64_t S, int64_t Da, int64_t Dm, float scale, Fp8Reciprocal mode,
-                uint32_t seed) {
-  SCOPED_TRACE(std::string(dtype_name(dtype)) + " [" + std::to_string(B) + ", " + std::to_string(S) + "] Da=" +
-               std::to_string(Da) + " Dm=" + std::to_string(Dm) + " scale=" + std::to_string(scale) + " " +
-               fp8_reciprocal_name(mode));
-  std::mt19937 rng(seed);
-  HostTensor attn(dtype, {B, S, Da}), mlp(dtype, {B, S, Dm}), out(DType::f8e4m3fn, {B, S, Da + Dm});
-  fill(attn, rng, 3.0f);
-  fill(mlp, rng, 1.5f);
-  const HostTensor s = scale_tensor(scale);
-  TokenCatFp8Options o;
-  o.fp8_reciprocal = mode;
-  EXPECT_EQ(token_cat_fp8(attn.view, mlp.view, s.view, out.view, o), "token_cat_fp8.reference");
-  const float inv = ieee_inverse(scale);  // the reference's reciprocal in both modes
-  int64_t mismatches = 0;
-  for (int64_t r = 0; r < B * S; ++r)
-    for (int64_t c = 0; c < Da + Dm; ++c) {
-      const float x = c < Da ? attn.get(r * Da + c) : mlp.get(r * Dm + c - Da);
-      const uint8_t want = oracle_byte(x, inv), got = out.byte(r * (Da + Dm) + c);
-      if (got != want && ++mismatches <= 5)
-        ADD_FAILURE() << "row " << r << " col " << c << " x=" << x << ": got 0x" << std::hex << int(got) << " want 0x"
-                      << int(want);
-    }
-  EXPECT_EQ(mismatches, 0);
-}
-
-TEST(TokenCatFp8Reference, IssueShapesScaledDownMatchTheFloat64Oracle) {
-  uint32_t seed = 1;
-  for (auto [Da, Dm] : {std::pair<int64_t, int64_t>{6144, 18432}, {3072, 9216}})
-    for (int64_t tokens : {1, 127, 256})
-      check_case(DType::bf16, 1, tokens, Da, Dm, 0.013f, Fp8Reciprocal::ieee, seed++);
-  check_case(DType::f16, 2, 33, 3072, 9216, 0.013f, Fp8Reciprocal::ieee, seed++);
-  check_case(DType::bf16, 1, 64, 6144, 18432, 0.013f, Fp8Reciprocal::div_full, seed++);
-}
-
-TEST(TokenCatFp8Reference, OddWidthsScalesAndDtypes) {
-  uint32_t seed = 100;
-  const std::vector<std::pair<int64_t, int64_t>> widths = {{5, 7}, {6143, 18433}, {16, 1}, {1, 16}, {0, 24},
-                                                           {24, 0}, {17, 31}, {3072, 9217}};
-  for (DType dt : {DType::bf16, DType::f16})
-    for (auto [Da, Dm] : widths)
-      for (float scale : {0.013f, 1.0f, 3.7f, 0x1p-10f})
-        check_case(dt, 1, 3, Da, Dm, scale, scale == 1.0f ? Fp8Reciprocal::div_full : Fp8Reciprocal::ieee, seed++);
-  check_case(DType::bf16, 3, 1, 5, 7, 0.5f, Fp8Reciprocal::ieee, seed++);
-}
-
-TEST(TokenCatFp8Reference, SpecialValues) {
-  // bf16 bit patterns: signed zeros, subnormals, e4m3 rounding midpoints (scale 1), values at and
-  // beyond +-448, infinities and NaNs of both signs.
-  struct Special {
-    uint16_t bits;
-    uint8_t want;  // with scale 1
-  };
-  const std::vector<Special> cases = {
-      {0x0000, 0x00}, {0x8000, 0x80},  // +-0
-      {0x0001, 0x00}, {0x8001, 0x80},  // bf16 subnormals: e4m3 +-0
-      {0x3F88, 0x38},                  // 1.0625, midpoint of 1 and 1.125: ties to even (1)
-      {0x3F98, 0x3A},                  // 1.1875, midpoint of 1.125 and 1.25: to 1.25
-      {0xBF98, 0xBA},                  // -1.1875
-      {0x3A80, 0x00},                  // 2^-10, midpoint of 0 and 2^-9 (smallest subnormal): 0
-      {0xBA80, 0x80},                  // -2^-10: -0
-      {0x3AC0, 0x01},                  // 1.5 * 2^-10: above the midpoint, 2^-9
-      {0x3B40, 0x02},                  // 3 * 2^-10, midpoint of 2^-9 and 2^-8: to even (2^-8)
-      {0x3C70, 0x08},                  // 15 * 2^-10 (= 2^-6 - 2^-10), midpoint of 7 * 2^-9 and 2^-6: 2^-6
-      {0x43E0, 0x7E}, {0xC3E0, 0xFE},  // +-448
-      {0x43E8, 0x7E},                  // 464 (the midpoint beyond 448): clamped
-      {0x43F0, 0x7E},                  // 480: clamped (eager's cast alone would give NaN)
-      {0x7149, 0x7E}, {0xF149, 0xFE},  // ~1e30
-      {0x7F80, 0x7E}, {0xFF80, 0xFE},  // +-inf
-      {0x7FC0, 0x7F}, {0xFFC0, 0x7F},  // NaN of either sign: 0x7F
-      {0x4348, 0x74},                  // 200, midpoint of 192 (0x74) and 208 (0x75): to even
-      {0x4378, 0x78},                  // 248, midpoint of 240 (0x77) and 256 (0x78): to even
-  };
-  const int64_t n = static_cast<int64_t>(cases.size());
-  HostTensor attn(DType::bf16, {1, 1, n}), mlp(DType::bf16, {1, 1, n}), out(DType::f8e4m3fn, {1, 1, 2 * n});
-  for (int64_t i = 0; i < n; ++i) {
-    attn.set_bits(i, cases[i].bits);
-    mlp.set_bits(n - 1 - i, cases[i].bits);
-  }
-  const HostTensor s = scale_tensor(1.0f);
-  token_cat_fp8(attn.view, mlp.view, s.view, out.view);
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_EQ(out.byte(i), cases[i].want) << "attn bits 0x" << std::hex << cases[i].bits;
-    EXPECT_EQ(out.byte(n + n - 1 - i), cases[i].want) << "mlp bits 0x" << std::hex << cases[i].bits;
-    EXPECT_EQ(out.byte(i), oracle_byte(attn.get(i), 1.0f)) << "oracle, bits 0x" << std::hex << cases[i].bits;
-  }
-  // f16: its subnormals and the largest finite value.
-  HostTensor a16(DType::f16, {1, 1, 4}), m16(DType::f16, {1, 1, 1}), o16(DType::f8e4m3fn, {1, 1, 5});
-  a16.set_bits(0, 0x0001);  // 2^-24
-  a16.set_bits(1, 0x8001);
-  a16.set_bits(2, 0x7BFF);  // 65504
-  a16.set_bits(3, 0x1C00);  // 2^-8
-  m16.set_bits(0, 0xFC00);  // -inf
-  token_cat_fp8(a16.view, m16.view, s.view, o16.view);
-  const uint8_t want16[] = {0x00, 0x80, 0x7E, 0x02, 0xFE};
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(o16.byte(i), want16[i]) << "f16 case " << i;
-}
-
 // ---- bad input: an Error naming the fragments, nothing written ----
 struct Bad {
   std::string what;
@@ -224,62 +80,21 @@ void expect_refused(const TensorView& attn, const TensorView& mlp, const TensorV
   for (uint8_t b : watched.bytes) ASSERT_EQ(b, 0xAB) << "out was written";
 }
 
-TEST(TokenCatFp8Matching, BadInputsAreRefusedWithNothingWritten) {
+// Refusals a driver case cannot express: scales the contract excludes (the CPU reads the scale on
+// the host; CUDA does not, so the driver's "every implementation refuses" does not hold), and
+// tensors on two devices.
+TEST(TokenCatFp8Matching, ScalesOutsideTheContractAndMixedDevicesAreRefused) {
   HostTensor attn(DType::bf16, {2, 4, 32}), mlp(DType::bf16, {2, 4, 48}), out(DType::f8e4m3fn, {2, 4, 80});
   const HostTensor one = scale_tensor(1.0f);
-  auto refuse = [&](const TensorView& a, const TensorView& m, const TensorView& s, const TensorView& o, Bad bad,
-                    HostTensor* watched = nullptr) { expect_refused(a, m, s, watched ? *watched : out, o, bad); };
-  // dtypes
-  HostTensor mlp16(DType::f16, {2, 4, 48});
-  refuse(attn.view, mlp16.view, one.view, out.view, {"mlp dtype", {"mlp.dtype must be bf16", "f16"}});
-  HostTensor attn32(DType::f32, {2, 4, 32});
-  refuse(attn32.view, mlp.view, one.view, out.view, {"attn f32", {"attn.dtype must be", "f32"}});
-  HostTensor out_bf16(DType::bf16, {2, 4, 80});
-  refuse(attn.view, mlp.view, one.view, out_bf16.view, {"out dtype", {"out.dtype must be f8e4m3fn", "bf16"}}, &out_bf16);
-  // leading shapes
-  HostTensor mlp_s(DType::bf16, {2, 5, 48});
-  refuse(attn.view, mlp_s.view, one.view, out.view, {"S differs", {"mlp.shape[1] must equal S=4", "but is 5"}});
-  HostTensor mlp_b(DType::bf16, {3, 4, 48});
-  refuse(attn.view, mlp_b.view, one.view, out.view, {"B differs", {"mlp.shape[0] must equal B=2", "but is 3"}});
-  HostTensor attn2(DType::bf16, {8, 32});
-  refuse(attn2.view, mlp.view, one.view, out.view, {"rank 2", {"attn must have rank 3", "rank 2"}});
-  // out shape
-  HostTensor out_w(DType::f8e4m3fn, {2, 4, 79});
-  refuse(attn.view, mlp.view, one.view, out_w.view, {"out width", {"out.shape[2] must equal D=80", "but is 79"}}, &out_w);
-  HostTensor out_s(DType::f8e4m3fn, {2, 3, 80});
-  refuse(attn.view, mlp.view, one.view, out_s.view, {"out tokens", {"out.shape[1] must equal S=4", "but is 3"}}, &out_s);
-  // the scale
-  HostTensor two(DType::f32, {2});
-  two.set(0, 1.0f);
-  two.set(1, 1.0f);
-  refuse(attn.view, mlp.view, two.view, out.view, {"two scales", {"input_scale must have exactly 1 element", "has 2"}});
-  HostTensor s16(DType::f16, {1});
-  s16.set(0, 1.0f);
-  refuse(attn.view, mlp.view, s16.view, out.view, {"f16 scale", {"input_scale.dtype must be f32", "f16"}});
+  auto refuse = [&](const TensorView& a, const TensorView& m, const TensorView& s, const TensorView& o, Bad bad) {
+    expect_refused(a, m, s, out, o, bad);
+  };
   for (float bad : {0.0f, -0.0f, -1.0f, INFINITY, -INFINITY, NAN}) {
     const HostTensor s = scale_tensor(bad);
     refuse(attn.view, mlp.view, s.view, out.view,
            {"scale " + std::to_string(bad), {"input_scale must be finite and > 0 but is"}});
   }
-  // contiguity
-  TensorView strided = attn.view;
-  strided.shape[2] = 16;
-  strided.strides[1] = 32;
-  strided.strides[0] = 128;
-  HostTensor out48(DType::f8e4m3fn, {2, 4, 64});
-  refuse(strided, mlp.view, one.view, out48.view, {"strided attn", {"attn must be contiguous"}}, &out48);
-  HostTensor big(DType::f8e4m3fn, {2, 4, 81});
-  TensorView bs = big.view;
-  bs.shape[2] = 80;
-  refuse(attn.view, mlp.view, one.view, bs, {"strided out", {"out must be contiguous"}}, &big);
-  // overlap: out on attn's or the scale's bytes
-  TensorView out_on_attn = TensorView::contiguous(attn.view.data, DType::f8e4m3fn, kCpu, {2, 4, 80});
-  refuse(attn.view, mlp.view, one.view, out_on_attn, {"out on attn", {"attn overlaps out in memory"}}, &attn);
-  TensorView out_on_mlp = TensorView::contiguous(mlp.view.data, DType::f8e4m3fn, kCpu, {2, 4, 80});
-  refuse(attn.view, mlp.view, one.view, out_on_mlp, {"out on mlp", {"mlp overlaps out in memory"}}, &mlp);
-  TensorView scale_on_out = TensorView::contiguous(out.view.data, DType::f32, kCpu, {1});
-  refuse(attn.view, mlp.view, scale_on_out, out.view, {"scale in out", {"input_scale overlaps out in memory"}});
-  // mixed devices (never dereferenced: the match refuses first)
+  // Mixed devices (never dereferenced: the match refuses first).
   alignas(16) static uint8_t fake[4096];
   const Device gpu{DeviceKind::cuda, 0};
   TensorView mlp_gpu = TensorView::contiguous(fake, DType::bf16, gpu, {2, 4, 48});
@@ -290,10 +105,9 @@ TEST(TokenCatFp8Matching, BadInputsAreRefusedWithNothingWritten) {
   refuse(attn.view, mlp.view, one.view, out_gpu, {"out on cuda", {"out.device must be cpu"}});
 }
 
-TEST(TokenCatFp8Matching, EmptyCallsAreNoOpsAndTheVectorPathNeedsAlignment) {
-  HostTensor attn(DType::bf16, {1, 0, 32}), mlp(DType::bf16, {1, 0, 48}), out(DType::f8e4m3fn, {1, 0, 80});
+// The matcher's alignment rule for the vector path (16-byte pointers, widths of 16 bytes).
+TEST(TokenCatFp8Matching, TheVectorPathNeedsAlignment) {
   const HostTensor one = scale_tensor(1.0f);
-  EXPECT_EQ(token_cat_fp8(attn.view, mlp.view, one.view, out.view), "token_cat_fp8.reference");
   HostTensor a(DType::bf16, {1, 2, 32}), m(DType::bf16, {1, 2, 48}), o(DType::f8e4m3fn, {1, 2, 80});
   EXPECT_TRUE(match_token_cat_fp8(a.view, m.view, one.view, o.view).aligned16);
   HostTensor a_off(DType::bf16, {1, 2, 32}, 2);
@@ -486,49 +300,27 @@ void run_gpu_case(const GpuCase& c, uint64_t seed) {
 
 TEST_F(TokenCatFp8Gpu, IssueShapesEveryImplementationByteEqualToTheReference) {
   uint64_t seed = 1;
-  for (auto [Da, Dm] : {std::pair<int64_t, int64_t>{6144, 18432}, {3072, 9216}})
-    for (int64_t tokens : {1, 127, 4096, 4608, 16384}) {
-      GpuCase c;
-      c.S = tokens;
-      c.Da = Da;
-      c.Dm = Dm;
-      run_gpu_case(c, seed++);
-    }
-}
-
-TEST_F(TokenCatFp8Gpu, OddWidthsMisalignedPointersDtypesAndScales) {
-  uint64_t seed = 100;
-  const std::vector<std::pair<int64_t, int64_t>> widths = {{5, 7}, {6143, 18433}, {16, 1}, {0, 24}, {24, 0},
-                                                           {17, 31}, {3072, 9216}};
-  for (DType dt : {DType::bf16, DType::f16})
-    for (auto [Da, Dm] : widths)
-      for (int misalign = 0; misalign < 3; ++misalign) {
-        GpuCase c;
-        c.dtype = dt;
-        c.B = 2;
-        c.S = 33;
-        c.Da = Da;
-        c.Dm = Dm;
-        c.attn_off = misalign == 1 ? 2 : 0;
-        c.mlp_off = misalign == 2 ? 6 : 0;
-        c.out_off = misalign == 2 ? 1 : misalign == 1 ? 16 : 0;
-        c.scale = misalign == 0 ? 0.013f : misalign == 1 ? 1.0f : 3.7f;
-        run_gpu_case(c, seed++);
-      }
-  GpuCase nopdl;
-  nopdl.S = 129;
-  nopdl.use_pdl = false;
-  run_gpu_case(nopdl, seed++);
+  // The token counts the driver's cases leave out (their CPU reference under the driver's repeated
+  // runs is too slow for it); the others are driver cases.
+  for (auto [Da, Dm, tokens] : {std::tuple<int64_t, int64_t, int64_t>{6144, 18432, 4096}, {6144, 18432, 16384},
+                                {3072, 9216, 4608}, {3072, 9216, 16384}}) {
+    GpuCase c;
+    c.S = tokens;
+    c.Da = Da;
+    c.Dm = Dm;
+    run_gpu_case(c, seed++);
+  }
 }
 
 TEST_F(TokenCatFp8Gpu, SpecialValuesAndScalesOutsideTheContract) {
-  // The special bf16 values of the CPU test in attn, on both paths; then scales the contract
+  // The special bf16 values of the driver's case in attn, on both paths, at scales the contract
   // excludes (0, negative, inf, NaN, subnormal), which CUDA does not check: the kernel's bytes are
-  // the reference's formula with the device's reciprocal (eager's, for ieee).
+  // the reference's formula with the device's reciprocal (eager's, for ieee). The scales inside
+  // the contract are the driver's cases.
   const uint16_t specials[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x3F88, 0x3F98, 0xBF98, 0x3A80, 0xBA80,
                                0x3AC0, 0x3B40, 0x3C70, 0x43E0, 0xC3E0, 0x43E8, 0x43F0, 0x7149, 0xF149, 0x7F80,
                                0xFF80, 0x7FC0, 0xFFC0, 0x4348, 0x4378};
-  for (float scale : {1.0f, 0.013f, 0.0f, -0.5f, INFINITY, NAN, 0x1p-140f})
+  for (float scale : {0.0f, -0.5f, INFINITY, NAN, 0x1p-140f})
     for (int64_t Da : {64, 63}) {
       GpuCase c;
       c.S = 5;

@@ -6,13 +6,17 @@
 // Tolerance against the reference: both accumulate exact products in fp32 in different orders
 // (the kernels' K split and MMA order, cuBLASLt's own), so a bf16 output may differ by one ulp
 // (cuBLASLt: see tolerance_for_impl); outputs below 1.0 (cancellation) are compared at 1.0's ulp.
-// The contract's own bound against an fp64 oracle is checked in tests/test_fp8_linear.cpp,
-// cuBLASLt's byte equality with torch._scaled_mm in bench/fp8_linear_torch.py.
+// The contract's own bound against an fp64 oracle (below) holds for the reference and, on a device,
+// for every implementation; cuBLASLt's byte equality with torch._scaled_mm is checked by
+// tests/python/test_ops_eager.py and bench/fp8_linear_torch.py.
+#include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "ditops/fp8_linear.h"
 #include "op_test_driver.h"
+#include "rounding_oracle.h"
 
 namespace ditops::optest {
 namespace {
@@ -124,6 +128,63 @@ std::vector<OpCase> make() {
       out.push_back(c);
     }
 
+  // Every whitelisted K at every listed M over 16 columns, three seeds each (the contract's bound
+  // checks each output, so a slice of N suffices; the full N is in the large cases above).
+  for (const Fp8LinearShape& w : fp8_linear_whitelist())
+    for (int64_t M = 1; M <= 16; ++M) {
+      if (!(w.m_mask >> M & 1u)) continue;
+      for (uint32_t s_seed : {0u, 1u, 7u}) {
+        Fl s;
+        s.M = M;
+        s.N = 16;
+        s.K = w.k;
+        s.bias = w.bias;
+        OpCase c = fl_case(s, CaseKind::model, 1000 + s_seed);
+        c.name += "_of_N" + std::to_string(w.n) + "_seed" + std::to_string(s_seed);
+        out.push_back(c);
+      }
+    }
+  // The GPU contract's shapes at the M over a slice of N, three seeds: every implementation
+  // within the fp64 bound and run to run identical.
+  for (const auto& [K, N, bias] : {std::tuple<int64_t, int64_t, bool>{5120, 128, false}, {3072, 144, true}})
+    for (int64_t M : {1, 2, 3, 9, 16})
+      for (uint32_t s_seed : {0u, 1u, 7u}) {
+        Fl s;
+        s.M = M;
+        s.N = N;
+        s.K = K;
+        s.bias = bias;
+        OpCase c = fl_case(s, CaseKind::model, 2000 + s_seed);
+        c.name += "_seed" + std::to_string(s_seed);
+        out.push_back(c);
+      }
+  // The quantization's boundaries with x_scale 0.025 through a one-hot weight: out[n] is x[n]
+  // quantized times 0.025, so every decision shows: +-448, +-11.25 and 32 (saturate), +-11 (440 to
+  // 448), +-0.013 (0.52 to 0.5), 11.2 (bf16 11.1875: 447.5 to 448), +-0, 1, 0.5.
+  {
+    Fl s;
+    s.M = 1;
+    s.N = 16;
+    s.K = 16;
+    OpCase c = fl_case(s, CaseKind::odd, seed++);
+    c.name = "quantization_boundaries";
+    c.tensors[0].fill = Fill::bits({0x43E0, 0xC3E0, 0x4134, 0xC134, 0x4130, 0xC130, 0x3C55, 0xBC55, 0x4200, 0xC200,
+                                    0x4133, 0xC133, 0x0000, 0x8000, 0x3F80, 0x3F00});
+    std::vector<uint64_t> one_hot(17, 0);  // rows of 16 in a period of 17: w[n][k] = 1 where k == n
+    one_hot[0] = 0x38;
+    c.tensors[2].fill = Fill::bits(one_hot);
+    c.tensors[3].fill = Fill::constant(1.0);
+    out.push_back(c);
+  }
+  // M past the kernels: the reference and cuBLASLt take it.
+  {
+    Fl s;
+    s.M = 20;
+    s.N = 32;
+    s.K = 64;
+    add(s, CaseKind::odd);
+  }
+
   // N tails (rows past N in the last block; N % 16 != 0, which cuBLASLt refuses), short and
   // ragged K (a partial 64-wide chunk), M past the kernels (cuBLASLt only), odd M.
   {
@@ -234,6 +295,8 @@ std::vector<OpCase> make() {
   invalid("x_scale_two_elements", [](OpCase& c) { c.tensors[1].shape = {2}; },
           {"x_scale must have exactly 1 element", "2"});
   invalid("w_scale_f16", [](OpCase& c) { c.tensors[3].dtype = DType::f16; }, {"w_scale.dtype must be f32", "f16"});
+  invalid("w_scale_two_elements", [](OpCase& c) { c.tensors[3].shape = {2}; },
+          {"w_scale must have exactly 1 element", "2"});
   invalid("k_not_multiple_of_16",
           [](OpCase& c) {
             c.tensors[0].shape = {2, 72};
@@ -251,6 +314,39 @@ std::vector<OpCase> make() {
 }
 
 const CaseSet kCases("fp8_linear", make);
+
+// The fp64 oracle: xq decoded from e4m3 codes rounded here (x * fl32(1 / x_scale) to fp32, clamped,
+// on the 4-bit grid) or given, every product xq * w exact in double, the sum in double (its error
+// far below the bound), times x_scale * w_scale, plus the bias. The contract's bound: one bf16 ulp
+// of the result plus K * 2^-24 of the sum of |products| (fp32 accumulation in any order).
+void fl_oracle(OracleIo& io) {
+  const int x = io.id("x"), w = io.id("w"), out = io.id("out"), bias = io.id("bias");
+  const int64_t M = io.shape(x)[0], K = io.shape(x)[1], N = io.shape(w)[0];
+  const double xs = io.in(io.id("x_scale"), 0), ws = io.in(io.id("w_scale"), 0);
+  const bool quantized = io.dtype(x) == DType::f8e4m3fn;
+  const double inv = testing_oracle::ieee_inverse(xs);
+  std::vector<double> xq(static_cast<size_t>(M * K)), wv(static_cast<size_t>(K));
+  for (int64_t i = 0; i < M * K; ++i)
+    xq[i] = quantized ? io.in(x, i) : testing_oracle::round_e4m3_saturated(testing_oracle::round_f32(io.in(x, i) * inv));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) wv[k] = io.in(w, n * K + k);
+    for (int64_t m = 0; m < M; ++m) {
+      double sum = 0, magnitude = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = xq[m * K + k] * wv[k];
+        sum += p;
+        magnitude += std::fabs(p);
+      }
+      const double y = sum * xs * ws + (bias >= 0 ? io.in(bias, n) : 0.0);
+      int e = 0;
+      std::frexp(y == 0 || !std::isfinite(y) ? 0x1p-126 : y, &e);
+      const double ulp = std::ldexp(1.0, std::max(e - 1, -126) - 7);
+      io.expect(out, m * N + n, y, ulp + static_cast<double>(K) * 0x1p-24 * magnitude * xs * ws);
+    }
+  }
+}
+
+const OracleSet kOracle("fp8_linear", {"fp64 product within the contract's bound", fl_oracle, 0, true});
 
 }  // namespace
 }  // namespace ditops::optest

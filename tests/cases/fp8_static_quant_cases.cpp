@@ -2,11 +2,14 @@
 // boundary scale 0.025 of the issue, odd widths (the scalar path), f16, pointers off 16 bytes, an
 // empty call, out over x and invalid inputs. ieee is byte-equal to the reference; div_full's
 // inverse may differ by an ulp from the reference's IEEE division, so a byte may move by one code.
+// The float64 oracle below: x times fl32(1 / scale) exact in double, rounded to fp32, clamped to
+// +-448, rounded on the e4m3 grid (the reference's reciprocal is IEEE in both modes).
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "op_test_driver.h"
+#include "rounding_oracle.h"
 
 namespace ditops::optest {
 namespace {
@@ -77,6 +80,35 @@ std::vector<OpCase> make() {
       add(s, (xo % 8 || oo % 16) ? CaseKind::misaligned : CaseKind::odd);
     }
   }
+  // NaN of both signs stays NaN, infinities saturate; the quantization's boundaries at 0.025
+  // (fp8_linear's case of the same values); every dtype's special values.
+  {
+    Sq s;
+    s.M = 1;
+    s.K = 4;
+    OpCase c = sq_case(s, CaseKind::odd, seed++);
+    c.name = "nan_and_infinities";
+    c.tensors[0].fill = Fill::bits({0x7FC0, 0xFFC0, 0x7F80, 0xFF80});
+    out.push_back(c);
+    s.K = 16;
+    c = sq_case(s, CaseKind::odd, seed++);
+    c.name = "quantization_boundaries";
+    c.tensors[0].fill = Fill::bits({0x43E0, 0xC3E0, 0x4134, 0xC134, 0x4130, 0xC130, 0x3C55, 0xBC55, 0x4200, 0xC200,
+                                    0x4133, 0xC133, 0x0000, 0x8000, 0x3F80, 0x3F00});
+    out.push_back(c);
+    for (DType dt : {DType::bf16, DType::f16})
+      for (double scale : {1.0, 0.025}) {
+        Sq v;
+        v.M = 3;
+        v.K = 100;
+        v.dtype = dt;
+        v.scale = scale;
+        c = sq_case(v, CaseKind::odd, seed++);
+        c.name += "_special";
+        c.tensors[0].fill = Fill::special(4.0);
+        out.push_back(c);
+      }
+  }
   {
     Sq s;
     s.M = 0;
@@ -125,6 +157,15 @@ std::vector<OpCase> make() {
 }
 
 const CaseSet kCases("fp8_static_quant", make);
+
+void sq_oracle(OracleIo& io) {
+  const int x = io.id("x"), out = io.id("out");
+  const double inv = testing_oracle::ieee_inverse(io.in(io.id("scale"), 0));
+  for (int64_t i = 0; i < io.numel(x); ++i)
+    io.expect(out, i, testing_oracle::round_e4m3_saturated(testing_oracle::round_f32(io.in(x, i) * inv)));
+}
+
+const OracleSet kOracle("fp8_static_quant", {"float64 transcription of the static fp8 quantization", sq_oracle});
 
 }  // namespace
 }  // namespace ditops::optest
