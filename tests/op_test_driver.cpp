@@ -26,7 +26,7 @@ struct OracleIo::Slot {
   const uint8_t* before;  // the tensor's first element before the call
   const uint8_t* after;   // and as the reference left it
   bool dense;  // contiguous: an element's offset is its index
-  std::vector<double> want, bound;
+  std::vector<double> want, bound;  // bound kBits: want holds raw bits
   std::vector<uint8_t> given;
 
   int64_t offset(int64_t index) const;
@@ -36,6 +36,7 @@ namespace {
 
 constexpr size_t kGuard = 256;  // sentinel bytes before and after every buffer
 constexpr uint8_t kSentinel = 0xA5, kOtherSentinel = 0x5A;
+constexpr double kBits = -2;  // an oracle bound: compare raw bits
 
 std::string join(const std::vector<int64_t>& v) {
   std::string s;
@@ -625,6 +626,17 @@ std::string oracle_mismatches(const Oracle& o, const Prepared& p, const std::vec
     for (int64_t i = 0; i < static_cast<int64_t>(s.given.size()); ++i) {
       if (!s.given[i]) continue;
       ++checked;
+      if (s.bound[i] == kBits) {
+        uint64_t got = 0, want = 0;
+        std::memcpy(&got, base + s.offset(i) * dtype_size(tc.dtype), dtype_size(tc.dtype));
+        std::memcpy(&want, &s.want[i], sizeof want);
+        if (got != want && beyond++ == 0) {
+          first = i;
+          first_got = static_cast<double>(got);
+          first_want = static_cast<double>(want);
+        }
+        continue;
+      }
       const double got = element_value(base, s.offset(i), tc.dtype), want = s.want[i];
       double bound = s.bound[i];
       if (bound < 0) {
@@ -964,6 +976,12 @@ std::string OracleIo::option(const std::string& name) const {
   return op_->options[i].default_text;
 }
 double OracleIo::number(const std::string& name) const { return std::stod(option(name)); }
+void OracleIo::expect_bits(int t, int64_t index, uint64_t bits) {
+  double as_double;
+  std::memcpy(&as_double, &bits, sizeof bits);
+  expect(t, index, as_double, kBits);
+}
+
 void OracleIo::expect(int t, int64_t index, double value, double bound) {
   Slot& s = (*slots_)[t];
   if (!s.written) throw Error("the oracle expects values of " + s.tensor->name + ", which the op does not write");

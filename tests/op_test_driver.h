@@ -122,6 +122,8 @@ class OracleIo {
   // The oracle's value for element `index` of written tensor `t`, within `bound` (absolute; < 0:
   // the oracle's `ulps`). NaN expects a NaN.
   void expect(int t, int64_t index, double value, double bound = -1);
+  // The element's exact raw bits (a copy: NaN payloads and signed zeros included).
+  void expect_bits(int t, int64_t index, uint64_t bits);
 
   struct Slot;  // one tensor of the case (op_test_driver.cpp)
   explicit OracleIo(std::vector<Slot>* slots, const std::vector<std::pair<std::string, std::string>>* options,
