@@ -127,32 +127,12 @@ BESPOKE = {
         "AtenStats.TheOrderIsVisible": ("layernorm_modulate", 2, "every width, head widths"),
         "AtenStats.AgreeWithFloat64TwoPassWithinStatedBounds": ("layernorm_modulate", 36, "4 x 3 x 3 rows"),
         "AtenStats.RsqrtTwinIsCorrectlyRoundedWithTheSubnormalPath": ("layernorm_modulate", 1, "the rsqrt twin"),
-        "LayerNormModulateReference.FollowsTheEagerRoundingSteps":
-            ("layernorm_modulate", 4, "4 calls: the eager chain"),
-        "LayerNormModulateReference.SpecialScalesAndSignedZeros":
-            ("layernorm_modulate", 12, "4 scales x 3 shifts: the chain's signed zeros"),
-        "LayerNormModulateReference.Fp8IsTheStaticQuantOfTheBf16Result":
-            ("layernorm_modulate_fp8", 5, "4 scales: the quant of the bf16 result; the clamp reached"),
-        "LayerNormModulateReference.QkHeadIsPerHeadLayerNormAndWorksInPlace":
-            ("qk_head_layernorm", 3, "q and k per-head LayerNorm, in place"),
-        "LayerNormModulateReference.InPlaceEqualsOutOfPlaceAndEmptyIsANoOp":
-            ("layernorm_modulate", 2, "in place, empty"),
-        "LayerNormModulateMatching.MessagesNameTensorDimensionExpectedAndActual":
-            ("layernorm_modulate", 10, "9 refusals, a valid call"),
-        "LayerNormModulateMatching.QkHeadChecks": ("qk_head_layernorm", 3, "3 refusals"),
         "LayerNormModulateExplain.ListsEveryCandidateWithItsReason":
             ("layernorm_modulate", 3, "explain bf16 (candidates, text), explain fp8"),
         "LayerNormModulateKernels.EveryKeyCompilesWithNvrtcForTheTargetArchs":
             ("layernorm_modulate", 96, "44 + 2 x 13 sampled keys, 8 qk keys x 3 archs, the knobs, the self-check"),
     },
     "test_layernorm_modulate_gpu.cpp": {
-        "LayerNormModulateGpu.StatsAndOutputsAgainstTheReference":
-            ("layernorm_modulate", 270, "54 calls: mappings equal, mean bit-exact, rstd within 2 ulp, the chain "
-                                        "from the device's statistics, against the reference"),
-        "LayerNormModulateGpu.Fp8BytesAreTheStaticQuantOfTheBf16Output":
-            ("layernorm_modulate_fp8", 40, "20 calls: the quant of the bf16 output, div_full within a code"),
-        "LayerNormModulateGpu.InPlaceEqualsOutOfPlace": ("layernorm_modulate", 2, "2 mappings"),
-        "LayerNormModulateGpu.QkHeadAgainstTheReference": ("qk_head_layernorm", 5, "5 shapes in place"),
         "LayerNormModulateGpu.PrimitivesRcp4IsTheIeeeReciprocalAndRsqrtHasTheSubnormalPath":
             ("layernorm_modulate", 2, "rcp4, rsqrt on the device"),
     },

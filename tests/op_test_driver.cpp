@@ -904,6 +904,16 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     for (const auto& [o, slots] : contract_bounds)
       if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
         fail(who + " against the oracle (" + o->name + "): " + m);
+    for (const Oracle* o : oracles(c.op)) {
+      if (!o->on_own_outputs || !oracle_applies(*o, c)) continue;
+      try {
+        const auto slots = oracle_expectations(*o, c, p, before, run.buffers);
+        if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
+          fail(who + " against the oracle on its own outputs (" + o->name + "): " + m);
+      } catch (const std::exception& e) {
+        fail("the oracle (" + o->name + ") failed on " + who + ": " + e.what());
+      }
+    }
     // Run to run: again on outputs pre-filled differently, the same bytes.
     if (c.run_twice && !c.large) {
       Outcome again = execute(p, *options.device, spec->provenance, spec->name, other);
@@ -1076,6 +1086,7 @@ std::vector<CheckedProperty> checked_properties(const OpCase& c) {
     if (!oracle_applies(*o, c)) continue;
     out.push_back({"the reference against the oracle (" + o->name + ")", true});
     if (o->bounds_implementations) out.push_back({"each implementation within the oracle's bound (" + o->name + ")", false});
+    if (o->on_own_outputs) out.push_back({"each implementation against the oracle on its own outputs (" + o->name + ")", false});
   }
   for (size_t i = 0; i < c.same_as.size(); ++i) {
     out.push_back({"the same bytes as a related case", !c.large});

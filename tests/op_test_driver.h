@@ -113,7 +113,8 @@ class OracleIo {
   // An element's value before the call (fp8 decoded, integers as they are) and its raw bits.
   double in(int t, int64_t index) const;
   uint64_t bits(int t, int64_t index) const;
-  // A written element as the reference wrote it (relations between outputs: fp8 = quant(y)).
+  // A written element as the run under check wrote it (the reference's; an implementation's for an
+  // oracle on_own_outputs): relations between outputs, fp8 = quant(y).
   double out(int t, int64_t index) const;
   // The case's option text, or the op's default.
   std::string option(const std::string& name) const;
@@ -145,6 +146,9 @@ struct Oracle {
   double ulps = 0;  // the default bound, in ulps of the written dtype at the value; 0: the same value
                     // (signed zeros apart, any NaN for a NaN)
   bool bounds_implementations = false;  // also every implementation on a device (a contract's bound)
+  // Computed again from each implementation's own outputs (io.out) and checked against them: a
+  // relation between outputs (out follows from stats_out, fp8 is the quantized y) on every device.
+  bool on_own_outputs = false;
   std::function<bool(const OpCase&)> applies;  // default: every valid case that is not large
 };
 // Registers an oracle of `op` (an op may have several).

@@ -1,8 +1,22 @@
 // The layernorm_modulate family's cases: layernorm_modulate and layernorm_modulate_fp8 (scale
 // and shift as chunks of one adaLN modulation projection, both row mappings, amplitudes
-// 1e-4..100, in place, stats_out) and qk_head_layernorm (GQA, in place); empty, overlapping and
-// invalid calls.
+// 1e-4..100, in place, stats_out, special scales and signed zeros, wider chunk strides) and
+// qk_head_layernorm (GQA, in place); empty, overlapping and invalid calls. The mappings give the
+// same bytes (related cases, on a device too).
+//
+// The oracles (below the cases): float64 LayerNorm and modulation within the rounding steps'
+// bound; the eager rounding steps from aten's statistics (src/reference/aten_layer_norm.h, checked
+// against an independent simulation of aten's threads by tests/test_layernorm_modulate.cpp)
+// exactly, and the statistics themselves (rstd within 2 fp32 ulp on a device, where MUFU.RSQ
+// computes it); and the eager steps from each implementation's own stats_out, exactly.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
 #include "op_test_driver.h"
+#include "reference/aten_layer_norm.h"
+#include "rounding_oracle.h"
 
 namespace ditops::optest {
 namespace {
@@ -15,6 +29,7 @@ struct Ln {
   double input_scale = 0;  // > 0: the fp8 op
   const char* reciprocal = "ieee";
   bool in_place = false, stats = false;
+  int64_t chunk_stride = 0;  // > 0: scale at column 0 and shift at this column of rows of 2 x it
 };
 
 // The reference's rstd is correctly rounded where the GPU uses MUFU.RSQ (<= 2 fp32 ulp): an
@@ -25,6 +40,7 @@ Tolerance close_bf16() { return {2, 8.0, 0.02, 16}; }
 OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
   const bool fp8 = s.input_scale > 0;
   const int64_t chunks = s.shift ? 6 : 4;  // scale/shift are chunks of a [B, chunks * D] projection
+  const int64_t row = s.chunk_stride ? 2 * s.chunk_stride : chunks * s.D, shift_at = s.chunk_stride ? s.chunk_stride : s.D;
   OpCase c;
   c.op = fp8 ? "layernorm_modulate_fp8" : "layernorm_modulate";
   c.kind = kind;
@@ -33,13 +49,14 @@ OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
   std::snprintf(amp, sizeof amp, "%g", s.amplitude);
   c.name = "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_D" + std::to_string(s.D) +
            (s.shift ? "_shift" : "") + "_amp" + amp + "_" + s.mapping + (s.in_place ? "_in_place" : "") +
-           (s.stats ? "_stats" : "") + (fp8 ? std::string("_s") + std::to_string(s.input_scale) + "_" + s.reciprocal : "");
+           (s.stats ? "_stats" : "") + (fp8 ? std::string("_s") + std::to_string(s.input_scale) + "_" + s.reciprocal : "") +
+           (s.chunk_stride ? "_chunks_of_" + std::to_string(s.chunk_stride) : "");
   TensorCase x{"x", DType::bf16, {s.B, s.S, s.D}};
   x.fill = Fill::normal(s.amplitude, 0.3);
-  TensorCase scale{"scale", DType::bf16, {s.B, s.D}, {chunks * s.D, 1}};
+  TensorCase scale{"scale", DType::bf16, {s.B, s.D}, {row, 1}};
   scale.fill = Fill::normal(0.3);
   c.tensors = {x, scale};
-  if (s.shift) c.tensors.push_back({"shift", DType::bf16, {s.B, s.D}, {chunks * s.D, 1}, "scale", s.D});
+  if (s.shift) c.tensors.push_back({"shift", DType::bf16, {s.B, s.D}, {row, 1}, "scale", shift_at});
   if (fp8) {
     TensorCase is{"input_scale", DType::f32, {1}};
     is.fill = Fill::constant(s.input_scale);
@@ -86,12 +103,17 @@ std::vector<OpCase> make() {
            {1, 1, 128}, {1, 37, 2240}, {2, 300, 3072}, {1, 129, 4096}, {1, 64, 5120}, {1, 33, 6144}, {1, 9, 8192},
            {2, 17, 516}, {3, 5, 12}})
     for (auto [amp, eps] : std::vector<std::pair<double, double>>{{1e-4, 1e-6}, {1.0, 1e-6}, {100.0, 1e-5}})
-      for (bool shift : {true, false})
+      for (bool shift : {true, false}) {
+        std::string warp;  // the mappings give the same bytes
         for (const char* mapping : {"warp", "cta", "automatic"}) {
           Ln s{B, S, D, shift, amp, eps, mapping};
           s.stats = mapping[0] == 'w';
-          out.push_back(ln_case(s, D % 64 == 0 && S > 1 ? CaseKind::model : CaseKind::odd, seed++));
+          OpCase c = ln_case(s, D % 64 == 0 && S > 1 ? CaseKind::model : CaseKind::odd, seed++);
+          if (warp.empty()) warp = c.name;
+          else c.same_as = {warp};
+          out.push_back(c);
         }
+      }
   // FLUX's shape.
   out.push_back(ln_case({1, 4608, 3072}, CaseKind::model, seed++));
   // fp8: static scales, both reciprocals, both mappings.
@@ -102,13 +124,49 @@ std::vector<OpCase> make() {
           s.input_scale = is;
           s.mapping = mapping;
           s.reciprocal = reciprocal;
+          s.stats = true;  // the fp8 bytes follow from the call's own statistics, on a device too
           OpCase c = ln_case(s, CaseKind::model, seed++);
           // div.full's inverse may differ by an ulp from the reference's IEEE division, and with
           // the bf16 value's own ulp that may move a code by two (H200: 2 of 245760 at s=0.4754).
           c.tolerance_for.push_back({"out", {2, 0.0, 0.05, 16}});
           out.push_back(c);
         }
+  // The eager steps over scale and shift as chunks 3 D apart (rows of 6 D), 6 D apart, adjacent,
+  // 4 D apart; the fp8 quantization of amplitude-30 values (the clamp reached at 0.005).
+  for (const Ln& s : {Ln{1, 7, 3072, true, 1.0, 1e-5, "automatic", 0, "ieee", false, false, 3 * 3072},
+                      Ln{2, 5, 2240, false, 1.0, 1e-5, "automatic", 0, "ieee", false, false, 6 * 2240},
+                      Ln{2, 3, 516, true, 1.0, 1e-5, "automatic", 0, "ieee", false, false, 516},
+                      Ln{1, 1, 128, true, 1.0, 1e-5, "automatic", 0, "ieee", false, false, 4 * 128}})
+    out.push_back(ln_case(s, CaseKind::strided, seed++));
+  for (double is : {0.005, 0.03125, 0.4754464328289032, 1.0}) {
+    Ln s{2, 9, 6144, true, 30.0, 1e-6, "automatic", is, "ieee", false, false, 2 * 6144};
+    out.push_back(ln_case(s, CaseKind::strided, seed++));
+  }
+  // Special scales and signed zeros: a row [1, -1, 0, 0, ...] has mean 0, so its zeros normalize
+  // to +0; scale -1 makes (1 + scale) 0 (zeros with y's sign), 0 keeps y, 1 doubles it exactly; a
+  // +0 shift turns -0 into +0, a -0 shift keeps it.
+  for (double scale : {-2.0, -1.0, 0.0, 1.0})
+    for (int shift : {0, 1, 2}) {  // none, +0, -0
+      Ln s{1, 1, 8, shift != 0};
+      OpCase c = ln_case(s, CaseKind::odd, seed++);
+      c.name = "special_scale_" + std::to_string(static_cast<int>(scale)) +
+               (shift == 0 ? "" : shift == 1 ? "_shift_plus_0" : "_shift_minus_0");
+      c.tensors[0].fill = Fill::bits({0x3F80, 0xBF80, 0x0000, 0x0000});
+      c.tensors[1].fill = Fill::constant(scale);
+      // scale and shift share one buffer: its fill is scale's; shift's elements get their own value
+      if (shift != 0) {
+        c.tensors[1].strides = {8, 1};
+        c.tensors[2] = TensorCase{"shift", DType::bf16, {1, 8}};
+        c.tensors[2].fill = Fill::bits({shift == 1 ? uint64_t{0x0000} : uint64_t{0x8000}});
+      }
+      out.push_back(c);
+    }
   // In place (out is x): equal to the out-of-place result.
+  {
+    Ln s{1, 4, 1024};
+    s.in_place = true;
+    out.push_back(ln_case(s, CaseKind::aliased, seed++));
+  }
   for (const char* mapping : {"warp", "cta"}) {
     Ln s{2, 33, 3072};
     s.mapping = mapping;
@@ -152,6 +210,39 @@ std::vector<OpCase> make() {
     c.name = "D_10_not_multiple_of_4";
     c.invalid = {"x.shape[2] (D)", "10"};
     out.push_back(c);
+    c = ln_case({2, 4, 96}, CaseKind::invalid, seed++);
+    c.name = "D_90_in_rows_of_96";
+    c.tensors[0].shape = {2, 4, 90};
+    c.tensors[0].strides = {4 * 96, 96, 1};
+    c.invalid = {"x.shape[2] (D) must be a multiple of 4", "but is 90"};
+    out.push_back(c);
+    c = ln_case({2, 4, 96}, CaseKind::invalid, seed++);
+    c.name = "shift_of_stride_2";
+    c.tensors[2].strides = {6 * 96, 2};
+    c.invalid = {"shift.stride"};
+    out.push_back(c);
+    c = ln_case({2, 4, 96}, CaseKind::invalid, seed++);
+    c.name = "x_f32";
+    c.tensors[0].dtype = DType::f32;
+    c.invalid = {"x.dtype must be bf16 but is f32"};
+    out.push_back(c);
+    c = ln_case({2, 4, 96}, CaseKind::invalid, seed++);
+    c.name = "out_rows_overlapping";
+    c.tensors.push_back({"out", DType::bf16, {2, 4, 96}, {4 * 96, 8, 1}});
+    c.invalid = {"out.stride(1) must be >= D=96"};
+    out.push_back(c);
+    Ln q{2, 4, 96};
+    q.input_scale = 0.5;
+    c = ln_case(q, CaseKind::invalid, seed++);
+    c.name = "fp8_two_input_scales";
+    c.tensors[3].shape = {2};
+    c.invalid = {"input_scale must have exactly 1 element but has 2"};
+    out.push_back(c);
+    c = ln_case(q, CaseKind::invalid, seed++);
+    c.name = "fp8_out_bf16";
+    c.tensors.push_back({"out", DType::bf16, {2, 4, 96}});
+    c.invalid = {"out.dtype must be f8e4m3fn but is bf16"};
+    out.push_back(c);
     c = ln_case({2, 4, 256}, CaseKind::invalid, seed++);
     c.name = "scale_width_differs";
     c.tensors[1].shape = {2, 128};
@@ -165,17 +256,187 @@ std::vector<OpCase> make() {
     for (bool in_place : {true, false})
       out.push_back(qk_case(B, S, H, Hk, Dh, in_place, in_place ? CaseKind::aliased : Dh == 128 ? CaseKind::model : CaseKind::odd, seed++));
   out.push_back(qk_case(1, 4608, 24, 24, 128, false, CaseKind::model, seed++));
+  for (bool in_place : {false, true}) out.push_back(qk_case(2, 3, 4, 2, 40, in_place, CaseKind::odd, seed++));
   out.push_back(qk_case(1, 0, 24, 24, 128, false, CaseKind::empty, seed++));
   {
     OpCase c = qk_case(1, 4, 2, 2, 132, false, CaseKind::invalid, seed++);
     c.name = "head_dim_132";
     c.invalid = {"q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is 132"};
     out.push_back(c);
+    c = qk_case(2, 3, 4, 4, 136, false, CaseKind::invalid, seed++);
+    c.name = "head_dim_136";
+    c.invalid = {"q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is 136"};
+    out.push_back(c);
+    c = qk_case(2, 3, 4, 4, 128, false, CaseKind::invalid, seed++);
+    c.name = "batch_not_collapsing_into_tokens";
+    c.tensors[0].strides = {5000, 4 * 128, 128, 1};
+    c.invalid = {"q.stride(0) must be S * stride(1) = 1536"};
+    out.push_back(c);
+    c = qk_case(2, 3, 4, 4, 128, false, CaseKind::aliased, seed++);
+    c.name = "k_out_is_q_out";
+    c.tensors.push_back({"q_out", DType::bf16, {2, 3, 4, 128}});
+    c.tensors.push_back({"k_out", DType::bf16, {2, 3, 4, 128}, {}, "q_out"});
+    c.invalid = {"must not overlap"};
+    out.push_back(c);
   }
   return out;
 }
 
 const CaseSet kCases("layernorm_modulate", make);
+
+using testing_oracle::round_dtype;
+using testing_oracle::round_e4m3_saturated;
+using testing_oracle::round_f32;
+
+float bf16r(float v) { return static_cast<float>(round_dtype(v, DType::bf16)); }
+
+// A row's bf16 bits, for aten's statistics twin.
+std::vector<uint16_t> row_bits(const OracleIo& io, int t, int64_t first, int64_t n) {
+  std::vector<uint16_t> bits(n);
+  for (int64_t i = 0; i < n; ++i) bits[i] = static_cast<uint16_t>(io.bits(t, first + i));
+  return bits;
+}
+
+// The op's tensors and options, for every oracle of the family.
+struct LnCall {
+  bool qk, fp8;
+  int x, scale, shift, out, stats, input_scale;
+  int64_t rows, D;
+  float eps;
+};
+
+LnCall ln_call(const OracleIo& io) {
+  LnCall c;
+  c.qk = io.has("q");
+  c.eps = std::stof(io.option("eps"));
+  if (c.qk) return c;
+  c.x = io.id("x");
+  c.scale = io.id("scale");
+  c.shift = io.id("shift");
+  c.out = io.id("out");
+  c.stats = io.id("stats_out");
+  c.input_scale = io.id("input_scale");
+  c.fp8 = c.input_scale >= 0;
+  c.D = io.shape(c.x)[2];
+  c.rows = io.shape(c.x)[0] * io.shape(c.x)[1];
+  return c;
+}
+
+// The eager steps of one element from the row's statistics (fp32 as aten computes them):
+// y = bf16(rstd (x - mean)), bf16(y bf16(1 + scale)), + shift; fp8: the static quantization of it.
+double eager_steps(const OracleIo& io, const LnCall& c, int64_t r, int64_t i, float mean, float rstd) {
+  const int64_t b = r / io.shape(c.x)[1];
+  const float x = static_cast<float>(io.in(c.x, r * c.D + i));
+  const float y = bf16r(rstd * (x - mean));
+  const float op = bf16r(1.0f + static_cast<float>(io.in(c.scale, b * c.D + i)));
+  float v = bf16r(y * op);
+  if (c.shift >= 0) v = bf16r(v + static_cast<float>(io.in(c.shift, b * c.D + i)));
+  if (!c.fp8) return v;
+  const double inv = testing_oracle::ieee_inverse(io.in(c.input_scale, 0));
+  return round_e4m3_saturated(round_f32(v * inv));
+}
+
+// float64 LayerNorm, modulated in double: within the bf16 steps' roundings (four of 2^-8 on
+// |y (1 + scale)|, one on |out|) and the statistics' fp32 error (AtenStats: rstd 2^-14 relative).
+void ln_float64(OracleIo& io) {
+  const LnCall c = ln_call(io);
+  auto stats = [&](int t, int64_t first, int64_t n) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += io.in(t, first + i);
+    mean /= static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) var += (io.in(t, first + i) - mean) * (io.in(t, first + i) - mean);
+    return std::pair<double, double>{mean, 1.0 / std::sqrt(var / static_cast<double>(n) + c.eps)};
+  };
+  if (c.qk) {
+    for (const auto& [in, out] : {std::pair<const char*, const char*>{"q", "q_out"}, {"k", "k_out"}}) {
+      const int t = io.id(in), o = io.id(out);
+      const int64_t Dh = io.shape(t)[3], rows = io.numel(t) / std::max<int64_t>(Dh, 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        const auto [mean, rstd] = stats(t, r * Dh, Dh);
+        for (int64_t i = 0; i < Dh; ++i) {
+          const double y = (io.in(t, r * Dh + i) - mean) * rstd;
+          io.expect(o, r * Dh + i, y, 0x1p-7 * std::fabs(y) + 1e-5);
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const int64_t b = r / io.shape(c.x)[1];
+    const auto [mean, rstd] = stats(c.x, r * c.D, c.D);
+    for (int64_t i = 0; i < c.D; ++i) {
+      const double y = (io.in(c.x, r * c.D + i) - mean) * rstd;
+      const double ym = y * (1.0 + io.in(c.scale, b * c.D + i));
+      const double v = ym + (c.shift >= 0 ? io.in(c.shift, b * c.D + i) : 0.0);
+      io.expect(c.out, r * c.D + i, v, 0x1p-6 * std::fabs(ym) + 0x1p-7 * std::fabs(v) + 1e-5);
+    }
+  }
+}
+
+// The eager steps from aten's statistics, exactly; the statistics themselves: mean exactly, rstd
+// within 2 fp32 ulp (a device's MUFU.RSQ against the twin's correctly rounded rsqrt).
+void ln_eager_steps(OracleIo& io) {
+  const LnCall c = ln_call(io);
+  if (c.qk) {
+    for (const auto& [in, out] : {std::pair<const char*, const char*>{"q", "q_out"}, {"k", "k_out"}}) {
+      const int t = io.id(in), o = io.id(out);
+      const int64_t Dh = io.shape(t)[3], rows = io.numel(t) / std::max<int64_t>(Dh, 1);
+      for (int64_t r = 0; r < rows; ++r) {
+        const ref::RowStats st = ref::aten_row_stats_bf16(row_bits(io, t, r * Dh, Dh).data(), Dh, c.eps);
+        for (int64_t i = 0; i < Dh; ++i)
+          io.expect(o, r * Dh + i, bf16r(st.rstd * (static_cast<float>(io.in(t, r * Dh + i)) - st.mean)));
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const ref::RowStats st = ref::aten_row_stats_bf16(row_bits(io, c.x, r * c.D, c.D).data(), c.D, c.eps);
+    for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, eager_steps(io, c, r, i, st.mean, st.rstd));
+  }
+}
+
+void ln_statistics(OracleIo& io) {
+  const LnCall c = ln_call(io);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const ref::RowStats st = ref::aten_row_stats_bf16(row_bits(io, c.x, r * c.D, c.D).data(), c.D, c.eps);
+    io.expect(c.stats, 2 * r, st.mean, 0);
+    io.expect(c.stats, 2 * r + 1, st.rstd, 2 * (std::nextafter(st.rstd, INFINITY) - st.rstd));
+  }
+}
+
+// out from the call's own stats_out by the eager steps, exactly (an implementation's rstd may
+// differ from the twin's; what it does with it may not).
+void ln_own_statistics(OracleIo& io) {
+  const LnCall c = ln_call(io);
+  for (int64_t r = 0; r < c.rows; ++r) {
+    const float mean = static_cast<float>(io.out(c.stats, 2 * r)), rstd = static_cast<float>(io.out(c.stats, 2 * r + 1));
+    for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, eager_steps(io, c, r, i, mean, rstd));
+  }
+}
+
+bool has_stats(const OpCase& c) {
+  if (!c.invalid.empty() || c.large) return false;
+  bool stats = false, div_full = false;
+  for (const TensorCase& t : c.tensors) stats = stats || t.name == "stats_out";
+  for (const auto& [name, text] : c.options) div_full = div_full || (name == "fp8_reciprocal" && text == "div_full");
+  return stats && !div_full;  // div.full's inverse on a device is not the IEEE one
+}
+
+bool not_fp8(const OpCase& c) { return c.invalid.empty() && !c.large && c.op != "layernorm_modulate_fp8"; }
+
+const Oracle kFloat64{"float64 LayerNorm and modulation within the rounding steps' bound", ln_float64, 0, false,
+                      false, not_fp8};
+const Oracle kSteps{"the eager steps from aten's statistics", ln_eager_steps};
+const Oracle kStatistics{"aten's statistics: mean exact, rstd within 2 fp32 ulp", ln_statistics, 0, true, false,
+                         has_stats};
+const Oracle kOwnStatistics{"the eager steps from the call's own stats_out", ln_own_statistics, 0, false, true,
+                            has_stats};
+const OracleSet kOracles[] = {
+    {"layernorm_modulate", kFloat64},          {"layernorm_modulate", kSteps},
+    {"layernorm_modulate", kStatistics},       {"layernorm_modulate", kOwnStatistics},
+    {"layernorm_modulate_fp8", kSteps},        {"layernorm_modulate_fp8", kStatistics},
+    {"layernorm_modulate_fp8", kOwnStatistics}, {"qk_head_layernorm", kFloat64},
+    {"qk_head_layernorm", kSteps}};
 
 }  // namespace
 }  // namespace ditops::optest
