@@ -28,6 +28,18 @@ inline double round_dtype(double x, DType t) {
   }
 }
 
+// fp32(a + b) for doubles holding values of at most 24 significant bits, correctly rounded: the
+// double sum is exact unless the exponents lie far apart, and then it matters only on an fp32
+// midpoint, where the part the double sum lost decides the direction (TwoSum).
+inline double round_f32_sum(double a, double b) {
+  const double s = a + b;
+  if (!std::isfinite(s)) return s;
+  const double bb = s - a, lost = (a - (s - bb)) + (b - bb);
+  if (lost == 0) return round_f32(s);
+  const bool midpoint = round_f32(std::nextafter(s, INFINITY)) != round_f32(std::nextafter(s, -INFINITY));
+  return round_f32(midpoint ? std::nextafter(s, lost > 0 ? INFINITY : -INFINITY) : s);
+}
+
 // The e4m3fn value a static fp8 quantization stores for fp32 product p: NaN stays NaN, the rest
 // clamped to +-448 and rounded to 4 significant bits (subnormals from 2^-6 down, in steps of 2^-9).
 inline double round_e4m3_saturated(double p) {

@@ -1,16 +1,11 @@
-// The norm_scale_shift test driver on the GPU: every CUDA implementation (jit eager, jit sglang;
-// fp8, nvfp4 with software and hardware-where-present E2M1) against the CPU reference on the same
-// inputs over odd shapes, dtypes, both norms, affine, residual, every broadcast class, amplitudes
-// 1e-4..100, eps 1e-6/1e-5 and signed zeros. Skipped without a GPU.
-//
-// What may differ, and why (docs/norm_scale_shift.md §5): the reference computes rstd with a
-// correctly rounded rsqrt and rcp.approx / div.full as correctly rounded operations, the GPU with
-// MUFU. So y may move by one rounding step in rows whose rstd differs in its last bit, and an fp8
-// byte / NVFP4 scale or nibble may flip at a rounding midpoint. residual_out involves no
-// approximation and must be identical. Differences are counted and bounded, and printed. The NVFP4
-// bytes are also checked exactly against the GPU's own y: its block factors computed on the device
-// by the kernel's nvfp4_block_scale (the approximate reciprocals included), the E2M1 codes on the
-// host by the reference conversion.
+// norm_scale_shift on the GPU, what a driver case cannot express (every CUDA implementation against
+// the reference over the grid of shapes, norms, numerics, classes and quantized outputs is the
+// driver's: tests/cases/norm_scale_shift_cases.cpp). The NVFP4 bytes exactly against the GPU's own
+// y: its block factors computed on the device by the kernel's nvfp4_block_scale (the approximate
+// reciprocals included), the E2M1 codes on the host by the reference conversion, and the padding
+// rows of the block scales zero; the kernel's E2M1 conversion over all 2^32 fp32 patterns and the
+// packed 16-bit products over every pair, on the device; the hardware E2M1 refused where the device
+// lacks it. Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -152,13 +147,11 @@ struct Nvfp4FactorParams {
 };
 
 struct Stats {
-  int64_t y_differ = 0, y_elems = 0, q_differ = 0, q_elems = 0, sf_differ = 0, sf_elems = 0;
-  float y_max_steps = 0;
   // NVFP4 bytes against those of the GPU's own y (exact: must stay 0).
   int64_t own_y_q_differ = 0, own_y_sf_differ = 0, own_y_blocks = 0;
 };
 
-// Runs the case on the GPU (explicit jit backend) and on the CPU; accumulates the differences.
+// Runs the case on the GPU (explicit jit backend); checks its NVFP4 bytes against its own y.
 std::string run_case(const GpuCase& c, E2m1Conversion e2m1, Stats* st) {
   std::mt19937 rng(static_cast<uint32_t>(c.B * 1000 + c.S * 10 + c.D + c.residual));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -221,44 +214,17 @@ std::string run_case(const GpuCase& c, E2m1Conversion e2m1, Stats* st) {
   o.eps = c.eps;
   o.numerics = c.numerics;
   o.e2m1 = e2m1;
-  NormScaleShiftInputs hin, din;
-  NormScaleShiftOutputs hout, dout;
-  build(false, &hin, &hout);
+  NormScaleShiftInputs din;
+  NormScaleShiftOutputs dout;
   build(true, &din, &dout);
-  norm_scale_shift(hin, hout, o);
   o.dispatch.backend = Provenance::jit;
   jit::bind_primary_context(0);
   const std::string impl = norm_scale_shift(din, dout, o);
   check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
 
-  if (c.residual) EXPECT_EQ(residual_out.download(), residual_out.host) << "residual_out must be identical";
   const auto gy = y.download();
-  const float unit = c.dt == DType::bf16 ? 0x1p-8f : c.dt == DType::f16 ? 0x1p-11f : 0x1p-24f;
-  for (int64_t i = 0; i < (c.without_y ? 0 : n); ++i) {
-    const float a = ref::load_act(gy.data(), i, c.dt), b = y.get(i);
-    st->y_elems++;
-    if (std::memcmp(&a, &b, 4) == 0) continue;
-    st->y_differ++;
-    const float scale_mag = std::max({std::fabs(a), std::fabs(b), 1.0f});
-    st->y_max_steps = std::max(st->y_max_steps, std::fabs(a - b) / (scale_mag * unit));
-  }
-  if (c.quant == NssQuant::fp8) {
-    const auto g = fp8.download();
-    for (int64_t i = 0; i < n; ++i) {
-      st->q_elems++;
-      st->q_differ += g[i] != fp8.host[i];
-    }
-  }
   if (c.quant == NssQuant::nvfp4) {
     const auto gp = packed.download(), gs = scales.download();
-    for (int64_t i = 0; i < rows * c.D / 2; ++i) {
-      st->q_elems++;
-      st->q_differ += gp[i] != packed.host[i];
-    }
-    for (int64_t i = 0; i < padded * (c.D / 16); ++i) {
-      st->sf_elems++;
-      st->sf_differ += gs[i] != scales.host[i];
-    }
     // Padding rows, located through the swizzle (a linear index says nothing about the row).
     for (int64_t m = rows; m < padded; ++m)
       for (int64_t k = 0; k < c.D / 16; ++k)
@@ -302,80 +268,30 @@ class NormScaleShiftGpu : public ::testing::Test {
   }
 };
 
-TEST_F(NormScaleShiftGpu, EveryImplementationMatchesTheReferenceOverTheGrid) {
+// The NVFP4 configurations of the driver's grid (both numerics, more rows than resident CTAs,
+// without y, block scales shared over a quad's lanes: 5 slots and 1), both E2M1 conversions.
+TEST_F(NormScaleShiftGpu, Nvfp4BytesFollowTheDevicesOwnY) {
   std::vector<GpuCase> cases;
-  int k = 0;
-  const float amps[] = {1e-4f, 1.0f, 100.0f};
-  const float epss[] = {1e-6f, 1e-5f};
-  for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 1}, {2, 9}, {1, 257}, {3, 33}})
-    for (int64_t D : {64, 2240, 3072, 5120})
-      for (NormType norm : {NormType::layer, NormType::rms})
-        for (bool residual : {false, true}) {
-          ++k;
-          cases.push_back({B, S, D, DType::bf16, norm, NssNumerics::eager, residual,
-                           norm == NormType::rms ? k % 2 : k % 3, NssQuant::none, k % 5,
-                           amps[k % 3], epss[k % 2]});
-        }
-  for (DType dt : {DType::f16, DType::f32})
-    for (int affine : {0, 1, 2}) {
-      ++k;
-      cases.push_back({2, 17, 1024, dt, NormType::layer, NssNumerics::eager, true, affine, NssQuant::none, k % 5,
-                       amps[k % 3], 1e-5f});
-    }
+  int k = 16;
   for (NssNumerics numerics : {NssNumerics::eager, NssNumerics::sglang})
-    for (NssQuant quant : {NssQuant::none, NssQuant::fp8, NssQuant::nvfp4})
-      for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 127}, {2, 65}}) {
-        ++k;
-        cases.push_back({B, S, 3072, DType::bf16, NormType::layer, numerics, true, 0, quant, k % 5, amps[k % 3],
-                         1e-6f});
-      }
-  // More rows than resident CTAs (2100 and 2176 against at most 7 x 132): a CTA takes several
-  // rows, its steps crossing batches of 700 / 17 tokens ((batch, token) advanced, not divided),
-  // with operands per batch, per token and per frame.
-  cases.push_back({3, 700, 3072, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::none, 2,
-                   1.0f, 1e-6f});
+    for (auto [B, S] : {std::pair<int64_t, int64_t>{1, 127}, {2, 65}})
+      cases.push_back({B, S, 3072, DType::bf16, NormType::layer, numerics, true, 0, NssQuant::nvfp4, ++k % 5, 1.0f,
+                       1e-6f});
   cases.push_back({3, 700, 3072, DType::bf16, NormType::layer, NssNumerics::eager, false, 0, NssQuant::nvfp4, 3,
                    1.0f, 1e-6f});
-  cases.push_back({128, 17, 1024, DType::bf16, NormType::rms, NssNumerics::eager, true, 1, NssQuant::fp8, 4,
-                   100.0f, 1e-5f});
-  // Quantized outputs without y (the NVFP4 rows store y in a branch of their own).
   cases.push_back({1, 127, 3072, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::nvfp4, 2,
                    1.0f, 1e-6f, true});
   cases.push_back({3, 700, 3072, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::nvfp4, 4,
                    0.01f, 1e-5f, true});
   cases.push_back({2, 65, 1088, DType::f16, NormType::layer, NssNumerics::eager, false, 2, NssQuant::nvfp4, 1,
                    100.0f, 1e-6f, true});
-  cases.push_back({2, 65, 3072, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::fp8, 3,
-                   1.0f, 1e-6f, true});
-  // NVFP4 block scales shared out over a quad's lanes in chunks of 4 slots (nvfp4_quad_scales):
-  // 5 slots (4 + 1, the last partly empty) and 1 slot (a partly empty row).
   cases.push_back({2, 65, 2304, DType::bf16, NormType::layer, NssNumerics::eager, true, 0, NssQuant::nvfp4, 1,
                    1.0f, 1e-6f});
   cases.push_back({1, 33, 256, DType::bf16, NormType::layer, NssNumerics::eager, false, 1, NssQuant::nvfp4, 0,
                    1.0f, 1e-5f, true});
   Stats st;
-  int runs = 0;
-  for (const auto& c : cases) {
-    for (E2m1Conversion e2m1 : {E2m1Conversion::software, E2m1Conversion::automatic}) {
-      if (e2m1 == E2m1Conversion::automatic && c.quant != NssQuant::nvfp4) continue;
-      run_case(c, e2m1, &st);
-      ++runs;
-    }
-  }
-  std::printf("%d runs: y differs in %lld of %lld values (max %.2f rounding steps at max(|y|,1)); "
-              "fp8/fp4 bytes differ in %lld of %lld; nvfp4 scale bytes differ in %lld of %lld\n",
-              runs, static_cast<long long>(st.y_differ), static_cast<long long>(st.y_elems), st.y_max_steps,
-              static_cast<long long>(st.q_differ), static_cast<long long>(st.q_elems),
-              static_cast<long long>(st.sf_differ), static_cast<long long>(st.sf_elems));
-  // rsqrtf vs a correctly rounded rsqrt moves rstd by <= 2 fp32 ulp; where that flips the
-  // rounding of the 16-bit normalized value, (1 + scale), the affine weight and the later
-  // roundings carry the flip on. Measured on the H200 (2026-11-29, 86 runs): 13091 of 22.3M
-  // values differ, at most 5.87 rounding steps at max(|y|, 1). The GPU itself is byte-equal to
-  // the eager PyTorch chain (bench/norm_scale_shift_torch.py); this bound is the CPU oracle's.
-  EXPECT_LE(st.y_max_steps, 8.0f);
-  EXPECT_LE(st.y_differ, st.y_elems / 50 + 64);
-  EXPECT_LE(st.q_differ, st.q_elems / 50 + 64);
-  EXPECT_LE(st.sf_differ, st.sf_elems / 50 + 16);
+  for (const auto& c : cases)
+    for (E2m1Conversion e2m1 : {E2m1Conversion::software, E2m1Conversion::automatic}) run_case(c, e2m1, &st);
   std::printf("nvfp4 against the GPU's own y: %lld blocks, scale bytes differ in %lld, nibbles in %lld\n",
               static_cast<long long>(st.own_y_blocks), static_cast<long long>(st.own_y_sf_differ),
               static_cast<long long>(st.own_y_q_differ));
@@ -524,22 +440,6 @@ TEST_F(NormScaleShiftGpu, PackedProductsEqualTheFp32ProductRounded) {
                           << std::hex << first_bad[0];
   EXPECT_EQ(count[1], 0u) << "f16: packed product differs at " << count[1] << " pairs, first x | g << 16 = 0x"
                           << std::hex << first_bad[1];
-}
-
-TEST_F(NormScaleShiftGpu, BadInputIsRefusedBeforeAnyLaunch) {
-  Twin x(DType::bf16, {1, 4, 64}), y(DType::bf16, {1, 4, 64}), s(DType::bf16, {2, 64});
-  NormScaleShiftInputs in;
-  in.x = x.dv;
-  in.scale = s.dv;  // B mismatch
-  NormScaleShiftOutputs out;
-  out.y = y.dv;
-  std::memset(y.host.data(), 0x33, y.host.size());
-  y.upload();
-  NormScaleShiftOptions o;
-  o.dispatch.backend = Provenance::jit;
-  EXPECT_THROW(norm_scale_shift(in, out, o), Error);
-  check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-  EXPECT_EQ(y.download(), y.host);
 }
 
 TEST_F(NormScaleShiftGpu, HardwareE2m1IsRefusedWhereTheDeviceLacksIt) {

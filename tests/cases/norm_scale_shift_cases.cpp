@@ -2,8 +2,26 @@
 // bias, every broadcast class of scale and gate, fp8 and NVFP4 outputs with and without y, all
 // numerics, fp16/bf16/fp32, amplitudes 1e-4..100), Wan's float32 chains (norm1/norm3, norm2 with
 // and without the gated residual, the cross-attention residual into norm3; f32 operands as chunks
-// of [B, 6, D] and of [B, S, 6, D]), plus empty, overlapping and invalid calls.
+// of [B, 6, D] and of [B, S, 6, D]), plus empty, overlapping and invalid calls; every broadcast class
+// of scale and gate in both numerics, the statistics at f32, the NVFP4 padding rows and a zero
+// row, eager against sglang (told apart).
+//
+// The oracles (below the cases): residual_out by each numerics' steps, exactly; y as float64
+// LayerNorm / RMSNorm, affine and modulation, within a bound of the dtype's roundings and the
+// statistics' fp32 error; the fp8 bytes as the static quantization of the reference's own y, and
+// the NVFP4 blocks of it (block scales by ref::nvfp4_block_scale, codes by the E2M1 converter:
+// both checked exhaustively by tests/test_norm_scale_shift.cpp), padding rows zero.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ditops/norm_scale_shift.h"
 #include "op_test_driver.h"
+#include "reference/fp8_fp4.h"
+#include "rounding_oracle.h"
 
 namespace ditops::optest {
 namespace {
@@ -16,7 +34,7 @@ struct Nss {
   bool residual = false;
   int affine = 0;            // 0 none, 1 weight, 2 weight and bias
   const char* quant = "";    // "", "fp8", "nvfp4"
-  int scale_class = 2;       // 0 scalar, 1 [D], 2 [B,1,D], 3 [B,S,D], 4 [B,F,1,D]
+  int scale_class = 2;       // 0 scalar, 1 [D], 2 [B,1,D], 3 [B,S,D], 4 [B,F,1,D]; 7.. operand_shape
   double amplitude = 1.0, eps = 1e-6;
   bool without_y = false;    // quantized outputs only
   const char* e2m1 = "software";
@@ -33,6 +51,12 @@ std::vector<int64_t> operand_shape(int cls, int64_t B, int64_t S, int64_t D) {
     case 1: return {D};
     case 2: case 5: return {B, 1, D};
     case 3: case 6: return {B, S, D};
+    case 7: return {1};                                 // scalar
+    case 8: return {1, D};                              // per channel
+    case 9: case 10: return {B, D};                     // per batch; 10: a chunk of [B, 6 D]
+    case 11: return {1, 1, D};                          // per channel
+    case 12: return {1, S, D};                          // per token
+    case 13: return {1, S % 3 == 0 ? 3 : 1, 1, D};      // per frame
     default: return {B, S % 3 == 0 ? 3 : 1, 1, D};
   }
 }
@@ -45,7 +69,8 @@ TensorCase operand_case(const std::string& name, int cls, int chunk, DType dt, i
   t.fill = Fill::normal(0.3);
   if (cls == 5) t.strides = {6 * D, D, 1};
   if (cls == 6) t.strides = {S * 6 * D, 6 * D, 1};
-  if (cls >= 5) {
+  if (cls == 10) t.strides = {6 * D, 1};
+  if (cls == 5 || cls == 6) {
     t.offset = chunk * D;
     if (name != owner) t.storage = owner;
   }
@@ -75,9 +100,10 @@ OpCase nss_case(const Nss& s, CaseKind kind, uint32_t seed) {
   const int shift_class = s.shift_class < 0 ? 2 : s.shift_class;
   const int gate_class = s.gate_class < 0 ? (s.scale_class + 2) % 5 : s.gate_class;
   const bool with_gate = s.residual && s.with_gate;
-  const std::string owner = s.with_scale && s.scale_class >= 5   ? "scale"
-                            : s.with_shift && shift_class >= 5 ? "shift"
-                                                               : "gate";
+  auto chunked = [](int cls) { return cls == 5 || cls == 6; };
+  const std::string owner = s.with_scale && chunked(s.scale_class)   ? "scale"
+                            : s.with_shift && chunked(shift_class) ? "shift"
+                                                                   : "gate";
   c.tensors = {x};
   // Wan's chunk order: shift, scale, gate (msa: 0, 1, 2).
   if (s.with_scale) c.tensors.push_back(operand_case("scale", s.scale_class, 1, op_dt, s.B, s.S, s.D, owner));
@@ -245,11 +271,87 @@ std::vector<OpCase> make() {
     f32chain(only, CaseKind::odd);
   }
 
+  // Every broadcast class of scale (with a [B, 1, D] shift) and of gate (residual variant), both
+  // numerics, at B 2, S 6 (frames of 2 tokens), D 64.
+  for (const char* numerics : {"eager", "sglang"})
+    for (int cls : {0, 7, 1, 8, 9, 10, 11, 2, 12, 3, 4, 13}) {
+      Nss scale{2, 6, 64, DType::bf16, "layer", numerics, false, 0, "", cls};
+      OpCase c = nss_case(scale, CaseKind::odd, seed++);
+      out.push_back(c);
+      Nss gate{2, 6, 64, DType::bf16, "layer", numerics, true, 0, "", 2};
+      gate.gate_class = cls;
+      out.push_back(nss_case(gate, CaseKind::odd, seed++));
+    }
+  // The statistics at f32 (the normalized value alone: scale 0, no shift): both norms, every
+  // amplitude and eps, three widths.
+  for (const char* norm : {"layer", "rms"})
+    for (double amp : {1e-4, 1.0, 100.0})
+      for (double eps : {1e-6, 1e-5})
+        for (int64_t D : {64, 2240, 3072}) {
+          Nss st{1, 5, D, DType::f32, norm, "eager", false, 0, "", 1, amp, eps};
+          st.with_shift = false;
+          OpCase c = nss_case(st, CaseKind::odd, seed++);
+          c.name += eps == 1e-6 ? "_scale_zero" : "_scale_zero_eps1e-5";
+          c.tensors[1].fill = Fill::constant(0.0);
+          out.push_back(c);
+        }
+  // The two numerics round differently: told apart on the same values.
+  {
+    Nss eager{1, 9, 3072, DType::bf16, "layer", "eager", false, 0, "", 11};
+    eager.shift_class = 11;
+    const OpCase e = nss_case(eager, CaseKind::model, seed++);
+    eager.numerics = "sglang";
+    OpCase g = nss_case(eager, CaseKind::model, seed++);
+    g.differs_from = {e.name};
+    out.push_back(e);
+    out.push_back(g);
+  }
+  // The residual variant in both numerics, a per-batch gate, a [B, D] scale.
+  for (const char* numerics : {"eager", "sglang"}) {
+    Nss r{2, 7, 256, DType::bf16, "layer", numerics, true, 0, "", 9, 2.0};
+    r.gate_class = 2;
+    r.with_shift = false;
+    out.push_back(nss_case(r, CaseKind::odd, seed++));
+  }
+  // fp8 as the static quantization of y, both reciprocals; NVFP4 over 130 rows (a second 128-row
+  // tile, its padding rows zero) and with a row of zeros (block scale 0, zero codes).
+  for (const char* reciprocal : {"div_full", "ieee"}) {
+    Nss q{1, 4, 192, DType::bf16, "layer", "eager", false, 0, "fp8", 1, 3.0};
+    q.with_shift = false;
+    OpCase c = nss_case(q, CaseKind::odd, seed++);
+    c.name += std::string("_") + reciprocal;
+    c.options.emplace_back("fp8_reciprocal", reciprocal);
+    out.push_back(c);
+  }
+  {
+    Nss q{1, 130, 128, DType::bf16, "layer", "eager", false, 0, "nvfp4", 1, 2.0};
+    q.with_shift = false;
+    out.push_back(nss_case(q, CaseKind::odd, seed++));
+    OpCase c = nss_case(q, CaseKind::odd, seed++);
+    c.name += "_zero_rows";
+    std::vector<uint64_t> rows;  // a row of values, a row of zeros
+    for (int i = 0; i < 128; ++i) {
+      const float v = static_cast<float>(std::sin(0.7 * i) * 2.0);
+      uint32_t f;
+      std::memcpy(&f, &v, 4);
+      rows.push_back((f + 0x7FFF + ((f >> 16) & 1)) >> 16);  // bf16, nearest even
+    }
+    rows.resize(256, 0);
+    c.tensors[0].fill = Fill::bits(rows);
+    out.push_back(c);
+  }
+
   // In place: y is x (equal to the out-of-place result).
   {
     OpCase c = nss_case({1, 8, 256}, CaseKind::aliased, seed++);
     c.name = "y_is_x";
     c.tensors.push_back({"y", DType::bf16, {1, 8, 256}, {}, "x"});
+    out.push_back(c);
+    // y over x and residual_out over residual.
+    c = nss_case({2, 5, 96, DType::bf16, "layer", "eager", true, 0, "", 9}, CaseKind::aliased, seed++);
+    c.name = "y_is_x_residual_out_is_residual";
+    c.tensors.push_back({"y", DType::bf16, {2, 5, 96}, {}, "x"});
+    c.tensors.push_back({"residual_out", DType::bf16, {2, 5, 96}, {}, "residual"});
     out.push_back(c);
   }
   // Invalid inputs.
@@ -324,6 +426,72 @@ std::vector<OpCase> make() {
     c.tensors[1].offset = 2;
     c.invalid = {"scale.data must be 16-byte aligned", "offset 8"};
     out.push_back(c);
+    // Scales that fit no broadcast class of x [2, 4, 64], or have another dtype.
+    for (const auto& [name, shape, dtype, fragment] :
+         std::vector<std::tuple<const char*, std::vector<int64_t>, DType, const char*>>{
+             {"scale_batch_3_of_2", {3, 64}, DType::bf16, "scale.shape[0] must equal B=2 or 1 (broadcast) but is 3"},
+             {"scale_tokens_3_of_4", {2, 3, 64}, DType::bf16, "scale.shape[1] must equal S=4"},
+             {"scale_frames_3_of_4", {2, 3, 1, 64}, DType::bf16, "(frames F) must divide S=4 but is 3"},
+             {"scale_width_60", {2, 60}, DType::bf16, "scale.shape[1] must equal D=64"},
+             {"scale_f16", {2, 64}, DType::f16, "scale.dtype must be bf16"}}) {
+      c = nss_case({2, 4, 64, DType::bf16, "layer", "eager", false, 0, "", 9}, CaseKind::invalid, seed++);
+      c.name = name;
+      c.tensors[1].shape = shape;
+      c.tensors[1].dtype = dtype;
+      c.invalid = {fragment};
+      out.push_back(c);
+    }
+    c = nss_case({1, 2, 18, DType::bf16, "layer", "eager", false, 0, "", 1}, CaseKind::invalid, seed++);
+    c.name = "D_18";
+    c.invalid = {"x.shape[2] (D) must be a multiple of 4"};
+    out.push_back(c);
+    const Nss plain{2, 4, 64, DType::bf16, "layer", "eager", false, 0, "", 9};
+    c = nss_case(plain, CaseKind::misaligned, seed++);
+    c.name = "y_off_8_bytes";
+    c.tensors.push_back({"y", DType::bf16, {2, 4, 64}});
+    c.tensors.back().offset = 1;
+    c.invalid = {"y.data must be 8-byte aligned"};
+    out.push_back(c);
+    c = nss_case(plain, CaseKind::aliased, seed++);
+    c.name = "y_one_row_into_x";
+    c.tensors.push_back({"y", DType::bf16, {2, 4, 64}, {}, "x", 64});
+    c.invalid = {"y overlaps x"};
+    out.push_back(c);
+    c = nss_case({2, 4, 64, DType::bf16, "layer", "eager", true, 0, "", 9}, CaseKind::aliased, seed++);
+    c.name = "y_is_residual_out";
+    c.tensors.push_back({"y", DType::bf16, {2, 4, 64}});
+    c.tensors.push_back({"residual_out", DType::bf16, {2, 4, 64}, {}, "y"});
+    c.invalid = {"y and residual_out overlap"};
+    out.push_back(c);
+    {
+      Nss one{1, 1, 64, DType::bf16, "layer", "eager", false, 0, "", 1};
+      one.with_shift = false;
+      c = nss_case(one, CaseKind::aliased, seed++);
+      c.name = "y_over_scale";
+      c.tensors.push_back({"y", DType::bf16, {1, 1, 64}, {}, "scale"});
+      c.invalid = {"y overlaps scale"};
+      out.push_back(c);
+    }
+    c = nss_case(plain, CaseKind::invalid, seed++);
+    c.name = "y_rows_overlapping";
+    c.tensors.push_back({"y", DType::bf16, {2, 4, 64}, {4 * 64, 32, 1}});
+    c.invalid = {"y.strides[1] must be >= D=64"};
+    out.push_back(c);
+    c = nss_case(plain, CaseKind::invalid, seed++);
+    c.name = "fp8_without_input_scale";
+    c.tensors.push_back({"fp8", DType::f8e4m3fn, {2, 4, 64}});
+    c.invalid = {"input_scale is required with the fp8 output"};
+    out.push_back(c);
+    c = nss_case(plain, CaseKind::invalid, seed++);
+    c.name = "bias_without_weight";
+    c.tensors.push_back({"bias", DType::bf16, {64}});
+    c.invalid = {"bias is given without weight"};
+    out.push_back(c);
+    c = nss_case({2, 4, 64, DType::bf16, "layer", "eager", false, 0, "nvfp4", 9}, CaseKind::invalid, seed++);
+    c.name = "nvfp4_scales_of_8_rows";
+    c.tensors.push_back({"nvfp4_scales", DType::u8, {8, 4}});
+    c.invalid = {"nvfp4_scales.shape[0] must be 128"};
+    out.push_back(c);
     Nss no_scale{1, 4, 64, DType::bf16, "layer", "sglang", false, 0, "", 2};
     no_scale.with_scale = false;
     c = nss_case(no_scale, CaseKind::invalid, seed++);
@@ -335,6 +503,149 @@ std::vector<OpCase> make() {
 }
 
 const CaseSet kCases("norm_scale_shift", make);
+
+using testing_oracle::round_dtype;
+using testing_oracle::round_f32;
+using testing_oracle::round_f32_sum;
+
+struct NssCall {
+  int x, residual, gate, scale, shift, weight, bias, y, residual_out, fp8, input_scale, packed, scales, global_scale;
+  int64_t B, S, D;
+  DType dt;
+  std::string numerics;
+  bool rms;
+  double eps;
+};
+
+NssCall nss_call(const OracleIo& io) {
+  NssCall c;
+  for (auto [field, name] : {std::pair<int*, const char*>{&c.x, "x"}, {&c.residual, "residual"}, {&c.gate, "gate"},
+                             {&c.scale, "scale"}, {&c.shift, "shift"}, {&c.weight, "weight"}, {&c.bias, "bias"},
+                             {&c.y, "y"}, {&c.residual_out, "residual_out"}, {&c.fp8, "fp8"},
+                             {&c.input_scale, "input_scale"}, {&c.packed, "nvfp4_packed"},
+                             {&c.scales, "nvfp4_scales"}, {&c.global_scale, "global_scale"}})
+    *field = io.id(name);
+  c.B = io.shape(c.x)[0];
+  c.S = io.shape(c.x)[1];
+  c.D = io.shape(c.x)[2];
+  c.dt = io.dtype(c.x);
+  c.numerics = io.option("numerics");
+  c.rms = io.option("norm") == "rms";
+  c.eps = std::stof(io.option("eps"));
+  return c;
+}
+
+// A broadcast operand's value at (b, s, channel), read from its own shape (docs/norm_scale_shift.md:
+// scalar, per channel, per batch, per token, per frame), independently of the op's matcher.
+double operand(const OracleIo& io, int t, int64_t S, int64_t b, int64_t s, int64_t ch) {
+  const std::vector<int64_t>& shape = io.shape(t);
+  const size_t r = shape.size();
+  std::vector<int64_t> idx(r, 0);
+  if (r >= 1) idx[r - 1] = shape[r - 1] == 1 ? 0 : ch;
+  if (r >= 2) idx[0] = shape[0] == 1 ? 0 : b;
+  if (r == 3) idx[1] = shape[1] == 1 ? 0 : s;
+  if (r == 4) idx[1] = shape[1] == 1 ? 0 : s / (S / shape[1]);
+  int64_t flat = 0;
+  for (size_t d = 0; d < r; ++d) flat = flat * shape[d] + idx[d];
+  return io.in(t, flat);
+}
+
+// The residual step, v = residual + x * gate, by each numerics: eager rounds the product and the
+// sum to the dtype (each through fp32); sglang rounds one fused multiply-add; float32 rounds the
+// fp32 product of an f32 gate once with the sum.
+double residual_step(const OracleIo& io, const NssCall& c, int64_t b, int64_t s, int64_t ch) {
+  const int64_t i = (b * c.S + s) * c.D + ch;
+  const double x = io.in(c.x, i), r = io.in(c.residual, i);
+  if (c.gate < 0) return round_dtype(round_f32_sum(r, x), c.dt);
+  const double g = operand(io, c.gate, c.S, b, s, ch);
+  if (c.numerics == "sglang") return round_dtype(round_f32_sum(x * g, r), c.dt);
+  double p = round_f32(x * g);  // exact in double, rounded once
+  if (c.numerics == "eager") p = round_dtype(p, c.dt);
+  return round_dtype(round_f32_sum(r, p), c.dt);
+}
+
+void nss_residual(OracleIo& io) {
+  const NssCall c = nss_call(io);
+  if (c.residual_out < 0) return;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t s = 0; s < c.S; ++s)
+      for (int64_t ch = 0; ch < c.D; ++ch) io.expect(c.residual_out, (b * c.S + s) * c.D + ch, residual_step(io, c, b, s, ch));
+}
+
+// y in double: the norm of v (residual step) or x, affine, modulation. The bound: the dtype's
+// roundings (eight steps of its unit roundoff; float32 numerics: two) over the terms' magnitudes,
+// and the fp32 statistics' error (2^-12 of the normalized value).
+void nss_float64(OracleIo& io) {
+  const NssCall c = nss_call(io);
+  if (c.y < 0) return;
+  const double u = c.dt == DType::bf16 ? 0x1p-8 : c.dt == DType::f16 ? 0x1p-11 : 0x1p-24;
+  const double k = c.numerics == "float32" ? 2 * u : 8 * u;
+  std::vector<double> h(c.D);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t s = 0; s < c.S; ++s) {
+      const int64_t row = (b * c.S + s) * c.D;
+      for (int64_t ch = 0; ch < c.D; ++ch) h[ch] = c.residual >= 0 ? residual_step(io, c, b, s, ch) : io.in(c.x, row + ch);
+      double mean = 0, var = 0;
+      if (!c.rms) {
+        for (double v : h) mean += v;
+        mean /= static_cast<double>(c.D);
+      }
+      for (double v : h) var += (v - mean) * (v - mean);
+      const double rstd = 1.0 / std::sqrt(var / static_cast<double>(c.D) + c.eps);
+      for (int64_t ch = 0; ch < c.D; ++ch) {
+        double n = (h[ch] - mean) * rstd, bias = 0;
+        if (c.weight >= 0) n *= io.in(c.weight, ch);
+        if (c.bias >= 0) bias = io.in(c.bias, ch);
+        const double op = 1.0 + (c.scale >= 0 ? operand(io, c.scale, c.S, b, s, ch) : 0.0);
+        const double shift = c.shift >= 0 ? operand(io, c.shift, c.S, b, s, ch) : 0.0;
+        const double y = (n + bias) * op + shift;
+        const double terms = std::fabs(n * op) + std::fabs(bias * op) + std::fabs(shift) + std::fabs(y);
+        io.expect(c.y, row + ch, y, k * terms + 0x1p-12 * std::fabs(n * op) + 1e-6);
+      }
+    }
+}
+
+// The quantized outputs of the reference's own y: fp8 = e4m3(y * fl32(1 / input_scale)) saturated;
+// NVFP4 blocks of 16: the block scale from the block's amax, the E2M1 code of each y times the
+// block's factor, two per byte (even element low), scales 128x4-swizzled with padding rows 0.
+void nss_quantized(OracleIo& io) {
+  const NssCall c = nss_call(io);
+  if (c.y < 0) return;
+  const int64_t rows = c.B * c.S;
+  if (c.fp8 >= 0) {
+    const double inv = testing_oracle::ieee_inverse(io.in(c.input_scale, 0));
+    for (int64_t i = 0; i < rows * c.D; ++i) {
+      const double q = testing_oracle::round_e4m3_saturated(round_f32(io.out(c.y, i) * inv));
+      io.expect(c.fp8, i, io.dtype(c.fp8) == DType::f8e4m3fn ? q : ref::float_to_e4m3_satfinite(static_cast<float>(q)));
+    }
+  }
+  if (c.packed >= 0) {
+    const float global = static_cast<float>(io.in(c.global_scale, 0));
+    const int64_t cols = c.D / 16, padded = io.shape(c.scales)[0];
+    for (int64_t m = 0; m < padded; ++m)
+      for (int64_t k = 0; k < cols; ++k) {
+        if (m >= rows) {
+          io.expect(c.scales, nvfp4_scale_offset(m, k, cols), 0);
+          continue;
+        }
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(static_cast<float>(io.out(c.y, m * c.D + 16 * k + i))));
+        uint8_t sf = 0;
+        const float factor = ref::nvfp4_block_scale(amax, global, &sf);
+        io.expect(c.scales, nvfp4_scale_offset(m, k, cols), sf);
+        for (int i = 0; i < 16; i += 2) {
+          const uint8_t lo = ref::float_to_e2m1_satfinite(static_cast<float>(io.out(c.y, m * c.D + 16 * k + i)) * factor);
+          const uint8_t hi = ref::float_to_e2m1_satfinite(static_cast<float>(io.out(c.y, m * c.D + 16 * k + i + 1)) * factor);
+          io.expect(c.packed, (m * c.D + 16 * k + i) / 2, static_cast<double>(lo | hi << 4));
+        }
+      }
+  }
+}
+
+const OracleSet kResidual("norm_scale_shift", {"the residual step by each numerics", nss_residual});
+const OracleSet kFloat64("norm_scale_shift", {"float64 norm, affine and modulation within the roundings' bound",
+                                              nss_float64});
+const OracleSet kQuantized("norm_scale_shift", {"the quantization of the reference's y", nss_quantized});
 
 }  // namespace
 }  // namespace ditops::optest

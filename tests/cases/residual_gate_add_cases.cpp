@@ -335,18 +335,7 @@ const CaseSet kCases("residual_gate_add", make);
 
 using testing_oracle::round_dtype;
 using testing_oracle::round_f32;
-
-// fp32(a + b) for doubles holding fp32 values, correctly rounded: the double sum is exact unless
-// the exponents lie far apart, and then it matters only on an fp32 midpoint, where the part the
-// double sum lost decides the direction (TwoSum).
-double round_f32_sum(double a, double b) {
-  const double s = a + b;
-  if (!std::isfinite(s)) return s;
-  const double bb = s - a, lost = (a - (s - bb)) + (b - bb);
-  if (lost == 0) return round_f32(s);
-  const bool midpoint = round_f32(std::nextafter(s, INFINITY)) != round_f32(std::nextafter(s, -INFINITY));
-  return round_f32(midpoint ? std::nextafter(s, lost > 0 ? INFINITY : -INFINITY) : s);
-}
+using testing_oracle::round_f32_sum;
 
 void rga_oracle(OracleIo& io) {
   const int r = io.id("residual"), u = io.id("update"), g = io.id("gate"), out = io.id("out");
