@@ -2,7 +2,10 @@
 // (split halves with per-head tables, its interleaved full-width tables, video/audio widths, a
 // cross-modal k of other width and token count), the cross-attention norm without RoPE, no
 // weights, fp16, batch 2 with per-batch tables, a packed QKV view, strided rows, both roundings,
-// plus empty, misaligned, aliased and invalid calls.
+// plus empty, misaligned, aliased and invalid calls. The float64 oracle below: the RMSNorm over the
+// whole row and each head's rotation in double, within a bound of the contract's roundings.
+#include <array>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -219,6 +222,52 @@ std::vector<OpCase> make() {
 }
 
 const CaseSet kCases("cross_head_qknorm_rope", make);
+
+// rms = sqrt(mean(x^2) + eps) over the row, n = x / rms (* w), per head (a, c) -> (a C - c S,
+// c C + a S) in double. Bound as qknorm_rope's: the norm rounded to the dtype (<= u), the store
+// (<= u |y|), fp32 products and sums (2^-17 of the terms): 3u (|a C| + |c S|) + 2u |y| + 1e-5 (...)
+// + a floor for f16 subnormals.
+void ch_float64(OracleIo& io) {
+  const int64_t D = static_cast<int64_t>(io.number("head_dim"));
+  const std::string rope = io.option("rope");
+  const double eps = std::stof(io.option("eps"));
+  const int q = io.id("q");
+  const double u = io.dtype(q) == DType::f16 ? 0x1p-11 : 0x1p-8, floor = io.dtype(q) == DType::f16 ? 3 * 0x1p-24 : 1e-30;
+  for (const auto& [name, weight_name, cos_name, sin_name] :
+       {std::array<const char*, 4>{"q", "q_weight", "q_cos", "q_sin"}, {"k", "k_weight", "k_cos", "k_sin"}}) {
+    const int t = io.id(name), w = io.id(weight_name);
+    int cs = io.id(cos_name), sn = io.id(sin_name);
+    if (cs < 0) cs = io.id("q_cos"), sn = io.id("q_sin");  // k takes q's tables when it has none
+    const int64_t B = io.shape(t)[0], S = io.shape(t)[1], N = io.shape(t)[2], half = D / 2;
+    std::vector<double> n(N);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t row = (b * S + s) * N;
+        double ss = 0;
+        for (int64_t i = 0; i < N; ++i) ss += io.in(t, row + i) * io.in(t, row + i);
+        const double rms = std::sqrt(ss / static_cast<double>(N) + eps);
+        for (int64_t i = 0; i < N; ++i) n[i] = io.in(t, row + i) / rms * (w >= 0 ? io.in(w, i) : 1.0);
+        for (int64_t h = 0; h < N / D; ++h)
+          for (int64_t j = 0; j < half; ++j) {
+            const int64_t first = h * D + (rope == "split" ? j : 2 * j), second = first + (rope == "split" ? half : 1);
+            if (rope == "none") {
+              for (int64_t i : {first, second})
+                io.expect(t, row + i, n[i], 3 * u * std::fabs(n[i]) + 1e-5 * std::fabs(n[i]) + floor);
+              continue;
+            }
+            const std::vector<int64_t>& ts = io.shape(cs);  // [Bq, S, Hq', D/2]
+            const int64_t at = (((ts[0] == 1 ? 0 : b) * ts[1] + s) * ts[2] + (ts[2] == 1 ? 0 : h)) * ts[3] + j;
+            const double C = io.in(cs, at), Sn = io.in(sn, at), a = n[first], c = n[second];
+            const double magnitude_a = std::fabs(a * C) + std::fabs(c * Sn), magnitude_c = std::fabs(c * C) + std::fabs(a * Sn);
+            const double ya = a * C - c * Sn, yc = c * C + a * Sn;
+            io.expect(t, row + first, ya, 3 * u * magnitude_a + 2 * u * std::fabs(ya) + 1e-5 * magnitude_a + floor);
+            io.expect(t, row + second, yc, 3 * u * magnitude_c + 2 * u * std::fabs(yc) + 1e-5 * magnitude_c + floor);
+          }
+      }
+  }
+}
+
+const OracleSet kOracle("cross_head_qknorm_rope", {"float64 within the contract's rounding bound", ch_float64});
 
 }  // namespace
 }  // namespace ditops::optest
