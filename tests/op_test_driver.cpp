@@ -641,7 +641,9 @@ std::string oracle_mismatches(const Oracle& o, const Prepared& p, const std::vec
       double bound = s.bound[i];
       if (bound < 0) {
         const double scale = std::max(std::fabs(want), 1e-30);
-        bound = is_float(tc.dtype) && std::isfinite(want) ? o.ulps * std::exp2(std::floor(std::log2(scale))) * unit_ulp(tc.dtype) : 0;
+        bound = o.ulps > 0 && is_float(tc.dtype) && std::isfinite(want)
+                    ? o.ulps * std::exp2(std::floor(std::log2(scale))) * unit_ulp(tc.dtype)
+                    : 0;
       }
       const bool ok = std::isnan(want) ? std::isnan(got)
                       : bound == 0     ? got == want && std::signbit(got) == std::signbit(want)

@@ -4,18 +4,27 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "ditops/tensor.h"
 
 namespace ditops::testing_oracle {
+
+inline double power_of_two(int e) {  // 2^e for e in the normal double range, built from its bits
+  const uint64_t bits = static_cast<uint64_t>(e + 1023) << 52;
+  double v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
 
 inline double round_binary(double x, int precision, int emin, double max_finite) {
   if (x == 0.0 || !std::isfinite(x)) return x;
   int e = 0;
   std::frexp(x, &e);                       // |x| = m * 2^e, m in [0.5, 1)
   const int lead = std::max(e - 1, emin);  // subnormals share the smallest quantum
-  const double quantum = std::ldexp(1.0, lead - (precision - 1));
-  const double r = std::nearbyint(x / quantum) * quantum;  // ties to even; keeps the sign of -0
+  const int q = lead - (precision - 1);
+  const double r = std::nearbyint(x * power_of_two(-q)) * power_of_two(q);  // exact scalings; ties to even, -0 kept
   if (std::fabs(r) > max_finite) return std::copysign(INFINITY, x);
   return r;
 }

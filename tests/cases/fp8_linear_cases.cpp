@@ -346,7 +346,9 @@ void fl_oracle(OracleIo& io) {
   }
 }
 
-const OracleSet kOracle("fp8_linear", {"fp64 product within the contract's bound", fl_oracle, 0, true});
+const OracleSet kOracle("fp8_linear", {.name = "fp64 product within the contract's bound",
+                                       .expect = fl_oracle,
+                                       .bounds_implementations = true});
 
 }  // namespace
 }  // namespace ditops::optest

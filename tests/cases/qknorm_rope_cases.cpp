@@ -687,8 +687,9 @@ bool diffusers_mode(const OpCase& c) {
 
 const OracleSet kFloat64("qknorm_rope", {"float64 within the contract's rounding bound", qk_float64});
 const OracleSet kExact("qknorm_rope", {"the exact chain of docs/qknorm_rope.md", qk_exact_chain});
-const OracleSet kDiffusers("qknorm_rope",
-                           {"diffusers' RMSNorm chain step by step", qk_diffusers_chain, 0, false, diffusers_mode});
+const OracleSet kDiffusers("qknorm_rope", {.name = "diffusers' RMSNorm chain step by step",
+                                           .expect = qk_diffusers_chain,
+                                           .applies = diffusers_mode});
 
 }  // namespace
 }  // namespace ditops::optest
