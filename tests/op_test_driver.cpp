@@ -1062,15 +1062,49 @@ OpCase option_variant(const OpCase& c, const std::vector<std::pair<std::string, 
   return v;
 }
 
+std::string call_key(const OpCase& c) {
+  std::ostringstream k;
+  k.precision(17);
+  auto list = [&](const std::vector<int64_t>& v) {
+    for (int64_t e : v) k << e << ',';
+    k << ';';
+  };
+  auto options = c.options;
+  std::sort(options.begin(), options.end());
+  k << c.op << '|';
+  for (const auto& [name, text] : options) k << name << '=' << text << ';';
+  k << '|';
+  for (const std::string& f : c.invalid) k << f << ';';
+  for (const TensorCase& t : c.tensors) {
+    k << '|' << t.name << ':' << dtype_name(t.dtype) << ':';
+    list(t.shape);
+    list(t.strides.empty() ? contiguous_strides(t.shape) : t.strides);
+    k << t.storage << '+' << t.offset << ':';
+    if (t.fill) {
+      const Fill& f = *t.fill;
+      k << static_cast<int>(f.kind) << ',' << f.scale << ',' << f.offset << ',' << f.modulo << ',';
+      for (uint64_t b : f.patterns) k << b << ',';
+    }
+  }
+  return k.str();
+}
+
 void add_variants(std::vector<OpCase>& cases, const Variants& v) {
   const size_t n = cases.size();
+  std::set<std::string> calls;
+  for (const OpCase& c : cases) calls.insert(call_key(c));
+  auto add = [&](OpCase variant) {
+    if (!calls.insert(call_key(variant)).second) return;  // declared already
+    for (const TensorCase& t : variant.tensors) variant.large = variant.large || numel(t.shape) > v.device_only_above;
+    cases.push_back(std::move(variant));
+  };
   for (size_t i = 0; i < n; ++i) {
     const OpCase c = cases[i];
     const bool selected = v.of ? v.of(c) : c.kind == CaseKind::model && c.invalid.empty() && !c.large;
     if (!selected) continue;
-    if (!v.misalign.empty()) cases.push_back(misaligned_variant(c, v.misalign, v.misalign_by));
-    if (!v.pad_rows.empty()) cases.push_back(padded_variant(c, v.pad_rows, v.pad));
-    for (const auto& [options, suffix] : v.options) cases.push_back(option_variant(c, options, suffix));
+    if (!v.misalign.empty()) add(misaligned_variant(c, v.misalign, v.misalign_by));
+    if (!v.pad_rows.empty()) add(padded_variant(c, v.pad_rows, v.pad));
+    for (const auto& [options, suffix] : v.options) add(option_variant(c, options, suffix));
   }
 }
 

@@ -165,7 +165,12 @@ OpCase misaligned_variant(const OpCase& c, const std::vector<std::string>& tenso
 OpCase padded_variant(const OpCase& c, const std::vector<std::string>& tensors, int64_t pad = 8);
 OpCase option_variant(const OpCase& c, const std::vector<std::pair<std::string, std::string>>& options,
                       const std::string& suffix);
-// Appends the variants of every case `of` selects (default: valid model cases that are not large).
+// A case's call up to its name and seed (the op, its tensors with their layout, views and fills, its
+// options, and the refusal it expects): two cases with one key check one configuration.
+std::string call_key(const OpCase& c);
+// Appends the variants of every case `of` selects (default: valid model cases that are not large),
+// except a variant that repeats a call the list holds already (the same tensors, views, fills and
+// options; the seed apart).
 struct Variants {
   std::vector<std::string> misalign;  // misaligned_variant's tensors (none: no such variant)
   int64_t misalign_by = 1;
@@ -173,6 +178,9 @@ struct Variants {
   int64_t pad = 8;
   std::vector<std::pair<std::vector<std::pair<std::string, std::string>>, std::string>> options;  // (options, suffix)
   std::function<bool(const OpCase&)> of;
+  // A variant of a call with a tensor of more elements is large (run where a device compares it):
+  // the smaller variants and the declared cases take the reference through the same layouts.
+  int64_t device_only_above = int64_t{1} << 20;
 };
 void add_variants(std::vector<OpCase>& cases, const Variants& v);
 

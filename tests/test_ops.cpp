@@ -186,6 +186,19 @@ TEST(ops_driver, variants_move_buffers_pad_rows_and_set_options) {
   add_variants(list, {{"out"}, 3, {}, 8, {{{{"use_pdl", "false"}}, "nopdl"}}, nullptr});
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[1].tensors[3].offset, 3);
+  // A variant that repeats a call the list holds already (another name, another seed) is left out.
+  list.resize(1);
+  OpCase declared = misaligned_variant(c, {"out"}, 3);
+  declared.name = "declared_off3";
+  declared.seed = c.seed + 1;
+  list.push_back(declared);
+  add_variants(list, {{"out"}, 3, {}, 8, {}, nullptr});
+  EXPECT_EQ(list.size(), 2u);
+  // A variant of a call with a tensor above device_only_above runs where a device compares it.
+  EXPECT_FALSE(list[0].large);
+  add_variants(list, {{"out"}, 1, {}, 8, {}, nullptr, 2 * 33 * 128 - 1});  // out: [2, 33, 128]
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_TRUE(list[2].large);
   const std::unique_ptr<Memory> host = host_memory();
   DriverOptions options;
   options.device = host.get();

@@ -499,6 +499,10 @@ std::vector<OpCase> make() {
     c.invalid = {"scale is required (numerics=sglang"};
     out.push_back(c);
   }
+  // Every model case again with x's rows padded (its token stride free).
+  Variants padded;
+  padded.pad_rows = {"x"};
+  add_variants(out, padded);
   return out;
 }
 

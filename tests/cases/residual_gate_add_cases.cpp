@@ -328,6 +328,8 @@ std::vector<OpCase> make() {
   c.name = "gate_row_not_contiguous";
   c.invalid = {"gate.stride(2) must be 1", "but is 2"};
   out.push_back(c);
+  // Every model case again with each pointer an element off its alignment (the scalar path).
+  add_variants(out, {{"residual", "update", "gate", "out"}});
   return out;
 }
 

@@ -299,6 +299,8 @@ std::vector<OpCase> make() {
   c.tensors[3].shape = {16, 80};
   c.invalid = {"attn must have rank 3 but has rank 2"};
   out.push_back(c);
+  // Every model case again with each pointer an element off its alignment (the scalar path).
+  add_variants(out, {{"attn", "mlp", "out"}});
   return out;
 }
 
