@@ -10,6 +10,7 @@
 // for every implementation; cuBLASLt's byte equality with torch._scaled_mm is checked by
 // tests/python/test_ops_eager.py and bench/fp8_linear_torch.py.
 #include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -128,19 +129,22 @@ std::vector<OpCase> make() {
       out.push_back(c);
     }
 
-  // Every whitelisted K at every listed M over 16 columns, three seeds each (the contract's bound
-  // checks each output, so a slice of N suffices; the full N is in the large cases above).
-  for (const Fp8LinearShape& w : fp8_linear_whitelist())
+  // Every whitelisted K (with its bias) at every M listed with it over 16 columns, three seeds each
+  // (the contract's bound checks each output, so a slice of N suffices: the whitelisted N, which
+  // would repeat these calls, are in the large cases above).
+  std::map<std::pair<int64_t, bool>, uint32_t> m_masks;  // (K, bias) -> the M listed
+  for (const Fp8LinearShape& w : fp8_linear_whitelist()) m_masks[{w.k, w.bias}] |= w.m_mask;
+  for (const auto& [k_bias, m_mask] : m_masks)
     for (int64_t M = 1; M <= 16; ++M) {
-      if (!(w.m_mask >> M & 1u)) continue;
+      if (!(m_mask >> M & 1u)) continue;
       for (uint32_t s_seed : {0u, 1u, 7u}) {
         Fl s;
         s.M = M;
         s.N = 16;
-        s.K = w.k;
-        s.bias = w.bias;
+        s.K = k_bias.first;
+        s.bias = k_bias.second;
         OpCase c = fl_case(s, CaseKind::model, 1000 + s_seed);
-        c.name += "_of_N" + std::to_string(w.n) + "_seed" + std::to_string(s_seed);
+        c.name += "_seed" + std::to_string(s_seed);
         out.push_back(c);
       }
     }
