@@ -515,6 +515,4 @@ TEST(QkNormRopeReference, RejectsCallsItCannotRunSafely) {
   EXPECT_EQ(p.act, p.act_before);
 }
 
-// (a) At D = 128 the aten and warp orders are the same computation: identical bits.
-
 }  // namespace
