@@ -146,10 +146,10 @@ PY
 }
 trap clock_summary EXIT
 
-# pytest (ctest's python_pytest) over 4 workers where pytest-xdist is installed; JUnit XML for
+# pytest (ctest's python_pytest) over 8 workers where pytest-xdist is installed; JUnit XML for
 # bench/summary.py.
 PYTEST_OPTS="--junitxml=$OUT/pytest.xml"
-python3 -c "import xdist" 2>/dev/null && PYTEST_OPTS="-n 4 $PYTEST_OPTS"
+python3 -c "import xdist" 2>/dev/null && PYTEST_OPTS="-n 8 $PYTEST_OPTS"
 if [ "$PHASE" = all ]; then
   echo "== tests (CPU + GPU + pytest tests/python)"
   PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
@@ -187,7 +187,7 @@ elif [ "$PHASE" = verify ]; then
   # the GPU; the benchmarks and the host-overhead figure run after them, alone.
   ALL_OPS=$(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p' | tr '\n' ' ')
   echo "== tests (CPU + GPU + pytest) beside the bit-exactness checks against the PyTorch eager chain"
-  PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
+  PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 10 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
   CTEST_PID=$!
   mkdir -p "$OUT/torch"
   : > "$OUT/torch.txt"
@@ -262,7 +262,7 @@ elif [ "$PHASE" = sanitize ]; then
   done
   if [ -z "${1:-}" ]; then  # the driver's cases, one job per op
     for op in $(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p'); do
-      JOBS+=("build-dev/tests/test_ops|driver/ops.every_case_against_the_reference/$op|test_ops_$op")
+      JOBS+=("build-dev/tests/test_ops|driver/ops.every_case_against_the_reference/${op}_part*|test_ops_$op")
     done
   fi
   CAP=$((DEADLINE - $(date +%s)))
@@ -315,7 +315,7 @@ elif [ "$PHASE" = ops ]; then
   REGEX=""
   for op in $OPS; do
     camel=$(echo "$op" | sed -E 's/(^|_)([a-z0-9])/\U\2/g')
-    REGEX="$REGEX${REGEX:+|}$camel|every_case_against_the_reference/$op( |\$)"  # the driver's ctest names end in "  # GetParam() = ..."
+    REGEX="$REGEX${REGEX:+|}$camel|every_case_against_the_reference/${op}_part"  # the driver's parts of the op
   done
   echo "== tests matching $REGEX"
   ctest --test-dir build-dev -j 6 -R "$REGEX" --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
