@@ -14,7 +14,7 @@
 #include "ditops/layernorm_modulate.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
-#include "kernels/layernorm_modulate_params.h"
+#include "kernels/layernorm_modulate.cuh"
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 #include "reference/aten_layer_norm.h"
 #include "reference/half.h"

@@ -20,7 +20,7 @@
 #include "ditops/norm_scale_shift.h"
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
-#include "kernels/norm_scale_shift_params.h"
+#include "kernels/norm_scale_shift.cuh"
 #include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
 #include "reference/fp8_fp4.h"
 #include "reference/half.h"
@@ -336,7 +336,7 @@ TEST(NssJit, KernelKeysCompileForEveryTargetArch) {
 }
 
 // The eager kernel's persistent CTAs find each row's (batch, token) by adding the grid step to the
-// previous row's, not by dividing (kernels/norm_scale_shift_params.h): every row a CTA visits must
+// previous row's, not by dividing (kernels/norm_scale_shift.cuh): every row a CTA visits must
 // get row / S and row % S, also where a step crosses one or many batches (the GPU grids have too
 // few rows for a CTA to take a second row of another batch).
 TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
@@ -366,7 +366,7 @@ TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
   EXPECT_GT(checked, 1000);
 }
 
-// The eager kernel's persistent-loop knobs follow the measured rules (norm_scale_shift_kernels.cpp)
+// The eager kernel's persistent-loop knobs follow the measured rules (norm_scale_shift_op.cpp)
 // and reach the request: prefetch, shared operands and split as the last template arguments, the
 // launch bounds' block size and minimum.
 TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {

@@ -19,7 +19,7 @@
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
 #include "kernels/common/fast_divide.h"
-#include "kernels/residual_gate_add_params.h"
+#include "kernels/residual_gate_add.cuh"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
 
@@ -437,7 +437,7 @@ TEST(ResidualGateAddJit, SixtyFourBitIndicesFromTwoToThe31Units) {
 }
 
 // What the 32-bit flat kernel reads before its loads fits the params' first 48 bytes (the constant
-// line it shares with the memory descriptor on sm_90: residual_gate_add_params.h), and
+// line it shares with the memory descriptor on sm_90: kernels/residual_gate_add.cuh), and
 // rga_set_flat_sizes fills the 32-bit sizes and divisors only where every unit index fits.
 TEST(ResidualGateAddJit, FlatSizesOfThe32BitKernelLeadTheParams) {
   EXPECT_EQ(offsetof(ResidualGateAddParams, units32), 24u);

@@ -15,7 +15,7 @@
 #include "ditops/residual_gate_add.h"
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
-#include "kernels/residual_gate_add_params.h"
+#include "kernels/residual_gate_add.cuh"
 #include "ops/residual_gate_add/residual_gate_add_kernels.h"
 #include "reference/half.h"
 

@@ -14,19 +14,13 @@
 #include <random>
 #include <vector>
 
-// The unit length is a plain constant of the library (kernels/qknorm_rope_params.h). This experiment
-// substitutes its own: the params header is included first (its #pragma once keeps it from being read
-// again), then the kernel's use of the name is redirected to the experiment's constant.
-#include "qknorm_rope_params.h"
+// The unit length is a plain constant of the library (kQkChunkHeadIterations, kernels/qknorm_rope.cuh),
+// whose default this experiment overrides before including the kernel.
 #ifndef QK_TUNE_CHUNK
 #define QK_TUNE_CHUNK 4
 #endif
-namespace ditops {
-constexpr int kTuneChunkHeadIterations = QK_TUNE_CHUNK;
-}  // namespace ditops
-#define kQkChunkHeadIterations kTuneChunkHeadIterations
+#define DITOPS_QK_CHUNK_HEAD_ITERATIONS QK_TUNE_CHUNK
 #include "qknorm_rope.cuh"
-#undef kQkChunkHeadIterations
 #include "tune_common.cuh"
 
 using ditops::QkNormRopeParams;
@@ -53,7 +47,7 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   cudaFuncAttributes attr;
   CHECK(cudaFuncGetAttributes(&attr, kernel));
   const int heads = 2 * c.heads;
-  const int unit_heads = ditops::kTuneChunkHeadIterations * 2;
+  const int unit_heads = ditops::kQkChunkHeadIterations * 2;
   const int cpt = (heads + unit_heads - 1) / unit_heads;
   const long long units = c.tokens * cpt;
   const long long grid = std::max<long long>(1, std::min<long long>((long long)blocks_per_sm * sms, (units + 7) / 8));
@@ -73,7 +67,7 @@ float run_variant(const Case& c, void* q, void* k, void* w, void* cache, void* p
   p.positions_stride = 1;
   p.num_q_heads = c.heads;
   p.num_heads = heads;
-  p.unit_iterations = ditops::kTuneChunkHeadIterations;
+  p.unit_iterations = ditops::kQkChunkHeadIterations;
   p.chunks_per_token = cpt;
   p.unit_token_step = warps / cpt;
   p.unit_chunk_step = static_cast<int>(warps % cpt);

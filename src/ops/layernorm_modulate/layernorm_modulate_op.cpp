@@ -13,7 +13,7 @@
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
-#include "kernels/layernorm_modulate_params.h"
+#include "kernels/layernorm_modulate.cuh"
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 
 namespace ditops {

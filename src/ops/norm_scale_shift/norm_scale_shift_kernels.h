@@ -32,7 +32,7 @@ struct NssKernelKey {
 
 constexpr int kNssMaxThreads = 128;  // eager: one row per 128-thread CTA (unless split); sglang: up to 4 rows (warps)
 
-// The eager kernel's persistent-loop knobs, a function of the key (measured; see the .cpp):
+// The eager kernel's persistent-loop knobs, a function of the key (measured; norm_scale_shift_op.cpp):
 // load the next row before the current row's statistics, hold the scale / shift / gate rows in
 // shared memory instead of registers, __launch_bounds__' minimum resident CTAs per SM (0: ptxas
 // decides), and the threads per aten thread (split: a row on a CTA of 128 * split threads).
