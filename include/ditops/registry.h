@@ -13,9 +13,7 @@
 
 namespace ditops {
 
-namespace jit {
 struct KernelRequest;  // a kernel instance's source: header, function, template arguments
-}
 
 // Where an implementation came from (never the hardware it runs on). Declaration order is the
 // default priority: kda > aot > jit > vendor > reference.
@@ -124,10 +122,10 @@ struct KernelSpec {
   // Identifies the call struct `call` points to; every implementation of an op has the same one.
   const void* call_type = nullptr;
   // aot only: the kernel instances the build compiles and embeds (read by ditops_aotgen).
-  std::function<std::vector<jit::KernelRequest>()> prebuilt;
+  std::function<std::vector<KernelRequest>()> prebuilt;
   // jit: the kernel instances that cover every code path of the op, which the compile test
   // builds for every target arch (none listed: the op's own tests cover them).
-  std::function<std::vector<jit::KernelRequest>()> variants;
+  std::function<std::vector<KernelRequest>()> variants;
 };
 
 // What dispatch throws when no implementation takes a valid call, or every eligible one failed

@@ -3,25 +3,24 @@
 #include <map>
 #include <mutex>
 
-// The driver and NVRTC are loaded by the jit layer (dlopen); the device query only reads them.
-#include "jit/cuda_driver.h"
-#include "jit/nvrtc.h"
-
 namespace ditops {
 
 static const DeviceInfo& device_info_slow(Device device);
 
 namespace {
 thread_local const DeviceInfo* t_simulated = nullptr;  // SimulatedDeviceScope
+MachineQuery g_machine;  // installed by src/jit at load time, read after
 
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;
   if (sm >= 90) features |= kFeaturePdl;
   if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
-  if (jit::nvrtc_version() > 0) features |= kFeatureNvrtc;
+  if (g_machine.nvrtc && g_machine.nvrtc()) features |= kFeatureNvrtc;
   return features;
 }
 }  // namespace
+
+void install_machine_query(const MachineQuery& query) { g_machine = query; }
 
 const DeviceInfo& device_info(Device device) {
   static const DeviceInfo cpu{{DeviceKind::cpu, 0}, 0, 0, 0, "host CPU"};
@@ -43,23 +42,9 @@ static const DeviceInfo& device_info_slow(Device device) {
   std::lock_guard<std::mutex> lock(mutex);
   auto it = infos->find(device.index);
   if (it != infos->end()) return it->second;
-  const jit::CudaDriver& d = jit::require_cuda_driver();
-  if (device.index < 0 || device.index >= d.device_count)
-    throw Error("CUDA device " + std::to_string(device.index) + " does not exist (" +
-                std::to_string(d.device_count) + " devices)");
-  CUdevice dev;
-  jit::check_cu(d.cuDeviceGet(&dev, device.index), "cuDeviceGet");
-  int major = 0, minor = 0, sms = 0;
-  d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev);
-  d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev);
-  d.cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-  char name[256] = {};
-  d.cuDeviceGetName(name, sizeof name, dev);
-  DeviceInfo info;
+  if (!g_machine.cuda_device) throw Error("CUDA unavailable: no CUDA driver layer in this build");
+  DeviceInfo info = g_machine.cuda_device(device.index);
   info.device = device;
-  info.sm = major * 10 + minor;
-  info.multiprocessors = sms;
-  info.name = name;
   info.features = features_of_sm(info.sm);
   return infos->emplace(device.index, info).first->second;
 }
@@ -76,12 +61,10 @@ DeviceInfo simulated_device_info(Device device, int sm, int multiprocessors) {
 
 SimulatedDeviceScope::SimulatedDeviceScope(const DeviceInfo& info) : info_(info), previous_(t_simulated) {
   t_simulated = &info_;
-  jit::simulate_cuda_driver(true);
 }
 
-SimulatedDeviceScope::~SimulatedDeviceScope() {
-  t_simulated = previous_;
-  jit::simulate_cuda_driver(previous_ != nullptr);
-}
+SimulatedDeviceScope::~SimulatedDeviceScope() { t_simulated = previous_; }
+
+bool simulating_device() { return t_simulated != nullptr; }
 
 }  // namespace ditops

@@ -15,7 +15,7 @@ const DeviceInfo& device_info(Device device);
 DeviceInfo simulated_device_info(Device device, int sm, int multiprocessors);
 
 // While alive, on this thread only: device_info() of any CUDA device returns `info`, and the CUDA
-// driver reads as present (jit::SimulatedDriverScope). explain() uses it to show how dispatch would
+// driver reads as present (simulating_device()). explain() uses it to show how dispatch would
 // choose on an architecture this machine lacks; nothing may run inside the scope.
 class SimulatedDeviceScope {
  public:
@@ -28,5 +28,17 @@ class SimulatedDeviceScope {
   DeviceInfo info_;
   const DeviceInfo* previous_;
 };
+// Whether this thread is inside a SimulatedDeviceScope (the driver layer then stands in a
+// driver whose every call is refused).
+bool simulating_device();
+
+// How a real machine is read. The layer that loads the CUDA driver and NVRTC (src/jit) installs
+// it when the library loads, so core never includes that layer; before that, or without it, there
+// is no CUDA device and no NVRTC.
+struct MachineQuery {
+  DeviceInfo (*cuda_device)(int index) = nullptr;  // sm, multiprocessors, name; throws Error if absent
+  bool (*nvrtc)() = nullptr;                       // NVRTC can be loaded
+};
+void install_machine_query(const MachineQuery& query);
 
 }  // namespace ditops

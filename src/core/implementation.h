@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ditops/registry.h"
-#include "jit/kernel_request.h"
+#include "core/kernel_request.h"
 
 namespace ditops {
 
@@ -31,8 +31,8 @@ struct Implementation {
   std::function<std::string(const Call&)> predicate;        // "" when it takes the call
   std::function<std::string(const Call&)> template_key;     // compile-time parameters, or none
   std::function<void(const Call&)> run;
-  std::function<std::vector<jit::KernelRequest>()> prebuilt;  // aot only: what the build compiles
-  std::function<std::vector<jit::KernelRequest>()> variants;  // jit: what the compile test builds
+  std::function<std::vector<KernelRequest>()> prebuilt;  // aot only: what the build compiles
+  std::function<std::vector<KernelRequest>()> variants;  // jit: what the compile test builds
 };
 
 template <typename Call>

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "core/device.h"
 #include "ditops/tensor.h"
 
 #define DITOPS_STR(x) #x
@@ -82,14 +83,10 @@ const CudaDriver& simulated_driver() {
   return d;
 }
 
-thread_local bool t_simulated = false;
-
 }  // namespace
 
-void simulate_cuda_driver(bool on) { t_simulated = on; }
-
 const CudaDriver* cuda_driver(std::string* why) {
-  if (t_simulated) [[unlikely]] return &simulated_driver();
+  if (simulating_device()) [[unlikely]] return &simulated_driver();
   DriverState& s = state();
   if (!s.ok) {
     if (why) *why = s.why;

@@ -30,15 +30,13 @@ struct CudaDriver {
 };
 
 // The loaded driver (cuInit done), or nullptr; `why` then says what is missing. Thread-safe,
-// loads once.
+// loads once. Inside a SimulatedDeviceScope (core/device.h, explain on a simulated device): a
+// stand-in whose every function returns CUDA_ERROR_NOT_SUPPORTED, so availability checks pass and
+// anything that would touch a device fails with an Error.
 const CudaDriver* cuda_driver(std::string* why = nullptr);
 // Throws Error when CUDA is unavailable.
 const CudaDriver& require_cuda_driver();
 
-// While on (this thread only), cuda_driver() returns a stand-in whose every function returns
-// CUDA_ERROR_NOT_SUPPORTED: availability checks pass and anything that would touch a device
-// fails with an Error. For explain on a simulated device (core/device.h SimulatedDeviceScope).
-void simulate_cuda_driver(bool on);
 
 // Throws ditops::Error("<what>: CUDA_ERROR_xxx (message)") when result is not CUDA_SUCCESS.
 void check_cu(CUresult result, const char* what);
