@@ -18,7 +18,7 @@
 
 #include <string>
 
-#include "ditops/layernorm_modulate.h"  // Fp8Reciprocal
+#include "ditops/fp8_reciprocal.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 

@@ -27,21 +27,11 @@
 
 #include <string>
 
+#include "ditops/fp8_reciprocal.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
 namespace ditops {
-
-// How the fp8 op forms inv = 1 / input_scale.
-enum class Fp8Reciprocal : uint8_t {
-  // IEEE division (div.rn): what eager `1.0 / input_scale` does (Tensor.__rtruediv__ ->
-  // reciprocal, an IEEE division on CUDA). Oracle: the eager PyTorch chain.
-  ieee,
-  // PTX div.full.f32 (approximate, <= 2 ulp): what SGLang's Triton static_quant_fp8 does
-  // (Triton lowers 1.0/scale to it). Oracle: SGLang's split chain.
-  div_full,
-};
-const char* fp8_reciprocal_name(Fp8Reciprocal mode);
 
 // Which GPU mapping of aten's 128 virtual threads computes a row. Both give identical bits.
 enum class LnRowMapping : uint8_t {
