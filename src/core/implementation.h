@@ -1,6 +1,8 @@
 // Typed registration: an op adds its implementations with functions that take its own call
-// struct. The registry stores them type-erased (KernelSpec); the one cast back happens here, and
-// Registry::add refuses an op whose implementations were registered for different call types.
+// struct and kernel key. The registry stores them type-erased (KernelSpec: functions of a
+// `const void*`); that pointer is always a Dispatched<Call, Key>, made once per call by the op's
+// dispatch, and the one cast back happens here. Registry::add refuses an op whose
+// implementations were registered for different call types.
 #pragma once
 
 #include <functional>
@@ -8,35 +10,44 @@
 #include <utility>
 #include <vector>
 
-#include "ditops/registry.h"
 #include "core/kernel_request.h"
+#include "ditops/registry.h"
 
 namespace ditops {
 
+// One call as every implementation of an op receives it: the matched call, its kernel key
+// (computed once per call by the op's dispatch and passed on) and the device it runs on.
+template <typename Call, typename Key>
+struct Dispatched {
+  const Call& call;
+  const Key& key;
+  const DeviceInfo& device;
+};
+
 // The address identifies the call type (KernelSpec::call_type).
-template <typename Call>
+template <typename T>
 const void* call_type_tag() {
   static const char tag = 0;
   return &tag;
 }
 
-template <typename Call>
+template <typename Call, typename Key>
 struct Implementation {
   std::string name;  // "<op>.<variant>"
   Provenance provenance = Provenance::reference;
   std::vector<Capability> capabilities;
   Contract contract;
   std::string description;
-  std::function<std::string()> availability;                // "" when usable on this machine
-  std::function<std::string(const Call&)> predicate;        // "" when it takes the call
-  std::function<std::string(const Call&)> template_key;     // compile-time parameters, or none
-  std::function<void(const Call&)> run;
+  std::function<std::string()> availability;                       // "" when usable on this machine
+  std::function<std::string(const Call&, const Key&)> predicate;   // "" when it takes the call
+  std::function<void(const Call&, const Key&)> run;
   std::function<std::vector<KernelRequest>()> prebuilt;  // aot only: what the build compiles
   std::function<std::vector<KernelRequest>()> variants;  // jit: what the compile test builds
 };
 
-template <typename Call>
-void add_implementation(Registry& registry, const std::string& op, Implementation<Call> impl) {
+template <typename Call, typename Key>
+void add_implementation(Registry& registry, const std::string& op, Implementation<Call, Key> impl) {
+  using D = Dispatched<Call, Key>;
   KernelSpec spec;
   spec.op = op;
   spec.name = std::move(impl.name);
@@ -45,32 +56,23 @@ void add_implementation(Registry& registry, const std::string& op, Implementatio
   spec.contract = std::move(impl.contract);
   spec.description = std::move(impl.description);
   spec.availability = std::move(impl.availability);
-  spec.call_type = call_type_tag<Call>();
-  auto as_call = [](const void* p) -> const Call& { return *static_cast<const Call*>(p); };
-  spec.predicate = [f = std::move(impl.predicate), as_call](const void* p) { return f ? f(as_call(p)) : ""; };
-  if (impl.template_key)
-    spec.template_key = [f = std::move(impl.template_key), as_call](const void* p) { return f(as_call(p)); };
-  spec.run = [f = std::move(impl.run), as_call](const void* p) { f(as_call(p)); };
+  spec.call_type = call_type_tag<D>();
+  spec.predicate = [f = std::move(impl.predicate)](const void* p) {
+    const D& d = *static_cast<const D*>(p);
+    return f ? f(d.call, d.key) : std::string();
+  };
+  // The kernel's compile-time parameters; a CPU call has none.
+  spec.template_key = [](const void* p) {
+    const D& d = *static_cast<const D*>(p);
+    return d.device.device.kind == DeviceKind::cuda ? d.key.to_string() : std::string();
+  };
+  spec.run = [f = std::move(impl.run)](const void* p) {
+    const D& d = *static_cast<const D*>(p);
+    f(d.call, d.key);
+  };
   spec.prebuilt = std::move(impl.prebuilt);
   spec.variants = std::move(impl.variants);
   registry.add(std::move(spec));
-}
-
-// The CPU reference of an op: takes every call whose tensors are on the CPU.
-template <typename Call>
-Implementation<Call> reference_implementation(const std::string& op, Device (*device_of)(const Call&),
-                                              void (*run)(const Call&), Contract contract, std::string description) {
-  Implementation<Call> impl;
-  impl.name = op + ".reference";
-  impl.provenance = Provenance::reference;
-  impl.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
-  impl.contract = std::move(contract);
-  impl.description = std::move(description);
-  impl.predicate = [device_of](const Call& c) -> std::string {
-    return device_of(c).kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
-  };
-  impl.run = run;
-  return impl;
 }
 
 }  // namespace ditops

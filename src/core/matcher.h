@@ -32,6 +32,11 @@ struct Dim {
 
 class Matcher;
 
+// Whether a pointer is a multiple of `bytes` (an op's vector paths ask it of every operand).
+inline bool is_aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes) == 0;
+}
+
 class TensorMatch {
  public:
   TensorMatch& rank(int expected);

@@ -1,14 +1,31 @@
-// An op's CUDA kernels, declared once and shared by its jit and aot implementations and by its
-// facade: which device a call runs on, the kernel key it selects, the request that compiles that
-// key and the launch. From these come the implementations' availability, predicate, template
-// key, memoized compile or load, launch and prebuilt listing, and the decision-cache signature.
+// An op's CUDA kernels, declared once as a struct of static functions (its kernel family) and
+// shared by its jit and aot implementations and by its facade:
 //
-// Key is a value type with packed() (a uint64 that identifies the kernel: every field the
-// predicates read) and to_string() (the human-readable template key).
+//   struct TokenCatFp8Kernels {
+//     using Call = TokenCatFp8Call;
+//     using Key = TokenCatFp8Key;  // packed(): a uint64 naming the kernel; to_string(): the template key
+//     static constexpr const char* op = "token_cat_fp8";
+//     static constexpr const char* device_tensor = "attn";  // named when the stream is another device's
+//     static Device device(const Call&);
+//     static Key key(const Call&, const DeviceInfo&);
+//     static KernelRequest request(const Key&);
+//     static void launch(const Call&, const Key&, const jit::LoadedKernel&);
+//     // Optional:
+//     static bool nothing_to_do(const Call&);            // no launch, no compile
+//     static std::string refusal(const Call&);           // CUDA calls no kernel takes
+//     static std::vector<Key> prebuilt_keys();           // aot: the keys compiled into the library
+//     static std::vector<Key> variant_keys();            // every code path (the compile test)
+//     static uint64_t extra_signature(const Call&);      // predicate inputs the key does not carry,
+//     static constexpr uint64_t extra_radix = N;         //   below extra_radix (decision cache)
+//   };
+//
+// A call's path: the facade matches, dispatch<F>() computes the key once, and the registry hands
+// the Dispatched call (core/implementation.h) to the chosen implementation, whose run resolves the
+// kernel per (key, device) once (compile or prebuilt load, capture-safe) and launches.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,49 +39,60 @@
 
 namespace ditops {
 
-template <typename Call, typename Key>
-struct KernelFamily {
-  const char* op = "";
-  const char* device_tensor = "";      // the tensor named when the stream is on another device
-  Device (*device)(const Call&) = nullptr;
-  Key (*key)(const Call&, const DeviceInfo&) = nullptr;
-  jit::KernelRequest (*request)(const Key&) = nullptr;
-  void (*launch)(const Call&, const Key&, const jit::LoadedKernel&) = nullptr;
-  bool (*nothing_to_do)(const Call&) = nullptr;     // optional: no launch, no compile
-  std::string (*refusal)(const Call&) = nullptr;    // optional: CUDA calls no kernel takes
-  std::vector<Key> (*prebuilt_keys)() = nullptr;    // aot: the keys compiled into the library
-  std::vector<Key> (*variant_keys)() = nullptr;     // keys covering every code path (compile test)
-  // Predicate inputs outside the key (an option the key does not carry), as a number below
-  // extra_radix; part of the decision-cache signature.
-  uint64_t (*extra_signature)(const Call&) = nullptr;
-  uint64_t extra_radix = 1;
-
-  std::string template_key(const Call& c) const {
-    const Device d = device(c);
-    return d.kind == DeviceKind::cuda ? key(c, device_info(d)).to_string() : "";
-  }
-  std::string cuda_refusal(const Call& c) const {
-    if (device(c).kind != DeviceKind::cuda) return "the tensors are on the cpu";
-    return refusal ? refusal(c) : "";
-  }
-  // Everything the implementations' predicates and template keys read from a call: its kernel
-  // key, the extra predicate inputs and the device kind.
-  uint64_t signature(const Call& c, const DeviceInfo& info) const {
-    const uint64_t extra = extra_signature ? extra_signature(c) : 0;
-    return ((key(c, info).packed() * extra_radix + extra) * 4) + static_cast<uint64_t>(info.device.kind) + 1;
-  }
-
-  // The op's facade after matching: checks the stream and dispatches with the decision cache.
-  std::string dispatch(const Call& c, Stream stream, const DispatchOptions& options) const {
-    const Device d = device(c);
-    const DeviceInfo& info = device_info(d);
-    jit::bind_and_check_stream(op, device_tensor, d, stream);
-    return Registry::global().dispatch(op, &c, info, options, signature(c, info)).name;
-  }
-  DispatchReport explain(const Call& c, const DispatchOptions& options) const {
-    return Registry::global().explain(op, &c, device_info(device(c)), options);
-  }
+template <typename F>
+concept KernelFamily = requires(const typename F::Call& c, const typename F::Key& k, const DeviceInfo& info,
+                                const jit::LoadedKernel& kernel) {
+  { F::op } -> std::convertible_to<const char*>;
+  { F::device_tensor } -> std::convertible_to<const char*>;
+  { F::device(c) } -> std::same_as<Device>;
+  { F::key(c, info) } -> std::same_as<typename F::Key>;
+  { F::request(k) } -> std::same_as<KernelRequest>;
+  F::launch(c, k, kernel);
+  { k.packed() } -> std::same_as<uint64_t>;
+  { k.to_string() } -> std::same_as<std::string>;
 };
+
+namespace family_detail {
+
+template <typename F>
+bool nothing_to_do(const typename F::Call& c) {
+  if constexpr (requires { F::nothing_to_do(c); }) return F::nothing_to_do(c);
+  else return false;
+}
+
+// Everything the implementations' predicates and template keys read from a call: its kernel key,
+// the predicate inputs the key does not carry and the device kind.
+template <typename F>
+uint64_t signature(const typename F::Call& c, const typename F::Key& key, const DeviceInfo& info) {
+  uint64_t radix = 1, extra = 0;
+  if constexpr (requires { F::extra_signature(c); }) {
+    radix = F::extra_radix;
+    extra = F::extra_signature(c);
+  }
+  return ((key.packed() * radix + extra) * 4) + static_cast<uint64_t>(info.device.kind) + 1;
+}
+
+}  // namespace family_detail
+
+// The op's facade after matching: checks the stream, computes the kernel key once and dispatches
+// with the decision cache. Returns the implementation that ran.
+template <KernelFamily F>
+std::string dispatch(const typename F::Call& c, Stream stream, const DispatchOptions& options) {
+  const Device d = F::device(c);
+  const DeviceInfo& info = device_info(d);
+  jit::bind_and_check_stream(F::op, F::device_tensor, d, stream);
+  const typename F::Key key = F::key(c, info);
+  const Dispatched<typename F::Call, typename F::Key> call{c, key, info};
+  return Registry::global().dispatch(F::op, &call, info, options, family_detail::signature<F>(c, key, info)).name;
+}
+
+template <KernelFamily F>
+DispatchReport explain(const typename F::Call& c, const DispatchOptions& options) {
+  const DeviceInfo& info = device_info(F::device(c));
+  const typename F::Key key = F::key(c, info);
+  const Dispatched<typename F::Call, typename F::Key> call{c, key, info};
+  return Registry::global().explain(F::op, &call, info, options);
+}
 
 namespace jit {
 inline std::string nvrtc_availability() {
@@ -75,72 +103,83 @@ inline std::string nvrtc_availability() {
 }
 }  // namespace jit
 
-template <typename Call, typename Key>
-std::vector<jit::KernelRequest> requests(const KernelFamily<Call, Key>& family, const std::vector<Key>& keys) {
-  std::vector<jit::KernelRequest> out;
-  for (const Key& key : keys) out.push_back(family.request(key));
+namespace family_detail {
+
+template <KernelFamily F>
+std::string cuda_refusal(const typename F::Call& c) {
+  if (F::device(c).kind != DeviceKind::cuda) return "the tensors are on the cpu";
+  if constexpr (requires { F::refusal(c); }) return F::refusal(c);
+  else return "";
+}
+
+template <KernelFamily F>
+std::vector<KernelRequest> requests(const std::vector<typename F::Key>& keys) {
+  std::vector<KernelRequest> out;
+  for (const auto& key : keys) out.push_back(F::request(key));
   return out;
 }
 
-// The run of a jit or aot implementation: the call's key, its kernel from `memo` (resolved by
-// load(key, device index) the first time per key and device, capture-safe: jit/first_use.h), the
-// launch.
-template <typename Call, typename Key, typename Load>
-void run_memoized(const KernelFamily<Call, Key>& family, jit::KernelMemo& memo, const Call& c, const Load& load) {
-  if (family.nothing_to_do && family.nothing_to_do(c)) return;
-  const Device d = family.device(c);
-  const Key key = family.key(c, device_info(d));
+// The run of a jit or aot implementation: the call's kernel from `memo` (resolved by load(key,
+// device index) the first time per key and device, capture-safe: jit/first_use.h), the launch.
+template <KernelFamily F, typename Load>
+void run_memoized(jit::KernelMemo& memo, const typename F::Call& c, const typename F::Key& key, const Load& load) {
+  if (nothing_to_do<F>(c)) return;
+  const Device d = F::device(c);
   const jit::LoadedKernel& kernel =
       memo.get(key.packed() * 64 + static_cast<uint64_t>(d.index), [&]() -> const jit::LoadedKernel& {
-        return jit::first_use(static_cast<CUstream>(c.stream), std::string(family.op) + " kernel " + key.to_string(),
+        return jit::first_use(static_cast<CUstream>(c.stream), std::string(F::op) + " kernel " + key.to_string(),
                               [&]() -> const jit::LoadedKernel& { return load(key, d.index); });
       });
   jit::bind_primary_context(d.index);
-  family.launch(c, key, kernel);
+  F::launch(c, key, kernel);
 }
 
+}  // namespace family_detail
+
 // Kernels compiled at first use by NVRTC for the device's exact arch, memoized per key and device.
-template <typename Call, typename Key>
-Implementation<Call> jit_implementation(const KernelFamily<Call, Key>& family) {
-  Implementation<Call> impl;
+template <KernelFamily F>
+Implementation<typename F::Call, typename F::Key> jit_implementation() {
+  using Call = typename F::Call;
+  using Key = typename F::Key;
+  Implementation<Call, Key> impl;
   impl.provenance = Provenance::jit;
   impl.availability = jit::nvrtc_availability;
-  impl.predicate = [family](const Call& c) { return family.cuda_refusal(c); };
-  impl.template_key = [family](const Call& c) { return family.template_key(c); };
-  auto memo = std::make_shared<jit::KernelMemo>();
-  impl.run = [family, memo](const Call& c) {
-    run_memoized(family, *memo, c, [&](const Key& key, int device) -> const jit::LoadedKernel& {
-      return jit::jit_kernel(family.request(key), device);
+  impl.predicate = [](const Call& c, const Key&) { return family_detail::cuda_refusal<F>(c); };
+  impl.run = [](const Call& c, const Key& key) {
+    static jit::KernelMemo memo;
+    family_detail::run_memoized<F>(memo, c, key, [](const Key& k, int device) -> const jit::LoadedKernel& {
+      return jit::jit_kernel(F::request(k), device);
     });
   };
-  if (family.variant_keys) impl.variants = [family] { return requests(family, family.variant_keys()); };
+  if constexpr (requires { F::variant_keys(); })
+    impl.variants = [] { return family_detail::requests<F>(F::variant_keys()); };
   return impl;
 }
 
-// Kernels compiled by nvcc at build time for the keys family.prebuilt_keys lists; a call whose
-// key is not among them is refused by the predicate (the jit takes it).
-template <typename Call, typename Key>
-Implementation<Call> aot_implementation(const KernelFamily<Call, Key>& family) {
-  Implementation<Call> impl;
+// Kernels compiled by nvcc at build time for the keys F::prebuilt_keys lists; a call whose key is
+// not among them is refused by the predicate (the jit takes it).
+template <KernelFamily F>
+Implementation<typename F::Call, typename F::Key> aot_implementation() {
+  using Call = typename F::Call;
+  using Key = typename F::Key;
+  Implementation<Call, Key> impl;
   impl.provenance = Provenance::aot;
   impl.availability = [] {
     if (jit::aot_entries().empty()) return std::string("built without prebuilt kernels");
     std::string why;
     return jit::cuda_driver(&why) ? std::string() : why;
   };
-  impl.predicate = [family](const Call& c) -> std::string {
-    if (std::string why = family.cuda_refusal(c); !why.empty()) return why;
-    const Key key = family.key(c, device_info(family.device(c)));
-    if (!jit::find_aot(family.request(key).template_key)) return "no prebuilt cubin for key " + key.to_string();
+  impl.predicate = [](const Call& c, const Key& key) -> std::string {
+    if (std::string why = family_detail::cuda_refusal<F>(c); !why.empty()) return why;
+    if (!jit::find_aot(F::request(key).template_key)) return "no prebuilt cubin for key " + key.to_string();
     return "";
   };
-  impl.template_key = [family](const Call& c) { return family.template_key(c); };
-  auto memo = std::make_shared<jit::KernelMemo>();
-  impl.run = [family, memo](const Call& c) {
-    run_memoized(family, *memo, c, [&](const Key& key, int device) -> const jit::LoadedKernel& {
-      const jit::KernelRequest request = family.request(key);
+  impl.run = [](const Call& c, const Key& key) {
+    static jit::KernelMemo memo;
+    family_detail::run_memoized<F>(memo, c, key, [](const Key& k, int device) -> const jit::LoadedKernel& {
+      const KernelRequest request = F::request(k);
       const jit::AotEntry* entry = jit::find_aot(request.template_key);
-      if (!entry) throw Error("no prebuilt cubin for " + key.to_string());
+      if (!entry) throw Error("no prebuilt cubin for " + k.to_string());
       const jit::LoadedKernel* loaded = jit::aot_kernel(entry->entry_name, request.max_threads, device);
       if (!loaded)
         throw Error("the prebuilt fatbin has no image for sm_" +
@@ -148,7 +187,26 @@ Implementation<Call> aot_implementation(const KernelFamily<Call, Key>& family) {
       return *loaded;
     });
   };
-  impl.prebuilt = [family] { return requests(family, family.prebuilt_keys()); };
+  impl.prebuilt = [] { return family_detail::requests<F>(F::prebuilt_keys()); };
+  return impl;
+}
+
+// The CPU reference of an op: takes every call whose tensors are on the CPU.
+template <KernelFamily F>
+Implementation<typename F::Call, typename F::Key> reference_implementation(void (*run)(const typename F::Call&),
+                                                                           Contract contract, std::string description) {
+  using Call = typename F::Call;
+  using Key = typename F::Key;
+  Implementation<Call, Key> impl;
+  impl.name = std::string(F::op) + ".reference";
+  impl.provenance = Provenance::reference;
+  impl.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
+  impl.contract = std::move(contract);
+  impl.description = std::move(description);
+  impl.predicate = [](const Call& c, const Key&) -> std::string {
+    return F::device(c).kind == DeviceKind::cpu ? "" : "the tensors are not on the cpu";
+  };
+  impl.run = [run](const Call& c, const Key&) { run(c); };
   return impl;
 }
 

@@ -229,7 +229,6 @@ CausalConv3dCatPadParams row_model(const CausalConv3dCatPadCall& c) {
 // through FastDivisors, exact below 2^31 (kernels/common/fast_divide.h).
 bool ccp_index64(int64_t units) { return units > int64_t{0x7fffffff}; }
 
-Device device_of(const CausalConv3dCatPadCall& c) { return c.x.device; }
 
 CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) {
   CcpKernelKey key;
@@ -271,31 +270,28 @@ void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKern
   jit::launch(kernel, static_cast<unsigned>(grid), kCcpThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
-const KernelFamily<CausalConv3dCatPadCall, CcpKernelKey>& kernels() {
-  static const KernelFamily<CausalConv3dCatPadCall, CcpKernelKey> family = [] {
-    KernelFamily<CausalConv3dCatPadCall, CcpKernelKey> f;
-    f.op = kOp;
-    f.device_tensor = "x";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = ccp_kernel_request;
-    f.launch = launch_causal_conv3d_cat_pad;
-    f.nothing_to_do = [](const CausalConv3dCatPadCall& c) { return c.out_numel == 0; };
-    f.variant_keys = ccp_variant_keys;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = CausalConv3dCatPadCall;
+  using Key = CcpKernelKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "x";
+  static Device device(const Call& c) { return c.x.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return ccp_kernel_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_causal_conv3d_cat_pad(c, k, l); }
+  static bool nothing_to_do(const Call& c) { return c.out_numel == 0; }
+  static std::vector<Key> variant_keys() { return ccp_variant_keys(); }
+};
 
 }  // namespace
 
 std::string causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
                                   const CausalConv3dCatPadOptions& options, Stream stream) {
-  return kernels().dispatch(match_causal_conv3d_cat_pad(x, cache, out, options, stream), stream, options.dispatch);
+  return dispatch<Kernels>(match_causal_conv3d_cat_pad(x, cache, out, options, stream), stream, options.dispatch);
 }
 
 DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -342,7 +338,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   const std::string oracle =
       "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
       "every bit, fp16, bf16 and fp32)";
-  Implementation<CausalConv3dCatPadCall> jit_impl = jit_implementation(kernels());
+  Implementation<CausalConv3dCatPadCall, Kernels::Key> jit_impl = jit_implementation<Kernels>();
   jit_impl.name = std::string(kOp) + ".jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
@@ -353,8 +349,8 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   add_implementation(registry, kOp, std::move(jit_impl));
 
   add_implementation(registry, kOp,
-                     reference_implementation<CausalConv3dCatPadCall>(
-                         kOp, device_of, causal_conv3d_cat_pad_reference,
+                     reference_implementation<Kernels>(
+                         causal_conv3d_cat_pad_reference,
                          Contract::bit_exact(oracle + "; the portable oracle").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
                          "CPU reference: every output element from its source through the views' strides, or 0"));
 }

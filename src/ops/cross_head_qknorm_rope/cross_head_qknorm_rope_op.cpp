@@ -31,7 +31,6 @@ namespace {
 constexpr const char* kOp = "cross_head_qknorm_rope";
 constexpr int64_t kMaxWidth = int64_t{4} * kCrossHeadThreads * kCrossHeadMaxVectors;  // 8192
 
-bool aligned8(const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; }
 
 // A row tensor's rows may not overlap each other (each is read whole, then written).
 void check_rows_disjoint(const Matcher& m, const TensorView& t, const char* name, int64_t B, int64_t S, int64_t N) {
@@ -168,10 +167,10 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
   call.options = options;
   // 4-element (8-byte) loads of rows and weights: row starts and row strides in whole vectors.
   auto rows_aligned = [](const TensorView& t) {
-    return aligned8(t.data) && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0;
+    return is_aligned(t.data, 8) && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0;
   };
-  call.aligned8 = rows_aligned(q) && rows_aligned(k) && (!has_q_weight || aligned8(q_weight.data)) &&
-                  (!has_k_weight || aligned8(k_weight.data));
+  call.aligned8 = rows_aligned(q) && rows_aligned(k) && (!has_q_weight || is_aligned(q_weight.data, 8)) &&
+                  (!has_k_weight || is_aligned(k_weight.data, 8));
   call.stream = stream;
   return call;
 }
@@ -224,7 +223,6 @@ int table_access(const CrossHeadQkNormRopeCall& c) {
   return hoisted ? kTableHoisted : vector ? kTableVector : kTableScalar;
 }
 
-Device device_of(const CrossHeadQkNormRopeCall& c) { return c.q.device; }
 
 int vectors_per_thread(int64_t width) {
   const int64_t per_pass = 4 * kCrossHeadThreads;
@@ -275,7 +273,7 @@ CrossHeadRowParams row_params(const TensorView& x, const TensorView& weight, con
   return p;
 }
 
-void launch(const CrossHeadQkNormRopeCall& c, const CrossHeadKey& key, const jit::LoadedKernel& kernel) {
+void cross_head_launch(const CrossHeadQkNormRopeCall& c, const CrossHeadKey& key, const jit::LoadedKernel& kernel) {
   CrossHeadQkNormRopeParams p{};
   p.q = row_params(c.q, c.q_weight, c.q_rows);
   p.k = row_params(c.k, c.k_weight, c.k_rows);
@@ -297,7 +295,7 @@ std::string kernel_refusal(const CrossHeadQkNormRopeCall& c) {
 
 // Every code path: each rope form in both roundings with every table access, fp16, one and
 // sixteen vectors per thread, head_dim 64 / 128 / 256, without PDL.
-std::vector<CrossHeadKey> variant_keys() {
+std::vector<CrossHeadKey> cross_head_variant_keys() {
   std::vector<CrossHeadKey> keys;
   for (CrossHeadRope rope : {CrossHeadRope::none, CrossHeadRope::interleaved, CrossHeadRope::split})
     for (bool rounded : {true, false})
@@ -324,24 +322,21 @@ std::vector<CrossHeadKey> variant_keys() {
   return keys;
 }
 
-const KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey>& kernels() {
-  static const KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey> family = [] {
-    KernelFamily<CrossHeadQkNormRopeCall, CrossHeadKey> f;
-    f.op = kOp;
-    f.device_tensor = "q";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = request_for;
-    f.launch = launch;
-    f.nothing_to_do = [](const CrossHeadQkNormRopeCall& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; };
-    f.refusal = kernel_refusal;
-    f.variant_keys = variant_keys;
-    f.extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; };  // table: in the key
-    f.extra_radix = 2;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = CrossHeadQkNormRopeCall;
+  using Key = CrossHeadKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "q";
+  static Device device(const Call& c) { return c.q.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return request_for(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { cross_head_launch(c, k, l); }
+  static bool nothing_to_do(const Call& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; }
+  static std::string refusal(const Call& c) { return kernel_refusal(c); }
+  static std::vector<Key> variant_keys() { return cross_head_variant_keys(); }
+  static uint64_t extra_signature(const Call& c) { return c.aligned8; }  // the table access: in the key
+  static constexpr uint64_t extra_radix = 2;
+};
 
 }  // namespace
 
@@ -349,13 +344,13 @@ std::string cross_head_qknorm_rope(const TensorView& q, const TensorView& k, con
                                    const TensorView& k_weight, const TensorView& q_cos, const TensorView& q_sin,
                                    const TensorView& k_cos, const TensorView& k_sin,
                                    const CrossHeadQkNormRopeOptions& options, Stream stream) {
-  return kernels().dispatch(
+  return dispatch<Kernels>(
       match_cross_head_qknorm_rope(q, k, q_weight, k_weight, q_cos, q_sin, k_cos, k_sin, options, stream), stream,
       options.dispatch);
 }
 
 DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -404,7 +399,7 @@ void register_cross_head_qknorm_rope(Registry& registry) {
       "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
       "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "
       "x1*cos - x2*sin / x1*sin + x2*cos, LTX-2's split addcmul) with one rounding to x's dtype";
-  Implementation<CrossHeadQkNormRopeCall> jit = jit_implementation(kernels());
+  Implementation<CrossHeadQkNormRopeCall, Kernels::Key> jit = jit_implementation<Kernels>();
   jit.name = "cross_head_qknorm_rope.jit";
   jit.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit.contract = Contract::bit_exact(eager + " (rounding=rounded); rounding=fp32: close, the norm unrounded "
@@ -420,8 +415,8 @@ void register_cross_head_qknorm_rope(Registry& registry) {
   add_implementation(registry, kOp, std::move(jit));
   add_implementation(
       registry, kOp,
-      reference_implementation<CrossHeadQkNormRopeCall>(
-          kOp, device_of, cross_head_qknorm_rope_reference,
+      reference_implementation<Kernels>(
+          cross_head_qknorm_rope_reference,
           Contract::close(eager, "the chain's order exactly, with rstd correctly rounded (the GPU's rsqrtf may differ "
                                  "by 1 fp32 ulp): outputs within 1 ulp of the activation dtype, on a small fraction")
               .verified("on every CI run (CPU) against float64 math (tests/python/test_cross_head_qknorm_rope.py); on "

@@ -17,6 +17,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/fp8_linear.cuh"
+#include "ops/common/fp8.h"
 #include "vendor/cublaslt.h"
 
 namespace ditops {
@@ -26,7 +27,6 @@ namespace {
 constexpr const char* kOp = "fp8_linear";
 constexpr int64_t kMaxKernelTokens = 16;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 std::string shape_text(const Fp8LinearCall& c) {
   return "(K, N, M) = (" + std::to_string(c.k) + ", " + std::to_string(c.n) + ", " + std::to_string(c.m) + ")";
@@ -74,7 +74,7 @@ Fp8LinearCall match_fp8_linear(const TensorView& x, const TensorView& x_scale, c
   call.n = *m.value("N");
   call.k = K;
   call.has_bias = has_bias;
-  call.aligned16 = aligned16(x.data) && aligned16(w.data);
+  call.aligned16 = is_aligned(x.data, 16) && is_aligned(w.data, 16);
   call.stream = stream;
   return call;
 }
@@ -112,7 +112,6 @@ struct Fp8LinearKey {
   }
 };
 
-Device device_of(const Fp8LinearCall& c) { return c.x.device; }
 
 // R = 2 rows per warp from N = 8192 on (SGLang's GEMV rule; not measured here).
 int gemv_rows_per_warp(int64_t n) { return n >= 8192 ? 2 : 1; }
@@ -141,7 +140,7 @@ jit::KernelRequest request_for(const Fp8LinearKey& key) {
   return r;
 }
 
-void launch(const Fp8LinearCall& c, const Fp8LinearKey& key, const jit::LoadedKernel& kernel) {
+void fp8_linear_launch(const Fp8LinearCall& c, const Fp8LinearKey& key, const jit::LoadedKernel& kernel) {
   Fp8LinearParams p{};
   p.x = c.x.data;
   p.x_scale = static_cast<const float*>(c.x_scale.data);
@@ -162,7 +161,7 @@ void launch(const Fp8LinearCall& c, const Fp8LinearKey& key, const jit::LoadedKe
 // Every code path of both kernels: each x dtype, reciprocal, tile, bias and PDL value appears at
 // least once per kernel (4 keys each, not the full product: the compile test builds every key
 // for three archs).
-std::vector<Fp8LinearKey> variant_keys() {
+std::vector<Fp8LinearKey> fp8_linear_variant_keys() {
   struct Variant {
     DType dtype;
     bool div_full;
@@ -221,39 +220,36 @@ bool quantizes_x(const Fp8LinearCall& c) { return c.x.dtype != DType::f8e4m3fn; 
 bool fits_scratch(const Fp8LinearCall& c) { return !quantizes_x(c) || c.m * c.k <= int64_t(vendor::kScratchBytes); }
 // cuBLASLt's operands 16-byte aligned (a 16-bit x reaches it through the aligned scratch).
 bool vendor_aligned(const Fp8LinearCall& c) {
-  return (quantizes_x(c) || aligned16(c.x.data)) && aligned16(c.w.data) && aligned16(c.out.data) &&
-         (!c.has_bias || aligned16(c.bias.data));
+  return (quantizes_x(c) || is_aligned(c.x.data, 16)) && is_aligned(c.w.data, 16) && is_aligned(c.out.data, 16) &&
+         (!c.has_bias || is_aligned(c.bias.data, 16));
 }
 
-const KernelFamily<Fp8LinearCall, Fp8LinearKey>& kernels() {
-  static const KernelFamily<Fp8LinearCall, Fp8LinearKey> family = [] {
-    KernelFamily<Fp8LinearCall, Fp8LinearKey> f;
-    f.op = kOp;
-    f.device_tensor = "x";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = request_for;
-    f.launch = launch;
-    f.nothing_to_do = [](const Fp8LinearCall& c) { return c.m == 0 || c.n == 0; };
-    f.refusal = kernel_refusal;
-    f.variant_keys = variant_keys;
-    // Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
-    // N % 16, scratch fit and alignment (the dispatch options, which lift the whitelist gate,
-    // are part of the decision cache's key already).
-    f.extra_signature = [](const Fp8LinearCall& c) -> uint64_t {
-      uint64_t v = static_cast<uint64_t>(whitelist_status(c));
-      v = v * 2 + c.aligned16;
-      v = v * 2 + (c.n % 16 == 0);
-      v = v * 2 + fits_scratch(c);
-      v = v * 2 + (c.n > INT32_MAX || c.k > INT32_MAX);
-      v = v * 2 + vendor_aligned(c);
-      return v;
-    };
-    f.extra_radix = 3 * 2 * 2 * 2 * 2 * 2;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = Fp8LinearCall;
+  using Key = Fp8LinearKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "x";
+  static Device device(const Call& c) { return c.x.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return request_for(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { fp8_linear_launch(c, k, l); }
+  static bool nothing_to_do(const Call& c) { return c.m == 0 || c.n == 0; }
+  static std::string refusal(const Call& c) { return kernel_refusal(c); }
+  static std::vector<Key> variant_keys() { return fp8_linear_variant_keys(); }
+  // Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
+  // N % 16, scratch fit and alignment (the dispatch options, which lift the whitelist gate,
+  // are part of the decision cache's key already).
+  static uint64_t extra_signature(const Call& c) {
+    uint64_t v = static_cast<uint64_t>(whitelist_status(c));
+    v = v * 2 + c.aligned16;
+    v = v * 2 + (c.n % 16 == 0);
+    v = v * 2 + fits_scratch(c);
+    v = v * 2 + (c.n > INT32_MAX || c.k > INT32_MAX);
+    v = v * 2 + vendor_aligned(c);
+    return v;
+  }
+  static constexpr uint64_t extra_radix = 3 * 2 * 2 * 2 * 2 * 2;
+};
 
 // ---------------------------------------------------------------- vendor (cuBLASLt)
 
@@ -315,11 +311,11 @@ void vendor_run(const Fp8LinearCall& c) {
 
 std::string fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w, const TensorView& w_scale,
                        const TensorView& bias, const TensorView& out, const Fp8LinearOptions& options, Stream stream) {
-  return kernels().dispatch(match_fp8_linear(x, x_scale, w, w_scale, bias, out, options, stream), stream,
+  return dispatch<Kernels>(match_fp8_linear(x, x_scale, w, w_scale, bias, out, options, stream), stream,
                             options.dispatch);
 }
 
-DispatchReport explain_fp8_linear(const Fp8LinearCall& call) { return kernels().explain(call, call.options.dispatch); }
+DispatchReport explain_fp8_linear(const Fp8LinearCall& call) { return explain<Kernels>(call, call.options.dispatch); }
 
 namespace {
 
@@ -339,9 +335,7 @@ OpDescription describe_fp8_linear() {
   b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
             .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16"},
            &Fp8LinearCall::out);
-  b.choice("fp8_reciprocal", &Fp8LinearOptions::fp8_reciprocal,
-           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-           "a 16-bit x's 1/x_scale: eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  describe_fp8_reciprocal(b, &Fp8LinearOptions::fp8_reciprocal, "x_scale (a 16-bit x)");
   b.option("use_pdl", &Fp8LinearOptions::use_pdl, "programmatic dependent launch where the device has it");
   return b.build(
       [](const Fp8LinearCall& a, Stream s) {
@@ -373,7 +367,7 @@ void register_fp8_linear(Registry& registry) {
         Kernel{"fp8_linear.skinny_mma", Fp8Kernel::mma,
                "M = 2..16 swap-AB mma.sync m16n8k32 e4m3 (weights as the MMA's M side, tokens as n8 atoms), "
                "16 rows x 4 warps splitting K, register-direct 16-byte loads; NVRTC at first use"}}) {
-    Implementation<Fp8LinearCall> impl = jit_implementation(kernels());
+    Implementation<Fp8LinearCall, Kernels::Key> impl = jit_implementation<Kernels>();
     impl.name = k.name;
     // mma.sync e4m3 and cvt e4m3x2 need sm_89+.
     impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
@@ -383,8 +377,8 @@ void register_fp8_linear(Registry& registry) {
                                   ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
                                   "within 1 ulp; sm_120a compiled, not run");
     impl.description = k.description;
-    impl.predicate = [kernel = k.kernel, cuda = impl.predicate](const Fp8LinearCall& c) -> std::string {
-      if (std::string why = cuda(c); !why.empty()) return why;
+    impl.predicate = [kernel = k.kernel, cuda = impl.predicate](const Fp8LinearCall& c, const Fp8LinearKey& key) -> std::string {
+      if (std::string why = cuda(c, key); !why.empty()) return why;
       if (kernel == Fp8Kernel::gemv && c.m != 1) return "handles M = 1 only (fp8_linear.skinny_mma takes 2..16)";
       if (kernel == Fp8Kernel::mma && c.m == 1) return "handles M = 2..16 (fp8_linear.gemv takes M = 1)";
       return whitelist_refusal(c);
@@ -392,7 +386,7 @@ void register_fp8_linear(Registry& registry) {
     add_implementation(registry, kOp, std::move(impl));
   }
 
-  Implementation<Fp8LinearCall> cublaslt;
+  Implementation<Fp8LinearCall, Fp8LinearKey> cublaslt;
   cublaslt.name = "fp8_linear.cublaslt";
   cublaslt.provenance = Provenance::vendor;
   cublaslt.capabilities = {{DeviceKind::cuda, 89, 1 << 20, 0}};  // FP8 cuBLASLt: sm_89+
@@ -412,13 +406,13 @@ void register_fp8_linear(Registry& registry) {
       "cuBLASLt (dlopen) FP8 matmul as torch._scaled_mm calls it: TN layout, per-tensor device scale pointers, "
       "bias epilogue; a 16-bit x is quantized first by fp8_static_quant's kernel";
   cublaslt.availability = vendor_availability;
-  cublaslt.predicate = vendor_predicate;
-  cublaslt.run = vendor_run;
+  cublaslt.predicate = [](const Fp8LinearCall& c, const Fp8LinearKey&) { return vendor_predicate(c); };
+  cublaslt.run = [](const Fp8LinearCall& c, const Fp8LinearKey&) { vendor_run(c); };
   add_implementation(registry, kOp, std::move(cublaslt));
 
   add_implementation(registry, kOp,
-                     reference_implementation<Fp8LinearCall>(
-                         kOp, device_of, fp8_linear_reference,
+                     reference_implementation<Kernels>(
+                         fp8_linear_reference,
                          Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; checked on the CPU by "
                                                          "tests/test_fp8_linear.cpp")
                              .verified("on every CI run (CPU) against an independent fp64 computation "

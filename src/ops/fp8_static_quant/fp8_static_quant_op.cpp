@@ -16,6 +16,7 @@
 #include "jit/cuda_driver.h"
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
+#include "ops/common/fp8.h"
 #include "ops/token_cat_fp8/token_cat_fp8_kernels.h"
 
 namespace ditops {
@@ -24,7 +25,6 @@ namespace {
 
 constexpr const char* kOp = "fp8_static_quant";
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -47,14 +47,13 @@ Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView&
   call.options = options;
   call.rows = *m.value("M");
   call.width = *m.value("K");
-  call.aligned16 = call.width % 16 == 0 && aligned16(x.data) && aligned16(out.data);
+  call.aligned16 = call.width % 16 == 0 && is_aligned(x.data, 16) && is_aligned(out.data, 16);
   call.stream = stream;
   return call;
 }
 
 namespace {
 
-Device device_of(const Fp8StaticQuantCall& c) { return c.x.device; }
 
 // The same call as token_cat_fp8's with no mlp columns.
 TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
@@ -75,36 +74,20 @@ TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
 }
 
 // token_cat_fp8's key, request and launch: its request names the same template key, so one
-// compile and one cache entry serve both ops.
-const KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key>& kernels() {
-  static const KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key> family = [] {
-    KernelFamily<Fp8StaticQuantCall, TokenCatFp8Key> f;
-    f.op = kOp;
-    f.device_tensor = "x";
-    f.device = device_of;
-    f.key = [](const Fp8StaticQuantCall& c, const DeviceInfo& device) {
-      return token_cat_fp8_key(as_token_cat(c), device);
-    };
-    f.request = token_cat_fp8_request;
-    f.launch = [](const Fp8StaticQuantCall& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
-      token_cat_fp8_launch(as_token_cat(c), key, kernel);
-    };
-    f.nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; };
-    // No variant keys: every key names an instance token_cat_fp8's variants already compile.
-    return f;
-  }();
-  return family;
-}
-
-// A CPU scale is checked on the host (reading it costs nothing there); a CUDA one is read by the
-// kernel only, as token_cat_fp8 does.
-void check_host_scale(const Fp8StaticQuantCall& c) {
-  if (c.scale.device.kind != DeviceKind::cpu) return;
-  const float s = *static_cast<const float*>(c.scale.data);
-  if (!(s > 0.0f) || !std::isfinite(s))
-    throw InvalidArgument(std::string(kOp) + ": scale must be finite and > 0 but is " + std::to_string(s) +
-                          " (checked on the cpu only: a CUDA scale is read by the kernel)");
-}
+// compile and one cache entry serve both ops. No variant keys: token_cat_fp8's compile them.
+struct Kernels {
+  using Call = Fp8StaticQuantCall;
+  using Key = TokenCatFp8Key;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "x";
+  static Device device(const Call& c) { return c.x.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return token_cat_fp8_key(as_token_cat(c), d); }
+  static KernelRequest request(const Key& k) { return token_cat_fp8_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) {
+    token_cat_fp8_launch(as_token_cat(c), k, l);
+  }
+  static bool nothing_to_do(const Call& c) { return c.rows * c.width == 0; }
+};
 
 }  // namespace
 
@@ -113,12 +96,12 @@ void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_
 std::string fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
                              const Fp8StaticQuantOptions& options, Stream stream) {
   const Fp8StaticQuantCall call = match_fp8_static_quant(x, scale, out, options, stream);
-  check_host_scale(call);
-  return kernels().dispatch(call, stream, options.dispatch);
+  check_host_scale(kOp, "scale", call.scale);
+  return dispatch<Kernels>(call, stream, options.dispatch);
 }
 
 DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -134,9 +117,7 @@ OpDescription describe_fp8_static_quant() {
   b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
             .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn"},
            &Fp8StaticQuantCall::out);
-  b.choice("fp8_reciprocal", &Fp8StaticQuantOptions::fp8_reciprocal,
-           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-           "1/scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  describe_fp8_reciprocal(b, &Fp8StaticQuantOptions::fp8_reciprocal, "scale");
   b.option("use_pdl", &Fp8StaticQuantOptions::use_pdl, "programmatic dependent launch where the device has it");
   return b.build(
       [](const Fp8StaticQuantCall& a, Stream s) { return fp8_static_quant(a.x, a.scale, a.out, a.options, s); },
@@ -152,31 +133,24 @@ void register_fp8_static_quant(Registry& registry) {
   const std::string eager =
       "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
   const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";
-  const std::string kernel =
-      "token_cat_fp8's flat grid-stride kernel with one input: 16 outputs per unit from two 16-byte loads "
-      "(scalar units for other widths or alignments); NVRTC at first use";
-  for (const bool div_full : {false, true}) {
-    Implementation<Fp8StaticQuantCall> impl = jit_implementation(kernels());
-    impl.name = div_full ? "fp8_static_quant.jit_div_full" : "fp8_static_quant.jit";
-    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+  Implementation<Fp8StaticQuantCall, TokenCatFp8Key> jit = jit_implementation<Kernels>();
+  jit.name = "fp8_static_quant.jit";
+  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+  add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
     // Not compared with its oracle on a device yet: token_cat_fp8's kernel is (same bytes per
     // element), this op's own launch is not (docs/fp8_linear.md).
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
                         .unverified("its device code is token_cat_fp8's (verified on the H200 there); this op's "
                                     "own launch never ran on a device");
-    impl.description = div_full ? kernel + "; fp8_reciprocal=div_full" : kernel + "; fp8_reciprocal=ieee";
-    impl.predicate = [div_full, cuda = impl.predicate](const Fp8StaticQuantCall& c) -> std::string {
-      if (std::string why = cuda(c); !why.empty()) return why;
-      if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
-        return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
-      return "";
-    };
-    add_implementation(registry, kOp, std::move(impl));
-  }
+    impl.description = std::string("token_cat_fp8's flat grid-stride kernel with one input: 16 outputs per unit "
+                                   "from two 16-byte loads (scalar units for other widths or alignments); NVRTC at "
+                                   "first use; fp8_reciprocal=") +
+                       (div_full ? "div_full" : "ieee");
+  });
   add_implementation(
       registry, kOp,
-      reference_implementation<Fp8StaticQuantCall>(
-          kOp, device_of, fp8_static_quant_reference,
+      reference_implementation<Kernels>(
+          fp8_static_quant_reference,
           Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
                           "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
                           "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "

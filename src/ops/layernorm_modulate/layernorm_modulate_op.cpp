@@ -14,6 +14,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/layernorm_modulate.cuh"
+#include "ops/common/fp8.h"
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 
 namespace ditops {
@@ -31,12 +32,6 @@ constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // H200, GLM (1,4360,32,128) cold: 2 rounds 41.1 us (91.7 % of a copy), 1 round 41.9, 4 rounds 42.3
 // (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
-
-bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
-const char* kind_op(LnModulateKind kind) {
-  return kind == LnModulateKind::bf16_out ? kOpBf16 : kind == LnModulateKind::fp8_out ? kOpFp8 : kOpQk;
-}
 
 // Rows of [A, B, D] (strides sa, sb, 1) must not overlap each other (they are written).
 void check_disjoint_rows(const Matcher& m, const TensorView& t, const char* name, int64_t D) {
@@ -137,19 +132,15 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
     call.write_stats = true;
   }
   const int64_t es = 2, os = kind == LnModulateKind::fp8_out ? 1 : 2, ov = 4 * os;
-  call.aligned = aligned_bytes(x.data, 8) && (x.strides[0] * es) % 8 == 0 && (x.strides[1] * es) % 8 == 0 &&
-                 aligned_bytes(scale.data, 8) && (scale.strides[0] * es) % 8 == 0 &&
-                 (!has_shift || (aligned_bytes(shift.data, 8) && (shift.strides[0] * es) % 8 == 0)) &&
-                 aligned_bytes(out.data, static_cast<int>(ov)) && (out.strides[0] * os) % ov == 0 &&
+  call.aligned = is_aligned(x.data, 8) && (x.strides[0] * es) % 8 == 0 && (x.strides[1] * es) % 8 == 0 &&
+                 is_aligned(scale.data, 8) && (scale.strides[0] * es) % 8 == 0 &&
+                 (!has_shift || (is_aligned(shift.data, 8) && (shift.strides[0] * es) % 8 == 0)) &&
+                 is_aligned(out.data, static_cast<int>(ov)) && (out.strides[0] * os) % ov == 0 &&
                  (out.strides[1] * os) % ov == 0;
   return call;
 }
 
 }  // namespace
-
-const char* fp8_reciprocal_name(Fp8Reciprocal mode) {
-  return mode == Fp8Reciprocal::ieee ? "ieee" : "div_full";
-}
 
 const char* ln_row_mapping_name(LnRowMapping mapping) {
   return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
@@ -235,9 +226,9 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   call.aligned = true;
   call.aligned16 = true;
   for (const TensorView* t : {&q, &k, &q_out, &k_out}) {
-    call.aligned = call.aligned && aligned_bytes(t->data, 8) && (t->strides[1] * 2) % 8 == 0 &&
+    call.aligned = call.aligned && is_aligned(t->data, 8) && (t->strides[1] * 2) % 8 == 0 &&
                    (t->strides[2] * 2) % 8 == 0;
-    call.aligned16 = call.aligned16 && aligned_bytes(t->data, 16) && (t->strides[1] * 2) % 16 == 0 &&
+    call.aligned16 = call.aligned16 && is_aligned(t->data, 16) && (t->strides[1] * 2) % 16 == 0 &&
                      (t->strides[2] * 2) % 16 == 0;
   }
   return call;
@@ -413,27 +404,26 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
 }
 
 
-Device device_of(const LayerNormModulateCall& c) { return c.x.device; }
-
 // One family per op of the three; they share the kernel, its key and the launch.
-const KernelFamily<LayerNormModulateCall, LnmKey>& kernels(LnModulateKind kind) {
-  auto make = [](LnModulateKind k) {
-    KernelFamily<LayerNormModulateCall, LnmKey> f;
-    f.op = kind_op(k);
-    f.device_tensor = k == LnModulateKind::qk_head ? "q" : "x";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = request_for;
-    f.launch = launch;
-    return f;
-  };
-  static const KernelFamily<LayerNormModulateCall, LnmKey> families[] = {
-      make(LnModulateKind::bf16_out), make(LnModulateKind::fp8_out), make(LnModulateKind::qk_head)};
-  return families[kind == LnModulateKind::bf16_out ? 0 : kind == LnModulateKind::fp8_out ? 1 : 2];
-}
+template <LnModulateKind K>
+struct Kernels {
+  using Call = LayerNormModulateCall;
+  using Key = LnmKey;
+  static constexpr const char* op = K == LnModulateKind::bf16_out ? kOpBf16 : K == LnModulateKind::fp8_out ? kOpFp8 : kOpQk;
+  static constexpr const char* device_tensor = K == LnModulateKind::qk_head ? "q" : "x";
+  static Device device(const Call& c) { return c.x.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return request_for(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { ditops::launch(c, k, l); }
+};
 
 std::string run_op(const LayerNormModulateCall& call) {
-  return kernels(call.kind).dispatch(call, call.stream, call.options.dispatch);
+  switch (call.kind) {
+    case LnModulateKind::bf16_out: return dispatch<Kernels<LnModulateKind::bf16_out>>(call, call.stream, call.options.dispatch);
+    case LnModulateKind::fp8_out: return dispatch<Kernels<LnModulateKind::fp8_out>>(call, call.stream, call.options.dispatch);
+    case LnModulateKind::qk_head: break;
+  }
+  return dispatch<Kernels<LnModulateKind::qk_head>>(call, call.stream, call.options.dispatch);
 }
 
 }  // namespace
@@ -457,7 +447,12 @@ std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const Te
 }
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
-  return kernels(call.kind).explain(call, call.options.dispatch);
+  switch (call.kind) {
+    case LnModulateKind::bf16_out: return explain<Kernels<LnModulateKind::bf16_out>>(call, call.options.dispatch);
+    case LnModulateKind::fp8_out: return explain<Kernels<LnModulateKind::fp8_out>>(call, call.options.dispatch);
+    case LnModulateKind::qk_head: break;
+  }
+  return explain<Kernels<LnModulateKind::qk_head>>(call, call.options.dispatch);
 }
 
 namespace {
@@ -467,10 +462,7 @@ TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out;
 // The options every op of the family reads (fp8_reciprocal: the fp8 op only).
 void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
   b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
-  if (fp8)
-    b.choice("fp8_reciprocal", &LayerNormModulateOptions::fp8_reciprocal,
-             {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-             "1/input_scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  if (fp8) describe_fp8_reciprocal(b, &LayerNormModulateOptions::fp8_reciprocal, "input_scale");
   b.choice("mapping", &LayerNormModulateOptions::mapping,
            {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
            "rows per warp or per 128-thread CTA (automatic: by D)");
@@ -547,70 +539,75 @@ void register_layernorm_modulate(Registry& registry) {
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";
-  auto add_jit = [&](const char* op, const std::string& name, LnModulateKind kind, bool div_full,
-                     int sm_min, Contract contract, std::string description) {
-    Implementation<LayerNormModulateCall> impl = jit_implementation(kernels(kind));
-    impl.name = name;
-    impl.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
-    impl.contract = std::move(contract);
-    impl.description = std::move(description);
-    if (kind == LnModulateKind::fp8_out)
-      impl.predicate = [div_full, cuda = impl.predicate](const LayerNormModulateCall& c) -> std::string {
-        if (std::string why = cuda(c); !why.empty()) return why;
-        if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
-          return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
-        return "";
-      };
-    add_implementation(registry, op, std::move(impl));
+  // The jit implementation of op K (fp8: sm_89+ for cvt e4m3x2) and its CPU reference.
+  auto jit = []<LnModulateKind K>(std::integral_constant<LnModulateKind, K>) {
+    Implementation<LayerNormModulateCall, LnmKey> impl = jit_implementation<Kernels<K>>();
+    impl.name = std::string(Kernels<K>::op) + ".jit";
+    impl.capabilities = {{DeviceKind::cuda, K == LnModulateKind::fp8_out ? 89 : 80, 1 << 20, kFeatureNvrtc}};
+    return impl;
   };
-  auto add_reference = [&](const char* op, Contract contract, std::string description) {
-    add_implementation(registry, op,
-                       reference_implementation<LayerNormModulateCall>(op, device_of, layernorm_modulate_reference,
-                                                                       std::move(contract), std::move(description)));
+  auto add_reference = [&]<LnModulateKind K>(std::integral_constant<LnModulateKind, K>, Contract contract,
+                                             std::string description) {
+    add_implementation(registry, Kernels<K>::op,
+                       reference_implementation<Kernels<K>>(layernorm_modulate_reference, std::move(contract),
+                                                            std::move(description)));
   };
+  using Bf16 = std::integral_constant<LnModulateKind, LnModulateKind::bf16_out>;
+  using Fp8 = std::integral_constant<LnModulateKind, LnModulateKind::fp8_out>;
+  using QkHead = std::integral_constant<LnModulateKind, LnModulateKind::qk_head>;
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
   const std::string ref_bounds =
       "rstd correctly rounded where the GPU uses MUFU.RSQ (<= 2 fp32 ulp apart, mean identical): "
       "elements may differ by 1 bf16 ulp of the normalized value, propagated through the modulate "
       "(|d| <= 2^-6 * (|y*(1+scale)| + |out|)); docs/layernorm_modulate.md";
+  const std::string ref_verified = std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
+                                               "implementation matched it within each case's bound (") +
+                                   device_runs::kOps8dea671 + ")";
 
-  add_jit(kOpBf16, "layernorm_modulate.jit", LnModulateKind::bf16_out, false, 80,
-          Contract::bit_exact(eager_chain)
-              .verified(std::string(device_runs::kVerifyCbc736f) + ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)"),
-          "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings);
-  add_reference(kOpBf16, Contract::close(eager_chain, ref_bounds).verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+  Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{});
+  bf16.contract = Contract::bit_exact(eager_chain)
+                      .verified(std::string(device_runs::kVerifyCbc736f) +
+                                ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
+  bf16.description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings;
+  add_implementation(registry, kOpBf16, std::move(bf16));
+  add_reference(Bf16{}, Contract::close(eager_chain, ref_bounds).verified(ref_verified),
                 "CPU reference (aten statistics order, eager rounding steps), multithreaded over rows");
 
-  add_jit(kOpFp8, "layernorm_modulate_fp8.jit", LnModulateKind::fp8_out, false, 89,
-          Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
-                              ".to(torch.float8_e4m3fn)")
-              .verified(std::string(device_runs::kVerifyCbc736f) + ": torch.equal on the fp8 grid (rows {1,127,512} x 5 scales)"),
-          "LayerNorm + modulate + static e4m3 quantization in one pass (no bf16 intermediate), "
-          "inv = IEEE 1/input_scale as eager computes it" + mappings);
-  add_jit(kOpFp8, "layernorm_modulate_fp8.jit_div_full", LnModulateKind::fp8_out, true, 89,
-          Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
-                              "(inv = div.full.f32 1/input_scale)")
-              .unverified("no device run compared it with SGLang's Triton quantizer; on the H200 fp8 grid its bytes "
-                          "equalled the ieee mode's and the eager chain's (bench/results/README.md, 2026-11-29)"),
-          "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" + mappings);
-  add_reference(kOpFp8,
+  add_per_reciprocal(registry, kOpFp8, jit(Fp8{}), [&](auto& impl, bool div_full) {
+    impl.contract =
+        div_full ? Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
+                                       "(inv = div.full.f32 1/input_scale)")
+                       .unverified("no device run compared it with SGLang's Triton quantizer; on the H200 fp8 grid "
+                                   "its bytes equalled the ieee mode's and the eager chain's (bench/results/README.md, "
+                                   "2026-11-29)")
+                 : Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
+                                                     ".to(torch.float8_e4m3fn)")
+                       .verified(std::string(device_runs::kVerifyCbc736f) +
+                                 ": torch.equal on the fp8 grid (rows {1,127,512} x 5 scales)");
+    impl.description = div_full ? "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" +
+                                      mappings
+                                : "LayerNorm + modulate + static e4m3 quantization in one pass (no bf16 "
+                                  "intermediate), inv = IEEE 1/input_scale as eager computes it" + mappings;
+  });
+  add_reference(Fp8{},
                 Contract::close(eager_chain + ", then static e4m3 quantization",
                                 ref_bounds + "; the e4m3 byte may then differ by one code; div_full "
                                 "is evaluated as an IEEE division")
-                    .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+                    .verified(ref_verified),
                 "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
 
-  add_jit(kOpQk, "qk_head_layernorm.jit", LnModulateKind::qk_head, false, 80,
-          Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
-                              "CUDA, applied to q and k")
-              .verified(std::string(device_runs::kVerifyCbc736f) + ": torch.equal on the qk-head shapes"),
-          "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp");
-  add_reference(kOpQk,
+  Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
+  qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
+                                    "CUDA, applied to q and k")
+                    .verified(std::string(device_runs::kVerifyCbc736f) + ": torch.equal on the qk-head shapes");
+  qk.description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp";
+  add_implementation(registry, kOpQk, std::move(qk));
+  add_reference(QkHead{},
                 Contract::close("PyTorch 2.11 eager nn.LayerNorm(head_dim) on CUDA",
                                 "rstd correctly rounded (<= 2 fp32 ulp from MUFU.RSQ): elements may "
                                 "differ by 1 bf16 ulp")
-                    .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+                    .verified(ref_verified),
                 "CPU reference of the per-head LayerNorm (aten statistics order)");
 }
 

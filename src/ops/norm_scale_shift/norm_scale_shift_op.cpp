@@ -15,6 +15,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/norm_scale_shift.cuh"
+#include "ops/common/fp8.h"
 #include "ops/norm_scale_shift/norm_scale_shift_kernels.h"
 
 namespace ditops {
@@ -468,7 +469,6 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
 
 namespace {
 
-Device device_of(const NormScaleShiftCall& c) { return c.in.x.device; }
 
 bool wants_hardware_e2m1(const NormScaleShiftCall& c, const DeviceInfo& device) {
   if (c.quant != NssQuant::nvfp4) return false;
@@ -578,7 +578,7 @@ std::string e2m1_refusal(const NormScaleShiftCall& c) {
 // The compile test's keys (NVRTC for every target arch, no GPU): the float32 chain at Wan's widths
 // (1.3B: 3 slots, 14B: 10 slots: shared-memory operands, prefetch) and the widest rows, with and
 // without modulation, residual and affine; tests/test_norm_scale_shift.cpp compiles the others.
-std::vector<NssKernelKey> variant_keys() {
+std::vector<NssKernelKey> nss_variant_keys() {
   std::vector<NssKernelKey> keys;
   const auto key = [&](DType act, int dim, bool residual, int affine, bool modulate) {
     NssKernelKey k;
@@ -602,33 +602,30 @@ std::vector<NssKernelKey> variant_keys() {
   return keys;
 }
 
-const KernelFamily<NormScaleShiftCall, NssKernelKey>& kernels() {
-  static const KernelFamily<NormScaleShiftCall, NssKernelKey> family = [] {
-    KernelFamily<NormScaleShiftCall, NssKernelKey> f;
-    f.op = kOp;
-    f.device_tensor = "x";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = nss_kernel_request;
-    f.launch = launch_norm_scale_shift;
-    f.refusal = e2m1_refusal;
-    f.extra_signature = [](const NormScaleShiftCall& c) { return static_cast<uint64_t>(c.options.e2m1); };
-    f.extra_radix = 4;
-    f.variant_keys = variant_keys;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = NormScaleShiftCall;
+  using Key = NssKernelKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "x";
+  static Device device(const Call& c) { return c.in.x.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return nss_kernel_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_norm_scale_shift(c, k, l); }
+  static std::string refusal(const Call& c) { return e2m1_refusal(c); }
+  static uint64_t extra_signature(const Call& c) { return static_cast<uint64_t>(c.options.e2m1); }
+  static constexpr uint64_t extra_radix = 4;
+  static std::vector<Key> variant_keys() { return nss_variant_keys(); }
+};
 
 }  // namespace
 
 std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
                              const NormScaleShiftOptions& options, Stream stream) {
-  return kernels().dispatch(match_norm_scale_shift(inputs, outputs, options, stream), stream, options.dispatch);
+  return dispatch<Kernels>(match_norm_scale_shift(inputs, outputs, options, stream), stream, options.dispatch);
 }
 
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -681,8 +678,7 @@ OpDescription describe_norm_scale_shift() {
   b.choice("numerics", &O::numerics,
            {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
            "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
-  b.choice("fp8_reciprocal", &O::fp8_reciprocal, {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-           "1/input_scale as an IEEE division or SGLang's div.full");
+  describe_fp8_reciprocal(b, &O::fp8_reciprocal, "input_scale");
   b.choice("e2m1", &O::e2m1,
            {{"automatic", E2m1Conversion::automatic}, {"software", E2m1Conversion::software},
             {"hardware", E2m1Conversion::hardware}},
@@ -728,7 +724,7 @@ void register_norm_scale_shift(Registry& registry) {
                      "and the Wan sites of ditops.diffusers (bench/results/h200/models/wan.json) at 64c434f")},
   };
   for (const Variant& v : variants) {
-    Implementation<NormScaleShiftCall> impl = jit_implementation(kernels());
+    Implementation<NormScaleShiftCall, Kernels::Key> impl = jit_implementation<Kernels>();
     impl.name = v.name;
     impl.capabilities = sm90_plus;
     impl.contract = v.contract;
@@ -737,7 +733,8 @@ void register_norm_scale_shift(Registry& registry) {
                                        : "one warp per row") +
                        ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
                        nss_numerics_name(v.numerics);
-    impl.predicate = [numerics = v.numerics, cuda = impl.predicate](const NormScaleShiftCall& c) -> std::string {
+    impl.predicate = [numerics = v.numerics, cuda = impl.predicate](const NormScaleShiftCall& c,
+                                                                    const NssKernelKey& key) -> std::string {
       // numerics=float32 on an f32 x is eager's own fp32 chain: the eager implementation's kernel.
       const bool f32_chain_of_f32 = c.options.numerics == NssNumerics::float32 && c.in.x.dtype == DType::f32;
       const NssNumerics wanted = f32_chain_of_f32 ? NssNumerics::eager : c.options.numerics;
@@ -745,7 +742,7 @@ void register_norm_scale_shift(Registry& registry) {
         return f32_chain_of_f32 ? std::string("an f32 x makes numerics=float32 eager's own fp32 chain, which "
                                               "norm_scale_shift.jit runs")
                                 : std::string("handles numerics=") + nss_numerics_name(numerics) + " only";
-      return cuda(c);
+      return cuda(c, key);
     };
     // The family's variant keys are compiled once, under the first implementation.
     if (v.numerics != NssNumerics::eager) impl.variants = nullptr;
@@ -754,8 +751,8 @@ void register_norm_scale_shift(Registry& registry) {
 
   add_implementation(
       registry, kOp,
-      reference_implementation<NormScaleShiftCall>(
-          kOp, device_of, norm_scale_shift_reference,
+      reference_implementation<Kernels>(
+          norm_scale_shift_reference,
           Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
                               "rsqrt, rcp.approx and div.full correctly rounded)")
               .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),

@@ -122,7 +122,6 @@ namespace {
 constexpr const char* kOp = "qknorm_rope";
 constexpr int kThreads = 256;  // 8 warps per block; the grid is occupancy-sized and persistent
 
-bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 }  // namespace
 
@@ -264,12 +263,12 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   call.stream = stream;
   const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
   const int64_t csize = static_cast<int64_t>(dtype_size(cos_sin_cache.dtype));
-  call.aligned16 = aligned_bytes(q.data, 16) && aligned_bytes(k.data, 16) &&
+  call.aligned16 = is_aligned(q.data, 16) && is_aligned(k.data, 16) &&
                    (q.strides[0] * esize) % 16 == 0 && (k.strides[0] * esize) % 16 == 0 &&
-                   (head_stride * esize) % 16 == 0 && aligned_bytes(q_weight.data, 16) &&
-                   aligned_bytes(k_weight.data, 16) && aligned_bytes(cos_sin_cache.data, 16) &&
+                   (head_stride * esize) % 16 == 0 && is_aligned(q_weight.data, 16) &&
+                   is_aligned(k_weight.data, 16) && is_aligned(cos_sin_cache.data, 16) &&
                    (cos_sin_cache.strides[0] * csize) % 16 == 0 &&
-                   aligned_bytes(positions.data, dtype_size(positions.dtype));  // asynchronous copies
+                   is_aligned(positions.data, dtype_size(positions.dtype));  // asynchronous copies
   return call;
 }
 
@@ -292,7 +291,6 @@ QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   return key;
 }
 
-Device device_of(const QkNormRopeCall& c) { return c.q.device; }
 
 std::string rounding_refusal(const QkNormRopeCall& c, bool rounded) {
   if ((c.options.rounding == QkRounding::rounded) != rounded)
@@ -354,20 +352,17 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const j
 }
 
 
-const KernelFamily<QkNormRopeCall, QkKernelKey>& kernels() {
-  static const KernelFamily<QkNormRopeCall, QkKernelKey> family = [] {
-    KernelFamily<QkNormRopeCall, QkKernelKey> f;
-    f.op = kOp;
-    f.device_tensor = "q";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = qk_kernel_request;
-    f.launch = launch_qknorm_rope;
-    f.prebuilt_keys = qk_prebuilt_keys;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = QkNormRopeCall;
+  using Key = QkKernelKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "q";
+  static Device device(const Call& c) { return c.q.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return qk_kernel_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_qknorm_rope(c, k, l); }
+  static std::vector<Key> prebuilt_keys() { return qk_prebuilt_keys(); }
+};
 
 }  // namespace
 
@@ -382,10 +377,10 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
     jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
                                  "the rows of cos_sin_cache", stream);
   }
-  return kernels().dispatch(call, stream, options.dispatch);
+  return dispatch<Kernels>(call, stream, options.dispatch);
 }
 
-DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return kernels().explain(call, call.options.dispatch); }
+DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return explain<Kernels>(call, call.options.dispatch); }
 
 namespace {
 
@@ -449,13 +444,13 @@ void register_qknorm_rope(Registry& registry) {
                                             {DeviceKind::cuda, 120, 120, 0}};
   // Each implementation takes one (rounding, norm_weight_rounding) mode, so each states the
   // contract of its own oracle (twice implies rounded: the matcher refuses it with fp32).
-  auto only_mode = [](Implementation<QkNormRopeCall>& impl, bool rounded, bool twice) {
-    impl.predicate = [rounded, twice, cuda = impl.predicate](const QkNormRopeCall& c) {
+  auto only_mode = [](Implementation<QkNormRopeCall, QkKernelKey>& impl, bool rounded, bool twice) {
+    impl.predicate = [rounded, twice, cuda = impl.predicate](const QkNormRopeCall& c, const QkKernelKey& key) {
       if (c.q.device.kind == DeviceKind::cuda) {
         if (std::string why = rounding_refusal(c, rounded); !why.empty()) return why;
         if (std::string why = weight_rounding_refusal(c, twice); !why.empty()) return why;
       }
-      return cuda(c);
+      return cuda(c, key);
     };
   };
   for (bool rounded : {true, false}) {
@@ -470,7 +465,7 @@ void register_qknorm_rope(Registry& registry) {
                 : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds)
                       .unverified("the bound follows from the rounding analysis (docs/qknorm_rope.md); no committed "
                                   "device record measures it");
-    Implementation<QkNormRopeCall> aot = aot_implementation(kernels());
+    Implementation<QkNormRopeCall, QkKernelKey> aot = aot_implementation<Kernels>();
     aot.name = "qknorm_rope.aot" + suffix;
     aot.capabilities = prebuilt;
     aot.contract = contract;
@@ -480,7 +475,7 @@ void register_qknorm_rope(Registry& registry) {
     if (!rounded) aot.prebuilt = nullptr;  // one listing per key set: the keys carry their rounding
     add_implementation(registry, kOp, std::move(aot));
 
-    Implementation<QkNormRopeCall> jit_impl = jit_implementation(kernels());
+    Implementation<QkNormRopeCall, QkKernelKey> jit_impl = jit_implementation<Kernels>();
     jit_impl.name = "qknorm_rope.jit" + suffix;
     jit_impl.capabilities = sm80_plus;
     jit_impl.contract = contract;
@@ -491,7 +486,7 @@ void register_qknorm_rope(Registry& registry) {
     add_implementation(registry, kOp, std::move(jit_impl));
   }
   // diffusers' RMSNorm chain (no prebuilt keys: compiled at first use).
-  Implementation<QkNormRopeCall> jit_twice = jit_implementation(kernels());
+  Implementation<QkNormRopeCall, QkKernelKey> jit_twice = jit_implementation<Kernels>();
   jit_twice.name = "qknorm_rope.jit_twice";
   jit_twice.capabilities = sm80_plus;
   jit_twice.contract = Contract::bit_exact(diffusers_oracle)
@@ -502,8 +497,8 @@ void register_qknorm_rope(Registry& registry) {
   add_implementation(registry, kOp, std::move(jit_twice));
 
   add_implementation(registry, kOp,
-                     reference_implementation<QkNormRopeCall>(
-                         kOp, device_of, qknorm_rope_reference,
+                     reference_implementation<Kernels>(
+                         qknorm_rope_reference,
                          Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt "
                                              "correctly rounded)")
                              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "

@@ -121,7 +121,6 @@ constexpr const char* kPromotedOracle =
     "update * gate).type_as(residual)` (and `(residual.float() + update.float() * gate).type_as(residual)`) on "
     "CUDA, PyTorch 2.11: the product and the sum in fp32, one rounding to residual's dtype";
 
-bool aligned_bytes(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 std::string shape_string(const TensorView& t) {
   std::string s = "[";
@@ -309,10 +308,10 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
   const int64_t elems = 16 / static_cast<int64_t>(dtype_size(residual.dtype));
   // A unit's gate values: 16 bytes (32 for an f32 gate beside 16-bit data), each gate row starting
   // on 16 bytes.
-  const bool gate_vector = aligned_bytes(gate.data, 16) &&
+  const bool gate_vector = is_aligned(gate.data, 16) &&
                            (mode != GateMode::strided || row_stride * static_cast<int64_t>(dtype_size(gate.dtype)) % 16 == 0);
-  const bool update_side = aligned_bytes(update.data, 16) && (mode == GateMode::token || gate_vector);
-  const bool residual_side = aligned_bytes(residual.data, 16) && aligned_bytes(out.data, 16);
+  const bool update_side = is_aligned(update.data, 16) && (mode == GateMode::token || gate_vector);
+  const bool residual_side = is_aligned(residual.data, 16) && is_aligned(out.data, 16);
   call.aligned16 = update_side && residual_side &&
                    (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0 : call.width % elems == 0);
   call.update_aligned16 = call.transposed && update_side && call.hidden % elems == 0;
@@ -323,7 +322,6 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
 
 namespace {
 
-Device device_of(const ResidualGateAddCall& c) { return c.residual.device; }
 
 // Token tiles of the transposed kernel: chunked lines reach up to kElems - 1 tokens before their
 // tile, so one more tile may be needed at the end (kernels/residual_gate_add.cuh).
@@ -433,7 +431,7 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
 
 // The compile test's keys (NVRTC for every target arch, no GPU): the strided gate rows and the
 // promoted chain on every flat path; tests/test_residual_gate_add.cpp compiles the older keys.
-std::vector<RgaKernelKey> variant_keys() {
+std::vector<RgaKernelKey> rga_variant_keys() {
   std::vector<RgaKernelKey> keys;
   const auto key = [&](DType dt, GateMode mode, bool vector, bool gate_f32) {
     RgaKernelKey k;
@@ -467,35 +465,32 @@ std::string grid_refusal(const ResidualGateAddCall& c) {
   return "";
 }
 
-const KernelFamily<ResidualGateAddCall, RgaKernelKey>& kernels() {
-  static const KernelFamily<ResidualGateAddCall, RgaKernelKey> family = [] {
-    KernelFamily<ResidualGateAddCall, RgaKernelKey> f;
-    f.op = kOp;
-    f.device_tensor = "residual";
-    f.device = device_of;
-    f.key = key_for;
-    f.request = rga_kernel_request;
-    f.launch = launch_residual_gate_add;
-    f.nothing_to_do = [](const ResidualGateAddCall& c) { return c.numel == 0; };
-    f.refusal = grid_refusal;
-    f.extra_signature = [](const ResidualGateAddCall& c) -> uint64_t { return transposed_grid_fits(c); };
-    f.extra_radix = 2;
-    f.variant_keys = variant_keys;
-    return f;
-  }();
-  return family;
-}
+struct Kernels {
+  using Call = ResidualGateAddCall;
+  using Key = RgaKernelKey;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "residual";
+  static Device device(const Call& c) { return c.residual.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
+  static KernelRequest request(const Key& k) { return rga_kernel_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_residual_gate_add(c, k, l); }
+  static bool nothing_to_do(const Call& c) { return c.numel == 0; }
+  static std::string refusal(const Call& c) { return grid_refusal(c); }
+  static uint64_t extra_signature(const Call& c) { return transposed_grid_fits(c); }
+  static constexpr uint64_t extra_radix = 2;
+  static std::vector<Key> variant_keys() { return rga_variant_keys(); }
+};
 
 }  // namespace
 
 std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
                               const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
-  return kernels().dispatch(match_residual_gate_add(residual, update, gate, out, options, stream), stream,
-                            options.dispatch);
+  return dispatch<Kernels>(match_residual_gate_add(residual, update, gate, out, options, stream), stream,
+                           options.dispatch);
 }
 
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -532,7 +527,7 @@ void register_residual_gate_add(Registry& registry) {
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";
-  Implementation<ResidualGateAddCall> jit_impl = jit_implementation(kernels());
+  Implementation<ResidualGateAddCall, RgaKernelKey> jit_impl = jit_implementation<Kernels>();
   jit_impl.name = "residual_gate_add.jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
@@ -541,15 +536,15 @@ void register_residual_gate_add(Registry& registry) {
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
       "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
   // The two chains are two implementations of one kernel family, so that each has its own contract.
-  const auto serves = [](bool gate_f32, std::function<std::string(const ResidualGateAddCall&)> cuda) {
-    return [gate_f32, cuda](const ResidualGateAddCall& c) -> std::string {
+  const auto serves = [](bool gate_f32, std::function<std::string(const ResidualGateAddCall&, const RgaKernelKey&)> cuda) {
+    return [gate_f32, cuda](const ResidualGateAddCall& c, const RgaKernelKey& key) -> std::string {
       if (c.residual.device.kind == DeviceKind::cuda && c.gate_f32 != gate_f32)
         return gate_f32 ? "handles an f32 gate beside 16-bit data only (the promoted chain)"
                         : "handles a gate of residual's dtype only (an f32 gate beside 16-bit data: .jit_float32)";
-      return cuda(c);
+      return cuda(c, key);
     };
   };
-  Implementation<ResidualGateAddCall> promoted = jit_implementation(kernels());
+  Implementation<ResidualGateAddCall, RgaKernelKey> promoted = jit_implementation<Kernels>();
   jit_impl.predicate = serves(false, jit_impl.predicate);
   add_implementation(registry, kOp, std::move(jit_impl));
 
@@ -568,8 +563,8 @@ void register_residual_gate_add(Registry& registry) {
   add_implementation(registry, kOp, std::move(promoted));
 
   add_implementation(registry, kOp,
-                     reference_implementation<ResidualGateAddCall>(
-                         kOp, device_of, residual_gate_add_reference,
+                     reference_implementation<Kernels>(
+                         residual_gate_add_reference,
                          Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }

@@ -16,6 +16,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/token_cat_fp8.cuh"
+#include "ops/common/fp8.h"
 #include "ops/token_cat_fp8/token_cat_fp8_kernels.h"
 
 namespace ditops {
@@ -25,7 +26,6 @@ namespace {
 constexpr const char* kOp = "token_cat_fp8";
 constexpr int kThreads = 256;
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -56,7 +56,7 @@ TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& ml
   call.attn_width = Da;
   call.mlp_width = Dm;
   call.width = Da + Dm;
-  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && aligned16(attn.data) && aligned16(mlp.data) && aligned16(out.data);
+  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && is_aligned(attn.data, 16) && is_aligned(mlp.data, 16) && is_aligned(out.data, 16);
   call.stream = stream;
   return call;
 }
@@ -66,7 +66,6 @@ namespace {
 int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
 int64_t units_of(const TokenCatFp8Call& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
 
-Device device_of(const TokenCatFp8Call& c) { return c.attn.device; }
 
 }  // namespace
 
@@ -135,7 +134,7 @@ namespace {
 
 // Every code path: both dtypes x vector/scalar x both reciprocals (32-bit, PDL), then the
 // 64-bit indices and the launch without PDL.
-std::vector<TokenCatFp8Key> variant_keys() {
+std::vector<TokenCatFp8Key> token_cat_fp8_variant_keys() {
   std::vector<TokenCatFp8Key> keys;
   for (DType dtype : {DType::bf16, DType::f16})
     for (bool vector : {true, false})
@@ -158,48 +157,30 @@ std::vector<TokenCatFp8Key> variant_keys() {
   return keys;
 }
 
-const KernelFamily<TokenCatFp8Call, TokenCatFp8Key>& kernels() {
-  static const KernelFamily<TokenCatFp8Call, TokenCatFp8Key> family = [] {
-    KernelFamily<TokenCatFp8Call, TokenCatFp8Key> f;
-    f.op = kOp;
-    f.device_tensor = "attn";
-    f.device = device_of;
-    f.key = token_cat_fp8_key;
-    f.request = token_cat_fp8_request;
-    f.launch = token_cat_fp8_launch;
-    f.nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; };
-    f.variant_keys = variant_keys;
-    return f;
-  }();
-  return family;
-}
-
-}  // namespace
-
-namespace {
-
-// The scale's value, checked where it can be read without a device sync: on the CPU, by the
-// facade before dispatch (matching and explain read no tensor memory). On CUDA the kernel computes
-// eager's formula for any scale (include/ditops/token_cat_fp8.h).
-void check_host_scale(const TokenCatFp8Call& c) {
-  if (c.input_scale.device.kind != DeviceKind::cpu) return;
-  const float s = *static_cast<const float*>(c.input_scale.data);
-  if (!(s > 0.0f) || !std::isfinite(s))
-    throw Error(std::string(kOp) + ": input_scale must be finite and > 0 but is " + std::to_string(s) +
-                " (checked on the cpu only: a CUDA scale is read by the kernel)");
-}
+struct Kernels {
+  using Call = TokenCatFp8Call;
+  using Key = TokenCatFp8Key;
+  static constexpr const char* op = kOp;
+  static constexpr const char* device_tensor = "attn";
+  static Device device(const Call& c) { return c.attn.device; }
+  static Key key(const Call& c, const DeviceInfo& d) { return token_cat_fp8_key(c, d); }
+  static KernelRequest request(const Key& k) { return token_cat_fp8_request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { token_cat_fp8_launch(c, k, l); }
+  static bool nothing_to_do(const Call& c) { return c.rows * c.width == 0; }
+  static std::vector<Key> variant_keys() { return token_cat_fp8_variant_keys(); }
+};
 
 }  // namespace
 
 std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                           const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
   const TokenCatFp8Call call = match_token_cat_fp8(attn, mlp, input_scale, out, options, stream);
-  check_host_scale(call);
-  return kernels().dispatch(call, stream, options.dispatch);
+  check_host_scale(kOp, "input_scale", call.input_scale);
+  return dispatch<Kernels>(call, stream, options.dispatch);
 }
 
 DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
-  return kernels().explain(call, call.options.dispatch);
+  return explain<Kernels>(call, call.options.dispatch);
 }
 
 namespace {
@@ -216,9 +197,7 @@ OpDescription describe_token_cat_fp8() {
   b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
             .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn"},
            &TokenCatFp8Call::out);
-  b.choice("fp8_reciprocal", &TokenCatFp8Options::fp8_reciprocal,
-           {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-           "1/input_scale as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+  describe_fp8_reciprocal(b, &TokenCatFp8Options::fp8_reciprocal, "input_scale");
   b.option("use_pdl", &TokenCatFp8Options::use_pdl, "programmatic dependent launch where the device has it");
   return b.build(
       [](const TokenCatFp8Call& a, Stream s) {
@@ -239,30 +218,22 @@ void register_token_cat_fp8(Registry& registry) {
   const std::string sglang =
       "SGLang's try_flux2_token_cat_fp8 / static_quant_fp8(cat([attn, mlp], -1), input_scale) (Triton: "
       "inv = div.full.f32 1/input_scale)";
-  const std::string kernel =
-      "flat grid-stride kernel, 16 outputs per unit from two 16-byte loads (scalar units for other widths or "
-      "alignments); NVRTC at first use";
-  for (const bool div_full : {false, true}) {
-    Implementation<TokenCatFp8Call> impl = jit_implementation(kernels());
-    impl.name = div_full ? "token_cat_fp8.jit_div_full" : "token_cat_fp8.jit";
-    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+  Implementation<TokenCatFp8Call, TokenCatFp8Key> jit = jit_implementation<Kernels>();
+  jit.name = "token_cat_fp8.jit";
+  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+  add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
                         .verified(std::string(device_runs::kOps8dea671) + ": bench/token_cat_fp8_torch.py's torch.equal against " +
                                   (div_full ? "a Triton kernel evaluating SGLang's static_quant_fp8 expression (not SGLang's package)"
                                             : "the eager chain") + ", and a CUDA-graph replay with a changed scale");
-    impl.description = div_full ? kernel + "; fp8_reciprocal=div_full" : kernel + "; fp8_reciprocal=ieee";
-    impl.predicate = [div_full, cuda = impl.predicate](const TokenCatFp8Call& c) -> std::string {
-      if (std::string why = cuda(c); !why.empty()) return why;
-      if ((c.options.fp8_reciprocal == Fp8Reciprocal::div_full) != div_full)
-        return std::string("handles fp8_reciprocal=") + (div_full ? "div_full" : "ieee") + " only";
-      return "";
-    };
-    add_implementation(registry, kOp, std::move(impl));
-  }
+    impl.description = std::string("flat grid-stride kernel, 16 outputs per unit from two 16-byte loads (scalar "
+                                   "units for other widths or alignments); NVRTC at first use; fp8_reciprocal=") +
+                       (div_full ? "div_full" : "ieee");
+  });
   add_implementation(
       registry, kOp,
-      reference_implementation<TokenCatFp8Call>(
-          kOp, device_of, token_cat_fp8_reference,
+      reference_implementation<Kernels>(
+          token_cat_fp8_reference,
           Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
                           "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
                           "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
