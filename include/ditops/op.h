@@ -41,6 +41,15 @@ struct TensorSlot {
   // "flag:o;absent:a,b" the optional-bool option o decides, and when unset, none of a, b given.
   std::string present = "always";
   std::string doc;
+  // Matching derives its checks from the slot, slot by slot, before the op's own rules: `shape`
+  // (symbols bind at first use, literals and sums of bound symbols "Da+Dm" must equal, "1" is one
+  // element of any rank), `dtypes` ("=x": x's dtype), one device for every tensor, `layout`, and for
+  // a written tensor that no read one overlaps it. `own` names what the op checks itself instead
+  // (broadcast classes, an in-place rule): any of "shape", "dtype", "overlap", comma-separated.
+  //   layout: "" any strides; "contiguous" (row-major dense); or one entry per dim, a literal, a
+  //   symbol (equal wherever it appears) or '*' (any): "q_token_stride,head_stride,1".
+  std::string layout;
+  std::string own;
 
   bool written() const { return role != TensorRole::in; }
 };

@@ -6,7 +6,8 @@
 namespace ditops {
 
 namespace {
-std::string dtype_list(std::initializer_list<DType> allowed) {
+template <typename DTypes>
+std::string dtype_list(const DTypes& allowed) {
   std::string out;
   size_t i = 0;
   for (DType d : allowed) {
@@ -17,6 +18,25 @@ std::string dtype_list(std::initializer_list<DType> allowed) {
   return out;
 }
 }  // namespace
+
+Dim Dim::sum(std::vector<std::string> terms) {
+  Dim d(Kind::sum);
+  for (const auto& t : terms) d.symbol += (d.symbol.empty() ? "" : "+") + t;
+  d.terms = std::move(terms);
+  return d;
+}
+
+Dim Dim::parse(const std::string& text) {
+  if (text == "*") return anything();
+  if (!text.empty() && text.find_first_not_of("0123456789") == std::string::npos) return Dim(int64_t{std::stoll(text)});
+  if (text.find('+') == std::string::npos) return Dim(text.c_str());
+  std::vector<std::string> terms;
+  size_t start = 0;
+  for (size_t plus; (plus = text.find('+', start)) != std::string::npos; start = plus + 1)
+    terms.push_back(text.substr(start, plus - start));
+  terms.push_back(text.substr(start));
+  return sum(std::move(terms));
+}
 
 void Matcher::fail(const std::string& message) const { throw InvalidArgument(op_ + ": " + message); }
 
@@ -109,6 +129,20 @@ void TensorMatch::check_dim(const Dim& d, int64_t actual, const std::string& whe
       if (actual != d.value)
         m_.fail(where + " must be " + std::to_string(d.value) + " but is " + std::to_string(actual));
       return;
+    case Dim::Kind::sum: {
+      int64_t total = 0;
+      std::string origins;
+      for (const auto& term : d.terms) {
+        auto it = m_.sizes_.find(term);
+        if (it == m_.sizes_.end()) m_.fail(where + " is " + d.symbol + " but " + term + " is not bound yet");
+        total += it->second.value;  // bounded extents (kMaxViewElements): no overflow
+        origins += (origins.empty() ? "" : " + ") + it->second.origin;
+      }
+      if (actual != total)
+        m_.fail(where + " must equal " + d.symbol + "=" + std::to_string(total) + " (" + origins + ") but is " +
+                std::to_string(actual));
+      return;
+    }
     case Dim::Kind::symbol: {
       auto it = m_.sizes_.find(d.symbol);
       if (it == m_.sizes_.end()) {
@@ -129,7 +163,11 @@ TensorMatch& TensorMatch::rank(int expected) {
   return *this;
 }
 
-TensorMatch& TensorMatch::shape(std::initializer_list<Dim> dims) {
+TensorMatch& TensorMatch::shape(std::initializer_list<Dim> dims) { return shape_of(dims); }
+TensorMatch& TensorMatch::shape(const std::vector<Dim>& dims) { return shape_of(dims); }
+
+template <typename Dims>
+TensorMatch& TensorMatch::shape_of(const Dims& dims) {
   rank(static_cast<int>(dims.size()));
   int i = 0;
   for (const Dim& d : dims) {
@@ -139,7 +177,11 @@ TensorMatch& TensorMatch::shape(std::initializer_list<Dim> dims) {
   return *this;
 }
 
-TensorMatch& TensorMatch::strides(std::initializer_list<Dim> dims) {
+TensorMatch& TensorMatch::strides(std::initializer_list<Dim> dims) { return strides_of(dims); }
+TensorMatch& TensorMatch::strides(const std::vector<Dim>& dims) { return strides_of(dims); }
+
+template <typename Dims>
+TensorMatch& TensorMatch::strides_of(const Dims& dims) {
   rank(static_cast<int>(dims.size()));
   int i = 0;
   for (const Dim& d : dims) {
@@ -151,16 +193,43 @@ TensorMatch& TensorMatch::strides(std::initializer_list<Dim> dims) {
   return *this;
 }
 
-TensorMatch& TensorMatch::dtype(std::initializer_list<DType> allowed) {
+TensorMatch& TensorMatch::dtype(std::initializer_list<DType> allowed) { return dtype_of(allowed); }
+TensorMatch& TensorMatch::dtype(const std::vector<DType>& allowed) { return dtype_of(allowed); }
+
+template <typename DTypes>
+TensorMatch& TensorMatch::dtype_of(const DTypes& allowed) {
   for (DType d : allowed)
     if (d == t_.dtype) return *this;
   m_.fail(name_ + ".dtype must be " + dtype_list(allowed) + " but is " + dtype_name(t_.dtype));
 }
 
 TensorMatch& TensorMatch::dtype_as(const std::string& symbol, std::initializer_list<DType> allowed) {
+  return dtype_as_of(symbol, allowed);
+}
+TensorMatch& TensorMatch::dtype_as(const std::string& symbol, const std::vector<DType>& allowed) {
+  return dtype_as_of(symbol, allowed);
+}
+
+TensorMatch& TensorMatch::dtype_in_or_as(const std::vector<DType>& allowed, const std::string& symbol) {
+  for (DType d : allowed)
+    if (d == t_.dtype) return *this;
+  auto it = m_.dtypes_.find(symbol);
+  if (it == m_.dtypes_.end() || it->second.dtype == t_.dtype) return *this;
+  m_.fail(name_ + ".dtype must be " + dtype_list(allowed) + " or " + dtype_name(it->second.dtype) + " (as " +
+          it->second.origin + ") but is " + dtype_name(t_.dtype));
+}
+
+TensorMatch& TensorMatch::one_element() {
+  if (t_.numel() != 1)
+    m_.fail(name_ + " must have exactly 1 element but has " + std::to_string(t_.numel()) + " (" + t_.describe() + ")");
+  return *this;
+}
+
+template <typename DTypes>
+TensorMatch& TensorMatch::dtype_as_of(const std::string& symbol, const DTypes& allowed) {
   auto it = m_.dtypes_.find(symbol);
   if (it == m_.dtypes_.end()) {
-    if (allowed.size()) dtype(allowed);
+    if (allowed.size()) dtype_of(allowed);
     m_.dtypes_[symbol] = {t_.dtype, name_};
   } else if (it->second.dtype != t_.dtype) {
     m_.fail(name_ + ".dtype must be " + dtype_name(it->second.dtype) + " (as " + it->second.origin +

@@ -16,15 +16,20 @@
 
 namespace ditops {
 
-// One dimension (or stride) of a pattern: a literal, a symbol name, or anything.
+// One dimension (or stride) of a pattern: a literal, a symbol name, a sum of bound symbols
+// ("Da+Dm": the symbols must be bound by then), or anything.
 struct Dim {
-  enum class Kind : uint8_t { literal, symbol, any } kind;
+  enum class Kind : uint8_t { literal, symbol, sum, any } kind;
   int64_t value = 0;
-  std::string symbol;
+  std::string symbol;                 // the symbol, or the sum's text
+  std::vector<std::string> terms;     // sum: its symbols
   Dim(int value) : kind(Kind::literal), value(value) {}            // NOLINT: patterns read best
   Dim(int64_t value) : kind(Kind::literal), value(value) {}        // NOLINT  as literals
   Dim(const char* name) : kind(Kind::symbol), symbol(name) {}      // NOLINT  and names
   static Dim anything() { return Dim(Kind::any); }
+  static Dim sum(std::vector<std::string> terms);
+  // "B" a symbol, "64" a literal, "Da+Dm" a sum, "*" anything.
+  static Dim parse(const std::string& text);
 
  private:
   explicit Dim(Kind k) : kind(k) {}
@@ -41,11 +46,19 @@ class TensorMatch {
  public:
   TensorMatch& rank(int expected);
   TensorMatch& shape(std::initializer_list<Dim> dims);     // also checks the rank
+  TensorMatch& shape(const std::vector<Dim>& dims);
   TensorMatch& strides(std::initializer_list<Dim> dims);   // Dim::anything() for a free stride
+  TensorMatch& strides(const std::vector<Dim>& dims);
   TensorMatch& dtype(std::initializer_list<DType> allowed);
+  TensorMatch& dtype(const std::vector<DType>& allowed);
   // The dtype must equal the one bound to `symbol` (binding it, restricted to `allowed`, on
   // first use).
   TensorMatch& dtype_as(const std::string& symbol, std::initializer_list<DType> allowed = {});
+  TensorMatch& dtype_as(const std::string& symbol, const std::vector<DType>& allowed);
+  // One of `allowed` or the dtype bound to `symbol` ("f32 or bf16 (as q)").
+  TensorMatch& dtype_in_or_as(const std::vector<DType>& allowed, const std::string& symbol);
+  // Exactly one element, any rank (a scale read on the device).
+  TensorMatch& one_element();
   TensorMatch& device_kind(DeviceKind kind);
   // All tensors naming `symbol` must be on one device.
   TensorMatch& same_device(const std::string& symbol);
@@ -56,6 +69,14 @@ class TensorMatch {
   friend class Matcher;
   TensorMatch(Matcher& m, const TensorView& t, std::string name) : m_(m), t_(t), name_(std::move(name)) {}
   void check_dim(const Dim& d, int64_t actual, const std::string& where);
+  template <typename Dims>
+  TensorMatch& shape_of(const Dims& dims);
+  template <typename Dims>
+  TensorMatch& strides_of(const Dims& dims);
+  template <typename DTypes>
+  TensorMatch& dtype_of(const DTypes& allowed);
+  template <typename DTypes>
+  TensorMatch& dtype_as_of(const std::string& symbol, const DTypes& allowed);
   Matcher& m_;
   const TensorView& t_;
   std::string name_;

@@ -13,14 +13,40 @@
 
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/matcher.h"
 #include "ditops/op.h"
 
 namespace ditops {
+
+// What matching derives from one slot (TensorSlot: shape, dtypes, layout, own), compiled once when
+// the op is described.
+struct SlotRule {
+  std::string name;
+  bool optional = false;
+  bool written = false;
+  enum class Shape : uint8_t { own, dims, one_element } shape = Shape::own;
+  std::vector<Dim> dims;
+  bool dtype = false;         // the dtype is one of `dtypes` or the one `dtype_of` bound
+  std::vector<DType> dtypes;
+  std::string dtype_of;       // "=x": x's
+  enum class Layout : uint8_t { any, contiguous, strides } layout = Layout::any;
+  std::vector<Dim> strides;
+  bool disjoint = false;      // written: no read tensor of the call overlaps it
+};
+// Throws Error naming the op and the slot when its shape, dtypes, layout or own do not parse.
+SlotRule compile_slot_rule(const std::string& op, const TensorSlot& slot, const std::vector<SlotRule>& earlier);
+// The derived checks, slot by slot (after each, `after_slot(context, m)` when given), then the
+// overlaps; views[i] is rule i's tensor (an optional one that is absent, rank 0 without data, is
+// skipped).
+void match_slots(Matcher& m, const std::vector<SlotRule>& rules, const TensorView* const* views,
+                 void (*after_slot)(const void* context, Matcher& m) = nullptr, const void* context = nullptr);
+inline bool slot_absent(const TensorView& t) { return t.rank == 0 && t.data == nullptr; }
 
 std::string option_default_text(bool value);
 std::string option_default_text(int64_t value);
@@ -54,14 +80,53 @@ class OpBuilder {
 
   // A tensor slot and the member it fills (a member pointer, or a function for nested members).
   OpBuilder& tensor(TensorSlot slot, TensorView Args::*member) {
+    add_rule(slot);
     desc_.tensors.push_back(std::move(slot));
     tensor_setters_.push_back([member](Args& a, const TensorView& t) { a.*member = t; });
+    members_.push_back({member, nullptr});
     return *this;
   }
   OpBuilder& tensor(TensorSlot slot, TensorView& (*access)(Args&)) {
+    add_rule(slot);
     desc_.tensors.push_back(std::move(slot));
     tensor_setters_.push_back([access](Args& a, const TensorView& t) { access(a) = t; });
+    members_.push_back({nullptr, access});
     return *this;
+  }
+
+  // A rule of the op on one dim's value, checked as soon as a slot binds the dim, so that later
+  // slots are not matched against a value the op refuses: "" or the failure (without the op's name).
+  OpBuilder& dim_rule(std::string symbol, std::string (*rule)(int64_t value, const Args& call)) {
+    dim_rules_.push_back({std::move(symbol), rule});
+    return *this;
+  }
+
+  // The checks the slots state, run over a call's tensors: what every match_<op> does first.
+  Matcher match(const Args& a) const {
+    Matcher m(desc_.name);
+    const TensorView* views[kMaxSlots];
+    for (size_t i = 0; i < members_.size(); ++i)
+      views[i] = members_[i].member ? &(a.*members_[i].member) : &members_[i].access(const_cast<Args&>(a));
+    if (dim_rules_.empty()) {
+      match_slots(m, rules_, views);
+      return m;
+    }
+    struct Context {
+      const OpBuilder& b;
+      const Args& a;
+      uint32_t done;
+    } context{*this, a, 0};
+    match_slots(m, rules_, views, [](const void* p, Matcher& m) {
+      auto& c = *static_cast<Context*>(const_cast<void*>(p));
+      for (size_t i = 0; i < c.b.dim_rules_.size(); ++i) {
+        if (c.done & (1u << i)) continue;
+        const std::optional<int64_t> value = m.value(c.b.dim_rules_[i].symbol);
+        if (!value) continue;
+        c.done |= 1u << i;
+        if (std::string why = c.b.dim_rules_[i].rule(*value, c.a); !why.empty()) m.fail(why);
+      }
+    }, &context);
+    return m;
   }
 
   // A bool, integer or floating-point option; the default is the struct's.
@@ -130,7 +195,7 @@ class OpBuilder {
   }
 
   OpDescription build(std::function<std::string(const Args&, Stream)> run,
-                      std::function<DispatchReport(const Args&)> explain) {
+                      std::function<DispatchReport(const Args&)> explain) const {
     auto to_args = [tensors = tensor_setters_, options = option_setters_, desc = desc_](const GenericCall& c) {
       if (c.tensors.size() != desc.tensors.size() || c.given.size() != desc.tensors.size())
         throw InvalidArgument(desc.name + ": expected " + std::to_string(desc.tensors.size()) + " tensor slots but got " +
@@ -151,9 +216,10 @@ class OpBuilder {
       a.options.dispatch = c.dispatch;
       return a;
     };
-    desc_.run = [to_args, run = std::move(run)](const GenericCall& c, Stream s) { return run(to_args(c), s); };
-    desc_.explain = [to_args, explain = std::move(explain)](const GenericCall& c) { return explain(to_args(c)); };
-    return desc_;
+    OpDescription desc = desc_;
+    desc.run = [to_args, run = std::move(run)](const GenericCall& c, Stream s) { return run(to_args(c), s); };
+    desc.explain = [to_args, explain = std::move(explain)](const GenericCall& c) { return explain(to_args(c)); };
+    return desc;
   }
 
  private:
@@ -177,7 +243,25 @@ class OpBuilder {
     }
   }
 
+  static constexpr size_t kMaxSlots = 16;
+  void add_rule(const TensorSlot& slot) {
+    if (rules_.size() == kMaxSlots) throw Error(desc_.name + ": more than 16 tensor slots");
+    rules_.push_back(compile_slot_rule(desc_.name, slot, rules_));
+  }
+  struct Member {
+    TensorView Args::*member;
+    TensorView& (*access)(Args&);
+  };
+
+  struct DimRule {
+    std::string symbol;
+    std::string (*rule)(int64_t, const Args&);
+  };
+
   OpDescription desc_;
+  std::vector<SlotRule> rules_;
+  std::vector<DimRule> dim_rules_;
+  std::vector<Member> members_;
   std::vector<std::function<void(Args&, const TensorView&)>> tensor_setters_;
   std::vector<std::function<void(Args&, const OptionValue&)>> option_setters_;
 };

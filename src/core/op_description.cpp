@@ -443,4 +443,100 @@ std::string op_table_json() {
   return out + "\n]\n";
 }
 
+// ---------------------------------------------------------------- the slots' matching rules
+
+namespace {
+std::vector<std::string> split_list(const std::string& text, char separator) {
+  std::vector<std::string> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  for (size_t at; (at = text.find(separator, start)) != std::string::npos; start = at + 1)
+    out.push_back(text.substr(start, at - start));
+  out.push_back(text.substr(start));
+  return out;
+}
+}  // namespace
+
+SlotRule compile_slot_rule(const std::string& op, const TensorSlot& slot, const std::vector<SlotRule>& earlier) {
+  auto bad = [&](const std::string& what) -> Error {
+    return Error(op + ": slot " + slot.name + ": " + what);
+  };
+  SlotRule r;
+  r.name = slot.name;
+  r.optional = slot.optional;
+  r.written = slot.written();
+  bool own_shape = false, own_dtype = false, own_overlap = false;
+  for (const std::string& item : split_list(slot.own, ',')) {
+    if (item == "shape") own_shape = true;
+    else if (item == "dtype") own_dtype = true;
+    else if (item == "overlap") own_overlap = true;
+    else throw bad("own '" + item + "' is not shape, dtype or overlap");
+  }
+  if (!own_shape && slot.shape.empty()) throw bad("no shape to check (own: \"shape\" when the op checks it)");
+  if (!own_shape && slot.shape == "1") {
+    r.shape = SlotRule::Shape::one_element;
+  } else if (!own_shape) {
+    r.shape = SlotRule::Shape::dims;
+    for (const std::string& d : split_list(slot.shape, ',')) {
+      if (d.empty() || d.find_first_of("*/()-.") != std::string::npos)
+        throw bad("shape entry '" + d + "' is not a literal, a symbol or a sum of symbols");
+      r.dims.push_back(Dim::parse(d));
+    }
+  }
+  if (!own_dtype) {
+    r.dtype = true;
+    for (const std::string& d : split_list(slot.dtypes, '|')) {
+      if (!d.empty() && d[0] == '=') {
+        r.dtype_of = d.substr(1);
+        const SlotRule* of = nullptr;
+        for (const SlotRule& e : earlier)
+          if (e.name == r.dtype_of) of = &e;
+        if (!of || !of->dtype)
+          throw bad("dtypes '" + slot.dtypes + "' names " + r.dtype_of +
+                    ", which is no earlier slot with a checked dtype (own: \"dtype\")");
+        continue;
+      }
+      DType t;
+      if (!parse_dtype(d, &t)) throw bad("dtypes entry '" + d + "' is not a dtype");
+      r.dtypes.push_back(t);
+    }
+  }
+  if (slot.layout == "contiguous") {
+    r.layout = SlotRule::Layout::contiguous;
+  } else if (!slot.layout.empty()) {
+    r.layout = SlotRule::Layout::strides;
+    for (const std::string& d : split_list(slot.layout, ',')) r.strides.push_back(Dim::parse(d));
+  }
+  r.disjoint = r.written && !own_overlap;
+  return r;
+}
+
+void match_slots(Matcher& m, const std::vector<SlotRule>& rules, const TensorView* const* views,
+                 void (*after_slot)(const void* context, Matcher& m), const void* context) {
+  for (size_t i = 0; i < rules.size(); ++i) {
+    const SlotRule& r = rules[i];
+    const TensorView& t = *views[i];
+    if (r.optional && slot_absent(t)) continue;
+    TensorMatch tm = m.tensor(r.name, t);
+    if (r.shape == SlotRule::Shape::dims) tm.shape(r.dims);
+    else if (r.shape == SlotRule::Shape::one_element) tm.one_element();
+    if (r.layout == SlotRule::Layout::strides) tm.strides(r.strides);
+    if (r.dtype) {
+      // A slot with a dtype list binds its own name, for the slots that say "=name".
+      if (r.dtype_of.empty()) tm.dtype_as(r.name, r.dtypes);
+      else if (r.dtypes.empty()) tm.dtype_as(r.dtype_of);
+      else tm.dtype_in_or_as(r.dtypes, r.dtype_of);
+    }
+    tm.same_device("device");
+    if (r.layout == SlotRule::Layout::contiguous) tm.contiguous();
+    if (after_slot) after_slot(context, m);
+  }
+  for (size_t w = 0; w < rules.size(); ++w) {
+    if (!rules[w].disjoint || (rules[w].optional && slot_absent(*views[w]))) continue;
+    for (size_t i = 0; i < rules.size(); ++i)
+      if (!rules[i].written && !(rules[i].optional && slot_absent(*views[i])))
+        m.require_disjoint(*views[w], rules[w].name, *views[i], rules[i].name);
+  }
+}
+
 }  // namespace ditops

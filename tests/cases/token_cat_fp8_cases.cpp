@@ -249,7 +249,7 @@ std::vector<OpCase> make() {
   c = tc_case(small, CaseKind::invalid, seed++);
   c.name = "out_width_wrong";
   c.tensors[3].shape = {2, 8, 79};
-  c.invalid = {"out.shape[2] must equal D=80", "79"};
+  c.invalid = {"out.shape[2] must equal Da+Dm=80", "79"};
   out.push_back(c);
   c = tc_case(small, CaseKind::invalid, seed++);
   c.name = "out_bf16";

@@ -64,19 +64,56 @@ int64_t padded_extent(const Matcher& m, int64_t extent, int64_t before, int64_t 
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<CausalConv3dCatPadCall>& description() {
+  static const OpBuilder<CausalConv3dCatPadCall> b = [] {
+    OpBuilder<CausalConv3dCatPadCall> b(
+        kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
+        "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
+        "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
+        "channels-last-3d, one layout for every tensor; out must not overlap an input. Bit-exact (a copy). "
+        "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
+    b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
+    // The layout (NCTHW or channels-last-3d, x decides) and out's padded extents are the op's own rules.
+      b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"}, &CausalConv3dCatPadCall::x);
+    b.tensor({.name = "cache", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
+              .doc = "cached past frames, prepended along time (absent: none)"},
+             &CausalConv3dCatPadCall::cache);
+    // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
+    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
+              .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
+                       "dim(x,4)+pad_w_left+pad_w_right",
+              .alloc_format = "x",
+              .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
+                     "pad_w_right], in x's layout",
+                .own = "shape"},
+             &CausalConv3dCatPadCall::out);
+    b.option("pad_w_left", &CausalConv3dCatPadOptions::pad_w_left, "zeros before W (F.pad padding[0])");
+    b.option("pad_w_right", &CausalConv3dCatPadOptions::pad_w_right, "zeros after W (F.pad padding[1])");
+    b.option("pad_h_top", &CausalConv3dCatPadOptions::pad_h_top, "zeros before H (F.pad padding[2])");
+    b.option("pad_h_bottom", &CausalConv3dCatPadOptions::pad_h_bottom, "zeros after H (F.pad padding[3])");
+    b.option("pad_t_left", &CausalConv3dCatPadOptions::pad_t_left,
+             "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
+    b.option("pad_t_right", &CausalConv3dCatPadOptions::pad_t_right, "zero frames after T (F.pad padding[5])");
+    b.option("use_pdl", &CausalConv3dCatPadOptions::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
                                                    const CausalConv3dCatPadOptions& options, Stream stream) {
-  Matcher m(kOp);
-  const std::initializer_list<DType> dtypes = {DType::bf16, DType::f16, DType::f32};
-  m.tensor("x", x).rank(5).dtype_as("dtype", dtypes).same_device("device").shape({"B", "C", Dim::anything(), "H", "W"});
+  if (cache.rank == 0 && cache.data)
+    throw InvalidArgument(std::string(kOp) + ": cache has rank 0 but a data pointer: pass an empty TensorView (no "
+                          "cache) or a [B, C, T, H, W] view");
+  CausalConv3dCatPadCall call{.x = x, .cache = cache, .out = out, .options = options};
+  Matcher m = description().match(call);
   const bool has_cache = cache.rank != 0;
-  if (has_cache) {
-    m.tensor("cache", cache).rank(5).dtype_as("dtype").same_device("device")
-        .shape({"B", "C", Dim::anything(), "H", "W"});
-  } else if (cache.data) {
-    m.fail("cache has rank 0 but a data pointer: pass an empty TensorView (no cache) or a [B, C, T, H, W] view");
-  }
-  m.tensor("out", out).rank(5).dtype_as("dtype").same_device("device");
+  m.tensor("out", out).rank(5);
 
   const CausalConv3dCatPadOptions& o = options;
   require_padding(m, "pad_w_left", o.pad_w_left);
@@ -120,16 +157,8 @@ CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const Te
   if (has_cache) require_layout(m, cache, "cache", channels_last);
   require_layout(m, out, "out", channels_last);
 
-  CausalConv3dCatPadCall call;
   call.out_numel = out.numel();
-  if (call.out_numel > 0) {
-    m.require_disjoint(out, "out", x, "x");
-    if (has_cache) m.require_disjoint(out, "out", cache, "cache");
-  }
-  call.x = x;
-  call.cache = has_cache ? cache : TensorView{};
-  call.out = out;
-  call.options = options;
+  if (!has_cache) call.cache = TensorView{};
   call.has_cache = has_cache;
   call.channels_last = channels_last;
   call.batch = x.shape[0];
@@ -294,47 +323,12 @@ DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call)
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_causal_conv3d_cat_pad() {
-  OpBuilder<CausalConv3dCatPadCall> b(
-      kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
-      "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
-      "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
-      "channels-last-3d, one layout for every tensor; out must not overlap an input. Bit-exact (a copy). "
-      "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
-  b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
-  b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"}, &CausalConv3dCatPadCall::x);
-  b.tensor({.name = "cache", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
-            .doc = "cached past frames, prepended along time (absent: none)"},
-           &CausalConv3dCatPadCall::cache);
-  // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
-            .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
-                     "dim(x,4)+pad_w_left+pad_w_right",
-            .alloc_format = "x",
-            .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
-                   "pad_w_right], in x's layout"},
-           &CausalConv3dCatPadCall::out);
-  b.option("pad_w_left", &CausalConv3dCatPadOptions::pad_w_left, "zeros before W (F.pad padding[0])");
-  b.option("pad_w_right", &CausalConv3dCatPadOptions::pad_w_right, "zeros after W (F.pad padding[1])");
-  b.option("pad_h_top", &CausalConv3dCatPadOptions::pad_h_top, "zeros before H (F.pad padding[2])");
-  b.option("pad_h_bottom", &CausalConv3dCatPadOptions::pad_h_bottom, "zeros after H (F.pad padding[3])");
-  b.option("pad_t_left", &CausalConv3dCatPadOptions::pad_t_left,
-           "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
-  b.option("pad_t_right", &CausalConv3dCatPadOptions::pad_t_right, "zero frames after T (F.pad padding[5])");
-  b.option("use_pdl", &CausalConv3dCatPadOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_causal_conv3d_cat_pad(Registry& registry) {
+  registry.describe(description().build(
       [](const CausalConv3dCatPadCall& a, Stream s) { return causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options, s); },
       [](const CausalConv3dCatPadCall& a) {
         return explain_causal_conv3d_cat_pad(match_causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options));
-      });
-}
-
-}  // namespace
-
-void register_causal_conv3d_cat_pad(Registry& registry) {
-  registry.describe(describe_causal_conv3d_cat_pad());
+      }));
   const std::string oracle =
       "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
       "every bit, fp16, bf16 and fp32)";

@@ -71,7 +71,7 @@ bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t B, int
 // broadcast dim's as 0.
 void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, int64_t S, int64_t H, int64_t half,
                  int64_t strides[4]) {
-  m.tensor(name, t).rank(4).dtype({DType::f32}).same_device("device");
+  m.tensor(name, t).rank(4);
   const int64_t want[4] = {B, S, H, half};
   const char* what[4] = {"the batch (1 or B)", "the tokens (S)", "the heads (1 or H)", "head_dim / 2"};
   for (int d = 0; d < 4; ++d) {
@@ -86,16 +86,59 @@ void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, i
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<CrossHeadQkNormRopeCall>& description() {
+  static const OpBuilder<CrossHeadQkNormRopeCall> b = [] {
+    OpBuilder<CrossHeadQkNormRopeCall> b(
+        kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
+        "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
+        "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
+        "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
+    b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
+    b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"},
+             &CrossHeadQkNormRopeCall::q);
+    b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"},
+               &CrossHeadQkNormRopeCall::k);
+    b.tensor({.name = "q_weight", .optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"},
+               &CrossHeadQkNormRopeCall::q_weight);
+    b.tensor({.name = "k_weight", .optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"},
+               &CrossHeadQkNormRopeCall::k_weight);
+      // The tables broadcast over the batch and the heads and k may take q's: their extents are the
+      // op's own rules (match_table).
+    b.tensor({.name = "q_cos", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
+               &CrossHeadQkNormRopeCall::q_cos);
+    b.tensor({.name = "q_sin", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
+               &CrossHeadQkNormRopeCall::q_sin);
+    b.tensor({.name = "k_cos", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
+               &CrossHeadQkNormRopeCall::k_cos);
+    b.tensor({.name = "k_sin", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
+               &CrossHeadQkNormRopeCall::k_sin);
+    b.option("head_dim", &CrossHeadQkNormRopeOptions::head_dim, "channels per head (RoPE rotates within a head)");
+    b.option("eps", &CrossHeadQkNormRopeOptions::eps, "RMSNorm epsilon");
+    b.choice("rope", &CrossHeadQkNormRopeOptions::rope,
+             {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
+             "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
+    b.choice("rounding", &CrossHeadQkNormRopeOptions::rounding,
+             {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+             "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
+    b.option("use_pdl", &CrossHeadQkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const TensorView& k,
                                                      const TensorView& q_weight, const TensorView& k_weight,
                                                      const TensorView& q_cos, const TensorView& q_sin,
                                                      const TensorView& k_cos, const TensorView& k_sin,
                                                      const CrossHeadQkNormRopeOptions& options, Stream stream) {
-  Matcher m(kOp);
-  m.tensor("q", q).shape({"B", "S", "Nq"}).strides({Dim::anything(), Dim::anything(), 1})
-      .dtype_as("act", {DType::bf16, DType::f16}).same_device("device");
-  m.tensor("k", k).shape({"B", "Sk", "Nk"}).strides({Dim::anything(), Dim::anything(), 1}).dtype_as("act")
-      .same_device("device");
+  CrossHeadQkNormRopeCall call{.q = q, .k = k, .q_weight = q_weight, .k_weight = k_weight, .q_cos = q_cos,
+                               .q_sin = q_sin, .k_cos = k_cos, .k_sin = k_sin, .options = options};
+  Matcher m = description().match(call);
   const int64_t D = options.head_dim;
   if (D < 8 || D > 512 || D % 8 != 0)
     m.fail("head_dim must be a multiple of 8 in [8, 512] (a 4-element vector lies inside one half of a head) but is " +
@@ -107,14 +150,10 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
       m.fail(std::string(name) + ".shape[2] (heads * head_dim) must be a positive multiple of head_dim=" +
              std::to_string(D) + " up to " + std::to_string(kMaxWidth) + " but is " + std::to_string(N));
   }
-  const bool has_q_weight = q_weight.rank != 0 || q_weight.data != nullptr;
-  const bool has_k_weight = k_weight.rank != 0 || k_weight.data != nullptr;
-  if (has_q_weight) m.tensor("q_weight", q_weight).shape({"Nq"}).strides({1}).dtype_as("act").same_device("device");
-  if (has_k_weight) m.tensor("k_weight", k_weight).shape({"Nk"}).strides({1}).dtype_as("act").same_device("device");
+  const bool has_q_weight = !slot_absent(q_weight), has_k_weight = !slot_absent(k_weight);
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
 
-  auto given = [](const TensorView& t) { return t.rank != 0 || t.data != nullptr; };
-  CrossHeadQkNormRopeCall call;
+  auto given = [](const TensorView& t) { return !slot_absent(t); };
   call.q_rows = {B, S, Nq, Nq / D, q.strides[0], q.strides[1]};
   call.k_rows = {B, Sk, Nk, Nk / D, k.strides[0], k.strides[1]};
   if (options.rope == CrossHeadRope::none) {
@@ -148,23 +187,8 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
   if (B * S > 0 && B * Sk > 0 && q_k_share_elements(q, k, B, S, Sk, Nq, Nk))
     m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q and k parts of "
            "one packed QKV projection");
-  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q_weight, "q_weight"},
-                                {&k_weight, "k_weight"}, {&q_cos, "q_cos"}, {&q_sin, "q_sin"}, {&k_cos, "k_cos"},
-                                {&k_sin, "k_sin"}}) {
-    if (!given(*t)) continue;
-    m.require_disjoint(q, "q", *t, name);
-    m.require_disjoint(k, "k", *t, name);
-  }
-
-  call.q = q;
-  call.k = k;
-  call.q_weight = has_q_weight ? q_weight : TensorView{};
-  call.k_weight = has_k_weight ? k_weight : TensorView{};
-  call.q_cos = q_cos;
-  call.q_sin = q_sin;
-  call.k_cos = k_cos;
-  call.k_sin = k_sin;
-  call.options = options;
+  if (!has_q_weight) call.q_weight = TensorView{};
+  if (!has_k_weight) call.k_weight = TensorView{};
   // 4-element (8-byte) loads of rows and weights: row starts and row strides in whole vectors.
   auto rows_aligned = [](const TensorView& t) {
     return is_aligned(t.data, 8) && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0;
@@ -353,34 +377,8 @@ DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& cal
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_cross_head_qknorm_rope() {
-  OpBuilder<CrossHeadQkNormRopeCall> b(
-      kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
-      "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
-      "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
-      "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
-  b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
-  b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq"},
-           &CrossHeadQkNormRopeCall::q);
-  b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk"}, &CrossHeadQkNormRopeCall::k);
-  b.tensor({.name = "q_weight", .optional = true, .dtypes = "=q", .shape = "Nq"}, &CrossHeadQkNormRopeCall::q_weight);
-  b.tensor({.name = "k_weight", .optional = true, .dtypes = "=q", .shape = "Nk"}, &CrossHeadQkNormRopeCall::k_weight);
-  b.tensor({.name = "q_cos", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R"}, &CrossHeadQkNormRopeCall::q_cos);
-  b.tensor({.name = "q_sin", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R"}, &CrossHeadQkNormRopeCall::q_sin);
-  b.tensor({.name = "k_cos", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R"}, &CrossHeadQkNormRopeCall::k_cos);
-  b.tensor({.name = "k_sin", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R"}, &CrossHeadQkNormRopeCall::k_sin);
-  b.option("head_dim", &CrossHeadQkNormRopeOptions::head_dim, "channels per head (RoPE rotates within a head)");
-  b.option("eps", &CrossHeadQkNormRopeOptions::eps, "RMSNorm epsilon");
-  b.choice("rope", &CrossHeadQkNormRopeOptions::rope,
-           {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
-           "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
-  b.choice("rounding", &CrossHeadQkNormRopeOptions::rounding,
-           {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-           "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
-  b.option("use_pdl", &CrossHeadQkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_cross_head_qknorm_rope(Registry& registry) {
+  registry.describe(description().build(
       [](const CrossHeadQkNormRopeCall& a, Stream s) {
         return cross_head_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin,
                                       a.options, s);
@@ -388,13 +386,7 @@ OpDescription describe_cross_head_qknorm_rope() {
       [](const CrossHeadQkNormRopeCall& a) {
         return explain_cross_head_qknorm_rope(match_cross_head_qknorm_rope(
             a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.options));
-      });
-}
-
-}  // namespace
-
-void register_cross_head_qknorm_rope(Registry& registry) {
-  registry.describe(describe_cross_head_qknorm_rope());
+      }));
   const std::string eager =
       "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
       "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "

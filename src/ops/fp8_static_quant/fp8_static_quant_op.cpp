@@ -28,23 +28,34 @@ constexpr const char* kOp = "fp8_static_quant";
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<Fp8StaticQuantCall>& description() {
+  static const OpBuilder<Fp8StaticQuantCall> b = [] {
+    OpBuilder<Fp8StaticQuantCall> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
+                                    "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, "
+                                    "checked on the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, "
+                                    "docs/fp8_linear.md");
+    b.dims("M=16,K=5120");
+    b.tensor({.name = "x", .dtypes = "bf16|f16", .shape = "M,K", .layout = "contiguous"}, &Fp8StaticQuantCall::x);
+    b.tensor({.name = "scale", .dtypes = "f32", .shape = "1"}, &Fp8StaticQuantCall::scale);
+    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
+              .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn", .layout = "contiguous"},
+             &Fp8StaticQuantCall::out);
+    describe_fp8_reciprocal(b, &Fp8StaticQuantOptions::fp8_reciprocal, "scale");
+    b.option("use_pdl", &Fp8StaticQuantOptions::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
                                           const Fp8StaticQuantOptions& options, Stream stream) {
-  Matcher m(kOp);
-  m.tensor("x", x).shape({"M", "K"}).dtype({DType::bf16, DType::f16}).same_device("device").contiguous();
-  m.tensor("scale", scale).dtype({DType::f32}).same_device("device");
-  if (scale.numel() != 1)
-    m.fail("scale must have exactly 1 element but has " + std::to_string(scale.numel()) + " (" + scale.describe() +
-           ")");
-  m.tensor("out", out).shape({"M", "K"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
-  m.require_disjoint(out, "out", x, "x");
-  m.require_disjoint(out, "out", scale, "scale");
-
-  Fp8StaticQuantCall call;
-  call.x = x;
-  call.scale = scale;
-  call.out = out;
-  call.options = options;
+  Fp8StaticQuantCall call{.x = x, .scale = scale, .out = out, .options = options};
+  const Matcher m = description().match(call);
   call.rows = *m.value("M");
   call.width = *m.value("K");
   call.aligned16 = call.width % 16 == 0 && is_aligned(x.data, 16) && is_aligned(out.data, 16);
@@ -104,32 +115,12 @@ DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_fp8_static_quant() {
-  OpBuilder<Fp8StaticQuantCall> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
-                                  "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, "
-                                  "checked on the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, "
-                                  "docs/fp8_linear.md");
-  b.dims("M=16,K=5120");
-  b.tensor({.name = "x", .dtypes = "bf16|f16", .shape = "M,K"}, &Fp8StaticQuantCall::x);
-  b.tensor({.name = "scale", .dtypes = "f32", .shape = "1"}, &Fp8StaticQuantCall::scale);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
-            .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn"},
-           &Fp8StaticQuantCall::out);
-  describe_fp8_reciprocal(b, &Fp8StaticQuantOptions::fp8_reciprocal, "scale");
-  b.option("use_pdl", &Fp8StaticQuantOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_fp8_static_quant(Registry& registry) {
+  registry.describe(description().build(
       [](const Fp8StaticQuantCall& a, Stream s) { return fp8_static_quant(a.x, a.scale, a.out, a.options, s); },
       [](const Fp8StaticQuantCall& a) {
         return explain_fp8_static_quant(match_fp8_static_quant(a.x, a.scale, a.out, a.options));
-      });
-}
-
-}  // namespace
-
-void register_fp8_static_quant(Registry& registry) {
-  registry.describe(describe_fp8_static_quant());
+      }));
   const std::string eager =
       "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
   const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";

@@ -33,6 +33,86 @@ constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
+TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
+
+// The options every op of the family reads (fp8_reciprocal: the fp8 op only).
+void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
+  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
+  if (fp8) describe_fp8_reciprocal(b, &LayerNormModulateOptions::fp8_reciprocal, "input_scale");
+  b.choice("mapping", &LayerNormModulateOptions::mapping,
+           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+           "rows per warp or per 128-thread CTA (automatic: by D)");
+  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+}
+
+// layernorm_modulate and layernorm_modulate_fp8 described once each: the slots state the checks
+// every call gets (core/op_builder.h). The output may be x (in place) and rows may be strided
+// adaLN chunks: the overlaps and the row strides are the ops' own rules (match_modulate).
+OpBuilder<LayerNormModulateCall> modulate_description(bool fp8) {
+  OpBuilder<LayerNormModulateCall> b(
+      fp8 ? kOpFp8 : kOpBf16,
+      fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
+          : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
+      "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
+      "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
+  b.dims("B=1,S=4608,D=3072");
+  b.tensor({.name = "x", .dtypes = "bf16", .shape = "B,S,D", .layout = "*,*,1"}, &LayerNormModulateCall::x);
+  b.dim_rule("D", [](int64_t D, const LayerNormModulateCall&) {
+    return D > 0 && D <= kMaxDim && D % 4 == 0
+               ? std::string()
+               : "x.shape[2] (D) must be a multiple of 4 in [4, 8192] (aten's vectorized LayerNorm) but is " +
+                     std::to_string(D);
+  });
+  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D", .layout = "*,1"}, &LayerNormModulateCall::scale);
+  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D", .layout = "*,1"},
+           &LayerNormModulateCall::shift);
+  if (fp8) b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &LayerNormModulateCall::input_scale);
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
+            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : "", .layout = "*,*,1",
+            .own = "overlap"},
+           &LayerNormModulateCall::out);
+  b.tensor({.name = "stats_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
+            .shape = "B,S,2", .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them",
+            .layout = "contiguous", .own = "overlap"},
+           stats_out_of);
+  describe_ln_options(b, fp8);
+  return b;
+}
+
+OpBuilder<LayerNormModulateCall> qk_head_description() {
+  OpBuilder<LayerNormModulateCall> b(kOpQk, "F.layer_norm over the head dim of q and k (no affine)",
+                                     "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
+                                     "include/ditops/layernorm_modulate.h");
+  b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
+  b.tensor({.name = "q", .dtypes = "bf16", .shape = "B,S,H,Dh", .layout = "*,q_token_stride,*,1"},
+           &LayerNormModulateCall::x);
+  b.dim_rule("Dh", [](int64_t Dh, const LayerNormModulateCall&) {
+    return Dh > 0 && Dh <= kMaxHeadDim && Dh % 4 == 0
+               ? std::string()
+               : "q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh);
+  });
+  b.tensor({.name = "k", .dtypes = "=q", .shape = "B,S,Hk,Dh", .layout = "*,k_token_stride,*,1"},
+           &LayerNormModulateCall::x2);
+  b.tensor({.name = "q_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
+            .alloc = "like:q", .layout = "*,q_out_token_stride,*,1", .own = "overlap"},
+           &LayerNormModulateCall::out);
+  b.tensor({.name = "k_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
+            .alloc = "like:k", .layout = "*,k_out_token_stride,*,1", .own = "overlap"},
+           &LayerNormModulateCall::out2);
+  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
+  b.choice("mapping", &LayerNormModulateOptions::mapping,
+           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+           "rows per warp or per 128-thread CTA (automatic: by Dh)");
+  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+  return b;
+}
+
+const OpBuilder<LayerNormModulateCall>& description(LnModulateKind kind) {
+  static const OpBuilder<LayerNormModulateCall> bf16 = modulate_description(false), fp8 = modulate_description(true),
+                                                 qk = qk_head_description();
+  return kind == LnModulateKind::bf16_out ? bf16 : kind == LnModulateKind::fp8_out ? fp8 : qk;
+}
+
 // Rows of [A, B, D] (strides sa, sb, 1) must not overlap each other (they are written).
 void check_disjoint_rows(const Matcher& m, const TensorView& t, const char* name, int64_t D) {
   if (t.numel() == 0) return;
@@ -75,32 +155,19 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
                                      const TensorView& scale, const TensorView& shift,
                                      const TensorView& input_scale, const TensorView& out,
                                      const LayerNormModulateOptions& options, Stream stream) {
-  Matcher m(op);
-  m.tensor("x", x).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1})
-      .dtype({DType::bf16}).same_device("device");
+  LayerNormModulateCall call{.kind = kind, .x = x, .scale = scale, .shift = shift, .out = out, .options = options};
+  if (kind == LnModulateKind::fp8_out) call.input_scale = input_scale;
+  if (shift.rank == 0 && shift.data)
+    throw InvalidArgument(std::string(op) + ": shift has rank 0 but a data pointer: pass an empty TensorView (no "
+                          "shift) or a [B, D] view");
+  const Matcher m = description(kind).match(call);
   const int64_t D = *m.value("D");
-  if (D <= 0 || D > kMaxDim || D % 4 != 0)
-    m.fail("x.shape[2] (D) must be a multiple of 4 in [4, 8192] (aten's vectorized LayerNorm) but is " +
-           std::to_string(D));
-  check_nonnegative_strides(m, x, "x");
-  m.tensor("scale", scale).shape({"B", "D"}).strides({Dim::anything(), 1}).dtype({DType::bf16})
-      .same_device("device");
-  check_nonnegative_strides(m, scale, "scale");
   const bool has_shift = shift.rank != 0;
-  if (has_shift) {
-    m.tensor("shift", shift).shape({"B", "D"}).strides({Dim::anything(), 1}).dtype({DType::bf16})
-        .same_device("device");
-    check_nonnegative_strides(m, shift, "shift");
-  } else if (shift.data) {
-    m.fail("shift has rank 0 but a data pointer: pass an empty TensorView (no shift) or a [B, D] view");
-  }
-  m.tensor("out", out).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1})
-      .dtype({kind == LnModulateKind::fp8_out ? DType::f8e4m3fn : DType::bf16}).same_device("device");
+  check_nonnegative_strides(m, x, "x");
+  check_nonnegative_strides(m, scale, "scale");
+  if (has_shift) check_nonnegative_strides(m, shift, "shift");
   check_disjoint_rows(m, out, "out", D);
   if (kind == LnModulateKind::fp8_out) {
-    m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
-    if (input_scale.numel() != 1)
-      m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()));
     if (ranges_overlap(x, out)) m.fail("out (fp8) must not overlap x");
   } else {
     check_output_aliasing(m, x, "x", out, "out");
@@ -110,14 +177,7 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
 
   const int64_t B = *m.value("B"), S = *m.value("S");
-  LayerNormModulateCall call;
-  call.kind = kind;
-  call.x = x;
-  call.scale = scale;
-  call.shift = has_shift ? shift : TensorView{};
-  call.out = out;
-  if (kind == LnModulateKind::fp8_out) call.input_scale = input_scale;
-  call.options = options;
+  if (!has_shift) call.shift = TensorView{};
   call.batch = B;
   call.seq = S;
   call.rows = B * S;
@@ -125,8 +185,6 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
   call.has_shift = has_shift;
   call.stream = stream;
   if (options.stats_out.data) {
-    m.tensor("stats_out", options.stats_out).shape({"B", "S", 2}).dtype({DType::f32})
-        .same_device("device").contiguous();
     if (ranges_overlap(options.stats_out, x) || ranges_overlap(options.stats_out, out))
       m.fail("stats_out must not overlap x or out");
     call.write_stats = true;
@@ -164,19 +222,11 @@ LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const Te
 LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
                                               const TensorView& q_out, const TensorView& k_out,
                                               const LayerNormModulateOptions& options, Stream stream) {
-  Matcher m(kOpQk);
-  m.tensor("q", q).shape({"B", "S", "Hq", "Dh"}).strides({Dim::anything(), "q_token_stride", Dim::anything(), 1})
-      .dtype({DType::bf16}).same_device("device");
-  m.tensor("k", k).shape({"B", "S", "Hk", "Dh"}).strides({Dim::anything(), "k_token_stride", Dim::anything(), 1})
-      .dtype({DType::bf16}).same_device("device");
+  LayerNormModulateCall call{.kind = LnModulateKind::qk_head, .x = q, .out = q_out, .x2 = k, .out2 = k_out,
+                             .options = options};
+  const Matcher m = description(LnModulateKind::qk_head).match(call);
   const int64_t Dh = *m.value("Dh");
-  if (Dh <= 0 || Dh > kMaxHeadDim || Dh % 4 != 0)
-    m.fail("q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh));
-  m.tensor("q_out", q_out).shape({"B", "S", "Hq", "Dh"}).strides({Dim::anything(), "q_out_token_stride", Dim::anything(), 1})
-      .dtype({DType::bf16}).same_device("device");
-  m.tensor("k_out", k_out).shape({"B", "S", "Hk", "Dh"}).strides({Dim::anything(), "k_out_token_stride", Dim::anything(), 1})
-      .dtype({DType::bf16}).same_device("device");
-  const int64_t B = *m.value("B"), S = *m.value("S"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
+  const int64_t B = *m.value("B"), S = *m.value("S"), Hq = *m.value("H"), Hk = *m.value("Hk");
   // (b, s) collapse into one token index: stride(0) == S * stride(1) (free when B == 1).
   for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"},
                                 {&q_out, "q_out"}, {&k_out, "k_out"}}) {
@@ -208,13 +258,6 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
   if (options.stats_out.data) m.fail("stats_out is not produced by qk_head_layernorm");
 
-  LayerNormModulateCall call;
-  call.kind = LnModulateKind::qk_head;
-  call.x = q;
-  call.out = q_out;
-  call.x2 = k;
-  call.out2 = k_out;
-  call.options = options;
   call.batch = B;
   call.seq = S;
   call.rows = B * S * Hq;
@@ -455,87 +498,25 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   return explain<Kernels<LnModulateKind::qk_head>>(call, call.options.dispatch);
 }
 
-namespace {
-
-TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
-
-// The options every op of the family reads (fp8_reciprocal: the fp8 op only).
-void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
-  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
-  if (fp8) describe_fp8_reciprocal(b, &LayerNormModulateOptions::fp8_reciprocal, "input_scale");
-  b.choice("mapping", &LayerNormModulateOptions::mapping,
-           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-           "rows per warp or per 128-thread CTA (automatic: by D)");
-  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
-}
-
-OpDescription describe_layernorm_modulate(bool fp8) {
-  const char* name = fp8 ? "layernorm_modulate_fp8" : "layernorm_modulate";
-  OpBuilder<LayerNormModulateCall> b(
-      name,
-      fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
-          : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
-      "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
-      "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
-  b.dims("B=1,S=4608,D=3072");
-  b.tensor({.name = "x", .dtypes = "bf16", .shape = "B,S,D"}, &LayerNormModulateCall::x);
-  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D"}, &LayerNormModulateCall::scale);
-  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D"}, &LayerNormModulateCall::shift);
-  if (fp8) b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &LayerNormModulateCall::input_scale);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
-            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : ""},
-           &LayerNormModulateCall::out);
-  b.tensor({.name = "stats_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
-            .shape = "B,S,2", .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them"},
-           stats_out_of);
-  describe_ln_options(b, fp8);
-  if (fp8)
-    return b.build(
-        [](const LayerNormModulateCall& a, Stream s) {
-          return layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options, s);
-        },
-        [](const LayerNormModulateCall& a) {
-          return explain_layernorm_modulate(
-              match_layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options));
-        });
-  return b.build(
+void register_layernorm_modulate(Registry& registry) {
+  registry.describe(description(LnModulateKind::bf16_out).build(
       [](const LayerNormModulateCall& a, Stream s) { return layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options, s); },
       [](const LayerNormModulateCall& a) {
         return explain_layernorm_modulate(match_layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options));
-      });
-}
-
-OpDescription describe_qk_head_layernorm() {
-  OpBuilder<LayerNormModulateCall> b("qk_head_layernorm", "F.layer_norm over the head dim of q and k (no affine)",
-                                     "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
-                                     "include/ditops/layernorm_modulate.h");
-  b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
-  b.tensor({.name = "q", .dtypes = "bf16", .shape = "B,S,H,Dh"}, &LayerNormModulateCall::x);
-  b.tensor({.name = "k", .dtypes = "=q", .shape = "B,S,Hk,Dh"}, &LayerNormModulateCall::x2);
-  b.tensor({.name = "q_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
-            .alloc = "like:q"},
-           &LayerNormModulateCall::out);
-  b.tensor({.name = "k_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
-            .alloc = "like:k"},
-           &LayerNormModulateCall::out2);
-  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
-  b.choice("mapping", &LayerNormModulateOptions::mapping,
-           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-           "rows per warp or per 128-thread CTA (automatic: by Dh)");
-  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+      }));
+  registry.describe(description(LnModulateKind::fp8_out).build(
+      [](const LayerNormModulateCall& a, Stream s) {
+        return layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options, s);
+      },
+      [](const LayerNormModulateCall& a) {
+        return explain_layernorm_modulate(
+            match_layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options));
+      }));
+  registry.describe(description(LnModulateKind::qk_head).build(
       [](const LayerNormModulateCall& a, Stream s) { return qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options, s); },
       [](const LayerNormModulateCall& a) {
         return explain_layernorm_modulate(match_qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options));
-      });
-}
-
-}  // namespace
-
-void register_layernorm_modulate(Registry& registry) {
-  registry.describe(describe_layernorm_modulate(false));
-  registry.describe(describe_layernorm_modulate(true));
-  registry.describe(describe_qk_head_layernorm());
+      }));
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";

@@ -189,17 +189,6 @@ void check_non_negative_strides(const Matcher& m, const std::string& name, const
     if (t.strides[d] < 0) m.fail(name + ".strides[" + num(d) + "] must be >= 0 but is " + num(t.strides[d]));
 }
 
-// A [B, S, D] row tensor (x, residual and the outputs): shape, last stride 1, dtype, device.
-void match_rows(Matcher& m, const std::string& name, const TensorView& t, const std::string& dtype_symbol,
-                std::initializer_list<DType> dtypes) {
-  m.tensor(name, t).shape({"B", "S", "D"}).strides({Dim::anything(), Dim::anything(), 1}).same_device("device");
-  if (dtype_symbol.empty())
-    m.tensor(name, t).dtype(dtypes);
-  else
-    m.tensor(name, t).dtype_as(dtype_symbol, dtypes);
-  check_non_negative_strides(m, name, t);
-}
-
 // Rows of a written [B, S, D] tensor must not overlap each other.
 void check_rows_disjoint(const Matcher& m, const std::string& name, const TensorView& t) {
   if (t.numel() == 0) return;  // nothing is written; an empty tensor's strides are arbitrary
@@ -235,7 +224,6 @@ NssOperand match_operand(Matcher& m, const std::string& name, const TensorView& 
     return op;
   }
   match_operand_dtype(m, name, t, act, float32);
-  m.tensor(name, t).same_device("device");
   check_non_negative_strides(m, name, t);
   op.data = t.data;
   bool all_one = true;
@@ -318,11 +306,95 @@ bool same_view(const TensorView& a, const TensorView& b) {
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<NormScaleShiftCall>& description() {
+  using C = NormScaleShiftCall;
+  using O = NormScaleShiftOptions;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
+                   "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
+                   "weight/bias [D]; operands of x's dtype, or f32 with numerics=float32 (Wan). "
+                   "include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
+    b.dims("B=1,S=4608,D=3072");
+    // The broadcast operands' classes, the dtypes numerics=float32 allows, the quantized outputs'
+    // extents and in place (an output may be x or residual) are the op's own rules.
+    b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,S,D", .layout = "*,*,1"},
+             +[](C& a) -> TensorView& { return a.in.x; });
+    b.dim_rule("D", [](int64_t D, const C& c) {
+      const DType act = c.in.x.dtype;
+      const int64_t max_d = act == DType::f32 ? 4096 : 8192;
+      if (D % 4 == 0 && D >= 16 && D <= max_d) return std::string();
+      return "x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
+             " (aten's vectorized kernel; the row lives in registers) but is " + num(D);
+    });
+    b.tensor({.name = "scale", .optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"},
+             +[](C& a) -> TensorView& { return a.in.scale; });
+    b.tensor({.name = "shift", .optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"},
+             +[](C& a) -> TensorView& { return a.in.shift; });
+    b.tensor({.name = "residual", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
+              .layout = "*,*,1"},
+             +[](C& a) -> TensorView& { return a.in.residual; });
+    b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D",
+              .own = "shape,dtype"},
+             +[](C& a) -> TensorView& { return a.in.gate; });
+    b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+              .own = "dtype"},
+             +[](C& a) -> TensorView& { return a.in.weight; });
+    b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+              .own = "dtype"},
+             +[](C& a) -> TensorView& { return a.in.bias; });
+    b.tensor({.name = "input_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
+             +[](C& a) -> TensorView& { return a.in.input_scale; });
+    b.tensor({.name = "global_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
+             +[](C& a) -> TensorView& { return a.in.global_scale; });
+    b.tensor({.name = "y", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
+              .alloc = "like:x", .present = "flag:store_y;absent:input_scale,global_scale", .layout = "*,*,1",
+              .own = "overlap"},
+             +[](C& a) -> TensorView& { return a.out.y; });
+    b.tensor({.name = "residual_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+              .shape = "B,S,D", .alloc = "like:x", .present = "given:residual", .layout = "*,*,1", .own = "overlap"},
+             +[](C& a) -> TensorView& { return a.out.residual_out; });
+    b.tensor({.name = "fp8", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn|u8",
+              .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn", .present = "given:input_scale",
+              .layout = "*,*,1", .own = "overlap"},
+             +[](C& a) -> TensorView& { return a.out.fp8; });
+    b.tensor({.name = "nvfp4_packed", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+              .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8", .present = "given:global_scale",
+              .own = "shape,dtype,overlap"},
+             +[](C& a) -> TensorView& { return a.out.nvfp4_packed; });
+    b.tensor({.name = "nvfp4_scales", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+              .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16", .alloc_dtype = "u8",
+              .present = "given:global_scale", .doc = "E4M3 block scales in the 128x4 swizzled layout",
+              .own = "shape,overlap"},
+             +[](C& a) -> TensorView& { return a.out.nvfp4_scales; });
+    b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
+                      .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
+    b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
+    b.option("eps", &O::eps, "norm epsilon");
+    b.choice("numerics", &O::numerics,
+             {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
+             "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
+    describe_fp8_reciprocal(b, &O::fp8_reciprocal, "input_scale");
+    b.choice("e2m1", &O::e2m1,
+             {{"automatic", E2m1Conversion::automatic}, {"software", E2m1Conversion::software},
+              {"hardware", E2m1Conversion::hardware}},
+             "the NVFP4 E2M1 conversion");
+    b.option("use_pdl", &O::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const NormScaleShiftOutputs& out,
                                           const NormScaleShiftOptions& options, Stream stream) {
-  Matcher m(kOp);
-  if (!present(in.x)) m.fail("x is required");
-  match_rows(m, "x", in.x, "act", {DType::bf16, DType::f16, DType::f32});
+  if (!present(in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
+  NormScaleShiftCall call{.in = in, .out = out, .options = options};
+  Matcher m = description().match(call);
+  check_non_negative_strides(m, "x", in.x);
   const int64_t B = *m.value("B"), S = *m.value("S"), D = *m.value("D");
   const DType act = in.x.dtype;
   const bool sglang = options.numerics == NssNumerics::sglang;
@@ -330,11 +402,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   const int vec = vector_elems(options.numerics);
   const int64_t esize = static_cast<int64_t>(dtype_size(act));
 
-  // D and the numerics/norm combinations the kernels implement.
-  const int64_t max_d = act == DType::f32 ? 4096 : 8192;
-  if (D % 4 != 0 || D < 16 || D > max_d)
-    m.fail("x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
-           " (aten's vectorized kernel; the row lives in registers) but is " + num(D));
+  // The numerics/norm combinations the kernels implement.
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
   if (sglang) {
     if (options.norm != NormType::layer) m.fail("numerics=sglang implements LayerNorm only (norm=rms requested)");
@@ -346,10 +414,6 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   if (float32 && options.norm != NormType::layer)
     m.fail("numerics=float32 implements LayerNorm only (Wan's FP32LayerNorm chain; norm=rms requested)");
 
-  NormScaleShiftCall call;
-  call.in = in;
-  call.out = out;
-  call.options = options;
   call.batch = B;
   call.seq = S;
   call.rows = B * S;
@@ -360,7 +424,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   // Gated residual.
   call.residual = present(in.residual);
   if (call.residual) {
-    match_rows(m, "residual", in.residual, "act", {});
+    check_non_negative_strides(m, "residual", in.residual);
     check_aligned(m, "residual", in.residual, vec * esize, {0, 1}, vec, "vector access");
     if (!present(out.residual_out)) m.fail("residual_out is required with residual (the gated-residual variant)");
   } else {
@@ -383,7 +447,6 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   if (present(in.bias) && options.norm == NormType::rms) m.fail("bias is given with norm=rms (F.rms_norm has no bias)");
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"weight", &in.weight}, {"bias", &in.bias}}) {
     if (!present(*t)) continue;
-    m.tensor(name, *t).shape({"D"}).strides({1}).same_device("device");
     match_operand_dtype(m, name, *t, act, float32);
     check_aligned(m, name, *t, vec * static_cast<int64_t>(dtype_size(t->dtype)), {}, 1, "vector access");
   }
@@ -394,23 +457,21 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     m.fail("request at most one quantized output (fp8 or nvfp4), not both");
   call.store_y = present(out.y);
   if (call.store_y) {
-    match_rows(m, "y", out.y, "act", {});
+    check_non_negative_strides(m, "y", out.y);
     check_aligned(m, "y", out.y, vec * esize, {0, 1}, vec, "vector access");
   }
   if (call.residual) {
-    match_rows(m, "residual_out", out.residual_out, "act", {});
+    check_non_negative_strides(m, "residual_out", out.residual_out);
     check_aligned(m, "residual_out", out.residual_out, vec * esize, {0, 1}, vec, "vector access");
   }
-  auto match_scalar = [&](const char* name, const TensorView& t, const char* role) {
+  auto require_scalar = [&](const char* name, const TensorView& t, const char* role) {
     if (!present(t)) m.fail(std::string(name) + " is required with " + role);
-    m.tensor(name, t).dtype({DType::f32}).same_device("device");
-    if (t.numel() != 1) m.fail(std::string(name) + " must have exactly one element but has " + num(t.numel()));
   };
   if (present(out.fp8)) {
     call.quant = NssQuant::fp8;
-    match_rows(m, "fp8", out.fp8, "", {DType::f8e4m3fn, DType::u8});
+    check_non_negative_strides(m, "fp8", out.fp8);
     check_aligned(m, "fp8", out.fp8, vec, {0, 1}, vec, "vector store of the fp8 row");
-    match_scalar("input_scale", in.input_scale, "the fp8 output");
+    require_scalar("input_scale", in.input_scale, "the fp8 output");
   }
   if (present(out.nvfp4_packed) || present(out.nvfp4_scales)) {
     call.quant = NssQuant::nvfp4;
@@ -419,12 +480,10 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     if (act == DType::f32) m.fail("nvfp4 needs a 16-bit dtype (bf16/f16) but x.dtype is f32");
     if (D % 64 != 0) m.fail("nvfp4 needs D % 64 == 0 (whole 4-column groups of 16-element blocks) but D is " + num(D));
     const int64_t rows = B * S;
-    m.tensor("nvfp4_packed", out.nvfp4_packed).shape({rows, D / 2}).dtype({DType::u8, DType::fp4e2m1x2})
-        .same_device("device").contiguous();
-    m.tensor("nvfp4_scales", out.nvfp4_scales).shape({pad128(rows), D / 16}).dtype({DType::u8})
-        .same_device("device").contiguous();
+    m.tensor("nvfp4_packed", out.nvfp4_packed).shape({rows, D / 2}).dtype({DType::u8, DType::fp4e2m1x2}).contiguous();
+    m.tensor("nvfp4_scales", out.nvfp4_scales).shape({pad128(rows), D / 16}).contiguous();
     check_aligned(m, "nvfp4_packed", out.nvfp4_packed, 8, {}, 1, "8-byte stores");
-    match_scalar("global_scale", in.global_scale, "the nvfp4 output");
+    require_scalar("global_scale", in.global_scale, "the nvfp4 output");
   }
   if (float32 && call.quant != NssQuant::none)
     m.fail(std::string("numerics=float32 has no quantized output (") + (call.quant == NssQuant::fp8 ? "fp8" : "nvfp4") +
@@ -628,70 +687,12 @@ DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_norm_scale_shift() {
-  using C = NormScaleShiftCall;
-  using O = NormScaleShiftOptions;
-  OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
-                 "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
-                 "weight/bias [D]; operands of x's dtype, or f32 with numerics=float32 (Wan). "
-                 "include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
-  b.dims("B=1,S=4608,D=3072");
-  b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, +[](C& a) -> TensorView& { return a.in.x; });
-  b.tensor({.name = "scale", .optional = true, .dtypes = "=x|f32", .shape = "B,D"},
-           +[](C& a) -> TensorView& { return a.in.scale; });
-  b.tensor({.name = "shift", .optional = true, .dtypes = "=x|f32", .shape = "B,D"},
-           +[](C& a) -> TensorView& { return a.in.shift; });
-  b.tensor({.name = "residual", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D"},
-           +[](C& a) -> TensorView& { return a.in.residual; });
-  b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D"},
-           +[](C& a) -> TensorView& { return a.in.gate; });
-  b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D"},
-           +[](C& a) -> TensorView& { return a.in.weight; });
-  b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D"},
-           +[](C& a) -> TensorView& { return a.in.bias; });
-  b.tensor({.name = "input_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
-           +[](C& a) -> TensorView& { return a.in.input_scale; });
-  b.tensor({.name = "global_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
-           +[](C& a) -> TensorView& { return a.in.global_scale; });
-  b.tensor({.name = "y", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
-            .alloc = "like:x", .present = "flag:store_y;absent:input_scale,global_scale"},
-           +[](C& a) -> TensorView& { return a.out.y; });
-  b.tensor({.name = "residual_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
-            .shape = "B,S,D", .alloc = "like:x", .present = "given:residual"},
-           +[](C& a) -> TensorView& { return a.out.residual_out; });
-  b.tensor({.name = "fp8", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn",
-            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn", .present = "given:input_scale"},
-           +[](C& a) -> TensorView& { return a.out.fp8; });
-  b.tensor({.name = "nvfp4_packed", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-            .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8", .present = "given:global_scale"},
-           +[](C& a) -> TensorView& { return a.out.nvfp4_packed; });
-  b.tensor({.name = "nvfp4_scales", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-            .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16", .alloc_dtype = "u8",
-            .present = "given:global_scale", .doc = "E4M3 block scales in the 128x4 swizzled layout"},
-           +[](C& a) -> TensorView& { return a.out.nvfp4_scales; });
-  b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
-                    .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
-  b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
-  b.option("eps", &O::eps, "norm epsilon");
-  b.choice("numerics", &O::numerics,
-           {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
-           "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
-  describe_fp8_reciprocal(b, &O::fp8_reciprocal, "input_scale");
-  b.choice("e2m1", &O::e2m1,
-           {{"automatic", E2m1Conversion::automatic}, {"software", E2m1Conversion::software},
-            {"hardware", E2m1Conversion::hardware}},
-           "the NVFP4 E2M1 conversion");
-  b.option("use_pdl", &O::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build([](const C& a, Stream s) { return norm_scale_shift(a.in, a.out, a.options, s); },
-                 [](const C& a) { return explain_norm_scale_shift(match_norm_scale_shift(a.in, a.out, a.options)); });
-}
-
-}  // namespace
-
 void register_norm_scale_shift(Registry& registry) {
-  registry.describe(describe_norm_scale_shift());
+  registry.describe(description().build(
+      [](const NormScaleShiftCall& a, Stream s) { return norm_scale_shift(a.in, a.out, a.options, s); },
+      [](const NormScaleShiftCall& a) {
+        return explain_norm_scale_shift(match_norm_scale_shift(a.in, a.out, a.options));
+      }));
   // sm_90+: the fp8 conversion (cvt e4m3x2, sm_89+) and PDL; nvfp4 runs everywhere there with the
   // software E2M1 conversion and takes the hardware one where the device has it (the predicate
   // refuses an explicit e2m1=hardware elsewhere).

@@ -172,26 +172,63 @@ bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<QkNormRopeCall>& description() {
+  static const OpBuilder<QkNormRopeCall> b = [] {
+    OpBuilder<QkNormRopeCall> b(kOp, "in-place per-head QK RMSNorm + RoPE",
+                                "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
+                                "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
+                                "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
+    b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
+    b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D",
+                .layout = "q_token_stride,head_stride,1"},
+               &QkNormRopeCall::q);
+    b.dim_rule("D", [](int64_t D, const QkNormRopeCall&) {
+      return D == 64 || D == 128 || D == 256 ? std::string()
+                                             : "q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
+    });
+    b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D",
+                .layout = "k_token_stride,head_stride,1"},
+               &QkNormRopeCall::k);
+    b.tensor({.name = "q_weight", .dtypes = "=q", .shape = "D", .layout = "1"}, &QkNormRopeCall::q_weight);
+    b.tensor({.name = "k_weight", .dtypes = "=q", .shape = "D", .layout = "1"}, &QkNormRopeCall::k_weight);
+    // The cache's width is rope_dim or 2 * rope_dim (the op's own rule); its rank comes from the layout.
+      b.tensor({.name = "cos_sin_cache", .dtypes = "f32|=q", .shape = "P,R", .layout = "*,1", .own = "shape"},
+               &QkNormRopeCall::cos_sin_cache);
+    b.tensor({.name = "positions", .dtypes = "i32|i64", .shape = "T"}, &QkNormRopeCall::positions);
+    b.option("is_neox", &QkNormRopeOptions::is_neox, "NeoX halves (true) or interleaved pairs (false, FLUX)");
+    b.option("eps", &QkNormRopeOptions::eps, "RMSNorm epsilon");
+    b.option("rope_dim", &QkNormRopeOptions::rope_dim, "rotated channels; 0: from the cache width");
+    b.option("cache_full_width", &QkNormRopeOptions::cache_full_width, "cache rows hold rope_dim cos then rope_dim sin");
+    b.choice("rounding", &QkNormRopeOptions::rounding,
+             {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+             "rounded: bit_exact vs the eager chain; fp32: close");
+    b.choice("norm_order", &QkNormRopeOptions::norm_order,
+             {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
+             "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
+             "diffusers' RMSNorm; head_dim 64, 128)");
+    b.choice("norm_weight_rounding", &QkNormRopeOptions::norm_weight_rounding,
+             {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
+             "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
+             "with a 16-bit weight; needs rounding=rounded)");
+    b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
                                  const TensorView& k_weight, const TensorView& cos_sin_cache,
                                  const TensorView& positions, const QkNormRopeOptions& options,
                                  Stream stream) {
-  Matcher m(kOp);
-  m.tensor("q", q).shape({"T", "Hq", "D"}).strides({"q_token_stride", "head_stride", 1})
-      .dtype_as("act", {DType::bf16, DType::f16}).same_device("device");
-  m.tensor("k", k).shape({"T", "Hk", "D"}).strides({"k_token_stride", "head_stride", 1})
-      .dtype_as("act").same_device("device");
+  QkNormRopeCall call{.q = q, .k = k, .q_weight = q_weight, .k_weight = k_weight, .cos_sin_cache = cos_sin_cache,
+                      .positions = positions, .options = options};
+  const Matcher m = description().match(call);
   const int64_t D = *m.value("D");
-  if (D != 64 && D != 128 && D != 256)
-    m.fail("q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D));
-  m.tensor("q_weight", q_weight).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
-  m.tensor("k_weight", k_weight).shape({"D"}).strides({1}).dtype_as("act").same_device("device");
-  m.tensor("positions", positions).shape({"T"}).dtype({DType::i32, DType::i64}).same_device("device");
-  m.tensor("cos_sin_cache", cos_sin_cache).rank(2).strides({Dim::anything(), 1}).same_device("device");
-  if (cos_sin_cache.dtype != DType::f32 && cos_sin_cache.dtype != q.dtype)
-    m.fail(std::string("cos_sin_cache.dtype must be f32 or ") + dtype_name(q.dtype) +
-           " (the activation dtype) but is " + dtype_name(cos_sin_cache.dtype));
-
   const int64_t width = cos_sin_cache.shape[1];
   const int64_t rope_dim = options.rope_dim ? options.rope_dim
                                             : (options.cache_full_width ? width / 2 : width);
@@ -238,21 +275,6 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   if (T > INT64_MAX / 4 || Hq + Hk > (1 << 30)) m.fail("too many tokens or heads");
   if (T > 0 && cos_sin_cache.shape[0] < 1)
     m.fail("cos_sin_cache.shape[0] must be >= 1 (positions index its rows) but is 0 with T=" + std::to_string(T));
-  // The read inputs must not share memory with q or k (written in place while they are read).
-  for (const auto& [written, written_name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"}})
-    for (const auto& [read, read_name] : {std::pair<const TensorView*, const char*>{&q_weight, "q_weight"},
-                                          {&k_weight, "k_weight"}, {&cos_sin_cache, "cos_sin_cache"},
-                                          {&positions, "positions"}})
-      m.require_disjoint(*written, written_name, *read, read_name);
-
-  QkNormRopeCall call;
-  call.q = q;
-  call.k = k;
-  call.q_weight = q_weight;
-  call.k_weight = k_weight;
-  call.cos_sin_cache = cos_sin_cache;
-  call.positions = positions;
-  call.options = options;
   call.options.rope_dim = static_cast<int>(rope_dim);
   call.num_tokens = T;
   call.num_q_heads = static_cast<int>(Hq);
@@ -382,50 +404,15 @@ std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorVi
 
 DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return explain<Kernels>(call, call.options.dispatch); }
 
-namespace {
-
-OpDescription describe_qknorm_rope() {
-  OpBuilder<QkNormRopeCall> b(kOp, "in-place per-head QK RMSNorm + RoPE",
-                              "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
-                              "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
-                              "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
-  b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
-  b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D"}, &QkNormRopeCall::q);
-  b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D"}, &QkNormRopeCall::k);
-  b.tensor({.name = "q_weight", .dtypes = "=q", .shape = "D"}, &QkNormRopeCall::q_weight);
-  b.tensor({.name = "k_weight", .dtypes = "=q", .shape = "D"}, &QkNormRopeCall::k_weight);
-  b.tensor({.name = "cos_sin_cache", .dtypes = "f32|=q", .shape = "P,R"}, &QkNormRopeCall::cos_sin_cache);
-  b.tensor({.name = "positions", .dtypes = "i64|i32", .shape = "T"}, &QkNormRopeCall::positions);
-  b.option("is_neox", &QkNormRopeOptions::is_neox, "NeoX halves (true) or interleaved pairs (false, FLUX)");
-  b.option("eps", &QkNormRopeOptions::eps, "RMSNorm epsilon");
-  b.option("rope_dim", &QkNormRopeOptions::rope_dim, "rotated channels; 0: from the cache width");
-  b.option("cache_full_width", &QkNormRopeOptions::cache_full_width, "cache rows hold rope_dim cos then rope_dim sin");
-  b.choice("rounding", &QkNormRopeOptions::rounding,
-           {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-           "rounded: bit_exact vs the eager chain; fp32: close");
-  b.choice("norm_order", &QkNormRopeOptions::norm_order,
-           {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
-           "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
-           "diffusers' RMSNorm; head_dim 64, 128)");
-  b.choice("norm_weight_rounding", &QkNormRopeOptions::norm_weight_rounding,
-           {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
-           "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
-           "with a 16-bit weight; needs rounding=rounded)");
-  b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_qknorm_rope(Registry& registry) {
+  registry.describe(description().build(
       [](const QkNormRopeCall& a, Stream s) {
         return qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options, s);
       },
       [](const QkNormRopeCall& a) {
         return explain_qknorm_rope(
             match_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options));
-      });
-}
-
-}  // namespace
-
-void register_qknorm_rope(Registry& registry) {
-  registry.describe(describe_qknorm_rope());
+      }));
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
       "split chain with norm_order=warp; with norm_order=aten_mean the eager chain of "

@@ -217,20 +217,48 @@ int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
 
 }  // namespace
 
+namespace {
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<ResidualGateAddCall>& description() {
+  static const OpBuilder<ResidualGateAddCall> b = [] {
+    OpBuilder<ResidualGateAddCall> b(kOp, "out = residual + update * gate with eager rounding",
+                                     "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
+                                     "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
+                                     "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
+                                     "or f32 beside 16-bit data (Wan's promoted chain); "
+                                     "out takes residual's shape and strides and must not overlap an input. "
+                                     "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
+    b.dims("B=1,S=4608,D=3072");
+    // Any rank >= 2, a gate in broadcast classes, two layouts and no in-place call: the shapes, the
+    // gate's dtype and the overlaps are the op's own rules (match_residual_gate_add).
+    b.tensor({.name = "residual", .dtypes = "bf16|f16|f32", .shape = "B,S,D", .own = "shape"},
+             &ResidualGateAddCall::residual);
+    b.tensor({.name = "update", .dtypes = "=residual", .shape = "B,S,D", .own = "shape"}, &ResidualGateAddCall::update);
+    b.tensor({.name = "gate", .dtypes = "=residual|f32", .shape = "B,1,D", .own = "shape,dtype"},
+             &ResidualGateAddCall::gate);
+    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
+              .alloc = "strided:residual", .own = "shape,overlap"},
+             &ResidualGateAddCall::out);
+    b.option("use_pdl", &ResidualGateAddOptions::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
+
+}  // namespace
+
 ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
                                             const TensorView& gate, const TensorView& out,
                                             const ResidualGateAddOptions& options, Stream stream) {
-  Matcher m(kOp);
-  m.tensor("residual", residual).dtype_as("dtype", {DType::bf16, DType::f16, DType::f32}).same_device("device");
-  m.tensor("update", update).dtype_as("dtype").same_device("device");
+  ResidualGateAddCall call{.residual = residual, .update = update, .gate = gate, .out = out, .options = options};
+  const Matcher m = description().match(call);
   // The gate: residual's dtype, or f32 beside a 16-bit residual (the promoted chain).
   const bool gate_f32 = gate.dtype == DType::f32 && residual.dtype != DType::f32;
   if (!gate_f32 && gate.dtype != residual.dtype)
     m.fail(std::string("gate.dtype must be ") + dtype_name(residual.dtype) + " (as residual)" +
            (residual.dtype != DType::f32 ? " or f32 (promoted: residual + update * gate in float32, one rounding)" : "") +
            " but is " + dtype_name(gate.dtype));
-  m.tensor("gate", gate).same_device("device");
-  m.tensor("out", out).dtype_as("dtype").same_device("device");
   const int R = residual.rank;
   if (R < 2) m.fail("residual must have rank >= 2 but has rank " + std::to_string(R) + " (" + residual.describe() + ")");
   auto same_shape = [&](const TensorView& t, const char* name) {
@@ -250,7 +278,6 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
              " (as residual.stride(" + std::to_string(d) + "): out takes residual's strides) but is " +
              std::to_string(out.strides[d]));
 
-  ResidualGateAddCall call;
   // Layout: contiguous, or SANA-Video's transposed residual stream.
   int64_t expected = 0;
   const int bad = dense_layout_mismatch(residual, nullptr, &expected);
@@ -293,11 +320,6 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
     require_disjoint(m, out, update, "update");
     require_disjoint(m, out, gate, "gate");
   }
-  call.residual = residual;
-  call.update = update;
-  call.gate = gate;
-  call.out = out;
-  call.options = options;
   call.gate_mode = mode;
   call.width = residual.shape[R - 1];
   call.rows = call.width ? call.numel / call.width : 0;
@@ -493,37 +515,14 @@ DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_residual_gate_add() {
-  OpBuilder<ResidualGateAddCall> b(kOp, "out = residual + update * gate with eager rounding",
-                                   "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
-                                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
-                                   "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
-                                   "or f32 beside 16-bit data (Wan's promoted chain); "
-                                   "out takes residual's shape and strides and must not overlap an input. "
-                                   "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
-  b.dims("B=1,S=4608,D=3072");
-  b.tensor({.name = "residual", .dtypes = "bf16|f16|f32", .shape = "B,S,D"}, &ResidualGateAddCall::residual);
-  b.tensor({.name = "update", .dtypes = "=residual", .shape = "B,S,D"}, &ResidualGateAddCall::update);
-  b.tensor({.name = "gate", .dtypes = "=residual|f32", .shape = "B,1,D"}, &ResidualGateAddCall::gate);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
-            .alloc = "strided:residual"},
-           &ResidualGateAddCall::out);
-  b.option("use_pdl", &ResidualGateAddOptions::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_residual_gate_add(Registry& registry) {
+  registry.describe(description().build(
       [](const ResidualGateAddCall& a, Stream s) {
         return residual_gate_add(a.residual, a.update, a.gate, a.out, a.options, s);
       },
       [](const ResidualGateAddCall& a) {
         return explain_residual_gate_add(match_residual_gate_add(a.residual, a.update, a.gate, a.out, a.options));
-      });
-}
-
-}  // namespace
-
-void register_residual_gate_add(Registry& registry) {
-  registry.describe(describe_residual_gate_add());
+      }));
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";

@@ -26,37 +26,41 @@ namespace {
 constexpr const char* kOp = "token_cat_fp8";
 constexpr int kThreads = 256;
 
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<TokenCatFp8Call>& description() {
+  static const OpBuilder<TokenCatFp8Call> b = [] {
+    OpBuilder<TokenCatFp8Call> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
+                                 "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
+                                 "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
+                                 "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
+    b.dims("B=1,S=4608,Da=6144,Dm=18432");
+    b.tensor({.name = "attn", .dtypes = "bf16|f16", .shape = "B,S,Da", .layout = "contiguous"}, &TokenCatFp8Call::attn);
+    b.tensor({.name = "mlp", .dtypes = "=attn", .shape = "B,S,Dm", .layout = "contiguous"}, &TokenCatFp8Call::mlp);
+    b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &TokenCatFp8Call::input_scale);
+    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
+              .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn",
+              .layout = "contiguous"},
+             &TokenCatFp8Call::out);
+    describe_fp8_reciprocal(b, &TokenCatFp8Options::fp8_reciprocal, "input_scale");
+    b.option("use_pdl", &TokenCatFp8Options::use_pdl, "programmatic dependent launch where the device has it");
+    return b;
+  }();
+  return b;
+}
 
 }  // namespace
 
 TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
                                     const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
-  Matcher m(kOp);
-  m.tensor("attn", attn).shape({"B", "S", "Da"}).dtype_as("dtype", {DType::bf16, DType::f16}).same_device("device")
-      .contiguous();
-  m.tensor("mlp", mlp).shape({"B", "S", "Dm"}).dtype_as("dtype").same_device("device").contiguous();
-  m.tensor("input_scale", input_scale).dtype({DType::f32}).same_device("device");
-  if (input_scale.numel() != 1)
-    m.fail("input_scale must have exactly 1 element but has " + std::to_string(input_scale.numel()) + " (" +
-           input_scale.describe() + ")");
+  TokenCatFp8Call call{.attn = attn, .mlp = mlp, .input_scale = input_scale, .out = out, .options = options};
+  const Matcher m = description().match(call);
   const int64_t Da = *m.value("Da"), Dm = *m.value("Dm");
-  m.bind("D", Da + Dm, "attn.shape[2] + mlp.shape[2]");
-  m.tensor("out", out).shape({"B", "S", "D"}).dtype({DType::f8e4m3fn}).same_device("device").contiguous();
-  m.require_disjoint(out, "out", attn, "attn");
-  m.require_disjoint(out, "out", mlp, "mlp");
-  m.require_disjoint(out, "out", input_scale, "input_scale");
-
-  TokenCatFp8Call call;
-  call.attn = attn;
-  call.mlp = mlp;
-  call.input_scale = input_scale;
-  call.out = out;
-  call.options = options;
   call.rows = *m.value("B") * *m.value("S");
   call.attn_width = Da;
   call.mlp_width = Dm;
   call.width = Da + Dm;
-  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && is_aligned(attn.data, 16) && is_aligned(mlp.data, 16) && is_aligned(out.data, 16);
+  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && is_aligned(attn.data, 16) && is_aligned(mlp.data, 16) &&
+                   is_aligned(out.data, 16);
   call.stream = stream;
   return call;
 }
@@ -183,35 +187,14 @@ DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
-namespace {
-
-OpDescription describe_token_cat_fp8() {
-  OpBuilder<TokenCatFp8Call> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
-                               "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
-                               "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
-                               "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
-  b.dims("B=1,S=4608,Da=6144,Dm=18432");
-  b.tensor({.name = "attn", .dtypes = "bf16|f16", .shape = "B,S,Da"}, &TokenCatFp8Call::attn);
-  b.tensor({.name = "mlp", .dtypes = "=attn", .shape = "B,S,Dm"}, &TokenCatFp8Call::mlp);
-  b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &TokenCatFp8Call::input_scale);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
-            .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn"},
-           &TokenCatFp8Call::out);
-  describe_fp8_reciprocal(b, &TokenCatFp8Options::fp8_reciprocal, "input_scale");
-  b.option("use_pdl", &TokenCatFp8Options::use_pdl, "programmatic dependent launch where the device has it");
-  return b.build(
+void register_token_cat_fp8(Registry& registry) {
+  registry.describe(description().build(
       [](const TokenCatFp8Call& a, Stream s) {
         return token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options, s);
       },
       [](const TokenCatFp8Call& a) {
         return explain_token_cat_fp8(match_token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options));
-      });
-}
-
-}  // namespace
-
-void register_token_cat_fp8(Registry& registry) {
-  registry.describe(describe_token_cat_fp8());
+      }));
   const std::string eager =
       "eager PyTorch on CUDA: (torch.cat([attn, mlp], -1).float() * (1.0 / input_scale)).clamp(-448, 448)"
       ".to(torch.float8_e4m3fn)";
