@@ -80,10 +80,11 @@ class DitopsOption(ctypes.Structure):
 
 
 def load_eager():
-    """python/ditops/eager.py (the one copy of every eager chain), registered as `ditops_eager`:
-    torch.compile re-imports the module of the functions it traces."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager.py")
-    spec = importlib.util.spec_from_file_location("ditops_eager", path)
+    """python/ditops/eager (the one copy of every eager chain, a module per op), registered as the
+    package `ditops_eager`: torch.compile re-imports the module of the functions it traces."""
+    folder = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python", "ditops", "eager")
+    spec = importlib.util.spec_from_file_location("ditops_eager", os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
     module = importlib.util.module_from_spec(spec)
     sys.modules["ditops_eager"] = module
     spec.loader.exec_module(module)
