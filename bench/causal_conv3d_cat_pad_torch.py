@@ -186,7 +186,7 @@ def run_bench(dt, rows, meta):
             sets.append((x, cache, new_out(x, padding, cl), *copy_buffers(nbytes)))
         x, cache, out = sets[0][:3]
         pdls = (True, False) if with_nopdl else (True,)
-        one_kernel_graph = {}  # the cold timing launches ditops as a graph: ctypes costs ~20 us of host time
+        one_kernel_graph = {}  # the cold timing launches ditops as a graph: the ctypes call's host time would outlast a short kernel
         for pdl in pdls:
             dt.causal_conv3d_cat_pad(x, cache, out, padding, pdl=pdl)
             one_kernel_graph[pdl] = graph_on_side_stream(

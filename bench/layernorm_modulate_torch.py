@@ -168,7 +168,7 @@ def run_bench(dt, rows, meta):
                          ("torch_compile", lambda t: compiled(t["x"], t["scale"], t["shift"], 1e-6))]
         t0 = sets[0]
         ditops_fn(t0)
-        one_kernel_graph = as_graph(lambda s: ditops_fn(t0, s))  # cold: the ctypes call costs ~20 us of host time
+        one_kernel_graph = as_graph(lambda s: ditops_fn(t0, s))  # cold: the ctypes call's host time would outlast a short kernel
         impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"])]
         impls += [(label, lambda f=f: f(t0), [lambda t=t, f=f: f(t) for t in sets]) for label, f in torch_fns]
         impls.append(("ditops:jit", one_kernel_graph.replay, [lambda t=t: ditops_fn(t) for t in sets]))

@@ -264,8 +264,8 @@ def run_bench(dt, rows, meta):
                 dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=neox, rope_dim=R, backend=backend)
             except RuntimeError:
                 continue
-            # Timed as a one-kernel CUDA graph: the ctypes call costs ~46 us of host time per call,
-            # which would otherwise hide the kernel (C++ callers pay the facade's own overhead only).
+            # Timed as a one-kernel CUDA graph: the ctypes call's host time would otherwise hide the
+            # kernel (C++ callers pay the facade's own overhead only).
             side = torch.cuda.Stream()
             graph = torch.cuda.CUDAGraph()
             torch.cuda.synchronize()

@@ -10,6 +10,10 @@
   python3 bench/records.py table bench/results/h200 [--op OP] [--method METHOD]
       One markdown table per op (and method): a row per case, a column per implementation,
       us (% of the device copy timed the same way; "r" before it: % of the read roof, GEMM/GEMV).
+  python3 bench/records.py table bench/results/h200 --current
+      The current table of each op (bench/results/README.md): its torch benchmark's cases (the C++
+      benchmark's where it has none) in one method, rotated_graph where measured, with the device
+      run(s) its rows come from and the roof.
 
 A record (bench/results/README.md): op, case, shape, impl, method, us, bytes, gb_per_s,
 copy_fraction, read_roof_fraction, device, date, commit. Methods: cold_l2, rotated_graph,
@@ -128,6 +132,28 @@ def short_impl(impl):
     return head if "," in tail else impl
 
 
+CURRENT_METHODS = ("rotated_graph", "cold_l2", "cold_graph")  # the current table's, first measured
+
+
+def current_table(op, records):
+    """One table: the torch benchmark's cases (beside eager and torch.compile) or else the C++
+    benchmark's, in the first of CURRENT_METHODS they were timed with."""
+    timed = [r for r in records if r["method"] != "host"]
+    beside = [r for r in timed if r["case"] in {x["case"] for x in timed if x["impl"].startswith("torch_")}]
+    group = beside or timed
+    method = next((m for m in CURRENT_METHODS if any(r["method"] == m for r in group)), None)
+    if method is None:
+        return
+    rows = [r for r in group if r["method"] == method]
+    runs = sorted({(r["device"], r["commit"], r["date"]) for r in rows}, key=lambda x: (x[2], x[1]))
+    roof = "the read roof (rNN)" if any(r["impl"] == "read_roof" for r in rows) else "a device copy of the same bytes"
+    source = f"bench/{op}_torch.py" if beside else f"`ditops bench {op}`"
+    print(f"\n### {op}\n")
+    print(f"{source}, {method}; device run: " + "; ".join(f"{d} at {c}, {t}" for d, c, t in runs) +
+          f"; roof: {roof}.\n")
+    print_table(None, sorted(rows, key=lambda r: 0 if r["impl"] in ("device_copy", "read_roof") else 1))
+
+
 def table(args):
     paths = [args.path] if args.path.endswith(".json") else sorted(
         os.path.join(args.path, p) for p in os.listdir(args.path) if p.endswith(".json"))
@@ -137,6 +163,9 @@ def table(args):
             continue
         op = records[0]["op"]
         if args.op and op != args.op:
+            continue
+        if args.current:
+            current_table(op, records)
             continue
         meta = sorted({(r["device"], r["commit"], r["date"]) for r in records})
         print(f"\n### {op}\n")
@@ -168,7 +197,8 @@ def print_table(title, rows):
         elif r.get("copy_fraction") and r["impl"] != "device_copy":
             text += f" ({100 * r['copy_fraction']:.0f})"
         cell[(r["case"], r["shape"], impl)] = text
-    print(f"{title}: us (% of the device copy timed the same way; rNN: % of the read roof)\n")
+    if title:
+        print(f"{title}: us (% of the device copy timed the same way; rNN: % of the read roof)\n")
     print("| case | shape | " + " | ".join(impls) + " |")
     print("|---|---|" + "---|" * len(impls))
     for case, shape in cases:
@@ -187,6 +217,7 @@ def main():
     t.add_argument("path")
     t.add_argument("--op")
     t.add_argument("--method", choices=METHODS)
+    t.add_argument("--current", action="store_true", help="one current table per op (bench/results/README.md)")
     a = ap.parse_args()
     convert(a) if a.command == "convert" else table(a)
     return 0

@@ -201,7 +201,7 @@ def run_bench(dt, rows, meta):
         r, u, g, out = sets[0][:4]
         chain = chain_of(g, r)
         compiled_chain = compiled[chain]
-        one_kernel_graph = {}  # the cold timing launches ditops as a graph: ctypes costs ~20 us of host time
+        one_kernel_graph = {}  # the cold timing launches ditops as a graph: the ctypes call's host time would outlast a short kernel
         for pdl in (True, False):
             dt.residual_gate_add(r, u, g, out, pdl=pdl)
             one_kernel_graph[pdl] = graph_on_side_stream(

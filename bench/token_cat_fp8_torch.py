@@ -189,7 +189,7 @@ def run_bench(dt, rows, meta):
         def ditops_fn(t, s=None, div_full=False):
             return dt.token_cat(t["attn"], t["mlp"], st, t["out"], div_full=div_full, stream=s)
 
-        graphs = {}  # cold: the ctypes call costs ~20 us of host time, so ditops runs as a one-kernel graph
+        graphs = {}  # cold: the ctypes call's host time would outlast a short kernel: ditops runs as a one-kernel graph
         for div_full in (False, True):
             ditops_fn(t0, div_full=div_full)
             graphs[div_full] = graph_on_side_stream(lambda s, d=div_full: ditops_fn(t0, s, d))

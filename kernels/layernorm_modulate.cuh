@@ -399,8 +399,8 @@ __device__ void qk_head_layernorm_body(const QkHeadLayerNormParams& p) {
 // a lane's own states; only group lane 0's result is used, as only aten's lane 0 is. Every count
 // is known (4 values per virtual thread), so the folds are welford_combine_known. Two rounds at a
 // time share the tree's instructions (lanes 4-7 fold the second row where they had idled): sm_90a
-// SASS for 2 rounds, 890 -> 750 instructions to the last store, 56 -> 64 registers; GLM
-// (4360 x 32 heads of q and k) rotated 38.35 -> 36.16 us, 96.4 -> 102.2 % of a copy (H200).
+// SASS for 2 rounds, 890 -> 750 instructions to the last store, 56 -> 64 registers, and faster
+// (docs/tuning/layernorm_modulate.md).
 template <int kIterations, bool kPdl>
 __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
   using namespace lnm_detail;
@@ -415,8 +415,7 @@ __device__ void qk_head_layernorm_d128_body(const QkHeadLayerNormParams& p) {
     bool valid[kIterations];
     // (token, head) of row first + g: one division for the warp's first row, then g added with at
     // most one wrap when a token has >= 4 * kIterations heads (fewer: a division per row). A
-    // 64-bit division per row had stood in front of each row's loads (H200, GLM 4360 x 32 heads
-    // of q and k, rotated: 38.56 -> 38.02 us, 96.1 -> 97.7 % of a copy).
+    // 64-bit division per row had stood in front of each row's loads (docs/tuning/layernorm_modulate.md).
     const long long first_token = w.first / w.heads;
     const int first_head = static_cast<int>(w.first - first_token * w.heads);
 #pragma unroll

@@ -55,8 +55,8 @@ struct NssOperandParams {
 // the constant bank on sm_90, so x .. r_token_stride share the 64-byte line at 0x200 with the
 // global memory descriptor the loads use: each line's first touch is a constant-cache miss the
 // warp waits for in order; before a row's first load there had been one for each of four lines,
-// now two (with the division-free first row of eager_rows, H200 512 x 3072 rotated: plain 4.32 ->
-// 4.20 us, fp8 5.14 -> 4.99, nvfp4 unchanged; docs/tuning/norm_scale_shift.md).
+// now two (with the division-free first row of eager_rows: faster short rows,
+// docs/tuning/norm_scale_shift.md).
 struct NormScaleShiftParams {
   const void* x;              // [B, S, D]
   const void* residual;       // [B, S, D] or null
@@ -184,8 +184,8 @@ __device__ __forceinline__ float e4m3_to_float(u32 pair) {
 //   sum + (sum >> 22) are k + 2e + 298 = code + 298.
 // sm_90a SASS: 6 instructions per value (min, exponent mask, add-and-max, add, shift-add, the
 // nibble's shift-add) plus e2m1x4's signs, against 7 with saturation by an integer min after
-// the add and 15 for an integer rounding with compares and a NaN test (H200, with the constant
-// slot offsets of load_inputs: FLUX NVFP4 38.46 -> 34.82 us cold; docs/tuning/norm_scale_shift.md).
+// the add and 15 for an integer rounding with compares and a NaN test (measured with the constant
+// slot offsets of load_inputs: docs/tuning/norm_scale_shift.md).
 constexpr u32 kE2m1Bias = 298;
 __device__ __forceinline__ u32 e2m1_biased_of_product(float x) {
   const float a = fminf(fabsf(x), 6.0f);
@@ -681,8 +681,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // slot, and the statistics take slot j as soon as its group is in (copy_async_wait): the
   // Welford pushes of the early slots overlap the arrival of the later ones. Loaded into
   // registers, ptxas gave all 12 loads of a 6-slot residual row one scoreboard (the first product
-  // waited for the last load). H200 rotated: 512 x 3072 NVFP4 6.41 -> 6.26 us; Wan fp8 (10 slots)
-  // 224.5 -> 227.5 us, hence <= 6 slots.
+  // waited for the last load). Faster at 6 slots, slower at 10 (docs/tuning/norm_scale_shift.md),
+  // hence <= 6 slots.
   constexpr bool kStaged = !kPrefetch && kSplit == 1 && !kSharedOperands && !kRms && kSlots <= 6;
   __shared__ V staged[kStaged ? (kResidual ? 2 : 1) : 1][kStaged ? kSlots : 1][128];
   const unsigned staged_x = kStaged ? shared_address(&staged[0][0][t]) : 0u;
@@ -719,8 +719,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   // outputs may be this kernel's inputs, read after the wait). The first touch of the parameters
   // misses the constant cache; in the 512-token NVFP4 rows (one row per CTA) that and the row's
   // position took about a sixth of the warps' time before the first load (Nsight Compute source
-  // counters). Those rows are issue-bound after their loads: without the E2M1 codes and block
-  // scales they ran 0.7 us faster, without the statistics 0.5 us (H200).
+  // counters). Those rows are issue-bound after their loads: the E2M1 codes, the block scales and
+  // the statistics are what they spend (docs/tuning/norm_scale_shift.md).
   if constexpr (kPdl) pdl_wait_after(first_row.x, first_row.r);
 
   float inv = 0.0f, global_scale = 0.0f;
@@ -749,8 +749,8 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     const long long b = at.b, s = at.s;
     // The operands' loads in the order of first use: the gate (the residual sum, slot by slot),
     // then scale and shift (after the statistics); rne(1 + scale) is formed after the statistics
-    // too, so no warp waits for the scale before its first Welford push. H200 A/B, rotated:
-    // 512 x 3072 NVFP4 5.53-5.61 us against 5.59-5.74: within the noise, never behind.
+    // too, so no warp waits for the scale before its first Welford push (within the noise, never
+    // behind: docs/tuning/norm_scale_shift.md).
     if constexpr (kResidual) load_operand<O, kSlots, kEven>(p.gate, b, s, t, j0, kVecs, 1.0f, g, held_gate);
     bool new_scale = false;
     if constexpr (kModulate) {

@@ -34,8 +34,8 @@ namespace ditops {
 
 // Heads one warp processes per unit = this many iterations x (32 / (head_dim / 8)) heads.
 // The cos/sin slice of a lane depends only on the token, so a unit loads it once and reuses it
-// for every head of the unit. H200, FLUX 4608x24 cold: 36.5 us (93.5 % of a copy) with units of
-// 4 against 41.9 us one head per lane (docs/tuning/qknorm_rope.md; bench/experiments/qknorm_tune.cu).
+// for every head of the unit; 4 iterations measured fastest (docs/tuning/qknorm_rope.md;
+// bench/experiments/qknorm_tune.cu).
 #ifndef DITOPS_QK_CHUNK_HEAD_ITERATIONS
 #define DITOPS_QK_CHUNK_HEAD_ITERATIONS 4  // bench/experiments/qknorm_tune.cu builds other values
 #endif
@@ -86,8 +86,8 @@ namespace qk_detail {
 using namespace ditops::kernel;
 
 constexpr int kElemsPerLane = 8;
-// One work per lane: two, with all their loads issued first, ran FLUX 42.3 -> 46.2 us on the
-// H200 (more registers, fewer resident warps); units of heads per warp instead (qknorm_rope_body).
+// One work per lane: two, with all their loads issued first, ran slower (more registers, fewer
+// resident warps); units of heads per warp instead (qknorm_rope_body, docs/tuning/qknorm_rope.md).
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // Sum of squares of one head in the configured order; every lane of the head returns the total.
@@ -310,7 +310,7 @@ __device__ __forceinline__ Act* head_row(const QkNormRopeParams& p, long long to
 // issues the 16-byte loads of all its heads and the position up front, loads its cos/sin slice
 // once (it depends only on the token), then normalizes, rotates and stores head by head. The
 // dependent position -> cos/sin chain is the limit: one head per lane serialized three memory
-// latencies per head (H200 FLUX 4608x24 cold 41.9 us against 36.5); docs/tuning/qknorm_rope.md.
+// latencies per head, slower than units of heads (docs/tuning/qknorm_rope.md).
 template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
           bool kRounded, int kSumOrder, bool kRoundTwice, bool kPdl, bool kAligned>
 __device__ void qknorm_rope_body(const QkNormRopeParams& p) {

@@ -23,8 +23,8 @@
 // launch runs no branch on the width. On 32 bits a thread finds its gate by a multiply and a shift
 // (common/fast_divide.h, divisors computed by the host) where a division by a run-time divisor
 // takes ~20 instructions through the MUFU reciprocal (64-bit: ~70), which ptxas placed before the
-// first load (sm_90a: first load at instruction 25 instead of 39). H200 rotated, with the single
-// round: (1,512,3072) 3.72 -> 3.54 us, (2,33,65) 1.09 -> 0.97 (docs/tuning/residual_gate_add.md).
+// first load (sm_90a: first load at instruction 25 instead of 39; faster on short calls,
+// docs/tuning/residual_gate_add.md).
 //
 // Transposed kernel (SANA-Video): residual/out are [B, T, H] stored as [B, H, T] (T contiguous),
 // update is [B, T, H] (H contiguous). A tile of kTokenTile tokens x kTile channels: update is read
@@ -51,8 +51,8 @@ enum : int { kRgaGateFull = 0, kRgaGateRow = 1, kRgaGateToken = 2, kRgaGateBatch
 // share the 64-byte line at 0x200 with the global memory descriptor; the first touch of each line
 // is a constant-cache miss the warp waits for. With the 64-bit sizes first, the row divisor sat
 // in the line at 0x240 and ptxas loaded it (for the gate's address) before the first load: three
-// lines (0x0, 0x200, 0x240) in front of the loads, now two (sm_90a SASS). Measured alone in a
-// CUDA graph from a cleared L2 (H200): 0-0.09 us per call, inside the spread.
+// lines (0x0, 0x200, 0x240) in front of the loads, now two (sm_90a SASS; the time moved inside the
+// spread: docs/tuning/residual_gate_add.md).
 struct ResidualGateAddParams {
   const void* residual;
   const void* update;
@@ -243,8 +243,8 @@ __device__ __forceinline__ void flat_units(const ResidualGateAddParams& p) {
   const Index first = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
 
   // One unit per thread on 32-bit indices: the host's grid covers the tensor (at most 2^23
-  // blocks), so no grid-stride round follows the first; the loop's exit path cost 0.07 us per call
-  // at (1,512,3072) (3.83 against 3.76 us rotated, H200, bench/experiments/rga_cold_variants.cu).
+  // blocks), so no grid-stride round follows the first, and its loop's exit path is left out
+  // (measurably slower on short calls: docs/tuning/residual_gate_add.md).
   constexpr bool kOneRound = kUnroll == 1 && sizeof(Index) == 4;
   for (Index base = first; base < units; base += kUnroll * threads) {
     U r[kUnroll], u[kUnroll];
@@ -315,11 +315,11 @@ __device__ void residual_gate_add_flat(const ResidualGateAddParams& p) {
 // kVectorResidual: residual and out by 16-byte units along T (needs T % 8 (16-bit) / 4 (fp32) and
 // aligned pointers); kVectorUpdate: update and the gate by 16-byte units along H (H % 8 / 4,
 // aligned pointers). The update side may be vectorized alone (an odd T), as Inductor's tiled
-// kernel does: (2,513,256) bf16 2.41 us per call against 3.20 us all-scalar (H200).
+// kernel does (faster than all-scalar: docs/tuning/residual_gate_add.md).
 // kChannelTilesFastest: consecutive blocks take consecutive channel tiles of the same tokens (the
 // blocks in flight then read whole update rows) instead of consecutive token tiles (whole
-// residual rows). H200, SANA (1,32760,2240) cold: token tiles fastest 113.1 us, channel tiles
-// fastest 128.6 (groups of channel tiles: docs/tuning/residual_gate_add.md).
+// residual rows). Token tiles fastest won (docs/tuning/residual_gate_add.md, with groups of
+// channel tiles).
 // kChunkedResidual (with kVectorResidual): residual and out lines that do not start on 16 bytes
 // (an odd T, or residual off 16 bytes; out shares residual's offset within 16 bytes, the host
 // checks). A line is walked by the aligned 16-byte chunks of memory: the block of token tile i
@@ -357,8 +357,7 @@ __device__ void residual_gate_add_transposed(const ResidualGateAddParams& p) {
   // kTile + 1 (one word of padding keeps the transposed read at most 2-way bank conflicted;
   // shared bandwidth is far from the limit here) or, chunked, kTile + 3 (see above). The tall
   // tile keeps them as T (rounded to T, so the same values): 16.6 KB of shared memory for a bf16
-  // 128 x 64 tile where fp32 takes 33 KB; SANA (1,32760,2240) bf16, 512 threads, rotated: 107.2 us
-  // against 107.6 (H200).
+  // 128 x 64 tile where fp32 takes 33 KB, and as fast (docs/tuning/residual_gate_add.md).
   using Products = rga_detail::TileProducts<T, kTokenTile != kTile>;
   using Product = typename Products::Value;
   __shared__ Product product[kRowsU * (kTile + (kChunkedResidual ? 3 : 1))];

@@ -65,7 +65,7 @@ class BenchRun {
   // 256 MiB of dirty lines overlaps a short kernel): `sets` independent buffer sets, together
   // more than 2x the L2. fn(set, stream) is captured once per set into one CUDA graph on a
   // stream of its own, so replays time the GPU alone (a back-to-back host loop would time the
-  // facade's ~5 us per call instead); the result is the median over replays of the time per call.
+  // facade's host cost per call instead); the result is the median over replays of the time per call.
   // No set is touched again until the others have passed through the L2.
   double rotated_us(int sets, const std::function<void(int, Stream)>& fn);
   // Sets needed so that one round moves >= 128 MiB when one set moves `bytes`.

@@ -194,8 +194,8 @@ __device__ __forceinline__ void pdl_wait() {
 // part of it after the wait (norm_scale_shift at 512 tokens, sm_90a: 5 instructions between the
 // wait and the first load; 30 before its parameters were reordered, 53 with pdl_wait). Forcing
 // every parameter line's first touch before the wait (a shared-memory store of their xor) left
-// nothing after it but ran the 512-token rows 0.1-0.15 us slower: the extra misses then delay
-// the first load, where after it they overlap the load (docs/tuning/norm_scale_shift.md).
+// nothing after it but ran the 512-token rows slower: the extra misses then delay the first load,
+// where after it they overlap the load (docs/tuning/norm_scale_shift.md).
 __device__ __forceinline__ void pdl_wait_after(const void* a, const void* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::"l"(a), "l"(b) : "memory");

@@ -47,9 +47,9 @@ __all__ = ["apply_qk_norm_rope", "qk_norm_rope_gate", "fused_qknorm_rope_enabled
 # it skips) and reach the core as absent.
 #
 # Defined with torch.library.Library + register_fake rather than the custom_op decorator: the
-# decorator's Python wrappers cost ~12 us per call against ~3 us for a plain kernel
-# registration (a no-op body on the CI CPU). What the decorator adds (autograd and
-# version-counter wrappers) is not needed by inference ops that are never differentiated.
+# decorator's Python wrappers cost several times a plain kernel registration's host time per call
+# (docs/python.md). What the decorator adds (autograd and version-counter wrappers) is not needed
+# by inference ops that are never differentiated.
 
 _LIB = torch.library.Library("ditops", "FRAGMENT")
 

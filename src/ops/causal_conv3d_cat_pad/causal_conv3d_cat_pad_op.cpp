@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/device_runs.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -336,7 +335,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   jit_impl.name = std::string(kOp) + ".jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      std::string(device_runs::kOps8dea671) + ": its GPU tests and bench/causal_conv3d_cat_pad_torch.py's torch.equal");
+      std::string("H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671") + ": its GPU tests and bench/causal_conv3d_cat_pad_torch.py's torch.equal");
   jit_impl.description =
       "one pass over 16-byte output windows by rows: 16-byte stores, aligned 16-byte loads shifted in registers "
       "where source and out differ in phase, scalar row heads and tails; NVRTC at first use";
@@ -345,7 +344,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   add_implementation(registry, kOp,
                      reference_implementation<Kernels>(
                          causal_conv3d_cat_pad_reference,
-                         Contract::bit_exact(oracle + "; the portable oracle").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+                         Contract::bit_exact(oracle + "; the portable oracle").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
                          "CPU reference: every output element from its source through the views' strides, or 0"));
 }
 

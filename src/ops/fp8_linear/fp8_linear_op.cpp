@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "core/builtin_ops.h"
-#include "core/device_runs.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
 #include "core/op_builder.h"
@@ -356,7 +355,7 @@ void register_fp8_linear(Registry& registry) {
     impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
     impl.contract = Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; bitwise identical from run to run "
                                                     "(fixed order, no atomics)")
-                        .verified(std::string(device_runs::kReport563ceb6) +
+                        .verified(std::string("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02") +
                                   ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
                                   "within 1 ulp; sm_120a compiled, not run");
     impl.description = k.description;
@@ -399,7 +398,7 @@ void register_fp8_linear(Registry& registry) {
                          Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; checked on the CPU by "
                                                          "tests/test_fp8_linear.cpp")
                              .verified("on every CI run (CPU) against an independent fp64 computation "
-                                       "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation with it on the H200 (" + std::string(device_runs::kReport563ceb6) + ")"),
+                                       "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation with it on the H200 (" + std::string("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02") + ")"),
                          "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
 }
 

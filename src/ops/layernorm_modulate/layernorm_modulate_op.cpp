@@ -4,7 +4,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/device_runs.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -28,9 +27,8 @@ constexpr int kThreads = 128;        // both mappings: aten's 128 threads per ro
 constexpr int kMaxDim = 8192;
 constexpr int kMaxHeadDim = 128;
 constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
-// Dh = 128 with 16-byte rows: 8 lanes per head, 4 heads per warp at a time, this many rounds.
-// H200, GLM (1,4360,32,128) cold: 2 rounds 41.1 us (91.7 % of a copy), 1 round 41.9, 4 rounds 42.3
-// (docs/tuning/layernorm_modulate.md).
+// Dh = 128 with 16-byte rows: 8 lanes per head, 4 heads per warp at a time, this many rounds: two
+// measured fastest against one and four (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
 TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
@@ -290,17 +288,16 @@ int slot_bucket(int needed) {
   return 64;  // not reached: D <= 8192 needs at most 64 warp slots
 }
 
-// Automatic mapping: the CTA per row everywhere, faster or equal at every shape measured (H200
-// cold, FLUX (1,4608,3072) 27.9 us against 40.0 for a warp per row; docs/tuning/layernorm_modulate.md).
-// The warp mapping stays selectable for measurements.
+// Automatic mapping: the CTA per row everywhere, faster or equal at every shape measured
+// (docs/tuning/layernorm_modulate.md). The warp mapping stays selectable for measurements.
 bool use_cta(const LayerNormModulateCall& c, const DeviceInfo& device) {
   (void)device;
   return c.options.mapping != LnRowMapping::warp;
 }
 
-// The persistent CTA loop's knobs (H200 cold, % of a copy): FLUX 6 slots prefetched at (128, 6)
-// 92.7 % against 84 % at ptxas' choice; Wan 10 slots prefetched 89 % against 81 % without.
-// Wider rows (12+ slots) hold too much for a second row (docs/tuning/layernorm_modulate.md).
+// The persistent CTA loop's knobs: the next row prefetched up to 10 slots (wider rows hold too
+// much for a second row), six resident CTAs for rows of up to 6 slots, as measured fastest
+// (docs/tuning/layernorm_modulate.md).
 constexpr int kPrefetchMaxSlots = 10;
 constexpr int kMinBlocksSmallRows = 6;  // rows of <= 6 slots
 struct LnmKey {
@@ -544,11 +541,11 @@ void register_layernorm_modulate(Registry& registry) {
       "(|d| <= 2^-6 * (|y*(1+scale)| + |out|)); docs/layernorm_modulate.md";
   const std::string ref_verified = std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
                                                "implementation matched it within each case's bound (") +
-                                   device_runs::kOps8dea671 + ")";
+                                   "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")";
 
   Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{});
   bf16.contract = Contract::bit_exact(eager_chain)
-                      .verified(std::string(device_runs::kVerifyCbc736f) +
+                      .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
                                 ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
   bf16.description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings;
   add_implementation(registry, kOpBf16, std::move(bf16));
@@ -560,11 +557,11 @@ void register_layernorm_modulate(Registry& registry) {
         div_full ? Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
                                        "(inv = div.full.f32 1/input_scale)")
                        .unverified("no device run compared it with SGLang's Triton quantizer; on the H200 fp8 grid "
-                                   "its bytes equalled the ieee mode's and the eager chain's (bench/results/README.md, "
+                                   "its bytes equalled the ieee mode's and the eager chain's (docs/layernorm_modulate.md, "
                                    "2026-11-29)")
                  : Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
                                                      ".to(torch.float8_e4m3fn)")
-                       .verified(std::string(device_runs::kVerifyCbc736f) +
+                       .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
                                  ": torch.equal on the fp8 grid (rows {1,127,512} x 5 scales)");
     impl.description = div_full ? "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" +
                                       mappings
@@ -581,7 +578,7 @@ void register_layernorm_modulate(Registry& registry) {
   Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
                                     "CUDA, applied to q and k")
-                    .verified(std::string(device_runs::kVerifyCbc736f) + ": torch.equal on the qk-head shapes");
+                    .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") + ": torch.equal on the qk-head shapes");
   qk.description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp";
   add_implementation(registry, kOpQk, std::move(qk));
   add_reference(QkHead{},

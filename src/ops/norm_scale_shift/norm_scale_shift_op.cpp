@@ -5,7 +5,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/device_runs.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -109,13 +108,12 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   // Register words of a thread's vec4 slots: D/4 vectors over 128 threads, 2 words per bf16/f16
   // vector, 4 per fp32 one (counted here in 16-bit slots).
   const int slots = (key.dim / 4 + 127) / 128 * (key.act == DType::f32 ? 2 : 1);
-  // H200, cold, % of a copy (docs/tuning/norm_scale_shift.md has every alternative):
-  //   6 slots: (128,7) plain / residual (72 registers, no spill), fp8 (128,6); Qwen CFG residual
-  //     no prefetch 90.1 % against 89.0 % prefetched; residual D % 512 == 0 split over 256
-  //     threads at (256,4): FLUX 34.30 us against 35.33 at (128,7), which spills 24 bytes.
-  //   NVFP4 (issue-bound): (128,5), FLUX 39.39 us against 40.70 at (128,6).
-  //   10 slots: residual prefetch (128,3) 92.2 % against 85.4 %; NVFP4 and plain 16-bit rows hold
-  //     scale / shift / gate in shared memory at (128,5): Wan nvfp4 308.1 us against 321.4.
+  // Each the fastest measured (docs/tuning/norm_scale_shift.md has every alternative):
+  //   6 slots: (128,7) plain / residual (72 registers, no spill), fp8 (128,6), no prefetch; a
+  //     residual row with D % 512 == 0 split over 256 threads at (256,4) ((128,7) spills there).
+  //   NVFP4 (issue-bound): (128,5).
+  //   10 slots: residual prefetched at (128,3); NVFP4 and plain 16-bit rows hold scale / shift /
+  //     gate in shared memory at (128,5).
   //   Wider rows (fp32, D > 5120) are not measured: ptxas decides, no prefetch.
   const bool nvfp4 = key.quant == NssKernelQuant::fp4_software || key.quant == NssKernelQuant::fp4_hardware;
   const bool half = key.act != DType::f32;
@@ -707,7 +705,7 @@ void register_norm_scale_shift(Registry& registry) {
        Contract::bit_exact("PyTorch 2.11 eager chain on CUDA: residual + x * gate, F.layer_norm / F.rms_norm "
                            "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
                            "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe)")
-           .verified(std::string(device_runs::kVerifyCbc736f) +
+           .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
                      "the CPU reference only (no device run of TRT-LLM's fp4_quantize)")},
       {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
@@ -756,7 +754,7 @@ void register_norm_scale_shift(Registry& registry) {
           norm_scale_shift_reference,
           Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
                               "rsqrt, rcp.approx and div.full correctly rounded)")
-              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
           "CPU reference, multithreaded over rows; every numerics, both norms, every output"));
 }
 

@@ -3,7 +3,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/device_runs.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -88,8 +87,8 @@ jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
                     jit::kernel_bool(key.aligned);
   r.params_type = "ditops::QkNormRopeParams";
   r.max_threads = 256;
-  // Four resident blocks (64 registers): H200, Qwen-Image NeoX 6912x24: 54.4 us
-  // against 56.5 us with ptxas' own choice (80 registers, 3 blocks) despite 8 bytes of spill.
+  // Four resident blocks (64 registers), faster than ptxas' own choice (80 registers, 3 blocks)
+  // despite 8 bytes of spill (docs/tuning/qknorm_rope.md).
   r.min_blocks = 4;
   r.template_key = "qknorm_rope:" + key.to_string();
   return r;
@@ -333,7 +332,7 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const j
   const int heads_per_warp = 32 / (c.head_dim / 8);
   const int64_t resident = static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors;
   // The longest unit (most reuse of a token's cos/sin) that still gives every resident warp a
-  // unit: H200, 256 tokens x 24 heads: 4 head iterations per unit 7.1 us, 1 iteration 6.4 us.
+  // unit: short units win on small problems (docs/tuning/qknorm_rope.md).
   int unit_iterations = kQkChunkHeadIterations;
   auto chunks_for = [&](int iterations) {
     const int unit_heads = iterations * heads_per_warp;
@@ -444,7 +443,7 @@ void register_qknorm_rope(Registry& registry) {
     const std::string suffix = rounded ? "" : "_fp32";
     const Contract contract =
         rounded ? Contract::bit_exact(eager_oracle)
-                      .verified(std::string(device_runs::kVerifyCbc736f) +
+                      .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
                                 ": norm_order=aten torch.equal on every case (aot 26 of 26, jit 128 of 128); "
                                 "norm_order=warp and aten_mean are unverified (warp never ran beside SGLang's split "
                                 "chain and equals aten order by construction at D = 128 only; aten_mean never ran "
@@ -490,7 +489,7 @@ void register_qknorm_rope(Registry& registry) {
                                              "correctly rounded)")
                              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
                                                    "implementation matched it within each case's bound (") +
-                                       device_runs::kOps8dea671 + "; norm_weight_rounding=twice and "
+                                       "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + "; norm_weight_rounding=twice and "
                                        "norm_order=aten_mean not yet)"),
                          "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }

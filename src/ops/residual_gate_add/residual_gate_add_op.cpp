@@ -4,7 +4,6 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "core/device_runs.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -75,16 +74,14 @@ const char* mode_constant(GateMode m) {
 }  // namespace
 
 int rga_flat_units(const RgaKernelKey& key) {
-  // H200, FLUX (1,4608,3072) bf16 cold: one 16-byte unit per thread 25.4 us (106 % of a copy),
-  // 2-4 units 25.8-27.2. The scalar path keeps 8 in flight, except within one resident wave:
-  // (2,33,65) one element per thread 1.10 us against 1.76 (rotated). docs/tuning/residual_gate_add.md.
+  // One 16-byte unit per thread (fastest of 1-4); the scalar path keeps 8 in flight, except within
+  // one resident wave, where one element per thread is faster (docs/tuning/residual_gate_add.md).
   return key.vector || key.one_wave ? 1 : 8;
 }
 
-// The transposed kernel has no __launch_bounds__ minimum of blocks: ptxas took 58 registers for
-// the bf16 64-tile of 16-byte units (nvcc -Xptxas -v, sm_90a), 4 blocks of 256 threads per SM.
-// Minima of 4 / 5 / 6 blocks at SANA (1,32760,2240) bf16 rotated: 108.0-110.3 us against
-// 108.6-109.0 without (docs/tuning/residual_gate_add.md).
+// The transposed kernel has no __launch_bounds__ minimum of blocks: ptxas' choice (58 registers
+// for the bf16 64-tile, 4 blocks of 256 threads per SM) was as fast as minima of 4 to 6 blocks
+// (docs/tuning/residual_gate_add.md).
 int rga_block_threads(const RgaKernelKey& key) {
   if (!key.transposed) return kRgaThreads;
   const int elems = key.vector || key.chunked_residual ? 16 / static_cast<int>(dtype_size(key.dtype)) : 1;
@@ -363,9 +360,8 @@ bool transposed_grid_fits(const ResidualGateAddCall& c) { return !c.transposed |
 // (128-thread blocks for 16-bit vectors: rga_block_threads). Residual lines off 16 bytes (odd T,
 // residual off 16 bytes) beside a 16-byte update side are walked by aligned chunks in 64-tiles
 // where there are two 64-tiles per SM; below that, and beside a scalar update side, the residual
-// side is scalar in 32-tiles (16 below two 32-tiles per SM). H200 rotated, bf16: odd T
-// (1,32761,2240) chunked 64-tiles 129.2 us (scalar side 168.3); (2,513,256) scalar-side
-// 32-tiles 2.45 (chunked 2.86); (1,17,65) 16-tiles 1.21 (32-tiles 1.65). docs/tuning/residual_gate_add.md.
+// side is scalar in 32-tiles (16 below two 32-tiles per SM): each the fastest measured in its
+// range (docs/tuning/residual_gate_add.md).
 int64_t transposed_tiles(const ResidualGateAddCall& c, int64_t tile) {
   return c.batch * ((c.tokens + tile - 1) / tile) * ((c.hidden + tile - 1) / tile);
 }
@@ -384,8 +380,8 @@ int transposed_tile(const ResidualGateAddCall& c, int multiprocessors) {
 
 // Tokens per tile: twice the 64 channels (512-thread blocks, the products kept as T) on aligned
 // 16-bit lines where there are two such tiles per SM, so that residual and out move in 256-byte
-// pieces of each line. H200, SANA (1,32760,2240) bf16 rotated: 128 x 64 107.2 us against the
-// 64-tile's 108.5 (other shapes: docs/tuning/residual_gate_add.md). fp32 and chunked lines: square.
+// pieces of each line (measured faster than the square tile: docs/tuning/residual_gate_add.md).
+// fp32 and chunked lines: square.
 int transposed_token_tile(const ResidualGateAddCall& c, int tile, int multiprocessors) {
   const bool tall = tile == 64 && c.aligned16 && dtype_size(c.residual.dtype) == 2 &&
                     c.batch * ((c.tokens + 127) / 128) * ((c.hidden + 63) / 64) >= two_per_sm(multiprocessors);
@@ -530,7 +526,7 @@ void register_residual_gate_add(Registry& registry) {
   jit_impl.name = "residual_gate_add.jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      std::string(device_runs::kVerifyCbc736f) + ": torch.equal on 58 of 58 cases and 6 CUDA-graph replays");
+      std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") + ": torch.equal on 58 of 58 cases and 6 CUDA-graph replays");
   jit_impl.description =
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
       "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
@@ -564,7 +560,7 @@ void register_residual_gate_add(Registry& registry) {
   add_implementation(registry, kOp,
                      reference_implementation<Kernels>(
                          residual_gate_add_reference,
-                         Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + device_runs::kOps8dea671 + ")"),
+                         Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
 
