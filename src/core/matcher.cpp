@@ -121,34 +121,41 @@ std::optional<int64_t> Matcher::value(const std::string& symbol) const {
   return it->second.value;
 }
 
-void TensorMatch::check_dim(const Dim& d, int64_t actual, const std::string& where) {
+// `stride`: dim i is a stride ("x.stride(1)"), else an extent ("x.shape[1]"); the text is only
+// built when a symbol is bound or a check fails (matching runs on every call).
+void TensorMatch::check_dim(const Dim& d, int64_t actual, int i, bool stride) {
+  auto where = [&] {
+    return name_ + (stride ? ".stride(" : ".shape[") + std::to_string(i) + (stride ? ")" : "]");
+  };
   switch (d.kind) {
     case Dim::Kind::any:
       return;
     case Dim::Kind::literal:
       if (actual != d.value)
-        m_.fail(where + " must be " + std::to_string(d.value) + " but is " + std::to_string(actual));
+        m_.fail(where() + " must be " + std::to_string(d.value) + " but is " + std::to_string(actual));
       return;
     case Dim::Kind::sum: {
       int64_t total = 0;
-      std::string origins;
       for (const auto& term : d.terms) {
         auto it = m_.sizes_.find(term);
-        if (it == m_.sizes_.end()) m_.fail(where + " is " + d.symbol + " but " + term + " is not bound yet");
+        if (it == m_.sizes_.end()) m_.fail(where() + " is " + d.symbol + " but " + term + " is not bound yet");
         total += it->second.value;  // bounded extents (kMaxViewElements): no overflow
-        origins += (origins.empty() ? "" : " + ") + it->second.origin;
       }
-      if (actual != total)
-        m_.fail(where + " must equal " + d.symbol + "=" + std::to_string(total) + " (" + origins + ") but is " +
+      if (actual != total) {
+        std::string origins;
+        for (const auto& term : d.terms)
+          origins += (origins.empty() ? "" : " + ") + m_.sizes_.find(term)->second.origin;
+        m_.fail(where() + " must equal " + d.symbol + "=" + std::to_string(total) + " (" + origins + ") but is " +
                 std::to_string(actual));
+      }
       return;
     }
     case Dim::Kind::symbol: {
       auto it = m_.sizes_.find(d.symbol);
       if (it == m_.sizes_.end()) {
-        m_.sizes_[d.symbol] = {actual, where};
+        m_.sizes_.emplace(d.symbol, Matcher::Bound{actual, where()});
       } else if (it->second.value != actual) {
-        m_.fail(where + " must equal " + d.symbol + "=" + std::to_string(it->second.value) +
+        m_.fail(where() + " must equal " + d.symbol + "=" + std::to_string(it->second.value) +
                 " (bound by " + it->second.origin + ") but is " + std::to_string(actual));
       }
       return;
@@ -171,7 +178,7 @@ TensorMatch& TensorMatch::shape_of(const Dims& dims) {
   rank(static_cast<int>(dims.size()));
   int i = 0;
   for (const Dim& d : dims) {
-    check_dim(d, t_.shape[i], name_ + ".shape[" + std::to_string(i) + "]");
+    check_dim(d, t_.shape[i], i, false);
     ++i;
   }
   return *this;
@@ -187,7 +194,7 @@ TensorMatch& TensorMatch::strides_of(const Dims& dims) {
   for (const Dim& d : dims) {
     // A stride of an extent-1 dimension is never used to address memory: accept any value,
     // as PyTorch does for contiguity.
-    if (t_.shape[i] != 1) check_dim(d, t_.strides[i], name_ + ".stride(" + std::to_string(i) + ")");
+    if (t_.shape[i] != 1) check_dim(d, t_.strides[i], i, true);
     ++i;
   }
   return *this;

@@ -68,7 +68,7 @@ class TensorMatch {
  private:
   friend class Matcher;
   TensorMatch(Matcher& m, const TensorView& t, std::string name) : m_(m), t_(t), name_(std::move(name)) {}
-  void check_dim(const Dim& d, int64_t actual, const std::string& where);
+  void check_dim(const Dim& d, int64_t actual, int i, bool stride);
   template <typename Dims>
   TensorMatch& shape_of(const Dims& dims);
   template <typename Dims>

@@ -6,11 +6,11 @@ namespace ditops {
 
 const char* fp8_reciprocal_name(Fp8Reciprocal mode) { return mode == Fp8Reciprocal::ieee ? "ieee" : "div_full"; }
 
-void check_host_scale(const std::string& op, const std::string& name, const TensorView& scale) {
+void check_host_scale(const char* op, const char* name, const TensorView& scale) {
   if (scale.device.kind != DeviceKind::cpu || !scale.data) return;
   const float s = *static_cast<const float*>(scale.data);
   if (!(s > 0.0f) || !std::isfinite(s))
-    throw InvalidArgument(op + ": " + name + " must be finite and > 0 but is " + std::to_string(s) +
+    throw InvalidArgument(std::string(op) + ": " + name + " must be finite and > 0 but is " + std::to_string(s) +
                           " (checked on the cpu only: a CUDA scale is read by the kernel)");
 }
 

@@ -23,7 +23,7 @@ void describe_fp8_reciprocal(OpBuilder<Args>& b, Fp8Reciprocal OpBuilder<Args>::
 // A static scale must be finite and > 0. Checked where reading it costs nothing, on the CPU (an
 // InvalidArgument naming the op and the tensor); a CUDA scale is read by the kernel only, which
 // computes eager's formula for any value (reading it here would synchronize).
-void check_host_scale(const std::string& op, const std::string& name, const TensorView& scale);
+void check_host_scale(const char* op, const char* name, const TensorView& scale);
 
 // "" when an implementation of one reciprocal mode (div_full or ieee) takes a call of `mode`.
 std::string fp8_reciprocal_refusal(Fp8Reciprocal mode, bool div_full);

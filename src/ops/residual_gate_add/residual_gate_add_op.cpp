@@ -147,9 +147,10 @@ GateMode classify_gate(const Matcher& m, const TensorView& residual, const Tenso
     m.fail("gate must have rank " + std::to_string(R) + " (as residual) but has rank " + std::to_string(gate.rank) +
            " (" + gate.describe() + ")");
   const int64_t D = residual.shape[R - 1];
-  const std::string modes = "gate " + shape_string(gate) + " for residual " + shape_string(residual) +
-                            " must be full (same shape), row [1, ..., 1, D], per-token [..., 1] or batch "
-                            "[B, 1, ..., 1, D]";
+  auto modes = [&] {  // built only for a message: matching runs on every call
+    return "gate " + shape_string(gate) + " for residual " + shape_string(residual) +
+           " must be full (same shape), row [1, ..., 1, D], per-token [..., 1] or batch [B, 1, ..., 1, D]";
+  };
   *rows_per_batch = 0;
   bool same = true;
   for (int d = 0; d < R; ++d) same = same && gate.shape[d] == residual.shape[d];
@@ -169,9 +170,9 @@ GateMode classify_gate(const Matcher& m, const TensorView& residual, const Tenso
       }
       if (d == k)
         m.fail("gate.shape[" + std::to_string(d) + "] must be 1 or " + std::to_string(residual.shape[d]) +
-               " (as residual.shape[" + std::to_string(d) + "]) but is " + std::to_string(gate.shape[d]) + ": " + modes);
+               " (as residual.shape[" + std::to_string(d) + "]) but is " + std::to_string(gate.shape[d]) + ": " + modes());
       m.fail("gate.shape[" + std::to_string(d) + "] must be 1 (after gate.shape[" + std::to_string(k) +
-             "] broadcasts, every leading dim does) but is " + std::to_string(gate.shape[d]) + ": " + modes);
+             "] broadcasts, every leading dim does) but is " + std::to_string(gate.shape[d]) + ": " + modes());
     }
     *rows_per_batch = rpb;
     return GateMode::batch;
@@ -181,11 +182,11 @@ GateMode classify_gate(const Matcher& m, const TensorView& residual, const Tenso
       if (gate.shape[d] != residual.shape[d])
         m.fail("gate.shape[" + std::to_string(d) + "] must be " + std::to_string(residual.shape[d]) +
                " (a per-token gate [..., 1] has residual's leading dims) but is " + std::to_string(gate.shape[d]) +
-               ": " + modes);
+               ": " + modes());
     return GateMode::token;
   }
   m.fail("gate.shape[" + std::to_string(R - 1) + "] must be " + std::to_string(D) + " (as residual.shape[" +
-         std::to_string(R - 1) + "]) or 1 (per-token) but is " + std::to_string(gate.shape[R - 1]) + ": " + modes);
+         std::to_string(R - 1) + "]) or 1 (per-token) but is " + std::to_string(gate.shape[R - 1]) + ": " + modes());
 }
 
 // A full or batch gate that is not contiguous: its gate rows (the leading dims that are not
@@ -193,7 +194,7 @@ GateMode classify_gate(const Matcher& m, const TensorView& residual, const Tenso
 // ([B, 6, D].chunk(6, 1), [B, S, 6, D].chunk(6, 2) squeezed). Returns that stride in elements.
 int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
   const int R = gate.rank;
-  const std::string why = " (a non-contiguous gate takes one stride between its rows of D, as a chunk of [B, 6, D] has)";
+  const char* why = " (a non-contiguous gate takes one stride between its rows of D, as a chunk of [B, 6, D] has)";
   if (gate.shape[R - 1] > 1 && gate.strides[R - 1] != 1)
     m.fail("gate.stride(" + std::to_string(R - 1) + ") must be 1" + why + " but is " + std::to_string(gate.strides[R - 1]));
   int64_t stride = -1, expected = 0;
