@@ -220,6 +220,35 @@ TEST(Matcher, Contiguous) {
             "<no error>");
 }
 
+// The layout helpers the ops share (core/matcher.h).
+TEST(Matcher, NonnegativeStrides) {
+  const Matcher m("op");
+  EXPECT_NO_THROW(m.require_nonnegative_strides(view(DType::f32, {4, 8}, {0, 1}), "x"));
+  EXPECT_EQ(error_of([&] { m.require_nonnegative_strides(view(DType::f32, {4, 8}, {-8, 1}), "x"); }),
+            "op: x.stride(0) must be >= 0 but is -8");
+}
+
+TEST(Matcher, DisjointRows) {
+  const Matcher m("op");
+  EXPECT_NO_THROW(m.require_disjoint_rows(view(DType::bf16, {2, 3, 64}, {192, 64, 1}), "out", 64, "D"));
+  EXPECT_NO_THROW(m.require_disjoint_rows(view(DType::bf16, {1, 1, 64}, {7, 7, 1}), "out", 64, "D"));
+  EXPECT_NO_THROW(m.require_disjoint_rows(view(DType::bf16, {2, 0, 64}, {0, 0, 1}), "out", 64, "D"));
+  EXPECT_EQ(error_of([&] { m.require_disjoint_rows(view(DType::bf16, {2, 3, 64}, {192, 32, 1}), "out", 64, "D"); }),
+            "op: out.stride(1) must be >= D=64 (rows may not overlap) but is 32");
+  EXPECT_EQ(error_of([&] { m.require_disjoint_rows(view(DType::bf16, {2, 3, 64}, {100, 64, 1}), "q", 64); }),
+            "op: q.stride(0) must be >= 192 (batches may not overlap) but is 100");
+}
+
+TEST(Matcher, SameView) {
+  const TensorView a = view(DType::bf16, {2, 1, 64}, {64, 64, 1});
+  TensorView b = a;
+  b.strides[1] = 5;  // an extent-1 dim addresses nothing
+  EXPECT_TRUE(ditops::same_view(a, b));
+  b.strides[0] = 128;
+  EXPECT_FALSE(ditops::same_view(a, b));
+  EXPECT_FALSE(ditops::same_view(a, view(DType::f16, {2, 1, 64}, {64, 64, 1})));
+}
+
 // ------------------------------------------------------------------ qknorm_rope validation
 
 // Small real CPU buffers for one qknorm_rope call: q [T, Hq, D], k [T, Hk, D] bf16 (contiguous,

@@ -89,6 +89,24 @@ void Matcher::require_disjoint(const TensorView& written, const std::string& wri
          " is read): pass separate buffers");
 }
 
+void Matcher::require_nonnegative_strides(const TensorView& t, const std::string& name) const {
+  for (int i = 0; i < t.rank; ++i)
+    if (t.strides[i] < 0)
+      fail(name + ".stride(" + std::to_string(i) + ") must be >= 0 but is " + std::to_string(t.strides[i]));
+}
+
+void Matcher::require_disjoint_rows(const TensorView& t, const std::string& name, int64_t width,
+                                    const char* width_symbol) const {
+  if (t.numel() == 0) return;  // nothing is written; an empty view's strides are arbitrary
+  if (t.shape[1] > 1 && t.strides[1] < width)
+    fail(name + ".stride(1) must be >= " + (width_symbol ? std::string(width_symbol) + "=" : std::string()) +
+         std::to_string(width) + " (rows may not overlap) but is " + std::to_string(t.strides[1]));
+  const int64_t span = (t.shape[1] > 1 ? (t.shape[1] - 1) * t.strides[1] : 0) + width;
+  if (t.shape[0] > 1 && t.strides[0] < span)
+    fail(name + ".stride(0) must be >= " + std::to_string(span) + " (batches may not overlap) but is " +
+         std::to_string(t.strides[0]));
+}
+
 ByteRange byte_range(const TensorView& t) {
   if (t.rank < 0 || t.rank > kMaxRank) return {};
   for (int i = 0; i < t.rank; ++i)
@@ -109,6 +127,13 @@ bool memory_overlaps(const TensorView& a, const TensorView& b) {
   const ByteRange x = byte_range(a), y = byte_range(b);
   if (x.empty() || y.empty()) return false;
   return x.lo < y.hi && y.lo < x.hi;
+}
+
+bool same_view(const TensorView& a, const TensorView& b) {
+  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
+  for (int i = 0; i < a.rank; ++i)
+    if (a.shape[i] != b.shape[i] || (a.shape[i] > 1 && a.strides[i] != b.strides[i])) return false;
+  return true;
 }
 
 void Matcher::bind(const std::string& symbol, int64_t value, const std::string& origin) {

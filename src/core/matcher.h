@@ -105,6 +105,13 @@ class Matcher {
   // fails with "<read> overlaps <written> in memory (...)". Views without elements never overlap.
   void require_disjoint(const TensorView& written, const std::string& written_name, const TensorView& read,
                         const std::string& read_name) const;
+  // Every stride of `t` is >= 0 (what an op's row and overlap arithmetic assumes):
+  // "<name>.stride(i) must be >= 0 but is -3".
+  void require_nonnegative_strides(const TensorView& t, const std::string& name) const;
+  // The rows of a written [A, B, width] view (unit last stride) do not overlap one another: in the
+  // message the width reads `width_symbol`=width ("D=96"), or the number alone without a symbol.
+  void require_disjoint_rows(const TensorView& t, const std::string& name, int64_t width,
+                             const char* width_symbol = nullptr) const;
 
  private:
   friend class TensorMatch;
@@ -141,5 +148,8 @@ struct ByteRange {
 ByteRange byte_range(const TensorView& t);
 // Whether the byte ranges of two views meet (the test every op's aliasing checks share).
 bool memory_overlaps(const TensorView& a, const TensorView& b);
+// Whether two views are one (what in place means): the same data, dtype and shape, and the same
+// stride wherever the extent is above 1.
+bool same_view(const TensorView& a, const TensorView& b);
 
 }  // namespace ditops

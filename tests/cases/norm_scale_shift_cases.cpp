@@ -475,7 +475,7 @@ std::vector<OpCase> make() {
     c = nss_case(plain, CaseKind::invalid, seed++);
     c.name = "y_rows_overlapping";
     c.tensors.push_back({"y", DType::bf16, {2, 4, 64}, {4 * 64, 32, 1}});
-    c.invalid = {"y.strides[1] must be >= D=64"};
+    c.invalid = {"y.stride(1) must be >= D=64"};
     out.push_back(c);
     c = nss_case(plain, CaseKind::invalid, seed++);
     c.name = "fp8_without_input_scale";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/builtin_ops.h"
@@ -30,22 +31,6 @@ namespace {
 
 constexpr const char* kOp = "cross_head_qknorm_rope";
 constexpr int64_t kMaxWidth = int64_t{4} * kCrossHeadThreads * kCrossHeadMaxVectors;  // 8192
-
-
-// A row tensor's rows may not overlap each other (each is read whole, then written).
-void check_rows_disjoint(const Matcher& m, const TensorView& t, const char* name, int64_t B, int64_t S, int64_t N) {
-  if (B * S <= 1) return;
-  if (t.strides[0] < 0 || t.strides[1] < 0)
-    m.fail(std::string(name) + "'s strides must be >= 0 but are (" + std::to_string(t.strides[0]) + ", " +
-           std::to_string(t.strides[1]) + ")");
-  if (S > 1 && t.strides[1] < N)
-    m.fail(std::string(name) + ".stride(1) must be >= " + std::to_string(N) + " (rows may not overlap) but is " +
-           std::to_string(t.strides[1]));
-  const int64_t span = (S - 1) * t.strides[1] + N;
-  if (B > 1 && t.strides[0] < span)
-    m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string(span) + " (rows may not overlap) but is " +
-           std::to_string(t.strides[0]));
-}
 
 // Whether some row of q and some row of k share an element. Views of one packed projection
 // (Wan's fused to_qkv: q, k, v chunks of each token's row) interleave in memory without sharing
@@ -182,8 +167,11 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
 
   // In place: rows may not overlap, q and k may not share an element, and nothing read may
   // overlap what is written.
-  check_rows_disjoint(m, q, "q", B, S, Nq);
-  check_rows_disjoint(m, k, "k", B, Sk, Nk);
+  for (const auto& [t, name, rows] : {std::tuple<const TensorView*, const char*, int64_t>{&q, "q", B * S},
+                                      {&k, "k", B * Sk}}) {
+    if (rows > 1) m.require_nonnegative_strides(*t, name);
+    m.require_disjoint_rows(*t, name, t->shape[2]);
+  }
   if (B * S > 0 && B * Sk > 0 && q_k_share_elements(q, k, B, S, Sk, Nq, Nk))
     m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q and k parts of "
            "one packed QKV projection");

@@ -111,39 +111,11 @@ const OpBuilder<LayerNormModulateCall>& description(LnModulateKind kind) {
   return kind == LnModulateKind::bf16_out ? bf16 : kind == LnModulateKind::fp8_out ? fp8 : qk;
 }
 
-// Rows of [A, B, D] (strides sa, sb, 1) must not overlap each other (they are written).
-void check_disjoint_rows(const Matcher& m, const TensorView& t, const char* name, int64_t D) {
-  if (t.numel() == 0) return;
-  if (t.shape[1] > 1 && t.strides[1] < D)
-    m.fail(std::string(name) + ".stride(1) must be >= D=" + std::to_string(D) +
-           " (rows may not overlap) but is " + std::to_string(t.strides[1]));
-  const int64_t span = (t.shape[1] - 1) * t.strides[1] + D;
-  if (t.shape[0] > 1 && t.strides[0] < span)
-    m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string(span) +
-           " (batches may not overlap) but is " + std::to_string(t.strides[0]));
-}
-
-void check_nonnegative_strides(const Matcher& m, const TensorView& t, const char* name) {
-  for (int i = 0; i < t.rank; ++i)
-    if (t.strides[i] < 0)
-      m.fail(std::string(name) + ".stride(" + std::to_string(i) + ") must be >= 0 but is " +
-             std::to_string(t.strides[i]));
-}
-
-bool ranges_overlap(const TensorView& a, const TensorView& b) { return memory_overlaps(a, b); }
-
-bool same_view(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.rank != b.rank || a.dtype != b.dtype) return false;
-  for (int i = 0; i < a.rank; ++i)
-    if (a.shape[i] != b.shape[i] || (a.shape[i] > 1 && a.strides[i] != b.strides[i])) return false;
-  return true;
-}
-
 // The output may be the input itself (in place) but must not overlap it any other way.
 void check_output_aliasing(const Matcher& m, const TensorView& in, const char* in_name,
                            const TensorView& out, const char* out_name) {
   if (same_view(in, out)) return;
-  if (ranges_overlap(in, out))
+  if (memory_overlaps(in, out))
     m.fail(std::string(out_name) + " overlaps " + in_name + " without being the same view (in place "
            "needs identical data pointer and strides)");
 }
@@ -161,16 +133,16 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
   const Matcher m = description(kind).match(call);
   const int64_t D = *m.value("D");
   const bool has_shift = shift.rank != 0;
-  check_nonnegative_strides(m, x, "x");
-  check_nonnegative_strides(m, scale, "scale");
-  if (has_shift) check_nonnegative_strides(m, shift, "shift");
-  check_disjoint_rows(m, out, "out", D);
+  m.require_nonnegative_strides(x, "x");
+  m.require_nonnegative_strides(scale, "scale");
+  if (has_shift) m.require_nonnegative_strides(shift, "shift");
+  m.require_disjoint_rows(out, "out", D, "D");
   if (kind == LnModulateKind::fp8_out) {
-    if (ranges_overlap(x, out)) m.fail("out (fp8) must not overlap x");
+    if (memory_overlaps(x, out)) m.fail("out (fp8) must not overlap x");
   } else {
     check_output_aliasing(m, x, "x", out, "out");
   }
-  if (ranges_overlap(scale, out) || (has_shift && ranges_overlap(shift, out)))
+  if (memory_overlaps(scale, out) || (has_shift && memory_overlaps(shift, out)))
     m.fail("out must not overlap scale or shift");
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
 
@@ -183,7 +155,7 @@ LayerNormModulateCall match_modulate(const char* op, LnModulateKind kind, const 
   call.has_shift = has_shift;
   call.stream = stream;
   if (options.stats_out.data) {
-    if (ranges_overlap(options.stats_out, x) || ranges_overlap(options.stats_out, out))
+    if (memory_overlaps(options.stats_out, x) || memory_overlaps(options.stats_out, out))
       m.fail("stats_out must not overlap x or out");
     call.write_stats = true;
   }
@@ -228,7 +200,7 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   // (b, s) collapse into one token index: stride(0) == S * stride(1) (free when B == 1).
   for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"},
                                 {&q_out, "q_out"}, {&k_out, "k_out"}}) {
-    check_nonnegative_strides(m, *t, name);
+    m.require_nonnegative_strides(*t, name);
     int64_t batch_stride = 0;  // an empty tensor's strides are arbitrary: the product may overflow
     const bool overflow = __builtin_mul_overflow(S, t->strides[1], &batch_stride);
     if (B > 1 && (overflow || t->strides[0] != batch_stride))
@@ -250,9 +222,9 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   }
   check_output_aliasing(m, q, "q", q_out, "q_out");
   check_output_aliasing(m, k, "k", k_out, "k_out");
-  if (ranges_overlap(q_out, k_out)) m.fail("q_out and k_out must not overlap");
-  if (ranges_overlap(q, k_out)) m.fail("k_out must not overlap q");
-  if (ranges_overlap(k, q_out)) m.fail("q_out must not overlap k");
+  if (memory_overlaps(q_out, k_out)) m.fail("q_out and k_out must not overlap");
+  if (memory_overlaps(q, k_out)) m.fail("k_out must not overlap q");
+  if (memory_overlaps(k, q_out)) m.fail("q_out must not overlap k");
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
   if (options.stats_out.data) m.fail("stats_out is not produced by qk_head_layernorm");
 

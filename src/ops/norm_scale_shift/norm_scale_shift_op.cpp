@@ -182,24 +182,6 @@ void check_aligned(const Matcher& m, const std::string& name, const TensorView& 
              ") but is " + num(t.strides[d]));
 }
 
-void check_non_negative_strides(const Matcher& m, const std::string& name, const TensorView& t) {
-  for (int d = 0; d < t.rank; ++d)
-    if (t.strides[d] < 0) m.fail(name + ".strides[" + num(d) + "] must be >= 0 but is " + num(t.strides[d]));
-}
-
-// Rows of a written [B, S, D] tensor must not overlap each other.
-void check_rows_disjoint(const Matcher& m, const std::string& name, const TensorView& t) {
-  if (t.numel() == 0) return;  // nothing is written; an empty tensor's strides are arbitrary
-  const int64_t B = t.shape[0], S = t.shape[1], D = t.shape[2];
-  if (S > 1 && t.strides[1] < D)
-    m.fail(name + ".strides[1] must be >= D=" + num(D) + " (rows are written and may not overlap) but is " +
-           num(t.strides[1]));
-  const int64_t batch_extent = (S > 1 ? (S - 1) * t.strides[1] : 0) + D;
-  if (B > 1 && t.strides[0] < batch_extent)
-    m.fail(name + ".strides[0] must be >= " + num(batch_extent) +
-           " (batches are written and may not overlap) but is " + num(t.strides[0]));
-}
-
 // An operand's dtype (scale, shift, gate, weight, bias): x's, or f32 with numerics=float32.
 void match_operand_dtype(const Matcher& m, const std::string& name, const TensorView& t, DType act, bool float32) {
   if (float32) {
@@ -222,7 +204,7 @@ NssOperand match_operand(Matcher& m, const std::string& name, const TensorView& 
     return op;
   }
   match_operand_dtype(m, name, t, act, float32);
-  check_non_negative_strides(m, name, t);
+  m.require_nonnegative_strides(t, name);
   op.data = t.data;
   bool all_one = true;
   for (int d = 0; d < t.rank; ++d) all_one = all_one && t.shape[d] == 1;
@@ -293,13 +275,6 @@ struct Range {
 Range range_of(const char* name, const TensorView& t) {
   const ByteRange r = byte_range(t);
   return {name, &t, r.lo, r.hi};
-}
-
-bool same_view(const TensorView& a, const TensorView& b) {
-  if (a.data != b.data || a.dtype != b.dtype || a.rank != b.rank) return false;
-  for (int d = 0; d < a.rank; ++d)
-    if (a.shape[d] != b.shape[d] || (a.shape[d] > 1 && a.strides[d] != b.strides[d])) return false;
-  return true;
 }
 
 }  // namespace
@@ -392,7 +367,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   if (!present(in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
   NormScaleShiftCall call{.in = in, .out = out, .options = options};
   Matcher m = description().match(call);
-  check_non_negative_strides(m, "x", in.x);
+  m.require_nonnegative_strides(in.x, "x");
   const int64_t B = *m.value("B"), S = *m.value("S"), D = *m.value("D");
   const DType act = in.x.dtype;
   const bool sglang = options.numerics == NssNumerics::sglang;
@@ -422,7 +397,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   // Gated residual.
   call.residual = present(in.residual);
   if (call.residual) {
-    check_non_negative_strides(m, "residual", in.residual);
+    m.require_nonnegative_strides(in.residual, "residual");
     check_aligned(m, "residual", in.residual, vec * esize, {0, 1}, vec, "vector access");
     if (!present(out.residual_out)) m.fail("residual_out is required with residual (the gated-residual variant)");
   } else {
@@ -455,11 +430,11 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     m.fail("request at most one quantized output (fp8 or nvfp4), not both");
   call.store_y = present(out.y);
   if (call.store_y) {
-    check_non_negative_strides(m, "y", out.y);
+    m.require_nonnegative_strides(out.y, "y");
     check_aligned(m, "y", out.y, vec * esize, {0, 1}, vec, "vector access");
   }
   if (call.residual) {
-    check_non_negative_strides(m, "residual_out", out.residual_out);
+    m.require_nonnegative_strides(out.residual_out, "residual_out");
     check_aligned(m, "residual_out", out.residual_out, vec * esize, {0, 1}, vec, "vector access");
   }
   auto require_scalar = [&](const char* name, const TensorView& t, const char* role) {
@@ -467,7 +442,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   };
   if (present(out.fp8)) {
     call.quant = NssQuant::fp8;
-    check_non_negative_strides(m, "fp8", out.fp8);
+    m.require_nonnegative_strides(out.fp8, "fp8");
     check_aligned(m, "fp8", out.fp8, vec, {0, 1}, vec, "vector store of the fp8 row");
     require_scalar("input_scale", in.input_scale, "the fp8 output");
   }
@@ -499,7 +474,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
                                 {"residual_out", &out.residual_out}, {"fp8", &out.fp8},
                                 {"nvfp4_packed", &out.nvfp4_packed}, {"nvfp4_scales", &out.nvfp4_scales}}) {
     if (!present(*t)) continue;
-    if (t->rank == 3) check_rows_disjoint(m, name, *t);
+    if (t->rank == 3) m.require_disjoint_rows(*t, name, t->shape[2], "D");
     if (t->numel() > 0) outputs.push_back(range_of(name, *t));
   }
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &in.x}, {"residual", &in.residual},
