@@ -61,10 +61,6 @@ int64_t padded_extent(const Matcher& m, int64_t extent, int64_t before, int64_t 
   return v;
 }
 
-}  // namespace
-
-namespace {
-
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<CausalConv3dCatPadCall>& description() {
   static const OpBuilder<CausalConv3dCatPadCall> b = [] {
@@ -257,7 +253,6 @@ CausalConv3dCatPadParams row_model(const CausalConv3dCatPadCall& c) {
 // through FastDivisors, exact below 2^31 (kernels/common/fast_divide.h).
 bool ccp_index64(int64_t units) { return units > int64_t{0x7fffffff}; }
 
-
 CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) {
   CcpKernelKey key;
   key.dtype = c.out.dtype;
@@ -335,7 +330,8 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   jit_impl.name = std::string(kOp) + ".jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      std::string("H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671") + ": its GPU tests and bench/causal_conv3d_cat_pad_torch.py's torch.equal");
+      "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671: its GPU tests and "
+      "bench/causal_conv3d_cat_pad_torch.py's torch.equal");
   jit_impl.description =
       "one pass over 16-byte output windows by rows: 16-byte stores, aligned 16-byte loads shifted in registers "
       "where source and out differ in phase, scalar row heads and tails; NVRTC at first use";
@@ -344,7 +340,10 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   add_implementation(registry, kOp,
                      reference_implementation<Kernels>(
                          causal_conv3d_cat_pad_reference,
-                         Contract::bit_exact(oracle + "; the portable oracle").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
+                         Contract::bit_exact(oracle + "; the portable oracle")
+                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                                       "2026-12-01 at 8dea671)"),
                          "CPU reference: every output element from its source through the views' strides, or 0"));
 }
 

@@ -69,10 +69,6 @@ void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, i
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<CrossHeadQkNormRopeCall>& description() {
   static const OpBuilder<CrossHeadQkNormRopeCall> b = [] {
@@ -85,21 +81,21 @@ const OpBuilder<CrossHeadQkNormRopeCall>& description() {
     b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"},
              &CrossHeadQkNormRopeCall::q);
     b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"},
-               &CrossHeadQkNormRopeCall::k);
+             &CrossHeadQkNormRopeCall::k);
     b.tensor({.name = "q_weight", .optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"},
-               &CrossHeadQkNormRopeCall::q_weight);
+             &CrossHeadQkNormRopeCall::q_weight);
     b.tensor({.name = "k_weight", .optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"},
-               &CrossHeadQkNormRopeCall::k_weight);
-      // The tables broadcast over the batch and the heads and k may take q's: their extents are the
-      // op's own rules (match_table).
+             &CrossHeadQkNormRopeCall::k_weight);
+    // The tables broadcast over the batch and the heads and k may take q's: their extents are the
+    // op's own rules (match_table).
     b.tensor({.name = "q_cos", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
-               &CrossHeadQkNormRopeCall::q_cos);
+             &CrossHeadQkNormRopeCall::q_cos);
     b.tensor({.name = "q_sin", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
-               &CrossHeadQkNormRopeCall::q_sin);
+             &CrossHeadQkNormRopeCall::q_sin);
     b.tensor({.name = "k_cos", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
-               &CrossHeadQkNormRopeCall::k_cos);
+             &CrossHeadQkNormRopeCall::k_cos);
     b.tensor({.name = "k_sin", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
-               &CrossHeadQkNormRopeCall::k_sin);
+             &CrossHeadQkNormRopeCall::k_sin);
     b.option("head_dim", &CrossHeadQkNormRopeOptions::head_dim, "channels per head (RoPE rotates within a head)");
     b.option("eps", &CrossHeadQkNormRopeOptions::eps, "RMSNorm epsilon");
     b.choice("rope", &CrossHeadQkNormRopeOptions::rope,
@@ -234,7 +230,6 @@ int table_access(const CrossHeadQkNormRopeCall& c) {
     }
   return hoisted ? kTableHoisted : vector ? kTableVector : kTableScalar;
 }
-
 
 int vectors_per_thread(int64_t width) {
   const int64_t per_pass = 4 * kCrossHeadThreads;

@@ -26,14 +26,9 @@ namespace {
 constexpr const char* kOp = "fp8_linear";
 constexpr int64_t kMaxKernelTokens = 16;
 
-
 std::string shape_text(const Fp8LinearCall& c) {
   return "(K, N, M) = (" + std::to_string(c.k) + ", " + std::to_string(c.n) + ", " + std::to_string(c.m) + ")";
 }
-
-}  // namespace
-
-namespace {
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<Fp8LinearCall>& description() {
@@ -118,7 +113,6 @@ struct Fp8LinearKey {
     return v;
   }
 };
-
 
 // R = 2 rows per warp from N = 8192 on (SGLang's GEMV rule; not measured here).
 int gemv_rows_per_warp(int64_t n) { return n >= 8192 ? 2 : 1; }
@@ -355,7 +349,7 @@ void register_fp8_linear(Registry& registry) {
     impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
     impl.contract = Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; bitwise identical from run to run "
                                                     "(fixed order, no atomics)")
-                        .verified(std::string("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02") +
+                        .verified("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02"
                                   ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
                                   "within 1 ulp; sm_120a compiled, not run");
     impl.description = k.description;
@@ -398,7 +392,9 @@ void register_fp8_linear(Registry& registry) {
                          Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; checked on the CPU by "
                                                          "tests/test_fp8_linear.cpp")
                              .verified("on every CI run (CPU) against an independent fp64 computation "
-                                       "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation with it on the H200 (" + std::string("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02") + ")"),
+                                       "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation "
+                                       "with it on the H200 (H200 (sm_90), the device report of main at 563ceb6, "
+                                       "2026-12-02)"),
                          "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
 }
 

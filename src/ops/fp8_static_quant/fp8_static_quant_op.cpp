@@ -25,11 +25,6 @@ namespace {
 
 constexpr const char* kOp = "fp8_static_quant";
 
-
-}  // namespace
-
-namespace {
-
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<Fp8StaticQuantCall>& description() {
   static const OpBuilder<Fp8StaticQuantCall> b = [] {
@@ -64,7 +59,6 @@ Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView&
 }
 
 namespace {
-
 
 // The same call as token_cat_fp8's with no mlp columns.
 TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {

@@ -249,7 +249,6 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
 
 namespace {
 
-
 // Register slots of a row per thread, rounded up to a few sizes so the number of compiled
 // variants stays small (FLUX/Qwen D=3072 -> 24 warp slots, GLM 4096 -> 32, Wan 5120 -> 10 CTA
 // slots, FLUX.2 6144 -> 12, 8192 -> 16).
@@ -330,7 +329,6 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   key.div_full = c.kind == LnModulateKind::fp8_out && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
   return key;
 }
-
 
 jit::KernelRequest request_for(const LnmKey& key) {
   jit::KernelRequest r;
@@ -414,7 +412,6 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   }
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
 }
-
 
 // One family per op of the three; they share the kernel, its key and the launch.
 template <LnModulateKind K>
@@ -511,13 +508,13 @@ void register_layernorm_modulate(Registry& registry) {
       "rstd correctly rounded where the GPU uses MUFU.RSQ (<= 2 fp32 ulp apart, mean identical): "
       "elements may differ by 1 bf16 ulp of the normalized value, propagated through the modulate "
       "(|d| <= 2^-6 * (|y*(1+scale)| + |out|)); docs/layernorm_modulate.md";
-  const std::string ref_verified = std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
-                                               "implementation matched it within each case's bound (") +
-                                   "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")";
+  const std::string ref_verified =
+      "on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's "
+      "bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)";
 
   Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{});
   bf16.contract = Contract::bit_exact(eager_chain)
-                      .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
+                      .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                                 ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
   bf16.description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings;
   add_implementation(registry, kOpBf16, std::move(bf16));
@@ -533,7 +530,7 @@ void register_layernorm_modulate(Registry& registry) {
                                    "2026-11-29)")
                  : Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
                                                      ".to(torch.float8_e4m3fn)")
-                       .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
+                       .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                                  ": torch.equal on the fp8 grid (rows {1,127,512} x 5 scales)");
     impl.description = div_full ? "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" +
                                       mappings
@@ -550,7 +547,8 @@ void register_layernorm_modulate(Registry& registry) {
   Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
                                     "CUDA, applied to q and k")
-                    .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") + ": torch.equal on the qk-head shapes");
+                    .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f: torch.equal on "
+                              "the qk-head shapes");
   qk.description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp";
   add_implementation(registry, kOpQk, std::move(qk));
   add_reference(QkHead{},

@@ -277,10 +277,6 @@ Range range_of(const char* name, const TensorView& t) {
   return {name, &t, r.lo, r.hi};
 }
 
-}  // namespace
-
-namespace {
-
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<NormScaleShiftCall>& description() {
   using C = NormScaleShiftCall;
@@ -501,7 +497,6 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
 
 namespace {
 
-
 bool wants_hardware_e2m1(const NormScaleShiftCall& c, const DeviceInfo& device) {
   if (c.quant != NssQuant::nvfp4) return false;
   if (c.options.e2m1 == E2m1Conversion::software) return false;
@@ -597,7 +592,6 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const NssKernelKey& ke
               static_cast<CUstream>(c.stream), pdl);
 }
 
-
 // An explicit e2m1=hardware on a device without the conversion is refused, not emulated.
 std::string e2m1_refusal(const NormScaleShiftCall& c) {
   const DeviceInfo& device = device_info(c.in.x.device);
@@ -680,7 +674,7 @@ void register_norm_scale_shift(Registry& registry) {
        Contract::bit_exact("PyTorch 2.11 eager chain on CUDA: residual + x * gate, F.layer_norm / F.rms_norm "
                            "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
                            "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe)")
-           .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
+           .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
                      "the CPU reference only (no device run of TRT-LLM's fp4_quantize)")},
       {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
@@ -729,7 +723,8 @@ void register_norm_scale_shift(Registry& registry) {
           norm_scale_shift_reference,
           Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
                               "rsqrt, rcp.approx and div.full correctly rounded)")
-              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
+              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
+                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)"),
           "CPU reference, multithreaded over rows; every numerics, both norms, every output"));
 }
 

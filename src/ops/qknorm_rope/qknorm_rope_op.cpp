@@ -73,7 +73,6 @@ uint64_t QkKernelKey::packed() const {
   return v;
 }
 
-
 jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
   jit::KernelRequest r;
   r.header = "qknorm_rope.cuh";
@@ -121,11 +120,6 @@ namespace {
 constexpr const char* kOp = "qknorm_rope";
 constexpr int kThreads = 256;  // 8 warps per block; the grid is occupancy-sized and persistent
 
-
-}  // namespace
-
-namespace {
-
 // Whether q[t, h, d] and k[t', h', d'] can be the same element. Both are written, so sharing one
 // would make the result depend on which store lands last. Views of one packed QKV projection
 // interleave in memory (same token stride, k's heads after q's) without sharing an element, so a
@@ -168,10 +162,6 @@ bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int
     if (rows_share(delta + j * S)) return true;
   return false;
 }
-
-}  // namespace
-
-namespace {
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<QkNormRopeCall>& description() {
@@ -312,7 +302,6 @@ QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   return key;
 }
 
-
 std::string rounding_refusal(const QkNormRopeCall& c, bool rounded) {
   if ((c.options.rounding == QkRounding::rounded) != rounded)
     return std::string("handles rounding=") + (rounded ? "rounded" : "fp32") + " only";
@@ -371,7 +360,6 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const j
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &params, sizeof params,
               static_cast<CUstream>(c.stream), key.pdl);
 }
-
 
 struct Kernels {
   using Call = QkNormRopeCall;
@@ -443,7 +431,7 @@ void register_qknorm_rope(Registry& registry) {
     const std::string suffix = rounded ? "" : "_fp32";
     const Contract contract =
         rounded ? Contract::bit_exact(eager_oracle)
-                      .verified(std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") +
+                      .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                                 ": norm_order=aten torch.equal on every case (aot 26 of 26, jit 128 of 128); "
                                 "norm_order=warp and aten_mean are unverified (warp never ran beside SGLang's split "
                                 "chain and equals aten order by construction at D = 128 only; aten_mean never ran "
@@ -487,10 +475,10 @@ void register_qknorm_rope(Registry& registry) {
                          qknorm_rope_reference,
                          Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt "
                                              "correctly rounded)")
-                             .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA "
-                                                   "implementation matched it within each case's bound (") +
-                                       "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + "; norm_weight_rounding=twice and "
-                                       "norm_order=aten_mean not yet)"),
+                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                                       "2026-12-01 at 8dea671; norm_weight_rounding=twice and norm_order=aten_mean "
+                                       "not yet)"),
                          "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }
 

@@ -118,7 +118,6 @@ constexpr const char* kPromotedOracle =
     "update * gate).type_as(residual)` (and `(residual.float() + update.float() * gate).type_as(residual)`) on "
     "CUDA, PyTorch 2.11: the product and the sum in fp32, one rounding to residual's dtype";
 
-
 std::string shape_string(const TensorView& t) {
   std::string s = "[";
   for (int d = 0; d < t.rank; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
@@ -212,10 +211,6 @@ int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
   }
   return stride < 0 ? gate.shape[R - 1] : stride;
 }
-
-}  // namespace
-
-namespace {
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<ResidualGateAddCall>& description() {
@@ -342,7 +337,6 @@ ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const Te
 
 namespace {
 
-
 // Token tiles of the transposed kernel: chunked lines reach up to kElems - 1 tokens before their
 // tile, so one more tile may be needed at the end (kernels/residual_gate_add.cuh).
 int64_t token_tiles(const ResidualGateAddCall& c, int64_t tile, bool chunked) {
@@ -447,7 +441,6 @@ void launch_residual_gate_add(const ResidualGateAddCall& c, const RgaKernelKey& 
   jit::launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(rga_block_threads(key)), &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
-
 // The compile test's keys (NVRTC for every target arch, no GPU): the strided gate rows and the
 // promoted chain on every flat path; tests/test_residual_gate_add.cpp compiles the older keys.
 std::vector<RgaKernelKey> rga_variant_keys() {
@@ -527,7 +520,8 @@ void register_residual_gate_add(Registry& registry) {
   jit_impl.name = "residual_gate_add.jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      std::string("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f") + ": torch.equal on 58 of 58 cases and 6 CUDA-graph replays");
+      "H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f: torch.equal on 58 of 58 cases and 6 "
+      "CUDA-graph replays");
   jit_impl.description =
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
       "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
@@ -561,7 +555,11 @@ void register_residual_gate_add(Registry& registry) {
   add_implementation(registry, kOp,
                      reference_implementation<Kernels>(
                          residual_gate_add_reference,
-                         Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction").verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
+                         Contract::bit_exact(oracle + "; " + kPromotedOracle +
+                                             "; the portable oracle, compiled without FP contraction")
+                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                                       "2026-12-01 at 8dea671)"),
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
 

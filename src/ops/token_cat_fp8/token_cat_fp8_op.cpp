@@ -69,7 +69,6 @@ namespace {
 int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
 int64_t units_of(const TokenCatFp8Call& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
 
-
 }  // namespace
 
 std::string TokenCatFp8Key::to_string() const {
@@ -205,7 +204,8 @@ void register_token_cat_fp8(Registry& registry) {
   jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
   add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
-                        .verified(std::string("H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671") + ": bench/token_cat_fp8_torch.py's torch.equal against " +
+                        .verified(std::string("H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671: "
+                                              "bench/token_cat_fp8_torch.py's torch.equal against ") +
                                   (div_full ? "a Triton kernel evaluating SGLang's static_quant_fp8 expression (not SGLang's package)"
                                             : "the eager chain") + ", and a CUDA-graph replay with a changed scale");
     impl.description = std::string("flat grid-stride kernel, 16 outputs per unit from two 16-byte loads (scalar "
@@ -220,7 +220,8 @@ void register_token_cat_fp8(Registry& registry) {
                           "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
                           "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
                           "1/input_scale differs from it (<= 2 ulp)")
-              .verified(std::string("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's bound (") + "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671" + ")"),
+              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
+                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)"),
           "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction"));
 }
 
