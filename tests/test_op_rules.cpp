@@ -1,10 +1,13 @@
 // The op table's output rules (include/ditops/op.h): the alloc shape grammar an op states once
-// and every binding evaluates (C++ here; Python evaluates the same rules in _codegen).
+// and every binding evaluates (C++ here; Python evaluates the same rules in _codegen); and a check
+// matching derives from a slot (core/op_builder.h).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "core/op_builder.h"
 #include "ditops/op.h"
 
 namespace ditops {
@@ -54,6 +57,32 @@ TEST(OpRules, BadAllocRulesNameTheProblem) {
   EXPECT_NE(message("flag+1").find("option 'flag' is not an integer"), std::string::npos);
   EXPECT_NE(message("nope").find("unknown dim 'nope'"), std::string::npos);
   EXPECT_NE(message("dim(y,0)").find("no tensor 'y'"), std::string::npos);
+}
+
+// An absent optional tensor is an empty TensorView; a rank-0 view with data in a slot of stated
+// dims is refused with a message that says so, for every op.
+TEST(OpRules, AnOptionalSlotIsAbsentOnlyAsAnEmptyView) {
+  std::vector<SlotRule> rules;
+  rules.push_back(compile_slot_rule("op", {.name = "x", .dtypes = "f32", .shape = "B,D"}, rules));
+  rules.push_back(compile_slot_rule("op", {.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D"}, rules));
+  static float storage[8];
+  const TensorView x = TensorView::contiguous(storage, DType::f32, Device{}, {2, 4});
+  auto message = [&](const TensorView& shift) {
+    Matcher m("op");
+    const TensorView* views[] = {&x, &shift};
+    try {
+      match_slots(m, rules, views);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(TensorView{}), "no error");
+  EXPECT_EQ(message(x), "no error");
+  TensorView rank0;
+  rank0.data = storage;
+  EXPECT_EQ(message(rank0),
+            "op: shift has rank 0 but a data pointer: pass an empty TensorView (no shift) or a [B, D] view");
 }
 
 }  // namespace

@@ -517,6 +517,16 @@ void match_slots(Matcher& m, const std::vector<SlotRule>& rules, const TensorVie
     const SlotRule& r = rules[i];
     const TensorView& t = *views[i];
     if (r.optional && slot_absent(t)) continue;
+    // An absent optional tensor is an empty TensorView; a rank-0 view with data is neither that
+    // nor the shape the slot states.
+    if (r.optional && t.rank == 0 && r.shape == SlotRule::Shape::dims && !r.dims.empty()) {
+      std::string dims;
+      for (const Dim& d : r.dims)
+        dims += (dims.empty() ? "" : ", ") + (d.kind == Dim::Kind::literal ? std::to_string(d.value)
+                                              : d.kind == Dim::Kind::any ? std::string("*") : d.symbol);
+      m.fail(r.name + " has rank 0 but a data pointer: pass an empty TensorView (no " + r.name + ") or a [" + dims +
+             "] view");
+    }
     TensorMatch tm = m.tensor(r.name, t);
     if (r.shape == SlotRule::Shape::dims) tm.shape(r.dims);
     else if (r.shape == SlotRule::Shape::one_element) tm.one_element();

@@ -102,9 +102,6 @@ const OpBuilder<CausalConv3dCatPadCall>& description() {
 
 CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
                                                    const CausalConv3dCatPadOptions& options, Stream stream) {
-  if (cache.rank == 0 && cache.data)
-    throw InvalidArgument(std::string(kOp) + ": cache has rank 0 but a data pointer: pass an empty TensorView (no "
-                          "cache) or a [B, C, T, H, W] view");
   CausalConv3dCatPadCall call{.x = x, .cache = cache, .out = out, .options = options};
   Matcher m = description().match(call);
   const bool has_cache = cache.rank != 0;
