@@ -7,7 +7,8 @@
 //     LayerNorm: aten's vectorized Welford statistics (common/aten_layer_norm.cuh), mean, rstd;
 //     RMSNorm: aten's rms order: per virtual thread ss = fma(e, e, ss) over its vec4s in order,
 //       shfl_down tree per virtual warp, then (w0 + w2) + (w1 + w3); rstd = rsqrtf(ss / D + eps),
-//       mean = 0.
+//       mean = 0. Mean order (kNssRmsMean, diffusers' RMSNorm): the squares rounded to fp32, summed
+//       in aten's generic reduction order (aten_mean_rms_rstd_cta), rstd = rsqrtf(sum * factor + eps).
 //     n = rstd * (v - mean); a = fma(w, n, b) | w * n | n (affine weight+bias | weight | none,
 //       nvcc's contraction of aten's `gamma * (rstd * (x - mean)) + beta`); y0 = rne(a)
 //     y = rne(rne(y0 * rne(1 + scale)) + shift)   (no shift: y = rne(y0 * rne(1 + scale)))
@@ -115,6 +116,10 @@ inline NssRowPosition nss_advance_row_position(NssRowPosition at, NssRowPosition
   }
   return at;
 }
+
+// The norm (the kernel's kRms): LayerNorm, RMSNorm in F.rms_norm's order, RMSNorm in the order of
+// x.float().pow(2).mean(-1) (diffusers' RMSNorm).
+enum : int { kNssLayerNorm = 0, kNssRms = 1, kNssRmsMean = 2 };
 
 }  // namespace ditops
 
@@ -624,6 +629,68 @@ __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], i
   return aten_rsqrtf(__fadd_rn(__fdiv_rn(total, static_cast<float>(4 * kVecs)), eps));
 }
 
+// The shape of aten's generic reduction (torch 2.11) of `rows` contiguous fp32 rows of D >= 128
+// elements, reduced along the row: threads per row, W = min(p2(D/4), 512 / min(p2(rows), 16)) with
+// p2 the largest power of two <= its argument (capped at 512); 32 from 16 rows on.
+__device__ __forceinline__ int aten_mean_threads_per_row(long long rows, int vecs) {
+  const auto floor_pow2 = [](long long n) { return 1 << (63 - __clzll(n)); };
+  const int width = vecs < 512 ? floor_pow2(vecs) : 512;
+  const int height = rows < 16 ? floor_pow2(rows) : 16;
+  return width < 512 / height ? width : 512 / height;
+}
+
+// The rstd of diffusers' RMSNorm: rsqrt(x.float().pow(2).mean(-1) + eps), the mean as aten's
+// generic reduction computes it (torch 2.11, D >= 128, fewer than 8192 elements; checked on the
+// H200 against torch for 1-32760 rows): W virtual threads per row (aten_mean_threads_per_row);
+// virtual thread v adds the fp32 squares of vec4s v, v + W, ... into four accumulators from +0,
+// combined ((a0 + a1) + a2) + a3; then v += v + off for off = W/2 .. 1 (shared memory down to 32,
+// then the warp's shfl_down); mean = total * factor with aten's factor fp32(rows) / fp32(rows * D).
+// The squares pass through shared memory, warp 0 adds them: two barriers.
+template <typename T, int kSlots, int kVecs>
+__device__ __forceinline__ float aten_mean_rms_rstd_cta(const Vec<T> (&vw)[kSlots], int t, float eps, int threads_per_row,
+                                                        float factor, float4* squares, float* partials, float* total_slot) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (kVecs % 128 == 0 || t + 128 * j < kVecs) {
+      float v[4];
+      to_floats<T, 4>(vw[j], v);
+      squares[t + 128 * j] = make_float4(__fmul_rn(v[0], v[0]), __fmul_rn(v[1], v[1]), __fmul_rn(v[2], v[2]),
+                                         __fmul_rn(v[3], v[3]));
+    }
+  }
+  __syncthreads();
+  if (t < 32) {
+    const auto virtual_thread_sum = [&](int v) {
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+      for (int u = v; u < kVecs; u += threads_per_row) {
+        const float4 q = squares[u];
+        a0 = __fadd_rn(a0, q.x);
+        a1 = __fadd_rn(a1, q.y);
+        a2 = __fadd_rn(a2, q.z);
+        a3 = __fadd_rn(a3, q.w);
+      }
+      return __fadd_rn(__fadd_rn(__fadd_rn(a0, a1), a2), a3);
+    };
+    float sum;
+    if (threads_per_row == 32) {
+      sum = virtual_thread_sum(t);
+    } else {
+      for (int v = t; v < threads_per_row; v += 32) partials[v] = virtual_thread_sum(v);
+      __syncwarp();
+      for (int off = threads_per_row / 2; off >= 32; off /= 2) {
+        for (int v = t; v < off; v += 32) partials[v] = __fadd_rn(partials[v], partials[v + off]);
+        __syncwarp();
+      }
+      sum = partials[t];
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) sum = __fadd_rn(sum, __shfl_xor_sync(kFullMask, sum, o));
+    if (t == 0) *total_slot = sum;
+  }
+  __syncthreads();
+  return aten_rsqrtf(__fadd_rn(__fmul_rn(*total_slot, factor), eps));
+}
+
 // The eager rows: one CTA per row at a time (aten's launch of a row: 128 virtual threads), looping
 // over rows blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Virtual
 // thread t owns vec4s t + 128j (kRowSlots slots); kSplit physical threads play it, thread
@@ -635,7 +702,7 @@ __device__ __forceinline__ float aten_rms_rstd_cta(const Vec<T> (&vw)[kSlots], i
 // kFloat32: the float32 chain (operands, weight and bias fp32; see the contract above); kModulate:
 // scale and shift are held and applied (always, unless kFloat32); kStreamOperands: scale, shift and
 // gate are not held but loaded at each use (HeldOperand).
-template <typename T, int D, bool kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands,
+template <typename T, int D, int kRms, bool kResidual, int kAffine, int kQuant, bool kPrefetch, bool kSharedOperands,
           int kSplit, bool kPdl, bool kFloat32, bool kModulate, bool kStreamOperands>
 __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   using O = typename OperandOf<T, kFloat32>::type;  // held operands, weight and bias
@@ -657,6 +724,18 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   __shared__ float rms_shared[kSplit == 1 ? 2 : 1][4];
   __shared__ WelfordState handoff[kSplit == 1 ? 1 : 128];
   __shared__ float rms_handoff[kSplit == 1 ? 1 : 128];
+  // kNssRmsMean: the row's squares, the partials of more than 32 virtual threads, the total.
+  static_assert(kRms != kNssRmsMean || (D >= 128 && D < 8192 && kSplit == 1 && !kSharedOperands && !kFloat32),
+                "the mean order: 128 <= D < 8192, one thread per aten thread, operands in registers");
+  __shared__ float4 mean_squares[kRms == kNssRmsMean ? kVecs : 1];
+  __shared__ float mean_partials[kRms == kNssRmsMean ? 512 : 1];
+  __shared__ float mean_total;
+  int mean_threads_per_row = 32;
+  float mean_factor = 0.0f;
+  if constexpr (kRms == kNssRmsMean) {
+    mean_threads_per_row = aten_mean_threads_per_row(p.rows, kVecs);
+    mean_factor = __fdiv_rn(static_cast<float>(p.rows), static_cast<float>(p.rows * D));
+  }
 
   V xw[kSlots], rw[kSlots], nx[kSlots], nr[kSlots];
   // The float32 chain keeps its fp32 gate in registers (three fp32 rows of D = 5120 would take
@@ -798,7 +877,10 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       }
       to_floats<T, 4>(xw[j], v);
     };
-    if constexpr (kRms) {
+    if constexpr (kRms == kNssRmsMean) {
+      rstd = aten_mean_rms_rstd_cta<T, kSlots, kVecs>(xw, t, p.eps, mean_threads_per_row, mean_factor, mean_squares,
+                                                      mean_partials, &mean_total);
+    } else if constexpr (kRms) {
       rstd = aten_rms_rstd_cta<T, kSlots, kSplit, kVecs>(xw, t, h, p.eps, rms_handoff, rms_shared[parity]);
     } else if constexpr (kSplit == 1) {
       const RowStats st = aten_row_stats_cta<kSlots, kEven>(get_vec, kVecs, p.eps, shared[parity]);
@@ -1079,7 +1161,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 // 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
 // kFloat32 / kModulate / kStreamOperands: the float32 chain (eager_rows), with or without the
 // scale / shift, its operands held or streamed.
-template <typename T, int D, bool kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
+template <typename T, int D, int kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
           bool kPrefetch = false, bool kSharedOperands = false, int kSplit = 1, bool kFloat32 = false,
           bool kModulate = true, bool kStreamOperands = false>
 __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {

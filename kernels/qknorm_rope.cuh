@@ -14,9 +14,10 @@
 //   n = rne16(rne16(x * factor) * w) (diffusers' RMSNorm: cast to the weight dtype, then the
 //   weight multiply in it); then RoPE with the eager chain's op-by-op rounding: fp32 cache:
 //   rne16(fmul(a,c) -/+ fmul(b,s)) with no FMA; 16-bit cache: every product and the sum rounded
-//   to the dtype. Contract: bit_exact against the eager PyTorch chain (aten order), SGLang's
-//   split chain (warp order), diffusers' RMSNorm chain (aten_mean order, twice; unverified on a
-//   device).
+//   to the dtype; kComplex (interleaved pairs, fp32 cache: Qwen-Image's complex64 product)
+//   rne16(fma(a, c, -(b*s))), rne16(fma(a, s, b*c)). Contract: bit_exact against the eager
+//   PyTorch chain (aten order), SGLang's split chain (warp order), diffusers' RMSNorm chain
+//   (aten_mean order, twice).
 // * !kRounded: n = x * (factor * w) kept in fp32, y = fma(a, c, -/+ b*s), one rounding at the
 //   store. Contract: close.
 // * Channels >= R pass through as rne16(n).
@@ -231,13 +232,15 @@ __device__ __forceinline__ void load_lane_cache(const CacheT* cache_row, int hea
 // lane is rotary), then the store. All lanes of the warp call it together (shuffles); `active`
 // lanes store.
 template <typename Act, typename CacheT, int D, int R, bool kNeox, bool kFullWidth, bool kRounded,
-          int kSumOrder, bool kRoundTwice, bool kAligned>
+          int kSumOrder, bool kRoundTwice, bool kAligned, bool kComplex>
 __device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p, Act* row, const float (&x)[kElemsPerLane],
                                                        const float (&c)[kElemsPerLane], const float (&s)[kElemsPerLane],
                                                        bool active, int slot, int head_lane,
                                                        const Act (&weight)[kElemsPerLane]) {
   using Shape = QkLaneShape<D, R, kNeox>;
   static_assert(kRounded || !kRoundTwice, "a twice-rounded weight multiply needs the rounded mode");
+  static_assert(!kComplex || (kRounded && !kNeox && sizeof(CacheT) == 4),
+                "the complex product: rounded mode, interleaved pairs, fp32 cache");
   const float total = head_sum_of_squares<D, kSumOrder>(x);
   // total / D: D is a power of two, so the product with its exact reciprocal is the correctly
   // rounded quotient (what aten's division gives) without the division subroutine.
@@ -276,8 +279,15 @@ __device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p
       for (int i = 0; i < kElemsPerLane; i += 2) {
         const int j = kFullWidth ? i : i / 2;
         const int j1 = kFullWidth ? i + 1 : i / 2;
-        y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[j], n[i + 1], s[j]);
-        y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[j1], n[i], s[j1]);
+        if constexpr (kComplex) {
+          // (a + ib)(c + is) as c10::complex<float> computes it in aten's mul kernel: nvcc contracts
+          // a*c - b*s and a*s + b*c into one FMA each, the first product of each (checked on the H200).
+          y[i] = __fmaf_rn(n[i], c[j], -__fmul_rn(n[i + 1], s[j]));
+          y[i + 1] = __fmaf_rn(n[i], s[j1], __fmul_rn(n[i + 1], c[j1]));
+        } else {
+          y[i] = rotate_minus<CacheT, kRounded, Act>(n[i], c[j], n[i + 1], s[j]);
+          y[i + 1] = rotate_plus<CacheT, kRounded, Act>(n[i + 1], c[j1], n[i], s[j1]);
+        }
       }
     } else {
       const bool low_half = head_lane < Shape::kHalfRotaryLanes;
@@ -312,7 +322,7 @@ __device__ __forceinline__ Act* head_row(const QkNormRopeParams& p, long long to
 // dependent position -> cos/sin chain is the limit: one head per lane serialized three memory
 // latencies per head, slower than units of heads (docs/tuning/qknorm_rope.md).
 template <typename Act, typename CacheT, typename PosT, int D, int R, bool kNeox, bool kFullWidth,
-          bool kRounded, int kSumOrder, bool kRoundTwice, bool kPdl, bool kAligned>
+          bool kRounded, int kSumOrder, bool kRoundTwice, bool kPdl, bool kAligned, bool kComplex = false>
 __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
   using namespace qk_detail;
   using Shape = QkLaneShape<D, R, kNeox>;
@@ -373,7 +383,7 @@ __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
           x[i] = to_float(word_element<Act>(raw[j], i));
           weight[i] = word_element<Act>(wword, i);
         }
-        normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kSumOrder, kRoundTwice, kAligned>(
+        normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kSumOrder, kRoundTwice, kAligned, kComplex>(
             p, head_row<Act>(p, token, head, head_lane), x, c, s, head < p.num_heads, slot, head_lane, weight);
       }
     }

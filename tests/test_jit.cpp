@@ -77,6 +77,16 @@ std::vector<QkKernelKey> grid_keys() {
         m.weight_rounding = weight_rounding;
         keys.push_back(m);
       }
+  // Qwen-Image's chain: aten_mean, twice, the complex product (interleaved, compact fp32 cache).
+  QkKernelKey qwen;
+  qwen.order = QkNormOrder::aten_mean;
+  qwen.weight_rounding = QkNormWeightRounding::twice;
+  qwen.complex_product = true;
+  keys.push_back(qwen);
+  qwen.act = DType::f16;
+  qwen.rope_dim = 64;
+  qwen.aligned = false;
+  keys.push_back(qwen);
   for (int D : {128, 256})
     for (QkNormOrder order : {QkNormOrder::aten, QkNormOrder::warp}) {
       QkKernelKey m;

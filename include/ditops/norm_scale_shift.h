@@ -30,6 +30,8 @@
 //                      128x4 swizzled layout (padding rows written as 0); global_scale fp32,
 //                      one element. D % 64 == 0.
 //   D: D % 4 == 0 and 16 <= D <= 8192 (fp32 x: <= 4096); sglang numerics: D % 16 == 0.
+// norm_order=aten_mean (norm=rms, eager numerics, no affine, 128 <= D < 8192): the RMSNorm of
+// diffusers' RMSNorm module, whose variance is x.float().pow(2).mean(-1) (LTX-2).
 // numerics=float32 (Wan's FP32LayerNorm chains): x and residual bf16/f16 (or f32), every
 // operand f32, every operation in fp32 and y (and residual_out) rounded once to x's dtype;
 // LayerNorm only, no quantized output.
@@ -66,6 +68,18 @@ enum class NssNumerics : uint8_t {
 };
 const char* nss_numerics_name(NssNumerics numerics);
 
+// The order of an RMSNorm's sum of squares (norm=rms, numerics=eager).
+enum class NssNormOrder : uint8_t {
+  // F.rms_norm's fused row kernel (torch.nn.RMSNorm).
+  aten,
+  // x.float().pow(2).mean(-1) on CUDA (torch 2.11's generic reduction): the squares rounded to
+  // fp32, added in that kernel's order, times its factor fp32(rows) / fp32(rows * D); then
+  // rsqrt(mean + eps) and one rounding of x * rstd. diffusers' RMSNorm without a weight (LTX-2's
+  // block norms). No affine weight, 128 <= D < 8192.
+  aten_mean,
+};
+const char* nss_norm_order_name(NssNormOrder order);
+
 // How NVFP4 turns fp32 into E2M1 on the GPU (both give identical bits).
 enum class E2m1Conversion : uint8_t {
   automatic,  // hardware where the device has it (sm_100a / sm_120a), else software
@@ -77,6 +91,7 @@ struct NormScaleShiftOptions {
   NormType norm = NormType::layer;
   float eps = 1e-6f;
   NssNumerics numerics = NssNumerics::eager;
+  NssNormOrder norm_order = NssNormOrder::aten;
   // inv = 1 / input_scale for the fp8 output: div.full.f32 as SGLang's static_quant_fp8 (Triton)
   // computes it, or the IEEE division of an eager `1.0 / input_scale`.
   Fp8Reciprocal fp8_reciprocal = Fp8Reciprocal::div_full;

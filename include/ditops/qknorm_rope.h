@@ -48,6 +48,17 @@ enum class QkNormWeightRounding : uint8_t {
   twice,
 };
 
+// The RoPE arithmetic of the rounded mode with interleaved pairs.
+enum class QkRopeProduct : uint8_t {
+  // The real form of diffusers' apply_rotary_emb (FLUX): x * cos + rotate(x) * sin, two
+  // products rounded to fp32, then the sum (fp32 cache), as separate eager ops.
+  real,
+  // Qwen-Image's apply_rotary_emb_qwen(use_real=False): x as complex64 pairs (a + ib) times
+  // complex64 frequencies (c + is) in aten's complex multiply, which nvcc contracts to
+  // fma(a, c, -(b*s)) and fma(a, s, b*c). Interleaved pairs, an fp32 cache, rounding=rounded.
+  complex,
+};
+
 const char* qk_rounding_name(QkRounding rounding);
 const char* qk_norm_order_name(QkNormOrder order);
 const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding);
@@ -60,6 +71,7 @@ struct QkNormRopeOptions {
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder norm_order = QkNormOrder::aten;
   QkNormWeightRounding norm_weight_rounding = QkNormWeightRounding::once;
+  QkRopeProduct rope_product = QkRopeProduct::real;
   bool use_pdl = true;  // programmatic dependent launch where the device has it
   DispatchOptions dispatch;
 };

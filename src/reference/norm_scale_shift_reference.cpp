@@ -75,6 +75,33 @@ float aten_rms_total(const float* v, int d) {
   return (warp_total[0] + warp_total[2]) + (warp_total[1] + warp_total[3]);
 }
 
+// x.float().pow(2).mean(-1)'s sum on CUDA (torch 2.11's generic reduction, a contiguous fp32 row
+// of 128 <= d < 8192 elements in a tensor of `rows` rows): W threads per row, W = min(p2(d/4),
+// 512 / min(p2(rows), 16)) (p2: the largest power of two <= n, at most 512); thread v adds the
+// rounded squares of vec4s v, v + W, ... into four accumulators, combined in order; then
+// v += v + off for off = W/2 .. 1.
+float aten_mean_total(const float* v, int d, int64_t rows) {
+  const auto floor_pow2 = [](int64_t n) {
+    int64_t p = 1;
+    while (p * 2 <= n) p *= 2;
+    return static_cast<int>(p);
+  };
+  const int n_vec = d / 4;
+  const int width = n_vec < 512 ? floor_pow2(n_vec) : 512;
+  const int height = rows < 16 ? floor_pow2(rows) : 16;
+  const int threads = std::min(width, 512 / height);
+  std::vector<float> partial(threads);
+  for (int t = 0; t < threads; ++t) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int vec = t; vec < n_vec; vec += threads)
+      for (int e = 0; e < 4; ++e) acc[e] = acc[e] + v[4 * vec + e] * v[4 * vec + e];
+    partial[t] = ((acc[0] + acc[1]) + acc[2]) + acc[3];
+  }
+  for (int off = threads / 2; off >= 1; off /= 2)
+    for (int t = 0; t < off; ++t) partial[t] = partial[t] + partial[t + off];
+  return partial[0];
+}
+
 // SGLang's CTA sum: thread t of d/16 sums term(16t .. 16t+15) sequentially from +0; each warp of
 // 32 threads reduces by butterfly (lane 0's value = the shfl_down tree, threads past the row hold
 // +0); warp 0 reduces the warp totals over 32 slots the same way (empty slots +0).
@@ -144,7 +171,12 @@ void process_row(const NormScaleShiftCall& c, int64_t row, std::vector<float>& v
     }
   } else {
     float mean = 0.0f, rstd;
-    if (c.options.norm == NormType::rms) {
+    if (c.options.norm == NormType::rms && c.options.norm_order == NssNormOrder::aten_mean) {
+      // aten's MeanOps factor: fp32(rows) / fp32(rows * d), not 1/d, where rows * d has more than
+      // 24 significant bits.
+      const float factor = static_cast<float>(c.rows) / static_cast<float>(c.rows * d);
+      rstd = ref::aten_rsqrtf(aten_mean_total(v.data(), d, c.rows) * factor + eps);
+    } else if (c.options.norm == NormType::rms) {
       rstd = ref::aten_rsqrtf(aten_rms_total(v.data(), d) / static_cast<float>(d) + eps);
     } else {
       const ref::RowStats st = ref::aten_row_stats(v.data(), d, eps);

@@ -40,6 +40,7 @@ struct RowContext {
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder order = QkNormOrder::aten;
   QkNormWeightRounding weight_rounding = QkNormWeightRounding::once;
+  bool complex_product = false;  // rope_product=complex
   float eps = 0.f;
 };
 
@@ -163,6 +164,13 @@ void rope_row(float* n, const void* cache_row, const RowContext& ctx) {
     const float s1 = ref::load_act(cache_row, sin_offset + cs1, ctx.cache);
     const float x0 = n[i0];
     const float x1 = n[i1];
+    if (ctx.complex_product) {
+      // (x0 + i x1)(c + i s) as aten's complex64 multiply rounds it: one FMA per component
+      // (interleaved pairs, fp32 cache, rounded mode: the matcher's rule).
+      n[i0] = ref::round_to(ctx.act, std::fma(x0, c0, -(x1 * s0)));
+      n[i1] = ref::round_to(ctx.act, std::fma(x0, s1, x1 * c1));
+      continue;
+    }
     n[i0] = rotate_term(x0, c0, x1, s0, /*minus=*/true, ctx);
     n[i1] = rotate_term(x1, c1, x0, s1, /*minus=*/false, ctx);
   }
@@ -250,6 +258,7 @@ void qknorm_rope_reference(const QkNormRopeCall& call) {
   ctx.rounding = call.options.rounding;
   ctx.order = call.options.norm_order;
   ctx.weight_rounding = call.options.norm_weight_rounding;
+  ctx.complex_product = call.options.rope_product == QkRopeProduct::complex;
   ctx.eps = call.options.eps;
 
   // Weights widened once (exact).

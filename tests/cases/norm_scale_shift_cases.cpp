@@ -43,6 +43,7 @@ struct Nss {
   // with strides (6D, D, 1)), 6 a chunk of [B, S, 6, D] squeezed ([B,S,D], strides (6SD, 6D, 1)).
   bool with_scale = true, with_shift = true, with_gate = true;
   int shift_class = -1, gate_class = -1;
+  const char* norm_order = "aten";  // aten_mean: diffusers' RMSNorm (LTX-2)
 };
 
 std::vector<int64_t> operand_shape(int cls, int64_t B, int64_t S, int64_t D) {
@@ -92,7 +93,8 @@ OpCase nss_case(const Nss& s, CaseKind kind, uint32_t seed) {
            (s.with_scale ? "" : "_no_scale") + (s.with_shift ? "" : "_no_shift") +
            (s.residual && !s.with_gate ? "_no_gate" : "") +
            (s.shift_class >= 0 ? "_shift" + std::to_string(s.shift_class) : "") +
-           (s.gate_class >= 0 ? "_gate" + std::to_string(s.gate_class) : "");
+           (s.gate_class >= 0 ? "_gate" + std::to_string(s.gate_class) : "") +
+           (std::string(s.norm_order) == "aten" ? "" : std::string("_") + s.norm_order);
   // The float32 chain's operands, weight and bias are f32.
   const DType op_dt = std::string(s.numerics) == "float32" ? DType::f32 : s.dt;
   TensorCase x{"x", s.dt, {s.B, s.S, s.D}};
@@ -136,6 +138,7 @@ OpCase nss_case(const Nss& s, CaseKind kind, uint32_t seed) {
     c.tensors.push_back(gs);
   }
   c.options = {{"norm", s.norm}, {"eps", std::to_string(s.eps)}, {"numerics", s.numerics}, {"e2m1", s.e2m1}};
+  if (std::string(s.norm_order) != "aten") c.options.push_back({"norm_order", s.norm_order});
   if (!quant.empty()) c.options.push_back({"store_y", s.without_y ? "false" : "true"});
   // The reference's rsqrt / rcp.approx / div.full are correctly rounded, the GPU's MUFU: where
   // rstd's last bit differs y moves by a few rounding steps at max(|y|, 1) (measured at most 5.87
@@ -354,6 +357,31 @@ std::vector<OpCase> make() {
     c.tensors.push_back({"residual_out", DType::bf16, {2, 5, 96}, {}, "residual"});
     out.push_back(c);
   }
+  // diffusers' RMSNorm without a weight (norm_order=aten_mean), as LTX-2's blocks modulate it:
+  // scale / shift per batch or per token as chunks of the [B, S, n, D] modulation (class 6), the
+  // video and audio widths (LTX-2: 6144 x 4096 and 2048 rows scaled down), and the row counts
+  // below 16 where aten's reduction widens its threads per row (64 .. 512).
+  for (auto [B, S, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {2, 257, 4096}, {1, 65, 2048}, {1, 1, 4096}, {1, 3, 2048}, {3, 5, 3072}, {1, 9, 128}, {2, 33, 5120}})
+    for (int cls : {2, 6}) {
+      ++k;
+      Nss s{B, S, D, DType::bf16, "rms", "eager", false, 0, "", cls, amps[k % 3], 1e-6};
+      s.shift_class = cls;
+      s.norm_order = "aten_mean";
+      out.push_back(nss_case(s, B * S < 16 ? CaseKind::odd : CaseKind::model, seed++));
+    }
+  {
+    Nss s{2, 17, 1024, DType::f16, "rms", "eager", true, 0, "", 3, 1.0, 1e-5};
+    s.norm_order = "aten_mean";
+    out.push_back(nss_case(s, CaseKind::odd, seed++));  // behind a gated residual, fp16
+    s = Nss{1, 33, 2048, DType::f32, "rms", "eager", false, 0, "", 2, 1.0, 1e-6};
+    s.norm_order = "aten_mean";
+    out.push_back(nss_case(s, CaseKind::odd, seed++));  // fp32 x
+    s = Nss{2, 65, 3072, DType::bf16, "rms", "eager", false, 0, "fp8", 6, 1.0, 1e-6};
+    s.norm_order = "aten_mean";
+    s.with_shift = false;
+    out.push_back(nss_case(s, CaseKind::odd, seed++));  // fp8 output, no shift
+  }
   // Invalid inputs.
   {
     OpCase c = nss_case({1, 4, 64, DType::bf16, "layer", "eager", false, 0, "", 2}, CaseKind::invalid, seed++);
@@ -368,6 +396,35 @@ std::vector<OpCase> make() {
     c = nss_case({1, 4, 64, DType::bf16, "rms", "eager", false, 2}, CaseKind::invalid, seed++);
     c.name = "bias_with_rms";
     c.invalid = {"bias is given with norm=rms"};
+    out.push_back(c);
+    Nss mean{1, 4, 4096, DType::bf16, "layer", "eager", false, 0, "", 2};
+    mean.norm_order = "aten_mean";
+    c = nss_case(mean, CaseKind::invalid, seed++);
+    c.name = "aten_mean_layer";
+    c.invalid = {"norm_order=aten_mean is an RMSNorm order"};
+    out.push_back(c);
+    mean.norm = "rms";
+    mean.affine = 1;
+    c = nss_case(mean, CaseKind::invalid, seed++);
+    c.name = "aten_mean_weight";
+    c.invalid = {"norm_order=aten_mean takes no weight"};
+    out.push_back(c);
+    mean.affine = 0;
+    mean.D = 64;
+    c = nss_case(mean, CaseKind::invalid, seed++);
+    c.name = "aten_mean_D_64";
+    c.invalid = {"norm_order=aten_mean needs 128 <= D < 8192", "64"};
+    out.push_back(c);
+    mean.D = 8192;
+    c = nss_case(mean, CaseKind::invalid, seed++);
+    c.name = "aten_mean_D_8192";
+    c.invalid = {"norm_order=aten_mean needs 128 <= D < 8192", "8192"};
+    out.push_back(c);
+    mean.D = 4096;
+    mean.numerics = "sglang";
+    c = nss_case(mean, CaseKind::invalid, seed++);
+    c.name = "aten_mean_sglang";
+    c.invalid = {"numerics=sglang implements LayerNorm only"};
     out.push_back(c);
     c = nss_case({1, 4, 66}, CaseKind::invalid, seed++);
     c.name = "D_66";

@@ -48,7 +48,7 @@ struct Qk {
 };
 
 OpCase qk_case(const Qk& s, const char* rounding, const char* order, CaseKind kind,
-               const char* weight_rounding = "once") {
+               const char* weight_rounding = "once", const char* rope_product = "real") {
   const int64_t P = s.P ? s.P : 2 * s.T + 8, width = s.full_width ? 2 * s.R : s.R;
   char amp[32];
   std::snprintf(amp, sizeof amp, "%g", s.amplitude);
@@ -66,7 +66,8 @@ OpCase qk_case(const Qk& s, const char* rounding, const char* order, CaseKind ki
            (s.pos_stride != 1 ? "_posstride" + std::to_string(s.pos_stride) : "") +
            (s.amplitude != 1.0 ? std::string("_amp") + amp : "") + (*s.eps ? std::string("_eps") + s.eps : "") +
            (s.P ? "_P" + std::to_string(s.P) : "") +
-           (s.packed && s.row_padding ? "_gap" + std::to_string(s.row_padding) : "");
+           (s.packed && s.row_padding ? "_gap" + std::to_string(s.row_padding) : "") +
+           (std::string(rope_product) == "real" ? "" : std::string("_") + rope_product);
   c.seed = static_cast<uint32_t>(s.T * 131 + s.D + s.R + s.neox);
   const int64_t hs = s.D + s.head_pad;  // head stride
   const int64_t row = s.packed ? (s.Hq + 2 * s.Hk) * s.D + s.row_padding : s.Hq * hs + s.row_padding;
@@ -95,6 +96,7 @@ OpCase qk_case(const Qk& s, const char* rounding, const char* order, CaseKind ki
                {"cache_full_width", s.full_width ? "true" : "false"}, {"rounding", rounding}, {"norm_order", order},
                {"norm_weight_rounding", weight_rounding}};
   if (*s.eps) c.options.emplace_back("eps", s.eps);
+  if (std::string(rope_product) != "real") c.options.push_back({"rope_product", rope_product});
   // The reference's rsqrt is correctly rounded, the GPU's is rsqrtf (as aten's): where the factor
   // differs in its last bit a normalized value moves by one ulp, which the rotation carries into
   // its outputs (one ulp at the inputs' scale, |w x / rms| <= ~4), and a 16-bit cache's rotation
@@ -152,6 +154,33 @@ std::vector<OpCase> make() {
         for (const char* weight_rounding : {"twice", "once"})
           out.push_back(qk_case(s, "rounded", "aten_mean", CaseKind::model, weight_rounding));
       }
+  // Qwen-Image's chain: diffusers' RMSNorm (aten_mean, twice), then the complex64 product
+  // (interleaved pairs, compact fp32 cache); its batch of 2 x 6912 tokens scaled down, a packed
+  // QKV view, partial rotary, pointers off 16 bytes, one token.
+  {
+    Qk qwen{129, 24, 24, 128, 128};
+    Qk packed{9, 6, 6, 128, 128, false, false, DType::bf16, DType::f32, DType::i32, true};
+    Qk partial{17, 3, 5, 128, 64, false, false, DType::f16, DType::f32, DType::i64, false, 24};
+    Qk misaligned{9, 4, 4, 64, 64, false, false, DType::bf16, DType::f32, DType::i64, false, 8, 1};
+    Qk single{1, 24, 24, 128, 128, false, true};
+    for (Qk* s : {&qwen, &packed, &partial, &misaligned, &single}) s->spread_weights = true;
+    out.push_back(qk_case(qwen, "rounded", "aten_mean", CaseKind::model, "twice", "complex"));
+    out.push_back(qk_case(packed, "rounded", "aten_mean", CaseKind::view, "twice", "complex"));
+    out.push_back(qk_case(partial, "rounded", "aten_mean", CaseKind::strided, "twice", "complex"));
+    out.push_back(qk_case(misaligned, "rounded", "aten_mean", CaseKind::misaligned, "twice", "complex"));
+    out.push_back(qk_case(single, "rounded", "aten_mean", CaseKind::odd, "twice", "complex"));
+    out.push_back(qk_case(qwen, "rounded", "aten", CaseKind::odd, "once", "complex"));
+    OpCase c = qk_case(Qk{4, 2, 2, 128, 128, true}, "rounded", "aten_mean", CaseKind::invalid, "twice", "complex");
+    c.invalid = {"rope_product=complex rotates interleaved pairs", "is_neox is true"};
+    out.push_back(c);
+    c = qk_case(Qk{4, 2, 2, 128, 128}, "fp32", "aten", CaseKind::invalid, "once", "complex");
+    c.invalid = {"rope_product=complex needs rounding=rounded"};
+    out.push_back(c);
+    c = qk_case(Qk{4, 2, 2, 128, 128, false, false, DType::bf16, DType::bf16}, "rounded", "aten", CaseKind::invalid,
+                "once", "complex");
+    c.invalid = {"rope_product=complex needs a f32 cos_sin_cache", "bf16"};
+    out.push_back(c);
+  }
   {
     // The twice chain on a packed QKV view with a 16-bit cache, partial rotary with strided rows,
     // pointers off 16 bytes, one token, and the other orders (defined, no eager chain).

@@ -18,7 +18,7 @@ torch = torch_or_skip()
 diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
 import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
-from ditops.diffusers import _common, _sites  # noqa: E402
+from ditops.diffusers import _common, _sites, qwenimage  # noqa: E402
 from ditops.diffusers.bench import cast_like_from_pretrained  # noqa: E402
 
 if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
@@ -136,7 +136,7 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
     gates = 6 + (2 if variant == "gated_stg" else 0)
     counts = {"qk_norm_rope (video self-attn)": L, "qk_norm_rope (audio self-attn)": L,
               "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
-              "adaln_modulate": 8 * L + 2, "gated_residual": gates * L}
+              "adaln_modulate": (8 + (2 if variant == "gated_stg" else 0)) * L, "gated_residual": gates * L}
     return model, inputs, counts
 
 
@@ -164,10 +164,13 @@ TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_h
 # The op each site class runs in this build (qknorm_rope serves diffusers' twice-rounding RMSNorm
 # only once it has the norm_weight_rounding option).
 TWICE = "twice" in _sites.op_options("qknorm_rope").get("norm_weight_rounding", [])
+COMPLEX = "complex" in _sites.op_options("qknorm_rope").get("rope_product", [])
+MEAN_ORDER = "aten_mean" in _sites.op_options("norm_scale_shift").get("norm_order", [])
 OPS = {
     "flux": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
-    "qwen": {"qk_norm_rope": None, "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+    "qwen": {"qk_norm_rope": "qknorm_rope" if COMPLEX else None, "adaln_modulate": "layernorm_modulate",
+             "gated_residual": "residual_gate_add"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
@@ -177,7 +180,8 @@ OPS = {
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
-             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope", "adaln_modulate": None,
+             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
+             "adaln_modulate": "norm_scale_shift" if MEAN_ORDER else None,
              "gated_residual": "residual_gate_add"},
 }
 
@@ -267,19 +271,29 @@ def test_plan_finds_the_sites_and_changes_nothing(tiny):
         assert site.name in text
 
 
-def test_qwen_qk_site_says_why_it_runs_the_model_code():
+def test_qwen_qk_site_maps_the_complex_product():
+    """Qwen-Image's QK site runs qknorm_rope with the twice-rounding norm where the op has the
+    complex product; otherwise it says why it runs the model's code."""
     model, _, _ = tiny_qwen()
     site = dd.plan(model)["qk_norm_rope"]
-    assert site.op is None
-    assert ("norm_weight_rounding" in site.why) if not TWICE else ("complex64" in site.why)
+    if COMPLEX:
+        assert site.op == "qknorm_rope" and site.options == {"norm_weight_rounding": "twice"}
+    else:
+        assert site.op is None
+        assert ("norm_weight_rounding" in site.why) if not TWICE else ("complex64" in site.why)
 
 
 def test_twice_rounding_option_maps_the_sites_once_the_op_has_it(monkeypatch):
-    """With qknorm_rope's norm_weight_rounding option (the option another change adds), diffusers'
-    RMSNorm sites map to it with 'twice'; Qwen-Image's complex RoPE only with probe=True."""
+    """With qknorm_rope's norm_weight_rounding option, diffusers' RMSNorm sites map to it with
+    'twice'; Qwen-Image's complex RoPE only with probe=True where the op has no complex product."""
     real = _sites.op_options
-    monkeypatch.setattr(_common, "op_options", lambda op: dict(real(op), norm_weight_rounding=["once", "twice"])
-                        if op == "qknorm_rope" else real(op))
+
+    def without_complex(op):
+        options = dict(real(op), norm_weight_rounding=["once", "twice"]) if op == "qknorm_rope" else real(op)
+        options.pop("rope_product", None)
+        return options
+    monkeypatch.setattr(_common, "op_options", without_complex)
+    monkeypatch.setattr(qwenimage, "op_options", without_complex)
     hunyuan, _, _ = tiny_hunyuan()
     site = dd.plan(hunyuan)["qk_norm_rope"]
     assert site.op == "qknorm_rope" and site.options == {"norm_weight_rounding": "twice"}
@@ -458,7 +472,10 @@ def test_cross_head_sites_describe_the_op_and_the_model_code():
         assert report["qk_norm_rope (video self-attn)"].options == {"rope": rope}
         assert report["qk_norm_rope (text cross-attn)"].options == {"rope": "none"}
         assert rope in report["qk_norm_rope (a2v/v2a cross-attn)"].chain
-        assert "torch.mean" in report["adaln_modulate"].why
+        adaln = report["adaln_modulate"]
+        assert "mean(-1)" in adaln.chain
+        assert (adaln.op, adaln.options) == ("norm_scale_shift", {"norm": "rms", "norm_order": "aten_mean"}) \
+            if MEAN_ORDER else "torch.mean" in adaln.why
         places = report["qk_norm_rope (a2v/v2a cross-attn)"].places
         assert places[:2] == ["transformer_blocks.0.audio_to_video_attn (video q, audio k)",
                               "transformer_blocks.0.video_to_audio_attn (audio q, video k)"]
@@ -855,7 +872,8 @@ def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
         torch._dynamo.reset()
     assert torch.equal(torch.cat([o.flatten() for o in compiled]), eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
-    others = ["ditops.norm_scale_shift", "ditops.residual_gate_add"] if name == "wan" else ["ditops.residual_gate_add"]
+    others = ["ditops.norm_scale_shift", "ditops.residual_gate_add"] if name == "wan" or MEAN_ORDER \
+        else ["ditops.residual_gate_add"]
     assert ours == sorted(["ditops.cross_head_qknorm_rope", *others]), targets
 
 

@@ -341,6 +341,8 @@ class QkNormRopeSite(Site):
         extra = {"norm_weight_rounding": self.rounding} if "norm_weight_rounding" in self.options else {}
         if self.rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
             extra["norm_order"] = "aten_mean"
+        if layout == "complex":  # Qwen-Image's complex64 product
+            extra["rope_product"] = "complex"
         eps = None if why else norm_eps(norm_q)
 
         def views():

@@ -17,12 +17,14 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * gated residuals: residual + update * gate in the activation dtype (the attentions', the
     a2v / v2a ones, the feed-forwards', and the text cross-attentions' with cross_attn_mod):
     residual_gate_add.
-  * adaLN: the blocks' norms are diffusers' RMSNorm, which sums squares with torch.mean over the
-    row (x.float().pow(2).mean(-1)); no ditops op reproduces that order at these widths
-    (norm_scale_shift's rms numerics follow F.rms_norm's fused row kernel; qknorm_rope's
-    aten_mean order covers head dims 64 and 128 only): the model's code. norm_out and
-    audio_norm_out (LayerNorm then modulation) are written inline in the model's forward, one
-    call each per step: the model's code.
+  * adaLN: the blocks' norms are diffusers' RMSNorm without a weight (x * rsqrt(x.float().pow(2)
+    .mean(-1) + eps), cast back), then * (1 + scale) + shift in the activation dtype with scale /
+    shift chunks of the block's modulation table ([B, 1 or T, D] views): norm_scale_shift with
+    norm="rms", norm_order="aten_mean" (the mean's own reduction order), one call per modulation
+    (norm1, audio_norm1, norm2 / audio_norm2 with cross_attn_adaln, the a2v and v2a modulations of
+    audio_to_video_norm / video_to_audio_norm: one call each, the norm computed per call, and norm3
+    / audio_norm3). norm_out and audio_norm_out (LayerNorm then modulation) are written inline in
+    the model's forward, one call each per step: the model's code.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnPr
 import torch
 
 from ._patching import Plan
-from ._sites import CrossHeadQkNormRopeSite, GatedResidualSite, Site
+from ._sites import CrossHeadQkNormRopeSite, GatedResidualSite, MappedSite, Mapping, OpCall, op_options
 from . import _common
 
 MODEL_CLASS = "LTX2VideoTransformer3DModel"
@@ -46,11 +48,55 @@ ROPE_CHAINS = {
     "interleaved": "apply_interleaved_rotary_emb: pairs 2j, 2j+1 from full-width [B, T, N] float32 tables, "
                    "(x.float() * cos + x_rotated.float() * sin).to(dtype)",
 }
+ADALN_CHAIN = ("diffusers RMSNorm (x * rsqrt(x.float().pow(2).mean(-1) + eps), cast back; no weight by default), "
+               "then * (1 + scale) + shift in the activation dtype")
 ADALN_WHY = ("diffusers' RMSNorm (norm1/2/3, the audio and a2v / v2a norms) sums squares with torch.mean "
-             "(x.float().pow(2).mean(-1)), an order no ditops op reproduces at these widths (norm_scale_shift's "
-             "rms numerics follow F.rms_norm's fused row kernel; qknorm_rope's aten_mean order covers head dims "
-             "64 and 128 only); norm_out and audio_norm_out (layernorm_modulate's chain) are inline in the "
-             "model's forward, one call each per step")
+             "(x.float().pow(2).mean(-1)); this build's norm_scale_shift has no norm_order=aten_mean")
+
+
+def adaln_chain(x, norm, scale, shift):
+    """A block's pre-norm and modulation as the model writes it."""
+    return norm(x) * (1 + scale) + shift
+
+
+def _adaln_fit(x, norm, scale, shift) -> str:
+    """'' when norm_scale_shift(norm="rms", norm_order="aten_mean") takes the call: diffusers' RMSNorm
+    without a weight over x's last dim (128 <= D < 8192), scale / shift of x's dtype [B, 1 or T, D]."""
+    from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
+    if type(norm) is not DiffusersRMSNorm or norm.weight is not None:
+        return f"the norm is {type(norm).__name__}{' with a weight' if getattr(norm, 'weight', None) is not None else ''}"
+    if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return f"x is {x.dtype} of rank {x.dim()}"
+    B, S, D = x.shape
+    if tuple(norm.dim) != (D,):
+        return "the norm's shape is not x's last dim"
+    if not 128 <= D < 8192 or D % 4:
+        return f"dim {D} (the mean order: 128 <= D < 8192, D % 4 == 0)"
+    if x.stride(-1) != 1:
+        return "x's last stride is not 1"
+    for name, t in (("scale", scale), ("shift", shift)):
+        if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.dim() != 3 or t.shape[0] != B \
+                or t.shape[1] not in (1, S) or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
+            return f"{name} is not {x.dtype} [batch, 1 or tokens, dim] on x's device"
+    return ""
+
+
+# norm_scale_shift with diffusers' RMSNorm order (norm_order="aten_mean"): the norm and the
+# modulation in one call, eager's roundings (the norm cast back, 1 + scale, the product, the sum).
+ADALN_RMS_MEAN = Mapping(
+    op="norm_scale_shift", options={"norm": "rms", "norm_order": "aten_mean"},
+    fit=_adaln_fit,
+    signature=lambda x, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
+                                             shift.shape[1] == 1, float(norm.eps)),
+    call=lambda x, norm, scale, shift: OpCall("norm_scale_shift", (x, scale, shift),
+                                              dict(norm="rms", eps=float(norm.eps), norm_order="aten_mean"),
+                                              lambda out: out[0]))
+
+
+def adaln_mapping() -> Mapping:
+    if "aten_mean" in op_options("norm_scale_shift").get("norm_order", []):
+        return ADALN_RMS_MEAN
+    return Mapping(why=ADALN_WHY)
 
 
 # ---------------------------------------------------------------- QK norm + RoPE
@@ -195,12 +241,15 @@ PROCESSORS = {LTX2AudioVideoAttnProcessor: LTX2AttnProcessorDitops,
 # ---------------------------------------------------------------- the block
 
 
-def block_forward(residual: GatedResidualSite):
-    """LTX2VideoTransformerBlock.forward with the gated residuals through the site (the QK sites
-    are in the attentions' processors; the norms and modulations are the model's code)."""
+def block_forward(residual: GatedResidualSite, adaln: MappedSite):
+    """LTX2VideoTransformerBlock.forward with the gated residuals and the norms' modulations through
+    the sites (the QK sites are in the attentions' processors)."""
 
     def gated(x, update, gate):
         return _common.gated(residual, x, update, gate)
+
+    def modulated(x, norm, scale, shift):
+        return adaln(adaln_chain, x, norm, scale, shift)
 
     def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
                 temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
@@ -216,8 +265,7 @@ def block_forward(residual: GatedResidualSite):
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = video_ada_params[:6]
         if self.video_cross_attn_adaln:
             shift_text_q, scale_text_q, gate_text_q = video_ada_params[6:9]
-        norm_hidden_states = self.norm1(hidden_states)
-        norm_hidden_states = norm_hidden_states * (1 + scale_msa) + shift_msa
+        norm_hidden_states = modulated(hidden_states, self.norm1, scale_msa, shift_msa)
         video_self_attn_args = {"hidden_states": norm_hidden_states, "encoder_hidden_states": None,
                                 "query_rotary_emb": video_rotary_emb, "attention_mask": self_attention_mask}
         if self.perturbed_attn:
@@ -231,8 +279,7 @@ def block_forward(residual: GatedResidualSite):
             audio_ada_params[:6])
         if self.audio_cross_attn_adaln:
             audio_shift_text_q, audio_scale_text_q, audio_gate_text_q = audio_ada_params[6:9]
-        norm_audio_hidden_states = self.audio_norm1(audio_hidden_states)
-        norm_audio_hidden_states = norm_audio_hidden_states * (1 + audio_scale_msa) + audio_shift_msa
+        norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm1, audio_scale_msa, audio_shift_msa)
         audio_self_attn_args = {"hidden_states": norm_audio_hidden_states, "encoder_hidden_states": None,
                                 "query_rotary_emb": audio_rotary_emb, "attention_mask": audio_self_attention_mask}
         if self.perturbed_attn:
@@ -258,9 +305,10 @@ def block_forward(residual: GatedResidualSite):
                     self.audio_prompt_scale_shift_table[None, None]
                     .to(device=audio_hidden_states.device, dtype=audio_hidden_states.dtype).unbind(dim=2))
 
-        norm_hidden_states = self.norm2(hidden_states)
         if self.video_cross_attn_adaln:
-            norm_hidden_states = norm_hidden_states * (1 + scale_text_q) + shift_text_q
+            norm_hidden_states = modulated(hidden_states, self.norm2, scale_text_q, shift_text_q)
+        else:
+            norm_hidden_states = self.norm2(hidden_states)
         if self.cross_attn_adaln:
             encoder_hidden_states = encoder_hidden_states * (1 + scale_text_kv) + shift_text_kv
         attn_hidden_states = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
@@ -270,9 +318,11 @@ def block_forward(residual: GatedResidualSite):
         else:
             hidden_states = hidden_states + attn_hidden_states
 
-        norm_audio_hidden_states = self.audio_norm2(audio_hidden_states)
         if self.audio_cross_attn_adaln:
-            norm_audio_hidden_states = norm_audio_hidden_states * (1 + audio_scale_text_q) + audio_shift_text_q
+            norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm2, audio_scale_text_q,
+                                                 audio_shift_text_q)
+        else:
+            norm_audio_hidden_states = self.audio_norm2(audio_hidden_states)
         if self.cross_attn_adaln:
             audio_encoder_hidden_states = audio_encoder_hidden_states * (1 + audio_scale_text_kv) + audio_shift_text_kv
         attn_audio_hidden_states = self.audio_attn2(norm_audio_hidden_states,
@@ -285,8 +335,18 @@ def block_forward(residual: GatedResidualSite):
 
         # 3. Audio-to-video and video-to-audio cross attention
         if use_a2v_cross_attention or use_v2a_cross_attention:
-            norm_hidden_states = self.audio_to_video_norm(hidden_states)
-            norm_audio_hidden_states = self.video_to_audio_norm(audio_hidden_states)
+            # With the site mapped each modulation is one call (the norm computed per call, of the
+            # states before the a2v residual as the model's norms are); otherwise the norms once.
+            fused = adaln.op is not None
+            video_in, audio_in = hidden_states, audio_hidden_states
+            if not fused:
+                norm_hidden_states = self.audio_to_video_norm(hidden_states)
+                norm_audio_hidden_states = self.video_to_audio_norm(audio_hidden_states)
+
+            def modulated_ca(x, norm, normed, scale, shift):
+                if fused:
+                    return modulated(x, norm, scale.squeeze(2), shift.squeeze(2))
+                return normed * (1 + scale.squeeze(2)) + shift.squeeze(2)
 
             video_per_layer_ca_scale_shift = self.video_a2v_cross_attn_scale_shift_table[:4, :]
             video_per_layer_ca_gate = self.video_a2v_cross_attn_scale_shift_table[4:, :]
@@ -304,10 +364,12 @@ def block_forward(residual: GatedResidualSite):
             v2a_gate = audio_ca_gate_param[0].squeeze(2)
 
             if use_a2v_cross_attention:
-                mod_norm_hidden_states = norm_hidden_states * (
-                    1 + video_a2v_ca_scale.squeeze(2)) + video_a2v_ca_shift.squeeze(2)
-                mod_norm_audio_hidden_states = norm_audio_hidden_states * (
-                    1 + audio_a2v_ca_scale.squeeze(2)) + audio_a2v_ca_shift.squeeze(2)
+                mod_norm_hidden_states = modulated_ca(video_in, self.audio_to_video_norm,
+                                                      None if fused else norm_hidden_states, video_a2v_ca_scale,
+                                                      video_a2v_ca_shift)
+                mod_norm_audio_hidden_states = modulated_ca(audio_in, self.video_to_audio_norm,
+                                                            None if fused else norm_audio_hidden_states,
+                                                            audio_a2v_ca_scale, audio_a2v_ca_shift)
                 a2v_attn_hidden_states = self.audio_to_video_attn(
                     mod_norm_hidden_states, encoder_hidden_states=mod_norm_audio_hidden_states,
                     query_rotary_emb=ca_video_rotary_emb, key_rotary_emb=ca_audio_rotary_emb,
@@ -315,10 +377,12 @@ def block_forward(residual: GatedResidualSite):
                 hidden_states = gated(hidden_states, a2v_attn_hidden_states, a2v_gate)
 
             if use_v2a_cross_attention:
-                mod_norm_hidden_states = norm_hidden_states * (
-                    1 + video_v2a_ca_scale.squeeze(2)) + video_v2a_ca_shift.squeeze(2)
-                mod_norm_audio_hidden_states = norm_audio_hidden_states * (
-                    1 + audio_v2a_ca_scale.squeeze(2)) + audio_v2a_ca_shift.squeeze(2)
+                mod_norm_hidden_states = modulated_ca(video_in, self.audio_to_video_norm,
+                                                      None if fused else norm_hidden_states, video_v2a_ca_scale,
+                                                      video_v2a_ca_shift)
+                mod_norm_audio_hidden_states = modulated_ca(audio_in, self.video_to_audio_norm,
+                                                            None if fused else norm_audio_hidden_states,
+                                                            audio_v2a_ca_scale, audio_v2a_ca_shift)
                 v2a_attn_hidden_states = self.video_to_audio_attn(
                     mod_norm_audio_hidden_states, encoder_hidden_states=mod_norm_hidden_states,
                     query_rotary_emb=ca_audio_rotary_emb, key_rotary_emb=ca_video_rotary_emb,
@@ -326,11 +390,11 @@ def block_forward(residual: GatedResidualSite):
                 audio_hidden_states = gated(audio_hidden_states, v2a_attn_hidden_states, v2a_gate)
 
         # 4. Feed-forward
-        norm_hidden_states = self.norm3(hidden_states) * (1 + scale_mlp) + shift_mlp
+        norm_hidden_states = modulated(hidden_states, self.norm3, scale_mlp, shift_mlp)
         ff_output = self.ff(norm_hidden_states)
         hidden_states = gated(hidden_states, ff_output, gate_mlp)
 
-        norm_audio_hidden_states = self.audio_norm3(audio_hidden_states) * (1 + audio_scale_mlp) + audio_shift_mlp
+        norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm3, audio_scale_mlp, audio_shift_mlp)
         audio_ff_output = self.audio_ff(norm_audio_hidden_states)
         audio_hidden_states = gated(audio_hidden_states, audio_ff_output, audio_gate_mlp)
         return hidden_states, audio_hidden_states
@@ -351,10 +415,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         "k's for k (q's where the model passes none)"))
     qk_text = plan.add_site(_common.cross_head_qk_site(
         "qk_norm_rope (text cross-attn)", "none", f"{QK_NORM} of the queries and the text keys, no RoPE"))
-    adaln = plan.add_site(Site(
-        "adaln_modulate", op=None, why=ADALN_WHY,
-        chain="diffusers RMSNorm (x * rsqrt(x.float().pow(2).mean(-1) + eps), cast back; no weight by default), "
-              "then * (1 + scale) + shift in the activation dtype"))
+    adaln = plan.add_site(MappedSite("adaln_modulate", mapping=adaln_mapping(), chain=ADALN_CHAIN))
     residual = plan.add_site(_common.gated_residual_site())
 
     attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
@@ -370,12 +431,16 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             attn = getattr(block, name)
             _common.patch_cross_head_processor(plan, site, f"{path}.{name}", attn, PROCESSORS, stream,
                                                (attn.inner_dim, attn.inner_kv_dim))
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in (
-            "norm1", "audio_norm1", "norm2", "audio_norm2", "audio_to_video_norm", "video_to_audio_norm", "norm3",
-            "audio_norm3")]
+        norms = ["norm1", "audio_norm1"]
+        norms += ["norm2"] if block.video_cross_attn_adaln else []
+        norms += ["audio_norm2"] if block.audio_cross_attn_adaln else []
+        norms += [f"{n} ({d})" for d in ("a2v", "v2a") for n in ("audio_to_video_norm", "video_to_audio_norm")]
+        norms += ["norm3", "audio_norm3"]
+        adaln.places += [plan.prefix + f"{path}.{n}" for n in norms]
         gates = ["attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn", "ff", "audio_ff"]
         gates += ["attn2"] if block.video_cross_attn_adaln else []
         gates += ["audio_attn2"] if block.audio_cross_attn_adaln else []
         residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
-        plan.patch_forward(path, block, block_forward(residual))
-    adaln.places += [plan.prefix + n for n in ("norm_out", "audio_norm_out")]
+        plan.patch_forward(path, block, block_forward(residual, adaln))
+    # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
+    # per step) are the model's code: not places of the site.

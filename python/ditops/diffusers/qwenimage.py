@@ -4,10 +4,9 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * QK norm + RoPE (image and text stream of every block): diffusers' RMSNorm per head, which
     rounds twice (the normalized value cast to the weight's dtype, then times the weight), then
     apply_rotary_emb_qwen(use_real=False): x.float() viewed as complex64 pairs times complex64
-    frequencies, one rounding at the end. qknorm_rope runs there only with its
-    norm_weight_rounding=twice option, and only with enable(probe=True): the complex product is
-    c10::complex arithmetic (a*c - b*d, a*d + b*c), which the CUDA compiler may contract into
-    FMAs, while qknorm_rope's rounded mode documents two products and an add without FMA.
+    frequencies, one rounding at the end. qknorm_rope with norm_order=aten_mean,
+    norm_weight_rounding=twice and rope_product=complex (c10::complex's a*c - b*d, a*d + b*c as
+    nvcc contracts them in aten's mul kernel: fma(a, c, -(b*d)), fma(a, d, b*c)).
   * adaLN: img_norm1/txt_norm1/img_norm2/txt_norm2 (LayerNorm without affine) then
     _modulate's x * (1 + scale) + shift with [B, 1, D] rows: layernorm_modulate; norm_out
     (AdaLayerNormContinuous) likewise. With zero_cond_t (modulate_index) the image stream's
@@ -22,15 +21,19 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  QwenImageTransformerBlock)
 
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite
+from ._sites import GatedResidualSite, LayerNormModulateSite, op_options
 from . import _common
 
 MODEL_CLASS = "QwenImageTransformer2DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_qwenimage"
 
-COMPLEX_ROPE = ("Qwen-Image's RoPE is a complex64 multiply (a*c - b*d, a*d + b*c in c10::complex, which "
-                "the CUDA compiler may contract into FMAs); qknorm_rope's rounded mode documents "
-                "fmul, fmul, fadd without FMA")
+COMPLEX_ROPE = ("Qwen-Image's RoPE is a complex64 multiply (a*c - b*d, a*d + b*c in c10::complex, contracted "
+                "into FMAs); this build's qknorm_rope has no rope_product=complex")
+
+
+def complex_rope_reason() -> str:
+    """'' where qknorm_rope computes the complex product as aten does (rope_product=complex)."""
+    return "" if "complex" in op_options("qknorm_rope").get("rope_product", []) else COMPLEX_ROPE
 
 
 class QwenDoubleStreamAttnProcessorDitops(_common.ProcessorWrapper):
@@ -130,7 +133,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         [(f"{p}.attn", b.attn, [("norm_q", "norm_k"), ("norm_added_q", "norm_added_k")]) for p, b in blocks],
         chain="diffusers RMSNorm per head ((x * rsqrt(mean(x^2) + eps)).to(dtype) * weight: two roundings), "
               "then apply_rotary_emb_qwen(use_real=False): complex64 x * freqs, one rounding",
-        probe=probe, probe_reason=COMPLEX_ROPE))
+        probe=probe, probe_reason=complex_rope_reason()))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
     for path, block in blocks:

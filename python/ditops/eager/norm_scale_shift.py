@@ -19,16 +19,26 @@ def nss_broadcast(op, B, S, D):
     return op.expand(op.shape[0], F_, S // F_, D).reshape(op.shape[0], S, D)
 
 
+def rms_norm_mean_eager(x, eps):
+    """diffusers' RMSNorm without a weight (LTX-2's block norms): the variance by
+    x.float().pow(2).mean(-1), then (x * rsqrt(variance + eps)).to(x.dtype)."""
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    return (x * torch.rsqrt(variance + eps)).to(x.dtype)
+
+
 def norm_scale_shift_eager(x, scale, shift=None, *, norm="layer", eps=1e-6, weight=None, bias=None,
-                           residual=None, gate=None):
+                           residual=None, gate=None, norm_order="aten"):
     """v = residual + x * gate (or residual + x; or x), y = norm(v) * (1 + scale) (+ shift).
-    Returns (y, v)."""
+    norm_order="aten_mean" (norm="rms", no weight): diffusers' RMSNorm. Returns (y, v)."""
     B, S, D = x.shape
     if residual is not None:
         v = residual + x * nss_broadcast(gate, B, S, D) if gate is not None else residual + x
     else:
         v = x
-    n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
+    if norm == "rms" and norm_order == "aten_mean":
+        n = rms_norm_mean_eager(v, eps)
+    else:
+        n = F.layer_norm(v, (D,), weight, bias, eps) if norm == "layer" else F.rms_norm(v, (D,), weight, eps)
     y = n * (1 + nss_broadcast(scale, B, S, D)) if scale is not None else n
     if shift is not None:
         y = y + nss_broadcast(shift, B, S, D)
@@ -69,5 +79,6 @@ def _oracle(x, o):
     else:
         y, v = norm_scale_shift_eager(x["x"], x.get("scale"), x.get("shift"), norm=o["norm"],
                                       eps=eps, weight=x.get("weight"), bias=x.get("bias"),
-                                      residual=x.get("residual"), gate=x.get("gate"))
+                                      residual=x.get("residual"), gate=x.get("gate"),
+                                      norm_order=o.get("norm_order", "aten"))
     return {"y": y, "residual_out": v} if "residual" in x else {"y": y}

@@ -27,6 +27,17 @@ def rope_eager(x, cos, sin, rope_dim, is_neox, native):
     return torch.cat([o, x[..., R:]], -1) if R < x.shape[-1] else o
 
 
+def rope_complex_eager(x, cos, sin, rope_dim):
+    """Qwen-Image's apply_rotary_emb_qwen(use_real=False) on the first rope_dim channels of x
+    [T, H, D]: x.float() as complex64 pairs times complex64 frequencies cos + i sin (cos/sin
+    [T, rope_dim] with one value per channel, the pair's value twice), one cast at the end."""
+    R = rope_dim
+    xc = torch.view_as_complex(x[..., :R].float().unflatten(-1, (R // 2, 2)).contiguous())
+    freqs = torch.complex(cos[:, None, 0::2].contiguous(), sin[:, None, 0::2].contiguous())
+    o = torch.view_as_real(xc * freqs).flatten(-2).to(x.dtype)
+    return torch.cat([o, x[..., R:]], -1) if R < x.shape[-1] else o
+
+
 def full_cos_sin(cos_sin_cache, positions, rope_dim, is_neox, cache_full_width):
     """Per-token cos and sin [T, rope_dim] for every rotated channel, from a compact cache
     (rope_dim/2 cos then rope_dim/2 sin per row) or a full-width one (rope_dim cos, rope_dim sin)."""
@@ -69,7 +80,7 @@ def rms_norm_eager(x, weight, eps, norm_order="aten", norm_weight_rounding="once
 
 def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_dim, is_neox, eps,
                       cache_full_width=False, k_eps=None, norm_order="aten",
-                      norm_weight_rounding="once"):
+                      norm_weight_rounding="once", rope_product="real"):
     """RMSNorm per head (rms_norm_eager: F.rms_norm by default), then eager RoPE: returns new
     (q, k) of q's and k's shapes [T, H, D]. k_eps: k's own eps when it differs from q's (the fused
     op takes one)."""
@@ -79,6 +90,9 @@ def qknorm_rope_eager(q, k, q_weight, k_weight, cos_sin_cache, positions, rope_d
     def norm(x, w, e):
         return rms_norm_eager(x, w, e, norm_order, norm_weight_rounding)
 
+    if rope_product == "complex":  # interleaved pairs, fp32 cache (the op's rule)
+        return (rope_complex_eager(norm(q, q_weight, eps), cos, sin, rope_dim),
+                rope_complex_eager(norm(k, k_weight, eps if k_eps is None else k_eps), cos, sin, rope_dim))
     qo = rope_eager(norm(q, q_weight, eps), cos, sin, rope_dim, is_neox, native)
     ko = rope_eager(norm(k, k_weight, eps if k_eps is None else k_eps), cos, sin, rope_dim, is_neox,
                     native)
@@ -104,7 +118,8 @@ def _oracle(x, o):
         rope_dim = x["cos_sin_cache"].shape[1] // (2 if full_width else 1)
     q, k = qknorm_rope_eager(x["q"], x["k"], x["q_weight"], x["k_weight"], x["cos_sin_cache"],
                              x["positions"], rope_dim, o["is_neox"] == "true", float(o["eps"]), full_width,
-                             norm_order=order, norm_weight_rounding=weight_rounding)
+                             norm_order=order, norm_weight_rounding=weight_rounding,
+                             rope_product=o.get("rope_product", "real"))
     return {"q": q, "k": k}
 
 

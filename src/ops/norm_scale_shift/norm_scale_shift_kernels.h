@@ -17,6 +17,7 @@ struct NssKernelKey {
   int dim = 3072;
   NormType norm = NormType::layer;
   NssNumerics numerics = NssNumerics::eager;
+  bool mean_order = false;  // norm=rms with norm_order=aten_mean
   bool residual = false;
   int affine = 0;  // 0 none, 1 weight, 2 weight + bias
   NssKernelQuant quant = NssKernelQuant::none;
@@ -25,7 +26,8 @@ struct NssKernelKey {
   // Wan's norm2). Always true for the other numerics (an absent scale is a 0 there).
   bool modulate = true;
 
-  // "bf16,D=3072,layer,eager,residual,affine=0,fp4sw,pdl" / "bf16,D=5120,layer,float32,residual,affine=2,noquant,pdl,nomod"
+  // "bf16,D=3072,layer,eager,residual,affine=0,fp4sw,pdl" / "bf16,D=5120,layer,float32,residual,affine=2,noquant,pdl,nomod";
+  // the mean order adds ",mean" after the norm
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
 };

@@ -23,6 +23,10 @@ namespace ditops {
 
 const char* norm_type_name(NormType type) { return type == NormType::layer ? "layer" : "rms"; }
 
+const char* nss_norm_order_name(NssNormOrder order) {
+  return order == NssNormOrder::aten_mean ? "aten_mean" : "aten";
+}
+
 const char* nss_numerics_name(NssNumerics numerics) {
   switch (numerics) {
     case NssNumerics::eager: return "eager";
@@ -57,7 +61,8 @@ const char* quant_name(NssKernelQuant q) {
 }  // namespace
 
 std::string NssKernelKey::to_string() const {
-  return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) + "," +
+  return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) +
+         (mean_order ? ",mean," : ",") +
          nss_numerics_name(numerics) + (residual ? ",residual" : ",plain") + ",affine=" + std::to_string(affine) +
          "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
 }
@@ -66,6 +71,7 @@ uint64_t NssKernelKey::packed() const {
   uint64_t v = static_cast<uint64_t>(act);
   v = v * 16384 + static_cast<uint64_t>(dim);
   v = v * 2 + (norm == NormType::rms);
+  v = v * 2 + mean_order;
   v = v * 4 + static_cast<uint64_t>(numerics);
   v = v * 2 + residual;
   v = v * 4 + static_cast<uint64_t>(affine);
@@ -118,6 +124,12 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   const bool nvfp4 = key.quant == NssKernelQuant::fp4_software || key.quant == NssKernelQuant::fp4_hardware;
   const bool half = key.act != DType::f32;
   NssEagerSchedule s;
+  if (key.mean_order) {
+    // The squares take D * 4 bytes of shared memory: operands stay in registers, one thread per
+    // aten thread; ptxas decides the rest (not measured).
+    s.prefetch = slots > 6 && key.residual;
+    return s;
+  }
   if (slots == 6 && half && key.residual && key.quant == NssKernelQuant::none && key.dim % 512 == 0) {
     s.split = 2;
     s.min_blocks = 4;
@@ -141,7 +153,8 @@ jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
   r.header = "norm_scale_shift.cuh";
   r.function = "ditops::norm_scale_shift_body";
   r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + std::to_string(key.dim) + ", " +
-                    jit::kernel_bool(key.norm == NormType::rms) + ", " + jit::kernel_bool(key.numerics == NssNumerics::sglang) + ", " +
+                    (key.norm == NormType::layer ? "ditops::kNssLayerNorm" : key.mean_order ? "ditops::kNssRmsMean" : "ditops::kNssRms") +
+                    ", " + jit::kernel_bool(key.numerics == NssNumerics::sglang) + ", " +
                     jit::kernel_bool(key.residual) + ", " + std::to_string(key.affine) + ", " +
                     std::to_string(static_cast<int>(key.quant)) + ", " + jit::kernel_bool(key.pdl);
   r.params_type = "ditops::NormScaleShiftParams";
@@ -342,6 +355,9 @@ const OpBuilder<NormScaleShiftCall>& description() {
                       .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
     b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
     b.option("eps", &O::eps, "norm epsilon");
+    b.choice("norm_order", &O::norm_order, {{"aten", NssNormOrder::aten}, {"aten_mean", NssNormOrder::aten_mean}},
+             "RMSNorm's sum of squares: aten (F.rms_norm) or aten_mean (x.float().pow(2).mean(-1), diffusers' "
+             "RMSNorm without a weight; 128 <= D < 8192)");
     b.choice("numerics", &O::numerics,
              {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
              "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
@@ -379,6 +395,15 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
     if (D % 16 != 0) m.fail("numerics=sglang needs D % 16 == 0 (16 elements per thread) but D is " + num(D));
     if (present(in.weight) || present(in.bias))
       m.fail("numerics=sglang has no affine weight/bias (SGLang's native kernel has none)");
+  }
+  if (options.norm_order == NssNormOrder::aten_mean) {
+    if (options.norm != NormType::rms) m.fail("norm_order=aten_mean is an RMSNorm order (norm=layer requested)");
+    if (options.numerics != NssNumerics::eager)
+      m.fail(std::string("norm_order=aten_mean needs numerics=eager but numerics is ") + nss_numerics_name(options.numerics));
+    if (present(in.weight))
+      m.fail("norm_order=aten_mean takes no weight (diffusers' RMSNorm with a weight rounds twice: not implemented)");
+    if (D < 128 || D >= 8192)
+      m.fail("norm_order=aten_mean needs 128 <= D < 8192 (the reduction order derived for those) but D is " + num(D));
   }
   if (float32 && options.norm != NormType::layer)
     m.fail("numerics=float32 implements LayerNorm only (Wan's FP32LayerNorm chain; norm=rms requested)");
@@ -509,6 +534,7 @@ NssKernelKey key_for(const NormScaleShiftCall& c, const DeviceInfo& device) {
   key.act = c.in.x.dtype;
   key.dim = c.dim;
   key.norm = c.options.norm;
+  key.mean_order = c.options.norm == NormType::rms && c.options.norm_order == NssNormOrder::aten_mean;
   // An f32 x makes the float32 chain eager's own fp32 chain: the same kernel.
   key.numerics = c.options.numerics == NssNumerics::float32 && c.in.x.dtype == DType::f32 ? NssNumerics::eager
                                                                                           : c.options.numerics;
@@ -603,7 +629,8 @@ std::string e2m1_refusal(const NormScaleShiftCall& c) {
 
 // The compile test's keys (NVRTC for every target arch, no GPU): the float32 chain at Wan's widths
 // (1.3B: 3 slots, 14B: 10 slots: shared-memory operands, prefetch) and the widest rows, with and
-// without modulation, residual and affine; tests/test_norm_scale_shift.cpp compiles the others.
+// without modulation, residual and affine; the mean order; tests/test_norm_scale_shift.cpp
+// compiles the others.
 std::vector<NssKernelKey> nss_variant_keys() {
   std::vector<NssKernelKey> keys;
   const auto key = [&](DType act, int dim, bool residual, int affine, bool modulate) {
@@ -625,6 +652,17 @@ std::vector<NssKernelKey> nss_variant_keys() {
   key(DType::bf16, 8192, false, 0, true);
   key(DType::f16, 3072, true, 1, true);
   keys.back().pdl = false;
+  // diffusers' RMSNorm (norm_order=aten_mean): LTX-2's video and audio widths, a residual row, fp8.
+  for (int dim : {4096, 2048, 128, 8188}) {
+    NssKernelKey k;
+    k.dim = dim;
+    k.norm = NormType::rms;
+    k.mean_order = true;
+    k.residual = dim == 2048;
+    k.quant = dim == 128 ? NssKernelQuant::fp8 : NssKernelQuant::none;
+    k.act = dim == 8188 ? DType::f16 : DType::bf16;
+    keys.push_back(k);
+  }
   return keys;
 }
 

@@ -22,11 +22,12 @@ struct QkKernelKey {
   QkRounding rounding = QkRounding::rounded;
   QkNormOrder order = QkNormOrder::aten;
   QkNormWeightRounding weight_rounding = QkNormWeightRounding::once;
+  bool complex_product = false;  // rope_product=complex
   bool pdl = true;
   bool aligned = true;  // 16-byte vector access
 
   // "bf16,cache=f32,pos=i64,D=128,R=128,interleaved,compact,rounded,aten,pdl,vec16"; a twice
-  // weight rounding adds ",twice" after the order.
+  // weight rounding adds ",twice" after the order, the complex product ",complex" after that.
   std::string to_string() const;
   uint64_t packed() const;  // unique small integer (memo key)
 };

@@ -53,7 +53,8 @@ std::string QkKernelKey::to_string() const {
          ",D=" + std::to_string(head_dim) + ",R=" + std::to_string(rope_dim) +
          (neox ? ",neox" : ",interleaved") + (full_width ? ",fullwidth" : ",compact") + "," +
          qk_rounding_name(rounding) + "," + qk_norm_order_name(order) +
-         (weight_rounding == QkNormWeightRounding::twice ? ",twice" : "") + (pdl ? ",pdl" : ",nopdl") +
+         (weight_rounding == QkNormWeightRounding::twice ? ",twice" : "") + (complex_product ? ",complex" : "") +
+         (pdl ? ",pdl" : ",nopdl") +
          (aligned ? ",vec16" : ",scalar");
 }
 
@@ -68,6 +69,7 @@ uint64_t QkKernelKey::packed() const {
   v = v * 2 + (rounding == QkRounding::rounded);
   v = v * 4 + static_cast<uint64_t>(order);
   v = v * 2 + (weight_rounding == QkNormWeightRounding::twice);
+  v = v * 2 + complex_product;
   v = v * 2 + pdl;
   v = v * 2 + aligned;
   return v;
@@ -83,7 +85,7 @@ jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
                     jit::kernel_bool(key.full_width) + ", " + jit::kernel_bool(key.rounding == QkRounding::rounded) + ", " +
                     sum_order_constant(key.order) + ", " +
                     jit::kernel_bool(key.weight_rounding == QkNormWeightRounding::twice) + ", " + jit::kernel_bool(key.pdl) + ", " +
-                    jit::kernel_bool(key.aligned);
+                    jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.complex_product);
   r.params_type = "ditops::QkNormRopeParams";
   r.max_threads = 256;
   // Four resident blocks (64 registers), faster than ptxas' own choice (80 registers, 3 blocks)
@@ -202,6 +204,10 @@ const OpBuilder<QkNormRopeCall>& description() {
              {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
              "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
              "with a 16-bit weight; needs rounding=rounded)");
+    b.choice("rope_product", &QkNormRopeOptions::rope_product,
+             {{"real", QkRopeProduct::real}, {"complex", QkRopeProduct::complex}},
+             "real: x*cos + rotate(x)*sin as separate rounded ops (FLUX); complex: Qwen-Image's complex64 "
+             "product, one FMA per component (interleaved, fp32 cache, rounding=rounded)");
     b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
     return b;
   }();
@@ -238,6 +244,14 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   if (options.norm_order == QkNormOrder::aten_mean && D != 64 && D != 128)
     m.fail("norm_order=aten_mean needs head_dim 64 or 128 (the order of x.float().pow(2).mean(-1) is "
            "derived for those) but head_dim is " + std::to_string(D));
+  if (options.rope_product == QkRopeProduct::complex) {
+    if (options.is_neox) m.fail("rope_product=complex rotates interleaved pairs (is_neox=false) but is_neox is true");
+    if (options.rounding != QkRounding::rounded)
+      m.fail("rope_product=complex needs rounding=rounded (rounding=fp32 has its own RoPE arithmetic)");
+    if (cos_sin_cache.dtype != DType::f32)
+      m.fail(std::string("rope_product=complex needs a f32 cos_sin_cache (complex64 frequencies) but it is ") +
+             dtype_name(cos_sin_cache.dtype));
+  }
   if (options.norm_weight_rounding == QkNormWeightRounding::twice && options.rounding != QkRounding::rounded)
     m.fail("norm_weight_rounding=twice needs rounding=rounded (rounding=fp32 rounds nothing before the store)");
 
@@ -297,6 +311,7 @@ QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   key.rounding = c.options.rounding;
   key.order = c.options.norm_order;
   key.weight_rounding = c.options.norm_weight_rounding;
+  key.complex_product = c.options.rope_product == QkRopeProduct::complex;
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   key.aligned = c.aligned16;
   return key;
