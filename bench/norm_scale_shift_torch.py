@@ -10,6 +10,11 @@
    or [B, S, 6, D]): torch.equal of y and residual_out against eager.norm_scale_shift_float32_eager
    for norm1/norm3, norm2 behind the gated residual, norm3 behind the cross-attention residual and
    norm2 alone, at Wan's shapes too.
+   norm_order=aten_mean (LTX-2's blocks: diffusers' RMSNorm without a weight, then the modulation
+   in the activation dtype): torch.equal of y against eager.norm_scale_shift_eager(norm="rms",
+   norm_order="aten_mean") at LTX-2's video and audio shapes, row counts below 16 (aten's wider
+   reduction), scale / shift per batch and per token as chunks of [B, S, n, D], fp16, fp32 x,
+   behind a gated residual.
 2. Benchmark: device copy, ditops (jit; eager and sglang numerics), eager and torch.compile on the
    model shapes, each timed cold (triton.testing.do_bench; ditops as a one-kernel CUDA graph, the
    ctypes call costs tens of us of host time), rotated (buffer sets over 3x the L2 captured
@@ -32,9 +37,11 @@ import triton.language as tl
 
 
 class Ditops(DitopsLib):
-    def run(self, *, norm="layer", eps=1e-6, numerics="eager", fp8_reciprocal="div_full", stream=None, **tensors):
+    def run(self, *, norm="layer", eps=1e-6, numerics="eager", fp8_reciprocal="div_full", norm_order="aten",
+            stream=None, **tensors):
         return self.call("norm_scale_shift", stream, dict(norm=norm, eps=eps, numerics=numerics,
-                                                          fp8_reciprocal=fp8_reciprocal, backend="jit"), **tensors)
+                                                          fp8_reciprocal=fp8_reciprocal, norm_order=norm_order,
+                                                          backend="jit"), **tensors)
 
 
 # ---------------------------------------------------------------- the oracles
@@ -198,6 +205,50 @@ def verify_float32(dt, rows):
     return summary["equal"] == summary["cases"]
 
 
+def mean_order_tensors(B, S, D, per_token, gen, dtype=torch.bfloat16, amp=1.0, residual=False):
+    """One LTX-2 site call (norm_order=aten_mean): x, scale / shift chunks of the block's modulation
+    [B, 1 or S, 6, D] (as get_mod_params' unbind gives them), y (and the residual's tensors)."""
+    dev = "cuda"
+    rows = S if per_token else 1
+    x = (torch.randn(B, S, D, device=dev, generator=gen) * amp + 0.1 * amp).to(dtype)
+    x.view(-1)[::97] = 0.0
+    table = (torch.randn(B, rows, 6, D, device=dev, generator=gen) * 0.3).to(dtype if dtype != torch.float32 else dtype)
+    t = dict(x=x, scale=table[:, :, 1], shift=table[:, :, 0], y=torch.full_like(x, 7.0))
+    if residual:
+        t.update(residual=(torch.randn(B, S, D, device=dev, generator=gen) * amp).to(dtype), gate=table[:, :, 2],
+                 residual_out=torch.full_like(x, 7.0))
+    return t
+
+
+def verify_mean(dt, rows):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(4)
+    shapes = [(1, 6144, 4096, False), (1, 6144, 4096, True), (1, 1024, 2048, False), (2, 3072, 4096, True),
+              (1, 1, 4096, False), (1, 3, 2048, True), (3, 5, 3072, False), (1, 9, 128, False), (1, 15, 8188, False),
+              (2, 33, 5120, True), (1, 257, 2240, False)]
+    summary = dict(cases=0, equal=0)
+    for i, ((B, S, D, per_token), variant) in enumerate(itertools.product(shapes, ("plain", "f16", "residual"))):
+        dtype = torch.float16 if variant == "f16" else torch.float32 if (i % 9 == 3) else torch.bfloat16
+        t = mean_order_tensors(B, S, D, per_token, gen, dtype, amp=(1e-3, 1.0, 30.0)[i % 3],
+                               residual=variant == "residual")
+        ref_y, ref_v = eager_chain(t["x"], t["scale"], t["shift"], norm="rms", eps=1e-6, residual=t.get("residual"),
+                                   gate=t.get("gate"), norm_order="aten_mean")
+        impl = dt.run(norm="rms", norm_order="aten_mean", eps=1e-6, **t)
+        torch.cuda.synchronize()
+        ok = torch.equal(t["y"], ref_y) and ("residual_out" not in t or torch.equal(t["residual_out"], ref_v))
+        summary["cases"] += 1
+        summary["equal"] += int(ok)
+        case = dict(B=B, S=S, D=D, per_token=per_token, variant=variant, dtype=str(dtype))
+        rows.append(dict(kind="verify", op="norm_scale_shift", impl=impl, case=case, torch_equal=ok,
+                         differ_fraction=int((t["y"] != ref_y).sum().item()) / max(ref_y.numel(), 1)))
+        if not ok:
+            print("MISMATCH aten_mean", impl, case, int((t["y"] != ref_y).sum().item()), flush=True)
+        t = ref_y = ref_v = None
+    print(f"verification of norm_order=aten_mean vs diffusers' RMSNorm chain: {summary['equal']}/{summary['cases']} "
+          "cases torch.equal")
+    return summary["equal"] == summary["cases"]
+
+
 # ---------------------------------------------------------------- benchmark
 
 CASES = [("FLUX 1x4608x3072", 1, 4608, 3072), ("Qwen-Image CFG 2x6912x3072", 2, 6912, 3072),
@@ -289,6 +340,43 @@ def run_bench(dt, rows, meta):
         sets = t0 = impls = None  # release before the next case allocates
         torch.cuda.empty_cache()
     run_bench_float32(dt, rows, meta, gen)
+    run_bench_mean(dt, rows, meta, gen)
+
+
+# LTX-2's block norms (norm_order=aten_mean): video and audio rows, modulation per batch.
+LTX2_CASES = [("LTX-2 video 1x6144x4096", 1, 6144, 4096), ("LTX-2 video 1x24576x4096", 1, 24576, 4096),
+              ("LTX-2 audio 1x1024x2048", 1, 1024, 2048)]
+
+
+def mean_chain(x, scale, shift):
+    return eager_chain(x, scale, shift, norm="rms", eps=1e-6, norm_order="aten_mean")[0]
+
+
+def run_bench_mean(dt, rows, meta, gen):
+    compiled = torch.compile(mean_chain, dynamic=False)
+    for name, B, S, D in LTX2_CASES:
+        label = f"{name} rms aten_mean"
+        if not case_selected(label):
+            continue
+        n = B * S * D
+        nbytes = 4 * n + 4 * B * D  # x in, y out (bf16), scale and shift rows
+        sets = [mean_order_tensors(B, S, D, False, gen) for _ in range(rotation_count(nbytes))]
+        for t in sets:
+            t["src"], t["dst"] = copy_buffers(nbytes)
+        args = lambda t: {k: v for k, v in t.items() if k not in ("src", "dst")}  # noqa: E731
+        t0 = sets[0]
+        run = lambda t, s=None: dt.run(norm="rms", norm_order="aten_mean", eps=1e-6, stream=s, **args(t))  # noqa: E731
+        run(t0)
+        g = graph_of(lambda s: run(t0, s))
+        impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"]),
+                 ("ditops:jit", g.replay, [lambda t=t: run(t) for t in sets]),
+                 ("torch_eager", lambda: mean_chain(t0["x"], t0["scale"], t0["shift"]),
+                  [lambda t=t: mean_chain(t["x"], t["scale"], t["shift"]) for t in sets]),
+                 ("torch_compile", lambda: compiled(t0["x"], t0["scale"], t0["shift"]),
+                  [lambda t=t: compiled(t["x"], t["scale"], t["shift"]) for t in sets])]
+        report(measure(impls), rows, meta, "norm_scale_shift", label, shape_str((B, S, D)), nbytes, 44)
+        sets = t0 = impls = g = None
+        torch.cuda.empty_cache()
 
 
 # Wan's sites with numerics=float32: norm1/norm3 (x in, y out, f32 scale and shift rows) and norm2
@@ -333,7 +421,8 @@ def run_bench_float32(dt, rows, meta, gen):
 
 def main():
     return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows)),
-                                ("VERIFY_FLOAT32", lambda dt, rows, meta: verify_float32(dt, rows))], run_bench)
+                                ("VERIFY_FLOAT32", lambda dt, rows, meta: verify_float32(dt, rows)),
+                                ("VERIFY_MEAN", lambda dt, rows, meta: verify_mean(dt, rows))], run_bench)
 
 
 if __name__ == "__main__":

@@ -18,17 +18,21 @@ import sys
 import time
 
 import torch
-from torch_bench_common import DitopsLib, allow_recompiles, load_eager, record, script_main, shape_str, median_us as bench
+from torch_bench_common import (DitopsLib, allow_recompiles, case_selected, load_eager, record, script_main, shape_str,
+                                median_us as bench)
 
 # ---------------------------------------------------------------- C ABI
 
 
 class Ditops(DitopsLib):
     def qknorm_rope(self, q, k, wq, wk, cache, pos, *, neox, eps=1e-6, rope_dim=0, full_width=False,
-                    rounding="rounded", order="aten", backend=None, quality=None, stream=None):
+                    rounding="rounded", order="aten", backend=None, quality=None, stream=None,
+                    weight_rounding=None, rope_product=None):
         return self.call("qknorm_rope", stream, dict(is_neox=neox, eps=eps, rope_dim=rope_dim,
                                                      cache_full_width=full_width, rounding=rounding,
-                                                     norm_order=order, backend=backend, quality=quality),
+                                                     norm_order=order, backend=backend, quality=quality,
+                                                     norm_weight_rounding=weight_rounding,
+                                                     rope_product=rope_product),
                          q=q, k=k, q_weight=wq, k_weight=wk, cos_sin_cache=cache, positions=pos)
 
 
@@ -38,6 +42,7 @@ class Ditops(DitopsLib):
 # ditops module (only libditops through ctypes).
 _eager = load_eager()
 rope_eager, full_cos_sin, eager_chain = _eager.rope_eager, _eager.full_cos_sin, _eager.eager_chain
+qknorm_rope_eager = _eager.qknorm_rope_eager
 
 
 def ulp_diff(a, b):
@@ -159,6 +164,42 @@ def verify(dt, out_rows):
     return ok, summary
 
 
+def verify_diffusers(dt, out_rows):
+    """diffusers' RMSNorm per head (norm_order=aten_mean, norm_weight_rounding=twice: HunyuanVideo,
+    Qwen-Image) with the real RoPE form and Qwen-Image's complex product (rope_product=complex),
+    torch.equal against the eager chains, weights spread around 1."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    cases = [(13824, 24, 24, 128, 128, False, torch.bfloat16), (1, 24, 24, 128, 128, False, torch.bfloat16),
+             (129, 32, 8, 128, 128, True, torch.bfloat16), (9, 4, 4, 64, 64, False, torch.float16),
+             (257, 24, 24, 128, 64, False, torch.float16), (4097, 24, 24, 128, 128, True, torch.bfloat16)]
+    ok_all, n_ok, n = True, 0, 0
+    for (T, Hq, Hk, D, R, packed, dtype), product in [(c, p) for c in cases for p in ("real", "complex")]:
+        q, k, wq, wk, cache, pos, _ = make_inputs(T, Hq, Hk, D, R, torch.float32, torch.int64, dtype, packed, False,
+                                                  gen, amp=3.0)
+        wq = (torch.randn(D, device="cuda", generator=gen) * 0.5 + 1.0).to(dtype)
+        wk = (torch.randn(D, device="cuda", generator=gen) * 0.5 + 1.0).to(dtype)
+        ref_q, ref_k = qknorm_rope_eager(q, k, wq, wk, cache, pos, R, False, 1e-6, norm_order="aten_mean",
+                                         norm_weight_rounding="twice", rope_product=product)
+        qq, kk = q.clone(), k.clone()
+        impl = dt.qknorm_rope(qq, kk, wq, wk, cache, pos, neox=False, eps=1e-6, rope_dim=R, order="aten_mean",
+                              weight_rounding="twice", rope_product=product if product == "complex" else None)
+        torch.cuda.synchronize()
+        exact = torch.equal(qq, ref_q) and torch.equal(kk, ref_k)
+        differ = int((qq != ref_q).sum().item() + (kk != ref_k).sum().item())
+        case = dict(T=T, Hq=Hq, Hk=Hk, D=D, R=R, packed=packed, dtype=str(dtype), rope_product=product)
+        out_rows.append(dict(kind="verify", impl=impl, rounding="rounded", case=case, torch_equal=exact,
+                             differ_fraction=differ / (qq.numel() + kk.numel())))
+        n += 1
+        n_ok += int(exact)
+        if not exact:
+            ok_all = False
+            print("MISMATCH diffusers", impl, case, f"differ {differ}", flush=True)
+    print(f"verification of diffusers' RMSNorm chains (aten_mean, twice; real and complex RoPE): {n_ok}/{n} "
+          "cases torch.equal")
+    return ok_all
+
+
 def graph_and_streams(dt, rows):
     """CUDA-graph capture/replay with mutated inputs, a non-default stream, host overhead."""
     gen = torch.Generator(device="cuda")
@@ -245,6 +286,8 @@ def run_bench(dt, rows, meta):
     gen.manual_seed(2)
     print(f"\n{'case':36s} {'impl':22s} {'us':>9s} {'GB/s':>8s} {'copy%':>7s}")
     for name, T, Hq, Hk, D, R, neox in CASES:
+        if not case_selected(name):
+            continue
         q, k, wq, wk, cache, pos, _ = make_inputs(T, Hq, Hk, D, R, torch.float32, torch.int64, torch.bfloat16,
                                                   False, False, gen)
         nbytes = 2 * (q.numel() + k.numel()) * 2 + T * R * 4 + T * 8 + 2 * D * 2
@@ -279,10 +322,54 @@ def run_bench(dt, rows, meta):
         except Exception as e:  # noqa: BLE001 (report and go on)
             print("torch.compile failed:", repr(e)[:200])
         del q, k, src, dst
+    run_bench_qwen(dt, rows, meta)
+
+
+def qwen_chain(q, k, wq, wk, cache, pos, R, eps=1e-6):
+    return qknorm_rope_eager(q, k, wq, wk, cache, pos, R, False, eps, norm_order="aten_mean",
+                             norm_weight_rounding="twice", rope_product="complex")
+
+
+def run_bench_qwen(dt, rows, meta):
+    """Qwen-Image's QK site (diffusers' RMSNorm per head, then the complex64 RoPE) at 2 x 6912 image
+    tokens, 24 heads: ditops beside the eager chain and torch.compile of it."""
+    compiled = torch.compile(qwen_chain, dynamic=False)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    name, T, H, D = "Qwen-Image diffusers chain (2x6912 tok, 24h)", 13824, 24, 128
+    if not case_selected(name):
+        return
+    q, k, wq, wk, cache, pos, _ = make_inputs(T, H, H, D, D, torch.float32, torch.int64, torch.bfloat16, False,
+                                              False, gen)
+    nbytes = 2 * (q.numel() + k.numel()) * 2 + T * D * 4 + T * 8 + 2 * D * 2
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = bench(lambda: dst.copy_(src))
+
+    def rec(impl, us):
+        gbs = nbytes / (us * 1e-6) / 1e9
+        print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+        record(rows, meta, "qknorm_rope", name, shape_str((T, H, D), (T, H, D)), impl, "cold_l2", us, nbytes, copy_us)
+
+    rec("device_copy", copy_us)
+    kw = dict(neox=False, rope_dim=D, order="aten_mean", weight_rounding="twice", rope_product="complex")
+    dt.qknorm_rope(q, k, wq, wk, cache, pos, **kw)
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=side):
+        dt.qknorm_rope(q, k, wq, wk, cache, pos, stream=side.cuda_stream, **kw)
+    rec("ditops:jit", bench(graph.replay))
+    rec("torch_eager", bench(lambda: qwen_chain(q, k, wq, wk, cache, pos, D)))
+    try:
+        rec("torch_compile", bench(lambda: compiled(q, k, wq, wk, cache, pos, D)))
+    except Exception as e:  # noqa: BLE001 (report and go on)
+        print("torch.compile failed:", repr(e)[:200])
 
 
 def main():
     return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows)[0]),
+                                ("VERIFY_DIFFUSERS", lambda dt, rows, meta: verify_diffusers(dt, rows)),
                                 ("GRAPH", lambda dt, rows, meta: graph_and_streams(dt, rows))], run_bench)
 
 

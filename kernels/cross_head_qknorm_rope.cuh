@@ -121,6 +121,10 @@ __device__ __forceinline__ void load_table(const float* row, long long head_stri
   }
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* at) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+}
+
 }  // namespace chqr_detail
 
 // kRope: 0 none, 1 interleaved pairs, 2 split halves. kRounded: the norm is rounded to T before
@@ -171,6 +175,21 @@ __device__ __forceinline__ void cross_head_qknorm_rope_body(const CrossHeadQkNor
     table_place(4 * tid, head, d0, j0);
     load_table<kValues, kTableScalar>(cos_row, 0, t.cos_strides[3], 0, j0, hoisted_cos);
     load_table<kValues, kTableScalar>(sin_row, 0, t.sin_strides[3], 0, j0, hoisted_sin);
+  }
+  if constexpr (kRope == 2 && kTable == kTableVector) {
+    // The split form reads as many table bytes as row bytes, after the reduction's barrier: the
+    // tables' 128-byte lines start for L2 now, one request per line (the first vector of 32 j's
+    // of each head's first half; the second half reads the same j's).
+#pragma unroll
+    for (int i = 0; i < kVectors; ++i) {
+      const int v = tid + i * kCrossHeadThreads;
+      int head, d0, j0;
+      table_place(4 * v, head, d0, j0);
+      if (v < vectors && d0 < kHalf && j0 % 32 == 0) {
+        prefetch_l2(cos_row + head * t.cos_strides[2] + j0);
+        prefetch_l2(sin_row + head * t.sin_strides[2] + j0);
+      }
+    }
   }
   if constexpr (kPdl) pdl_launch_dependents();
 
