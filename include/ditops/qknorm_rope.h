@@ -55,7 +55,8 @@ enum class QkRopeProduct : uint8_t {
   real,
   // Qwen-Image's apply_rotary_emb_qwen(use_real=False): x as complex64 pairs (a + ib) times
   // complex64 frequencies (c + is) in aten's complex multiply, which nvcc contracts to
-  // fma(a, c, -(b*s)) and fma(a, s, b*c). Interleaved pairs, an fp32 cache, rounding=rounded.
+  // fma(a, c, -(b*s)) and fma(a, s, b*c). Interleaved pairs, a compact fp32 cache,
+  // rounding=rounded.
   complex,
 };
 

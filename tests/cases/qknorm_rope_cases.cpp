@@ -162,7 +162,7 @@ std::vector<OpCase> make() {
     Qk packed{9, 6, 6, 128, 128, false, false, DType::bf16, DType::f32, DType::i32, true};
     Qk partial{17, 3, 5, 128, 64, false, false, DType::f16, DType::f32, DType::i64, false, 24};
     Qk misaligned{9, 4, 4, 64, 64, false, false, DType::bf16, DType::f32, DType::i64, false, 8, 1};
-    Qk single{1, 24, 24, 128, 128, false, true};
+    Qk single{1, 24, 24, 128, 128};
     for (Qk* s : {&qwen, &packed, &partial, &misaligned, &single}) s->spread_weights = true;
     out.push_back(qk_case(qwen, "rounded", "aten_mean", CaseKind::model, "twice", "complex"));
     out.push_back(qk_case(packed, "rounded", "aten_mean", CaseKind::view, "twice", "complex"));
@@ -179,6 +179,9 @@ std::vector<OpCase> make() {
     c = qk_case(Qk{4, 2, 2, 128, 128, false, false, DType::bf16, DType::bf16}, "rounded", "aten", CaseKind::invalid,
                 "once", "complex");
     c.invalid = {"rope_product=complex needs a f32 cos_sin_cache", "bf16"};
+    out.push_back(c);
+    c = qk_case(Qk{4, 2, 2, 128, 128, false, true}, "rounded", "aten", CaseKind::invalid, "once", "complex");
+    c.invalid = {"rope_product=complex multiplies each pair by one complex frequency", "cache_full_width is true"};
     out.push_back(c);
   }
   {

@@ -248,6 +248,9 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
     if (options.is_neox) m.fail("rope_product=complex rotates interleaved pairs (is_neox=false) but is_neox is true");
     if (options.rounding != QkRounding::rounded)
       m.fail("rope_product=complex needs rounding=rounded (rounding=fp32 has its own RoPE arithmetic)");
+    if (options.cache_full_width)
+      m.fail("rope_product=complex multiplies each pair by one complex frequency: a compact cos_sin_cache "
+             "(cache_full_width=false) but cache_full_width is true");
     if (cos_sin_cache.dtype != DType::f32)
       m.fail(std::string("rope_product=complex needs a f32 cos_sin_cache (complex64 frequencies) but it is ") +
              dtype_name(cos_sin_cache.dtype));
