@@ -711,10 +711,14 @@ void register_norm_scale_shift(Registry& registry) {
       {NssNumerics::eager, "norm_scale_shift.jit",
        Contract::bit_exact("PyTorch 2.11 eager chain on CUDA: residual + x * gate, F.layer_norm / F.rms_norm "
                            "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
-                           "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe)")
+                           "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe); norm_order=aten_mean: diffusers' "
+                           "RMSNorm without a weight ((x * rsqrt(x.float().pow(2).mean(-1) + eps)).to(x.dtype))")
            .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
-                     "the CPU reference only (no device run of TRT-LLM's fp4_quantize)")},
+                     "the CPU reference only (no device run of TRT-LLM's fp4_quantize); norm_order=aten_mean: y "
+                     "torch.equal on 33 of 33 cases of bench/norm_scale_shift_torch.py's VERIFY_MEAN (LTX-2's shapes, "
+                     "1 to 24576 rows; bench/results/h200/checks/norm_scale_shift_checks.json) and on every aten_mean "
+                     "case of tests/python/test_ops_eager.py")},
       {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
        Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as docs/norm_scale_shift.md §3 states it "
                            "(checked against the CPU reference only; the chain itself is not available)")

@@ -421,11 +421,11 @@ void register_qknorm_rope(Registry& registry) {
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
       "split chain with norm_order=warp; with norm_order=aten_mean the eager chain of "
-      "x.float().pow(2).mean(-1), rsqrt and one rounding (diffusers' MochiRMSNorm), unverified on a device";
+      "x.float().pow(2).mean(-1), rsqrt and one rounding (diffusers' MochiRMSNorm)";
   const std::string diffusers_oracle =
       "PyTorch 2.11 eager chain on CUDA of diffusers' RMSNorm with a 16-bit weight "
-      "(x.float().pow(2).mean(-1), rsqrt, cast to the weight dtype, weight multiply) + eager RoPE, "
-      "with norm_order=aten_mean; unverified on a device (docs/qknorm_rope.md section 6)";
+      "(x.float().pow(2).mean(-1), rsqrt, cast to the weight dtype, weight multiply) + eager RoPE "
+      "(rope_product=complex: Qwen-Image's complex64 product), with norm_order=aten_mean";
   const std::string close_bounds =
       "norm kept in fp32 before RoPE: outputs within 1 ulp of the activation dtype of the eager chain "
       "on most elements (docs/qknorm_rope.md)";
@@ -451,9 +451,9 @@ void register_qknorm_rope(Registry& registry) {
         rounded ? Contract::bit_exact(eager_oracle)
                       .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
                                 ": norm_order=aten torch.equal on every case (aot 26 of 26, jit 128 of 128); "
-                                "norm_order=warp and aten_mean are unverified (warp never ran beside SGLang's split "
-                                "chain and equals aten order by construction at D = 128 only; aten_mean never ran "
-                                "on a device)")
+                                "norm_order=aten_mean (once) torch.equal on its cases of tests/python/test_ops_eager.py; "
+                                "norm_order=warp is unverified (it never ran beside SGLang's split chain and equals "
+                                "aten order by construction at D = 128 only)")
                 : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds)
                       .unverified("the bound follows from the rounding analysis (docs/qknorm_rope.md); no committed "
                                   "device record measures it");
@@ -482,7 +482,10 @@ void register_qknorm_rope(Registry& registry) {
   jit_twice.name = "qknorm_rope.jit_twice";
   jit_twice.capabilities = sm80_plus;
   jit_twice.contract = Contract::bit_exact(diffusers_oracle)
-                           .unverified("compiled for sm_90a, sm_100a and sm_120a, never run on a device");
+                           .verified("H200 (sm_90): torch.equal on every aten_mean twice case of "
+                                     "tests/python/test_ops_eager.py and 12 of 12 cases of bench/qknorm_rope_torch.py's "
+                                     "VERIFY_DIFFUSERS (real and complex RoPE, Qwen-Image's 2 x 6912 tokens; "
+                                     "bench/results/h200/checks/qknorm_rope_checks.json)");
   jit_twice.description = "the fused kernel compiled at first use by NVRTC, rounding=rounded with "
                           "norm_weight_rounding=twice (diffusers' RMSNorm)";
   only_mode(jit_twice, true, true);
@@ -495,8 +498,8 @@ void register_qknorm_rope(Registry& registry) {
                                              "correctly rounded)")
                              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
                                        "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "2026-12-01 at 8dea671; norm_weight_rounding=twice and norm_order=aten_mean "
-                                       "not yet)"),
+                                       "2026-12-01 at 8dea671; norm_weight_rounding=twice, norm_order=aten_mean and "
+                                       "rope_product=complex against the eager chains only)"),
                          "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }
 
