@@ -279,6 +279,23 @@ def chain_for_compile(q, k, wq, wk, cache, pos, R, neox, eps=1e-6):
             rope_eager(rms_manual(k, wk, eps), cos, sin, R, neox, False))
 
 
+def case_recorder(rows, meta, name, T, Hq, Hk, D, nbytes):
+    """Times a device copy of the case's bytes and returns rec(impl, us): one printed row and record
+    per implementation, with the copy fraction."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = bench(lambda: dst.copy_(src))
+
+    def rec(impl, us):
+        gbs = nbytes / (us * 1e-6) / 1e9
+        print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
+        record(rows, meta, "qknorm_rope", name, shape_str((T, Hq, D), (T, Hk, D)), impl, "cold_l2", us, nbytes,
+               copy_us)
+
+    rec("device_copy", copy_us)
+    return rec
+
+
 def run_bench(dt, rows, meta):
     allow_recompiles()
     compiled = torch.compile(chain_for_compile, dynamic=False)
@@ -291,17 +308,7 @@ def run_bench(dt, rows, meta):
         q, k, wq, wk, cache, pos, _ = make_inputs(T, Hq, Hk, D, R, torch.float32, torch.int64, torch.bfloat16,
                                                   False, False, gen)
         nbytes = 2 * (q.numel() + k.numel()) * 2 + T * R * 4 + T * 8 + 2 * D * 2
-        src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-        dst = torch.empty_like(src)
-        copy_us = bench(lambda: dst.copy_(src))
-
-        def rec(impl, us):
-            gbs = nbytes / (us * 1e-6) / 1e9
-            print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-            record(rows, meta, "qknorm_rope", name, shape_str((T, Hq, D), (T, Hk, D)), impl, "cold_l2", us, nbytes,
-                   copy_us)
-
-        rec("device_copy", copy_us)
+        rec = case_recorder(rows, meta, name, T, Hq, Hk, D, nbytes)
         for backend in ("aot", "jit"):
             try:
                 dt.qknorm_rope(q, k, wq, wk, cache, pos, neox=neox, rope_dim=R, backend=backend)
@@ -321,7 +328,7 @@ def run_bench(dt, rows, meta):
             rec("torch_compile", bench(lambda: compiled(q, k, wq, wk, cache, pos, R, neox)))
         except Exception as e:  # noqa: BLE001 (report and go on)
             print("torch.compile failed:", repr(e)[:200])
-        del q, k, src, dst
+        del q, k, rec
     run_bench_qwen(dt, rows, meta)
 
 
@@ -342,16 +349,7 @@ def run_bench_qwen(dt, rows, meta):
     q, k, wq, wk, cache, pos, _ = make_inputs(T, H, H, D, D, torch.float32, torch.int64, torch.bfloat16, False,
                                               False, gen)
     nbytes = 2 * (q.numel() + k.numel()) * 2 + T * D * 4 + T * 8 + 2 * D * 2
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_us = bench(lambda: dst.copy_(src))
-
-    def rec(impl, us):
-        gbs = nbytes / (us * 1e-6) / 1e9
-        print(f"{name:36s} {impl:22s} {us:9.2f} {gbs:8.1f} {100 * copy_us / us:6.1f}%", flush=True)
-        record(rows, meta, "qknorm_rope", name, shape_str((T, H, D), (T, H, D)), impl, "cold_l2", us, nbytes, copy_us)
-
-    rec("device_copy", copy_us)
+    rec = case_recorder(rows, meta, name, T, H, H, D, nbytes)
     kw = dict(neox=False, rope_dim=D, order="aten_mean", weight_rounding="twice", rope_product="complex")
     dt.qknorm_rope(q, k, wq, wk, cache, pos, **kw)
     side = torch.cuda.Stream()
