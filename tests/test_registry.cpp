@@ -863,8 +863,9 @@ TEST(RegistryGlobal, QknormRopeImplementations) {
   // The reference runs on the cpu only, the CUDA ones on cuda only.
   ASSERT_EQ(specs[5]->capabilities.size(), 1u);
   EXPECT_EQ(specs[5]->capabilities[0].kind, DeviceKind::cpu);
-  // The diffusers chain's contract says it is not yet checked on a device.
-  EXPECT_NE(specs[4]->contract.oracle.find("unverified on a device"), std::string::npos) << specs[4]->contract.oracle;
+  // The diffusers chain's contract names its chain, with Qwen-Image's complex product.
+  EXPECT_NE(specs[4]->contract.oracle.find("diffusers' RMSNorm"), std::string::npos) << specs[4]->contract.oracle;
+  EXPECT_NE(specs[4]->contract.oracle.find("rope_product=complex"), std::string::npos) << specs[4]->contract.oracle;
   for (size_t i = 0; i < 5; ++i)
     for (const auto& cap : specs[i]->capabilities) EXPECT_EQ(cap.kind, DeviceKind::cuda);
   const auto ops = Registry::global().ops();

@@ -464,6 +464,7 @@ struct QkCall {
   DType act, cache;
   int64_t T, Hq, Hk, D, R;
   bool neox, full;
+  bool complex;  // rope_product=complex: aten's complex64 product, one FMA per component
   std::string rounding, order, weight_rounding;
   float eps;
   int q, k, qw, kw, table, positions;
@@ -489,6 +490,7 @@ QkCall qk_call(const OracleIo& io) {
   c.rounding = io.option("rounding");
   c.order = io.option("norm_order");
   c.weight_rounding = io.option("norm_weight_rounding");
+  c.complex = io.option("rope_product") == "complex";
   c.eps = std::stof(io.option("eps"));
   return c;
 }
@@ -641,6 +643,12 @@ void qk_exact_chain(OracleIo& io) {
     };
     for (int64_t j = 0; j < half; ++j) {
       const int64_t i0 = c.neox ? j : 2 * j, i1 = c.neox ? j + half : 2 * j + 1;
+      if (c.complex) {  // (a + ib)(cs + i sn): fma(a, cs, -(b sn)), fma(a, sn, b cs) (interleaved pairs)
+        const float cs = static_cast<float>(r.cos[i0]), sn = static_cast<float>(r.sin[i0]);
+        y[i0] = rne16(std::fma(n[i0], cs, -mul32(n[i1], sn)), c.act);
+        y[i1] = rne16(std::fma(n[i0], sn, mul32(n[i1], cs)), c.act);
+        continue;
+      }
       y[i0] = term(n[i0], static_cast<float>(r.cos[i0]), n[i1], static_cast<float>(r.sin[i0]), true);
       y[i1] = term(n[i1], static_cast<float>(r.cos[i1]), n[i0], static_cast<float>(r.sin[i1]), false);
     }
@@ -694,7 +702,16 @@ void qk_diffusers_chain(OracleIo& io) {
     const int64_t half = c.R / 2;
     for (int64_t i = 0; i < c.D; ++i) {
       double y = n[i];
-      if (i < c.R) {
+      if (i < c.R && c.complex) {
+        // apply_rotary_emb_qwen(use_real=False): (a + ib)(cos + i sin) in c10::complex<float>, which
+        // nvcc contracts to fma(a, cos, -(b sin)) and fma(a, sin, b cos); the fma rounds once.
+        const int64_t i0 = i - i % 2;
+        const float a = static_cast<float>(n[i0]), b = static_cast<float>(n[i0 + 1]);
+        const float cs = static_cast<float>(r.cos[i0]), sn = static_cast<float>(r.sin[i0]);
+        y = round_dtype(i % 2 == 0 ? std::fma(a, cs, -static_cast<float>(round_f32(b * sn)))
+                                   : std::fma(a, sn, static_cast<float>(round_f32(b * cs))),
+                        c.act);
+      } else if (i < c.R) {
         const bool lead = c.neox ? i < half : i % 2 == 0;  // rotate(y)[i] = -partner or +partner
         const int64_t partner = c.neox ? (lead ? i + half : i - half) : (lead ? i + 1 : i - 1);
         const double rotated = lead ? -n[partner] : n[partner];
