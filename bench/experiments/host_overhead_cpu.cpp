@@ -1,0 +1,98 @@
+// Host cost of one call through the C++ facade on the CPU path (an experiment, not a benchmark of
+// the kernels): argument matching, dispatch and the CPU reference on a problem of one row, so
+// that the reference's arithmetic is a small constant. Uses the public headers only, so the same
+// file builds against any commit's library and two builds compare with one method
+// (docs/tuning/host_overhead.md):
+//   g++ -std=c++20 -O2 -I include bench/experiments/host_overhead_cpu.cpp -L BUILD -lditops \
+//       -Wl,-rpath,BUILD -o /tmp/host_overhead && /tmp/host_overhead
+// Prints, per op, the best of ROUNDS rounds of CALLS back-to-back calls, in us per call. On a
+// shared machine count instructions instead (repeatable whatever else runs): `count OP N` makes
+// N calls of one op and nothing else, so the difference of two callgrind totals over the
+// difference of their N is the instructions of one call:
+//   valgrind --tool=callgrind --callgrind-out-file=/dev/null /tmp/host_overhead count qknorm_rope 1000
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ditops/layernorm_modulate.h"
+#include "ditops/qknorm_rope.h"
+#include "ditops/residual_gate_add.h"
+#include "ditops/token_cat_fp8.h"
+
+using namespace ditops;
+
+namespace {
+
+const Device kCpu{DeviceKind::cpu, 0};
+
+TensorView view(std::vector<uint16_t>& v, DType dtype, std::vector<int64_t> shape) {
+  return TensorView::contiguous(v.data(), dtype, kCpu, shape);
+}
+
+double per_call_us(const std::function<void()>& call, int calls, int rounds) {
+  for (int i = 0; i < calls / 10; ++i) call();
+  double best = 1e30;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) call();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    best = std::min(best, us / calls);
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool count = argc > 3 && std::string(argv[1]) == "count";
+  const int calls = count ? std::atoi(argv[3]) : argc > 1 ? std::atoi(argv[1]) : 20000;
+  const int rounds = !count && argc > 2 ? std::atoi(argv[2]) : 7;
+  const uint16_t one_bf16 = 0x3f80;
+
+  // qknorm_rope: 1 token, 1 + 1 heads of 64, interleaved RoPE over the whole head, fp32 cache.
+  std::vector<uint16_t> q(64, one_bf16), k(64, one_bf16), wq(64, one_bf16), wk(64, one_bf16);
+  std::vector<uint16_t> cache(2 * 64 * 2, 0), positions(4, 0);  // fp32 [2, 64], int64 [1]
+  const TensorView vq = view(q, DType::bf16, {1, 1, 64}), vk = view(k, DType::bf16, {1, 1, 64});
+  const TensorView vwq = view(wq, DType::bf16, {64}), vwk = view(wk, DType::bf16, {64});
+  const TensorView vcache = view(cache, DType::f32, {2, 64}), vpos = view(positions, DType::i64, {1});
+
+  // residual_gate_add: [1, 1, 64] with a row gate [1, 1, 64].
+  std::vector<uint16_t> residual(64, one_bf16), update(64, one_bf16), gate(64, one_bf16), out(64, 0);
+  const TensorView vres = view(residual, DType::bf16, {1, 1, 64}), vupd = view(update, DType::bf16, {1, 1, 64});
+  const TensorView vgate = view(gate, DType::bf16, {1, 1, 64}), vout = view(out, DType::bf16, {1, 1, 64});
+
+  // token_cat_fp8: [1, 1, 32] + [1, 1, 32] -> [1, 1, 64] e4m3, scale 1 (checked on the host).
+  std::vector<uint16_t> attn(32, one_bf16), mlp(32, one_bf16), fp8_out(32, 0);
+  std::vector<uint16_t> scale(2, 0);
+  const float one = 1.0f;
+  std::copy_n(reinterpret_cast<const uint16_t*>(&one), 2, scale.data());
+  const TensorView vattn = view(attn, DType::bf16, {1, 1, 32}), vmlp = view(mlp, DType::bf16, {1, 1, 32});
+  const TensorView vscale = view(scale, DType::f32, {1}), vfp8 = view(fp8_out, DType::f8e4m3fn, {1, 1, 64});
+
+  // layernorm_modulate: x [1, 1, 64], scale and shift [1, 64].
+  std::vector<uint16_t> x(64, one_bf16), mod_scale(64, 0), mod_shift(64, 0), ln_out(64, 0);
+  const TensorView vx = view(x, DType::bf16, {1, 1, 64}), vlo = view(ln_out, DType::bf16, {1, 1, 64});
+  const TensorView vms = view(mod_scale, DType::bf16, {1, 64}), vmh = view(mod_shift, DType::bf16, {1, 64});
+
+  const std::pair<const char*, std::function<void()>> ops[] = {
+      {"qknorm_rope", [&] { qknorm_rope(vq, vk, vwq, vwk, vcache, vpos); }},
+      {"residual_gate_add", [&] { residual_gate_add(vres, vupd, vgate, vout); }},
+      {"token_cat_fp8", [&] { token_cat_fp8(vattn, vmlp, vscale, vfp8); }},
+      {"layernorm_modulate", [&] { layernorm_modulate(vx, vms, vmh, vlo); }},
+  };
+  if (count) {
+    for (const auto& [name, call] : ops)
+      if (name == std::string(argv[2]))
+        for (int i = 0; i < calls; ++i) call();
+    return 0;
+  }
+  std::printf("host overhead per call, CPU path (C++ facade: match + dispatch + reference, one row), best of %d x %d "
+              "calls\n", rounds, calls);
+  for (const auto& [name, call] : ops) std::printf("  %-20s %7.3f us\n", name, per_call_us(call, calls, rounds));
+  return 0;
+}
