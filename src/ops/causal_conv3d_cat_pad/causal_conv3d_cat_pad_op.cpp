@@ -327,7 +327,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   jit_impl.name = std::string(kOp) + ".jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      "H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671: its GPU tests and "
+      "H200 (sm_90), scripts/device_run.sh ops at 8dea671: its GPU tests and "
       "bench/causal_conv3d_cat_pad_torch.py's torch.equal");
   jit_impl.description =
       "one pass over 16-byte output windows by rows: 16-byte stores, aligned 16-byte loads shifted in registers "
@@ -340,7 +340,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
                          Contract::bit_exact(oracle + "; the portable oracle")
                              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
                                        "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "2026-12-01 at 8dea671)"),
+                                       "at 8dea671)"),
                          "CPU reference: every output element from its source through the views' strides, or 0"));
 }
 

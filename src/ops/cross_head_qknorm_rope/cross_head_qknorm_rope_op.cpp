@@ -379,7 +379,7 @@ void register_cross_head_qknorm_rope(Registry& registry) {
   jit.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit.contract = Contract::bit_exact(eager + " (rounding=rounded); rounding=fp32: close, the norm unrounded "
                                              "before RoPE, within 1 ulp of the activation dtype of that chain")
-                     .verified("H200 (sm_90), 2026-12-02 at 64c434f: torch.equal at 15 Wan / LTX-2 model shapes of "
+                     .verified("H200 (sm_90) at 64c434f: torch.equal at 15 Wan / LTX-2 model shapes of "
                                "bench/cross_head_qknorm_rope_torch.py (bench/results/h200/checks/"
                                "cross_head_qknorm_rope_checks.json), every case of tests/python/test_ops_eager.py, and "
                                "the Wan and LTX-2 sites of ditops.diffusers; sm_100a / sm_120a compiled, not run");
@@ -396,7 +396,7 @@ void register_cross_head_qknorm_rope(Registry& registry) {
                                  "by 1 fp32 ulp): outputs within 1 ulp of the activation dtype, on a small fraction")
               .verified("on every CI run (CPU) against float64 math (tests/python/test_cross_head_qknorm_rope.py); on "
                     "the H200 every CUDA implementation matched it within each case's bound (the op test driver, "
-                    "2026-12-02 at ee9c29e)"),
+                    "at ee9c29e)"),
           "CPU reference: PyTorch's RMSNorm row order emulated (128 virtual threads, warp trees), compiled without "
           "FP contraction"));
 }

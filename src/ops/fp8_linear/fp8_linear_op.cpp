@@ -349,7 +349,7 @@ void register_fp8_linear(Registry& registry) {
     impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
     impl.contract = Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; bitwise identical from run to run "
                                                     "(fixed order, no atomics)")
-                        .verified("H200 (sm_90), the device report of main at 563ceb6, 2026-12-02"
+                        .verified("H200 (sm_90), the device report of main at 563ceb6"
                                   ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
                                   "within 1 ulp; sm_120a compiled, not run");
     impl.description = k.description;
@@ -374,7 +374,7 @@ void register_fp8_linear(Registry& registry) {
           "torch._scaled_mm(xq, w.t(), scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=torch.bfloat16) on "
           "the same device with the same cuBLASLt library (xq = x, or fp8_static_quant(x, x_scale) with the call's "
           "fp8_reciprocal for a 16-bit x); also within " + k_bound + " (" + fp64 + ")")
-          .verified("H200 (sm_90), 2026-12-02 at 20f71ca: torch.equal to torch._scaled_mm in 1064 of 1064 calls, every "
+          .verified("H200 (sm_90) at 20f71ca: torch.equal to torch._scaled_mm in 1064 of 1064 calls, every "
                     "whitelisted (K, N) at M 1..16, 24, 33, 64, with and without bias, bf16 and e4m3 x "
                     "(bench/results/h200/checks/fp8_linear_checks.json); at ee9c29e every driver case through "
                     "tests/python/test_ops_eager.py");
@@ -393,8 +393,7 @@ void register_fp8_linear(Registry& registry) {
                                                          "tests/test_fp8_linear.cpp")
                              .verified("on every CI run (CPU) against an independent fp64 computation "
                                        "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation "
-                                       "with it on the H200 (H200 (sm_90), the device report of main at 563ceb6, "
-                                       "2026-12-02)"),
+                                       "with it on the H200 (H200 (sm_90), the device report of main at 563ceb6)"),
                          "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
 }
 

@@ -507,11 +507,11 @@ void register_layernorm_modulate(Registry& registry) {
       "(|d| <= 2^-6 * (|y*(1+scale)| + |out|)); docs/layernorm_modulate.md";
   const std::string ref_verified =
       "on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's "
-      "bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)";
+      "bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)";
 
   Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{});
   bf16.contract = Contract::bit_exact(eager_chain)
-                      .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
+                      .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
                                 ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
   bf16.description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings;
   add_implementation(registry, kOpBf16, std::move(bf16));
@@ -523,11 +523,10 @@ void register_layernorm_modulate(Registry& registry) {
         div_full ? Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
                                        "(inv = div.full.f32 1/input_scale)")
                        .unverified("no device run compared it with SGLang's Triton quantizer; on the H200 fp8 grid "
-                                   "its bytes equalled the ieee mode's and the eager chain's (docs/layernorm_modulate.md, "
-                                   "2026-11-29)")
+                                   "its bytes equalled the ieee mode's and the eager chain's (docs/layernorm_modulate.md)")
                  : Contract::bit_exact(eager_chain + ", then (y.float() * (1.0 / input_scale)).clamp(-448, 448)"
                                                      ".to(torch.float8_e4m3fn)")
-                       .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
+                       .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
                                  ": torch.equal on the fp8 grid (rows {1,127,512} x 5 scales)");
     impl.description = div_full ? "as layernorm_modulate_fp8.jit with fp8_reciprocal=div_full (SGLang's quantizer)" +
                                       mappings
@@ -544,7 +543,7 @@ void register_layernorm_modulate(Registry& registry) {
   Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
                                     "CUDA, applied to q and k")
-                    .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f: torch.equal on "
+                    .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on "
                               "the qk-head shapes");
   qk.description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp";
   add_implementation(registry, kOpQk, std::move(qk));

@@ -713,7 +713,7 @@ void register_norm_scale_shift(Registry& registry) {
                            "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
                            "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe); norm_order=aten_mean: diffusers' "
                            "RMSNorm without a weight ((x * rsqrt(x.float().pow(2).mean(-1) + eps)).to(x.dtype))")
-           .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
+           .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
                      ": y, residual_out and fp8 torch.equal on 54 of 54 cases; the nvfp4 outputs were compared with "
                      "the CPU reference only (no device run of TRT-LLM's fp4_quantize); norm_order=aten_mean: y "
                      "torch.equal on 33 of 33 cases of bench/norm_scale_shift_torch.py's VERIFY_MEAN (LTX-2's shapes, "
@@ -729,7 +729,7 @@ void register_norm_scale_shift(Registry& registry) {
                            "gate).type_as(residual) (no gate: residual + x), (F.layer_norm(v.float(), (D,), weight, "
                            "bias, eps) * (1 + scale) + shift).type_as(x) (FP32LayerNorm: aten vectorized kernel on the "
                            "float32 row) with f32 operands, one rounding of y to x's dtype")
-           .verified("H200 (sm_90), 2026-12-02: bench/norm_scale_shift_torch.py's VERIFY_FLOAT32 (every Wan site "
+           .verified("H200 (sm_90): bench/norm_scale_shift_torch.py's VERIFY_FLOAT32 (every Wan site "
                      "at 14B / 1.3B / batch 2 / TI2V) at ee9c29e; every float32 case of tests/python/test_ops_eager.py "
                      "and the Wan sites of ditops.diffusers (bench/results/h200/models/wan.json) at 64c434f")},
   };
@@ -766,7 +766,7 @@ void register_norm_scale_shift(Registry& registry) {
           Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
                               "rsqrt, rcp.approx and div.full correctly rounded)")
               .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
-                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)"),
+                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
           "CPU reference, multithreaded over rows; every numerics, both norms, every output"));
 }
 

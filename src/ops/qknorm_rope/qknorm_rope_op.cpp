@@ -449,7 +449,7 @@ void register_qknorm_rope(Registry& registry) {
     const std::string suffix = rounded ? "" : "_fp32";
     const Contract contract =
         rounded ? Contract::bit_exact(eager_oracle)
-                      .verified("H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f"
+                      .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
                                 ": norm_order=aten torch.equal on every case (aot 26 of 26, jit 128 of 128); "
                                 "norm_order=aten_mean (once) torch.equal on its cases of tests/python/test_ops_eager.py; "
                                 "norm_order=warp is unverified (it never ran beside SGLang's split chain and equals "
@@ -498,7 +498,7 @@ void register_qknorm_rope(Registry& registry) {
                                              "correctly rounded)")
                              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
                                        "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "2026-12-01 at 8dea671; norm_weight_rounding=twice, norm_order=aten_mean and "
+                                       "at 8dea671; norm_weight_rounding=twice, norm_order=aten_mean and "
                                        "rope_product=complex against the eager chains only)"),
                          "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }

@@ -520,7 +520,7 @@ void register_residual_gate_add(Registry& registry) {
   jit_impl.name = "residual_gate_add.jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      "H200 (sm_90), scripts/device_run.sh verify, 2026-12-01 at cbc736f: torch.equal on 58 of 58 cases and 6 "
+      "H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on 58 of 58 cases and 6 "
       "CUDA-graph replays");
   jit_impl.description =
       "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
@@ -542,7 +542,7 @@ void register_residual_gate_add(Registry& registry) {
   promoted.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   promoted.contract =
       Contract::bit_exact(kPromotedOracle)
-          .verified("H200 (sm_90), 2026-12-02 at ee9c29e: torch.equal at every Wan gate of "
+          .verified("H200 (sm_90) at ee9c29e: torch.equal at every Wan gate of "
                     "bench/residual_gate_add_torch.py (chunks of [B, 6, D] and [B, S, 6, D]) and every f32-gate case of "
                     "tests/python/test_ops_eager.py; at 64c434f the Wan sites of ditops.diffusers (tiny models and the "
                     "14B-width bench, bench/results/h200/models/wan.json) equal to the model");
@@ -559,7 +559,7 @@ void register_residual_gate_add(Registry& registry) {
                                              "; the portable oracle, compiled without FP contraction")
                              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
                                        "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "2026-12-01 at 8dea671)"),
+                                       "at 8dea671)"),
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
 

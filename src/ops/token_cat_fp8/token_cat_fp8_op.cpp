@@ -204,7 +204,7 @@ void register_token_cat_fp8(Registry& registry) {
   jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
   add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
-                        .verified(std::string("H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671: "
+                        .verified(std::string("H200 (sm_90), scripts/device_run.sh ops at 8dea671: "
                                               "bench/token_cat_fp8_torch.py's torch.equal against ") +
                                   (div_full ? "a Triton kernel evaluating SGLang's static_quant_fp8 expression (not SGLang's package)"
                                             : "the eager chain") + ", and a CUDA-graph replay with a changed scale");
@@ -221,7 +221,7 @@ void register_token_cat_fp8(Registry& registry) {
                           "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
                           "1/input_scale differs from it (<= 2 ulp)")
               .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
-                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops, 2026-12-01 at 8dea671)"),
+                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
           "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction"));
 }
 
