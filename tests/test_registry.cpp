@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/implementation.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/registry.h"
 #include "jit/jit.h"
@@ -871,6 +872,34 @@ TEST(RegistryGlobal, QknormRopeImplementations) {
   const auto ops = Registry::global().ops();
   EXPECT_NE(std::find(ops.begin(), ops.end(), "qknorm_rope"), ops.end());
   EXPECT_EQ(ditops::jit::cache_stats().compiles, before.compiles);
+}
+
+// A typed implementation's KernelSpec functions take the Dispatched call dispatch() makes; the
+// op's call struct passed in its place throws instead of being read as one.
+TEST_F(RegistryTest, TypedImplementationTakesOnlyItsDispatchedCall) {
+  struct Key {
+    std::string to_string() const { return "k"; }
+  };
+  int ran = 0;
+  ditops::Implementation<FakeCall, Key> impl;
+  impl.name = "fake.typed";
+  impl.capabilities = {cpu_cap()};
+  impl.predicate = [](const FakeCall& c, const Key&) { return c.refuse_jit ? std::string("refused") : std::string(); };
+  impl.run = [&ran](const FakeCall& c, const Key&) { ran += c.value; };
+  ditops::add_implementation(registry_, kOp, std::move(impl));
+  const KernelSpec* typed = registry_.list(kOp).at(0);
+  FakeCall call;
+  call.value = 3;
+  const Key key;
+  const DeviceInfo info = cpu();
+  const ditops::Dispatched<FakeCall, Key> dispatched{call, key, info};
+  EXPECT_EQ(typed->predicate(&dispatched), "");
+  EXPECT_EQ(typed->template_key(&dispatched), "");  // a CPU call has no kernel
+  typed->run(&dispatched);
+  EXPECT_EQ(ran, 3);
+  EXPECT_THROW(typed->run(&call), ditops::Error);
+  EXPECT_THROW(typed->predicate(&call), ditops::Error);
+  EXPECT_EQ(ran, 3);
 }
 
 }  // namespace
