@@ -1,6 +1,6 @@
 // Host cost of one call through the C++ facade on the CPU path (an experiment, not a benchmark of
 // the kernels): argument matching, dispatch and the CPU reference on a problem of one row, so
-// that the reference's arithmetic is a small constant. Uses the public headers only, so the same
+// that the reference's arithmetic is a small constant; every op of the library. Uses the public headers only, so the same
 // file builds against any commit's library and two builds compare with one method
 // (docs/tuning/host_overhead.md):
 //   g++ -std=c++20 -O2 -I include bench/experiments/host_overhead_cpu.cpp -L BUILD -lditops \
@@ -19,7 +19,12 @@
 #include <string>
 #include <vector>
 
+#include "ditops/causal_conv3d_cat_pad.h"
+#include "ditops/cross_head_qknorm_rope.h"
+#include "ditops/fp8_linear.h"
+#include "ditops/fp8_static_quant.h"
 #include "ditops/layernorm_modulate.h"
+#include "ditops/norm_scale_shift.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/residual_gate_add.h"
 #include "ditops/token_cat_fp8.h"
@@ -79,11 +84,52 @@ int main(int argc, char** argv) {
   const TensorView vx = view(x, DType::bf16, {1, 1, 64}), vlo = view(ln_out, DType::bf16, {1, 1, 64});
   const TensorView vms = view(mod_scale, DType::bf16, {1, 64}), vmh = view(mod_shift, DType::bf16, {1, 64});
 
+  // layernorm_modulate_fp8: the same with a [1, 1, 64] e4m3 out; qk_head_layernorm: q, k [1, 1, 1, 64].
+  std::vector<uint16_t> ln_fp8(32, 0), qo(64, 0), ko(64, 0);
+  const TensorView vlf = view(ln_fp8, DType::f8e4m3fn, {1, 1, 64});
+  const TensorView vq4 = view(q, DType::bf16, {1, 1, 1, 64}), vk4 = view(k, DType::bf16, {1, 1, 1, 64});
+  const TensorView vqo = view(qo, DType::bf16, {1, 1, 1, 64}), vko = view(ko, DType::bf16, {1, 1, 1, 64});
+
+  // fp8_static_quant: x [1, 64] -> e4m3 [1, 64].
+  const TensorView vx2 = view(x, DType::bf16, {1, 64}), vsq = view(fp8_out, DType::f8e4m3fn, {1, 64});
+
+  // norm_scale_shift: x [1, 1, 64], scale and shift [64], y [1, 1, 64].
+  NormScaleShiftInputs nss_in;
+  nss_in.x = vx;
+  nss_in.scale = view(mod_scale, DType::bf16, {64});
+  nss_in.shift = view(mod_shift, DType::bf16, {64});
+  NormScaleShiftOutputs nss_out;
+  nss_out.y = vlo;
+
+  // cross_head_qknorm_rope: q, k [1, 1, 64] in place, one head of 64, no weights, no rotation.
+  CrossHeadQkNormRopeOptions cross;
+  cross.head_dim = 64;
+  cross.rope = CrossHeadRope::none;
+
+  // causal_conv3d_cat_pad: x [1, 1, 1, 2, 32] with a cache of one frame, padded by one frame.
+  std::vector<uint16_t> conv_out(3 * 64, 0);
+  const TensorView vcx = view(x, DType::bf16, {1, 1, 1, 2, 32}), vcc = view(mod_scale, DType::bf16, {1, 1, 1, 2, 32});
+  const TensorView vco = view(conv_out, DType::bf16, {1, 1, 3, 2, 32});
+  CausalConv3dCatPadOptions pad;
+  pad.pad_t_left = 2;
+
+  // fp8_linear: e4m3 x [1, 32] (the fp8_out bytes) against an e4m3 w [2, 32], bf16 out [1, 2].
+  std::vector<uint16_t> w(32, 0), lin_out(2, 0);
+  const TensorView vlx = view(fp8_out, DType::f8e4m3fn, {1, 32}), vw = view(w, DType::f8e4m3fn, {2, 32});
+  const TensorView vlo2 = view(lin_out, DType::bf16, {1, 2});
+
   const std::pair<const char*, std::function<void()>> ops[] = {
       {"qknorm_rope", [&] { qknorm_rope(vq, vk, vwq, vwk, vcache, vpos); }},
       {"residual_gate_add", [&] { residual_gate_add(vres, vupd, vgate, vout); }},
       {"token_cat_fp8", [&] { token_cat_fp8(vattn, vmlp, vscale, vfp8); }},
       {"layernorm_modulate", [&] { layernorm_modulate(vx, vms, vmh, vlo); }},
+      {"layernorm_modulate_fp8", [&] { layernorm_modulate_fp8(vx, vms, vmh, vscale, vlf); }},
+      {"qk_head_layernorm", [&] { qk_head_layernorm(vq4, vk4, vqo, vko); }},
+      {"fp8_static_quant", [&] { fp8_static_quant(vx2, vscale, vsq); }},
+      {"norm_scale_shift", [&] { norm_scale_shift(nss_in, nss_out); }},
+      {"cross_head_qknorm_rope", [&] { cross_head_qknorm_rope(vq, vk, {}, {}, {}, {}, {}, {}, cross); }},
+      {"causal_conv3d_cat_pad", [&] { causal_conv3d_cat_pad(vcx, vcc, vco, pad); }},
+      {"fp8_linear", [&] { fp8_linear(vlx, vscale, vw, vscale, {}, vlo2); }},
   };
   if (count) {
     for (const auto& [name, call] : ops)
@@ -93,6 +139,6 @@ int main(int argc, char** argv) {
   }
   std::printf("host overhead per call, CPU path (C++ facade: match + dispatch + reference, one row), best of %d x %d "
               "calls\n", rounds, calls);
-  for (const auto& [name, call] : ops) std::printf("  %-20s %7.3f us\n", name, per_call_us(call, calls, rounds));
+  for (const auto& [name, call] : ops) std::printf("  %-24s %7.3f us\n", name, per_call_us(call, calls, rounds));
   return 0;
 }
