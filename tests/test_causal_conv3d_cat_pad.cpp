@@ -361,7 +361,7 @@ TEST_F(CausalConv3dCatPadGpu, BothIndexWidthsOnAGridThatLoops) {
   const std::vector<uint8_t> want = reference_bytes(c, x, &cache, 0);
   const DeviceTensor dx(x, true), dc(cache, true);
   for (bool index64 : {false, true}) {
-    jit::KernelRequest r;
+    KernelRequest r;
     r.header = "causal_conv3d_cat_pad.cuh";
     r.function = "ditops::causal_conv3d_cat_pad";
     r.template_args = std::string("ditops::kernel::bf16, false, ") + (index64 ? "true" : "false");

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 constexpr const char* kArch = "sm_90a";
 
-jit::KernelRequest small_request() {
+KernelRequest small_request() {
   QkKernelKey key;
   key.head_dim = 64;
   key.rope_dim = 64;

@@ -185,7 +185,7 @@ TEST(JitCompile, IndexCheckKernelCompilesForEveryTargetArch) {
 // The benchmarks' read-bandwidth kernel (the read roof of GEMM/GEMV benchmarks), compiled here too.
 TEST(JitCompile, ReadBandwidthKernelCompilesForEveryTargetArch) {
   if (!nvrtc_present()) GTEST_SKIP() << "NVRTC not loadable here";
-  const jit::KernelRequest request = cli::read_bandwidth_request();
+  const KernelRequest request = cli::read_bandwidth_request();
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
     std::vector<uint8_t> cubin;
     ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(request, "ditops_entry"), "ditops_jit_entry.cu",

@@ -376,7 +376,7 @@ TEST(NssJit, EagerScheduleFollowsTheMeasuredRules) {
   EXPECT_FALSE(s.prefetch);
   EXPECT_EQ(s.split, 2);
   EXPECT_EQ(s.min_blocks, 4);
-  jit::KernelRequest r = nss_kernel_request(k);
+  KernelRequest r = nss_kernel_request(k);
   EXPECT_EQ(r.max_threads, 256);
   EXPECT_EQ(r.min_blocks, 4);
   EXPECT_EQ(r.template_args.substr(r.template_args.size() - 17), ", false, false, 2") << r.template_args;
@@ -451,7 +451,7 @@ TEST(NssJit, Float32ChainScheduleHoldsItsOperandsWhereTheyFit) {
   EXPECT_FALSE(s.prefetch || s.shared_operands || s.stream_operands);
   EXPECT_EQ(s.split, 1);
   EXPECT_EQ(s.min_blocks, 7);
-  jit::KernelRequest r = nss_kernel_request(k);
+  KernelRequest r = nss_kernel_request(k);
   EXPECT_TRUE(ends_with(r.template_args, "false, false, 1, true, true, false")) << r.template_args;
   k.dim = 5120;  // Wan 14B, 10 slots: scale and shift (fp32) in shared memory, prefetch, 5
   s = nss_eager_schedule(k);

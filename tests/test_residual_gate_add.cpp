@@ -354,7 +354,7 @@ TEST(ResidualGateAddJit, PromotedGateAndStridedRowsReachTheKernel) {
   k.dtype = DType::bf16;
   k.mode = GateMode::strided;
   k.gate_f32 = true;
-  const jit::KernelRequest r = rga_kernel_request(k);
+  const KernelRequest r = rga_kernel_request(k);
   EXPECT_NE(r.template_args.find("ditops::kRgaGateStrided"), std::string::npos) << r.template_args;
   EXPECT_EQ(r.template_args.substr(r.template_args.size() - 7), ", float") << r.template_args;
   EXPECT_NE(k.to_string().find("strided,flat,vec16,gate_f32"), std::string::npos) << k.to_string();

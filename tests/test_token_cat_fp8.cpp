@@ -184,7 +184,7 @@ class TokenCatFp8Gpu : public ::testing::Test {
 float device_inverse(float scale, bool div_full) {
   DeviceBuffer s(4), o(4);
   s.put(&scale, 4);
-  jit::KernelRequest r;
+  KernelRequest r;
   r.header = "token_cat_fp8.cuh";
   r.function = "ditops::token_cat_fp8_inverse_probe";
   r.template_args = jit::kernel_bool(div_full);

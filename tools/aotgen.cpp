@@ -13,8 +13,8 @@ namespace {
 
 // What every aot implementation in the registry lists (KernelSpec::prebuilt); this program links
 // the library's objects with an empty prebuilt table.
-std::vector<ditops::jit::KernelRequest> prebuilt_requests() {
-  std::vector<ditops::jit::KernelRequest> out;
+std::vector<ditops::KernelRequest> prebuilt_requests() {
+  std::vector<ditops::KernelRequest> out;
   for (const ditops::KernelSpec* spec : ditops::Registry::global().list())
     if (spec->prebuilt)
       for (auto& request : spec->prebuilt()) out.push_back(std::move(request));

@@ -8,8 +8,8 @@ namespace ditops::cli {
 
 inline constexpr int kReadBandwidthThreads = 256;
 
-inline jit::KernelRequest read_bandwidth_request() {
-  jit::KernelRequest r;
+inline KernelRequest read_bandwidth_request() {
+  KernelRequest r;
   r.header = "read_bandwidth.cuh";
   r.function = "ditops::read_bandwidth_body";
   r.template_args = "4";

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "ditops/fp8_reciprocal.h"
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -30,7 +31,8 @@ struct Fp8StaticQuantOptions {
   DispatchOptions dispatch;
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct Fp8StaticQuantCall {
   TensorView x, scale, out;
   Fp8StaticQuantOptions options;
@@ -41,15 +43,15 @@ struct Fp8StaticQuantCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran.
-std::string fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
-                             const Fp8StaticQuantOptions& options = {}, Stream stream = nullptr);
+// fp8_static_quant(x, scale, out, options = {}, stream = nullptr): validates every argument
+// (throws Error naming the tensor, dimension, expected and actual value, before anything is
+// written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, Fp8StaticQuantCall> fp8_static_quant;
 
-// Validation alone (shapes, dtypes, devices, overlap; not the scale's value).
-Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
-                                          const Fp8StaticQuantOptions& options = {}, Stream stream = nullptr);
+// match_fp8_static_quant(x, scale, out, options = {}, stream = nullptr): validation alone
+// (shapes, dtypes, devices, overlap; not the scale's value).
+extern const OpFunction<Fp8StaticQuantCall, Fp8StaticQuantCall> match_fp8_static_quant;
 
 DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call);
 

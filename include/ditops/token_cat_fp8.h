@@ -23,6 +23,7 @@
 #include <string>
 
 #include "ditops/fp8_reciprocal.h"
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -34,7 +35,8 @@ struct TokenCatFp8Options {
   DispatchOptions dispatch;
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct TokenCatFp8Call {
   TensorView attn, mlp, input_scale, out;
   TokenCatFp8Options options;
@@ -47,17 +49,16 @@ struct TokenCatFp8Call {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran.
-std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
-                          const TensorView& out, const TokenCatFp8Options& options = {}, Stream stream = nullptr);
+// token_cat_fp8(attn, mlp, input_scale, out, options = {}, stream = nullptr): validates every
+// argument (throws Error naming the tensor, dimension, expected and actual value, before anything
+// is written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, TokenCatFp8Call> token_cat_fp8;
 
-// Validation alone (shapes, dtypes, devices, overlap; not the scale's value): the call every
-// implementation would receive.
-TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
-                                    const TensorView& out, const TokenCatFp8Options& options = {},
-                                    Stream stream = nullptr);
+// match_token_cat_fp8(attn, mlp, input_scale, out, options = {}, stream = nullptr): validation
+// alone (shapes, dtypes, devices, overlap; not the scale's value): the call every implementation
+// would receive.
+extern const OpFunction<TokenCatFp8Call, TokenCatFp8Call> match_token_cat_fp8;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call);

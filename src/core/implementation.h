@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/kernel_request.h"
 #include "ditops/registry.h"
 
 namespace ditops {

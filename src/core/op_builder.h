@@ -1,20 +1,27 @@
-// Builds an OpDescription from an op's typed argument struct: each slot is declared once with
-// the member it fills, option defaults are read from a default-constructed struct (the C++
-// defaults are the only ones), and the generic call is turned back into the typed one.
+// An op described once: its tensors' rules, its options and its own matching rules, attached to
+// the members of its call struct (include/ditops/<op>.h), whose names and order are the tensors'
+// and options' (the C++ defaults are the only ones). From it come the argument checks, the call
+// every implementation receives, the C++ entries (`<op>(...)`, `match_<op>(...)`,
+// include/ditops/op_function.h), the generic call every binding makes and the op table:
 //
-//   OpBuilder<QkNormRopeCall> b("qknorm_rope", "in-place per-head QK RMSNorm + RoPE", doc);
-//   b.tensor({"q", TensorRole::inout, ...}, &QkNormRopeCall::q);
-//   b.option("eps", &QkNormRopeOptions::eps, "RMSNorm epsilon");
-//   b.choice("rounding", &QkNormRopeOptions::rounding, {{"rounded", ...}, {"fp32", ...}}, "...");
-//   registry.describe(b.build(run, explain));
+//   OpBuilder<ScaleAddCall> b("scale_add", "out = x * scale + bias", doc);
+//   b.tensor<&ScaleAddCall::x>({.dtypes = "bf16", .shape = "M,N", .layout = "contiguous"});
+//   b.option<&ScaleAddOptions::use_pdl>("programmatic dependent launch where the device has it");
+//   b.choice<&QkNormRopeOptions::rounding>({{"rounded", ...}, {"fp32", ...}}, "...");
+//   b.complete(complete_scale_add);  // the op's own rules and the fields they derive
 //
-// Args needs a member `options` whose type has a `dispatch` (DispatchOptions) member.
+// and, with the op's kernel family (jit/kernel_family.h: op_run, op_match, describe_op), its
+// entries and registration. Args (what callers fill) is the call struct itself, or a struct the op
+// turns into its Call in `complete` (three layernorm ops share one call); it has a member
+// `options` whose type has a `dispatch` (DispatchOptions) member, and a Call has `stream`.
 #pragma once
 
+#include <cstddef>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -55,10 +62,35 @@ std::string option_default_text(double value, bool single_precision);
 [[noreturn]] void option_type_error(const std::string& op, const std::string& option, const char* expected,
                                     const OptionValue& value);
 
-template <typename Args>
+// The name of the data member `Member` points to ("x" for &ScaleAddCall::x): the one place the
+// compiler spells it is a template's signature (GCC: "[with auto Member = &ditops::C::x; ...]",
+// Clang: "[Member = &ditops::C::x]").
+template <auto Member>
+constexpr std::string_view member_name() {
+  constexpr std::string_view f = __PRETTY_FUNCTION__;
+  constexpr size_t end = f.find_first_of(";]", f.find("Member = "));
+  constexpr size_t start = f.rfind("::", end) + 2;
+  static_assert(end != std::string_view::npos && start > 2 && start < end, "member_name: unexpected signature");
+  return f.substr(start, end - start);
+}
+
+template <typename M>
+struct member_traits;
+template <typename T, typename C>
+struct member_traits<T C::*> {
+  using type = T;
+  using owner = C;
+};
+
+template <typename Args, typename Call = Args>
 class OpBuilder {
  public:
   using Options = std::remove_cvref_t<decltype(std::declval<Args&>().options)>;
+  using ArgsType = Args;
+  using CallType = Call;
+  // Args is the Call: matching completes it in place; else it makes the Call.
+  static constexpr bool kInPlace = std::is_same_v<Args, Call>;
+  using Complete = std::conditional_t<kInPlace, void (*)(Call&, Matcher&), Call (*)(const Args&, Matcher&)>;
 
   OpBuilder(std::string name, std::string summary, std::string doc) {
     desc_.name = std::move(name);
@@ -78,19 +110,16 @@ class OpBuilder {
     return *this;
   }
 
-  // A tensor slot and the member it fills (a member pointer, or a function for nested members).
-  OpBuilder& tensor(TensorSlot slot, TensorView Args::*member) {
-    add_rule(slot);
-    desc_.tensors.push_back(std::move(slot));
-    tensor_setters_.push_back([member](Args& a, const TensorView& t) { a.*member = t; });
-    members_.push_back({member, nullptr});
-    return *this;
-  }
-  OpBuilder& tensor(TensorSlot slot, TensorView& (*access)(Args&)) {
-    add_rule(slot);
-    desc_.tensors.push_back(std::move(slot));
-    tensor_setters_.push_back([access](Args& a, const TensorView& t) { access(a) = t; });
-    members_.push_back({nullptr, access});
+  // A tensor slot: the member of Args it is (a path for a nested one: &Call::in, &Inputs::x), named
+  // after the last member; slot.name stays empty.
+  template <auto... Path>
+  OpBuilder& tensor(TensorSlot slot) {
+    static_assert(sizeof...(Path) > 0, "tensor<&Args::member>(...)");
+    if (!slot.name.empty()) throw Error(desc_.name + ": slot " + slot.name + ": the name is the member's");
+    slot.name = std::string(member_name<(Path, ...)>());
+    static const Args probe{};
+    const auto at = [](const Args& a) -> const TensorView& { return (a .* ... .* Path); };
+    add_slot(std::move(slot), &at(probe), &probe);
     return *this;
   }
 
@@ -101,12 +130,26 @@ class OpBuilder {
     return *this;
   }
 
+  // The op's own rules after the slots' (broadcast classes, alignment, in place) and the fields of
+  // the call they derive: match_<op> is the slots' checks, then this.
+  OpBuilder& complete(Complete complete) {
+    complete_ = complete;
+    return *this;
+  }
+
+  // What a run checks before dispatch and matching does not: a value read from host memory, the
+  // device-side index check of the checked mode.
+  OpBuilder& check_before_run(void (*check)(const Call&)) {
+    check_before_run_ = check;
+    return *this;
+  }
+
   // The checks the slots state, run over a call's tensors: what every match_<op> does first.
   Matcher match(const Args& a) const {
     Matcher m(desc_.name);
     const TensorView* views[kMaxSlots];
-    for (size_t i = 0; i < members_.size(); ++i)
-      views[i] = members_[i].member ? &(a.*members_[i].member) : &members_[i].access(const_cast<Args&>(a));
+    for (size_t i = 0; i < offsets_.size(); ++i)
+      views[i] = reinterpret_cast<const TensorView*>(reinterpret_cast<const char*>(&a) + offsets_[i]);
     if (dim_rules_.empty()) {
       match_slots(m, rules_, views);
       return m;
@@ -129,9 +172,134 @@ class OpBuilder {
     return m;
   }
 
-  // A bool, integer or floating-point option; the default is the struct's.
+  // match_<op>: the call every implementation receives (Args completed in place, or the Call made
+  // from it), validated, on `stream`.
+  void match_in_place(Call& c, Stream stream) const requires kInPlace {
+    c.stream = stream;
+    Matcher m = match(c);
+    if (complete_) complete_(c, m);
+  }
+  Call matched(const Args& a, Stream stream) const {
+    if constexpr (kInPlace) {
+      Call c = a;
+      match_in_place(c, stream);
+      return c;
+    } else {
+      Matcher m = match(a);
+      Call c = complete_(a, m);
+      c.stream = stream;
+      return c;
+    }
+  }
+  void run_checks(const Call& c) const {
+    if (check_before_run_) check_before_run_(c);
+  }
+
+  // A bool, integer or floating-point option, named after its member; the default is the struct's.
+  template <auto Member>
+  OpBuilder& option(std::string doc) {
+    static_assert(std::is_same_v<typename member_traits<decltype(Member)>::owner, Options>,
+                  "an option is a member of Options");
+    add_option(std::string(member_name<Member>()), Member, std::move(doc));
+    return *this;
+  }
+
+  // An enum option given by name, named after its member; the first pair whose value equals the
+  // default is the default.
+  template <auto Member>
+  OpBuilder& choice(std::vector<std::pair<std::string, typename member_traits<decltype(Member)>::type>> names,
+                    std::string doc) {
+    static_assert(std::is_same_v<typename member_traits<decltype(Member)>::owner, Options>,
+                  "a choice is a member of Options");
+    add_choice(std::string(member_name<Member>()), Member, std::move(names), std::move(doc));
+    return *this;
+  }
+
+  // The first form (an explicit name beside the member), until every op takes the member's.
+  OpBuilder& tensor(TensorSlot slot, TensorView Args::*member) {
+    static const Args probe{};
+    add_slot(std::move(slot), &(probe.*member), &probe);
+    return *this;
+  }
+  OpBuilder& tensor(TensorSlot slot, TensorView& (*access)(Args&)) {
+    static Args probe{};
+    add_slot(std::move(slot), &access(probe), &probe);
+    return *this;
+  }
   template <typename T>
   OpBuilder& option(std::string name, T Options::*member, std::string doc) {
+    add_option(std::move(name), member, std::move(doc));
+    return *this;
+  }
+  template <typename E>
+  OpBuilder& choice(std::string name, E Options::*member, std::vector<std::pair<std::string, E>> names,
+                    std::string doc) {
+    add_choice(std::move(name), member, std::move(names), std::move(doc));
+    return *this;
+  }
+  OpDescription build(std::function<std::string(const Args&, Stream)> run,
+                      std::function<DispatchReport(const Args&)> explain) const {
+    OpDescription desc = desc_;
+    desc.run = [to_args = args_of(), run](const GenericCall& c, Stream s) { return run(to_args(c), s); };
+    desc.explain = [to_args = args_of(), explain](const GenericCall& c) { return explain(to_args(c)); };
+    return desc;
+  }
+
+  // An option the bindings read (e.g. whether to allocate an output) and the op ignores.
+  OpBuilder& binding_option(OptionSlot slot) {
+    slot.binding_only = true;
+    desc_.options.push_back(std::move(slot));
+    option_setters_.push_back([](Args&, const OptionValue&) {});
+    return *this;
+  }
+
+  // The op table's entry: a generic call becomes Args (tensor slots by member, options by name),
+  // which `run` (match, check, dispatch) and `explain` take (jit/kernel_family.h: describe_op).
+  OpDescription build(std::string (*run)(Args&, Stream), DispatchReport (*explain)(Args&)) const {
+    OpDescription desc = desc_;
+    desc.run = [to_args = args_of(), run](const GenericCall& c, Stream s) {
+      Args a = to_args(c);
+      return run(a, s);
+    };
+    desc.explain = [to_args = args_of(), explain](const GenericCall& c) {
+      Args a = to_args(c);
+      return explain(a);
+    };
+    return desc;
+  }
+
+ private:
+  template <typename T>
+  static T convert(const std::string& op, const std::string& name, const OptionValue& v) {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (const bool* b = std::get_if<bool>(&v)) return *b;
+      option_type_error(op, name, "a bool", v);
+    } else if constexpr (std::is_integral_v<T>) {
+      const int64_t* i = std::get_if<int64_t>(&v);
+      if (!i) option_type_error(op, name, "an integer", v);
+      if (*i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          *i > static_cast<int64_t>(std::numeric_limits<T>::max()))
+        throw InvalidArgument(op + ": option '" + name + "' must fit " + std::to_string(sizeof(T) * 8) +
+                              " bits but is " + std::to_string(*i));
+      return static_cast<T>(*i);
+    } else {
+      if (const double* d = std::get_if<double>(&v)) return static_cast<T>(*d);
+      if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<T>(*i);
+      option_type_error(op, name, "a number", v);
+    }
+  }
+
+  static constexpr size_t kMaxSlots = 16;
+  // `at` is the slot's TensorView in `probe`.
+  void add_slot(TensorSlot slot, const TensorView* at, const Args* probe) {
+    if (rules_.size() == kMaxSlots) throw Error(desc_.name + ": more than 16 tensor slots");
+    rules_.push_back(compile_slot_rule(desc_.name, slot, rules_));
+    desc_.tensors.push_back(std::move(slot));
+    offsets_.push_back(static_cast<size_t>(reinterpret_cast<const char*>(at) - reinterpret_cast<const char*>(probe)));
+  }
+
+  template <typename T>
+  void add_option(std::string name, T Options::*member, std::string doc) {
     static_assert(std::is_arithmetic_v<T>, "option() takes bool, integer and floating-point members");
     const T initial = Options{}.*member;
     OptionSlot slot;
@@ -148,17 +316,13 @@ class OpBuilder {
       slot.default_text = option_default_text(static_cast<double>(initial), std::is_same_v<T, float>);
     }
     desc_.options.push_back(std::move(slot));
-    const std::string op = desc_.name;
-    option_setters_.push_back([member, op, name](Args& a, const OptionValue& v) {
+    option_setters_.push_back([member, op = desc_.name, name](Args& a, const OptionValue& v) {
       a.options.*member = convert<T>(op, name, v);
     });
-    return *this;
   }
 
-  // An enum option given by name; the first pair whose value equals the default is the default.
   template <typename E>
-  OpBuilder& choice(std::string name, E Options::*member, std::vector<std::pair<std::string, E>> names,
-                    std::string doc) {
+  void add_choice(std::string name, E Options::*member, std::vector<std::pair<std::string, E>> names, std::string doc) {
     OptionSlot slot;
     slot.name = name;
     slot.kind = OptionKind::choice;
@@ -169,9 +333,8 @@ class OpBuilder {
       if (e == initial && slot.default_text.empty()) slot.default_text = n;
     }
     desc_.options.push_back(std::move(slot));
-    const std::string op = desc_.name;
     auto table = std::make_shared<std::vector<std::pair<std::string, E>>>(std::move(names));
-    option_setters_.push_back([member, op, name, table](Args& a, const OptionValue& v) {
+    option_setters_.push_back([member, op = desc_.name, name, table](Args& a, const OptionValue& v) {
       const std::string* s = std::get_if<std::string>(&v);
       if (!s) option_type_error(op, name, "a string", v);
       for (const auto& [n, e] : *table)
@@ -183,75 +346,32 @@ class OpBuilder {
       for (const auto& [n, e] : *table) expected += (expected.empty() ? "" : " or ") + n;
       throw InvalidArgument(op + ": unknown " + name + " '" + *s + "' (expected " + expected + ")");
     });
-    return *this;
   }
 
-  // An option the bindings read (e.g. whether to allocate an output) and the op ignores.
-  OpBuilder& binding_option(OptionSlot slot) {
-    slot.binding_only = true;
-    desc_.options.push_back(std::move(slot));
-    option_setters_.push_back([](Args&, const OptionValue&) {});
-    return *this;
-  }
-
-  OpDescription build(std::function<std::string(const Args&, Stream)> run,
-                      std::function<DispatchReport(const Args&)> explain) const {
-    auto to_args = [tensors = tensor_setters_, options = option_setters_, desc = desc_](const GenericCall& c) {
-      if (c.tensors.size() != desc.tensors.size() || c.given.size() != desc.tensors.size())
-        throw InvalidArgument(desc.name + ": expected " + std::to_string(desc.tensors.size()) + " tensor slots but got " +
-                    std::to_string(c.tensors.size()));
-      if (c.options.size() != desc.options.size())
-        throw InvalidArgument(desc.name + ": expected " + std::to_string(desc.options.size()) + " option slots but got " +
-                    std::to_string(c.options.size()));
+  // Turns a generic call into Args (copies of the slots and setters: the description may go).
+  std::function<Args(const GenericCall&)> args_of() const {
+    return [offsets = offsets_, options = option_setters_, name = desc_.name, tensors = desc_.tensors,
+            option_count = desc_.options.size()](const GenericCall& c) {
+      if (c.tensors.size() != tensors.size() || c.given.size() != tensors.size())
+        throw InvalidArgument(name + ": expected " + std::to_string(tensors.size()) + " tensor slots but got " +
+                              std::to_string(c.tensors.size()));
+      if (c.options.size() != option_count)
+        throw InvalidArgument(name + ": expected " + std::to_string(option_count) + " option slots but got " +
+                              std::to_string(c.options.size()));
       Args a{};
-      for (size_t i = 0; i < tensors.size(); ++i) {
+      for (size_t i = 0; i < offsets.size(); ++i) {
         if (!c.given[i]) {
-          if (!desc.tensors[i].optional) throw InvalidArgument(desc.name + ": tensor '" + desc.tensors[i].name + "' is required");
+          if (!tensors[i].optional) throw InvalidArgument(name + ": tensor '" + tensors[i].name + "' is required");
           continue;
         }
-        tensors[i](a, c.tensors[i]);
+        *reinterpret_cast<TensorView*>(reinterpret_cast<char*>(&a) + offsets[i]) = c.tensors[i];
       }
       for (size_t i = 0; i < options.size(); ++i)
         if (!std::holds_alternative<std::monostate>(c.options[i])) options[i](a, c.options[i]);
       a.options.dispatch = c.dispatch;
       return a;
     };
-    OpDescription desc = desc_;
-    desc.run = [to_args, run = std::move(run)](const GenericCall& c, Stream s) { return run(to_args(c), s); };
-    desc.explain = [to_args, explain = std::move(explain)](const GenericCall& c) { return explain(to_args(c)); };
-    return desc;
   }
-
- private:
-  template <typename T>
-  static T convert(const std::string& op, const std::string& name, const OptionValue& v) {
-    if constexpr (std::is_same_v<T, bool>) {
-      if (const bool* b = std::get_if<bool>(&v)) return *b;
-      option_type_error(op, name, "a bool", v);
-    } else if constexpr (std::is_integral_v<T>) {
-      const int64_t* i = std::get_if<int64_t>(&v);
-      if (!i) option_type_error(op, name, "an integer", v);
-      if (*i < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
-          *i > static_cast<int64_t>(std::numeric_limits<T>::max()))
-        throw InvalidArgument(op + ": option '" + name + "' must fit " + std::to_string(sizeof(T) * 8) +
-                    " bits but is " + std::to_string(*i));
-      return static_cast<T>(*i);
-    } else {
-      if (const double* d = std::get_if<double>(&v)) return static_cast<T>(*d);
-      if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<T>(*i);
-      option_type_error(op, name, "a number", v);
-    }
-  }
-
-  static constexpr size_t kMaxSlots = 16;
-  void add_rule(const TensorSlot& slot) {
-    if (rules_.size() == kMaxSlots) throw Error(desc_.name + ": more than 16 tensor slots");
-    rules_.push_back(compile_slot_rule(desc_.name, slot, rules_));
-  }
-  struct Member {
-    TensorView Args::*member;
-    TensorView& (*access)(Args&);
-  };
 
   struct DimRule {
     std::string symbol;
@@ -261,8 +381,9 @@ class OpBuilder {
   OpDescription desc_;
   std::vector<SlotRule> rules_;
   std::vector<DimRule> dim_rules_;
-  std::vector<Member> members_;
-  std::vector<std::function<void(Args&, const TensorView&)>> tensor_setters_;
+  std::vector<size_t> offsets_;  // of each slot's TensorView in Args
+  Complete complete_ = nullptr;
+  void (*check_before_run_)(const Call&) = nullptr;
   std::vector<std::function<void(Args&, const OptionValue&)>> option_setters_;
 };
 

@@ -31,6 +31,7 @@
 
 #include "core/device.h"
 #include "core/implementation.h"
+#include "core/op_builder.h"
 #include "jit/cuda_driver.h"
 #include "jit/first_use.h"
 #include "jit/launch.h"
@@ -92,6 +93,68 @@ DispatchReport explain(const typename F::Call& c, const DispatchOptions& options
   const typename F::Key key = F::key(c, info);
   const Dispatched<typename F::Call, typename F::Key> call{c, key, info};
   return Registry::global().explain(F::op, &call, info, options);
+}
+
+// ---------------------------------------------------------------- an op's entries, from its description
+
+// An op's description getter (`const OpBuilder<Args, Call>& description()`) and kernel family give
+// its C++ entries (include/ditops/op_function.h) and its op-table entry:
+//
+//   const OpFunction<std::string, ScaleAddCall> scale_add{op_run<description, Kernels>};
+//   const OpFunction<ScaleAddCall, ScaleAddCall> match_scale_add{op_match<description>};
+//   describe_op<description, Kernels>(registry);   // in the op's registration
+template <auto Description>
+using BuilderOf = std::remove_cvref_t<decltype(Description())>;
+
+namespace family_detail {
+
+template <auto Description, KernelFamily F>
+std::string run_op(typename BuilderOf<Description>::ArgsType& a, Stream stream) {
+  const auto& b = Description();
+  if constexpr (BuilderOf<Description>::kInPlace) {
+    b.match_in_place(a, stream);
+    b.run_checks(a);
+    return dispatch<F>(a, stream, a.options.dispatch);
+  } else {
+    const typename F::Call c = b.matched(a, stream);
+    b.run_checks(c);
+    return dispatch<F>(c, stream, c.options.dispatch);
+  }
+}
+
+template <auto Description>
+void match_in_place(typename BuilderOf<Description>::CallType& c, Stream stream) {
+  Description().match_in_place(c, stream);
+}
+
+template <auto Description>
+typename BuilderOf<Description>::CallType match_call(typename BuilderOf<Description>::ArgsType& a, Stream stream) {
+  return Description().matched(a, stream);
+}
+
+template <auto Description, KernelFamily F>
+DispatchReport explain_op(typename BuilderOf<Description>::ArgsType& a) {
+  const typename F::Call c = Description().matched(a, nullptr);
+  return explain<F>(c, c.options.dispatch);
+}
+
+}  // namespace family_detail
+
+// <op>(...): match, the run's own checks, dispatch.
+template <auto Description, KernelFamily F>
+constexpr auto op_run = &family_detail::run_op<Description, F>;
+
+// match_<op>(...): the call every implementation receives.
+template <auto Description>
+constexpr auto op_match = [] {
+  if constexpr (BuilderOf<Description>::kInPlace) return &family_detail::match_in_place<Description>;
+  else return &family_detail::match_call<Description>;
+}();
+
+// The op's table entry (ditops::call, explain, every binding): its run and explain from a generic call.
+template <auto Description, KernelFamily F>
+void describe_op(Registry& registry) {
+  registry.describe(Description().build(op_run<Description, F>, &family_detail::explain_op<Description, F>));
 }
 
 namespace jit {

@@ -258,8 +258,8 @@ CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) 
   return key;
 }
 
-jit::KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
-  jit::KernelRequest r;
+KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
+  KernelRequest r;
   r.header = "causal_conv3d_cat_pad.cuh";
   r.function = "ditops::causal_conv3d_cat_pad";
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.pdl) + ", " +

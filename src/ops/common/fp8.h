@@ -12,10 +12,17 @@
 
 namespace ditops {
 
-// The fp8_reciprocal option of a description; `scale` names the tensor inverted.
-template <typename Args>
-void describe_fp8_reciprocal(OpBuilder<Args>& b, Fp8Reciprocal OpBuilder<Args>::Options::*member,
-                             const std::string& scale) {
+// The fp8_reciprocal option of a description (Member: &<Op>Options::fp8_reciprocal); `scale`
+// names the tensor inverted.
+template <auto Member, typename Builder>
+void describe_fp8_reciprocal(Builder& b, const std::string& scale) {
+  b.template choice<Member>({{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+                            "1/" + scale + " as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
+}
+
+// The same in the first form (an explicit name beside the member), until every op takes the member's.
+template <typename Builder, typename Options>
+void describe_fp8_reciprocal(Builder& b, Fp8Reciprocal Options::*member, const std::string& scale) {
   b.choice("fp8_reciprocal", member, {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
            "1/" + scale + " as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
 }

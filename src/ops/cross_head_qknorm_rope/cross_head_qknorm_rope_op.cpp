@@ -248,8 +248,8 @@ CrossHeadKey key_for(const CrossHeadQkNormRopeCall& c, const DeviceInfo& device)
   return key;
 }
 
-jit::KernelRequest request_for(const CrossHeadKey& key) {
-  jit::KernelRequest r;
+KernelRequest request_for(const CrossHeadKey& key) {
+  KernelRequest r;
   r.header = "cross_head_qknorm_rope.cuh";
   r.function = "ditops::cross_head_qknorm_rope_body";
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " +

@@ -128,8 +128,8 @@ Fp8LinearKey key_for(const Fp8LinearCall& c, const DeviceInfo& device) {
   return key;
 }
 
-jit::KernelRequest request_for(const Fp8LinearKey& key) {
-  jit::KernelRequest r;
+KernelRequest request_for(const Fp8LinearKey& key) {
+  KernelRequest r;
   r.header = "fp8_linear.cuh";
   const bool gemv = key.kernel == Fp8Kernel::gemv;
   r.function = gemv ? "ditops::fp8_linear_gemv_body" : "ditops::fp8_linear_mma_body";

@@ -25,40 +25,33 @@ namespace {
 
 constexpr const char* kOp = "fp8_static_quant";
 
+// The op's own rules after the slots' and the fields they derive.
+void complete(Fp8StaticQuantCall& call, Matcher& m) {
+  call.rows = *m.value("M");
+  call.width = *m.value("K");
+  call.aligned16 = call.width % 16 == 0 && is_aligned(call.x.data, 16) && is_aligned(call.out.data, 16);
+}
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<Fp8StaticQuantCall>& description() {
-  static const OpBuilder<Fp8StaticQuantCall> b = [] {
-    OpBuilder<Fp8StaticQuantCall> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
-                                    "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, "
-                                    "checked on the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, "
-                                    "docs/fp8_linear.md");
+  using C = Fp8StaticQuantCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
+                   "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, checked on "
+                   "the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, docs/fp8_linear.md");
     b.dims("M=16,K=5120");
-    b.tensor({.name = "x", .dtypes = "bf16|f16", .shape = "M,K", .layout = "contiguous"}, &Fp8StaticQuantCall::x);
-    b.tensor({.name = "scale", .dtypes = "f32", .shape = "1"}, &Fp8StaticQuantCall::scale);
-    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
-              .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn", .layout = "contiguous"},
-             &Fp8StaticQuantCall::out);
-    describe_fp8_reciprocal(b, &Fp8StaticQuantOptions::fp8_reciprocal, "scale");
-    b.option("use_pdl", &Fp8StaticQuantOptions::use_pdl, "programmatic dependent launch where the device has it");
+    b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .layout = "contiguous"});
+    b.tensor<&C::scale>({.dtypes = "f32", .shape = "1"});
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
+                       .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn", .layout = "contiguous"});
+    describe_fp8_reciprocal<&Fp8StaticQuantOptions::fp8_reciprocal>(b, "scale");
+    b.option<&Fp8StaticQuantOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
+    b.check_before_run([](const C& c) { check_host_scale(kOp, "scale", c.scale); });
     return b;
   }();
   return b;
 }
-
-}  // namespace
-
-Fp8StaticQuantCall match_fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
-                                          const Fp8StaticQuantOptions& options, Stream stream) {
-  Fp8StaticQuantCall call{.x = x, .scale = scale, .out = out, .options = options};
-  const Matcher m = description().match(call);
-  call.rows = *m.value("M");
-  call.width = *m.value("K");
-  call.aligned16 = call.width % 16 == 0 && is_aligned(x.data, 16) && is_aligned(out.data, 16);
-  call.stream = stream;
-  return call;
-}
-
-namespace {
 
 // The same call as token_cat_fp8's with no mlp columns.
 TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
@@ -98,23 +91,15 @@ struct Kernels {
 
 void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_reference(as_token_cat(call)); }
 
-std::string fp8_static_quant(const TensorView& x, const TensorView& scale, const TensorView& out,
-                             const Fp8StaticQuantOptions& options, Stream stream) {
-  const Fp8StaticQuantCall call = match_fp8_static_quant(x, scale, out, options, stream);
-  check_host_scale(kOp, "scale", call.scale);
-  return dispatch<Kernels>(call, stream, options.dispatch);
-}
+const OpFunction<std::string, Fp8StaticQuantCall> fp8_static_quant{op_run<description, Kernels>};
+const OpFunction<Fp8StaticQuantCall, Fp8StaticQuantCall> match_fp8_static_quant{op_match<description>};
 
 DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_fp8_static_quant(Registry& registry) {
-  registry.describe(description().build(
-      [](const Fp8StaticQuantCall& a, Stream s) { return fp8_static_quant(a.x, a.scale, a.out, a.options, s); },
-      [](const Fp8StaticQuantCall& a) {
-        return explain_fp8_static_quant(match_fp8_static_quant(a.x, a.scale, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
   const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";

@@ -8,8 +8,8 @@
 
 namespace ditops {
 
-std::vector<jit::KernelRequest> layernorm_modulate_all_requests();
+std::vector<KernelRequest> layernorm_modulate_all_requests();
 // Entry over kernels/layernorm_modulate.cuh aten_ln_selfcheck_body (AtenLnSelfcheckParams).
-jit::KernelRequest aten_ln_selfcheck_request();
+KernelRequest aten_ln_selfcheck_request();
 
 }  // namespace ditops

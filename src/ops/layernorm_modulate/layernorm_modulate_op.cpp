@@ -327,8 +327,8 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   return key;
 }
 
-jit::KernelRequest request_for(const LnmKey& key) {
-  jit::KernelRequest r;
+KernelRequest request_for(const LnmKey& key) {
+  KernelRequest r;
   r.header = "layernorm_modulate.cuh";
   r.max_threads = kThreads;
   r.template_key = "layernorm_modulate:" + key.to_string();
@@ -558,8 +558,8 @@ void register_layernorm_modulate(Registry& registry) {
 DITOPS_REGISTER_OP(register_layernorm_modulate);
 
 // The primitives' self-check kernel (tests): the request is public so the GPU test can build it.
-jit::KernelRequest aten_ln_selfcheck_request() {
-  jit::KernelRequest r;
+KernelRequest aten_ln_selfcheck_request() {
+  KernelRequest r;
   r.header = "layernorm_modulate.cuh";
   r.function = "ditops::aten_ln_selfcheck_body";
   r.template_args = std::string(1, '0');  // (assigning the literal "0" trips GCC 12's bogus -Wrestrict)
@@ -571,8 +571,8 @@ jit::KernelRequest aten_ln_selfcheck_request() {
 
 // Every template key the op can request (for the compile test): both mappings over every
 // bucket, even/uneven rows, shift on/off, bf16/fp8 x reciprocal, PDL, alignment.
-std::vector<jit::KernelRequest> layernorm_modulate_all_requests() {
-  std::vector<jit::KernelRequest> out;
+std::vector<KernelRequest> layernorm_modulate_all_requests() {
+  std::vector<KernelRequest> out;
   for (int slots : {1, 2, 3, 4, 6, 8, 10, 12, 16, 20, 24, 28, 32, 40, 48, 64})
     for (bool cta : {false, true})
       for (int variant = 0; variant < 3; ++variant)

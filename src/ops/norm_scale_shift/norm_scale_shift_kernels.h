@@ -47,6 +47,6 @@ struct NssEagerSchedule {
 };
 NssEagerSchedule nss_eager_schedule(const NssKernelKey& key);
 
-jit::KernelRequest nss_kernel_request(const NssKernelKey& key);
+KernelRequest nss_kernel_request(const NssKernelKey& key);
 
 }  // namespace ditops

@@ -148,8 +148,8 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
   return s;
 }
 
-jit::KernelRequest nss_kernel_request(const NssKernelKey& key) {
-  jit::KernelRequest r;
+KernelRequest nss_kernel_request(const NssKernelKey& key) {
+  KernelRequest r;
   r.header = "norm_scale_shift.cuh";
   r.function = "ditops::norm_scale_shift_body";
   r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + std::to_string(key.dim) + ", " +

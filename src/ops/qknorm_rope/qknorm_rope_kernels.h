@@ -32,7 +32,7 @@ struct QkKernelKey {
   uint64_t packed() const;  // unique small integer (memo key)
 };
 
-jit::KernelRequest qk_kernel_request(const QkKernelKey& key);
+KernelRequest qk_kernel_request(const QkKernelKey& key);
 
 // Keys compiled to cubins at build time (aot): the model shapes of the benchmark.
 std::vector<QkKernelKey> qk_prebuilt_keys();

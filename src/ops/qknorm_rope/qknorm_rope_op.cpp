@@ -75,8 +75,8 @@ uint64_t QkKernelKey::packed() const {
   return v;
 }
 
-jit::KernelRequest qk_kernel_request(const QkKernelKey& key) {
-  jit::KernelRequest r;
+KernelRequest qk_kernel_request(const QkKernelKey& key) {
+  KernelRequest r;
   r.header = "qknorm_rope.cuh";
   r.function = "ditops::qknorm_rope_body";
   r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + jit::kernel_type_name(key.cache) + ", " +

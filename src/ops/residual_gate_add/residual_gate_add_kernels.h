@@ -39,7 +39,7 @@ constexpr int kRgaThreads = 256;
 // and its grid-stride index stays below units + 8 x (threads of a resident grid) < 2^32.
 constexpr bool flat_index64(int64_t units) { return units > int64_t{0x7fffffff}; }
 
-jit::KernelRequest rga_kernel_request(const RgaKernelKey& key);
+KernelRequest rga_kernel_request(const RgaKernelKey& key);
 // Units (16-byte vectors, or single elements on the scalar path) per thread and iteration of
 // the flat kernel; with one unit the grid covers the tensor once (no grid-stride rounds).
 int rga_flat_units(const RgaKernelKey& key);

@@ -88,8 +88,8 @@ int rga_block_threads(const RgaKernelKey& key) {
   return rga_transposed_threads(key.tile, elems, key.tokens_per_tile());
 }
 
-jit::KernelRequest rga_kernel_request(const RgaKernelKey& key) {
-  jit::KernelRequest r;
+KernelRequest rga_kernel_request(const RgaKernelKey& key) {
+  KernelRequest r;
   r.header = "residual_gate_add.cuh";
   r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
   const bool vector_residual = key.vector || (key.transposed && key.chunked_residual);

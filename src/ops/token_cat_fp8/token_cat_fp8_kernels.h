@@ -26,7 +26,7 @@ struct TokenCatFp8Key {
 };
 
 TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& call, const DeviceInfo& device);
-jit::KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key);
+KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key);
 void token_cat_fp8_launch(const TokenCatFp8Call& call, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel);
 
 }  // namespace ditops

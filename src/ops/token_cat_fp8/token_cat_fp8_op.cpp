@@ -25,46 +25,40 @@ namespace {
 constexpr const char* kOp = "token_cat_fp8";
 constexpr int kThreads = 256;
 
-// The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<TokenCatFp8Call>& description() {
-  static const OpBuilder<TokenCatFp8Call> b = [] {
-    OpBuilder<TokenCatFp8Call> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
-                                 "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
-                                 "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
-                                 "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
-    b.dims("B=1,S=4608,Da=6144,Dm=18432");
-    b.tensor({.name = "attn", .dtypes = "bf16|f16", .shape = "B,S,Da", .layout = "contiguous"}, &TokenCatFp8Call::attn);
-    b.tensor({.name = "mlp", .dtypes = "=attn", .shape = "B,S,Dm", .layout = "contiguous"}, &TokenCatFp8Call::mlp);
-    b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &TokenCatFp8Call::input_scale);
-    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
-              .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn",
-              .layout = "contiguous"},
-             &TokenCatFp8Call::out);
-    describe_fp8_reciprocal(b, &TokenCatFp8Options::fp8_reciprocal, "input_scale");
-    b.option("use_pdl", &TokenCatFp8Options::use_pdl, "programmatic dependent launch where the device has it");
-    return b;
-  }();
-  return b;
-}
-
-}  // namespace
-
-TokenCatFp8Call match_token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
-                                    const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
-  TokenCatFp8Call call{.attn = attn, .mlp = mlp, .input_scale = input_scale, .out = out, .options = options};
-  const Matcher m = description().match(call);
+// The op's own rules after the slots' and the fields they derive.
+void complete(TokenCatFp8Call& call, Matcher& m) {
   const int64_t Da = *m.value("Da"), Dm = *m.value("Dm");
   call.rows = *m.value("B") * *m.value("S");
   call.attn_width = Da;
   call.mlp_width = Dm;
   call.width = Da + Dm;
-  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && is_aligned(attn.data, 16) && is_aligned(mlp.data, 16) &&
-                   is_aligned(out.data, 16);
-  call.stream = stream;
-  return call;
+  call.aligned16 = Da % 16 == 0 && Dm % 16 == 0 && is_aligned(call.attn.data, 16) && is_aligned(call.mlp.data, 16) &&
+                   is_aligned(call.out.data, 16);
 }
 
-namespace {
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<TokenCatFp8Call>& description() {
+  using C = TokenCatFp8Call;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
+                   "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
+                   "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
+                   "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
+    b.dims("B=1,S=4608,Da=6144,Dm=18432");
+    b.tensor<&C::attn>({.dtypes = "bf16|f16", .shape = "B,S,Da", .layout = "contiguous"});
+    b.tensor<&C::mlp>({.dtypes = "=attn", .shape = "B,S,Dm", .layout = "contiguous"});
+    b.tensor<&C::input_scale>({.dtypes = "f32", .shape = "1"});
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
+                       .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn",
+                       .layout = "contiguous"});
+    describe_fp8_reciprocal<&TokenCatFp8Options::fp8_reciprocal>(b, "input_scale");
+    b.option<&TokenCatFp8Options::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
+    b.check_before_run([](const C& c) { check_host_scale(kOp, "input_scale", c.input_scale); });
+    return b;
+  }();
+  return b;
+}
 
 int64_t elems_per_unit(bool vector) { return vector ? 16 : 1; }
 int64_t units_of(const TokenCatFp8Call& c) { return c.rows * c.width / elems_per_unit(c.aligned16); }
@@ -95,8 +89,8 @@ TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& c, const DeviceInfo& dev
   return key;
 }
 
-jit::KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key) {
-  jit::KernelRequest r;
+KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key) {
+  KernelRequest r;
   r.header = "token_cat_fp8.cuh";
   r.function = "ditops::token_cat_fp8_body";
   r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.vector) + ", " +
@@ -174,25 +168,15 @@ struct Kernels {
 
 }  // namespace
 
-std::string token_cat_fp8(const TensorView& attn, const TensorView& mlp, const TensorView& input_scale,
-                          const TensorView& out, const TokenCatFp8Options& options, Stream stream) {
-  const TokenCatFp8Call call = match_token_cat_fp8(attn, mlp, input_scale, out, options, stream);
-  check_host_scale(kOp, "input_scale", call.input_scale);
-  return dispatch<Kernels>(call, stream, options.dispatch);
-}
+const OpFunction<std::string, TokenCatFp8Call> token_cat_fp8{op_run<description, Kernels>};
+const OpFunction<TokenCatFp8Call, TokenCatFp8Call> match_token_cat_fp8{op_match<description>};
 
 DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_token_cat_fp8(Registry& registry) {
-  registry.describe(description().build(
-      [](const TokenCatFp8Call& a, Stream s) {
-        return token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options, s);
-      },
-      [](const TokenCatFp8Call& a) {
-        return explain_token_cat_fp8(match_token_cat_fp8(a.attn, a.mlp, a.input_scale, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch on CUDA: (torch.cat([attn, mlp], -1).float() * (1.0 / input_scale)).clamp(-448, 448)"
       ".to(torch.float8_e4m3fn)";
