@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -37,7 +38,8 @@ struct CausalConv3dCatPadOptions {
   DispatchOptions dispatch;
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct CausalConv3dCatPadCall {
   TensorView x, cache, out;  // cache: an empty TensorView when absent
   CausalConv3dCatPadOptions options;
@@ -50,17 +52,15 @@ struct CausalConv3dCatPadCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran.
-std::string causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
-                                  const CausalConv3dCatPadOptions& options = {}, Stream stream = nullptr);
+// causal_conv3d_cat_pad(the tensors above, in order, options = {}, stream = nullptr): validates
+// every argument (throws Error naming the tensor, dimension, expected and actual value, before
+// anything is written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, CausalConv3dCatPadCall> causal_conv3d_cat_pad;
 
-// Validation alone: the call every implementation would receive.
-CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache,
-                                                   const TensorView& out,
-                                                   const CausalConv3dCatPadOptions& options = {},
-                                                   Stream stream = nullptr);
+// match_causal_conv3d_cat_pad(the same arguments): validation alone: the call every implementation
+// would receive.
+extern const OpFunction<CausalConv3dCatPadCall, CausalConv3dCatPadCall> match_causal_conv3d_cat_pad;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call);

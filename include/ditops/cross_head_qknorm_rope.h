@@ -36,6 +36,7 @@
 #include <string>
 
 #include "ditops/qknorm_rope.h"  // QkRounding
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -66,7 +67,8 @@ struct CrossHeadRows {
   int64_t rows() const { return batch * tokens; }
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct CrossHeadQkNormRopeCall {
   TensorView q, k, q_weight, k_weight, q_cos, q_sin, k_cos, k_sin;
   CrossHeadQkNormRopeOptions options;
@@ -77,21 +79,15 @@ struct CrossHeadQkNormRopeCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran. Absent optional tensors are default TensorViews.
-std::string cross_head_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
-                                   const TensorView& k_weight, const TensorView& q_cos, const TensorView& q_sin,
-                                   const TensorView& k_cos, const TensorView& k_sin,
-                                   const CrossHeadQkNormRopeOptions& options = {}, Stream stream = nullptr);
+// cross_head_qknorm_rope(the tensors above, in order, options = {}, stream = nullptr): validates
+// every argument (throws Error naming the tensor, dimension, expected and actual value, before
+// anything is written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran. Absent optional tensors are default TensorViews.
+extern const OpFunction<std::string, CrossHeadQkNormRopeCall> cross_head_qknorm_rope;
 
-// Validation alone: the call every implementation would receive.
-CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const TensorView& k,
-                                                     const TensorView& q_weight, const TensorView& k_weight,
-                                                     const TensorView& q_cos, const TensorView& q_sin,
-                                                     const TensorView& k_cos, const TensorView& k_sin,
-                                                     const CrossHeadQkNormRopeOptions& options,
-                                                     Stream stream = nullptr);
+// match_cross_head_qknorm_rope(the same arguments): validation alone: the call every implementation
+// would receive.
+extern const OpFunction<CrossHeadQkNormRopeCall, CrossHeadQkNormRopeCall> match_cross_head_qknorm_rope;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& call);

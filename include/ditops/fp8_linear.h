@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ditops/fp8_reciprocal.h"
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -43,15 +44,13 @@ struct Fp8LinearCall {
   Stream stream = nullptr;
 };
 
-// Validates (Error naming the tensor, dimension, expected and actual value, before anything is
-// written), selects an implementation and runs it. Returns the implementation's name.
-std::string fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w, const TensorView& w_scale,
-                       const TensorView& bias, const TensorView& out, const Fp8LinearOptions& options = {},
-                       Stream stream = nullptr);
+// fp8_linear(the tensors above, in order, options = {}, stream = nullptr): Validates (Error naming
+// the tensor, dimension, expected and actual value, before anything is written), selects an
+// implementation and runs it. Returns the implementation's name.
+extern const OpFunction<std::string, Fp8LinearCall> fp8_linear;
 
-Fp8LinearCall match_fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
-                               const TensorView& w_scale, const TensorView& bias, const TensorView& out,
-                               const Fp8LinearOptions& options = {}, Stream stream = nullptr);
+// match_fp8_linear(the same arguments):
+extern const OpFunction<Fp8LinearCall, Fp8LinearCall> match_fp8_linear;
 
 DispatchReport explain_fp8_linear(const Fp8LinearCall& call);
 

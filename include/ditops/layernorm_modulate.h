@@ -28,6 +28,7 @@
 #include <string>
 
 #include "ditops/fp8_reciprocal.h"
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -54,7 +55,8 @@ struct LayerNormModulateOptions {
 
 enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct LayerNormModulateCall {
   LnModulateKind kind = LnModulateKind::bf16_out;
   // bf16_out / fp8_out: x, scale, shift, out (+ input_scale). qk_head: x = q, out = q_out,
@@ -75,35 +77,33 @@ struct LayerNormModulateCall {
   Stream stream = nullptr;
 };
 
-// Validate every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), select an implementation, run it on `stream`. Returns the name
-// of the implementation that ran.
-std::string layernorm_modulate(const TensorView& x, const TensorView& scale, const TensorView& shift,
-                               const TensorView& out, const LayerNormModulateOptions& options = {},
-                               Stream stream = nullptr);
-std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
-                                   const TensorView& shift, const TensorView& input_scale,
-                                   const TensorView& out, const LayerNormModulateOptions& options = {},
-                                   Stream stream = nullptr);
-std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
-                              const TensorView& k_out, const LayerNormModulateOptions& options = {},
-                              Stream stream = nullptr);
+// What callers pass to each op: its tensors in call order, then the options (the three share the
+// call their implementations see, LayerNormModulateCall).
+struct LayerNormModulateArgs {
+  TensorView x, scale, shift, out;
+  LayerNormModulateOptions options;
+};
+struct LayerNormModulateFp8Args {
+  TensorView x, scale, shift, input_scale, out;
+  LayerNormModulateOptions options;
+};
+struct QkHeadLayerNormArgs {
+  TensorView q, k, q_out, k_out;
+  LayerNormModulateOptions options;
+};
 
-// Validation alone: the call every implementation would receive.
-LayerNormModulateCall match_layernorm_modulate(const TensorView& x, const TensorView& scale,
-                                               const TensorView& shift, const TensorView& out,
-                                               const LayerNormModulateOptions& options,
-                                               Stream stream = nullptr);
-LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
-                                                   const TensorView& shift,
-                                                   const TensorView& input_scale,
-                                                   const TensorView& out,
-                                                   const LayerNormModulateOptions& options,
-                                                   Stream stream = nullptr);
-LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
-                                              const TensorView& q_out, const TensorView& k_out,
-                                              const LayerNormModulateOptions& options,
-                                              Stream stream = nullptr);
+// <op>(the tensors of its Args, in order, options = {}, stream = nullptr): validates every argument
+// (throws Error naming the tensor, dimension, expected and actual value, before anything is
+// written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate;
+extern const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8;
+extern const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm;
+
+// match_<op>(the same arguments): validation alone: the call every implementation would receive.
+extern const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate;
+extern const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8;
+extern const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm;
 
 // The dispatch reasoning for one matched call (any of the three kinds), without running it.
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call);

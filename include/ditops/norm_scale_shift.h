@@ -41,6 +41,7 @@
 #include <string>
 
 #include "ditops/fp8_reciprocal.h"
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -132,7 +133,8 @@ const char* nss_operand_kind_name(NssOperand::Kind kind);
 
 enum class NssQuant : uint8_t { none, fp8, nvfp4 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct NormScaleShiftCall {
   NormScaleShiftInputs in;
   NormScaleShiftOutputs out;
@@ -148,16 +150,16 @@ struct NormScaleShiftCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran.
-std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
-                             const NormScaleShiftOptions& options = {}, Stream stream = nullptr);
+// norm_scale_shift(inputs, outputs, options = {}, stream = nullptr): validates every argument
+// (throws Error naming the tensor, dimension, expected and actual value, before anything is
+// written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs> norm_scale_shift;
 
-// Validation alone: the call every implementation would receive.
-NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& inputs,
-                                          const NormScaleShiftOutputs& outputs,
-                                          const NormScaleShiftOptions& options, Stream stream = nullptr);
+// match_norm_scale_shift(the same arguments): validation alone: the call every implementation
+// would receive.
+extern const OpFunction<NormScaleShiftCall, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs>
+    match_norm_scale_shift;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call);

@@ -13,6 +13,7 @@
 
 #include <string>
 
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -77,7 +78,8 @@ struct QkNormRopeOptions {
   DispatchOptions dispatch;
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct QkNormRopeCall {
   TensorView q, k, q_weight, k_weight, cos_sin_cache, positions;
   QkNormRopeOptions options;
@@ -91,19 +93,15 @@ struct QkNormRopeCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`.
-// Returns the name of the implementation that ran.
-std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
-                        const TensorView& k_weight, const TensorView& cos_sin_cache,
-                        const TensorView& positions, const QkNormRopeOptions& options = {},
-                        Stream stream = nullptr);
+// qknorm_rope(the tensors above, in order, options = {}, stream = nullptr): validates every
+// argument (throws Error naming the tensor, dimension, expected and actual value, before anything
+// is written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, QkNormRopeCall> qknorm_rope;
 
-// Validation alone: the call every implementation would receive.
-QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k,
-                                 const TensorView& q_weight, const TensorView& k_weight,
-                                 const TensorView& cos_sin_cache, const TensorView& positions,
-                                 const QkNormRopeOptions& options, Stream stream = nullptr);
+// match_qknorm_rope(the same arguments): validation alone: the call every implementation would
+// receive.
+extern const OpFunction<QkNormRopeCall, QkNormRopeCall> match_qknorm_rope;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_qknorm_rope(const QkNormRopeCall& call);

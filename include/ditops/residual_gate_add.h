@@ -33,6 +33,7 @@
 
 #include <string>
 
+#include "ditops/op_function.h"
 #include "ditops/registry.h"
 #include "ditops/tensor.h"
 
@@ -46,7 +47,8 @@ struct ResidualGateAddOptions {
   DispatchOptions dispatch;
 };
 
-// The matched call as every implementation sees it (filled and validated by the facade).
+// The call as every implementation sees it: the tensors in call order, the options, and what
+// matching derives from them.
 struct ResidualGateAddCall {
   TensorView residual, update, gate, out;
   ResidualGateAddOptions options;
@@ -71,18 +73,15 @@ struct ResidualGateAddCall {
   Stream stream = nullptr;
 };
 
-// Validates every argument (throws Error naming the tensor, dimension, expected and actual value,
-// before anything is written), selects an implementation and runs it on `stream`. Returns the
-// name of the implementation that ran.
-std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
-                              const TensorView& out, const ResidualGateAddOptions& options = {},
-                              Stream stream = nullptr);
+// residual_gate_add(the tensors above, in order, options = {}, stream = nullptr): validates every
+// argument (throws Error naming the tensor, dimension, expected and actual value, before anything
+// is written), selects an implementation and runs it on `stream`. Returns the name of the
+// implementation that ran.
+extern const OpFunction<std::string, ResidualGateAddCall> residual_gate_add;
 
-// Validation alone: the call every implementation would receive.
-ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
-                                            const TensorView& gate, const TensorView& out,
-                                            const ResidualGateAddOptions& options = {},
-                                            Stream stream = nullptr);
+// match_residual_gate_add(the same arguments): validation alone: the call every implementation
+// would receive.
+extern const OpFunction<ResidualGateAddCall, ResidualGateAddCall> match_residual_gate_add;
 
 // The dispatch reasoning for one call, without running it.
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call);

@@ -137,6 +137,13 @@ class OpBuilder {
     return *this;
   }
 
+  // A rule checked before the slots', where it names a caller's mistake better than a slot's check
+  // would (a transposed weight view, an absent required tensor).
+  OpBuilder& before_slots(void (*check)(const Args&)) {
+    before_slots_ = check;
+    return *this;
+  }
+
   // What a run checks before dispatch and matching does not: a value read from host memory, the
   // device-side index check of the checked mode.
   OpBuilder& check_before_run(void (*check)(const Call&)) {
@@ -146,6 +153,7 @@ class OpBuilder {
 
   // The checks the slots state, run over a call's tensors: what every match_<op> does first.
   Matcher match(const Args& a) const {
+    if (before_slots_) before_slots_(a);
     Matcher m(desc_.name);
     const TensorView* views[kMaxSlots];
     for (size_t i = 0; i < offsets_.size(); ++i)
@@ -213,36 +221,6 @@ class OpBuilder {
                   "a choice is a member of Options");
     add_choice(std::string(member_name<Member>()), Member, std::move(names), std::move(doc));
     return *this;
-  }
-
-  // The first form (an explicit name beside the member), until every op takes the member's.
-  OpBuilder& tensor(TensorSlot slot, TensorView Args::*member) {
-    static const Args probe{};
-    add_slot(std::move(slot), &(probe.*member), &probe);
-    return *this;
-  }
-  OpBuilder& tensor(TensorSlot slot, TensorView& (*access)(Args&)) {
-    static Args probe{};
-    add_slot(std::move(slot), &access(probe), &probe);
-    return *this;
-  }
-  template <typename T>
-  OpBuilder& option(std::string name, T Options::*member, std::string doc) {
-    add_option(std::move(name), member, std::move(doc));
-    return *this;
-  }
-  template <typename E>
-  OpBuilder& choice(std::string name, E Options::*member, std::vector<std::pair<std::string, E>> names,
-                    std::string doc) {
-    add_choice(std::move(name), member, std::move(names), std::move(doc));
-    return *this;
-  }
-  OpDescription build(std::function<std::string(const Args&, Stream)> run,
-                      std::function<DispatchReport(const Args&)> explain) const {
-    OpDescription desc = desc_;
-    desc.run = [to_args = args_of(), run](const GenericCall& c, Stream s) { return run(to_args(c), s); };
-    desc.explain = [to_args = args_of(), explain](const GenericCall& c) { return explain(to_args(c)); };
-    return desc;
   }
 
   // An option the bindings read (e.g. whether to allocate an output) and the op ignores.
@@ -382,6 +360,7 @@ class OpBuilder {
   std::vector<SlotRule> rules_;
   std::vector<DimRule> dim_rules_;
   std::vector<size_t> offsets_;  // of each slot's TensorView in Args
+  void (*before_slots_)(const Args&) = nullptr;
   Complete complete_ = nullptr;
   void (*check_before_run_)(const Call&) = nullptr;
   std::vector<std::function<void(Args&, const OptionValue&)>> option_setters_;

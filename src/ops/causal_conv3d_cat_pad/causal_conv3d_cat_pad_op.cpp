@@ -61,10 +61,13 @@ int64_t padded_extent(const Matcher& m, int64_t extent, int64_t before, int64_t 
   return v;
 }
 
+void complete(CausalConv3dCatPadCall& call, Matcher& m);  // the op's own rules, after the slots'
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<CausalConv3dCatPadCall>& description() {
-  static const OpBuilder<CausalConv3dCatPadCall> b = [] {
-    OpBuilder<CausalConv3dCatPadCall> b(
+  using C = CausalConv3dCatPadCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(
         kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
         "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
         "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
@@ -72,99 +75,94 @@ const OpBuilder<CausalConv3dCatPadCall>& description() {
         "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
     b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
     // The layout (NCTHW or channels-last-3d, x decides) and out's padded extents are the op's own rules.
-      b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"}, &CausalConv3dCatPadCall::x);
-    b.tensor({.name = "cache", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
-              .doc = "cached past frames, prepended along time (absent: none)"},
-             &CausalConv3dCatPadCall::cache);
+    b.tensor<&C::x>({.dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"});
+    b.tensor<&C::cache>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
+                         .doc = "cached past frames, prepended along time (absent: none)"});
     // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
-    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
-              .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
-                       "dim(x,4)+pad_w_left+pad_w_right",
-              .alloc_format = "x",
-              .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
-                     "pad_w_right], in x's layout",
-                .own = "shape"},
-             &CausalConv3dCatPadCall::out);
-    b.option("pad_w_left", &CausalConv3dCatPadOptions::pad_w_left, "zeros before W (F.pad padding[0])");
-    b.option("pad_w_right", &CausalConv3dCatPadOptions::pad_w_right, "zeros after W (F.pad padding[1])");
-    b.option("pad_h_top", &CausalConv3dCatPadOptions::pad_h_top, "zeros before H (F.pad padding[2])");
-    b.option("pad_h_bottom", &CausalConv3dCatPadOptions::pad_h_bottom, "zeros after H (F.pad padding[3])");
-    b.option("pad_t_left", &CausalConv3dCatPadOptions::pad_t_left,
-             "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
-    b.option("pad_t_right", &CausalConv3dCatPadOptions::pad_t_right, "zero frames after T (F.pad padding[5])");
-    b.option("use_pdl", &CausalConv3dCatPadOptions::use_pdl, "programmatic dependent launch where the device has it");
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
+                       .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
+                                "dim(x,4)+pad_w_left+pad_w_right",
+                       .alloc_format = "x",
+                       .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
+                              "pad_w_right], in x's layout",
+                       .own = "shape"});
+    b.option<&CausalConv3dCatPadOptions::pad_w_left>("zeros before W (F.pad padding[0])");
+    b.option<&CausalConv3dCatPadOptions::pad_w_right>("zeros after W (F.pad padding[1])");
+    b.option<&CausalConv3dCatPadOptions::pad_h_top>("zeros before H (F.pad padding[2])");
+    b.option<&CausalConv3dCatPadOptions::pad_h_bottom>("zeros after H (F.pad padding[3])");
+    b.option<&CausalConv3dCatPadOptions::pad_t_left>(
+        "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
+    b.option<&CausalConv3dCatPadOptions::pad_t_right>("zero frames after T (F.pad padding[5])");
+    b.option<&CausalConv3dCatPadOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
     return b;
   }();
   return b;
 }
 
-}  // namespace
+void complete(CausalConv3dCatPadCall& call, Matcher& m) {
+  const bool has_cache = call.cache.rank != 0;
+  m.tensor("out", call.out).rank(5);
 
-CausalConv3dCatPadCall match_causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
-                                                   const CausalConv3dCatPadOptions& options, Stream stream) {
-  CausalConv3dCatPadCall call{.x = x, .cache = cache, .out = out, .options = options};
-  Matcher m = description().match(call);
-  const bool has_cache = cache.rank != 0;
-  m.tensor("out", out).rank(5);
-
-  const CausalConv3dCatPadOptions& o = options;
+  const CausalConv3dCatPadOptions& o = call.options;
   require_padding(m, "pad_w_left", o.pad_w_left);
   require_padding(m, "pad_w_right", o.pad_w_right);
   require_padding(m, "pad_h_top", o.pad_h_top);
   require_padding(m, "pad_h_bottom", o.pad_h_bottom);
   require_padding(m, "pad_t_left", o.pad_t_left);
   require_padding(m, "pad_t_right", o.pad_t_right);
-  const int64_t ct = has_cache ? cache.shape[2] : 0;
+  const int64_t ct = has_cache ? call.cache.shape[2] : 0;
   if (o.pad_t_left < ct)
     m.fail("option pad_t_left must be >= cache.shape[2] = " + std::to_string(ct) +
            " (the cache supplies that many of the left time padding frames: F.pad takes pad_t_left - " +
            std::to_string(ct) + ") but is " + std::to_string(o.pad_t_left));
 
   // out = [B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + pad_w_right]
-  const int64_t want[5] = {x.shape[0], x.shape[1], padded_extent(m, x.shape[2], o.pad_t_left, o.pad_t_right, "time"),
-                           padded_extent(m, x.shape[3], o.pad_h_top, o.pad_h_bottom, "height"),
-                           padded_extent(m, x.shape[4], o.pad_w_left, o.pad_w_right, "width")};
+  const int64_t want[5] = {call.x.shape[0], call.x.shape[1],
+                           padded_extent(m, call.x.shape[2], o.pad_t_left, o.pad_t_right, "time"),
+                           padded_extent(m, call.x.shape[3], o.pad_h_top, o.pad_h_bottom, "height"),
+                           padded_extent(m, call.x.shape[4], o.pad_w_left, o.pad_w_right, "width")};
   const char* rule[5] = {"x.shape[0]", "x.shape[1]", "x.shape[2] + pad_t_left + pad_t_right",
                          "x.shape[3] + pad_h_top + pad_h_bottom", "x.shape[4] + pad_w_left + pad_w_right"};
   for (int d = 0; d < 5; ++d)
-    if (out.shape[d] != want[d])
+    if (call.out.shape[d] != want[d])
       m.fail("out.shape[" + std::to_string(d) + "] must be " + std::to_string(want[d]) + " (" + rule[d] + ") but is " +
-             std::to_string(out.shape[d]) + " (" + out.describe() + ")");
+             std::to_string(call.out.shape[d]) + " (" + call.out.describe() + ")");
 
   // Layout: x decides (where x is both, e.g. C = 1, the one out and cache share; NCTHW first).
-  const bool x_ncthw = in_layout(x, false), x_ndhwc = in_layout(x, true);
+  const bool x_ncthw = in_layout(call.x, false), x_ndhwc = in_layout(call.x, true);
   if (!x_ncthw && !x_ndhwc) {
     int64_t e1 = 0, e2 = 0;
-    const int d1 = layout_mismatch(x, false, &e1), d2 = layout_mismatch(x, true, &e2);
+    const int d1 = layout_mismatch(call.x, false, &e1), d2 = layout_mismatch(call.x, true, &e2);
     m.fail("x must be NCTHW contiguous or channels-last-3d: as NCTHW x.stride(" + std::to_string(d1) + ") must be " +
-           std::to_string(e1) + " but is " + std::to_string(x.strides[d1]) + ", as channels-last-3d x.stride(" +
-           std::to_string(d2) + ") must be " + std::to_string(e2) + " but is " + std::to_string(x.strides[d2]) + " (" +
-           x.describe() + ")");
+           std::to_string(e1) + " but is " + std::to_string(call.x.strides[d1]) + ", as channels-last-3d x.stride(" +
+           std::to_string(d2) + ") must be " + std::to_string(e2) + " but is " + std::to_string(call.x.strides[d2]) +
+           " (" + call.x.describe() + ")");
   }
   bool channels_last = !x_ncthw;
   if (x_ncthw && x_ndhwc) {
-    auto fits = [&](bool cl) { return in_layout(out, cl) && (!has_cache || in_layout(cache, cl)); };
+    auto fits = [&](bool cl) { return in_layout(call.out, cl) && (!has_cache || in_layout(call.cache, cl)); };
     channels_last = !fits(false) && fits(true);
   }
-  if (has_cache) require_layout(m, cache, "cache", channels_last);
-  require_layout(m, out, "out", channels_last);
+  if (has_cache) require_layout(m, call.cache, "cache", channels_last);
+  require_layout(m, call.out, "out", channels_last);
 
-  call.out_numel = out.numel();
+  call.out_numel = call.out.numel();
   if (!has_cache) call.cache = TensorView{};
   call.has_cache = has_cache;
   call.channels_last = channels_last;
-  call.batch = x.shape[0];
-  call.channels = x.shape[1];
-  call.frames = x.shape[2];
-  call.height = x.shape[3];
-  call.width = x.shape[4];
+  call.batch = call.x.shape[0];
+  call.channels = call.x.shape[1];
+  call.frames = call.x.shape[2];
+  call.height = call.x.shape[3];
+  call.width = call.x.shape[4];
   call.cache_frames = ct;
   call.out_frames = want[2];
   call.out_height = want[3];
   call.out_width = want[4];
-  call.stream = stream;
-  return call;
 }
+
+}  // namespace
 
 // ---------------------------------------------------------------- CPU reference
 
@@ -305,21 +303,15 @@ struct Kernels {
 
 }  // namespace
 
-std::string causal_conv3d_cat_pad(const TensorView& x, const TensorView& cache, const TensorView& out,
-                                  const CausalConv3dCatPadOptions& options, Stream stream) {
-  return dispatch<Kernels>(match_causal_conv3d_cat_pad(x, cache, out, options, stream), stream, options.dispatch);
-}
+const OpFunction<std::string, CausalConv3dCatPadCall> causal_conv3d_cat_pad{op_run<description, Kernels>};
+const OpFunction<CausalConv3dCatPadCall, CausalConv3dCatPadCall> match_causal_conv3d_cat_pad{op_match<description>};
 
 DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_causal_conv3d_cat_pad(Registry& registry) {
-  registry.describe(description().build(
-      [](const CausalConv3dCatPadCall& a, Stream s) { return causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options, s); },
-      [](const CausalConv3dCatPadCall& a) {
-        return explain_causal_conv3d_cat_pad(match_causal_conv3d_cat_pad(a.x, a.cache, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string oracle =
       "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
       "every bit, fp16, bf16 and fp32)";

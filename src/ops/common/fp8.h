@@ -20,13 +20,6 @@ void describe_fp8_reciprocal(Builder& b, const std::string& scale) {
                             "1/" + scale + " as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
 }
 
-// The same in the first form (an explicit name beside the member), until every op takes the member's.
-template <typename Builder, typename Options>
-void describe_fp8_reciprocal(Builder& b, Fp8Reciprocal Options::*member, const std::string& scale) {
-  b.choice("fp8_reciprocal", member, {{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
-           "1/" + scale + " as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
-}
-
 // A static scale must be finite and > 0. Checked where reading it costs nothing, on the CPU (an
 // InvalidArgument naming the op and the tensor); a CUDA scale is read by the kernel only, which
 // computes eager's formula for any value (reading it here would synchronize).

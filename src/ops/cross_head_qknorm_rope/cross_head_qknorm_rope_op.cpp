@@ -69,57 +69,45 @@ void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, i
   }
 }
 
+void complete(CrossHeadQkNormRopeCall& call, Matcher& m);  // the op's own rules, after the slots'
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<CrossHeadQkNormRopeCall>& description() {
-  static const OpBuilder<CrossHeadQkNormRopeCall> b = [] {
-    OpBuilder<CrossHeadQkNormRopeCall> b(
+  using C = CrossHeadQkNormRopeCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(
         kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
         "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
         "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
         "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
     b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
-    b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"},
-             &CrossHeadQkNormRopeCall::q);
-    b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"},
-             &CrossHeadQkNormRopeCall::k);
-    b.tensor({.name = "q_weight", .optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"},
-             &CrossHeadQkNormRopeCall::q_weight);
-    b.tensor({.name = "k_weight", .optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"},
-             &CrossHeadQkNormRopeCall::k_weight);
+    b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"});
+    b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"});
+    b.tensor<&C::q_weight>({.optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"});
+    b.tensor<&C::k_weight>({.optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"});
     // The tables broadcast over the batch and the heads and k may take q's: their extents are the
     // op's own rules (match_table).
-    b.tensor({.name = "q_cos", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
-             &CrossHeadQkNormRopeCall::q_cos);
-    b.tensor({.name = "q_sin", .optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"},
-             &CrossHeadQkNormRopeCall::q_sin);
-    b.tensor({.name = "k_cos", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
-             &CrossHeadQkNormRopeCall::k_cos);
-    b.tensor({.name = "k_sin", .optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"},
-             &CrossHeadQkNormRopeCall::k_sin);
-    b.option("head_dim", &CrossHeadQkNormRopeOptions::head_dim, "channels per head (RoPE rotates within a head)");
-    b.option("eps", &CrossHeadQkNormRopeOptions::eps, "RMSNorm epsilon");
-    b.choice("rope", &CrossHeadQkNormRopeOptions::rope,
-             {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
-             "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
-    b.choice("rounding", &CrossHeadQkNormRopeOptions::rounding,
-             {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-             "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
-    b.option("use_pdl", &CrossHeadQkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+    b.tensor<&C::q_cos>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
+    b.tensor<&C::q_sin>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
+    b.tensor<&C::k_cos>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
+    b.tensor<&C::k_sin>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
+    b.option<&CrossHeadQkNormRopeOptions::head_dim>("channels per head (RoPE rotates within a head)");
+    b.option<&CrossHeadQkNormRopeOptions::eps>("RMSNorm epsilon");
+    b.choice<&CrossHeadQkNormRopeOptions::rope>(
+        {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
+        "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
+    b.choice<&CrossHeadQkNormRopeOptions::rounding>(
+        {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+        "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
+    b.option<&CrossHeadQkNormRopeOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
     return b;
   }();
   return b;
 }
 
-}  // namespace
-
-CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const TensorView& k,
-                                                     const TensorView& q_weight, const TensorView& k_weight,
-                                                     const TensorView& q_cos, const TensorView& q_sin,
-                                                     const TensorView& k_cos, const TensorView& k_sin,
-                                                     const CrossHeadQkNormRopeOptions& options, Stream stream) {
-  CrossHeadQkNormRopeCall call{.q = q, .k = k, .q_weight = q_weight, .k_weight = k_weight, .q_cos = q_cos,
-                               .q_sin = q_sin, .k_cos = k_cos, .k_sin = k_sin, .options = options};
-  Matcher m = description().match(call);
+void complete(CrossHeadQkNormRopeCall& call, Matcher& m) {
+  const CrossHeadQkNormRopeOptions& options = call.options;
   const int64_t D = options.head_dim;
   if (D < 8 || D > 512 || D % 8 != 0)
     m.fail("head_dim must be a multiple of 8 in [8, 512] (a 4-element vector lies inside one half of a head) but is " +
@@ -131,44 +119,44 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
       m.fail(std::string(name) + ".shape[2] (heads * head_dim) must be a positive multiple of head_dim=" +
              std::to_string(D) + " up to " + std::to_string(kMaxWidth) + " but is " + std::to_string(N));
   }
-  const bool has_q_weight = !slot_absent(q_weight), has_k_weight = !slot_absent(k_weight);
+  const bool has_q_weight = !slot_absent(call.q_weight), has_k_weight = !slot_absent(call.k_weight);
   if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
 
   auto given = [](const TensorView& t) { return !slot_absent(t); };
-  call.q_rows = {B, S, Nq, Nq / D, q.strides[0], q.strides[1]};
-  call.k_rows = {B, Sk, Nk, Nk / D, k.strides[0], k.strides[1]};
+  call.q_rows = {B, S, Nq, Nq / D, call.q.strides[0], call.q.strides[1]};
+  call.k_rows = {B, Sk, Nk, Nk / D, call.k.strides[0], call.k.strides[1]};
   if (options.rope == CrossHeadRope::none) {
-    for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q_cos, "q_cos"}, {&q_sin, "q_sin"},
-                                  {&k_cos, "k_cos"}, {&k_sin, "k_sin"}})
+    for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&call.q_cos, "q_cos"},
+                                  {&call.q_sin, "q_sin"}, {&call.k_cos, "k_cos"}, {&call.k_sin, "k_sin"}})
       if (given(*t)) m.fail(std::string("rope=none takes no cos/sin tables but ") + name + " is given");
   } else {
-    if (!given(q_cos) || !given(q_sin))
+    if (!given(call.q_cos) || !given(call.q_sin))
       m.fail(std::string("rope=") + cross_head_rope_name(options.rope) + " needs q_cos and q_sin");
-    if (given(k_cos) != given(k_sin)) m.fail("k_cos and k_sin are given together or not at all");
-    match_table(m, q_cos, "q_cos", B, S, Nq / D, D / 2, call.q_rows.cos_strides);
-    match_table(m, q_sin, "q_sin", B, S, Nq / D, D / 2, call.q_rows.sin_strides);
-    const bool own_k = given(k_cos);
+    if (given(call.k_cos) != given(call.k_sin)) m.fail("k_cos and k_sin are given together or not at all");
+    match_table(m, call.q_cos, "q_cos", B, S, Nq / D, D / 2, call.q_rows.cos_strides);
+    match_table(m, call.q_sin, "q_sin", B, S, Nq / D, D / 2, call.q_rows.sin_strides);
+    const bool own_k = given(call.k_cos);
     if (!own_k && Sk != S)
       m.fail("k has " + std::to_string(Sk) + " tokens and q " + std::to_string(S) +
              ": without k_cos/k_sin k takes q's tables, which need equal token counts");
-    match_table(m, own_k ? k_cos : q_cos, own_k ? "k_cos" : "q_cos (for k)", B, Sk, Nk / D, D / 2,
+    match_table(m, own_k ? call.k_cos : call.q_cos, own_k ? "k_cos" : "q_cos (for k)", B, Sk, Nk / D, D / 2,
                 call.k_rows.cos_strides);
-    match_table(m, own_k ? k_sin : q_sin, own_k ? "k_sin" : "q_sin (for k)", B, Sk, Nk / D, D / 2,
+    match_table(m, own_k ? call.k_sin : call.q_sin, own_k ? "k_sin" : "q_sin (for k)", B, Sk, Nk / D, D / 2,
                 call.k_rows.sin_strides);
-    call.q_rows.cos = static_cast<const float*>(q_cos.data);
-    call.q_rows.sin = static_cast<const float*>(q_sin.data);
-    call.k_rows.cos = static_cast<const float*>(own_k ? k_cos.data : q_cos.data);
-    call.k_rows.sin = static_cast<const float*>(own_k ? k_sin.data : q_sin.data);
+    call.q_rows.cos = static_cast<const float*>(call.q_cos.data);
+    call.q_rows.sin = static_cast<const float*>(call.q_sin.data);
+    call.k_rows.cos = static_cast<const float*>(own_k ? call.k_cos.data : call.q_cos.data);
+    call.k_rows.sin = static_cast<const float*>(own_k ? call.k_sin.data : call.q_sin.data);
   }
 
   // In place: rows may not overlap, q and k may not share an element, and nothing read may
   // overlap what is written.
-  for (const auto& [t, name, rows] : {std::tuple<const TensorView*, const char*, int64_t>{&q, "q", B * S},
-                                      {&k, "k", B * Sk}}) {
+  for (const auto& [t, name, rows] : {std::tuple<const TensorView*, const char*, int64_t>{&call.q, "q", B * S},
+                                      {&call.k, "k", B * Sk}}) {
     if (rows > 1) m.require_nonnegative_strides(*t, name);
     m.require_disjoint_rows(*t, name, t->shape[2]);
   }
-  if (B * S > 0 && B * Sk > 0 && q_k_share_elements(q, k, B, S, Sk, Nq, Nk))
+  if (B * S > 0 && B * Sk > 0 && q_k_share_elements(call.q, call.k, B, S, Sk, Nq, Nk))
     m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q and k parts of "
            "one packed QKV projection");
   if (!has_q_weight) call.q_weight = TensorView{};
@@ -177,13 +165,10 @@ CrossHeadQkNormRopeCall match_cross_head_qknorm_rope(const TensorView& q, const 
   auto rows_aligned = [](const TensorView& t) {
     return is_aligned(t.data, 8) && t.strides[0] % 4 == 0 && t.strides[1] % 4 == 0;
   };
-  call.aligned8 = rows_aligned(q) && rows_aligned(k) && (!has_q_weight || is_aligned(q_weight.data, 8)) &&
-                  (!has_k_weight || is_aligned(k_weight.data, 8));
-  call.stream = stream;
-  return call;
+  call.aligned8 = rows_aligned(call.q) && rows_aligned(call.k) &&
+                  (!has_q_weight || is_aligned(call.q_weight.data, 8)) &&
+                  (!has_k_weight || is_aligned(call.k_weight.data, 8));
 }
-
-namespace {
 
 // The template key: exactly the kernel's template parameters.
 struct CrossHeadKey {
@@ -347,29 +332,15 @@ struct Kernels {
 
 }  // namespace
 
-std::string cross_head_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
-                                   const TensorView& k_weight, const TensorView& q_cos, const TensorView& q_sin,
-                                   const TensorView& k_cos, const TensorView& k_sin,
-                                   const CrossHeadQkNormRopeOptions& options, Stream stream) {
-  return dispatch<Kernels>(
-      match_cross_head_qknorm_rope(q, k, q_weight, k_weight, q_cos, q_sin, k_cos, k_sin, options, stream), stream,
-      options.dispatch);
-}
+const OpFunction<std::string, CrossHeadQkNormRopeCall> cross_head_qknorm_rope{op_run<description, Kernels>};
+const OpFunction<CrossHeadQkNormRopeCall, CrossHeadQkNormRopeCall> match_cross_head_qknorm_rope{op_match<description>};
 
 DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_cross_head_qknorm_rope(Registry& registry) {
-  registry.describe(description().build(
-      [](const CrossHeadQkNormRopeCall& a, Stream s) {
-        return cross_head_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin,
-                                      a.options, s);
-      },
-      [](const CrossHeadQkNormRopeCall& a) {
-        return explain_cross_head_qknorm_rope(match_cross_head_qknorm_rope(
-            a.q, a.k, a.q_weight, a.k_weight, a.q_cos, a.q_sin, a.k_cos, a.k_sin, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
       "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "

@@ -30,58 +30,55 @@ std::string shape_text(const Fp8LinearCall& c) {
   return "(K, N, M) = (" + std::to_string(c.k) + ", " + std::to_string(c.n) + ", " + std::to_string(c.m) + ")";
 }
 
+void complete(Fp8LinearCall& call, Matcher& m);  // the op's own rules, after the slots'
+
+// SGLang's facade takes the transposed [K, N] view with strides (1, K); say what to pass instead
+// (before w's slot says it is not contiguous).
+void refuse_transposed_weight(const Fp8LinearCall& call) {
+  const TensorView& w = call.w;
+  if (w.rank == 2 && w.shape[0] > 1 && w.shape[1] > 1 && w.strides[0] == 1 && w.strides[1] == w.shape[0])
+    throw InvalidArgument(std::string(kOp) + ": w must be the [N, K] row-major weight as checkpoints store it, "
+                          "but is a transposed view (" + w.describe() + "): pass the tensor it transposes");
+}
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<Fp8LinearCall>& description() {
-  static const OpBuilder<Fp8LinearCall> b = [] {
-    OpBuilder<Fp8LinearCall> b(kOp, "bf16(x_q @ w.T * (x_scale * w_scale) (+ bias)): FP8 linear for M <= 16 tokens",
-                               "x [M, K] e4m3|bf16|f16 (16-bit: quantized with x_scale as fp8_static_quant); w [N, K] "
-                               "e4m3 row-major; x_scale, w_scale one fp32 each (read on the device); bias [N] bf16 "
-                               "or none; out [M, N] bf16; K % 16 == 0. Contract close (quality high): "
-                               "include/ditops/fp8_linear.h, docs/fp8_linear.md");
+  using C = Fp8LinearCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "bf16(x_q @ w.T * (x_scale * w_scale) (+ bias)): FP8 linear for M <= 16 tokens",
+                   "x [M, K] e4m3|bf16|f16 (16-bit: quantized with x_scale as fp8_static_quant); w [N, K] "
+                   "e4m3 row-major; x_scale, w_scale one fp32 each (read on the device); bias [N] bf16 "
+                   "or none; out [M, N] bf16; K % 16 == 0. Contract close (quality high): "
+                   "include/ditops/fp8_linear.h, docs/fp8_linear.md");
     b.dims("M=2,N=8192,K=5120");
     b.gemm();  // benchmarks report the read roof: the weight is read once, nothing is written back
-    b.tensor({.name = "x", .dtypes = "bf16|f16|f8e4m3fn", .shape = "M,K", .layout = "contiguous"}, &Fp8LinearCall::x);
-    b.tensor({.name = "x_scale", .dtypes = "f32", .shape = "1"}, &Fp8LinearCall::x_scale);
-    b.tensor({.name = "w", .dtypes = "f8e4m3fn", .shape = "N,K", .layout = "contiguous"}, &Fp8LinearCall::w);
-    b.tensor({.name = "w_scale", .dtypes = "f32", .shape = "1"}, &Fp8LinearCall::w_scale);
-    b.tensor({.name = "bias", .optional = true, .dtypes = "bf16", .shape = "N", .layout = "contiguous"},
-               &Fp8LinearCall::bias);
-    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
-              .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16", .layout = "contiguous"},
-             &Fp8LinearCall::out);
-    describe_fp8_reciprocal(b, &Fp8LinearOptions::fp8_reciprocal, "x_scale (a 16-bit x)");
-    b.option("use_pdl", &Fp8LinearOptions::use_pdl, "programmatic dependent launch where the device has it");
+    b.tensor<&C::x>({.dtypes = "bf16|f16|f8e4m3fn", .shape = "M,K", .layout = "contiguous"});
+    b.tensor<&C::x_scale>({.dtypes = "f32", .shape = "1"});
+    b.tensor<&C::w>({.dtypes = "f8e4m3fn", .shape = "N,K", .layout = "contiguous"});
+    b.tensor<&C::w_scale>({.dtypes = "f32", .shape = "1"});
+    b.tensor<&C::bias>({.optional = true, .dtypes = "bf16", .shape = "N", .layout = "contiguous"});
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
+                       .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16", .layout = "contiguous"});
+    describe_fp8_reciprocal<&Fp8LinearOptions::fp8_reciprocal>(b, "x_scale (a 16-bit x)");
+    b.option<&Fp8LinearOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.before_slots(refuse_transposed_weight);
+    b.complete(complete);
     return b;
   }();
   return b;
 }
 
-}  // namespace
-
-Fp8LinearCall match_fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w,
-                               const TensorView& w_scale, const TensorView& bias, const TensorView& out,
-                               const Fp8LinearOptions& options, Stream stream) {
-  // SGLang's facade takes the transposed [K, N] view with strides (1, K); say what to pass instead.
-  if (w.rank == 2 && w.shape[0] > 1 && w.shape[1] > 1 && w.strides[0] == 1 && w.strides[1] == w.shape[0])
-    throw InvalidArgument(std::string(kOp) + ": w must be the [N, K] row-major weight as checkpoints store it, "
-                          "but is a transposed view (" + w.describe() + "): pass the tensor it transposes");
-  Fp8LinearCall call{.x = x, .x_scale = x_scale, .w = w, .w_scale = w_scale, .bias = bias, .out = out,
-                     .options = options};
-  const Matcher m = description().match(call);
+void complete(Fp8LinearCall& call, Matcher& m) {
   const int64_t K = *m.value("K");
   if (K % 16 != 0) m.fail("K (x.shape[1], w.shape[1]) must be a multiple of 16 but is " + std::to_string(K));
-  const bool has_bias = !slot_absent(bias);
+  const bool has_bias = !slot_absent(call.bias);
   if (!has_bias) call.bias = TensorView{};
   call.m = *m.value("M");
   call.n = *m.value("N");
   call.k = K;
   call.has_bias = has_bias;
-  call.aligned16 = is_aligned(x.data, 16) && is_aligned(w.data, 16);
-  call.stream = stream;
-  return call;
+  call.aligned16 = is_aligned(call.x.data, 16) && is_aligned(call.w.data, 16);
 }
-
-namespace {
 
 enum class Fp8Kernel : uint8_t { none, gemv, mma };
 
@@ -310,22 +307,13 @@ void vendor_run(const Fp8LinearCall& c) {
 
 }  // namespace
 
-std::string fp8_linear(const TensorView& x, const TensorView& x_scale, const TensorView& w, const TensorView& w_scale,
-                       const TensorView& bias, const TensorView& out, const Fp8LinearOptions& options, Stream stream) {
-  return dispatch<Kernels>(match_fp8_linear(x, x_scale, w, w_scale, bias, out, options, stream), stream,
-                            options.dispatch);
-}
+const OpFunction<std::string, Fp8LinearCall> fp8_linear{op_run<description, Kernels>};
+const OpFunction<Fp8LinearCall, Fp8LinearCall> match_fp8_linear{op_match<description>};
 
 DispatchReport explain_fp8_linear(const Fp8LinearCall& call) { return explain<Kernels>(call, call.options.dispatch); }
 
 void register_fp8_linear(Registry& registry) {
-  registry.describe(description().build(
-      [](const Fp8LinearCall& a, Stream s) {
-        return fp8_linear(a.x, a.x_scale, a.w, a.w_scale, a.bias, a.out, a.options, s);
-      },
-      [](const Fp8LinearCall& a) {
-        return explain_fp8_linear(match_fp8_linear(a.x, a.x_scale, a.w, a.w_scale, a.bias, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string fp64 =
       "the fp64 product of the dequantized e4m3 operands, sum_k xq[m,k] w[n,k] * x_scale * w_scale (+ bias[n])";
   // What any fp32 accumulation of the exact e4m3 products stays within, whatever its order.

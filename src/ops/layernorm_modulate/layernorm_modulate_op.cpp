@@ -31,84 +31,96 @@ constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // measured fastest against one and four (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
-TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
-
 // The options every op of the family reads (fp8_reciprocal: the fp8 op only).
-void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
-  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
-  if (fp8) describe_fp8_reciprocal(b, &LayerNormModulateOptions::fp8_reciprocal, "input_scale");
-  b.choice("mapping", &LayerNormModulateOptions::mapping,
-           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-           "rows per warp or per 128-thread CTA (automatic: by D)");
-  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+template <typename Builder>
+void describe_ln_options(Builder& b, bool fp8) {
+  using O = LayerNormModulateOptions;
+  b.template option<&O::eps>("LayerNorm epsilon");
+  if (fp8) describe_fp8_reciprocal<&O::fp8_reciprocal>(b, "input_scale");
+  b.template choice<&O::mapping>(
+      {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+      "rows per warp or per 128-thread CTA (automatic: by D)");
+  b.template option<&O::use_pdl>("programmatic dependent launch where the device has it");
 }
+
+template <typename Args>
+LayerNormModulateCall complete_modulate(const Args& a, Matcher& m);
+LayerNormModulateCall complete_qk_head(const QkHeadLayerNormArgs& a, Matcher& m);
 
 // layernorm_modulate and layernorm_modulate_fp8 described once each: the slots state the checks
 // every call gets (core/op_builder.h). The output may be x (in place) and rows may be strided
-// adaLN chunks: the overlaps and the row strides are the ops' own rules (match_modulate).
-OpBuilder<LayerNormModulateCall> modulate_description(bool fp8) {
-  OpBuilder<LayerNormModulateCall> b(
+// adaLN chunks: the overlaps and the row strides are the ops' own rules (complete_modulate).
+template <typename Args>
+OpBuilder<Args, LayerNormModulateCall> modulate_description() {
+  constexpr bool fp8 = std::is_same_v<Args, LayerNormModulateFp8Args>;
+  using O = LayerNormModulateOptions;
+  OpBuilder<Args, LayerNormModulateCall> b(
       fp8 ? kOpFp8 : kOpBf16,
       fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
           : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
       "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
       "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
   b.dims("B=1,S=4608,D=3072");
-  b.tensor({.name = "x", .dtypes = "bf16", .shape = "B,S,D", .layout = "*,*,1"}, &LayerNormModulateCall::x);
-  b.dim_rule("D", [](int64_t D, const LayerNormModulateCall&) {
+  b.template tensor<&Args::x>({.dtypes = "bf16", .shape = "B,S,D", .layout = "*,*,1"});
+  b.dim_rule("D", [](int64_t D, const Args&) {
     return D > 0 && D <= kMaxDim && D % 4 == 0
                ? std::string()
                : "x.shape[2] (D) must be a multiple of 4 in [4, 8192] (aten's vectorized LayerNorm) but is " +
                      std::to_string(D);
   });
-  b.tensor({.name = "scale", .dtypes = "=x", .shape = "B,D", .layout = "*,1"}, &LayerNormModulateCall::scale);
-  b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D", .layout = "*,1"},
-           &LayerNormModulateCall::shift);
-  if (fp8) b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &LayerNormModulateCall::input_scale);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
-            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : "", .layout = "*,*,1",
-            .own = "overlap"},
-           &LayerNormModulateCall::out);
-  b.tensor({.name = "stats_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
-            .shape = "B,S,2", .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them",
-            .layout = "contiguous", .own = "overlap"},
-           stats_out_of);
+  b.template tensor<&Args::scale>({.dtypes = "=x", .shape = "B,D", .layout = "*,1"});
+  b.template tensor<&Args::shift>({.optional = true, .dtypes = "=x", .shape = "B,D", .layout = "*,1"});
+  if constexpr (fp8) b.template tensor<&Args::input_scale>({.dtypes = "f32", .shape = "1"});
+  b.template tensor<&Args::out>({.role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
+                                 .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : "",
+                                 .layout = "*,*,1", .own = "overlap"});
+  b.template tensor<&Args::options, &O::stats_out>(
+      {.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32", .shape = "B,S,2",
+       .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them", .layout = "contiguous",
+       .own = "overlap"});
   describe_ln_options(b, fp8);
+  b.complete(complete_modulate<Args>);
   return b;
 }
 
-OpBuilder<LayerNormModulateCall> qk_head_description() {
-  OpBuilder<LayerNormModulateCall> b(kOpQk, "F.layer_norm over the head dim of q and k (no affine)",
-                                     "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
-                                     "include/ditops/layernorm_modulate.h");
-  b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
-  b.tensor({.name = "q", .dtypes = "bf16", .shape = "B,S,H,Dh", .layout = "*,q_token_stride,*,1"},
-           &LayerNormModulateCall::x);
-  b.dim_rule("Dh", [](int64_t Dh, const LayerNormModulateCall&) {
-    return Dh > 0 && Dh <= kMaxHeadDim && Dh % 4 == 0
-               ? std::string()
-               : "q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh);
-  });
-  b.tensor({.name = "k", .dtypes = "=q", .shape = "B,S,Hk,Dh", .layout = "*,k_token_stride,*,1"},
-           &LayerNormModulateCall::x2);
-  b.tensor({.name = "q_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
-            .alloc = "like:q", .layout = "*,q_out_token_stride,*,1", .own = "overlap"},
-           &LayerNormModulateCall::out);
-  b.tensor({.name = "k_out", .role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
-            .alloc = "like:k", .layout = "*,k_out_token_stride,*,1", .own = "overlap"},
-           &LayerNormModulateCall::out2);
-  b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
-  b.choice("mapping", &LayerNormModulateOptions::mapping,
-           {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-           "rows per warp or per 128-thread CTA (automatic: by Dh)");
-  b.option("use_pdl", &LayerNormModulateOptions::use_pdl, "programmatic dependent launch where the device has it");
+const OpBuilder<LayerNormModulateArgs, LayerNormModulateCall>& bf16_description() {
+  static const auto b = modulate_description<LayerNormModulateArgs>();
   return b;
 }
 
-const OpBuilder<LayerNormModulateCall>& description(LnModulateKind kind) {
-  static const OpBuilder<LayerNormModulateCall> bf16 = modulate_description(false), fp8 = modulate_description(true),
-                                                 qk = qk_head_description();
-  return kind == LnModulateKind::bf16_out ? bf16 : kind == LnModulateKind::fp8_out ? fp8 : qk;
+const OpBuilder<LayerNormModulateFp8Args, LayerNormModulateCall>& fp8_description() {
+  static const auto b = modulate_description<LayerNormModulateFp8Args>();
+  return b;
+}
+
+const OpBuilder<QkHeadLayerNormArgs, LayerNormModulateCall>& qk_head_description() {
+  using C = QkHeadLayerNormArgs;
+  using O = LayerNormModulateOptions;
+  static const OpBuilder<C, LayerNormModulateCall> b = [] {
+    OpBuilder<C, LayerNormModulateCall> b(kOpQk, "F.layer_norm over the head dim of q and k (no affine)",
+                                          "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
+                                          "include/ditops/layernorm_modulate.h");
+    b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
+    b.tensor<&C::q>({.dtypes = "bf16", .shape = "B,S,H,Dh", .layout = "*,q_token_stride,*,1"});
+    b.dim_rule("Dh", [](int64_t Dh, const C&) {
+      return Dh > 0 && Dh <= kMaxHeadDim && Dh % 4 == 0
+                 ? std::string()
+                 : "q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh);
+    });
+    b.tensor<&C::k>({.dtypes = "=q", .shape = "B,S,Hk,Dh", .layout = "*,k_token_stride,*,1"});
+    b.tensor<&C::q_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
+                         .alloc = "like:q", .layout = "*,q_out_token_stride,*,1", .own = "overlap"});
+    b.tensor<&C::k_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
+                         .alloc = "like:k", .layout = "*,k_out_token_stride,*,1", .own = "overlap"});
+    b.option<&O::eps>("LayerNorm epsilon");
+    b.choice<&O::mapping>(
+        {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
+        "rows per warp or per 128-thread CTA (automatic: by Dh)");
+    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete_qk_head);
+    return b;
+  }();
+  return b;
 }
 
 // The output may be the input itself (in place) but must not overlap it any other way.
@@ -121,27 +133,27 @@ void check_output_aliasing(const Matcher& m, const TensorView& in, const char* i
 }
 
 // The shared part of the bf16 and fp8 ops: x, scale, shift, out.
-LayerNormModulateCall match_modulate(LnModulateKind kind, const TensorView& x,
-                                     const TensorView& scale, const TensorView& shift,
-                                     const TensorView& input_scale, const TensorView& out,
-                                     const LayerNormModulateOptions& options, Stream stream) {
-  LayerNormModulateCall call{.kind = kind, .x = x, .scale = scale, .shift = shift, .out = out, .options = options};
-  if (kind == LnModulateKind::fp8_out) call.input_scale = input_scale;
-  const Matcher m = description(kind).match(call);
+template <typename Args>
+LayerNormModulateCall complete_modulate(const Args& a, Matcher& m) {
+  constexpr LnModulateKind kind =
+      std::is_same_v<Args, LayerNormModulateFp8Args> ? LnModulateKind::fp8_out : LnModulateKind::bf16_out;
+  LayerNormModulateCall call{.kind = kind, .x = a.x, .scale = a.scale, .shift = a.shift, .out = a.out,
+                             .options = a.options};
+  if constexpr (kind == LnModulateKind::fp8_out) call.input_scale = a.input_scale;
   const int64_t D = *m.value("D");
-  const bool has_shift = shift.rank != 0;
-  m.require_nonnegative_strides(x, "x");
-  m.require_nonnegative_strides(scale, "scale");
-  if (has_shift) m.require_nonnegative_strides(shift, "shift");
-  m.require_disjoint_rows(out, "out", D, "D");
+  const bool has_shift = call.shift.rank != 0;
+  m.require_nonnegative_strides(call.x, "x");
+  m.require_nonnegative_strides(call.scale, "scale");
+  if (has_shift) m.require_nonnegative_strides(call.shift, "shift");
+  m.require_disjoint_rows(call.out, "out", D, "D");
   if (kind == LnModulateKind::fp8_out) {
-    if (memory_overlaps(x, out)) m.fail("out (fp8) must not overlap x");
+    if (memory_overlaps(call.x, call.out)) m.fail("out (fp8) must not overlap x");
   } else {
-    check_output_aliasing(m, x, "x", out, "out");
+    check_output_aliasing(m, call.x, "x", call.out, "out");
   }
-  if (memory_overlaps(scale, out) || (has_shift && memory_overlaps(shift, out)))
+  if (memory_overlaps(call.scale, call.out) || (has_shift && memory_overlaps(call.shift, call.out)))
     m.fail("out must not overlap scale or shift");
-  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
+  if (!(call.options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(call.options.eps));
 
   const int64_t B = *m.value("B"), S = *m.value("S");
   if (!has_shift) call.shift = TensorView{};
@@ -150,53 +162,28 @@ LayerNormModulateCall match_modulate(LnModulateKind kind, const TensorView& x,
   call.rows = B * S;
   call.dim = static_cast<int>(D);
   call.has_shift = has_shift;
-  call.stream = stream;
-  if (options.stats_out.data) {
-    if (memory_overlaps(options.stats_out, x) || memory_overlaps(options.stats_out, out))
+  if (call.options.stats_out.data) {
+    if (memory_overlaps(call.options.stats_out, call.x) || memory_overlaps(call.options.stats_out, call.out))
       m.fail("stats_out must not overlap x or out");
     call.write_stats = true;
   }
   const int64_t es = 2, os = kind == LnModulateKind::fp8_out ? 1 : 2, ov = 4 * os;
-  call.aligned = is_aligned(x.data, 8) && (x.strides[0] * es) % 8 == 0 && (x.strides[1] * es) % 8 == 0 &&
-                 is_aligned(scale.data, 8) && (scale.strides[0] * es) % 8 == 0 &&
-                 (!has_shift || (is_aligned(shift.data, 8) && (shift.strides[0] * es) % 8 == 0)) &&
-                 is_aligned(out.data, static_cast<int>(ov)) && (out.strides[0] * os) % ov == 0 &&
-                 (out.strides[1] * os) % ov == 0;
+  call.aligned = is_aligned(call.x.data, 8) && (call.x.strides[0] * es) % 8 == 0 && (call.x.strides[1] * es) % 8 == 0 &&
+                 is_aligned(call.scale.data, 8) && (call.scale.strides[0] * es) % 8 == 0 &&
+                 (!has_shift || (is_aligned(call.shift.data, 8) && (call.shift.strides[0] * es) % 8 == 0)) &&
+                 is_aligned(call.out.data, static_cast<int>(ov)) && (call.out.strides[0] * os) % ov == 0 &&
+                 (call.out.strides[1] * os) % ov == 0;
   return call;
 }
 
-}  // namespace
-
-const char* ln_row_mapping_name(LnRowMapping mapping) {
-  return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
-}
-
-LayerNormModulateCall match_layernorm_modulate(const TensorView& x, const TensorView& scale,
-                                               const TensorView& shift, const TensorView& out,
-                                               const LayerNormModulateOptions& options, Stream stream) {
-  return match_modulate(LnModulateKind::bf16_out, x, scale, shift, TensorView{}, out, options,
-                        stream);
-}
-
-LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
-                                                   const TensorView& shift, const TensorView& input_scale,
-                                                   const TensorView& out,
-                                                   const LayerNormModulateOptions& options, Stream stream) {
-  return match_modulate(LnModulateKind::fp8_out, x, scale, shift, input_scale, out, options,
-                        stream);
-}
-
-LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
-                                              const TensorView& q_out, const TensorView& k_out,
-                                              const LayerNormModulateOptions& options, Stream stream) {
-  LayerNormModulateCall call{.kind = LnModulateKind::qk_head, .x = q, .out = q_out, .x2 = k, .out2 = k_out,
-                             .options = options};
-  const Matcher m = description(LnModulateKind::qk_head).match(call);
+LayerNormModulateCall complete_qk_head(const QkHeadLayerNormArgs& a, Matcher& m) {
+  LayerNormModulateCall call{.kind = LnModulateKind::qk_head, .x = a.q, .out = a.q_out, .x2 = a.k, .out2 = a.k_out,
+                             .options = a.options};
   const int64_t Dh = *m.value("Dh");
   const int64_t B = *m.value("B"), S = *m.value("S"), Hq = *m.value("H"), Hk = *m.value("Hk");
   // (b, s) collapse into one token index: stride(0) == S * stride(1) (free when B == 1).
-  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&q, "q"}, {&k, "k"},
-                                {&q_out, "q_out"}, {&k_out, "k_out"}}) {
+  for (const auto& [t, name] : {std::pair<const TensorView*, const char*>{&a.q, "q"}, {&a.k, "k"},
+                                {&a.q_out, "q_out"}, {&a.k_out, "k_out"}}) {
     m.require_nonnegative_strides(*t, name);
     int64_t batch_stride = 0;  // an empty tensor's strides are arbitrary: the product may overflow
     const bool overflow = __builtin_mul_overflow(S, t->strides[1], &batch_stride);
@@ -206,8 +193,8 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
              " (batch and sequence collapse into one token index) but is " + std::to_string(t->strides[0]));
   }
   // Written rows (token, head) must be disjoint.
-  for (const auto& [t, name, heads] : {std::tuple<const TensorView*, const char*, int64_t>{&q_out, "q_out", Hq},
-                                       {&k_out, "k_out", Hk}}) {
+  for (const auto& [t, name, heads] : {std::tuple<const TensorView*, const char*, int64_t>{&a.q_out, "q_out", Hq},
+                                       {&a.k_out, "k_out", Hk}}) {
     if (t->numel() == 0) continue;
     if (heads > 1 && t->strides[2] < Dh)
       m.fail(std::string(name) + ".stride(2) must be >= head_dim=" + std::to_string(Dh) +
@@ -217,13 +204,13 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
       m.fail(std::string(name) + ".stride(1) must be >= " + std::to_string(span) +
              " (tokens may not overlap) but is " + std::to_string(t->strides[1]));
   }
-  check_output_aliasing(m, q, "q", q_out, "q_out");
-  check_output_aliasing(m, k, "k", k_out, "k_out");
-  if (memory_overlaps(q_out, k_out)) m.fail("q_out and k_out must not overlap");
-  if (memory_overlaps(q, k_out)) m.fail("k_out must not overlap q");
-  if (memory_overlaps(k, q_out)) m.fail("q_out must not overlap k");
-  if (!(options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(options.eps));
-  if (options.stats_out.data) m.fail("stats_out is not produced by qk_head_layernorm");
+  check_output_aliasing(m, a.q, "q", a.q_out, "q_out");
+  check_output_aliasing(m, a.k, "k", a.k_out, "k_out");
+  if (memory_overlaps(a.q_out, a.k_out)) m.fail("q_out and k_out must not overlap");
+  if (memory_overlaps(a.q, a.k_out)) m.fail("k_out must not overlap q");
+  if (memory_overlaps(a.k, a.q_out)) m.fail("q_out must not overlap k");
+  if (!(a.options.eps >= 0.0f)) m.fail("eps must be >= 0 but is " + std::to_string(a.options.eps));
+  if (a.options.stats_out.data) m.fail("stats_out is not produced by qk_head_layernorm");
 
   call.batch = B;
   call.seq = S;
@@ -232,16 +219,21 @@ LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorV
   call.heads = static_cast<int>(Hq);
   call.heads2 = static_cast<int>(Hk);
   call.dim = static_cast<int>(Dh);
-  call.stream = stream;
   call.aligned = true;
   call.aligned16 = true;
-  for (const TensorView* t : {&q, &k, &q_out, &k_out}) {
+  for (const TensorView* t : {&a.q, &a.k, &a.q_out, &a.k_out}) {
     call.aligned = call.aligned && is_aligned(t->data, 8) && (t->strides[1] * 2) % 8 == 0 &&
                    (t->strides[2] * 2) % 8 == 0;
     call.aligned16 = call.aligned16 && is_aligned(t->data, 16) && (t->strides[1] * 2) % 16 == 0 &&
                      (t->strides[2] * 2) % 16 == 0;
   }
   return call;
+}
+
+}  // namespace
+
+const char* ln_row_mapping_name(LnRowMapping mapping) {
+  return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
 }
 
 namespace {
@@ -423,34 +415,19 @@ struct Kernels {
   static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { ditops::launch(c, k, l); }
 };
 
-std::string run_op(const LayerNormModulateCall& call) {
-  switch (call.kind) {
-    case LnModulateKind::bf16_out: return dispatch<Kernels<LnModulateKind::bf16_out>>(call, call.stream, call.options.dispatch);
-    case LnModulateKind::fp8_out: return dispatch<Kernels<LnModulateKind::fp8_out>>(call, call.stream, call.options.dispatch);
-    case LnModulateKind::qk_head: break;
-  }
-  return dispatch<Kernels<LnModulateKind::qk_head>>(call, call.stream, call.options.dispatch);
-}
-
 }  // namespace
 
-std::string layernorm_modulate(const TensorView& x, const TensorView& scale, const TensorView& shift,
-                               const TensorView& out, const LayerNormModulateOptions& options,
-                               Stream stream) {
-  return run_op(match_layernorm_modulate(x, scale, shift, out, options, stream));
-}
+using Bf16Kernels = Kernels<LnModulateKind::bf16_out>;
+using Fp8Kernels = Kernels<LnModulateKind::fp8_out>;
+using QkKernels = Kernels<LnModulateKind::qk_head>;
 
-std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale, const TensorView& shift,
-                                   const TensorView& input_scale, const TensorView& out,
-                                   const LayerNormModulateOptions& options, Stream stream) {
-  return run_op(match_layernorm_modulate_fp8(x, scale, shift, input_scale, out, options, stream));
-}
-
-std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
-                              const TensorView& k_out, const LayerNormModulateOptions& options,
-                              Stream stream) {
-  return run_op(match_qk_head_layernorm(q, k, q_out, k_out, options, stream));
-}
+const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate{op_run<bf16_description, Bf16Kernels>};
+const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8{op_run<fp8_description, Fp8Kernels>};
+const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm{op_run<qk_head_description, QkKernels>};
+const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate{op_match<bf16_description>};
+const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8{
+    op_match<fp8_description>};
+const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm{op_match<qk_head_description>};
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   switch (call.kind) {
@@ -462,24 +439,9 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
 }
 
 void register_layernorm_modulate(Registry& registry) {
-  registry.describe(description(LnModulateKind::bf16_out).build(
-      [](const LayerNormModulateCall& a, Stream s) { return layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options, s); },
-      [](const LayerNormModulateCall& a) {
-        return explain_layernorm_modulate(match_layernorm_modulate(a.x, a.scale, a.shift, a.out, a.options));
-      }));
-  registry.describe(description(LnModulateKind::fp8_out).build(
-      [](const LayerNormModulateCall& a, Stream s) {
-        return layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options, s);
-      },
-      [](const LayerNormModulateCall& a) {
-        return explain_layernorm_modulate(
-            match_layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options));
-      }));
-  registry.describe(description(LnModulateKind::qk_head).build(
-      [](const LayerNormModulateCall& a, Stream s) { return qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options, s); },
-      [](const LayerNormModulateCall& a) {
-        return explain_layernorm_modulate(match_qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options));
-      }));
+  describe_op<bf16_description, Bf16Kernels>(registry);
+  describe_op<fp8_description, Fp8Kernels>(registry);
+  describe_op<qk_head_description, QkKernels>(registry);
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";

@@ -290,9 +290,13 @@ Range range_of(const char* name, const TensorView& t) {
   return {name, &t, r.lo, r.hi};
 }
 
+void complete(NormScaleShiftCall& call, Matcher& m);  // the op's own rules, after the slots'
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<NormScaleShiftCall>& description() {
   using C = NormScaleShiftCall;
+  using In = NormScaleShiftInputs;
+  using Out = NormScaleShiftOutputs;
   using O = NormScaleShiftOptions;
   static const OpBuilder<C> b = [] {
     OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
@@ -302,8 +306,7 @@ const OpBuilder<NormScaleShiftCall>& description() {
     b.dims("B=1,S=4608,D=3072");
     // The broadcast operands' classes, the dtypes numerics=float32 allows, the quantized outputs'
     // extents and in place (an output may be x or residual) are the op's own rules.
-    b.tensor({.name = "x", .dtypes = "bf16|f16|f32", .shape = "B,S,D", .layout = "*,*,1"},
-             +[](C& a) -> TensorView& { return a.in.x; });
+    b.tensor<&C::in, &In::x>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .layout = "*,*,1"});
     b.dim_rule("D", [](int64_t D, const C& c) {
       const DType act = c.in.x.dtype;
       const int64_t max_d = act == DType::f32 ? 4096 : 8192;
@@ -311,74 +314,67 @@ const OpBuilder<NormScaleShiftCall>& description() {
       return "x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
              " (aten's vectorized kernel; the row lives in registers) but is " + num(D);
     });
-    b.tensor({.name = "scale", .optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"},
-             +[](C& a) -> TensorView& { return a.in.scale; });
-    b.tensor({.name = "shift", .optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"},
-             +[](C& a) -> TensorView& { return a.in.shift; });
-    b.tensor({.name = "residual", .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
-              .layout = "*,*,1"},
-             +[](C& a) -> TensorView& { return a.in.residual; });
-    b.tensor({.name = "gate", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D",
-              .own = "shape,dtype"},
-             +[](C& a) -> TensorView& { return a.in.gate; });
-    b.tensor({.name = "weight", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
-              .own = "dtype"},
-             +[](C& a) -> TensorView& { return a.in.weight; });
-    b.tensor({.name = "bias", .optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
-              .own = "dtype"},
-             +[](C& a) -> TensorView& { return a.in.bias; });
-    b.tensor({.name = "input_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
-             +[](C& a) -> TensorView& { return a.in.input_scale; });
-    b.tensor({.name = "global_scale", .optional = true, .keyword = true, .dtypes = "f32", .shape = "1"},
-             +[](C& a) -> TensorView& { return a.in.global_scale; });
-    b.tensor({.name = "y", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
-              .alloc = "like:x", .present = "flag:store_y;absent:input_scale,global_scale", .layout = "*,*,1",
-              .own = "overlap"},
-             +[](C& a) -> TensorView& { return a.out.y; });
-    b.tensor({.name = "residual_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
-              .shape = "B,S,D", .alloc = "like:x", .present = "given:residual", .layout = "*,*,1", .own = "overlap"},
-             +[](C& a) -> TensorView& { return a.out.residual_out; });
-    b.tensor({.name = "fp8", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn|u8",
-              .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn", .present = "given:input_scale",
-              .layout = "*,*,1", .own = "overlap"},
-             +[](C& a) -> TensorView& { return a.out.fp8; });
-    b.tensor({.name = "nvfp4_packed", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-              .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8", .present = "given:global_scale",
-              .own = "shape,dtype,overlap"},
-             +[](C& a) -> TensorView& { return a.out.nvfp4_packed; });
-    b.tensor({.name = "nvfp4_scales", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-              .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16", .alloc_dtype = "u8",
-              .present = "given:global_scale", .doc = "E4M3 block scales in the 128x4 swizzled layout",
-              .own = "shape,overlap"},
-             +[](C& a) -> TensorView& { return a.out.nvfp4_scales; });
+    b.tensor<&C::in, &In::scale>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
+    b.tensor<&C::in, &In::shift>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
+    b.tensor<&C::in, &In::residual>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
+                                     .layout = "*,*,1"});
+    b.tensor<&C::in, &In::gate>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D",
+                                 .own = "shape,dtype"});
+    b.tensor<&C::in, &In::weight>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+                                   .own = "dtype"});
+    b.tensor<&C::in, &In::bias>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+                                 .own = "dtype"});
+    b.tensor<&C::in, &In::input_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
+    b.tensor<&C::in, &In::global_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
+    b.tensor<&C::out, &Out::y>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+                                .shape = "B,S,D", .alloc = "like:x",
+                                .present = "flag:store_y;absent:input_scale,global_scale", .layout = "*,*,1",
+                                .own = "overlap"});
+    b.tensor<&C::out, &Out::residual_out>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+                                           .shape = "B,S,D", .alloc = "like:x", .present = "given:residual",
+                                           .layout = "*,*,1", .own = "overlap"});
+    b.tensor<&C::out, &Out::fp8>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn|u8",
+                                  .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn",
+                                  .present = "given:input_scale", .layout = "*,*,1", .own = "overlap"});
+    b.tensor<&C::out, &Out::nvfp4_packed>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+                                           .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8",
+                                           .present = "given:global_scale", .own = "shape,dtype,overlap"});
+    b.tensor<&C::out, &Out::nvfp4_scales>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+                                           .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16",
+                                           .alloc_dtype = "u8", .present = "given:global_scale",
+                                           .doc = "E4M3 block scales in the 128x4 swizzled layout",
+                                           .own = "shape,overlap"});
     b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
                       .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
-    b.choice("norm", &O::norm, {{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
-    b.option("eps", &O::eps, "norm epsilon");
-    b.choice("norm_order", &O::norm_order, {{"aten", NssNormOrder::aten}, {"aten_mean", NssNormOrder::aten_mean}},
-             "RMSNorm's sum of squares: aten (F.rms_norm) or aten_mean (x.float().pow(2).mean(-1), diffusers' "
-             "RMSNorm without a weight; 128 <= D < 8192)");
-    b.choice("numerics", &O::numerics,
-             {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
-             "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
-    describe_fp8_reciprocal(b, &O::fp8_reciprocal, "input_scale");
-    b.choice("e2m1", &O::e2m1,
-             {{"automatic", E2m1Conversion::automatic}, {"software", E2m1Conversion::software},
-              {"hardware", E2m1Conversion::hardware}},
-             "the NVFP4 E2M1 conversion");
-    b.option("use_pdl", &O::use_pdl, "programmatic dependent launch where the device has it");
+    b.choice<&O::norm>({{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
+    b.option<&O::eps>("norm epsilon");
+    b.choice<&O::norm_order>(
+        {{"aten", NssNormOrder::aten}, {"aten_mean", NssNormOrder::aten_mean}},
+        "RMSNorm's sum of squares: aten (F.rms_norm) or aten_mean (x.float().pow(2).mean(-1), diffusers' "
+        "RMSNorm without a weight; 128 <= D < 8192)");
+    b.choice<&O::numerics>(
+        {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
+        "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
+    describe_fp8_reciprocal<&O::fp8_reciprocal>(b, "input_scale");
+    b.choice<&O::e2m1>(
+        {{"automatic", E2m1Conversion::automatic},
+         {"software", E2m1Conversion::software},
+         {"hardware", E2m1Conversion::hardware}},
+        "the NVFP4 E2M1 conversion");
+    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
+    b.before_slots([](const C& c) {
+      if (!present(c.in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
+    });
+    b.complete(complete);
     return b;
   }();
   return b;
 }
 
-}  // namespace
-
-NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const NormScaleShiftOutputs& out,
-                                          const NormScaleShiftOptions& options, Stream stream) {
-  if (!present(in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
-  NormScaleShiftCall call{.in = in, .out = out, .options = options};
-  Matcher m = description().match(call);
+void complete(NormScaleShiftCall& call, Matcher& m) {
+  const NormScaleShiftInputs& in = call.in;
+  const NormScaleShiftOutputs& out = call.out;
+  const NormScaleShiftOptions& options = call.options;
   m.require_nonnegative_strides(in.x, "x");
   const int64_t B = *m.value("B"), S = *m.value("S"), D = *m.value("D");
   const DType act = in.x.dtype;
@@ -412,7 +408,6 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
   call.seq = S;
   call.rows = B * S;
   call.dim = static_cast<int>(D);
-  call.stream = stream;
   check_aligned(m, "x", in.x, vec * esize, {0, 1}, vec, "vector access");
 
   // Gated residual.
@@ -517,10 +512,7 @@ NormScaleShiftCall match_norm_scale_shift(const NormScaleShiftInputs& in, const 
                " (an output may only be x or residual itself, same data and strides, for in place)");
     }
   }
-  return call;
 }
-
-namespace {
 
 bool wants_hardware_e2m1(const NormScaleShiftCall& c, const DeviceInfo& device) {
   if (c.quant != NssQuant::nvfp4) return false;
@@ -683,21 +675,17 @@ struct Kernels {
 
 }  // namespace
 
-std::string norm_scale_shift(const NormScaleShiftInputs& inputs, const NormScaleShiftOutputs& outputs,
-                             const NormScaleShiftOptions& options, Stream stream) {
-  return dispatch<Kernels>(match_norm_scale_shift(inputs, outputs, options, stream), stream, options.dispatch);
-}
+const OpFunction<std::string, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs> norm_scale_shift{
+    op_run<description, Kernels>};
+const OpFunction<NormScaleShiftCall, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs>
+    match_norm_scale_shift{op_match<description>};
 
 DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_norm_scale_shift(Registry& registry) {
-  registry.describe(description().build(
-      [](const NormScaleShiftCall& a, Stream s) { return norm_scale_shift(a.in, a.out, a.options, s); },
-      [](const NormScaleShiftCall& a) {
-        return explain_norm_scale_shift(match_norm_scale_shift(a.in, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   // sm_90+: the fp8 conversion (cvt e4m3x2, sm_89+) and PDL; nvfp4 runs everywhere there with the
   // software E2M1 conversion and takes the hardware one where the device has it (the predicate
   // refuses an explicit e2m1=hardware elsewhere).

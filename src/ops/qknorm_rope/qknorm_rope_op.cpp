@@ -165,66 +165,67 @@ bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int
   return false;
 }
 
+void complete(QkNormRopeCall& call, Matcher& m);  // the op's own rules, after the slots'
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<QkNormRopeCall>& description() {
-  static const OpBuilder<QkNormRopeCall> b = [] {
-    OpBuilder<QkNormRopeCall> b(kOp, "in-place per-head QK RMSNorm + RoPE",
-                                "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
-                                "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
-                                "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
+  using C = QkNormRopeCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "in-place per-head QK RMSNorm + RoPE",
+                   "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
+                   "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
+                   "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
     b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
-    b.tensor({.name = "q", .role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D",
-                .layout = "q_token_stride,head_stride,1"},
-               &QkNormRopeCall::q);
-    b.dim_rule("D", [](int64_t D, const QkNormRopeCall&) {
+    b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D",
+                     .layout = "q_token_stride,head_stride,1"});
+    b.dim_rule("D", [](int64_t D, const C&) {
       return D == 64 || D == 128 || D == 256 ? std::string()
                                              : "q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
     });
-    b.tensor({.name = "k", .role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D",
-                .layout = "k_token_stride,head_stride,1"},
-               &QkNormRopeCall::k);
-    b.tensor({.name = "q_weight", .dtypes = "=q", .shape = "D", .layout = "1"}, &QkNormRopeCall::q_weight);
-    b.tensor({.name = "k_weight", .dtypes = "=q", .shape = "D", .layout = "1"}, &QkNormRopeCall::k_weight);
+    b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D",
+                     .layout = "k_token_stride,head_stride,1"});
+    b.tensor<&C::q_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
+    b.tensor<&C::k_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
     // The cache's width is rope_dim or 2 * rope_dim (the op's own rule); its rank comes from the layout.
-      b.tensor({.name = "cos_sin_cache", .dtypes = "f32|=q", .shape = "P,R", .layout = "*,1", .own = "shape"},
-               &QkNormRopeCall::cos_sin_cache);
-    b.tensor({.name = "positions", .dtypes = "i32|i64", .shape = "T"}, &QkNormRopeCall::positions);
-    b.option("is_neox", &QkNormRopeOptions::is_neox, "NeoX halves (true) or interleaved pairs (false, FLUX)");
-    b.option("eps", &QkNormRopeOptions::eps, "RMSNorm epsilon");
-    b.option("rope_dim", &QkNormRopeOptions::rope_dim, "rotated channels; 0: from the cache width");
-    b.option("cache_full_width", &QkNormRopeOptions::cache_full_width, "cache rows hold rope_dim cos then rope_dim sin");
-    b.choice("rounding", &QkNormRopeOptions::rounding,
-             {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-             "rounded: bit_exact vs the eager chain; fp32: close");
-    b.choice("norm_order", &QkNormRopeOptions::norm_order,
-             {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
-             "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
-             "diffusers' RMSNorm; head_dim 64, 128)");
-    b.choice("norm_weight_rounding", &QkNormRopeOptions::norm_weight_rounding,
-             {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
-             "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
-             "with a 16-bit weight; needs rounding=rounded)");
-    b.choice("rope_product", &QkNormRopeOptions::rope_product,
-             {{"real", QkRopeProduct::real}, {"complex", QkRopeProduct::complex}},
-             "real: x*cos + rotate(x)*sin as separate rounded ops (FLUX); complex: Qwen-Image's complex64 "
-             "product, one FMA per component (interleaved, fp32 cache, rounding=rounded)");
-    b.option("use_pdl", &QkNormRopeOptions::use_pdl, "programmatic dependent launch where the device has it");
+    b.tensor<&C::cos_sin_cache>({.dtypes = "f32|=q", .shape = "P,R", .layout = "*,1", .own = "shape"});
+    b.tensor<&C::positions>({.dtypes = "i32|i64", .shape = "T"});
+    b.option<&QkNormRopeOptions::is_neox>("NeoX halves (true) or interleaved pairs (false, FLUX)");
+    b.option<&QkNormRopeOptions::eps>("RMSNorm epsilon");
+    b.option<&QkNormRopeOptions::rope_dim>("rotated channels; 0: from the cache width");
+    b.option<&QkNormRopeOptions::cache_full_width>("cache rows hold rope_dim cos then rope_dim sin");
+    b.choice<&QkNormRopeOptions::rounding>({{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
+                                           "rounded: bit_exact vs the eager chain; fp32: close");
+    b.choice<&QkNormRopeOptions::norm_order>(
+        {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
+        "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
+        "diffusers' RMSNorm; head_dim 64, 128)");
+    b.choice<&QkNormRopeOptions::norm_weight_rounding>(
+        {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
+        "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
+        "with a 16-bit weight; needs rounding=rounded)");
+    b.choice<&QkNormRopeOptions::rope_product>(
+        {{"real", QkRopeProduct::real}, {"complex", QkRopeProduct::complex}},
+        "real: x*cos + rotate(x)*sin as separate rounded ops (FLUX); complex: Qwen-Image's complex64 "
+        "product, one FMA per component (interleaved, fp32 cache, rounding=rounded)");
+    b.option<&QkNormRopeOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
+    // The CPU path checks positions on the host (the reference); CUDA positions only in checked mode.
+    b.check_before_run([](const C& call) {
+      if (call.q.device.kind == DeviceKind::cuda && call.num_tokens > 0 && jit::checked_mode()) {
+        jit::bind_and_check_stream(kOp, "q", call.q.device, call.stream);
+        jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
+                                     "the rows of cos_sin_cache", call.stream);
+      }
+    });
     return b;
   }();
   return b;
 }
 
-}  // namespace
-
-QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
-                                 const TensorView& k_weight, const TensorView& cos_sin_cache,
-                                 const TensorView& positions, const QkNormRopeOptions& options,
-                                 Stream stream) {
-  QkNormRopeCall call{.q = q, .k = k, .q_weight = q_weight, .k_weight = k_weight, .cos_sin_cache = cos_sin_cache,
-                      .positions = positions, .options = options};
-  const Matcher m = description().match(call);
+void complete(QkNormRopeCall& call, Matcher& m) {
+  const QkNormRopeOptions& options = call.options;
   const int64_t D = *m.value("D");
-  const int64_t width = cos_sin_cache.shape[1];
+  const int64_t width = call.cos_sin_cache.shape[1];
   const int64_t rope_dim = options.rope_dim ? options.rope_dim
                                             : (options.cache_full_width ? width / 2 : width);
   if (rope_dim <= 0 || rope_dim > D)
@@ -251,9 +252,9 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
     if (options.cache_full_width)
       m.fail("rope_product=complex multiplies each pair by one complex frequency: a compact cos_sin_cache "
              "(cache_full_width=false) but cache_full_width is true");
-    if (cos_sin_cache.dtype != DType::f32)
+    if (call.cos_sin_cache.dtype != DType::f32)
       m.fail(std::string("rope_product=complex needs a f32 cos_sin_cache (complex64 frequencies) but it is ") +
-             dtype_name(cos_sin_cache.dtype));
+             dtype_name(call.cos_sin_cache.dtype));
   }
   if (options.norm_weight_rounding == QkNormWeightRounding::twice && options.rounding != QkRounding::rounded)
     m.fail("norm_weight_rounding=twice needs rounding=rounded (rounding=fp32 rounds nothing before the store)");
@@ -262,7 +263,7 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   // In place: rows of one tensor must not overlap each other, or the result would depend on
   // the order the GPU happens to run them in.
   // Bound by whichever tensor has more than one head (a stride of an extent-1 dim is free).
-  const int64_t head_stride = m.value("head_stride").value_or(q.strides[1]);
+  const int64_t head_stride = m.value("head_stride").value_or(call.q.strides[1]);
   auto check_disjoint_rows = [&](const TensorView& t, const char* name, int64_t heads) {
     if (T == 0 || heads == 0) return;
     if (heads > 1 && head_stride < D)
@@ -272,14 +273,14 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
       m.fail(std::string(name) + ".stride(0) must be >= " + std::to_string((heads - 1) * head_stride + D) +
              " (tokens may not overlap) but is " + std::to_string(t.strides[0]));
   };
-  check_disjoint_rows(q, "q", Hq);
-  check_disjoint_rows(k, "k", Hk);
-  if (q.data == k.data && T > 0 && Hq > 0 && Hk > 0) m.fail("q and k must not alias (both are written)");
-  else if (T > 0 && Hq > 0 && Hk > 0 && q_k_share_elements(q, k, T, Hq, Hk, D, head_stride))
+  check_disjoint_rows(call.q, "q", Hq);
+  check_disjoint_rows(call.k, "k", Hk);
+  if (call.q.data == call.k.data && T > 0 && Hq > 0 && Hk > 0) m.fail("q and k must not alias (both are written)");
+  else if (T > 0 && Hq > 0 && Hk > 0 && q_k_share_elements(call.q, call.k, T, Hq, Hk, D, head_stride))
     m.fail("q and k overlap in memory (both are written): they must be disjoint views, e.g. the q "
            "and k heads of one packed QKV projection");
   if (T > INT64_MAX / 4 || Hq + Hk > (1 << 30)) m.fail("too many tokens or heads");
-  if (T > 0 && cos_sin_cache.shape[0] < 1)
+  if (T > 0 && call.cos_sin_cache.shape[0] < 1)
     m.fail("cos_sin_cache.shape[0] must be >= 1 (positions index its rows) but is 0 with T=" + std::to_string(T));
   call.options.rope_dim = static_cast<int>(rope_dim);
   call.num_tokens = T;
@@ -288,19 +289,15 @@ QkNormRopeCall match_qknorm_rope(const TensorView& q, const TensorView& k, const
   call.head_dim = static_cast<int>(D);
   call.rope_dim = static_cast<int>(rope_dim);
   call.head_stride = head_stride;
-  call.stream = stream;
-  const int64_t esize = static_cast<int64_t>(dtype_size(q.dtype));
-  const int64_t csize = static_cast<int64_t>(dtype_size(cos_sin_cache.dtype));
-  call.aligned16 = is_aligned(q.data, 16) && is_aligned(k.data, 16) &&
-                   (q.strides[0] * esize) % 16 == 0 && (k.strides[0] * esize) % 16 == 0 &&
-                   (head_stride * esize) % 16 == 0 && is_aligned(q_weight.data, 16) &&
-                   is_aligned(k_weight.data, 16) && is_aligned(cos_sin_cache.data, 16) &&
-                   (cos_sin_cache.strides[0] * csize) % 16 == 0 &&
-                   is_aligned(positions.data, dtype_size(positions.dtype));  // asynchronous copies
-  return call;
+  const int64_t esize = static_cast<int64_t>(dtype_size(call.q.dtype));
+  const int64_t csize = static_cast<int64_t>(dtype_size(call.cos_sin_cache.dtype));
+  call.aligned16 = is_aligned(call.q.data, 16) && is_aligned(call.k.data, 16) &&
+                   (call.q.strides[0] * esize) % 16 == 0 && (call.k.strides[0] * esize) % 16 == 0 &&
+                   (head_stride * esize) % 16 == 0 && is_aligned(call.q_weight.data, 16) &&
+                   is_aligned(call.k_weight.data, 16) && is_aligned(call.cos_sin_cache.data, 16) &&
+                   (call.cos_sin_cache.strides[0] * csize) % 16 == 0 &&
+                   is_aligned(call.positions.data, dtype_size(call.positions.dtype));  // asynchronous copies
 }
-
-namespace {
 
 QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
   QkKernelKey key;
@@ -393,31 +390,13 @@ struct Kernels {
 
 }  // namespace
 
-std::string qknorm_rope(const TensorView& q, const TensorView& k, const TensorView& q_weight,
-                        const TensorView& k_weight, const TensorView& cos_sin_cache,
-                        const TensorView& positions, const QkNormRopeOptions& options,
-                        Stream stream) {
-  const QkNormRopeCall call = match_qknorm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions, options, stream);
-  // The CPU path checks positions on the host (the reference); CUDA positions only in checked mode.
-  if (call.q.device.kind == DeviceKind::cuda && call.num_tokens > 0 && jit::checked_mode()) {
-    jit::bind_and_check_stream(kOp, "q", call.q.device, stream);
-    jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
-                                 "the rows of cos_sin_cache", stream);
-  }
-  return dispatch<Kernels>(call, stream, options.dispatch);
-}
+const OpFunction<std::string, QkNormRopeCall> qknorm_rope{op_run<description, Kernels>};
+const OpFunction<QkNormRopeCall, QkNormRopeCall> match_qknorm_rope{op_match<description>};
 
 DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return explain<Kernels>(call, call.options.dispatch); }
 
 void register_qknorm_rope(Registry& registry) {
-  registry.describe(description().build(
-      [](const QkNormRopeCall& a, Stream s) {
-        return qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options, s);
-      },
-      [](const QkNormRopeCall& a) {
-        return explain_qknorm_rope(
-            match_qknorm_rope(a.q, a.k, a.q_weight, a.k_weight, a.cos_sin_cache, a.positions, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
       "split chain with norm_order=warp; with norm_order=aten_mean the eager chain of "

@@ -212,130 +212,129 @@ int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
   return stride < 0 ? gate.shape[R - 1] : stride;
 }
 
+void complete(ResidualGateAddCall& call, Matcher& m);  // the op's own rules, after the slots'
+
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
 const OpBuilder<ResidualGateAddCall>& description() {
-  static const OpBuilder<ResidualGateAddCall> b = [] {
-    OpBuilder<ResidualGateAddCall> b(kOp, "out = residual + update * gate with eager rounding",
-                                     "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
-                                     "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
-                                     "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
-                                     "or f32 beside 16-bit data (Wan's promoted chain); "
-                                     "out takes residual's shape and strides and must not overlap an input. "
-                                     "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
+  using C = ResidualGateAddCall;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "out = residual + update * gate with eager rounding",
+                   "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
+                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
+                   "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
+                   "or f32 beside 16-bit data (Wan's promoted chain); "
+                   "out takes residual's shape and strides and must not overlap an input. "
+                   "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
     b.dims("B=1,S=4608,D=3072");
     // Any rank >= 2, a gate in broadcast classes, two layouts and no in-place call: the shapes, the
-    // gate's dtype and the overlaps are the op's own rules (match_residual_gate_add).
-    b.tensor({.name = "residual", .dtypes = "bf16|f16|f32", .shape = "B,S,D", .own = "shape"},
-             &ResidualGateAddCall::residual);
-    b.tensor({.name = "update", .dtypes = "=residual", .shape = "B,S,D", .own = "shape"}, &ResidualGateAddCall::update);
-    b.tensor({.name = "gate", .dtypes = "=residual|f32", .shape = "B,1,D", .own = "shape,dtype"},
-             &ResidualGateAddCall::gate);
-    b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
-              .alloc = "strided:residual", .own = "shape,overlap"},
-             &ResidualGateAddCall::out);
-    b.option("use_pdl", &ResidualGateAddOptions::use_pdl, "programmatic dependent launch where the device has it");
+    // gate's dtype and the overlaps are the op's own rules (complete).
+    b.tensor<&C::residual>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .own = "shape"});
+    b.tensor<&C::update>({.dtypes = "=residual", .shape = "B,S,D", .own = "shape"});
+    b.tensor<&C::gate>({.dtypes = "=residual|f32", .shape = "B,1,D", .own = "shape,dtype"});
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
+                       .alloc = "strided:residual", .own = "shape,overlap"});
+    b.option<&ResidualGateAddOptions::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
     return b;
   }();
   return b;
 }
 
-}  // namespace
-
-ResidualGateAddCall match_residual_gate_add(const TensorView& residual, const TensorView& update,
-                                            const TensorView& gate, const TensorView& out,
-                                            const ResidualGateAddOptions& options, Stream stream) {
-  ResidualGateAddCall call{.residual = residual, .update = update, .gate = gate, .out = out, .options = options};
-  const Matcher m = description().match(call);
+void complete(ResidualGateAddCall& call, Matcher& m) {
   // The gate: residual's dtype, or f32 beside a 16-bit residual (the promoted chain).
-  const bool gate_f32 = gate.dtype == DType::f32 && residual.dtype != DType::f32;
-  if (!gate_f32 && gate.dtype != residual.dtype)
-    m.fail(std::string("gate.dtype must be ") + dtype_name(residual.dtype) + " (as residual)" +
-           (residual.dtype != DType::f32 ? " or f32 (promoted: residual + update * gate in float32, one rounding)" : "") +
-           " but is " + dtype_name(gate.dtype));
-  const int R = residual.rank;
-  if (R < 2) m.fail("residual must have rank >= 2 but has rank " + std::to_string(R) + " (" + residual.describe() + ")");
+  const bool gate_f32 = call.gate.dtype == DType::f32 && call.residual.dtype != DType::f32;
+  if (!gate_f32 && call.gate.dtype != call.residual.dtype)
+    m.fail(std::string("gate.dtype must be ") + dtype_name(call.residual.dtype) + " (as residual)" +
+           (call.residual.dtype != DType::f32 ? " or f32 (promoted: residual + update * gate in float32, one rounding)"
+                                               : "") +
+           " but is " + dtype_name(call.gate.dtype));
+  const int R = call.residual.rank;
+  if (R < 2)
+    m.fail("residual must have rank >= 2 but has rank " + std::to_string(R) + " (" + call.residual.describe() + ")");
   auto same_shape = [&](const TensorView& t, const char* name) {
     if (t.rank != R)
       m.fail(std::string(name) + " must have rank " + std::to_string(R) + " (as residual) but has rank " +
              std::to_string(t.rank) + " (" + t.describe() + ")");
     for (int d = 0; d < R; ++d)
-      if (t.shape[d] != residual.shape[d])
-        m.fail(std::string(name) + ".shape[" + std::to_string(d) + "] must be " + std::to_string(residual.shape[d]) +
-               " (as residual.shape[" + std::to_string(d) + "]) but is " + std::to_string(t.shape[d]));
+      if (t.shape[d] != call.residual.shape[d])
+        m.fail(std::string(name) + ".shape[" + std::to_string(d) + "] must be " +
+               std::to_string(call.residual.shape[d]) + " (as residual.shape[" + std::to_string(d) + "]) but is " +
+               std::to_string(t.shape[d]));
   };
-  same_shape(update, "update");
-  same_shape(out, "out");
+  same_shape(call.update, "update");
+  same_shape(call.out, "out");
   for (int d = 0; d < R; ++d)
-    if (residual.shape[d] != 1 && out.strides[d] != residual.strides[d])
-      m.fail("out.stride(" + std::to_string(d) + ") must be " + std::to_string(residual.strides[d]) +
+    if (call.residual.shape[d] != 1 && call.out.strides[d] != call.residual.strides[d])
+      m.fail("out.stride(" + std::to_string(d) + ") must be " + std::to_string(call.residual.strides[d]) +
              " (as residual.stride(" + std::to_string(d) + "): out takes residual's strides) but is " +
-             std::to_string(out.strides[d]));
+             std::to_string(call.out.strides[d]));
 
   // Layout: contiguous, or SANA-Video's transposed residual stream.
   int64_t expected = 0;
-  const int bad = dense_layout_mismatch(residual, nullptr, &expected);
+  const int bad = dense_layout_mismatch(call.residual, nullptr, &expected);
   if (bad >= 0) {
-    const int64_t T = residual.shape[R == 3 ? 1 : 0], H = residual.shape[R - 1];
-    const bool transposed = R == 3 && (residual.shape[0] == 1 || residual.strides[0] == T * H) &&
-                            (T == 1 || residual.strides[1] == 1) && (H == 1 || residual.strides[2] == T);
+    const int64_t T = call.residual.shape[R == 3 ? 1 : 0], H = call.residual.shape[R - 1];
+    const bool transposed = R == 3 && (call.residual.shape[0] == 1 || call.residual.strides[0] == T * H) &&
+                            (T == 1 || call.residual.strides[1] == 1) && (H == 1 || call.residual.strides[2] == T);
     if (!transposed)
       m.fail("residual.stride(" + std::to_string(bad) + ") must be " + std::to_string(expected) +
              " (contiguous; the one strided layout taken is the transposed [B, T, H] with strides (T*H, 1, T)) "
-             "but is " + std::to_string(residual.strides[bad]) + " (" + residual.describe() + ")");
+             "but is " + std::to_string(call.residual.strides[bad]) + " (" + call.residual.describe() + ")");
     call.transposed = true;
-    call.batch = residual.shape[0];
+    call.batch = call.residual.shape[0];
     call.tokens = T;
     call.hidden = H;
   }
-  require_contiguous(m, update, "update", call.transposed ? "contiguous [B, T, H] beside a transposed residual" : "contiguous");
+  require_contiguous(m, call.update, "update",
+                     call.transposed ? "contiguous [B, T, H] beside a transposed residual" : "contiguous");
   int64_t rows_per_batch = 0;
-  GateMode mode = classify_gate(m, residual, gate, &rows_per_batch);
+  GateMode mode = classify_gate(m, call.residual, call.gate, &rows_per_batch);
   int64_t row_stride = 0;
   int64_t unused = 0;
-  if ((mode == GateMode::full || mode == GateMode::batch) && dense_layout_mismatch(gate, nullptr, &unused) >= 0) {
+  if ((mode == GateMode::full || mode == GateMode::batch) &&
+      dense_layout_mismatch(call.gate, nullptr, &unused) >= 0) {
     // A row-strided view (an adaLN chunk): one gate row per token (full) or per batch row block.
     if (call.transposed)
       m.fail("gate must be contiguous beside a transposed residual (a strided gate takes the contiguous layout) but "
-             "is " + gate.describe());
-    row_stride = gate_row_stride(m, gate);
+             "is " + call.gate.describe());
+    row_stride = gate_row_stride(m, call.gate);
     rows_per_batch = mode == GateMode::full ? 1 : rows_per_batch;
     mode = GateMode::strided;
   } else {
-    require_contiguous(m, gate, "gate", "contiguous");
+    require_contiguous(m, call.gate, "gate", "contiguous");
   }
   if (gate_f32 && call.transposed)
-    m.fail(std::string("gate.dtype must be ") + dtype_name(residual.dtype) +
+    m.fail(std::string("gate.dtype must be ") + dtype_name(call.residual.dtype) +
            " (as residual: an f32 gate takes the contiguous layout, not the transposed one) but is f32");
 
-  call.numel = residual.numel();
+  call.numel = call.residual.numel();
   if (call.numel > 0) {
-    require_disjoint(m, out, residual, "residual");
-    require_disjoint(m, out, update, "update");
-    require_disjoint(m, out, gate, "gate");
+    require_disjoint(m, call.out, call.residual, "residual");
+    require_disjoint(m, call.out, call.update, "update");
+    require_disjoint(m, call.out, call.gate, "gate");
   }
   call.gate_mode = mode;
-  call.width = residual.shape[R - 1];
+  call.width = call.residual.shape[R - 1];
   call.rows = call.width ? call.numel / call.width : 0;
   call.rows_per_batch = rows_per_batch;
   call.gate_row_stride = row_stride;
   call.gate_f32 = gate_f32;
-  call.stream = stream;
-  const int64_t elems = 16 / static_cast<int64_t>(dtype_size(residual.dtype));
+  const int64_t elems = 16 / static_cast<int64_t>(dtype_size(call.residual.dtype));
   // A unit's gate values: 16 bytes (32 for an f32 gate beside 16-bit data), each gate row starting
   // on 16 bytes.
-  const bool gate_vector = is_aligned(gate.data, 16) &&
-                           (mode != GateMode::strided || row_stride * static_cast<int64_t>(dtype_size(gate.dtype)) % 16 == 0);
-  const bool update_side = is_aligned(update.data, 16) && (mode == GateMode::token || gate_vector);
-  const bool residual_side = is_aligned(residual.data, 16) && is_aligned(out.data, 16);
+  const bool gate_vector =
+      is_aligned(call.gate.data, 16) &&
+      (mode != GateMode::strided || row_stride * static_cast<int64_t>(dtype_size(call.gate.dtype)) % 16 == 0);
+  const bool update_side = is_aligned(call.update.data, 16) && (mode == GateMode::token || gate_vector);
+  const bool residual_side = is_aligned(call.residual.data, 16) && is_aligned(call.out.data, 16);
   call.aligned16 = update_side && residual_side &&
                    (call.transposed ? call.tokens % elems == 0 && call.hidden % elems == 0 : call.width % elems == 0);
   call.update_aligned16 = call.transposed && update_side && call.hidden % elems == 0;
-  const auto r_addr = reinterpret_cast<uintptr_t>(residual.data), o_addr = reinterpret_cast<uintptr_t>(out.data);
-  call.residual_chunks16 = call.update_aligned16 && !call.aligned16 && (r_addr > o_addr ? r_addr - o_addr : o_addr - r_addr) % 16 == 0;
-  return call;
+  const auto r_addr = reinterpret_cast<uintptr_t>(call.residual.data);
+  const auto o_addr = reinterpret_cast<uintptr_t>(call.out.data);
+  call.residual_chunks16 =
+      call.update_aligned16 && !call.aligned16 && (r_addr > o_addr ? r_addr - o_addr : o_addr - r_addr) % 16 == 0;
 }
-
-namespace {
 
 // Token tiles of the transposed kernel: chunked lines reach up to kElems - 1 tokens before their
 // tile, so one more tile may be needed at the end (kernels/residual_gate_add.cuh).
@@ -495,24 +494,15 @@ struct Kernels {
 
 }  // namespace
 
-std::string residual_gate_add(const TensorView& residual, const TensorView& update, const TensorView& gate,
-                              const TensorView& out, const ResidualGateAddOptions& options, Stream stream) {
-  return dispatch<Kernels>(match_residual_gate_add(residual, update, gate, out, options, stream), stream,
-                           options.dispatch);
-}
+const OpFunction<std::string, ResidualGateAddCall> residual_gate_add{op_run<description, Kernels>};
+const OpFunction<ResidualGateAddCall, ResidualGateAddCall> match_residual_gate_add{op_match<description>};
 
 DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
   return explain<Kernels>(call, call.options.dispatch);
 }
 
 void register_residual_gate_add(Registry& registry) {
-  registry.describe(description().build(
-      [](const ResidualGateAddCall& a, Stream s) {
-        return residual_gate_add(a.residual, a.update, a.gate, a.out, a.options, s);
-      },
-      [](const ResidualGateAddCall& a) {
-        return explain_residual_gate_add(match_residual_gate_add(a.residual, a.update, a.gate, a.out, a.options));
-      }));
+  describe_op<description, Kernels>(registry);
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";
