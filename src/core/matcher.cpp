@@ -136,14 +136,20 @@ bool same_view(const TensorView& a, const TensorView& b) {
   return true;
 }
 
-void Matcher::bind(const std::string& symbol, int64_t value, const std::string& origin) {
-  sizes_[symbol] = {value, origin};
+std::string Matcher::Origin::text() const {
+  if (dim < 0) return tensor;
+  return tensor + (stride ? ".stride(" : ".shape[") + std::to_string(dim) + (stride ? ")" : "]");
 }
 
-std::optional<int64_t> Matcher::value(const std::string& symbol) const {
-  auto it = sizes_.find(symbol);
-  if (it == sizes_.end()) return std::nullopt;
-  return it->second.value;
+void Matcher::bind(const std::string& symbol, int64_t value, const std::string& origin) {
+  if (Bound* b = find(sizes_, symbol)) *b = {symbol, value, {origin}};
+  else sizes_.push_back({symbol, value, {origin}});
+}
+
+std::optional<int64_t> Matcher::value(std::string_view symbol) const {
+  const Bound* b = find(sizes_, symbol);
+  if (!b) return std::nullopt;
+  return b->value;
 }
 
 // `stride`: dim i is a stride ("x.stride(1)"), else an extent ("x.shape[1]"); the text is only
@@ -162,26 +168,26 @@ void TensorMatch::check_dim(const Dim& d, int64_t actual, int i, bool stride) {
     case Dim::Kind::sum: {
       int64_t total = 0;
       for (const auto& term : d.terms) {
-        auto it = m_.sizes_.find(term);
-        if (it == m_.sizes_.end()) m_.fail(where() + " is " + d.symbol + " but " + term + " is not bound yet");
-        total += it->second.value;  // bounded extents (kMaxViewElements): no overflow
+        const Matcher::Bound* b = Matcher::find(m_.sizes_, term);
+        if (!b) m_.fail(where() + " is " + d.symbol + " but " + term + " is not bound yet");
+        total += b->value;  // bounded extents (kMaxViewElements): no overflow
       }
       if (actual != total) {
         std::string origins;
         for (const auto& term : d.terms)
-          origins += (origins.empty() ? "" : " + ") + m_.sizes_.find(term)->second.origin;
+          origins += (origins.empty() ? "" : " + ") + Matcher::find(m_.sizes_, term)->origin.text();
         m_.fail(where() + " must equal " + d.symbol + "=" + std::to_string(total) + " (" + origins + ") but is " +
                 std::to_string(actual));
       }
       return;
     }
     case Dim::Kind::symbol: {
-      auto it = m_.sizes_.find(d.symbol);
-      if (it == m_.sizes_.end()) {
-        m_.sizes_.emplace(d.symbol, Matcher::Bound{actual, where()});
-      } else if (it->second.value != actual) {
-        m_.fail(where() + " must equal " + d.symbol + "=" + std::to_string(it->second.value) +
-                " (bound by " + it->second.origin + ") but is " + std::to_string(actual));
+      const Matcher::Bound* b = Matcher::find(m_.sizes_, d.symbol);
+      if (!b) {
+        m_.sizes_.push_back({d.symbol, actual, {name_, i, stride}});
+      } else if (b->value != actual) {
+        m_.fail(where() + " must equal " + d.symbol + "=" + std::to_string(b->value) + " (bound by " +
+                b->origin.text() + ") but is " + std::to_string(actual));
       }
       return;
     }
@@ -245,10 +251,10 @@ TensorMatch& TensorMatch::dtype_as(const std::string& symbol, const std::vector<
 TensorMatch& TensorMatch::dtype_in_or_as(const std::vector<DType>& allowed, const std::string& symbol) {
   for (DType d : allowed)
     if (d == t_.dtype) return *this;
-  auto it = m_.dtypes_.find(symbol);
-  if (it == m_.dtypes_.end() || it->second.dtype == t_.dtype) return *this;
-  m_.fail(name_ + ".dtype must be " + dtype_list(allowed) + " or " + dtype_name(it->second.dtype) + " (as " +
-          it->second.origin + ") but is " + dtype_name(t_.dtype));
+  const Matcher::BoundDType* b = Matcher::find(m_.dtypes_, symbol);
+  if (!b || b->dtype == t_.dtype) return *this;
+  m_.fail(name_ + ".dtype must be " + dtype_list(allowed) + " or " + dtype_name(b->dtype) + " (as " + b->origin +
+          ") but is " + dtype_name(t_.dtype));
 }
 
 TensorMatch& TensorMatch::one_element() {
@@ -259,13 +265,13 @@ TensorMatch& TensorMatch::one_element() {
 
 template <typename DTypes>
 TensorMatch& TensorMatch::dtype_as_of(const std::string& symbol, const DTypes& allowed) {
-  auto it = m_.dtypes_.find(symbol);
-  if (it == m_.dtypes_.end()) {
+  const Matcher::BoundDType* b = Matcher::find(m_.dtypes_, symbol);
+  if (!b) {
     if (allowed.size()) dtype_of(allowed);
-    m_.dtypes_[symbol] = {t_.dtype, name_};
-  } else if (it->second.dtype != t_.dtype) {
-    m_.fail(name_ + ".dtype must be " + dtype_name(it->second.dtype) + " (as " + it->second.origin +
-            ") but is " + dtype_name(t_.dtype));
+    m_.dtypes_.push_back({symbol, t_.dtype, name_});
+  } else if (b->dtype != t_.dtype) {
+    m_.fail(name_ + ".dtype must be " + dtype_name(b->dtype) + " (as " + b->origin + ") but is " +
+            dtype_name(t_.dtype));
   }
   return *this;
 }
@@ -278,12 +284,12 @@ TensorMatch& TensorMatch::device_kind(DeviceKind kind) {
 }
 
 TensorMatch& TensorMatch::same_device(const std::string& symbol) {
-  auto it = m_.devices_.find(symbol);
-  if (it == m_.devices_.end()) {
-    m_.devices_[symbol] = {t_.device, name_};
-  } else if (it->second.device != t_.device) {
-    m_.fail(name_ + ".device must be " + device_name(it->second.device) + " (as " +
-            it->second.origin + ") but is " + device_name(t_.device));
+  const Matcher::BoundDevice* b = Matcher::find(m_.devices_, symbol);
+  if (!b) {
+    m_.devices_.push_back({symbol, t_.device, name_});
+  } else if (b->device != t_.device) {
+    m_.fail(name_ + ".device must be " + device_name(b->device) + " (as " + b->origin + ") but is " +
+            device_name(t_.device));
   }
   return *this;
 }

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 #include <initializer_list>
-#include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -90,7 +90,11 @@ constexpr int64_t kMaxViewBytes = int64_t{1} << 56;
 
 class Matcher {
  public:
-  explicit Matcher(std::string op) : op_(std::move(op)) {}
+  explicit Matcher(std::string op) : op_(std::move(op)) {
+    sizes_.reserve(12);
+    dtypes_.reserve(4);
+    devices_.reserve(1);
+  }
   // Starts matching `t`; first checks what every view must satisfy: rank in [0, kMaxRank],
   // extents >= 0, at most kMaxViewElements elements and kMaxViewBytes of span and of any stride
   // (an empty view too, its zero extents counted as 1), and data != NULL (aligned to the element
@@ -98,7 +102,7 @@ class Matcher {
   TensorMatch tensor(const std::string& name, const TensorView& t);
   // Bind a symbol up front (e.g. D from an option) so tensors are checked against it.
   void bind(const std::string& symbol, int64_t value, const std::string& origin);
-  std::optional<int64_t> value(const std::string& symbol) const;
+  std::optional<int64_t> value(std::string_view symbol) const;
   [[noreturn]] void fail(const std::string& message) const;
   const std::string& op() const { return op_; }
   // `read` must not share a byte with `written` (the op writes one while it reads the other):
@@ -115,22 +119,46 @@ class Matcher {
 
  private:
   friend class TensorMatch;
+  // Where a symbol was bound: `tensor`.shape[dim] / .stride(dim), or `tensor` alone as the text
+  // (dim < 0). The text is built only for a message (matching runs on every call).
+  struct Origin {
+    std::string tensor;
+    int dim = -1;
+    bool stride = false;
+    std::string text() const;
+  };
   struct Bound {
+    std::string symbol;
     int64_t value;
-    std::string origin;
+    Origin origin;
   };
   struct BoundDType {
+    std::string symbol;
     DType dtype;
     std::string origin;
   };
   struct BoundDevice {
+    std::string symbol;
     Device device;
     std::string origin;
   };
+  // A call binds a handful of each: a linear search of a small vector beats a map's nodes.
+  template <typename T>
+  static T* find(std::vector<T>& v, std::string_view symbol) {
+    for (T& e : v)
+      if (e.symbol == symbol) return &e;
+    return nullptr;
+  }
+  template <typename T>
+  static const T* find(const std::vector<T>& v, std::string_view symbol) {
+    for (const T& e : v)
+      if (e.symbol == symbol) return &e;
+    return nullptr;
+  }
   std::string op_;
-  std::map<std::string, Bound> sizes_;
-  std::map<std::string, BoundDType> dtypes_;
-  std::map<std::string, BoundDevice> devices_;
+  std::vector<Bound> sizes_;
+  std::vector<BoundDType> dtypes_;
+  std::vector<BoundDevice> devices_;
 };
 
 // The first dim of t whose stride is not that of a dense tensor with its dims laid out in `order`

@@ -537,7 +537,8 @@ void match_slots(Matcher& m, const std::vector<SlotRule>& rules, const TensorVie
       else if (r.dtypes.empty()) tm.dtype_as(r.dtype_of);
       else tm.dtype_in_or_as(r.dtypes, r.dtype_of);
     }
-    tm.same_device("device");
+    static const std::string device = "device";  // every tensor of an op on one device
+    tm.same_device(device);
     if (r.layout == SlotRule::Layout::contiguous) tm.contiguous();
     if (after_slot) after_slot(context, m);
   }
