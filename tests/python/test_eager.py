@@ -117,3 +117,23 @@ def test_float32_options_route_to_the_float32_chains():
     # The eager numerics without a scale: F.layer_norm alone.
     y = eager.oracle_outputs("norm_scale_shift", {"x": hidden}, {})["y"]
     assert torch.equal(y, torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6))
+
+
+def test_an_eager_chain_is_its_op_oracle_by_parameter_name():
+    """@eager: the chain's parameters take the call's tensors and options by name (an option from the
+    table's text, an absent optional tensor as None), its result lands on the op's written tensors
+    in the table's order, and `when` leaves other option values without an oracle."""
+    pytest.importorskip("ditops", reason="the oracle reads the op table (the compiled ditops module)")
+    g = torch.Generator().manual_seed(3)
+    x = {"x": torch.randn(2, 5, 64, generator=g).bfloat16(), "scale": torch.randn(2, 64, generator=g).bfloat16()}
+    out = eager.oracle_outputs("layernorm_modulate", x, {"eps": "0.001"})
+    assert set(out) == {"out"}  # stats_out is the caller's: the chain returns out alone
+    assert torch.equal(out["out"], eager.layernorm_modulate_eager(x["x"], x["scale"], None, 1e-3))
+    q, k = torch.randn(1, 3, 2, 8, generator=g).bfloat16(), torch.randn(1, 3, 1, 8, generator=g).bfloat16()
+    out = eager.oracle_outputs("qk_head_layernorm", {"q": q, "k": k}, {"eps": "1e-6"})
+    want = eager.qk_head_layernorm_eager(q, k, 1e-6)
+    assert set(out) == {"q_out", "k_out"} and torch.equal(out["q_out"], want[0]) and torch.equal(out["k_out"], want[1])
+    y, s = torch.randn(3, 32, generator=g).bfloat16(), torch.tensor([0.02])
+    assert eager.oracle_outputs("fp8_static_quant", {"x": y, "scale": s}, {"fp8_reciprocal": "div_full"}) is None
+    out = eager.oracle_outputs("fp8_static_quant", {"x": y, "scale": s}, {"fp8_reciprocal": "ieee"})
+    assert torch.equal(out["out"].view(torch.uint8), eager.fp8_static_quant_eager(y, s).view(torch.uint8))

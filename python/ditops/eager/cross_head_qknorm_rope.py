@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._registry import oracle
+from ._registry import eager
 
 
 def cross_head_rope_eager(x, cos, sin, head_dim, rope):
@@ -34,6 +34,7 @@ def cross_head_rope_eager(x, cos, sin, head_dim, rope):
     return out.flatten(-2)
 
 
+@eager("cross_head_qknorm_rope", rounding="rounded")
 def cross_head_qknorm_rope_eager(q, k, q_weight, k_weight, q_cos=None, q_sin=None, k_cos=None, k_sin=None, *,
                                  head_dim=128, eps=1e-6, rope="interleaved"):
     """torch.nn.RMSNorm over the whole row (F.rms_norm), then the model's RoPE per head
@@ -48,12 +49,3 @@ def cross_head_qknorm_rope_eager(q, k, q_weight, k_weight, q_cos=None, q_sin=Non
     return (cross_head_rope_eager(qn, q_cos, q_sin, head_dim, rope),
             cross_head_rope_eager(kn, k_cos, k_sin, head_dim, rope))
 
-
-@oracle("cross_head_qknorm_rope")
-def _oracle(x, o):
-    if o["rounding"] != "rounded":
-        return None
-    q, k = cross_head_qknorm_rope_eager(
-        x["q"], x["k"], x.get("q_weight"), x.get("k_weight"), x.get("q_cos"), x.get("q_sin"), x.get("k_cos"),
-        x.get("k_sin"), head_dim=int(o["head_dim"]), eps=float(o["eps"]), rope=o["rope"])
-    return {"q": q, "k": k}

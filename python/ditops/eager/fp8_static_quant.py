@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._registry import oracle
+from ._registry import eager
 
 
 def static_quant_fp8_eager(y, input_scale):
@@ -13,13 +13,8 @@ def static_quant_fp8_eager(y, input_scale):
     return (y.float() * (1.0 / input_scale)).clamp(-448, 448).to(torch.float8_e4m3fn)
 
 
+@eager("fp8_static_quant", fp8_reciprocal="ieee")
 def fp8_static_quant_eager(x, scale):
     """fp8_static_quant with fp8_reciprocal="ieee": eager's static e4m3 quantization of x [M, K]."""
     return static_quant_fp8_eager(x, scale)
 
-
-@oracle("fp8_static_quant")
-def _oracle(x, o):
-    if o["fp8_reciprocal"] != "ieee":
-        return None
-    return {"out": fp8_static_quant_eager(x["x"], x["scale"])}

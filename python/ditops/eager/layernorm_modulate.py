@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._registry import oracle
+from ._registry import eager
 from .fp8_static_quant import static_quant_fp8_eager
 
 
+@eager("layernorm_modulate")
 def layernorm_modulate_eager(x, scale, shift, eps):
     """F.layer_norm (no affine) * (1 + scale[:, None]) (+ shift[:, None]); x [B, S, D],
     scale/shift [B, D] (shift None: no add)."""
@@ -16,22 +17,14 @@ def layernorm_modulate_eager(x, scale, shift, eps):
     return y + shift[:, None] if shift is not None else y
 
 
+@eager("layernorm_modulate_fp8", fp8_reciprocal="ieee")
+def layernorm_modulate_fp8_eager(x, scale, shift, input_scale, eps):
+    """layernorm_modulate's chain, then static e4m3 with eager's IEEE reciprocal."""
+    return static_quant_fp8_eager(layernorm_modulate_eager(x, scale, shift, eps), input_scale)
+
+
+@eager("qk_head_layernorm")
 def qk_head_layernorm_eager(q, k, eps):
     """F.layer_norm over the head dim of q and k (no affine)."""
     return F.layer_norm(q, (q.shape[-1],), eps=eps), F.layer_norm(k, (k.shape[-1],), eps=eps)
 
-
-@oracle("layernorm_modulate", "layernorm_modulate_fp8")
-def _oracle(x, o):
-    y = layernorm_modulate_eager(x["x"], x["scale"], x.get("shift"), float(o["eps"]))
-    if "input_scale" in x:  # layernorm_modulate_fp8
-        if o["fp8_reciprocal"] != "ieee":
-            return None
-        y = static_quant_fp8_eager(y, x["input_scale"])
-    return {"out": y}
-
-
-@oracle("qk_head_layernorm")
-def _qk_head_oracle(x, o):
-    q, k = qk_head_layernorm_eager(x["q"], x["k"], float(o["eps"]))
-    return {"q_out": q, "k_out": k}
