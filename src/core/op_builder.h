@@ -151,6 +151,13 @@ class OpBuilder {
     return *this;
   }
 
+  const std::string& name() const { return desc_.name; }
+  const char* tensor_name(size_t i) const { return desc_.tensors[i].name.c_str(); }
+  // Slot i's tensor of a call.
+  const TensorView& tensor(const Args& a, size_t i) const {
+    return *reinterpret_cast<const TensorView*>(reinterpret_cast<const char*>(&a) + offsets_[i]);
+  }
+
   // The checks the slots state, run over a call's tensors: what every match_<op> does first.
   Matcher match(const Args& a) const {
     if (before_slots_) before_slots_(a);

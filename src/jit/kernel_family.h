@@ -1,25 +1,15 @@
-// An op's CUDA kernels, declared once as a struct of static functions (its kernel family) and
-// shared by its jit and aot implementations and by its facade:
+// An op's CUDA kernels (its kernel family), shared by its jit and aot implementations and by its
+// entries. An op writes its kernel functions once, as a constant, and the family takes its name,
+// the tensor that names the device and the device from the op's description:
 //
-//   struct TokenCatFp8Kernels {
-//     using Call = TokenCatFp8Call;
-//     using Key = TokenCatFp8Key;  // packed(): a uint64 naming the kernel; to_string(): the template key
-//     static constexpr const char* op = "token_cat_fp8";
-//     static constexpr const char* device_tensor = "attn";  // named when the stream is another device's
-//     static Device device(const Call&);
-//     static Key key(const Call&, const DeviceInfo&);
-//     static KernelRequest request(const Key&);
-//     static void launch(const Call&, const Key&, const jit::LoadedKernel&);
-//     // Optional:
-//     static bool nothing_to_do(const Call&);            // no launch, no compile
-//     static std::string refusal(const Call&);           // CUDA calls no kernel takes
-//     static std::vector<Key> prebuilt_keys();           // aot: the keys compiled into the library
-//     static std::vector<Key> variant_keys();            // every code path (the compile test)
-//     static uint64_t extra_signature(const Call&);      // predicate inputs the key does not carry,
-//     static constexpr uint64_t extra_radix = N;         //   below extra_radix (decision cache)
-//   };
+//   constexpr KernelFunctions<TokenCatFp8Call, TokenCatFp8Key> kKernels{
+//       .key = token_cat_fp8_key,          // Key: packed(), a uint64 naming the kernel; to_string(): the template key
+//       .request = token_cat_fp8_request,  // KernelRequest of a key
+//       .launch = token_cat_fp8_launch,
+//       .nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; }};  // optional, below
+//   using Kernels = OpKernels<description, kKernels>;
 //
-// A call's path: the facade matches, dispatch<F>() computes the key once, and the registry hands
+// A call's path: the entry matches, dispatch<F>() computes the key once, and the registry hands
 // the Dispatched call (core/implementation.h) to the chosen implementation, whose run resolves the
 // kernel per (key, device) once (compile or prebuilt load, capture-safe) and launches.
 #pragma once
@@ -30,6 +20,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/op_builder.h"
 #include "jit/cuda_driver.h"
@@ -40,11 +31,28 @@
 
 namespace ditops {
 
+// The functions of an op's kernels; those after `launch` are optional.
+template <typename Call, typename Key>
+struct KernelFunctions {
+  using CallType = Call;
+  using KeyType = Key;
+  Key (*key)(const Call&, const DeviceInfo&) = nullptr;
+  KernelRequest (*request)(const Key&) = nullptr;
+  void (*launch)(const Call&, const Key&, const jit::LoadedKernel&) = nullptr;
+  bool (*nothing_to_do)(const Call&) = nullptr;        // no launch, no compile
+  std::string (*refusal)(const Call&) = nullptr;       // CUDA calls no kernel takes
+  std::vector<Key> (*prebuilt_keys)() = nullptr;       // aot: the keys compiled into the library
+  std::vector<Key> (*variant_keys)() = nullptr;        // every code path (the compile test)
+  uint64_t (*extra_signature)(const Call&) = nullptr;  // predicate inputs the key does not carry,
+  uint64_t extra_radix = 1;                            //   below extra_radix (decision cache)
+  Device (*device)(const Call&) = nullptr;             // default: the description's first tensor's
+};
+
 template <typename F>
 concept KernelFamily = requires(const typename F::Call& c, const typename F::Key& k, const DeviceInfo& info,
                                 const jit::LoadedKernel& kernel) {
-  { F::op } -> std::convertible_to<const char*>;
-  { F::device_tensor } -> std::convertible_to<const char*>;
+  { F::op() } -> std::convertible_to<const std::string&>;
+  { F::device_tensor() } -> std::convertible_to<const char*>;
   { F::device(c) } -> std::same_as<Device>;
   { F::key(c, info) } -> std::same_as<typename F::Key>;
   { F::request(k) } -> std::same_as<KernelRequest>;
@@ -81,10 +89,10 @@ template <KernelFamily F>
 std::string dispatch(const typename F::Call& c, Stream stream, const DispatchOptions& options) {
   const Device d = F::device(c);
   const DeviceInfo& info = device_info(d);
-  jit::bind_and_check_stream(F::op, F::device_tensor, d, stream);
+  jit::bind_and_check_stream(F::op().c_str(), F::device_tensor(), d, stream);
   const typename F::Key key = F::key(c, info);
   const Dispatched<typename F::Call, typename F::Key> call{c, key, info};
-  return Registry::global().dispatch(F::op, &call, info, options, family_detail::signature<F>(c, key, info)).name;
+  return Registry::global().dispatch(F::op(), &call, info, options, family_detail::signature<F>(c, key, info)).name;
 }
 
 template <KernelFamily F>
@@ -92,7 +100,7 @@ DispatchReport explain(const typename F::Call& c, const DispatchOptions& options
   const DeviceInfo& info = device_info(F::device(c));
   const typename F::Key key = F::key(c, info);
   const Dispatched<typename F::Call, typename F::Key> call{c, key, info};
-  return Registry::global().explain(F::op, &call, info, options);
+  return Registry::global().explain(F::op(), &call, info, options);
 }
 
 // ---------------------------------------------------------------- an op's entries, from its description
@@ -100,11 +108,44 @@ DispatchReport explain(const typename F::Call& c, const DispatchOptions& options
 // An op's description getter (`const OpBuilder<Args, Call>& description()`) and kernel family give
 // its C++ entries (include/ditops/op_function.h) and its op-table entry:
 //
+//   DITOPS_OP_ENTRIES(scale_add, ScaleAddCall, description, Kernels);  // all of them, below
 //   const OpFunction<std::string, ScaleAddCall> scale_add{op_run<description, Kernels>};
 //   const OpFunction<ScaleAddCall, ScaleAddCall> match_scale_add{op_match<description>};
 //   describe_op<description, Kernels>(registry);   // in the op's registration
 template <auto Description>
 using BuilderOf = std::remove_cvref_t<decltype(Description())>;
+
+// The kernel family of the op `Description` describes, from its kernel functions.
+// (Functions by reference: GCC 12 takes no function pointer inside a class-type template argument.)
+template <auto Description, const auto& Functions>
+struct OpKernels {
+  using Call = typename std::remove_cvref_t<decltype(Functions)>::CallType;
+  using Key = typename std::remove_cvref_t<decltype(Functions)>::KeyType;
+  static const std::string& op() { return Description().name(); }
+  // Named when the stream belongs to another device.
+  static const char* device_tensor() { return Description().tensor_name(0); }
+  static Device device(const Call& c) {
+    if constexpr (Functions.device != nullptr) return Functions.device(c);
+    else return Description().tensor(c, 0).device;
+  }
+  static Key key(const Call& c, const DeviceInfo& d) { return Functions.key(c, d); }
+  static KernelRequest request(const Key& k) { return Functions.request(k); }
+  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { Functions.launch(c, k, l); }
+  static bool nothing_to_do(const Call& c) requires(Functions.nothing_to_do != nullptr) {
+    return Functions.nothing_to_do(c);
+  }
+  static std::string refusal(const Call& c) requires(Functions.refusal != nullptr) { return Functions.refusal(c); }
+  static std::vector<Key> prebuilt_keys() requires(Functions.prebuilt_keys != nullptr) {
+    return Functions.prebuilt_keys();
+  }
+  static std::vector<Key> variant_keys() requires(Functions.variant_keys != nullptr) {
+    return Functions.variant_keys();
+  }
+  static uint64_t extra_signature(const Call& c) requires(Functions.extra_signature != nullptr) {
+    return Functions.extra_signature(c);
+  }
+  static constexpr uint64_t extra_radix = Functions.extra_radix;
+};
 
 namespace family_detail {
 
@@ -157,6 +198,16 @@ void describe_op(Registry& registry) {
   registry.describe(Description().build(op_run<Description, F>, &family_detail::explain_op<Description, F>));
 }
 
+// An op's entries, for an op whose call struct is what its callers fill: <op>(...), match_<op>(...),
+// explain_<op>(call) and its op-table entry (registered with the library's ops).
+#define DITOPS_OP_ENTRIES(op, Call, description, Kernels)                                        \
+  const ::ditops::OpFunction<std::string, Call> op{::ditops::op_run<description, Kernels>};      \
+  const ::ditops::OpFunction<Call, Call> match_##op{::ditops::op_match<description>};            \
+  ::ditops::DispatchReport explain_##op(const Call& call) {                                      \
+    return ::ditops::explain<Kernels>(call, call.options.dispatch);                              \
+  }                                                                                              \
+  static const ::ditops::OpRegistration op##_description(#op, ::ditops::describe_op<description, Kernels>)
+
 namespace jit {
 inline std::string nvrtc_availability() {
   std::string why;
@@ -190,7 +241,7 @@ void run_memoized(jit::KernelMemo& memo, const typename F::Call& c, const typena
   const Device d = F::device(c);
   const jit::LoadedKernel& kernel =
       memo.get(key.packed() * 64 + static_cast<uint64_t>(d.index), [&]() -> const jit::LoadedKernel& {
-        return jit::first_use(static_cast<CUstream>(c.stream), std::string(F::op) + " kernel " + key.to_string(),
+        return jit::first_use(static_cast<CUstream>(c.stream), F::op() + " kernel " + key.to_string(),
                               [&]() -> const jit::LoadedKernel& { return load(key, d.index); });
       });
   jit::bind_primary_context(d.index);
@@ -261,7 +312,7 @@ Implementation<typename F::Call, typename F::Key> reference_implementation(void 
   using Call = typename F::Call;
   using Key = typename F::Key;
   Implementation<Call, Key> impl;
-  impl.name = std::string(F::op) + ".reference";
+  impl.name = F::op() + ".reference";
   impl.provenance = Provenance::reference;
   impl.capabilities = {{DeviceKind::cpu, 0, 1 << 20, 0}};
   impl.contract = std::move(contract);

@@ -288,30 +288,15 @@ void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKern
   jit::launch(kernel, static_cast<unsigned>(grid), kCcpThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
-struct Kernels {
-  using Call = CausalConv3dCatPadCall;
-  using Key = CcpKernelKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "x";
-  static Device device(const Call& c) { return c.x.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return ccp_kernel_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_causal_conv3d_cat_pad(c, k, l); }
-  static bool nothing_to_do(const Call& c) { return c.out_numel == 0; }
-  static std::vector<Key> variant_keys() { return ccp_variant_keys(); }
-};
+constexpr KernelFunctions<CausalConv3dCatPadCall, CcpKernelKey> kKernels{
+    .key = key_for, .request = ccp_kernel_request, .launch = launch_causal_conv3d_cat_pad,
+    .nothing_to_do = [](const CausalConv3dCatPadCall& c) { return c.out_numel == 0; },
+    .variant_keys = ccp_variant_keys};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, CausalConv3dCatPadCall> causal_conv3d_cat_pad{op_run<description, Kernels>};
-const OpFunction<CausalConv3dCatPadCall, CausalConv3dCatPadCall> match_causal_conv3d_cat_pad{op_match<description>};
-
-DispatchReport explain_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
-
 void register_causal_conv3d_cat_pad(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string oracle =
       "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
       "every bit, fp16, bf16 and fp32)";
@@ -336,6 +321,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
                          "CPU reference: every output element from its source through the views' strides, or 0"));
 }
 
+DITOPS_OP_ENTRIES(causal_conv3d_cat_pad, CausalConv3dCatPadCall, description, Kernels);
 DITOPS_REGISTER_OP(register_causal_conv3d_cat_pad);
 
 }  // namespace ditops

@@ -314,33 +314,18 @@ std::vector<CrossHeadKey> cross_head_variant_keys() {
   return keys;
 }
 
-struct Kernels {
-  using Call = CrossHeadQkNormRopeCall;
-  using Key = CrossHeadKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "q";
-  static Device device(const Call& c) { return c.q.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return request_for(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { cross_head_launch(c, k, l); }
-  static bool nothing_to_do(const Call& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; }
-  static std::string refusal(const Call& c) { return kernel_refusal(c); }
-  static std::vector<Key> variant_keys() { return cross_head_variant_keys(); }
-  static uint64_t extra_signature(const Call& c) { return c.aligned8; }  // the table access: in the key
-  static constexpr uint64_t extra_radix = 2;
-};
+constexpr KernelFunctions<CrossHeadQkNormRopeCall, CrossHeadKey> kKernels{
+    .key = key_for, .request = request_for, .launch = cross_head_launch,
+    .nothing_to_do = [](const CrossHeadQkNormRopeCall& c) { return c.q_rows.rows() + c.k_rows.rows() == 0; },
+    .refusal = kernel_refusal,
+    .variant_keys = cross_head_variant_keys,
+    .extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; },  // the table access: in the key
+    .extra_radix = 2};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, CrossHeadQkNormRopeCall> cross_head_qknorm_rope{op_run<description, Kernels>};
-const OpFunction<CrossHeadQkNormRopeCall, CrossHeadQkNormRopeCall> match_cross_head_qknorm_rope{op_match<description>};
-
-DispatchReport explain_cross_head_qknorm_rope(const CrossHeadQkNormRopeCall& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
-
 void register_cross_head_qknorm_rope(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
       "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "
@@ -372,6 +357,7 @@ void register_cross_head_qknorm_rope(Registry& registry) {
           "FP contraction"));
 }
 
+DITOPS_OP_ENTRIES(cross_head_qknorm_rope, CrossHeadQkNormRopeCall, description, Kernels);
 DITOPS_REGISTER_OP(register_cross_head_qknorm_rope);
 
 }  // namespace ditops

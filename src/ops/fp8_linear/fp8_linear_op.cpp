@@ -222,32 +222,27 @@ bool vendor_aligned(const Fp8LinearCall& c) {
          (!c.has_bias || is_aligned(c.bias.data, 16));
 }
 
-struct Kernels {
-  using Call = Fp8LinearCall;
-  using Key = Fp8LinearKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "x";
-  static Device device(const Call& c) { return c.x.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return request_for(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { fp8_linear_launch(c, k, l); }
-  static bool nothing_to_do(const Call& c) { return c.m == 0 || c.n == 0; }
-  static std::string refusal(const Call& c) { return kernel_refusal(c); }
-  static std::vector<Key> variant_keys() { return fp8_linear_variant_keys(); }
-  // Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
-  // N % 16, scratch fit and alignment (the dispatch options, which lift the whitelist gate,
-  // are part of the decision cache's key already).
-  static uint64_t extra_signature(const Call& c) {
-    uint64_t v = static_cast<uint64_t>(whitelist_status(c));
-    v = v * 2 + c.aligned16;
-    v = v * 2 + (c.n % 16 == 0);
-    v = v * 2 + fits_scratch(c);
-    v = v * 2 + (c.n > INT32_MAX || c.k > INT32_MAX);
-    v = v * 2 + vendor_aligned(c);
-    return v;
-  }
-  static constexpr uint64_t extra_radix = 3 * 2 * 2 * 2 * 2 * 2;
-};
+// Predicate inputs the key does not carry: the whitelist status, the alignment, the vendor's
+// N % 16, scratch fit and alignment (the dispatch options, which lift the whitelist gate, are part
+// of the decision cache's key already).
+uint64_t extra_signature(const Fp8LinearCall& c) {
+  uint64_t v = static_cast<uint64_t>(whitelist_status(c));
+  v = v * 2 + c.aligned16;
+  v = v * 2 + (c.n % 16 == 0);
+  v = v * 2 + fits_scratch(c);
+  v = v * 2 + (c.n > INT32_MAX || c.k > INT32_MAX);
+  v = v * 2 + vendor_aligned(c);
+  return v;
+}
+
+constexpr KernelFunctions<Fp8LinearCall, Fp8LinearKey> kKernels{
+    .key = key_for, .request = request_for, .launch = fp8_linear_launch,
+    .nothing_to_do = [](const Fp8LinearCall& c) { return c.m == 0 || c.n == 0; },
+    .refusal = kernel_refusal,
+    .variant_keys = fp8_linear_variant_keys,
+    .extra_signature = extra_signature,
+    .extra_radix = 3 * 2 * 2 * 2 * 2 * 2};
+using Kernels = OpKernels<description, kKernels>;
 
 // ---------------------------------------------------------------- vendor (cuBLASLt)
 
@@ -307,13 +302,7 @@ void vendor_run(const Fp8LinearCall& c) {
 
 }  // namespace
 
-const OpFunction<std::string, Fp8LinearCall> fp8_linear{op_run<description, Kernels>};
-const OpFunction<Fp8LinearCall, Fp8LinearCall> match_fp8_linear{op_match<description>};
-
-DispatchReport explain_fp8_linear(const Fp8LinearCall& call) { return explain<Kernels>(call, call.options.dispatch); }
-
 void register_fp8_linear(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string fp64 =
       "the fp64 product of the dequantized e4m3 operands, sum_k xq[m,k] w[n,k] * x_scale * w_scale (+ bias[n])";
   // What any fp32 accumulation of the exact e4m3 products stays within, whatever its order.
@@ -385,6 +374,7 @@ void register_fp8_linear(Registry& registry) {
                          "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
 }
 
+DITOPS_OP_ENTRIES(fp8_linear, Fp8LinearCall, description, Kernels);
 DITOPS_REGISTER_OP(register_fp8_linear);
 
 }  // namespace ditops

@@ -73,33 +73,19 @@ TokenCatFp8Call as_token_cat(const Fp8StaticQuantCall& c) {
 
 // token_cat_fp8's key, request and launch: its request names the same template key, so one
 // compile and one cache entry serve both ops. No variant keys: token_cat_fp8's compile them.
-struct Kernels {
-  using Call = Fp8StaticQuantCall;
-  using Key = TokenCatFp8Key;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "x";
-  static Device device(const Call& c) { return c.x.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return token_cat_fp8_key(as_token_cat(c), d); }
-  static KernelRequest request(const Key& k) { return token_cat_fp8_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) {
-    token_cat_fp8_launch(as_token_cat(c), k, l);
-  }
-  static bool nothing_to_do(const Call& c) { return c.rows * c.width == 0; }
-};
+constexpr KernelFunctions<Fp8StaticQuantCall, TokenCatFp8Key> kKernels{
+    .key = [](const Fp8StaticQuantCall& c, const DeviceInfo& d) { return token_cat_fp8_key(as_token_cat(c), d); },
+    .request = token_cat_fp8_request,
+    .launch = [](const Fp8StaticQuantCall& c, const TokenCatFp8Key& k,
+                 const jit::LoadedKernel& l) { token_cat_fp8_launch(as_token_cat(c), k, l); },
+    .nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; }};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
 void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_reference(as_token_cat(call)); }
 
-const OpFunction<std::string, Fp8StaticQuantCall> fp8_static_quant{op_run<description, Kernels>};
-const OpFunction<Fp8StaticQuantCall, Fp8StaticQuantCall> match_fp8_static_quant{op_match<description>};
-
-DispatchReport explain_fp8_static_quant(const Fp8StaticQuantCall& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
-
 void register_fp8_static_quant(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
   const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";
@@ -130,6 +116,7 @@ void register_fp8_static_quant(Registry& registry) {
           "CPU reference: token_cat_fp8's (exact e4m3 RNE of clamp(x * (1 / scale)), no FP contraction)"));
 }
 
+DITOPS_OP_ENTRIES(fp8_static_quant, Fp8StaticQuantCall, description, Kernels);
 DITOPS_REGISTER_OP(register_fp8_static_quant);
 
 }  // namespace ditops

@@ -402,24 +402,15 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
 }
 
-// One family per op of the three; they share the kernel, its key and the launch.
-template <LnModulateKind K>
-struct Kernels {
-  using Call = LayerNormModulateCall;
-  using Key = LnmKey;
-  static constexpr const char* op = K == LnModulateKind::bf16_out ? kOpBf16 : K == LnModulateKind::fp8_out ? kOpFp8 : kOpQk;
-  static constexpr const char* device_tensor = K == LnModulateKind::qk_head ? "q" : "x";
-  static Device device(const Call& c) { return c.x.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return request_for(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { ditops::launch(c, k, l); }
-};
+// The three ops share the kernel, its key and the launch: one family each.
+constexpr KernelFunctions<LayerNormModulateCall, LnmKey> kKernels{
+    .key = key_for, .request = request_for, .launch = launch,
+    .device = [](const LayerNormModulateCall& c) { return c.x.device; }};
+using Bf16Kernels = OpKernels<bf16_description, kKernels>;
+using Fp8Kernels = OpKernels<fp8_description, kKernels>;
+using QkKernels = OpKernels<qk_head_description, kKernels>;
 
 }  // namespace
-
-using Bf16Kernels = Kernels<LnModulateKind::bf16_out>;
-using Fp8Kernels = Kernels<LnModulateKind::fp8_out>;
-using QkKernels = Kernels<LnModulateKind::qk_head>;
 
 const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate{op_run<bf16_description, Bf16Kernels>};
 const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8{op_run<fp8_description, Fp8Kernels>};
@@ -431,11 +422,11 @@ const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layer
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   switch (call.kind) {
-    case LnModulateKind::bf16_out: return explain<Kernels<LnModulateKind::bf16_out>>(call, call.options.dispatch);
-    case LnModulateKind::fp8_out: return explain<Kernels<LnModulateKind::fp8_out>>(call, call.options.dispatch);
+    case LnModulateKind::bf16_out: return explain<Bf16Kernels>(call, call.options.dispatch);
+    case LnModulateKind::fp8_out: return explain<Fp8Kernels>(call, call.options.dispatch);
     case LnModulateKind::qk_head: break;
   }
-  return explain<Kernels<LnModulateKind::qk_head>>(call, call.options.dispatch);
+  return explain<QkKernels>(call, call.options.dispatch);
 }
 
 void register_layernorm_modulate(Registry& registry) {
@@ -445,22 +436,21 @@ void register_layernorm_modulate(Registry& registry) {
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";
-  // The jit implementation of op K (fp8: sm_89+ for cvt e4m3x2) and its CPU reference.
-  auto jit = []<LnModulateKind K>(std::integral_constant<LnModulateKind, K>) {
-    Implementation<LayerNormModulateCall, LnmKey> impl = jit_implementation<Kernels<K>>();
-    impl.name = std::string(Kernels<K>::op) + ".jit";
-    impl.capabilities = {{DeviceKind::cuda, K == LnModulateKind::fp8_out ? 89 : 80, 1 << 20, kFeatureNvrtc}};
+  // The jit implementation of op F (fp8: sm_89+ for cvt e4m3x2) and its CPU reference.
+  auto jit = []<typename F>(F, int sm_min) {
+    Implementation<LayerNormModulateCall, LnmKey> impl = jit_implementation<F>();
+    impl.name = F::op() + ".jit";
+    impl.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
     return impl;
   };
-  auto add_reference = [&]<LnModulateKind K>(std::integral_constant<LnModulateKind, K>, Contract contract,
-                                             std::string description) {
-    add_implementation(registry, Kernels<K>::op,
-                       reference_implementation<Kernels<K>>(layernorm_modulate_reference, std::move(contract),
-                                                            std::move(description)));
+  auto add_reference = [&]<typename F>(F, Contract contract, std::string description) {
+    add_implementation(registry, F::op(),
+                       reference_implementation<F>(layernorm_modulate_reference, std::move(contract),
+                                                   std::move(description)));
   };
-  using Bf16 = std::integral_constant<LnModulateKind, LnModulateKind::bf16_out>;
-  using Fp8 = std::integral_constant<LnModulateKind, LnModulateKind::fp8_out>;
-  using QkHead = std::integral_constant<LnModulateKind, LnModulateKind::qk_head>;
+  using Bf16 = Bf16Kernels;
+  using Fp8 = Fp8Kernels;
+  using QkHead = QkKernels;
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
   const std::string ref_bounds =
@@ -471,7 +461,7 @@ void register_layernorm_modulate(Registry& registry) {
       "on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's "
       "bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)";
 
-  Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{});
+  Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{}, 80);
   bf16.contract = Contract::bit_exact(eager_chain)
                       .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
                                 ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
@@ -480,7 +470,7 @@ void register_layernorm_modulate(Registry& registry) {
   add_reference(Bf16{}, Contract::close(eager_chain, ref_bounds).verified(ref_verified),
                 "CPU reference (aten statistics order, eager rounding steps), multithreaded over rows");
 
-  add_per_reciprocal(registry, kOpFp8, jit(Fp8{}), [&](auto& impl, bool div_full) {
+  add_per_reciprocal(registry, kOpFp8, jit(Fp8{}, 89), [&](auto& impl, bool div_full) {
     impl.contract =
         div_full ? Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
                                        "(inv = div.full.f32 1/input_scale)")
@@ -502,7 +492,7 @@ void register_layernorm_modulate(Registry& registry) {
                     .verified(ref_verified),
                 "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
 
-  Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
+  Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{}, 80);
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
                                     "CUDA, applied to q and k")
                     .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on "

@@ -658,20 +658,13 @@ std::vector<NssKernelKey> nss_variant_keys() {
   return keys;
 }
 
-struct Kernels {
-  using Call = NormScaleShiftCall;
-  using Key = NssKernelKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "x";
-  static Device device(const Call& c) { return c.in.x.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return nss_kernel_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_norm_scale_shift(c, k, l); }
-  static std::string refusal(const Call& c) { return e2m1_refusal(c); }
-  static uint64_t extra_signature(const Call& c) { return static_cast<uint64_t>(c.options.e2m1); }
-  static constexpr uint64_t extra_radix = 4;
-  static std::vector<Key> variant_keys() { return nss_variant_keys(); }
-};
+constexpr KernelFunctions<NormScaleShiftCall, NssKernelKey> kKernels{
+    .key = key_for, .request = nss_kernel_request, .launch = launch_norm_scale_shift,
+    .refusal = e2m1_refusal,
+    .variant_keys = nss_variant_keys,
+    .extra_signature = [](const NormScaleShiftCall& c) { return static_cast<uint64_t>(c.options.e2m1); },
+    .extra_radix = 4};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 

@@ -376,27 +376,13 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const j
               static_cast<CUstream>(c.stream), key.pdl);
 }
 
-struct Kernels {
-  using Call = QkNormRopeCall;
-  using Key = QkKernelKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "q";
-  static Device device(const Call& c) { return c.q.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return qk_kernel_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_qknorm_rope(c, k, l); }
-  static std::vector<Key> prebuilt_keys() { return qk_prebuilt_keys(); }
-};
+constexpr KernelFunctions<QkNormRopeCall, QkKernelKey> kKernels{
+    .key = key_for, .request = qk_kernel_request, .launch = launch_qknorm_rope, .prebuilt_keys = qk_prebuilt_keys};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, QkNormRopeCall> qknorm_rope{op_run<description, Kernels>};
-const OpFunction<QkNormRopeCall, QkNormRopeCall> match_qknorm_rope{op_match<description>};
-
-DispatchReport explain_qknorm_rope(const QkNormRopeCall& call) { return explain<Kernels>(call, call.options.dispatch); }
-
 void register_qknorm_rope(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string eager_oracle =
       "PyTorch 2.11 eager chain on CUDA (F.rms_norm + eager RoPE) with norm_order=aten; SGLang "
       "split chain with norm_order=warp; with norm_order=aten_mean the eager chain of "
@@ -482,6 +468,7 @@ void register_qknorm_rope(Registry& registry) {
                          "CPU reference, multithreaded over rows; every rounding mode and norm order"));
 }
 
+DITOPS_OP_ENTRIES(qknorm_rope, QkNormRopeCall, description, Kernels);
 DITOPS_REGISTER_OP(register_qknorm_rope);
 
 }  // namespace ditops

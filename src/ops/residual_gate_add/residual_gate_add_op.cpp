@@ -476,33 +476,18 @@ std::string grid_refusal(const ResidualGateAddCall& c) {
   return "";
 }
 
-struct Kernels {
-  using Call = ResidualGateAddCall;
-  using Key = RgaKernelKey;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "residual";
-  static Device device(const Call& c) { return c.residual.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
-  static KernelRequest request(const Key& k) { return rga_kernel_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { launch_residual_gate_add(c, k, l); }
-  static bool nothing_to_do(const Call& c) { return c.numel == 0; }
-  static std::string refusal(const Call& c) { return grid_refusal(c); }
-  static uint64_t extra_signature(const Call& c) { return transposed_grid_fits(c); }
-  static constexpr uint64_t extra_radix = 2;
-  static std::vector<Key> variant_keys() { return rga_variant_keys(); }
-};
+constexpr KernelFunctions<ResidualGateAddCall, RgaKernelKey> kKernels{
+    .key = key_for, .request = rga_kernel_request, .launch = launch_residual_gate_add,
+    .nothing_to_do = [](const ResidualGateAddCall& c) { return c.numel == 0; },
+    .refusal = grid_refusal,
+    .variant_keys = rga_variant_keys,
+    .extra_signature = [](const ResidualGateAddCall& c) -> uint64_t { return transposed_grid_fits(c); },
+    .extra_radix = 2};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, ResidualGateAddCall> residual_gate_add{op_run<description, Kernels>};
-const OpFunction<ResidualGateAddCall, ResidualGateAddCall> match_residual_gate_add{op_match<description>};
-
-DispatchReport explain_residual_gate_add(const ResidualGateAddCall& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
-
 void register_residual_gate_add(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";
@@ -553,6 +538,7 @@ void register_residual_gate_add(Registry& registry) {
                          "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
 }
 
+DITOPS_OP_ENTRIES(residual_gate_add, ResidualGateAddCall, description, Kernels);
 DITOPS_REGISTER_OP(register_residual_gate_add);
 
 }  // namespace ditops

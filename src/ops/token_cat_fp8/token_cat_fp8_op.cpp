@@ -153,30 +153,15 @@ std::vector<TokenCatFp8Key> token_cat_fp8_variant_keys() {
   return keys;
 }
 
-struct Kernels {
-  using Call = TokenCatFp8Call;
-  using Key = TokenCatFp8Key;
-  static constexpr const char* op = kOp;
-  static constexpr const char* device_tensor = "attn";
-  static Device device(const Call& c) { return c.attn.device; }
-  static Key key(const Call& c, const DeviceInfo& d) { return token_cat_fp8_key(c, d); }
-  static KernelRequest request(const Key& k) { return token_cat_fp8_request(k); }
-  static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { token_cat_fp8_launch(c, k, l); }
-  static bool nothing_to_do(const Call& c) { return c.rows * c.width == 0; }
-  static std::vector<Key> variant_keys() { return token_cat_fp8_variant_keys(); }
-};
+constexpr KernelFunctions<TokenCatFp8Call, TokenCatFp8Key> kKernels{
+    .key = token_cat_fp8_key, .request = token_cat_fp8_request, .launch = token_cat_fp8_launch,
+    .nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; },
+    .variant_keys = token_cat_fp8_variant_keys};
+using Kernels = OpKernels<description, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, TokenCatFp8Call> token_cat_fp8{op_run<description, Kernels>};
-const OpFunction<TokenCatFp8Call, TokenCatFp8Call> match_token_cat_fp8{op_match<description>};
-
-DispatchReport explain_token_cat_fp8(const TokenCatFp8Call& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
-
 void register_token_cat_fp8(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   const std::string eager =
       "eager PyTorch on CUDA: (torch.cat([attn, mlp], -1).float() * (1.0 / input_scale)).clamp(-448, 448)"
       ".to(torch.float8_e4m3fn)";
@@ -209,6 +194,7 @@ void register_token_cat_fp8(Registry& registry) {
           "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction"));
 }
 
+DITOPS_OP_ENTRIES(token_cat_fp8, TokenCatFp8Call, description, Kernels);
 DITOPS_REGISTER_OP(register_token_cat_fp8);
 
 }  // namespace ditops
