@@ -10,9 +10,9 @@ configuration, a classification or kernel key, ...). docs/testing.md says more.
 * The op test driver's: `export_op_cases --count` (each case once per property the driver checks
   for it; the ones checked without a device apart; cases of one call, their name or seed apart,
   once).
-* The bespoke tests' (tests/test_<op>*.cpp): the table BESPOKE, one entry per TEST with its count
-  and how it was counted. The script fails when a TEST of those files has no entry or an entry
-  names a TEST that is gone, so the table follows the files.
+* The bespoke tests' (tests/test_<op>*.cpp): the table tests/checked_bespoke.tsv, one line per
+  TEST with its count and how it was counted. The script fails when a TEST of those files has no
+  line or a line names a TEST that is gone, so the table follows the files.
 
 It fails too when the total, or an op's, falls below BEFORE: the counts before the driver took
 the bespoke tests over (main at 3b0128b).
@@ -44,143 +44,17 @@ BEFORE = {
     "token_cat_fp8": (160, 378),
 }
 
-# file -> {Suite.Test: (op, count, how)}
-BESPOKE = {
-    "test_residual_gate_add.cpp": {
-        "ResidualGateAddMatch.GateModesAndAlignment":
-            ("residual_gate_add", 14, "9 classifications, 3 dtypes per token, a transposed, an f32 chunk"),
-        "ResidualGateAddMatch.TransposedResidualTakesAlignedChunksWhenOutSharesItsOffset":
-            ("residual_gate_add", 10, "2 T x 4 offsets + 2 scalar update sides: classification"),
-        "ResidualGateAddMatch.ExplainListsEveryCandidateWithItsReason":
-            ("residual_gate_add", 3, "explain's candidates, its text, a strict jit backend refused"),
-        "ResidualGateAddCApi.RunsAndReportsErrors":
-            ("residual_gate_add", 4, "C ABI: a call (runs, equals the facade), an aliased call refused, explain"),
-        "ResidualGateAddJit.EveryKernelKeyCompilesForEveryTargetArch":
-            ("residual_gate_add", 516, "172 kernel keys x 3 archs compile"),
-        "ResidualGateAddJit.FlatKernelUnitsFollowTheMeasuredSchedule":
-            ("residual_gate_add", 7, "7 keys: units and template arguments"),
-        "ResidualGateAddJit.PromotedGateAndStridedRowsReachTheKernel":
-            ("residual_gate_add", 4, "2 keys, 2 matches"),
-        "ResidualGateAddJit.FastDivisionEqualsIntegerDivisionBelowTwoToThe31":
-            ("residual_gate_add", 1, "one sweep of the fast division"),
-        "ResidualGateAddJit.SixtyFourBitIndicesFromTwoToThe31Units":
-            ("residual_gate_add", 3, "the threshold, 2 keys"),
-        "ResidualGateAddJit.FlatSizesOfThe32BitKernelLeadTheParams":
-            ("residual_gate_add", 4, "the params' layout, 3 size fillings"),
-        "ResidualGateAddJit.TransposedBlockHasOneThreadPerTileUnit":
-            ("residual_gate_add", 9, "9 keys' block sizes"),
-    },
-    "test_residual_gate_add_gpu.cpp": {
-        "ResidualGateAddGpu.FlatKernelIndexWidthsAndGridStrideLoopAgree":
-            ("residual_gate_add", 28, "28 direct launches against the reference"),
-        "ResidualGateAddGpu.ChunkedResidualKernelAgreesAtEveryLineOffset":
-            ("residual_gate_add", 30, "30 direct launches against the reference"),
-        "ResidualGateAddGpu.TallTileKernelAgreesBelowAtAndAcrossItsEdges":
-            ("residual_gate_add", 10, "10 direct launches against the reference"),
-        "ResidualGateAddGpu.SmallScalarCallsTakeTheirMeasuredSchedule":
-            ("residual_gate_add", 9, "9 kernel keys chosen"),
-        "ResidualGateAddGpu.CapturedInACudaGraphReplaysOnNewInputs":
-            ("residual_gate_add", 4, "captured; 3 replays against the reference"),
-    },
-    "test_token_cat_fp8.cpp": {
-        "TokenCatFp8Matching.TheVectorPathNeedsAlignment":
-            ("token_cat_fp8", 4, "4 alignment classifications"),
-        "TokenCatFp8Matching.ScalesOutsideTheContractAndMixedDevicesAreRefused":
-            ("token_cat_fp8", 9, "6 scales, 3 tensors on another device: refused, nothing written"),
-        "TokenCatFp8Description.SlotsOptionsAndAllocRule":
-            ("token_cat_fp8", 5, "slots, alloc rule, generic call, bad option, registry"),
-        "TokenCatFp8Gpu.IssueShapesEveryImplementationByteEqualToTheReference":
-            ("token_cat_fp8", 16, "4 shapes the driver leaves out: against the reference, the facade's choice, aligned16, the device's IEEE inverse"),
-        "TokenCatFp8Gpu.SpecialValuesAndScalesOutsideTheContract":
-            ("token_cat_fp8", 40, "5 scales outside the contract x 2 widths x the same 4"),
-    },
-    "test_causal_conv3d_cat_pad.cpp": {
-        "CausalConv3dCatPadErrors.MixedDevices": ("causal_conv3d_cat_pad", 2, "2 refusals"),
-        "CausalConv3dCatPadBindings.DescriptionTakesFPadOrderAndAllocatesThePaddedShape":
-            ("causal_conv3d_cat_pad", 2, "slots, option defaults"),
-        "CausalConv3dCatPadBindings.AllocRuleGivesThePaddedShape":
-            ("causal_conv3d_cat_pad", 2, "shape, memory format"),
-        "CausalConv3dCatPadBindings.GenericCallAndCAbiAgreeWithCatThenPad":
-            ("causal_conv3d_cat_pad", 4, "generic call, C ABI, C ABI without cache, C ABI error"),
-        "CausalConv3dCatPadGpu.BothIndexWidthsOnAGridThatLoops":
-            ("causal_conv3d_cat_pad", 2, "2 direct launches"),
-    },
-    "test_fp8_linear.cpp": {
-        "Fp8LinearMatching.AWeightOnAnotherDeviceIsRefusedBeforeAnythingIsWritten":
-            ("fp8_linear", 1, "a weight on another device refused, nothing written"),
-        "Fp8LinearReference.QuantizedAndBf16InputsAgreeAndBothReciprocalsRun":
-            ("fp8_linear", 3, "quantized x equals bf16 x, div_full equals ieee, the quantizer runs"),
-        "Fp8LinearDispatch.ExplainSaysWhichPathAShapeTakesAndWhy": ("fp8_linear", 8, "8 explain verdicts"),
-        "Fp8LinearWhitelist.CoversTheIssueShapesAndNothingIsMeasuredYet":
-            ("fp8_linear", 75, "74 whitelist look-ups, the entries' fields"),
-        "Fp8LinearDescription.SlotsAndAllocRule": ("fp8_linear", 3, "slots, alloc rule, compile variants"),
-        "CublasLtLoader.LoadsHereOrSaysWhy": ("fp8_linear", 1, "the loader"),
-        "CublasLtLoader.AMissingLibraryGivesAClearReason": ("fp8_linear", 3, "missing library, status, workspace"),
-    },
-    "test_layernorm_modulate.cpp": {
-        "E4m3.DecodesTheFormat": ("layernorm_modulate", 1, "the decoder"),
-        "E4m3.EveryCodeRoundTrips": ("layernorm_modulate", 1, "every code"),
-        "E4m3.MidpointsTieToEvenAndNeighboursRoundToNearest": ("layernorm_modulate", 1, "every midpoint"),
-        "E4m3.RangeEndsFollowC10": ("layernorm_modulate", 1, "the range ends"),
-        "E4m3.RandomValuesMatchANearestSearch": ("layernorm_modulate", 1, "a nearest search"),
-        "AtenStats.NewtonStepFromAnyNearbySeedGivesTheIeeeReciprocalOfEveryCount":
-            ("layernorm_modulate", 1, "every count"),
-        "AtenStats.TwinMatchesAnIndependentSimulationBitForBit":
-            ("layernorm_modulate", 54, "18 widths x 3 amplitudes"),
-        "AtenStats.TheOrderIsVisible": ("layernorm_modulate", 2, "every width, head widths"),
-        "AtenStats.AgreeWithFloat64TwoPassWithinStatedBounds": ("layernorm_modulate", 36, "4 x 3 x 3 rows"),
-        "AtenStats.RsqrtTwinIsCorrectlyRoundedWithTheSubnormalPath": ("layernorm_modulate", 1, "the rsqrt twin"),
-        "LayerNormModulateExplain.ListsEveryCandidateWithItsReason":
-            ("layernorm_modulate", 3, "explain bf16 (candidates, text), explain fp8"),
-        "LayerNormModulateKernels.EveryKeyCompilesWithNvrtcForTheTargetArchs":
-            ("layernorm_modulate", 96, "44 + 2 x 13 sampled keys, 8 qk keys x 3 archs, the knobs, the self-check"),
-    },
-    "test_layernorm_modulate_gpu.cpp": {
-        "LayerNormModulateGpu.PrimitivesRcp4IsTheIeeeReciprocalAndRsqrtHasTheSubnormalPath":
-            ("layernorm_modulate", 2, "rcp4, rsqrt on the device"),
-    },
-    "test_norm_scale_shift.cpp": {
-        "NssConverters.E4m3MatchesNearestValueSearchEverywhere": ("norm_scale_shift", 1, "every probe"),
-        "NssConverters.E2m1MatchesNearestValueSearchEverywhere": ("norm_scale_shift", 1, "every probe"),
-        "NssSwizzle.OffsetsFollowThe128x4LayoutAndCoverThePaddedTensor":
-            ("norm_scale_shift", 2, "anchors, coverage"),
-        "NssBroadcast.MatchedClassesAreReported": ("norm_scale_shift", 3, "3 classifications"),
-        "NssStatistics.EagerModulationRoundsEachOp": ("norm_scale_shift", 1, "the eager chain"),
-        "NssMatching.ExplainChoosesTheReferenceOnTheCpu": ("norm_scale_shift", 1, "explain"),
-        "NssJit.KernelKeysCompileForEveryTargetArch": ("norm_scale_shift", 39, "13 keys x 3 archs"),
-        "NssJit.RowPositionsAdvancedByTheStepEqualDivision": ("norm_scale_shift", 1, "one sweep"),
-        "NssJit.EagerScheduleFollowsTheMeasuredRules": ("norm_scale_shift", 12, "12 keys' schedules"),
-        "NssJit.Float32ChainScheduleHoldsItsOperandsWhereTheyFit": ("norm_scale_shift", 8, "8 keys' schedules"),
-        "NssMatching.Float32ChainTakesFloat32OperandsAndOptionalModulation":
-            ("norm_scale_shift", 3, "classification, runs, numerics=eager refuses"),
-        "NssJit.HardwareE2m1KeyIsRefusedOnSm90": ("norm_scale_shift", 1, "refused key"),
-    },
-    "test_norm_scale_shift_gpu.cpp": {
-        "NormScaleShiftGpu.Nvfp4BytesFollowTheDevicesOwnY":
-            ("norm_scale_shift", 52, "10 NVFP4 calls x 2 conversions: padding rows zero; 6 x 2 with y: exact against the device's own y"),
-        "NormScaleShiftGpu.Nvfp4ConversionsMatchTheReferenceForEveryInput":
-            ("norm_scale_shift", 3, "E2M1 over 2^32 inputs, canonical NaN, E4M3 decode"),
-        "NormScaleShiftGpu.PackedProductsEqualTheFp32ProductRounded": ("norm_scale_shift", 2, "bf16, f16 pairs"),
-        "NormScaleShiftGpu.HardwareE2m1IsRefusedWhereTheDeviceLacksIt": ("norm_scale_shift", 1, "refusal"),
-    },
-    "test_qknorm_rope_reference.cpp": {
-        "HalfConversion.Fp16AllPatternsWidenExactlyAndRoundTrip": ("qknorm_rope", 1, "every pattern"),
-        "HalfConversion.Bf16AllPatternsWidenExactlyAndRoundTrip": ("qknorm_rope", 1, "every pattern"),
-        "HalfConversion.NarrowingMatchesIndependentRounding": ("qknorm_rope", 3, "f16, bf16, NaNs"),
-        "HalfConversion.LoadStoreAct": ("qknorm_rope", 1, "load/store"),
-        "QkNormRopeReference.LargePositionsSparseCache":
-            ("qknorm_rope", 4, "2 calls: the bytes of the same rows in a small cache, q and k written"),
-        "QkNormRopeReference.Int64PositionsBeyond32Bits":
-            ("qknorm_rope", 2, "1 call: the same 2"),
-        "QkNormRopeReference.EmptyTokensIsANoOp": ("qknorm_rope", 2, "empty, null pointers"),
-        "QkNormRopeReference.RejectsCallsItCannotRunSafely": ("qknorm_rope", 3, "3 refusals"),
-    },
-    "test_qknorm_rope_gpu.cpp": {
-        "QkNormRopeGpu.CpuTensorToExplicitCudaBackendIsRefused": ("qknorm_rope", 1, "refusal"),
-        "QkNormRopeGpu.CheckedModeRefusesPositionsOutsideTheCacheAndWritesNothing":
-            ("qknorm_rope", 5, "2 bad positions, nothing written, checked equals unchecked, capture refused"),
-    },
-}
+# file -> {Suite.Test: (op, count, how)}, from the table beside this script (one line a TEST).
+def bespoke_table(path=TESTS / "checked_bespoke.tsv"):
+    table = collections.defaultdict(dict)
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, test, op, count, how = line.split("\t")
+            table[name][test] = (op, int(count), how)
+    return table
+
+
+BESPOKE = bespoke_table()
 
 TEST_RE = re.compile(r"^TEST(?:_F|_P)?\((\w+),\s*(\w+)\)", re.M)
 
@@ -218,8 +92,8 @@ def main():
         path = TESTS / name
         found = {f"{s}.{t}" for s, t in TEST_RE.findall(path.read_text())} if path.exists() else set()
         table = BESPOKE.get(name, {})
-        problems += [f"{name}: {t} has no entry in BESPOKE" for t in sorted(found - set(table))]
-        problems += [f"{name}: BESPOKE names {t}, which is gone" for t in sorted(set(table) - found)]
+        problems += [f"{name}: {t} has no line in checked_bespoke.tsv" for t in sorted(found - set(table))]
+        problems += [f"{name}: checked_bespoke.tsv names {t}, which is gone" for t in sorted(set(table) - found)]
         for test, (op, n, _) in table.items():
             if test in found:
                 bespoke[op] += n
