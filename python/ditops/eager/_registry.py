@@ -5,6 +5,7 @@ import sys
 
 ORACLES: dict = {}
 FALLBACKS: dict = {}
+CHAINS: dict = {}  # op -> the eager chain @eager registered (bench/op_table_torch.py times it)
 
 
 def oracle(*ops):
@@ -46,6 +47,7 @@ def eager(op, **when):
             return dict(zip(written, outputs))
 
         ORACLES[op] = chain_oracle
+        CHAINS[op] = chain
         return chain
     return register
 
