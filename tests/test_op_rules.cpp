@@ -1,6 +1,7 @@
 // The op table's output rules (include/ditops/op.h): the alloc shape grammar an op states once
-// and every binding evaluates (C++ here; Python evaluates the same rules in _codegen); and a check
-// matching derives from a slot (core/op_builder.h).
+// and every binding evaluates (C++ here; Python evaluates the same rules in _codegen); a check
+// matching derives from a slot; and what a description derives from its call struct
+// (core/op_builder.h, include/ditops/op_function.h): names, order, the filling, the entries.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -9,6 +10,7 @@
 
 #include "core/op_builder.h"
 #include "ditops/op.h"
+#include "ditops/op_function.h"
 
 namespace ditops {
 namespace {
@@ -83,6 +85,100 @@ TEST(OpRules, AnOptionalSlotIsAbsentOnlyAsAnEmptyView) {
   rank0.data = storage;
   EXPECT_EQ(message(rank0),
             "op: shift has rank 0 but a data pointer: pass an empty TensorView (no shift) or a [B, D] view");
+}
+
+struct ToyOptions {
+  float eps = 0.5f;
+  bool flag = true;
+  DispatchOptions dispatch;
+};
+struct ToyCall {
+  TensorView x, scale, out;
+  ToyOptions options;
+  int64_t rows = 0;  // filled by matching
+  Stream stream = nullptr;
+};
+static_assert(op_function_detail::leading_views<ToyCall>() == 3, "the call struct's leading TensorViews");
+
+const OpBuilder<ToyCall>& toy_description() {
+  static const OpBuilder<ToyCall> b = [] {
+    OpBuilder<ToyCall> b("toy", "summary", "doc");
+    b.tensor<&ToyCall::x>({.dtypes = "f32", .shape = "M,K"});
+    b.tensor<&ToyCall::scale>({.dtypes = "=x", .shape = "K"});
+    b.tensor<&ToyCall::out>({.role = TensorRole::out, .dtypes = "=x", .shape = "M,K"});
+    b.option<&ToyOptions::eps>("an epsilon");
+    b.option<&ToyOptions::flag>("a flag");
+    b.before_slots([](const ToyCall& c) {
+      if (c.options.eps < 0) throw InvalidArgument("toy: eps first");
+    });
+    b.complete([](ToyCall& c, Matcher& m) {
+      c.rows = *m.value("M");
+      if (c.rows == 3) m.fail("three rows");
+    });
+    return b;
+  }();
+  return b;
+}
+
+void toy_match(ToyCall& c, Stream s) { toy_description().match_in_place(c, s); }
+const OpFunction<ToyCall, ToyCall> match_toy{toy_match};
+
+// A slot and an option are named after their members, in the order the description gives them; the
+// entry fills the call struct from its arguments by position, and matching is the slots' checks,
+// then the op's own (complete), with before_slots first.
+TEST(OpRules, TheDescriptionNamesItsSlotsAndOptionsAfterTheMembers) {
+  const OpDescription d = toy_description().build(
+      [](ToyCall&, Stream) { return std::string("ran"); }, [](ToyCall&) { return DispatchReport{}; });
+  ASSERT_EQ(d.tensors.size(), 3u);
+  EXPECT_EQ(d.tensors[0].name, "x");
+  EXPECT_EQ(d.tensors[1].name, "scale");
+  EXPECT_EQ(d.tensors[2].name, "out");
+  ASSERT_EQ(d.options.size(), 2u);
+  EXPECT_EQ(d.options[0].name, "eps");
+  EXPECT_EQ(d.options[0].default_text, "0.5");
+  EXPECT_EQ(d.options[1].name, "flag");
+  EXPECT_EQ(d.options[1].default_text, "true");
+  EXPECT_EQ(toy_description().tensor_name(1), std::string("scale"));
+
+  static float x[8], scale[4], out[8];
+  const TensorView vx = TensorView::contiguous(x, DType::f32, Device{}, {2, 4});
+  const TensorView vs = TensorView::contiguous(scale, DType::f32, Device{}, {4});
+  const TensorView vo = TensorView::contiguous(out, DType::f32, Device{}, {2, 4});
+  int tag = 0;
+  const ToyCall c = match_toy(vx, vs, vo, {.eps = 0.25f}, &tag);
+  EXPECT_EQ(c.x.data, x);
+  EXPECT_EQ(c.scale.data, scale);
+  EXPECT_EQ(c.out.data, out);
+  EXPECT_EQ(c.options.eps, 0.25f);
+  EXPECT_EQ(c.rows, 2);
+  EXPECT_EQ(c.stream, &tag);
+  EXPECT_EQ(&toy_description().tensor(c, 2), &c.out);
+  auto message = [&](const TensorView& a, const TensorView& b, float eps, const TensorView& o = TensorView{}) {
+    try {
+      match_toy(a, b, o.data ? o : vo, {.eps = eps});
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(vx, vx, 0.5f), "toy: scale must have rank 1 but has rank 2 (" + vx.describe() + ")");
+  EXPECT_EQ(message(vo, vs, -1.0f), "toy: eps first");  // before the slots
+  static float three[12], three_out[12];
+  EXPECT_EQ(message(TensorView::contiguous(three, DType::f32, Device{}, {3, 4}), vs, 0.5f,
+                    TensorView::contiguous(three_out, DType::f32, Device{}, {3, 4})),
+            "toy: three rows");
+  // The generic call fills the same members by slot.
+  GenericCall g = generic_call(d);
+  g.tensors = {vx, vs, vo};
+  g.given = {true, true, true};
+  g.options = {OptionValue(0.125), OptionValue(false)};
+  EXPECT_EQ(d.run(g, nullptr), "ran");
+}
+
+// A slot's name is its member's: a description that also spells it is refused.
+TEST(OpRules, ASlotNameBesideItsMemberIsRefused) {
+  OpBuilder<ToyCall> b("toy", "summary", "doc");
+  EXPECT_THROW(b.tensor<&ToyCall::x>({.name = "x", .dtypes = "f32", .shape = "M"}), Error);
 }
 
 }  // namespace
