@@ -199,14 +199,16 @@ void describe_op(Registry& registry) {
 }
 
 // An op's entries, for an op whose call struct is what its callers fill: <op>(...), match_<op>(...),
-// explain_<op>(call) and its op-table entry (registered with the library's ops).
+// explain_<op>(call) and its op-table entry (registered with the library's ops, right after the op's
+// DITOPS_REGISTER_OP(register_<op>): the table keeps the order of the op names).
 #define DITOPS_OP_ENTRIES(op, Call, description, Kernels)                                        \
   const ::ditops::OpFunction<std::string, Call> op{::ditops::op_run<description, Kernels>};      \
   const ::ditops::OpFunction<Call, Call> match_##op{::ditops::op_match<description>};            \
   ::ditops::DispatchReport explain_##op(const Call& call) {                                      \
     return ::ditops::explain<Kernels>(call, call.options.dispatch);                              \
   }                                                                                              \
-  static const ::ditops::OpRegistration op##_description(#op, ::ditops::describe_op<description, Kernels>)
+  static const ::ditops::OpRegistration op##_description("register_" #op "_description",            \
+                                                           ::ditops::describe_op<description, Kernels>)
 
 namespace jit {
 inline std::string nvrtc_availability() {
