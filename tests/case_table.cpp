@@ -18,10 +18,10 @@ std::vector<std::string> split(const std::string& text, char separator) {
 
 template <typename T>
 void merge_by_name(std::vector<std::pair<std::string, T>>& into, const std::vector<std::pair<std::string, T>>& from) {
-  for (const auto& [name, value] : from) {
-    auto it = std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == name; });
-    if (it == into.end()) into.emplace_back(name, value);
-    else it->second = value;
+  for (const auto& item : from) {
+    auto it = std::find_if(into.begin(), into.end(), [&](const auto& e) { return e.first == item.first; });
+    if (it == into.end()) into.push_back(item);
+    else it->second = item.second;
   }
 }
 
