@@ -75,12 +75,12 @@ __device__ __forceinline__ float fp8_rowwise_scale(u32 amax_bits) {
 // y / s as the IEEE division computes it, from r = 1 / s (IEEE, once per row). kExact: the division
 // itself (div.rn: a reciprocal, a Newton step and a range check with a slow path per element, ~11
 // SASS instructions). Otherwise the correction of Markstein's theorem: q0 = y * r, the remainder
-// y - s * q0 exactly by an fma, q = q0 + rem * r rounded once, y's sign (a zero y gives +0 by the
-// fma's sum): 4 instructions, equal to the division for every y and s a row can hold where
-// fp8_rowwise_fast(s) (s normal and >= 2^-100: every value it touches is normal where the e4m3
-// byte depends on it). tests/test_fp8_rowwise_quant.cpp checks that equality for every pair of
-// bf16 (f16) significands over every exponent offset that reaches the e4m3 range.
-__device__ __forceinline__ bool fp8_rowwise_fast(float s) { return s >= 0x1p-100f && s <= 0x1.fffffep127f; }
+// y - s * q0 exactly by an fma, q = q0 + rem * r rounded once, with y's sign (a zero y would get
+// +0 from the fma's sum): 4 instructions. It equals the division on rows where fp8_rowwise_fast(s)
+// (s normal and >= 2^-64): wherever the e4m3 byte depends on the quotient (>= 2^-12), y >= 2^-76 and
+// the remainder is exact; tiny y give signed e4m3 zeros both ways. tests/test_fp8_rowwise_quant.cpp
+// checks the equality for every pair of bf16 (f16) significands over every exponent offset.
+__device__ __forceinline__ bool fp8_rowwise_fast(float s) { return s >= 0x1p-64f && s <= 0x1.fffffep127f; }
 
 template <bool kExact>
 __device__ __forceinline__ float fp8_rowwise_divide(float y, float s, float r) {
