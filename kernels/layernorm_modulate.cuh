@@ -94,11 +94,6 @@ using namespace ditops::kernel;
 
 constexpr int kThreads = 128;
 
-template <bool V>
-struct integral_constant {
-  static constexpr bool value = V;
-};
-
 // 4 bf16 as two 32-bit words (element 2i in the low half of word i), the register form of a row.
 struct Vec4 {
   u32 w[2];
@@ -218,9 +213,31 @@ __device__ __forceinline__ void finish_row(void* out_row, int n_vec, int t, cons
   }
 }
 
+// The rowwise e4m3 bytes of a row's held out values: e4m3(out / s), 4 bytes a vector.
+template <int kSlots, int kStride, bool kEven, bool kAligned, bool kExact>
+__device__ __forceinline__ void store_rowwise(void* out_row, int n_vec, int t, const Vec4 (&o)[kSlots], float s,
+                                              float r) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int vec = t + kStride * j;
+    if (kEven || vec < n_vec) {
+      const u32 word = e4m3x2_of_word<bf16, kExact>(o[j].w[0], s, r) | (e4m3x2_of_word<bf16, kExact>(o[j].w[1], s, r) << 16);
+      unsigned char* q = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
+      if constexpr (kAligned) {
+        Word<4> w;
+        w.w[0] = word;
+        store_word<4>(q, w);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q[e] = static_cast<unsigned char>(word >> (8 * e));
+      }
+    }
+  }
+}
+
 // finish_row for the rowwise e4m3 output: the row's out values (bf16, as finish_row computes them)
 // held, their amax over the row's threads (the CTA, or the warp of the warp mapping; `partials` is
-// the CTA's buffer of this row's parity), the scale, then e4m3(out / s) per value (4 bytes a vector).
+// the CTA's buffer of this row's parity), the scale, then e4m3(out / s) per value.
 template <int kSlots, int kStride, bool kEven, bool kShift, bool kAligned, bool kCta>
 __device__ __forceinline__ void finish_row_rowwise(void* out_row, float* scale_out, int n_vec, int t,
                                                    const Vec4 (&xv)[kSlots], const Vec4 (&op)[kSlots],
@@ -243,29 +260,10 @@ __device__ __forceinline__ void finish_row_rowwise(void* out_row, float* scale_o
   const u32 amax = kCta ? block_max_u32(fold_pairs(pairs), partials) : warp_max_u32(fold_pairs(pairs));
   const float s = fp8_rowwise_scale<bf16>(amax), r = __frcp_rn(s);
   if (t == 0) *scale_out = s;
-  const auto store = [&](auto exact) {
-    constexpr bool kExact = decltype(exact)::value;
-#pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const int vec = t + kStride * j;
-      if (kEven || vec < n_vec) {
-        const u32 word = e4m3x2_of_word<bf16, kExact>(o[j].w[0], s, r) | (e4m3x2_of_word<bf16, kExact>(o[j].w[1], s, r) << 16);
-        unsigned char* q = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
-        if constexpr (kAligned) {
-          Word<4> w;
-          w.w[0] = word;
-          store_word<4>(q, w);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) q[e] = static_cast<unsigned char>(word >> (8 * e));
-        }
-      }
-    }
-  };
   if (fp8_rowwise_fast(s))  // uniform over the row's threads
-    store(integral_constant<false>{});
+    store_rowwise<kSlots, kStride, kEven, kAligned, false>(out_row, n_vec, t, o, s, r);
   else
-    store(integral_constant<true>{});
+    store_rowwise<kSlots, kStride, kEven, kAligned, true>(out_row, n_vec, t, o, s, r);
 }
 
 // bf16(1 + scale) and the shift of batch b as this thread's vectors (read-only path).
