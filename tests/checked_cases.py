@@ -82,6 +82,14 @@ BESPOKE = {
         "ResidualGateAddGpu.CapturedInACudaGraphReplaysOnNewInputs":
             ("residual_gate_add", 4, "captured; 3 replays against the reference"),
     },
+    "test_fp8_rowwise_quant.cpp": {
+        "Fp8RowwiseDivision.TheFmaCorrectionEqualsTheIeeeQuotientForEveryRowValue":
+            ("fp8_rowwise_quant", 1, "one exhaustive sweep (significand pairs x exponent offsets x 3 scales of s)"),
+        "Fp8RowwiseQuantDescription.AllocRulesTakeThePrefixWidthWhereThereIsOne":
+            ("fp8_rowwise_quant", 3, "out without and with prefix, out_scale: alloc shapes"),
+        "Fp8RowwiseQuantMatching.TheVectorPathNeedsWholeUnitsAndAlignedRows":
+            ("fp8_rowwise_quant", 7, "6 alignment classifications, a row stride"),
+    },
     "test_token_cat_fp8.cpp": {
         "TokenCatFp8Matching.TheVectorPathNeedsAlignment":
             ("token_cat_fp8", 4, "4 alignment classifications"),

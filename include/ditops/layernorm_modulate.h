@@ -3,6 +3,10 @@
 //   layernorm_modulate:     out = bf16 chain of  F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None])
 //                                                 (+ shift[:, None])
 //   layernorm_modulate_fp8: out = e4m3( clamp( float(that bf16 result) * (1 / input_scale), ±448 ) )
+//   layernorm_modulate_fp8_rowwise: out, out_scale = the per-token dynamic e4m3 of that bf16 result
+//                           (fp8_rowwise_quant's recipe: s = bf16(amax * fp32(1/448)), 1 where 0;
+//                           out = e4m3(clamp(y / s, ±448)); out_scale fp32 [B, S, 1]), the bf16
+//                           result never written to memory
 //   qk_head_layernorm:      q_out, k_out = F.layer_norm(q, (Dh,), eps=eps), same for k
 //
 // Shapes and layouts (every stride counts elements; the last stride must be 1 everywhere):
@@ -17,6 +21,7 @@
 //                without a `+ shift`.
 //   input_scale  fp32 with exactly one element (fp8 op), on the device of x; read on the device
 //                (no host sync): inv = 1/input_scale computed per the Fp8Reciprocal option.
+//   out_scale    fp32 [B, S, 1] contiguous (fp8_rowwise op): the rows' scales.
 //   D: 0 < D <= 8192, D % 4 == 0 (aten's vectorized kernel; other D take aten's other kernel,
 //   whose order we do not replicate). B*S == 0 is a no-op.
 //   q, k, q_out, k_out  [B, S, H, Dh] bf16 (k may have its own H), Dh % 4 == 0, 0 < Dh <= 128;
@@ -52,14 +57,14 @@ struct LayerNormModulateOptions {
   DispatchOptions dispatch;
 };
 
-enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head };
+enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head, fp8_rowwise };
 
 // The matched call as every implementation sees it (filled and validated by the facade).
 struct LayerNormModulateCall {
   LnModulateKind kind = LnModulateKind::bf16_out;
-  // bf16_out / fp8_out: x, scale, shift, out (+ input_scale). qk_head: x = q, out = q_out,
-  // x2 = k, out2 = k_out.
-  TensorView x, scale, shift, out, input_scale, x2, out2;
+  // bf16_out / fp8_out / fp8_rowwise: x, scale, shift, out (+ input_scale, or out_scale). qk_head:
+  // x = q, out = q_out, x2 = k, out2 = k_out.
+  TensorView x, scale, shift, out, input_scale, x2, out2, out_scale;
   LayerNormModulateOptions options;
   int64_t batch = 0;    // B
   int64_t seq = 0;      // S
@@ -85,6 +90,9 @@ std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
                                    const TensorView& shift, const TensorView& input_scale,
                                    const TensorView& out, const LayerNormModulateOptions& options = {},
                                    Stream stream = nullptr);
+std::string layernorm_modulate_fp8_rowwise(const TensorView& x, const TensorView& scale, const TensorView& shift,
+                                           const TensorView& out, const TensorView& out_scale,
+                                           const LayerNormModulateOptions& options = {}, Stream stream = nullptr);
 std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
                               const TensorView& k_out, const LayerNormModulateOptions& options = {},
                               Stream stream = nullptr);
@@ -100,6 +108,11 @@ LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const Te
                                                    const TensorView& out,
                                                    const LayerNormModulateOptions& options,
                                                    Stream stream = nullptr);
+LayerNormModulateCall match_layernorm_modulate_fp8_rowwise(const TensorView& x, const TensorView& scale,
+                                                           const TensorView& shift, const TensorView& out,
+                                                           const TensorView& out_scale,
+                                                           const LayerNormModulateOptions& options,
+                                                           Stream stream = nullptr);
 LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
                                               const TensorView& q_out, const TensorView& k_out,
                                               const LayerNormModulateOptions& options,

@@ -1,11 +1,13 @@
-"""The eager chains of layernorm_modulate, layernorm_modulate_fp8 and qk_head_layernorm: F.layer_norm
-without affine, the adaLN modulation, static e4m3."""
+"""The eager chains of layernorm_modulate, layernorm_modulate_fp8, layernorm_modulate_fp8_rowwise and
+qk_head_layernorm: F.layer_norm without affine, the adaLN modulation, static e4m3 or the rowwise
+dynamic recipe (fp8_rowwise_eager)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ._registry import oracle
+from .fp8_rowwise import fp8_rowwise_eager
 from .fp8_static_quant import static_quant_fp8_eager
 
 
@@ -14,6 +16,12 @@ def layernorm_modulate_eager(x, scale, shift, eps):
     scale/shift [B, D] (shift None: no add)."""
     y = F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None])
     return y + shift[:, None] if shift is not None else y
+
+
+def layernorm_modulate_fp8_rowwise_eager(x, scale, shift, eps):
+    """layernorm_modulate_eager, then the rowwise dynamic e4m3: (out [B, S, D] e4m3, out_scale
+    [B, S, 1] fp32)."""
+    return fp8_rowwise_eager(layernorm_modulate_eager(x, scale, shift, eps))
 
 
 def qk_head_layernorm_eager(q, k, eps):
@@ -29,6 +37,12 @@ def _oracle(x, o):
             return None
         y = static_quant_fp8_eager(y, x["input_scale"])
     return {"out": y}
+
+
+@oracle("layernorm_modulate_fp8_rowwise")
+def _rowwise_oracle(x, o):
+    out, out_scale = layernorm_modulate_fp8_rowwise_eager(x["x"], x["scale"], x.get("shift"), float(o["eps"]))
+    return {"out": out, "out_scale": out_scale}
 
 
 @oracle("qk_head_layernorm")

@@ -22,6 +22,7 @@ namespace {
 
 constexpr const char* kOpBf16 = "layernorm_modulate";
 constexpr const char* kOpFp8 = "layernorm_modulate_fp8";
+constexpr const char* kOpRowwise = "layernorm_modulate_fp8_rowwise";
 constexpr const char* kOpQk = "qk_head_layernorm";
 constexpr int kThreads = 128;        // both mappings: aten's 128 threads per row or 4 rows of a warp
 constexpr int kMaxDim = 8192;
@@ -33,7 +34,7 @@ constexpr int kQkD128Iterations = 2;
 
 TensorView& stats_out_of(LayerNormModulateCall& a) { return a.options.stats_out; }
 
-// The options every op of the family reads (fp8_reciprocal: the fp8 op only).
+// The options every op of the family reads (fp8_reciprocal: the static fp8 op only).
 void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
   b.option("eps", &LayerNormModulateOptions::eps, "LayerNorm epsilon");
   if (fp8) describe_fp8_reciprocal(b, &LayerNormModulateOptions::fp8_reciprocal, "input_scale");
@@ -46,11 +47,14 @@ void describe_ln_options(OpBuilder<LayerNormModulateCall>& b, bool fp8) {
 // layernorm_modulate and layernorm_modulate_fp8 described once each: the slots state the checks
 // every call gets (core/op_builder.h). The output may be x (in place) and rows may be strided
 // adaLN chunks: the overlaps and the row strides are the ops' own rules (match_modulate).
-OpBuilder<LayerNormModulateCall> modulate_description(bool fp8) {
+OpBuilder<LayerNormModulateCall> modulate_description(LnModulateKind kind) {
+  const bool fp8 = kind == LnModulateKind::fp8_out, rowwise = kind == LnModulateKind::fp8_rowwise;
   OpBuilder<LayerNormModulateCall> b(
-      fp8 ? kOpFp8 : kOpBf16,
-      fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
-          : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
+      fp8 ? kOpFp8 : rowwise ? kOpRowwise : kOpBf16,
+      fp8       ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
+      : rowwise ? "layernorm_modulate, then per-token dynamic e4m3 with fp32 scales (torchao's rowwise recipe; "
+                  "docs/fp8_rowwise_quant.md)"
+                : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
       "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
       "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
   b.dims("B=1,S=4608,D=3072");
@@ -65,10 +69,15 @@ OpBuilder<LayerNormModulateCall> modulate_description(bool fp8) {
   b.tensor({.name = "shift", .optional = true, .dtypes = "=x", .shape = "B,D", .layout = "*,1"},
            &LayerNormModulateCall::shift);
   if (fp8) b.tensor({.name = "input_scale", .dtypes = "f32", .shape = "1"}, &LayerNormModulateCall::input_scale);
-  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
-            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : "", .layout = "*,*,1",
+  b.tensor({.name = "out", .role = TensorRole::out, .keyword = true, .dtypes = fp8 || rowwise ? "f8e4m3fn" : "=x",
+            .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 || rowwise ? "f8e4m3fn" : "", .layout = "*,*,1",
             .own = "overlap"},
            &LayerNormModulateCall::out);
+  if (rowwise)
+    b.tensor({.name = "out_scale", .role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "B,S,1",
+              .alloc = "dim(x,0),dim(x,1),1", .alloc_dtype = "f32", .doc = "the rows' fp32 scales",
+              .layout = "contiguous"},
+             &LayerNormModulateCall::out_scale);
   b.tensor({.name = "stats_out", .role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
             .shape = "B,S,2", .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them",
             .layout = "contiguous", .own = "overlap"},
@@ -106,9 +115,14 @@ OpBuilder<LayerNormModulateCall> qk_head_description() {
 }
 
 const OpBuilder<LayerNormModulateCall>& description(LnModulateKind kind) {
-  static const OpBuilder<LayerNormModulateCall> bf16 = modulate_description(false), fp8 = modulate_description(true),
+  static const OpBuilder<LayerNormModulateCall> bf16 = modulate_description(LnModulateKind::bf16_out),
+                                                 fp8 = modulate_description(LnModulateKind::fp8_out),
+                                                 rowwise = modulate_description(LnModulateKind::fp8_rowwise),
                                                  qk = qk_head_description();
-  return kind == LnModulateKind::bf16_out ? bf16 : kind == LnModulateKind::fp8_out ? fp8 : qk;
+  return kind == LnModulateKind::bf16_out      ? bf16
+         : kind == LnModulateKind::fp8_out     ? fp8
+         : kind == LnModulateKind::fp8_rowwise ? rowwise
+                                               : qk;
 }
 
 // The output may be the input itself (in place) but must not overlap it any other way.
@@ -124,9 +138,11 @@ void check_output_aliasing(const Matcher& m, const TensorView& in, const char* i
 LayerNormModulateCall match_modulate(LnModulateKind kind, const TensorView& x,
                                      const TensorView& scale, const TensorView& shift,
                                      const TensorView& input_scale, const TensorView& out,
-                                     const LayerNormModulateOptions& options, Stream stream) {
+                                     const LayerNormModulateOptions& options, Stream stream,
+                                     const TensorView& out_scale = TensorView{}) {
   LayerNormModulateCall call{.kind = kind, .x = x, .scale = scale, .shift = shift, .out = out, .options = options};
   if (kind == LnModulateKind::fp8_out) call.input_scale = input_scale;
+  if (kind == LnModulateKind::fp8_rowwise) call.out_scale = out_scale;
   const Matcher m = description(kind).match(call);
   const int64_t D = *m.value("D");
   const bool has_shift = shift.rank != 0;
@@ -134,7 +150,8 @@ LayerNormModulateCall match_modulate(LnModulateKind kind, const TensorView& x,
   m.require_nonnegative_strides(scale, "scale");
   if (has_shift) m.require_nonnegative_strides(shift, "shift");
   m.require_disjoint_rows(out, "out", D, "D");
-  if (kind == LnModulateKind::fp8_out) {
+  if (kind == LnModulateKind::fp8_rowwise) m.require_disjoint(out, "out", out_scale, "out_scale");
+  if (kind == LnModulateKind::fp8_out || kind == LnModulateKind::fp8_rowwise) {
     if (memory_overlaps(x, out)) m.fail("out (fp8) must not overlap x");
   } else {
     check_output_aliasing(m, x, "x", out, "out");
@@ -156,7 +173,7 @@ LayerNormModulateCall match_modulate(LnModulateKind kind, const TensorView& x,
       m.fail("stats_out must not overlap x or out");
     call.write_stats = true;
   }
-  const int64_t es = 2, os = kind == LnModulateKind::fp8_out ? 1 : 2, ov = 4 * os;
+  const int64_t es = 2, os = kind == LnModulateKind::bf16_out ? 2 : 1, ov = 4 * os;
   call.aligned = is_aligned(x.data, 8) && (x.strides[0] * es) % 8 == 0 && (x.strides[1] * es) % 8 == 0 &&
                  is_aligned(scale.data, 8) && (scale.strides[0] * es) % 8 == 0 &&
                  (!has_shift || (is_aligned(shift.data, 8) && (shift.strides[0] * es) % 8 == 0)) &&
@@ -184,6 +201,13 @@ LayerNormModulateCall match_layernorm_modulate_fp8(const TensorView& x, const Te
                                                    const LayerNormModulateOptions& options, Stream stream) {
   return match_modulate(LnModulateKind::fp8_out, x, scale, shift, input_scale, out, options,
                         stream);
+}
+
+LayerNormModulateCall match_layernorm_modulate_fp8_rowwise(const TensorView& x, const TensorView& scale,
+                                                           const TensorView& shift, const TensorView& out,
+                                                           const TensorView& out_scale,
+                                                           const LayerNormModulateOptions& options, Stream stream) {
+  return match_modulate(LnModulateKind::fp8_rowwise, x, scale, shift, TensorView{}, out, options, stream, out_scale);
 }
 
 LayerNormModulateCall match_qk_head_layernorm(const TensorView& q, const TensorView& k,
@@ -286,7 +310,7 @@ struct LnmKey {
     if (kind == LnModulateKind::qk_head)
       return std::string("qk_head,rows_per_warp=") + std::to_string(kQkRowsPerWarp) + (pdl ? ",pdl" : ",nopdl") +
              (aligned ? ",vec8" : ",scalar");
-    return std::string(kind == LnModulateKind::fp8_out ? "fp8" : "bf16") + ",slots=" + std::to_string(slots) +
+    return std::string(kind == LnModulateKind::fp8_out ? "fp8" : kind == LnModulateKind::fp8_rowwise ? "fp8_rowwise" : "bf16") + ",slots=" + std::to_string(slots) +
            (cta ? ",cta" : ",warp") + (even ? ",even" : "") + (prefetch ? ",prefetch" : "") +
            (shift ? ",shift" : ",noshift") +
            (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
@@ -343,9 +367,9 @@ jit::KernelRequest request_for(const LnmKey& key) {
   } else {
     r.function = "ditops::layernorm_modulate_body";
     r.template_args = std::to_string(key.slots) + ", " + jit::kernel_bool(key.cta) + ", " + jit::kernel_bool(key.shift) + ", " +
-                      jit::kernel_bool(key.kind == LnModulateKind::fp8_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
+                      jit::kernel_bool(key.kind != LnModulateKind::bf16_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
                       jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.even) +
-                      ", " + jit::kernel_bool(key.prefetch);
+                      ", " + jit::kernel_bool(key.prefetch) + (key.kind == LnModulateKind::fp8_rowwise ? ", true" : "");
     if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
     r.params_type = "ditops::LayerNormModulateParams";
   }
@@ -388,6 +412,7 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   p.scale = c.scale.data;
   p.shift = c.has_shift ? c.shift.data : nullptr;
   p.input_scale = static_cast<const float*>(c.input_scale.data);
+  p.out_scale = static_cast<float*>(c.out_scale.data);
   p.stats = c.write_stats ? static_cast<float*>(c.options.stats_out.data) : nullptr;
   p.rows = c.rows;
   p.seq = std::max<int64_t>(c.seq, 1);
@@ -415,18 +440,48 @@ template <LnModulateKind K>
 struct Kernels {
   using Call = LayerNormModulateCall;
   using Key = LnmKey;
-  static constexpr const char* op = K == LnModulateKind::bf16_out ? kOpBf16 : K == LnModulateKind::fp8_out ? kOpFp8 : kOpQk;
+  static constexpr const char* op = K == LnModulateKind::bf16_out      ? kOpBf16
+                                    : K == LnModulateKind::fp8_out     ? kOpFp8
+                                    : K == LnModulateKind::fp8_rowwise ? kOpRowwise
+                                                                       : kOpQk;
   static constexpr const char* device_tensor = K == LnModulateKind::qk_head ? "q" : "x";
   static Device device(const Call& c) { return c.x.device; }
   static Key key(const Call& c, const DeviceInfo& d) { return key_for(c, d); }
   static KernelRequest request(const Key& k) { return request_for(k); }
   static void launch(const Call& c, const Key& k, const jit::LoadedKernel& l) { ditops::launch(c, k, l); }
+  // The rowwise kernel's keys for the compile test (tests/test_layernorm_modulate.cpp compiles the others).
+  static std::vector<Key> variant_keys()
+    requires(K == LnModulateKind::fp8_rowwise)
+  {
+    std::vector<Key> keys;
+    for (int slots : {1, 3, 6, 8, 10, 12, 16}) {
+      LnmKey k;
+      k.kind = K;
+      k.slots = slots;
+      k.cta = true;
+      k.even = slots == 6;
+      k.prefetch = slots <= kPrefetchMaxSlots;
+      k.shift = slots != 3;
+      keys.push_back(k);
+    }
+    LnmKey warp;
+    warp.kind = K;
+    warp.slots = 24;
+    warp.shift = true;
+    keys.push_back(warp);
+    warp.aligned = false;
+    warp.pdl = false;
+    keys.push_back(warp);
+    return keys;
+  }
 };
 
 std::string run_op(const LayerNormModulateCall& call) {
   switch (call.kind) {
     case LnModulateKind::bf16_out: return dispatch<Kernels<LnModulateKind::bf16_out>>(call, call.stream, call.options.dispatch);
     case LnModulateKind::fp8_out: return dispatch<Kernels<LnModulateKind::fp8_out>>(call, call.stream, call.options.dispatch);
+    case LnModulateKind::fp8_rowwise:
+      return dispatch<Kernels<LnModulateKind::fp8_rowwise>>(call, call.stream, call.options.dispatch);
     case LnModulateKind::qk_head: break;
   }
   return dispatch<Kernels<LnModulateKind::qk_head>>(call, call.stream, call.options.dispatch);
@@ -446,6 +501,12 @@ std::string layernorm_modulate_fp8(const TensorView& x, const TensorView& scale,
   return run_op(match_layernorm_modulate_fp8(x, scale, shift, input_scale, out, options, stream));
 }
 
+std::string layernorm_modulate_fp8_rowwise(const TensorView& x, const TensorView& scale, const TensorView& shift,
+                                           const TensorView& out, const TensorView& out_scale,
+                                           const LayerNormModulateOptions& options, Stream stream) {
+  return run_op(match_layernorm_modulate_fp8_rowwise(x, scale, shift, out, out_scale, options, stream));
+}
+
 std::string qk_head_layernorm(const TensorView& q, const TensorView& k, const TensorView& q_out,
                               const TensorView& k_out, const LayerNormModulateOptions& options,
                               Stream stream) {
@@ -456,6 +517,7 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   switch (call.kind) {
     case LnModulateKind::bf16_out: return explain<Kernels<LnModulateKind::bf16_out>>(call, call.options.dispatch);
     case LnModulateKind::fp8_out: return explain<Kernels<LnModulateKind::fp8_out>>(call, call.options.dispatch);
+    case LnModulateKind::fp8_rowwise: return explain<Kernels<LnModulateKind::fp8_rowwise>>(call, call.options.dispatch);
     case LnModulateKind::qk_head: break;
   }
   return explain<Kernels<LnModulateKind::qk_head>>(call, call.options.dispatch);
@@ -475,6 +537,14 @@ void register_layernorm_modulate(Registry& registry) {
         return explain_layernorm_modulate(
             match_layernorm_modulate_fp8(a.x, a.scale, a.shift, a.input_scale, a.out, a.options));
       }));
+  registry.describe(description(LnModulateKind::fp8_rowwise).build(
+      [](const LayerNormModulateCall& a, Stream s) {
+        return layernorm_modulate_fp8_rowwise(a.x, a.scale, a.shift, a.out, a.out_scale, a.options, s);
+      },
+      [](const LayerNormModulateCall& a) {
+        return explain_layernorm_modulate(
+            match_layernorm_modulate_fp8_rowwise(a.x, a.scale, a.shift, a.out, a.out_scale, a.options));
+      }));
   registry.describe(description(LnModulateKind::qk_head).build(
       [](const LayerNormModulateCall& a, Stream s) { return qk_head_layernorm(a.x, a.x2, a.out, a.out2, a.options, s); },
       [](const LayerNormModulateCall& a) {
@@ -487,7 +557,8 @@ void register_layernorm_modulate(Registry& registry) {
   auto jit = []<LnModulateKind K>(std::integral_constant<LnModulateKind, K>) {
     Implementation<LayerNormModulateCall, LnmKey> impl = jit_implementation<Kernels<K>>();
     impl.name = std::string(Kernels<K>::op) + ".jit";
-    impl.capabilities = {{DeviceKind::cuda, K == LnModulateKind::fp8_out ? 89 : 80, 1 << 20, kFeatureNvrtc}};
+    impl.capabilities = {{DeviceKind::cuda, K == LnModulateKind::fp8_out || K == LnModulateKind::fp8_rowwise ? 89 : 80,
+                          1 << 20, kFeatureNvrtc}};
     return impl;
   };
   auto add_reference = [&]<LnModulateKind K>(std::integral_constant<LnModulateKind, K>, Contract contract,
@@ -499,6 +570,7 @@ void register_layernorm_modulate(Registry& registry) {
   using Bf16 = std::integral_constant<LnModulateKind, LnModulateKind::bf16_out>;
   using Fp8 = std::integral_constant<LnModulateKind, LnModulateKind::fp8_out>;
   using QkHead = std::integral_constant<LnModulateKind, LnModulateKind::qk_head>;
+  using Rowwise = std::integral_constant<LnModulateKind, LnModulateKind::fp8_rowwise>;
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
   const std::string ref_bounds =
@@ -539,6 +611,20 @@ void register_layernorm_modulate(Registry& registry) {
                                 "is evaluated as an IEEE division")
                     .verified(ref_verified),
                 "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
+
+  Implementation<LayerNormModulateCall, LnmKey> rowwise = jit(Rowwise{});
+  const std::string rowwise_chain =
+      eager_chain + ", then ditops.eager.fp8_rowwise_eager (torchao 0.18's float8 rowwise recipe: amax / 448.0 in "
+                    "bf16, 1 for a zero scale, (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))";
+  rowwise.contract = Contract::bit_exact(rowwise_chain).unverified("not run on a device yet");
+  rowwise.description = "LayerNorm + modulate + per-token dynamic e4m3 in one pass: the bf16 row held in registers, "
+                        "its amax reduced over the row's threads, then quantized (no bf16 intermediate)" + mappings;
+  add_implementation(registry, kOpRowwise, std::move(rowwise));
+  add_reference(Rowwise{},
+                Contract::close(rowwise_chain, ref_bounds + "; an e4m3 byte may then differ by one code, and the "
+                                                            "row's scale by one bf16 ulp where its amax moved")
+                    .verified("on every CI run (CPU) by the op's tests"),
+                "CPU reference: the bf16 chain, then the rowwise recipe (reference/fp8_rowwise.h)");
 
   Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{});
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
