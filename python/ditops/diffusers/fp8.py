@@ -255,6 +255,11 @@ class Fp8QuantSite(Site):
         self.quality = _sites.strict_tier()
         self.exact = True
 
+    def runs(self) -> str:
+        if self.op is None or not self.selected:
+            return "the chain: " + self.chain
+        return super().runs()
+
     def _produce(self, why: str, sig, device, op_call, chain, explain) -> Rowwise:
         def fused():
             q, s = op_call()
@@ -617,6 +622,8 @@ def plan(prefix: str, model, plan_, config: Fp8Config, summary: Fp8Summary, cpu_
     mapping = _fp8_models.MAPPINGS.get(type(model).__name__)
     if mapping is not None:
         mapping(ctx)
+    # a producer site with no place in this model (Wan has no single-block cat) is not reported
+    plan_.sites = [s for s in plan_.sites if not (isinstance(s, Fp8QuantSite) and not s.places)]
     for method in LORA_METHODS:
         if hasattr(model, method):
             plan_.patches.append(_AttributePatch(prefix or "the model", model, method,
