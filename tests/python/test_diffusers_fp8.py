@@ -204,9 +204,18 @@ def test_weights_quantized_once_per_output_channel():
     assert torch.equal(m.weight.view(torch.uint8), q.view(torch.uint8)) and torch.equal(m.weight_scale, s)
     assert float(m.weight_scale[7]) == 1.0
     assert m.bias is linear.bias
+
+
+def test_weights_are_torchaos_float8_tensor():
     tao = pytest.importorskip("torchao.quantization.quantize_.workflows.float8.float8_tensor",
                               reason="torchao is not installed")
     from torchao.quantization.granularity import PerRow
+    gen = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(64, 48).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64, generator=gen) * torch.logspace(-3, 3, 48)[:, None])
+        linear.weight[7] = 0.0
+    m = fp8.Fp8Linear(linear)
     w = tao.Float8Tensor.from_hp(linear.weight.detach(), float8_dtype=E4M3, granularity=PerRow())
     keep = torch.arange(48) != 7
     assert torch.equal(w.qdata[keep].view(torch.uint8), m.weight[keep].view(torch.uint8))
