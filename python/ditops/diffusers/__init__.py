@@ -8,6 +8,7 @@ of a supported model, and one call restores it.
     ditops.diffusers.disable(pipe)                # the same processor objects and forwards as before
 
     ditops.diffusers.enable(pipe, cuda_graph=True)  # also one CUDA graph per input signature (_graphs.py)
+    ditops.diffusers.enable(pipe, fp8=True)         # also the block linears as FP8 GEMMs (fp8.py)
 
 Supported (diffusers >=0.42.1,<0.43, the release range whose model code was read and tested):
 FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel, WanTransformer3DModel,
@@ -30,12 +31,14 @@ from ditops import Error
 import ditops.torch  # noqa: F401  (registers torch.ops.ditops.*)
 
 from . import _graphs, _sites
+from . import fp8 as _fp8
 from ._graphs import CaptureReport, CapturedForward, capture, captured, release
+from .fp8 import Fp8Config
 from ._patching import Plan
 
 __all__ = ["enable", "disable", "plan", "enabled", "Report", "UnsupportedError", "SUPPORTED_MODELS",
            "TESTED_DIFFUSERS", "SITE_CLASSES", "capture", "release", "captured", "CaptureReport",
-           "CapturedForward"]
+           "CapturedForward", "Fp8Config"]
 
 # The diffusers releases whose model code the patched processors and forwards follow.
 TESTED_DIFFUSERS = ">=0.42.1,<0.43"
@@ -74,6 +77,7 @@ class Report:
         self.skipped = list(skipped)
         self.patched = patched
         self.graphs = None  # the CaptureReport of enable(..., cuda_graph=True)
+        self.fp8 = None     # the fp8.Fp8Summary of enable(..., fp8=...)
 
     def __getitem__(self, name: str):
         for site in self.sites:
@@ -88,7 +92,8 @@ class Report:
         return {"model": self.model_class, "diffusers": self.diffusers_version, "quality": self.quality,
                 "device": self.device, "patched": self.patched,
                 "sites": [s.as_dict() for s in self.sites], "skipped": [list(s) for s in self.skipped],
-                "graphs": self.graphs.as_dict() if self.graphs is not None else None}
+                "graphs": self.graphs.as_dict() if self.graphs is not None else None,
+                "fp8": self.fp8.as_dict() if self.fp8 is not None else None}
 
     def __str__(self):
         head = (f"ditops.diffusers: {self.model_class} (diffusers {self.diffusers_version}) on {self.device}, "
@@ -120,6 +125,8 @@ class Report:
                 rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
         for path, why in self.skipped:
             rows.append(f"  not patched: {path}: {why}")
+        if self.fp8 is not None:
+            rows.append(str(self.fp8))
         if self.graphs is not None:
             rows.append(str(self.graphs))
         return "\n".join(rows)
@@ -213,8 +220,9 @@ def _plan_model(prefix, model, probe) -> Plan:
     return plan
 
 
-def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu):
+def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu, fp8=None):
     version = _check_version()
+    fp8_config = _fp8.config_of(fp8)
     tier = _sites.effective_quality(quality)
     chosen = set(SITE_CLASSES if sites is None else sites)
     unknown = chosen - set(SITE_CLASSES)
@@ -248,23 +256,30 @@ def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu):
         site.exact = tier == _sites.strict_tier()
         base = site.name.split(" ", 1)[0]
         site.selected = base in chosen
+    fp8_summary = None
+    if fp8_config is not None:  # issue 43: the FP8 block linears (fp8.py), layered over the sites
+        fp8_summary = _fp8.Fp8Summary(fp8_config)
+        for (prefix, model), plan_ in zip(parts, plans):
+            _fp8.plan(prefix, model, plan_, fp8_config, fp8_summary, cpu_stand_in=allow_cpu)
+        all_sites = [s for p in plans for s in p.sites]
     classes = " + ".join(type(m).__name__ for _, m in parts)
     report = Report(classes, version, tier, "; ".join(devices), all_sites,
                     [s for p in plans for s in p.skipped], patched=False)
+    report.fp8 = fp8_summary
     return parts, plans, report
 
 
-def plan(model_or_pipeline, quality=None, *, sites=None, probe: bool = False) -> Report:
+def plan(model_or_pipeline, quality=None, *, sites=None, probe: bool = False, fp8=None) -> Report:
     """The report enable would return, without changing anything and on any device (the CPU
     included: the test-only way to see the sites without CUDA). Raises UnsupportedError for an
     unsupported model or diffusers version."""
-    _, _, report = _build(model_or_pipeline, quality, sites, probe, check_device=False, allow_cpu=True)
+    _, _, report = _build(model_or_pipeline, quality, sites, probe, check_device=False, allow_cpu=True, fp8=fp8)
     return report
 
 
 def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
            allow_cpu: bool = False, cuda_graph: bool = False,
-           max_graphs: int = _graphs.DEFAULT_MAX_GRAPHS) -> Report:
+           max_graphs: int = _graphs.DEFAULT_MAX_GRAPHS, fp8=None) -> Report:
     """Install ditops at every site of a supported diffusers transformer (a model, or a pipeline's
     transformer and transformer_2). Returns the Report (live: it counts calls as the model runs).
 
@@ -280,6 +295,11 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
       reference is not bit-exact to CPU PyTorch, so in the exact tier most sites fall back).
     cuda_graph: also capture(model_or_pipeline, max_graphs=max_graphs): one CUDA graph per input
       signature, the first call of each eager (the sites' checks run there); report.graphs.
+    fp8: True or an Fp8Config: every linear of the transformer blocks as an FP8 GEMM (e4m3 weights
+      quantized once per output channel, activations per token, bf16 out; torchao's rowwise
+      recipe, fp8.py), fed by the fused producer ops where this build has them; report.fp8.
+      disable restores the bf16 weights exactly (they wait on the CPU meanwhile). A model with
+      LoRA layers loaded is refused (fuse and unload them first).
 
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a
@@ -288,7 +308,7 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     if cuda_graph:
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
-                                  allow_cpu=allow_cpu)
+                                  allow_cpu=allow_cpu, fp8=fp8)
     done = []
     try:
         for plan_ in plans:
