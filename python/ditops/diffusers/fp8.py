@@ -74,16 +74,8 @@ LORA_METHODS = ("load_lora_adapter", "add_adapter", "fuse_lora", "unfuse_lora", 
 
 # ---------------------------------------------------------------- the chain
 
-# To be replaced by `from ditops.eager.fp8_rowwise import fp8_rowwise_eager` once that module
-# lands (the producer ops' oracle); the same semantics: test_diffusers_fp8 checks the two agree.
-def fp8_rowwise_eager(y):
-    """(q, s): y [..., K] quantized per row to e4m3 with float32 scales [..., 1], torchao 0.18's
-    rowwise recipe (module docstring) with the zero-row rule (s = 1 where amax / 448 is 0)."""
-    amax = y.abs().amax(-1, keepdim=True)
-    s = (amax / E4M3_MAX).to(torch.float32)
-    s = torch.where(s == 0, torch.ones_like(s), s)
-    q = (y.to(torch.float32) / s).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return q, s
+# The recipe's one copy, the producer ops' oracle (python/ditops/eager/fp8_rowwise.py).
+from ditops.eager.fp8_rowwise import fp8_rowwise_eager  # noqa: E402
 
 
 def gelu_tanh(x):
