@@ -14,8 +14,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     shift).type_as(x)), norm2 (norm2(x.float()).type_as(x), an affine FP32LayerNorm) and the two
     gated residuals ((x.float() + update * gate).type_as(x)). Each is one MappedSite whose op is
     one Mapping below, the op call beside the model's chain. Where this build's op table declares
-    the float32-chain ops (issue 34 §2: norm_scale_shift numerics="float32", residual_gate_add with
-    a float32 gate), the sites run them on 16-bit x directly; otherwise adaLN runs
+    the float32-chain ops (norm_scale_shift numerics="float32", residual_gate_add with a float32
+    gate), the sites run them on 16-bit x directly; otherwise adaLN runs
     norm_scale_shift on the float32 copy up to D = 4096 (its float32 rows stop there), and norm2
     and the residuals run the model's code. mappings() picks; the first-sight check guards each.
 norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
@@ -130,7 +130,7 @@ def norm2_chain(x, norm):
 
 
 NORM2_MODEL_CODE = Mapping(why="the affine float32 LayerNorm of x.float() with one rounding back is not a chain "
-                               "of an op in this build (issue 34 §2 adds its float32-chain numerics)")
+                               "of an op in this build (it needs norm_scale_shift's numerics=\"float32\")")
 
 # The affine LayerNorm alone: norm_scale_shift(numerics="float32") without scale or shift.
 NORM2_FLOAT32 = Mapping(
@@ -182,7 +182,8 @@ RESIDUAL_FLOAT32_GATE = Mapping(
 
 
 # The mapping each site runs: the float32-chain ops where this build's op table declares them
-# (issue 34 §2), else the mappings above. Each is guarded by the first-sight check like any site.
+# (norm_scale_shift's numerics="float32", residual_gate_add's float32 gate), else the mappings
+# above. Each is guarded by the first-sight check like any site.
 def _float32_numerics() -> bool:
     return "float32" in op_options("norm_scale_shift").get("numerics", [])
 
