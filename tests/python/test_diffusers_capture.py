@@ -70,6 +70,12 @@ class StandIn:
         self.pools.append(object())
         return self.pools[-1]
 
+    def stream_token(self, device):
+        return None  # one "stream": a replay's work is done when replay() returns
+
+    def follow(self, device, previous):
+        return None
+
     def capture(self, fn, pool, device):
         fn()  # the warm-up
         self.captures += 1

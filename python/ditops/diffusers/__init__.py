@@ -135,6 +135,7 @@ class _Enabled:
 
 
 # Models with ditops installed -> what was changed (weak: a dropped model drops its record).
+# Changed under _graphs.INSTALL_LOCK only.
 _ENABLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -284,7 +285,15 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a
     model already enabled. Run one eager forward before torch.compile or CUDA-graph capture: the
-    first-sight checks never run while tracing or capturing."""
+    first-sight checks never run while tracing or capturing.
+
+    enable, disable, capture and release may be called from several threads (one at a time
+    changes models); an enabled model may be called from several threads (docs/diffusers.md)."""
+    with _graphs.INSTALL_LOCK:
+        return _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs)
+
+
+def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs) -> Report:
     if cuda_graph:
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
@@ -312,22 +321,24 @@ def disable(model_or_pipeline) -> Report | None:
     of a capture (enable(..., cuda_graph=True) or capture()). Returns the report of what had been
     enabled, or None when ditops was not enabled on it."""
     report = None
-    _graphs.release(model_or_pipeline)
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.pop(model, None)
-        if record is None:
-            continue
-        for plan_ in reversed(record.plans):
-            plan_.restore()
-        record.report.patched = False
-        report = record.report
+    with _graphs.INSTALL_LOCK:
+        _graphs.release(model_or_pipeline)
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.pop(model, None)
+            if record is None:
+                continue
+            for plan_ in reversed(record.plans):
+                plan_.restore()
+            record.report.patched = False
+            report = record.report
     return report
 
 
 def enabled(model_or_pipeline) -> Report | None:
     """The live report of an enabled model, or None."""
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.get(model)
-        if record is not None:
-            return record.report
+    with _graphs.INSTALL_LOCK:
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.get(model)
+            if record is not None:
+                return record.report
     return None
