@@ -15,7 +15,15 @@ The signature is everything a captured graph bakes in: each tensor's shape, stri
 device and address alignment, every non-tensor argument's value (return_dict, the attention
 kwargs, Qwen-Image's img_shapes), inference mode and autocast. Whatever cannot be captured runs
 the model's forward eagerly with one RuntimeWarning per reason (docs/diffusers.md lists them);
-a failed capture leaves no graph behind and that signature runs eagerly from then on.
+a failed capture leaves no graph behind and that signature runs eagerly from then on (its
+warning names the error and where in the model's code it was raised).
+
+Tensors a forward builds from host values (LTX-2's RoPE coordinates when the call passes none:
+a host-to-device copy a capture cannot hold) are built once per signature before its capture,
+by the model module's graph_constants(), and passed to the captured forward: the graph reads
+them where they lie (they live as long as the graph; they are never copied at a replay). A
+call whose forward reads device values on the host (LTX-2's spatio-temporal guidance with a
+perturbation_mask on the GPU) is refused before a capture is tried, by graph_refusal().
 
 Several threads may call one captured model. A model's graphs share their static inputs and
 outputs and one memory pool, so a model's replays are serialized: a lock is held around the
@@ -32,8 +40,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib
 import itertools
+import os
 import threading
+import traceback
 import warnings
 from collections import Counter
 
@@ -326,12 +337,13 @@ def _is_tensor_entry(entry) -> bool:
 
 
 class _Entry:
-    """One signature: seen once (its first, eager call ran), captured, or refused (eager)."""
-    __slots__ = ("state", "why", "graph", "inputs", "outputs", "rebuild", "calls", "label")
+    """One signature: seen once (its first, eager call ran), captured, or refused (eager).
+    constants: the tensors the graph reads that are no argument (graph_constants)."""
+    __slots__ = ("state", "why", "graph", "inputs", "outputs", "rebuild", "calls", "label", "constants")
 
     def __init__(self, label: str):
         self.state, self.why, self.label = _SEEN, "", label
-        self.graph = self.inputs = self.outputs = self.rebuild = None
+        self.graph = self.inputs = self.outputs = self.rebuild = self.constants = None
         self.calls = 1
 
     def replay(self, tensors):
@@ -341,7 +353,7 @@ class _Entry:
         return self.rebuild()
 
     def drop(self):
-        self.graph = self.inputs = self.outputs = self.rebuild = None
+        self.graph = self.inputs = self.outputs = self.rebuild = self.constants = None
 
 
 _TRACED = ("the forward is being traced by torch.compile: the traced code is the model's forward and "
@@ -377,6 +389,21 @@ def _describe_forward(module) -> str:
     return "an instance attribute ditops did not set"
 
 
+def _model_hooks(model) -> tuple:
+    """(graph_refusal, graph_constants) of the model's module, each None where it has none:
+    graph_refusal(model, args, kwargs) -> why a call's forward cannot be captured (a host read of
+    device values) or ''; graph_constants(model, args, kwargs) -> (args, kwargs, kept): the call
+    with the tensors its forward would build from host values built now (kept: those tensors)."""
+    from . import SUPPORTED_MODELS
+    name = SUPPORTED_MODELS.get(type(model).__name__)
+    if name is None:
+        return None, None
+    module = importlib.import_module(f"{__package__}.{name}")
+    if type(model).__module__ != getattr(module, "DIFFUSERS_MODULE", None):
+        return None, None
+    return getattr(module, "graph_refusal", None), getattr(module, "graph_constants", None)
+
+
 # The marker _slow returns for "run the model's forward eagerly, outside the lock".
 _RUN_EAGER = object()
 
@@ -397,6 +424,7 @@ class CapturedForward:
         self.max_graphs = int(max_graphs)
         self.backend = backend
         self.original = type(model).forward.__get__(model, type(model))
+        self._graph_refusal, self._graph_constants = _model_hooks(model)
         self.released = False
         self._lock = threading.RLock()
         self._stream = None                  # the stream of the last replay (backend.follow)
@@ -531,7 +559,7 @@ class CapturedForward:
             return self._refused(entry.why)
         paths = []
         signature(args, kwargs, paths)
-        why = self._refusal(key, paths)
+        why = self._refusal(key, paths, args, kwargs)
         if not why:
             try:
                 self._capture(entry, key, paths, args, kwargs, tensors)
@@ -544,7 +572,8 @@ class CapturedForward:
                     # the failed capture released the pool's last use: torch refuses to begin
                     # another capture in a pool waiting to be freed
                     self.pool = None
-                why = f"the capture failed ({type(e).__name__}: {_first_line(e)})"
+                why = (f"the capture failed ({type(e).__name__}: {_first_line(e)}{_where(e, self.model)}); "
+                       "this signature runs eagerly from now on (release() and capture() again to retry)")
         if why:
             entry.state, entry.why = _REFUSED, why
             return self._refused(why)
@@ -578,7 +607,7 @@ class CapturedForward:
         self.eager_calls += 1
         return _RUN_EAGER
 
-    def _refusal(self, key, paths) -> str:
+    def _refusal(self, key, paths, args=(), kwargs=None) -> str:
         """Why this signature cannot be captured now, or ''."""
         model = self.model
         if model.__dict__.get("forward") is not self.installed:
@@ -611,6 +640,10 @@ class CapturedForward:
         if self.graphs >= self.max_graphs:
             return (f"{self.name} has max_graphs={self.max_graphs} graphs already (release() frees them; "
                     "capture(..., max_graphs=) allows more)")
+        if self._graph_refusal is not None:
+            why = self._graph_refusal(model, args, kwargs or {})
+            if why:
+                return why
         self._device = device
         if not self._weights:
             self._weights = weights
@@ -625,12 +658,17 @@ class CapturedForward:
             static.copy(src)  # the warm-up and the capture run on this call's values
         views = iter([s.view for s in inputs])
         s_args, s_kwargs = _substitute(args, views), _substitute(kwargs, views)
+        constants = None
+        if self._graph_constants is not None:
+            # built here, eagerly and outside the graph, on the caller's stream (the capture's side
+            # stream waits for it); the graph reads them at these addresses
+            s_args, s_kwargs, constants = self._graph_constants(self.model, s_args, s_kwargs)
         if self.pool is None:
             self.pool = self.backend.new_pool(self._device)
         original = self.original
         graph, out = self.backend.capture(lambda: original(*s_args, **s_kwargs), self.pool, self._device)
         entry.outputs, entry.rebuild = _output_rebuilder(out)
-        entry.graph, entry.inputs, entry.state = graph, inputs, _GRAPH
+        entry.graph, entry.inputs, entry.constants, entry.state = graph, inputs, constants, _GRAPH
         # the capture synchronized the device: the first replay waits for no earlier stream
         self._stream = self._stream_token = None
 
@@ -671,6 +709,23 @@ def _opaque_why(args, kwargs) -> str:
 def _first_line(e) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _where(e, model) -> str:
+    """', at <file>:<line> in <function>': the innermost frame of e's traceback in the model's
+    code (diffusers, or the module of the model's class), else outside torch and this module;
+    or ''."""
+    import sys
+    roots = [os.path.dirname(getattr(sys.modules.get("diffusers"), "__file__", None) or "/nonexistent") + os.sep]
+    own = getattr(sys.modules.get(type(model).__module__), "__file__", None)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(_TORCH_DIR) and f.filename != __file__]
+    model_frames = [f for f in frames if f.filename == own or f.filename.startswith(tuple(roots))]
+    f = (model_frames or frames or [None])[-1]
+    return "" if f is None else f", at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
 def _label(key, paths) -> str:
