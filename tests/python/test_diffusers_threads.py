@@ -306,3 +306,41 @@ def test_gpu_threads_equal_alone(cuda_graph, streams):
     if cuda_graph:
         state = report.graphs["FluxTransformer2DModel"]
         assert state.graphs == 2 and state.replays == 2 * len(reference)
+
+
+def test_reports_read_while_threads_add_signatures(standin, fast_switching):
+    """The live reports (str and as_dict of the Report and the CapturedForward) read while 4 threads
+    add signatures (a new resolution per call) and count: no 'changed size during iteration', and
+    the counts add up at the end."""
+    model = flux()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        report = dd.enable(model, allow_cpu=True, cuda_graph=True)
+    state = report.graphs["FluxTransformer2DModel"]
+    sides = [[2 * (2 + t + THREADS * i) for i in range(6)] for t in range(THREADS)]  # 24 token grids
+    done, errors = threading.Event(), []
+
+    def worker(row):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                for side in row:
+                    run(model, flux_inputs(side, side))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    workers = [threading.Thread(target=worker, args=(row,)) for row in sides]
+    for w in workers:
+        w.start()
+    reads = 0
+    while any(w.is_alive() for w in workers):
+        try:
+            str(report), report.as_dict(), str(state), state.as_dict()
+        except RuntimeError as e:
+            errors.append(e)
+            break
+        reads += 1
+    for w in workers:
+        w.join()
+    assert not errors, errors
+    assert reads > 0 and len(state.entries) == THREADS * 6 and state.eager_calls == THREADS * 6

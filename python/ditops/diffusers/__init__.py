@@ -95,34 +95,40 @@ class Report:
                 f"quality {self.quality}, {'patched' if self.patched else 'plan only'}")
         rows = [head, f"  {'site':<34} {'places':>6}  runs"]
         for s in self.sites:
-            rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
-            if s.op is None and s.why:
-                rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
-            if s.note:
-                rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
-            for path, why in s.skipped[:3]:
-                rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
-            if len(s.skipped) > 3:
-                rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
-            if s.fused_calls or s.model_calls or s.states:
-                verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
-                rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
-                            f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
-            chosen = sorted(set(s.implementations.values()))
-            if chosen:
-                rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
-            for sig, why in s.reasons.items():
-                rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
-            for sig, (n, largest) in s.differences.items():
-                if n:
-                    rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
-            for why, n in s.fallbacks.most_common(3):
-                rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
+            with s._lock:  # other threads' first sights add signatures
+                self._site_rows(s, rows)
         for path, why in self.skipped:
             rows.append(f"  not patched: {path}: {why}")
         if self.graphs is not None:
             rows.append(str(self.graphs))
         return "\n".join(rows)
+
+    @staticmethod
+    def _site_rows(s, rows):
+        """One site's rows (its lock held)."""
+        rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
+        if s.op is None and s.why:
+            rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
+        if s.note:
+            rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
+        for path, why in s.skipped[:3]:
+            rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
+        if len(s.skipped) > 3:
+            rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
+        if s.fused_calls or s.model_calls or s.states:
+            verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
+            rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
+                        f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
+        chosen = sorted(set(s.implementations.values()))
+        if chosen:
+            rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
+        for sig, why in s.reasons.items():
+            rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
+        for sig, (n, largest) in s.differences.items():
+            if n:
+                rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
+        for why, n in s.fallbacks.most_common(3):
+            rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
 
     def __repr__(self):
         return (f"Report({self.model_class}, " + ", ".join(f"{s.name}={len(s.places)}:{s.op if s.active else None}"

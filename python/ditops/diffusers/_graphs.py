@@ -673,27 +673,32 @@ class CapturedForward:
         self._stream = self._stream_token = None
 
     # ------------------------------------------------------------ report
+    # The report reads under the lock: other threads' calls add signatures and count.
     @property
     def graphs(self) -> int:
-        return sum(e.graph is not None for e in self.entries.values())
+        with self._lock:
+            return sum(e.graph is not None for e in self.entries.values())
 
     def signatures(self) -> list:
-        return [{"signature": e.label, "state": e.state, "why": e.why, "calls": e.calls}
-                for e in self.entries.values()]
+        with self._lock:
+            return [{"signature": e.label, "state": e.state, "why": e.why, "calls": e.calls}
+                    for e in self.entries.values()]
 
     def as_dict(self) -> dict:
-        return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
-                "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
-                "signatures": self.signatures(), "refusals": dict(self.refusals)}
+        with self._lock:
+            return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
+                    "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
+                    "signatures": self.signatures(), "refusals": dict(self.refusals)}
 
     def __str__(self):
-        rows = [f"{self.name}: {self.graphs} graph(s) (max {self.max_graphs}), {self.captures} captured, "
-                f"{self.replays} replays, {self.eager_calls} first calls, "
-                f"{sum(self.refusals.values())} eager calls refused capture"]
-        for e in self.entries.values():
-            rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
-        for why, n in self.refusals.most_common(5):
-            rows.append(f"  {n} eager call(s): {why}")
+        with self._lock:
+            rows = [f"{self.name}: {self.graphs} graph(s) (max {self.max_graphs}), {self.captures} captured, "
+                    f"{self.replays} replays, {self.eager_calls} first calls, "
+                    f"{sum(self.refusals.values())} eager calls refused capture"]
+            for e in self.entries.values():
+                rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
+            for why, n in self.refusals.most_common(5):
+                rows.append(f"  {n} eager call(s): {why}")
         return "\n".join(rows)
 
 

@@ -136,6 +136,10 @@ class Site:
         return self.op + (f" ({opts})" if opts else "")
 
     def as_dict(self) -> dict:
+        with self._lock:  # other threads' first sights add signatures
+            return self._as_dict()
+
+    def _as_dict(self) -> dict:
         return {"site": self.name, "places": len(self.places), "op": self.op if self.active else None,
                 "skipped": [list(s) for s in self.skipped],
                 "options": dict(self.options), "chain": self.chain, "why": self.why, "note": self.note,
