@@ -70,6 +70,12 @@ class StandIn:
         self.pools.append(object())
         return self.pools[-1]
 
+    def stream_token(self, device):
+        return None  # one "stream": a replay's work is done when replay() returns
+
+    def follow(self, device, previous):
+        return None
+
     def capture(self, fn, pool, device):
         fn()  # the warm-up
         self.captures += 1
@@ -467,8 +473,8 @@ def test_torch_compile_wrappers_and_tracing():
 
 
 def to_cuda(inputs, model=None):
-    """inputs on the GPU; LTX-2's with the RoPE coordinates its pipeline passes (without them its
-    forward builds them from host values on every call, which a capture cannot hold)."""
+    """inputs on the GPU; LTX-2's with the RoPE coordinates its pipeline passes (the call without
+    them, and with guidance: test_diffusers_capture_ltx2.py)."""
     out = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
     if model is not None and "audio_num_frames" in out and out.get("video_coords") is None:
         batch = out["hidden_states"].shape[0]

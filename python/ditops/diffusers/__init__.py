@@ -100,29 +100,8 @@ class Report:
                 f"quality {self.quality}, {'patched' if self.patched else 'plan only'}")
         rows = [head, f"  {'site':<34} {'places':>6}  runs"]
         for s in self.sites:
-            rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
-            if s.op is None and s.why:
-                rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
-            if s.note:
-                rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
-            for path, why in s.skipped[:3]:
-                rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
-            if len(s.skipped) > 3:
-                rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
-            if s.fused_calls or s.model_calls or s.states:
-                verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
-                rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
-                            f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
-            chosen = sorted(set(s.implementations.values()))
-            if chosen:
-                rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
-            for sig, why in s.reasons.items():
-                rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
-            for sig, (n, largest) in s.differences.items():
-                if n:
-                    rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
-            for why, n in s.fallbacks.most_common(3):
-                rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
+            with s._lock:  # other threads' first sights add signatures
+                self._site_rows(s, rows)
         for path, why in self.skipped:
             rows.append(f"  not patched: {path}: {why}")
         if self.fp8 is not None:
@@ -130,6 +109,33 @@ class Report:
         if self.graphs is not None:
             rows.append(str(self.graphs))
         return "\n".join(rows)
+
+    @staticmethod
+    def _site_rows(s, rows):
+        """One site's rows (its lock held)."""
+        rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
+        if s.op is None and s.why:
+            rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
+        if s.note:
+            rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
+        for path, why in s.skipped[:3]:
+            rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
+        if len(s.skipped) > 3:
+            rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
+        if s.fused_calls or s.model_calls or s.states:
+            verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
+            rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
+                        f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
+        chosen = sorted(set(s.implementations.values()))
+        if chosen:
+            rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
+        for sig, why in s.reasons.items():
+            rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
+        for sig, (n, largest) in s.differences.items():
+            if n:
+                rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
+        for why, n in s.fallbacks.most_common(3):
+            rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
 
     def __repr__(self):
         return (f"Report({self.model_class}, " + ", ".join(f"{s.name}={len(s.places)}:{s.op if s.active else None}"
@@ -142,6 +148,7 @@ class _Enabled:
 
 
 # Models with ditops installed -> what was changed (weak: a dropped model drops its record).
+# Changed under _graphs.INSTALL_LOCK only.
 _ENABLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -304,7 +311,15 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a
     model already enabled. Run one eager forward before torch.compile or CUDA-graph capture: the
-    first-sight checks never run while tracing or capturing."""
+    first-sight checks never run while tracing or capturing.
+
+    enable, disable, capture and release may be called from several threads (one at a time
+    changes models); an enabled model may be called from several threads (docs/diffusers.md)."""
+    with _graphs.INSTALL_LOCK:
+        return _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs)
+
+
+def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs) -> Report:
     if cuda_graph:
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
@@ -332,22 +347,24 @@ def disable(model_or_pipeline) -> Report | None:
     of a capture (enable(..., cuda_graph=True) or capture()). Returns the report of what had been
     enabled, or None when ditops was not enabled on it."""
     report = None
-    _graphs.release(model_or_pipeline)
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.pop(model, None)
-        if record is None:
-            continue
-        for plan_ in reversed(record.plans):
-            plan_.restore()
-        record.report.patched = False
-        report = record.report
+    with _graphs.INSTALL_LOCK:
+        _graphs.release(model_or_pipeline)
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.pop(model, None)
+            if record is None:
+                continue
+            for plan_ in reversed(record.plans):
+                plan_.restore()
+            record.report.patched = False
+            report = record.report
     return report
 
 
 def enabled(model_or_pipeline) -> Report | None:
     """The live report of an enabled model, or None."""
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.get(model)
-        if record is not None:
-            return record.report
+    with _graphs.INSTALL_LOCK:
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.get(model)
+            if record is not None:
+                return record.report
     return None
