@@ -61,7 +61,8 @@ def tiny_flux(dtype=torch.bfloat16, batch=1):
                   txt_ids=torch.zeros(8, 3), return_dict=False)
     cfg = model.config
     L, N = cfg.num_layers, cfg.num_single_layers
-    counts = {"qk_norm_rope": 2 * L + N, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
+    counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1,
+              "gated_residual": 4 * L + N}
     return model, inputs, counts
 
 
@@ -167,8 +168,8 @@ TWICE = "twice" in _sites.op_options("qknorm_rope").get("norm_weight_rounding", 
 COMPLEX = "complex" in _sites.op_options("qknorm_rope").get("rope_product", [])
 MEAN_ORDER = "aten_mean" in _sites.op_options("norm_scale_shift").get("norm_order", [])
 OPS = {
-    "flux": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
-             "gated_residual": "residual_gate_add"},
+    "flux": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
+             "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
     "qwen": {"qk_norm_rope": "qknorm_rope" if COMPLEX else None, "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",

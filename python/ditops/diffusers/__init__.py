@@ -11,7 +11,7 @@ of a supported model, and one call restores it.
     ditops.diffusers.enable(pipe, fp8=True)         # also the block linears as FP8 GEMMs (fp8.py)
 
 Supported (diffusers >=0.42.1,<0.43, the release range whose model code was read and tested):
-FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel, WanTransformer3DModel,
+FluxTransformer2DModel (FLUX.1), Flux2Transformer2DModel (FLUX.2), QwenImageTransformer2DModel, WanTransformer3DModel,
 HunyuanVideoTransformer3DModel, LTX2VideoTransformer3DModel (LTX-2). Each site keeps a first-sight check against the model's own chain
 (ditops.diffusers._sites) and falls back with a warning; docs/diffusers.md lists the sites per
 model with the chain each reproduces.
@@ -47,6 +47,7 @@ _TESTED_LOW, _TESTED_HIGH = (0, 42, 1, 0), (0, 43, 0, -1)  # <0.43 excludes 0.43
 # Model class name -> the module that plans its sites.
 SUPPORTED_MODELS = {
     "FluxTransformer2DModel": "flux",
+    "Flux2Transformer2DModel": "flux2",
     "QwenImageTransformer2DModel": "qwenimage",
     "WanTransformer3DModel": "wan",
     "HunyuanVideoTransformer3DModel": "hunyuan_video",

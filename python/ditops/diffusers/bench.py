@@ -23,9 +23,10 @@ RoPE, modulation, residuals, copies, fused Triton kernels). --json writes the re
 device, the date and the commit. The graph variants also print the memory the first graph and
 one more graph (the same shapes, another signature) cost. Needs a CUDA device and diffusers.
 
-Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens of it as text
-(default 512) and the rest as a square-ish image grid; FLUX.1's and HunyuanVideo's --blocks are
-split into double (first half, rounded up) and single blocks. Wan and HunyuanVideo take the
+Shapes: --tokens is the whole sequence. FLUX.1, FLUX.2 and Qwen-Image take --text-tokens of it as
+text (default 512) and the rest as a square-ish image grid; FLUX.1's, FLUX.2's and HunyuanVideo's
+--blocks are split into double (first half, rounded up) and single blocks (flux2: FLUX.2-dev's
+widths, flux2_klein: klein 4B's). Wan and HunyuanVideo take the
 tokens as a latent video grid (--grid F,H,W after patching; by default Wan's 480p 81-frame grid
 21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens. LTX-2
 takes --tokens video tokens (6144: its 121-frame 768x512 grid 16x16x24) and the audio tokens of
@@ -50,13 +51,22 @@ FP8_VARIANTS = ("fp8chain", "fp8chain+compile", "torchao+compile", "fp8", "fp8+g
 FP8_DEFAULT = ("eager", "compile", "eager+ditops+graph", "fp8chain", "fp8", "fp8+graph", "fp8+compile",
                "torchao+compile")
 # The released block counts: (double, single) for FLUX.1 and HunyuanVideo, else the layers.
-FULL_DEPTH = {"flux": (19, 38), "qwen": 60, "wan": 40, "hunyuan": (20, 40), "ltx2": 48}
+FULL_DEPTH = {"flux": (19, 38), "flux2": (8, 48), "qwen": 60, "wan": 40, "hunyuan": (20, 40),
+              "ltx2": 48}
 
 # Real widths (the released checkpoints' configs); blocks and tokens come from the command line.
 CONFIGS = {
     "flux": dict(patch_size=1, in_channels=64, attention_head_dim=128, num_attention_heads=24,
                  joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
                  axes_dims_rope=(16, 56, 56)),
+    # FLUX.2-dev: 48 x 128 heads (hidden 6144), MLP 18432 after SwiGLU, Mistral-3 text (15360)
+    "flux2": dict(patch_size=1, in_channels=128, attention_head_dim=128, num_attention_heads=48,
+                  joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0,
+                  axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=True),
+    # FLUX.2-klein 4B: 24 x 128 (hidden 3072), Qwen3-4B text (7680), no guidance embedder
+    "flux2_klein": dict(patch_size=1, in_channels=128, attention_head_dim=128, num_attention_heads=24,
+                        joint_attention_dim=7680, timestep_guidance_channels=256, mlp_ratio=3.0,
+                        axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False),
     "qwen": dict(patch_size=2, in_channels=64, out_channels=16, attention_head_dim=128, num_attention_heads=24,
                  joint_attention_dim=3584, axes_dims_rope=(16, 56, 56)),
     "wan": dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
@@ -70,7 +80,8 @@ CONFIGS = {
                  audio_num_attention_heads=32, audio_attention_head_dim=64, audio_cross_attention_dim=2048,
                  caption_channels=3840, rope_type="split"),
 }
-CLASSES = {"flux": "FluxTransformer2DModel", "qwen": "QwenImageTransformer2DModel",
+CLASSES = {"flux": "FluxTransformer2DModel", "flux2": "Flux2Transformer2DModel",
+           "flux2_klein": "Flux2Transformer2DModel", "qwen": "QwenImageTransformer2DModel",
            "wan": "WanTransformer3DModel", "hunyuan": "HunyuanVideoTransformer3DModel",
            "ltx2": "LTX2VideoTransformer3DModel"}
 
@@ -194,14 +205,35 @@ def ltx2_inputs(args, torch, dev):
     return inputs, f"video {f}x{h}x{w} + audio {audio} + text {text}"
 
 
+def flux2_inputs(args, cfg, torch, dev):
+    """FLUX.2's inputs as its pipeline makes them: --text-tokens text tokens (ids (0, 0, 0, l)) and the
+    rest as a square-ish latent grid (ids (0, h, w, 0)); timestep and guidance per batch element."""
+    B, bf16, text = args.batch, torch.bfloat16, args.text_tokens
+    image = args.tokens - text
+    if image <= 0:
+        raise SystemExit("--tokens must exceed --text-tokens")
+    h, w = near_square(image)
+
+    def ids(*extents):
+        return torch.stack(torch.meshgrid(*[torch.arange(float(n)) for n in extents], indexing="ij"), -1).reshape(-1, 4)
+
+    inputs = dict(hidden_states=torch.randn(B, image, cfg["in_channels"], device=dev, dtype=bf16),
+                  encoder_hidden_states=torch.randn(B, text, cfg["joint_attention_dim"], device=dev, dtype=bf16),
+                  timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
+                  img_ids=ids(1, h, w, 1).to(dev), txt_ids=ids(1, 1, 1, text).to(dev), return_dict=False)
+    if cfg["guidance_embeds"]:
+        inputs["guidance"] = torch.full((B,), 4.0, device=dev, dtype=bf16)
+    return inputs, f"text {text} + image {h}x{w}"
+
+
 def build(args, torch, diffusers, device="cuda"):
     """(model, inputs, shape text, config) in bf16 with random weights on `device`; norm weights
     around 1 (not all 1, where norm rounding orders agree by accident)."""
     name, B, blocks = args.model, args.batch, args.blocks
     cfg = dict(CONFIGS[name])
-    if name in ("flux", "hunyuan") and getattr(args, "full_depth", False):
+    if name in FULL_DEPTH and isinstance(FULL_DEPTH[name], tuple) and getattr(args, "full_depth", False):
         cfg.update(num_layers=FULL_DEPTH[name][0], num_single_layers=FULL_DEPTH[name][1])
-    elif name in ("flux", "hunyuan"):
+    elif name in ("flux", "flux2", "flux2_klein", "hunyuan"):
         cfg.update(num_layers=(blocks + 1) // 2, num_single_layers=blocks // 2)
     else:
         cfg.update(num_layers=blocks)
@@ -235,6 +267,8 @@ def build(args, torch, diffusers, device="cuda"):
                           timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
                           img_shapes=[(1, h, w)] * B, return_dict=False)
         shape = f"text {text} + image {h}x{w}"
+    elif name in ("flux2", "flux2_klein"):
+        inputs, shape = flux2_inputs(args, cfg, torch, dev)
     elif name == "ltx2":
         inputs, shape = ltx2_inputs(args, torch, dev)
     else:
