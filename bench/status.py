@@ -226,6 +226,9 @@ def tiny_models(diffusers):
         in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=128, cross_attention_dim=256,
         audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=64,
         audio_cross_attention_dim=128, num_layers=2, caption_channels=32, rope_type="split")
+    yield diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=8, num_layers=2, num_single_layers=2, attention_head_dim=head, num_attention_heads=2,
+        joint_attention_dim=32, timestep_guidance_channels=32, axes_dims_rope=(16, 16, 16, 16))
 
 
 def planned_sites():
