@@ -262,7 +262,7 @@ elif [ "$PHASE" = sanitize ]; then
   done
   if [ -z "${1:-}" ]; then  # the driver's cases, one job per op
     for op in $(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p'); do
-      JOBS+=("build-dev/tests/test_ops|driver/ops.every_case_against_the_reference/${op}_part*|test_ops_$op")
+      JOBS+=("build-dev/tests/test_ops|driver/ops.every_cuda_implementation_against_the_reference/${op}_part*|test_ops_$op")
     done
   fi
   CAP=$((DEADLINE - $(date +%s)))
@@ -315,7 +315,7 @@ elif [ "$PHASE" = ops ]; then
   REGEX=""
   for op in $OPS; do
     camel=$(echo "$op" | sed -E 's/(^|_)([a-z0-9])/\U\2/g')
-    REGEX="$REGEX${REGEX:+|}$camel|every_case_against_the_reference/${op}_part"  # the driver's parts of the op
+    REGEX="$REGEX${REGEX:+|}$camel|ops\.[a-z_]*/${op}_part"  # the driver's tests of the op, both kinds
   done
   echo "== tests matching $REGEX"
   ctest --test-dir build-dev -j 6 -R "$REGEX" --output-on-failure --timeout 600 > "$OUT/ctest.log" 2>&1
