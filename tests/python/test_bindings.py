@@ -169,7 +169,8 @@ def test_explain_chooses_the_reference_for_cpu_arrays():
     # Nothing eligible (the named backend cannot take CPU arrays), and no tier would change that.
     refused = ditops.explain("qknorm_rope", q, k, wq, wk, cache, pos, backend="jit", quality="exact")
     assert refused.chosen is None and refused.quality == "exact" and refused.admitting_quality is None
-    assert "no eligible implementation at quality exact\n" in str(refused)
+    assert "no eligible implementation at any quality: each is refused above for what the call or the device " \
+           "lacks, not for its contract\n" in str(refused)
 
 
 def test_explain_errors():
