@@ -145,7 +145,7 @@ def test_signature_holds_what_a_graph_bakes_in():
     assert key(attention_kwargs={"scale": 1.0}) != key(attention_kwargs=None)
     with torch.inference_mode():
         assert key() != base
-    with pytest.raises(_graphs._Opaque, match="argument callback is a function"):
+    with pytest.raises(_graphs._Opaque, match="argument callback is of type function"):
         key(callback=lambda: None)
     paths = []
     k, tensors = _graphs.signature((x,), dict(kw={"a": [x, 2]}), paths)
@@ -323,7 +323,7 @@ def test_refusals_run_eagerly_with_one_warning(standin, hazard):
             assert torch.equal(out, reference)
     msgs = capture_warnings(caught)
     assert len(msgs) == 1, msgs
-    expected = {"grad": "autograd is recording", "opaque": "argument joint_attention_kwargs['note'] is a object",
+    expected = {"grad": "autograd is recording", "opaque": "argument joint_attention_kwargs['note'] is of type object",
                 "hook": "transformer_blocks.0 has forward hooks",
                 "processor": "transformer_blocks.0.attn.processor is test_diffusers_capture.",
                 "replaced_forward": "single_transformer_blocks.0.forward is replaced"}[hazard]
