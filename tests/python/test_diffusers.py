@@ -930,6 +930,83 @@ def test_wan_float32_chain_mappings(monkeypatch):
         assert site.fused_calls == len(site.places) and not site.fallbacks and not site.reasons, name
 
 
+def tiny_flux_pipeline():
+    """A tiny FLUX.1 pipeline on the CPU: random transformer and VAE, no text encoders or
+    tokenizers (prompt embeddings are passed in)."""
+    pytest.importorskip("transformers", reason="FluxPipeline needs transformers (no text encoder is built)")
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(8, 28, 28))
+    transformer = randomize(transformer).to(torch.bfloat16)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+        latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.0609, scaling_factor=1.5035).to(torch.bfloat16)
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_pipeline_example_with_tiny_components(monkeypatch):
+    """docs/diffusers.md's pipeline example ("A pipeline, end to end") with tiny random components
+    (weights cannot be fetched here), on the CPU (allow_cpu: the ops' CPU reference) and prompt
+    embeddings in place of the text encoders: enable, a warm-up call, a timed call, the report,
+    disable. Every site call that ran an op is within its bound of the model's chain (SiteCalls);
+    the images are the pipeline's own wherever every such call equalled it, and after disable."""
+    import time
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = tiny_flux_pipeline()
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randn(1, 8, 32, generator=gen).bfloat16()
+    pooled = torch.randn(1, 16, generator=gen).bfloat16()
+
+    def generate():
+        return pipe(prompt_embeds=prompt, pooled_prompt_embeds=pooled, height=32, width=32, num_inference_steps=2,
+                    guidance_scale=3.5, output_type="pt", generator=torch.Generator().manual_seed(0)).images
+
+    reference = generate()
+    calls = SiteCalls(monkeypatch)
+    report = dd.enable(pipe, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU: layernorm_modulate's close reference is unfit
+        warm = generate()  # first sight of each signature
+        start = time.perf_counter()
+        image = generate()
+        seconds = time.perf_counter() - start
+    print(f"{seconds:.3f} s\n{report}")
+    assert report.patched and all(p.startswith("transformer.") for s in report.sites for p in s.places)
+    assert report["gated_residual"].fused_calls > 0 and report["qk_norm_rope"].fused_calls > 0
+    calls.check()
+    if calls.all_equal():
+        assert torch.equal(warm, reference) and torch.equal(image, reference)
+    dd.disable(pipe)
+    assert torch.equal(generate(), reference)
+
+
+def test_an_unknown_diffusers_version_refuses_the_sites_not_the_capture(monkeypatch):
+    """Outside the tested range enable and plan change nothing and say so; capture, which reads
+    none of the model's code, still installs (docs/diffusers.md)."""
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+    monkeypatch.setattr(diffusers, "__version__", "0.43.0")
+    for call in (lambda: dd.enable(model, allow_cpu=True), lambda: dd.plan(model)):
+        with pytest.raises(dd.UnsupportedError, match=r"diffusers 0\.43\.0 is outside the tested range "
+                                                      r">=0\.42\.1,<0\.43.*install diffusers>=0\.42\.1,<0\.43"):
+            call()
+    assert dd.enabled(model) is None
+    dd.capture(model)
+    try:
+        assert dd.captured(model) is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # on the CPU it runs eagerly
+            assert torch.equal(run(model, inputs), reference) and torch.equal(run(model, inputs), reference)
+    finally:
+        assert dd.release(model)
+
+
 # ---------------------------------------------------------------- refusals
 
 

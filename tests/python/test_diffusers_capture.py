@@ -28,6 +28,7 @@ if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_
     pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range", allow_module_level=True)
 
 from test_diffusers import TINY, assert_same, randomize, snapshot, tiny_flux  # noqa: E402
+from test_diffusers import tiny_flux_pipeline as tiny_flux_pipeline_cpu  # noqa: E402
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
                                                                        "device machine)")
@@ -613,20 +614,7 @@ def test_gpu_qwen_with_a_text_mask_fails_to_capture_and_runs_eagerly():
 
 
 def tiny_flux_pipeline():
-    pytest.importorskip("transformers", reason="FluxPipeline needs transformers (no text encoder is built)")
-    transformer = diffusers.FluxTransformer2DModel(
-        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
-        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(8, 28, 28))
-    transformer = randomize(transformer).to(torch.bfloat16)
-    vae = diffusers.AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
-        latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
-        shift_factor=0.0609, scaling_factor=1.5035).to(torch.bfloat16)
-    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
-                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe.to("cuda")
+    return tiny_flux_pipeline_cpu().to("cuda")
 
 
 @needs_cuda
