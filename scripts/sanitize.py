@@ -76,9 +76,9 @@ def discover(build: str, tools: list[str], user_filter: str | None) -> list[Job]
             continue
         tests = list_tests(binary)
         if name == "test_ops":
-            # One job per driver test (an op's part): the driver's GPU sweeps, its large cases skipped.
+            # One job per device test of the driver (an op's part): its GPU sweeps, large cases skipped.
             for suite, test in tests:
-                if "every_case" not in test:
+                if "every_cuda_implementation" not in test:
                     continue
                 op = re.sub(r"_part\d+$", "", test.split("/")[-1])
                 weight = 10.0 + DRIVER_WEIGHT.get(op, 1.0)

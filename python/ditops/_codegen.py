@@ -81,19 +81,21 @@ def _present_expr(slot: dict) -> str | None:
 
 def _alloc_call(op: dict, slot: dict, new: str) -> str:
     """An expression allocating `slot` with the function `new(op, name, like, shape, dtype,
-    strided)`; shape is a function (called once `new` knows it can allocate for like's kind)."""
+    strided, like_name)`; shape is a function (called once `new` knows it can allocate for like's
+    kind); like_name names the tensor it is allocated like (a message for a like that is none)."""
     rule, dtype = slot["alloc"], slot["alloc_dtype"]
     dt = repr(TORCH_DTYPES[dtype]) if dtype else "None"
     if rule.startswith("like:"):
         like = rule[5:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, False)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, False, {like!r})"
     if rule.startswith("strided:"):
         like = rule[8:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True, {like!r})"
     shape, like = _shape_expr(rule)
     if slot.get("alloc_format"):  # dense in that tensor's dimension order
-        return f"{new}({op['name']!r}, {slot['name']!r}, {slot['alloc_format']}, lambda: {shape}, {dt}, 'format')"
-    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False)"
+        fmt = slot["alloc_format"]
+        return f"{new}({op['name']!r}, {slot['name']!r}, {fmt}, lambda: {shape}, {dt}, 'format', {fmt!r})"
+    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False, {like!r})"
 
 
 def returned_outputs(op: dict) -> list[dict]:

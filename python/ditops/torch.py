@@ -62,7 +62,7 @@ def _define(schema: str, impl, fake) -> None:
     torch.library.register_fake("ditops::" + name, fake, lib=_LIB)
 
 
-def _new(op, name, like, shape, dtype, strided):
+def _new(op, name, like, shape, dtype, strided, like_name=None):
     dt = like.dtype if dtype is None else getattr(torch, dtype)
     if strided == "format":
         return _ditops._dense_in_order_of(like, shape(), dt)

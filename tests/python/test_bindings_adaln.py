@@ -89,9 +89,15 @@ def test_residual_gate_add_read_only_inputs_and_empty_tensors():
 
 
 def test_residual_gate_add_needs_out_for_other_producers():
-    class Opaque:
+    class Producer:  # a DLPack producer other than torch and numpy: ditops cannot allocate like it
+        def __dlpack__(self, **kwargs):
+            raise NotImplementedError
+    with pytest.raises(ditops.Error, match=r"out was not given .* \(got Producer for residual\); pass out="):
+        ditops.residual_gate_add(Producer(), Producer(), Producer())
+
+    class Opaque:  # not a tensor at all: named as the input it is
         pass
-    with pytest.raises(ditops.Error, match="pass out="):
+    with pytest.raises(ditops.Error, match="residual must be a tensor .* but is Opaque"):
         ditops.residual_gate_add(Opaque(), Opaque(), Opaque())
 
 

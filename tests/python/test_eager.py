@@ -106,13 +106,20 @@ def test_wan_float32_chains_are_diffusers_block_ops(per_token):
 
 
 def test_float32_options_route_to_the_float32_chains():
+    """oracle_outputs for an f32 gate beside bf16 data and for numerics="float32" gives Wan's
+    expressions, written here again (not ditops.eager's functions), and not the 16-bit chains."""
     hidden, attn, (shift, scale, gate, *_) = _wan_inputs(1, 5, 32, False)
     out = eager.oracle_outputs("residual_gate_add", {"residual": hidden, "update": attn, "gate": gate}, {})
     assert out["out"].dtype == torch.bfloat16
-    assert torch.equal(out["out"], eager.residual_gate_add_float32_eager(hidden, attn, gate))
+    wan_residual = (hidden.float() + attn * gate).type_as(hidden)
+    assert torch.equal(out["out"], wan_residual)
+    assert not torch.equal(wan_residual, hidden + attn * gate.bfloat16())  # the inputs tell the chains apart
     x = {"x": hidden, "scale": scale, "shift": shift}
     y = eager.oracle_outputs("norm_scale_shift", x, {"numerics": "float32"})["y"]
-    assert y.dtype == torch.bfloat16 and torch.equal(y, eager.norm_scale_shift_float32_eager(hidden, scale, shift)[0])
+    wan_adaln = (torch.nn.functional.layer_norm(hidden.float(), (32,), eps=1e-6) * (1 + scale) + shift).type_as(hidden)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, wan_adaln)
+    bf16_adaln = torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6) * (1 + scale.bfloat16()) + shift.bfloat16()
+    assert not torch.equal(wan_adaln, bf16_adaln)
     assert eager.oracle_outputs("norm_scale_shift", x, {"numerics": "sglang"}) is None
     # The eager numerics without a scale: F.layer_norm alone.
     y = eager.oracle_outputs("norm_scale_shift", {"x": hidden}, {})["y"]

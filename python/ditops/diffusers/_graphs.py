@@ -101,7 +101,7 @@ def _walk(value, key, tensors, paths, path):
         return
     else:
         what = "a tensor subclass" if isinstance(value, torch.Tensor) else "an object whose state the graph cannot see"
-        raise _Opaque(f"argument {path or '?'} is a {kind.__qualname__} ({what})")
+        raise _Opaque(f"argument {path or '?'} is of type {kind.__qualname__} ({what})")
     if paths is not None:
         paths.append(path)
 
