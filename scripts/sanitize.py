@@ -120,17 +120,33 @@ def read_verdict(job: Job, log: str, rc: int | None) -> None:
 
 
 def kill_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM to the job's process group, SIGKILL after `grace` seconds if it is still there."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+    """SIGTERM to the job's process group; SIGKILL to whatever of it is left `grace` seconds later
+    (the group outlives its leader: the sanitizer may exit on SIGTERM while the test it started
+    does not)."""
+    def alive() -> bool:
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, 0)
+            return True
         except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+            return False
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + grace
+    while time.monotonic() < end:
+        proc.poll()  # reap the leader, so that an empty group reads as gone
+        if not alive():
+            break
+        time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def run(jobs: list[Job], sanitizer: str, out: str, deadline: float, slots: int, min_job_s: float,

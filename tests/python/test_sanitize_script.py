@@ -38,7 +38,8 @@ BINARIES = {
                        ' sleep 0.5; echo "========= ERROR SUMMARY: 0 errors"; exit 0'),
     "test_faulty_gpu": ("FaultyGpu.\n  a\n", 'echo "[       OK ] FaultyGpu.a (1 ms)"; echo "========= ERROR SUMMARY: 2 errors";'
                         " exit 9"),
-    "test_stubborn_gpu": ("StubbornGpu.\n  a\n", "trap '' TERM; while true; do sleep 0.2; done"),
+    "test_stubborn_gpu": ("StubbornGpu.\n  a\n", "trap '' TERM; echo $$ > \"$FAKE_MARKS/../stubborn.pid\"; "
+                          "while true; do sleep 0.2; done"),
     "test_cpu_only": ("CpuSuite.\n  a\n", "exit 0"),  # no Gpu suite: no job
     "test_mixed": ("CpuSuite.\n  a\nMixedGpu.\n  b\n",
                    'echo "$@" | grep -q "MixedGpu" && echo "[       OK ] MixedGpu.b (1 ms)";'
@@ -87,6 +88,10 @@ def test_deadline_holds_with_a_job_that_ignores_sigterm(tmp_path):
     assert verdicts[("memcheck", "test_mixed")]["clean"]  # only its Gpu suite ran
     assert ("memcheck", "test_cpu_only") not in verdicts
     assert "1 of 4 jobs clean" not in proc.stdout and "2 of 4 jobs clean" in proc.stdout
+    # The stubborn test itself is gone, not only the sanitizer that started it (it ignores SIGTERM
+    # and outlives its parent: the SIGKILL goes to the whole process group).
+    pid = int((tmp_path / "stubborn.pid").read_text())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
 
 
 def test_no_more_jobs_at_once_than_slots_and_unstarted_jobs_say_so(tmp_path):
