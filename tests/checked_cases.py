@@ -110,8 +110,12 @@ BESPOKE = {
             ("causal_conv3d_cat_pad", 2, "shape, memory format"),
         "CausalConv3dCatPadBindings.GenericCallAndCAbiAgreeWithCatThenPad":
             ("causal_conv3d_cat_pad", 4, "generic call, C ABI, C ABI without cache, C ABI error"),
-        "CausalConv3dCatPadGpu.BothIndexWidthsOnAGridThatLoops":
-            ("causal_conv3d_cat_pad", 2, "2 direct launches"),
+        "CausalConv3dCatPadJit.RowModelPicksTheKernel":
+            ("causal_conv3d_cat_pad", 5, "aligned kernel: 5 calls; derived fields; index width"),
+        "CausalConv3dCatPadJit.FastDivision64EqualsIntegerDivisionBelowTwoToThe63":
+            ("causal_conv3d_cat_pad", 1, "a sweep, counted once"),
+        "CausalConv3dCatPadGpu.BothKernelsAndIndexWidthsOnGridsThatLoop":
+            ("causal_conv3d_cat_pad", 8, "2 kernels x 2 index widths x 2 grids, direct launches"),
     },
     "test_fp8_linear.cpp": {
         "Fp8LinearMatching.AWeightOnAnotherDeviceIsRefusedBeforeAnythingIsWritten":
