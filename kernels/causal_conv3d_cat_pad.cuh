@@ -160,17 +160,14 @@ __device__ __forceinline__ Word<16> zero_word() {
   return v;
 }
 
-// 16 read-only bytes at p where `load`, else zeros, as one predicated load into registers the asm
-// zeroed first: a load into a temporary and a select would wait for the data at the select,
-// before the next load of the step is issued.
+// 16 zero bytes in global memory: a lane with no granule to load reads these (an L1 hit), so a
+// step's loads need no predicates. A predicated load merged with zeros gets a copy after it that
+// waits for the data before the step's next load is issued (ptxas, sm_90a).
+static __device__ Word<16> ccp_zero_granule;
+
+// The granule at p where `load`, else ccp_zero_granule's zeros.
 __device__ __forceinline__ Word<16> load_or_zero(const void* p, bool load) {
-  Word<16> v;
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n mov.b32 %0, 0;\n mov.b32 %1, 0;\n mov.b32 %2, 0;\n"
-      " mov.b32 %3, 0;\n @p ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n}"
-      : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-      : "l"(p), "r"(static_cast<int>(load)));
-  return v;
+  return load_word<16, true>(load ? p : static_cast<const void*>(&ccp_zero_granule));
 }
 
 // Bytes [s, s + 16) of the 32 bytes lo | hi (s < 16, a multiple of kBytes): words selected by
