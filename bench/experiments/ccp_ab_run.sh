@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# causal_conv3d_cat_pad (issue 46) in one device call, about 4 minutes on an H200:
+#
+#   OUT=DIR bash bench/experiments/ccp_ab_run.sh BASE_TREE
+#
+# builds this tree (the library, the op's test binary and the op test driver; no AOT kernels, no
+# Python module) and BASE_TREE's library (a whole earlier tree, e.g. `git archive` of the commit
+# before the window kernels unpacked into .base/NAME and carried: its host code differs) side by
+# side; runs the op's tests (its GPU test, the driver's cases of the op: ctest); then
+# bench/causal_conv3d_cat_pad_torch.py with BASE_TREE's library as "ditops:base" beside this
+# tree's, eager, torch.compile and a device copy at every case of the grid, each case checked with
+# torch.equal for both builds first, timed cold graph only over 2 buffer sets
+# (DITOPS_BENCH_METHODS, DITOPS_BENCH_COLD_SETS: the 54 cases in the time of one call).
+# Writes to OUT (default ./device-out): summary.txt (phases, ctest and bench verdicts, the
+# acceptance table), torch_causal_conv3d_cat_pad.json (records) and its _checks.json (torch.equal
+# per case and build), logs.tar.gz (build, ctest, bench output).
+set -uo pipefail
+T0=$(date +%s)
+BASE=$(cd "${1:?usage: bench/experiments/ccp_ab_run.sh BASE_TREE}" && pwd)
+OUT=${OUT:-$(pwd)/device-out}
+mkdir -p "$OUT"
+LOGS=$(mktemp -d)
+export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-ccp-cache} PYTHONUNBUFFERED=1
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+finish() { tar -C "$LOGS" -czf "$OUT/logs.tar.gz" . ; say "== total $(( $(date +%s) - T0 )) s"; }
+trap finish EXIT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
+say "commit $COMMIT, base $BASE"
+JOBS=${JOBS:-12}  # this tree's build; the base's gets half
+FLAGS="-G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD_PYTHON=OFF -DDITOPS_BUILD_BENCH=OFF"
+( cmake -S "$BASE" -B /tmp/ccp-base $FLAGS -DDITOPS_BUILD_TESTS=OFF && cmake --build /tmp/ccp-base -j $(( (JOBS + 1) / 2 )) --target ditops ) \
+  > "$LOGS/build_base.log" 2>&1 &
+BASE_PID=$!
+( cmake -S . -B build-ccp $FLAGS -DDITOPS_BUILD_TESTS=ON &&
+    cmake --build build-ccp -j $JOBS --target ditops test_causal_conv3d_cat_pad test_ops ) > "$LOGS/build.log" 2>&1 ||
+  { say "BUILD FAILED"; grep -E -A5 "error" "$LOGS/build.log" | head -40 | tee -a "$OUT/summary.txt"; exit 1; }
+wait $BASE_PID || { say "BASE BUILD FAILED"; grep -E -A5 "error" "$LOGS/build_base.log" | head -40 | tee -a "$OUT/summary.txt"; exit 1; }
+say "== built in $(( $(date +%s) - T0 )) s"
+
+# The op's GPU test and its driver cases (the four parts of the op in parallel).
+timeout 240 ctest --test-dir build-ccp -j 4 --output-on-failure --timeout 230 \
+  -R 'CausalConv3dCatPad|every_case_against_the_reference/causal_conv3d_cat_pad_part' > "$LOGS/ctest.log" 2>&1
+say "ctest rc=$? ($(grep -E 'tests passed' "$LOGS/ctest.log" | tail -1)) at $(( $(date +%s) - T0 )) s"
+grep -E "Failed|\*\*\*Exception|Timeout|differ|written" "$LOGS/ctest.log" | head -20 | tee -a "$OUT/summary.txt"
+
+# torch.equal and the timings, this tree's kernels against the base's.
+DITOPS_BENCH_METHODS=${DITOPS_BENCH_METHODS:-cold_graph} DITOPS_BENCH_COLD_SETS=${DITOPS_BENCH_COLD_SETS:-2} \
+  timeout 400 python3 bench/causal_conv3d_cat_pad_torch.py --lib build-ccp/libditops.so \
+  --lib-base /tmp/ccp-base/libditops.so --commit "$COMMIT" --json "$OUT/torch_causal_conv3d_cat_pad.json" \
+  > "$LOGS/torch.txt" 2>&1
+say "bench rc=$? at $(( $(date +%s) - T0 )) s"
+grep -E "^(verification|graph replay|bench cases|VERIFY|MISMATCH)" "$LOGS/torch.txt" | head -20 | tee -a "$OUT/summary.txt"
+sed -n '/^acceptance/,/^ACCEPTANCE/p' "$LOGS/torch.txt" | tee -a "$OUT/summary.txt"
