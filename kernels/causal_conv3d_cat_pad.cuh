@@ -100,10 +100,27 @@ inline bool ccp_aligned(const CausalConv3dCatPadParams& p) {
          p.run_bytes % 16 == 0;
 }
 
-// Windows per lane and step: the general kernel holds three granules per window in registers
-// (its own, the one past it, the next lane's), the aligned one a single one.
-constexpr int kCcpUnrollGeneral = 2;
-constexpr int kCcpUnrollAligned = 4;
+// Windows per lane and step, all their loads issued before the first store: the general kernel
+// holds two granules per window in registers (63 registers at 2, the cap of 4 resident blocks of
+// 256 threads), the aligned one a single one (48 at 4: 5 blocks). Measurement: PLACEHOLDER
+// (bench/experiments/ccp_tune.cu on the H200, docs/causal_conv3d_cat_pad.md).
+#ifndef DITOPS_CCP_UNROLL_GENERAL
+#define DITOPS_CCP_UNROLL_GENERAL 2  // bench/experiments/ccp_tune.cu builds other values
+#endif
+#ifndef DITOPS_CCP_UNROLL_ALIGNED
+#define DITOPS_CCP_UNROLL_ALIGNED 4
+#endif
+constexpr int kCcpUnrollGeneral = DITOPS_CCP_UNROLL_GENERAL;
+constexpr int kCcpUnrollAligned = DITOPS_CCP_UNROLL_ALIGNED;
+
+// Which steps a warp takes: 0, one contiguous range (its frame pair changes about once per
+// frame); 1, the steps of its block's turn in a grid-stride walk (the grid's warps on
+// neighbouring memory at a time, a frame pair per step where frames are shorter than the walk's
+// stride). Measurement: PLACEHOLDER (bench/experiments/ccp_tune.cu).
+#ifndef DITOPS_CCP_STEP_ORDER
+#define DITOPS_CCP_STEP_ORDER 0
+#endif
+constexpr int kCcpStepOrder = DITOPS_CCP_STEP_ORDER;
 
 }  // namespace ditops
 
@@ -466,8 +483,7 @@ __device__ __forceinline__ void aligned_step(const CausalConv3dCatPadParams& p, 
 
 // The kernel body: kBytes the element size (2 or 4; the op copies bits), kAligned for
 // ccp_aligned calls, kIndex64 for outs of kCcpIndex32Bytes or more. Any grid of whole warps:
-// each warp takes a contiguous range of steps (kUnroll x 32 windows each), so the frame pair it
-// holds changes about once per frame.
+// each warp takes steps of kUnroll x 32 windows in kCcpStepOrder's order.
 template <int kBytes, bool kAligned, bool kPdl, bool kIndex64>
 __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
   using namespace ccp_detail;
@@ -478,15 +494,23 @@ __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
   const I warp = static_cast<I>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   const I warps = static_cast<I>((gridDim.x * blockDim.x) >> 5);
   const I steps = static_cast<I>((p.windows + kStep - 1) / kStep);
-  const I per_warp = (steps + warps - 1) / warps;  // once per thread
-  const I begin = warp * per_warp, end = begin + per_warp < steps ? begin + per_warp : steps;
+  I begin, end, stride = 1;
+  if constexpr (kCcpStepOrder == 0) {
+    const I per_warp = (steps + warps - 1) / warps;  // once per thread
+    begin = warp * per_warp;
+    end = begin + per_warp < steps ? begin + per_warp : steps;
+  } else {
+    begin = warp;
+    end = steps;
+    stride = warps;
+  }
   // out rounded down to 16 bytes: window w is out16 + 16 w.
   unsigned char* const out16 = static_cast<unsigned char*>(p.out) - p.out_phase;
   const I rows_out = static_cast<I>(p.rows_out);
   FramePair<kIndex64> fp;
   bool held = false;
   if constexpr (kPdl) pdl_wait();  // out may still be read, and x / cache written, by the grid before
-  for (I step = begin; step < end; ++step) {
+  for (I step = begin; step < end; step += stride) {
     const I first = step * kStep;
     const I q0 = 16 * first - p.out_phase;
     const I r0 = quotient<kIndex64>(q0 > 0 ? q0 : 0, p.row_bytes_div, p.row_bytes_div64);

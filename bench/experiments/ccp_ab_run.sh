@@ -10,10 +10,13 @@
 # bench/causal_conv3d_cat_pad_torch.py with BASE_TREE's library as "ditops:base" beside this
 # tree's, eager, torch.compile and a device copy at every case of the grid, each case checked with
 # torch.equal for both builds first, timed cold graph only over 2 buffer sets
-# (DITOPS_BENCH_METHODS, DITOPS_BENCH_COLD_SETS: the 54 cases in the time of one call).
+# (DITOPS_BENCH_METHODS, DITOPS_BENCH_COLD_SETS: the 54 cases in the time of one call); then,
+# unless CCP_TUNE=0 (about 30 s less), the knobs of bench/experiments/ccp_tune.cu (run_tune.sh ccp:
+# windows per lane and step, step order, resident blocks, the grid), built beside the library.
 # Writes to OUT (default ./device-out): summary.txt (phases, ctest and bench verdicts, the
 # acceptance table), torch_causal_conv3d_cat_pad.json (records) and its _checks.json (torch.equal
-# per case and build), logs.tar.gz (build, ctest, bench output).
+# per case and build), tune.txt (ccp_tune's table per build), logs.tar.gz (build, ctest, bench
+# output).
 set -uo pipefail
 T0=$(date +%s)
 BASE=$(cd "${1:?usage: bench/experiments/ccp_ab_run.sh BASE_TREE}" && pwd)
@@ -32,6 +35,15 @@ FLAGS="-G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD
 ( cmake -S "$BASE" -B /tmp/ccp-base $FLAGS -DDITOPS_BUILD_TESTS=OFF && cmake --build /tmp/ccp-base -j $(( (JOBS + 1) / 2 )) --target ditops ) \
   > "$LOGS/build_base.log" 2>&1 &
 BASE_PID=$!
+TUNE_PID=
+if [ "${CCP_TUNE:-1}" = 1 ]; then  # its four nvcc builds, beside the libraries'
+  ( cd bench/experiments && for v in "u2o0 2 4 0 4" "u2o1 2 4 1 4" "u1o0 1 2 0 5" "u1o1 1 2 1 5"; do
+      set -- $v
+      nvcc -O3 -std=c++17 -arch=sm_90a -I../../kernels -I. -DDITOPS_CCP_UNROLL_GENERAL=$2 -DDITOPS_CCP_UNROLL_ALIGNED=$3 \
+        -DDITOPS_CCP_STEP_ORDER=$4 -DCCP_TUNE_MIN_BLOCKS_GENERAL=$5 ccp_tune.cu -o /tmp/ccp_tune_$1 &
+    done; wait ) > "$LOGS/build_tune.log" 2>&1 &
+  TUNE_PID=$!
+fi
 ( cmake -S . -B build-ccp $FLAGS -DDITOPS_BUILD_TESTS=ON &&
     cmake --build build-ccp -j $JOBS --target ditops test_causal_conv3d_cat_pad test_ops ) > "$LOGS/build.log" 2>&1 ||
   { say "BUILD FAILED"; grep -E -A5 "error" "$LOGS/build.log" | head -40 | tee -a "$OUT/summary.txt"; exit 1; }
@@ -52,3 +64,10 @@ DITOPS_BENCH_METHODS=${DITOPS_BENCH_METHODS:-cold_graph} DITOPS_BENCH_COLD_SETS=
 say "bench rc=$? at $(( $(date +%s) - T0 )) s"
 grep -E "^(verification|graph replay|bench cases|VERIFY|MISMATCH)" "$LOGS/torch.txt" | head -20 | tee -a "$OUT/summary.txt"
 sed -n '/^acceptance/,/^ACCEPTANCE/p' "$LOGS/torch.txt" | tee -a "$OUT/summary.txt"
+
+if [ -n "$TUNE_PID" ]; then
+  wait $TUNE_PID
+  : > "$OUT/tune.txt"
+  for v in u2o0 u2o1 u1o0 u1o1; do [ -x /tmp/ccp_tune_$v ] && timeout 60 /tmp/ccp_tune_$v >> "$OUT/tune.txt" 2>&1; done
+  say "tune at $(( $(date +%s) - T0 )) s ($(grep -c '^variant' "$OUT/tune.txt") builds; bytes differing: $(awk '$NF ~ /^[0-9]+$/ && $NF != 0' "$OUT/tune.txt" | wc -l) rows nonzero)"
+fi
