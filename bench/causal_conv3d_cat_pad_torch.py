@@ -239,9 +239,10 @@ def run_bench(dt, rows, meta, base=None):
             equal = torch.equal(out.view(it), want.view(it))
             if not equal:
                 print("MISMATCH", label, impl, name, int((out.view(it) != want.view(it)).sum()), flush=True)
-            rows.append(dict(kind="verify", impl=f"{label} ({impl})", case=name, shape=list(shape), cache_frames=ct,
-                             padding=list(padding), dtype=str(dtype), channels_last=cl, storage_offset=0,
-                             torch_equal=equal))
+            # impl: the implementation that ran for this build; another build's is kept apart ("base:").
+            rows.append(dict(kind="verify", impl=impl if label == "ditops:jit" else f"base:{impl}", build=label, case=name,
+                             shape=list(shape), cache_frames=ct, padding=list(padding), dtype=str(dtype),
+                             channels_last=cl, storage_offset=0, torch_equal=equal))
         want = None
         pdls = (True, False) if with_nopdl else (True,)
         impls = [copy_impl(sets, lambda s: s[3], lambda s: s[4]),
