@@ -270,7 +270,7 @@ def run_bench(dt, rows, meta, base=None):
     checked = [r for r in rows if r.get("kind") == "verify" and "case" in r]
     print(f"bench cases: {sum(r['torch_equal'] for r in checked)}/{len(checked)} (case, build) pairs torch.equal "
           "(integer views) to eager")
-    rows.append(dict(kind="acceptance", passed=acceptance(summary)))
+    acceptance(summary)  # printed only: a measurement, not a check of the records
 
 
 def main():
