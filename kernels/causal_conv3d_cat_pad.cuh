@@ -25,7 +25,8 @@
 // (word selects and a funnel shift in registers) and masked to the row's run. Granule g + 16 of a
 // window is granule g of the next lane's window, handed over by a shuffle; a lane loads it itself
 // only where the next lane has not (row ends, the step's last lane). So each source granule is
-// read from memory about once and zero rows read nothing. What this straight path does not
+// read from memory about once and zero rows read nothing. A window finds its source from the two
+// frames its warp holds (one multiply-add; FramePair). What this straight path does not
 // cover (rows under 16 bytes, out's first and last window when out is off 16 bytes, a row B
 // whose source lies elsewhere) takes a per-window path that loads its own granules and stores
 // the bytes of out it holds, element by element at out's two ends.

@@ -27,7 +27,8 @@ using ditops::CausalConv3dCatPadParams;
 #endif
 
 template <int kBytes, bool kAligned>
-__global__ void __launch_bounds__(256, kAligned ? 5 : CCP_TUNE_MIN_BLOCKS_GENERAL) ccp_variant(const __grid_constant__ CausalConv3dCatPadParams p) {
+__global__ void __launch_bounds__(256, kAligned ? 5 : CCP_TUNE_MIN_BLOCKS_GENERAL)
+    ccp_variant(const __grid_constant__ CausalConv3dCatPadParams p) {
   ditops::causal_conv3d_cat_pad<kBytes, kAligned, false, false>(p);
 }
 

@@ -76,7 +76,9 @@ std::string run(const Case& c, bool index64, unsigned grid, unsigned block, std:
   std::vector<unsigned char> xs((nx + 64) * es + 64), cs((nc + 64) * es + 64), os((no + 64) * es + 64, 0xA5);
   for (auto& v : xs) v = static_cast<unsigned char>(rng());
   for (auto& v : cs) v = static_cast<unsigned char>(rng());
-  auto on16 = [](std::vector<unsigned char>& v) { return v.data() + (16 - (reinterpret_cast<uintptr_t>(v.data()) & 15)) % 16 + 16; };
+  auto on16 = [](std::vector<unsigned char>& v) {
+    return v.data() + (16 - (reinterpret_cast<uintptr_t>(v.data()) & 15)) % 16 + 16;
+  };
   unsigned char* x = on16(xs) + c.offset * es;
   unsigned char* cache = on16(cs) + c.offset * es;
   unsigned char* out = on16(os) + c.offset * es;
