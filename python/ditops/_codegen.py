@@ -62,20 +62,26 @@ def _shape_expr(rule: str) -> tuple[str, str]:
     return "(" + expr + ",)", names[0]
 
 
-def _present_expr(slot: dict) -> str | None:
+def _present_expr(op: dict, slot: dict) -> str | None:
     """When an output is produced, as a Python expression of the call's arguments; None for
-    outputs only a caller can ask for."""
+    outputs only a caller can ask for. A rule's name is a tensor (given: not None) or a boolean
+    option (given: true), as the C++ output_present reads it."""
     rule = slot["present"]
+    options = {o["name"] for o in op["options"]}
+
+    def given(n):
+        return f"bool({n})" if n in options else f"{n} is not None"
+
     if rule == "always":
         return "True"
     if rule == "caller":
         return None
     if rule.startswith("given:"):
-        return "(" + " or ".join(f"{n} is not None" for n in rule[6:].split(",")) + ")"
+        return "(" + " or ".join(given(n) for n in rule[6:].split(",")) + ")"
     m = re.fullmatch(r"flag:(\w+);absent:([\w,]+)", rule)
     if m:
         flag, absent = m.group(1), m.group(2).split(",")
-        return f"({flag} if {flag} is not None else (" + " and ".join(f"{n} is None" for n in absent) + "))"
+        return f"({flag} if {flag} is not None else not (" + " or ".join(given(n) for n in absent) + "))"
     raise ValueError(f"ditops: output {slot['name']}: unknown presence rule {rule!r}")
 
 
@@ -169,7 +175,7 @@ def python_source(ops: list[dict]) -> str:
             if t["role"] == "inout":
                 body.append(f"_check_writable({name!r}, {t['name']!r}, {t['name']})")
             elif t["role"] == "out":
-                present = _present_expr(t)
+                present = _present_expr(op, t)
                 body.append(f"if {t['name']} is not None:")
                 body.append(f"    _check_writable({name!r}, {t['name']!r}, {t['name']})")
                 if present is not None:
@@ -249,9 +255,10 @@ def torch_source(ops: list[dict]) -> str:
         kw += [o["name"] + "=" + _default_literal(o) for o in op["options"]] + ["backend=None", "quality=None"]
         sig = ", ".join(params + ["*"] + kw)
         outs = returned_outputs(op)
-        alloc = []
+        # outputs a presence rule names before they are allocated (none is passed here) read as absent
+        alloc = [" = ".join([t["name"] for t in outs] + ["None"])] if outs else []
         for t in outs:
-            alloc.append(f"{t['name']} = {_alloc_call(op, t, '_new')} if {_present_expr(t)} else None")
+            alloc.append(f"{t['name']} = {_alloc_call(op, t, '_new')} if {_present_expr(op, t)} else None")
         alloc_src = "\n    ".join(alloc) if alloc else "pass"
         passed = [t["name"] if t["role"] != "out" or t["present"] != "caller" else "None" for t in op["tensors"]]
         call_args = ", ".join(passed + [o["name"] for o in op["options"]] + ["backend", "quality"])
