@@ -166,6 +166,8 @@ BESPOKE = {
         "NssMatching.Float32ChainTakesFloat32OperandsAndOptionalModulation":
             ("norm_scale_shift", 3, "classification, runs, numerics=eager refuses"),
         "NssJit.HardwareE2m1KeyIsRefusedOnSm90": ("norm_scale_shift", 1, "refused key"),
+        "NssMatching.Fp8RowwiseNeedsBothOutputsAndHasAnImplementationOfItsOwn":
+            ("norm_scale_shift", 5, "2 halves of a pair refused, a run, the key and its argument, 2 dispatch choices"),
     },
     "test_norm_scale_shift_gpu.cpp": {
         "NormScaleShiftGpu.Nvfp4BytesFollowTheDevicesOwnY":

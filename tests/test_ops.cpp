@@ -9,6 +9,8 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <regex>
 #include <set>
 
 #include "op_test_driver.h"
@@ -42,6 +44,16 @@ void PrintTo(const OpPart& p, std::ostream* os) { *os << p.op << " part " << p.p
 
 class ops : public ::testing::TestWithParam<OpPart> {};
 
+// DITOPS_OPS_CASES=<regex>: only the cases whose name it finds, in both tests (one feature's cases
+// on a device); unset: every case.
+bool selected(const OpCase& c) {
+  static const std::optional<std::regex> only = [] {
+    const char* pattern = std::getenv("DITOPS_OPS_CASES");
+    return pattern ? std::optional<std::regex>(std::regex(pattern)) : std::nullopt;
+  }();
+  return !only || std::regex_search(c.name, *only);
+}
+
 // Large cases are model-sized calls the reference alone would take long on: they run where a
 // device compares them (the device test checks their reference there).
 TEST_P(ops, reference_against_the_oracles) {
@@ -52,7 +64,7 @@ TEST_P(ops, reference_against_the_oracles) {
   Summary summary;
   int skipped = 0;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % kOpParts) != part) continue;
+    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
     if (all[i].large) {
       ++skipped;
       continue;
@@ -75,7 +87,7 @@ TEST_P(ops, every_cuda_implementation_against_the_reference) {
   // reference would take the run's time).
   const bool skip_large = std::getenv("DITOPS_OPS_SKIP_LARGE") != nullptr;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % kOpParts) != part) continue;
+    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
     const OpCase& c = all[i];
     if (c.large && skip_large) {
       ++skipped;

@@ -124,3 +124,26 @@ def test_float32_options_route_to_the_float32_chains():
     # The eager numerics without a scale: F.layer_norm alone.
     y = eager.oracle_outputs("norm_scale_shift", {"x": hidden}, {})["y"]
     assert torch.equal(y, torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6))
+
+
+@pytest.mark.parametrize("numerics", ["eager", "float32"])
+def test_norm_scale_shift_rowwise_oracle_is_the_chain_then_the_recipe(numerics):
+    """The fp8_rowwise output's oracle: the numerics' chain (its y in x's dtype: Wan's adaLN line for
+    float32), then fp8_rowwise_eager; y only where the call has it."""
+    hidden, _, (shift, scale, *_) = _wan_inputs(2, 5, 32, False)
+    if numerics == "eager":
+        scale, shift = scale.to(hidden.dtype), shift.to(hidden.dtype)
+    x = {"x": hidden, "scale": scale, "shift": shift, "fp8_rowwise": None, "fp8_scale": None}
+    out = eager.oracle_outputs("norm_scale_shift", x, {"numerics": numerics})
+    assert set(out) == {"fp8_rowwise", "fp8_scale"}
+    if numerics == "float32":
+        y = (torch.nn.functional.layer_norm(hidden.float(), (32,), eps=1e-6) * (1 + scale) + shift).type_as(hidden)
+    else:
+        y = torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6) * (1 + scale) + shift
+    q, s = eager.fp8_rowwise_eager(y)
+    assert torch.equal(out["fp8_rowwise"].view(torch.uint8), q.view(torch.uint8)) and torch.equal(out["fp8_scale"], s)
+    chain = eager.norm_scale_shift_fp8_rowwise_eager(hidden, scale, shift, numerics=numerics)
+    assert torch.equal(chain[0].view(torch.uint8), q.view(torch.uint8)) and torch.equal(chain[1], s)
+    assert torch.equal(chain[2], y)
+    with_y = eager.oracle_outputs("norm_scale_shift", {**x, "y": None}, {"numerics": numerics})
+    assert torch.equal(with_y["y"], y)
