@@ -127,6 +127,8 @@ def script_main(make_ditops, checks, run_bench):
     # DITOPS_BENCH_SKIP_CHECKS=1: timing only (A/B runs; the checks ran on the same kernels elsewhere)
     import os
     skip_checks = os.environ.get("DITOPS_BENCH_SKIP_CHECKS") == "1"
+    chosen = _selection("DITOPS_BENCH_CHECKS")  # a regex over the checks' labels (unset: every check)
+    checks = [(label, check) for label, check in checks if chosen is None or chosen.search(label)]
     results = [] if skip_checks else [(label, bool(check(dt, rows, meta))) for label, check in checks]
     if not a.skip_bench:
         run_bench(dt, rows, meta)
@@ -304,7 +306,8 @@ def copy_kernel(src, dst):
 def _selection(name):
     """A regular expression from the environment (None when unset): DITOPS_BENCH_CASES selects the
     benchmark cases by label, DITOPS_BENCH_IMPLS the implementations (the device copy is always
-    timed). For A/B runs of a few cases (scripts/device_run.sh ab); records of a selection are
+    timed), DITOPS_BENCH_CHECKS a script's checks by label. For A/B runs of a few cases
+    (scripts/device_run.sh ab); records of a selection are
     still complete records of what was measured."""
     import os
     import re
