@@ -263,7 +263,7 @@ def test_enable_swaps_every_block_linear_and_equals_the_plain_chain(tiny):
         if site.name.startswith("fp8_quant"):
             # A producer ran only where its first sight was bit-equal to the chain; on the CPU the
             # references are close, so the exact tier leaves the chain there (unfit), never disabled.
-            assert site.op in ("fp8_rowwise_quant", "layernorm_modulate_fp8_rowwise")
+            assert site.op in ("fp8_rowwise_quant", "layernorm_modulate_fp8_rowwise", "norm_scale_shift")
             assert "disabled" not in site.states.values(), site.reasons
 
 
@@ -395,6 +395,13 @@ class SimulatedProducers:
         q, s = self._out(y)
         return q, s
 
+    def norm_scale_shift(self, x, scale, shift, *, numerics, rowwise_fp8, eps=1e-6, norm="layer", quality=None):
+        # Wan's adaLN into FP8 linears: the float32 chain, y in x's dtype, then the recipe (y not returned)
+        assert numerics == "float32" and rowwise_fp8 and norm == "layer"
+        y = (torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + scale) + shift).type_as(x)
+        empty = x.new_empty(0)
+        return (empty,) * 5 + self._out(y)
+
 
 def simulate_producers(monkeypatch, perturb):
     ops = SimulatedProducers(perturb)
@@ -403,7 +410,7 @@ def simulate_producers(monkeypatch, perturb):
     real_explain, real_contract = ditops.explain, _sites._contract
 
     def explain(op, *args, **kwargs):
-        if op in ("fp8_rowwise_quant", "layernorm_modulate_fp8_rowwise"):
+        if op in ("fp8_rowwise_quant", "layernorm_modulate_fp8_rowwise") or kwargs.get("rowwise_fp8"):
             return types.SimpleNamespace(chosen=f"{op}.simulated", candidates=[])
         return real_explain(op, *args, **kwargs)
     monkeypatch.setattr(ditops, "explain", explain)

@@ -13,9 +13,9 @@ FP8 directly, the mappings below make it a Rowwise pair once and pass the pair o
   * Qwen-Image: the four modulations -> the image / text q, k, v and the two MLPs;
   * HunyuanVideo: the double blocks as FLUX.1's; the single blocks' cat -> proj_out (their norm
     output is sliced and re-joined by the attention processor: each linear quantizes it);
-  * Wan: norm1 -> attn1's q, k, v and norm3 -> ffn, quantized once after the model's float32
-    chain ("fp8_quant (adaLN output)"; a norm_scale_shift with an FP8 output takes that place
-    once the op table lists it);
+  * Wan: norm1 -> attn1's q, k, v and norm3 -> ffn: the float32 adaLN chain quantized per token in
+    the same pass ("fp8_quant (adaLN)": norm_scale_shift(numerics="float32", rowwise_fp8=True), its
+    bf16 y never written; where that does not fit, the adaLN site's value then the recipe);
   * LTX-2: the FeedForwards and each linear's own quantization.
 
 A pair goes only where every consumer is an Fp8Linear and the attention runs a processor whose
@@ -250,9 +250,9 @@ def wan(ctx) -> None:
             continue
         image, _ = _projections(block.attn1)
         if ctx.fp8(*image) and ctx.takes_pair(block.ffn):
-            pair = pair or ctx.quantized_after(adaln)
+            pair = pair or ctx.mapped_fp8(adaln, model_code.fp8_adaln_mapping())
             ctx.patch_forward(path, block, model_code.block_forward(pair, norm2, residual))
-            pair.quant.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("norm1", "norm3")]
+            pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("norm1", "norm3")]
 
 
 MAPPINGS = {

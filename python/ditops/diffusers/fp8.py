@@ -51,7 +51,7 @@ import ditops
 from ditops import Error
 
 from . import _sites
-from ._sites import LayerNormModulateSite, Site
+from ._sites import LayerNormModulateSite, MappedSite, Mapping, Site
 
 # The custom ops the producer sites call (a module attribute: tests substitute a namespace).
 ops = torch.ops.ditops
@@ -376,20 +376,35 @@ class LayerNormModulateFp8Site(Fp8QuantSite):
         return self._produce(why, sig, x.device, op_call, chain, explain)
 
 
-class QuantizedAfter:
-    """A mapped site (Wan's adaLN: MappedSite(chain, *tensors)) whose bf16 output is quantized by
-    `quant` (a RowwiseQuantSite): called as the site is, returns the Rowwise pair. Where the op
-    table gains a norm_scale_shift with an FP8 output, that producer takes this place."""
+class MappedFp8Site(Fp8QuantSite):
+    """A mapped site (Wan's adaLN: MappedSite(chain, *tensors)) whose 16-bit output feeds FP8
+    linears only, as a Rowwise pair: `mapping`'s op call with the per-token e4m3 output
+    (norm_scale_shift(..., rowwise_fp8=True): y never written) where this build lists it, else the
+    chain: the bf16 site's value (its own op or the model's code, equal to the model's chain) then
+    fp8_rowwise_eager. Called as the bf16 site is, so the model's block forward takes it in its
+    place."""
 
-    def __init__(self, site, quant: RowwiseQuantSite):
-        self.site, self.quant = site, quant
-
-    @property
-    def op(self):
-        return self.site.op
+    def __init__(self, name: str, bf16: MappedSite, mapping: Mapping, *, producers: bool):
+        why = mapping.why if producers else "producers off (Fp8Config(producers=False)): the chain runs"
+        super().__init__(name, op=None if why else mapping.op, chain=f"fp8_rowwise_eager({bf16.name}: {bf16.chain})",
+                         why=why, options=mapping.options)
+        self.bf16, self.mapping = bf16, mapping
 
     def __call__(self, chain, *tensors) -> Rowwise:
-        return self.quant(self.site(chain, *tensors))
+        m = self.mapping
+        why = m.fit(*tensors) if self.active else ""
+        sig = None if why or not self.active else m.signature(*tensors)
+
+        def op_call():
+            c = m.call(*tensors)
+            return c.output(getattr(ops, c.op)(*c.args, quality=self.quality, **c.kwargs))
+
+        def explain():
+            c = m.call(*tensors)
+            return ditops.explain(c.op, *c.args, quality=self.quality, **c.kwargs)
+
+        return self._produce(why, sig, tensors[0].device, op_call,
+                             lambda: fp8_rowwise_eager(self.bf16(chain, *tensors)), explain)
 
 
 # ---------------------------------------------------------------- what enable changes
@@ -525,7 +540,7 @@ class Context:
         self.gelu = RowwiseQuantSite("fp8_quant (gelu ff)", act="gelu_tanh", producers=producers)
         self.cat_gelu = CatGeluQuantSite("fp8_quant (cat attn + gelu mlp)", producers=producers)
         self._adaln = None
-        self._after = None
+        self._mapped = None
         for site in (self.linear_input, self.gelu, self.cat_gelu):
             plan.add_site(site)
 
@@ -539,12 +554,13 @@ class Context:
                                                                       producers=self.config.producers))
         return self._adaln
 
-    def quantized_after(self, site) -> QuantizedAfter:
-        """site's bf16 output quantized once for all its consumers (one site object per model)."""
-        if self._after is None:
-            quant = RowwiseQuantSite("fp8_quant (adaLN output)", act="none", producers=self.config.producers)
-            self._after = self.plan.add_site(quant)
-        return QuantizedAfter(site, self._after)
+    def mapped_fp8(self, bf16: MappedSite, mapping: Mapping) -> MappedFp8Site:
+        """bf16's output as a Rowwise pair for all its consumers (one site object per model):
+        mapping's op with its FP8 output, or the chain."""
+        if self._mapped is None:
+            self._mapped = self.plan.add_site(MappedFp8Site("fp8_quant (adaLN)", bf16, mapping,
+                                                            producers=self.config.producers))
+        return self._mapped
 
     def fp8(self, *modules) -> bool:
         """Every module is an nn.Linear that becomes FP8 (a consumer of a Rowwise pair)."""

@@ -28,6 +28,8 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
                                                            _get_added_kv_projections, _get_qkv_projections)
 
+import ditops
+
 from ._patching import Plan
 from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
 from . import _common
@@ -122,6 +124,36 @@ ADALN_FLOAT32 = Mapping(
     call=lambda x, norm, scale, shift: OpCall("norm_scale_shift", (x, scale, shift),
                                               dict(norm="layer", eps=float(norm.eps), numerics="float32"),
                                               lambda out: out[0]))
+
+
+def _output_index(op: str, name: str) -> int:
+    """Where the torch op returns output `name` (its schema's outputs: every non-caller output)."""
+    entry = next(e for e in ditops.op_table() if e["name"] == op)
+    return [t["name"] for t in entry["tensors"] if t["role"] == "out" and t["present"] != "caller"].index(name)
+
+
+def _fp8_adaln_call(x, norm, scale, shift):
+    q, s = _output_index("norm_scale_shift", "fp8_rowwise"), _output_index("norm_scale_shift", "fp8_scale")
+    return OpCall("norm_scale_shift", (x, scale, shift),
+                  dict(norm="layer", eps=float(norm.eps), numerics="float32", rowwise_fp8=True),
+                  lambda out: (out[q], out[s]))
+
+
+# The adaLN site into FP8 linears (issue 43, ditops.diffusers.fp8): norm_scale_shift(numerics="float32",
+# rowwise_fp8=True) gives the per-token e4m3 of the chain's bf16 y and its scales in one pass, y never
+# written; the same fit and signature as ADALN_FLOAT32.
+ADALN_FLOAT32_FP8 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32", "rowwise_fp8": True},
+    fit=ADALN_FLOAT32.fit, signature=ADALN_FLOAT32.signature, call=_fp8_adaln_call)
+
+
+def fp8_adaln_mapping() -> Mapping:
+    """ADALN_FLOAT32_FP8 where this build's norm_scale_shift has the float32 chain and the fp8_rowwise
+    output, else why not (the chain runs: the same numbers)."""
+    if _float32_numerics() and op_tensor_dtypes("norm_scale_shift", "fp8_rowwise"):
+        return ADALN_FLOAT32_FP8
+    return Mapping(why="this build's norm_scale_shift has no fp8_rowwise output with numerics=float32 (the chain "
+                       "runs: the same numbers)")
 
 
 def norm2_chain(x, norm):
