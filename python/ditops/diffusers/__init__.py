@@ -317,10 +317,10 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
     enable, disable, capture and release may be called from several threads (one at a time
     changes models); an enabled model may be called from several threads (docs/diffusers.md)."""
     with _graphs.INSTALL_LOCK:
-        return _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs)
+        return _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs, fp8)
 
 
-def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs) -> Report:
+def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs, fp8) -> Report:
     if cuda_graph:
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
