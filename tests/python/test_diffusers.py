@@ -371,8 +371,10 @@ def _modulation_bound(b, args, kwargs):
 
 # The bound each op's CPU reference keeps to the model's chain on the CPU, whatever its contract's
 # oracle (eager PyTorch on CUDA, or the documented order).
+# joint_qknorm_rope: qknorm_rope's per-head routine on the joint rows (its v a copy, well inside).
 CONTRACT_BOUNDS = {"residual_gate_add": _equal_bound, "qknorm_rope": _qk_bound, "cross_head_qknorm_rope": _qk_bound,
-                   "layernorm_modulate": _modulation_bound, "norm_scale_shift": _modulation_bound}
+                   "joint_qknorm_rope": _qk_bound, "layernorm_modulate": _modulation_bound,
+                   "norm_scale_shift": _modulation_bound}
 
 
 # ---------------------------------------------------------------- plan and report
