@@ -15,6 +15,13 @@
    norm_order="aten_mean") at LTX-2's video and audio shapes, row counts below 16 (aten's wider
    reduction), scale / shift per batch and per token as chunks of [B, S, n, D], fp16, fp32 x,
    behind a gated residual.
+   fp8_rowwise (issue 43: the per-token dynamic e4m3 of y, Wan's and LTX-2's FP8 producer): the e4m3
+   bytes and fp32 scales (a NaN scale equal to a NaN), y and residual_out where written, torch.equal
+   against eager.norm_scale_shift_fp8_rowwise_eager (the numerics' chain, then fp8_rowwise_eager):
+   Wan's float32 norm1 / norm3 at 14B and 1.3B (32760 tokens, batch 2, TI2V per token), behind the
+   cross-attention and the gated residual, LTX-2's mean order (video 6144 x 4096, audio, rows below
+   16, behind a gated residual), the eager LayerNorm / RMSNorm rows, f16, with and without y, zero
+   rows; torch.compile's chain against eager (printed); a captured call replayed on new inputs.
 2. Benchmark: device copy, ditops (jit; eager and sglang numerics), eager and torch.compile on the
    model shapes, each timed cold (triton.testing.do_bench; ditops as a one-kernel CUDA graph, the
    ctypes call costs tens of us of host time), rotated (buffer sets over 3x the L2 captured
@@ -341,6 +348,7 @@ def run_bench(dt, rows, meta):
         torch.cuda.empty_cache()
     run_bench_float32(dt, rows, meta, gen)
     run_bench_mean(dt, rows, meta, gen)
+    run_bench_rowwise(dt, rows, meta, gen)
 
 
 # LTX-2's block norms (norm_order=aten_mean): video and audio rows, modulation per batch.
@@ -419,10 +427,173 @@ def run_bench_float32(dt, rows, meta, gen):
         torch.cuda.empty_cache()
 
 
+# ---------------------------------------------------------------- the fp8_rowwise output (issue 43)
+
+rowwise_chain = _eager.norm_scale_shift_fp8_rowwise_eager  # (q, s, y, v)
+# The chains of the benchmark calls (Wan's norm1, LTX-2's block norm), by kind.
+ROWWISE_CHAINS = {"float32": dict(numerics="float32", eps=1e-6),
+                  "mean": dict(norm="rms", eps=1e-6, norm_order="aten_mean")}
+
+
+def rowwise_pair(x, scale, shift, kind):
+    """(e4m3, scales) of a benchmark call's chain: what the compiled baseline computes."""
+    return rowwise_chain(x, scale, shift, **ROWWISE_CHAINS[kind])[:2]
+
+
+compiled_rowwise_pair = torch.compile(rowwise_pair, dynamic=False)  # compiled at its first call, per shape
+
+
+def rowwise_outputs(x):
+    B, S, _ = x.shape
+    return dict(fp8_rowwise=torch.empty_like(x, dtype=torch.float8_e4m3fn),
+                fp8_scale=torch.full((B, S, 1), 7.0, device=x.device, dtype=torch.float32))
+
+
+def same_pair(q, s, wq, ws):
+    """e4m3 bytes equal and fp32 scales equal bit for bit (a NaN scale equal to a NaN)."""
+    nan = torch.isnan(s) & torch.isnan(ws)
+    return torch.equal(q.view(torch.uint8), wq.view(torch.uint8)) and torch.equal(
+        torch.where(nan, 0, s.view(torch.int32)), torch.where(nan, 0, ws.view(torch.int32)))
+
+
+def rowwise_call(kind, B, S, D, gen, dtype=torch.bfloat16, amp=1.0, site="norm1", per_token=False, with_y=False):
+    """One fp8_rowwise call: (ditops keyword tensors, ditops options, the chain's arguments). kind
+    "float32": a Wan site (wan_tensors); "mean": an LTX-2 block norm (mean_order_tensors, a gated
+    residual for site "residual"); "layer" / "rms": the eager rows, scale / shift chunks of [B, 6 D]."""
+    if kind == "float32":
+        t, chain = wan_tensors(B, S, D, site, per_token, gen, dtype, amp)
+        args = (t["x"], chain.pop("scale", None), chain.pop("shift", None))
+        chain.update(numerics="float32", eps=1e-6)
+        opts = dict(numerics="float32")
+    elif kind == "mean":
+        t = mean_order_tensors(B, S, D, per_token, gen, dtype, amp, residual=site == "residual")
+        args = (t["x"], t["scale"], t["shift"])
+        chain = dict(norm="rms", eps=1e-6, norm_order="aten_mean", residual=t.get("residual"), gate=t.get("gate"))
+        opts = dict(norm="rms", norm_order="aten_mean")
+    else:
+        x = (torch.randn(B, S, D, device="cuda", generator=gen) * amp + 0.25 * amp).to(dtype)
+        mod = (torch.randn(B, 6 * D, device="cuda", generator=gen) * 0.3).to(dtype)
+        weight = (torch.randn(D, device="cuda", generator=gen) * 0.2 + 1).to(dtype) if kind == "rms" else None
+        t = dict(x=x, scale=mod[:, D:2 * D], shift=mod[:, 2 * D:3 * D] if site != "zero" else None, weight=weight,
+                 y=torch.empty_like(x))
+        if site == "zero":  # 1 + scale = 0: every y a signed zero, the scale 1 (the zero-row rule)
+            t["scale"].fill_(-1.0)
+        args = (x, t["scale"], t["shift"])
+        chain = dict(norm=kind, eps=1e-6, weight=weight)
+        opts = dict(norm=kind)
+    t = {k: v for k, v in t.items() if v is not None}
+    if not with_y:
+        t.pop("y", None)
+    t.update(rowwise_outputs(t["x"]))
+    return t, opts, args, chain
+
+
+def verify_rowwise(dt, rows, meta):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    calls = []
+    for i, (B, S, D, per_token) in enumerate([(1, 32760, 5120, False), (2, 32760, 5120, False), (1, 32760, 1536, False),
+                                              (1, 4096, 3072, True), (2, 65, 5120, False), (2, 33, 1536, False),
+                                              (3, 5, 68, True)]):
+        for site in ("norm1", "norm3_residual", "norm2_gated") if i in (0, 4, 6) else ("norm1",):
+            calls.append(("float32", B, S, D, dict(site=site, per_token=per_token, with_y=i % 2 == 1,
+                                                   amp=(1e-3, 1.0, 30.0)[i % 3],
+                                                   dtype=torch.float16 if i == 5 else torch.bfloat16)))
+    for i, (B, S, D, per_token) in enumerate([(1, 6144, 4096, False), (1, 6144, 4096, True), (1, 24576, 4096, False),
+                                              (1, 1024, 2048, False), (1, 3, 2048, True), (1, 9, 128, False),
+                                              (2, 33, 5120, True)]):
+        for site in ("plain", "residual") if i in (0, 3) else ("plain",):
+            calls.append(("mean", B, S, D, dict(site=site, per_token=per_token, with_y=i % 2 == 0,
+                                                amp=(1.0, 1e-3, 30.0)[i % 3],
+                                                dtype=torch.float16 if i == 6 else torch.bfloat16)))
+    for kind, B, S, D, kw in [("layer", 1, 4608, 3072, {}), ("rms", 2, 65, 3072, dict(with_y=True)),
+                              ("layer", 3, 33, 2240, dict(dtype=torch.float16, amp=100.0)),
+                              ("layer", 2, 9, 3072, dict(site="zero", with_y=True))]:
+        calls.append((kind, B, S, D, kw))
+    summary = dict(cases=0, equal=0)
+    for kind, B, S, D, kw in calls:
+        t, opts, args, chain = rowwise_call(kind, B, S, D, gen, **kw)
+        q, s, y, v = rowwise_chain(*args, **chain)
+        impl = dt.run(**opts, eps=1e-6, **t)
+        torch.cuda.synchronize()
+        ok = same_pair(t["fp8_rowwise"], t["fp8_scale"], q, s)
+        ok = ok and ("y" not in t or torch.equal(t["y"], y))
+        ok = ok and ("residual_out" not in t or torch.equal(t["residual_out"], v))
+        summary["cases"] += 1
+        summary["equal"] += int(ok)
+        case = dict(kind=kind, B=B, S=S, D=D,
+                    **{k: v if isinstance(v, (bool, float)) else str(v) for k, v in kw.items()})
+        rows.append(dict(kind="verify", op="norm_scale_shift", impl=impl, case=case, output="fp8_rowwise",
+                         oracle="norm_scale_shift_fp8_rowwise_eager", torch_equal=ok))
+        if not ok:
+            bad = int((t["fp8_rowwise"].view(torch.uint8) != q.view(torch.uint8)).sum().item())
+            print("MISMATCH fp8_rowwise", impl, case, f"{bad} bytes", int((t["fp8_scale"] != s).sum().item()),
+                  "scales", flush=True)
+        t = args = chain = q = s = y = v = None
+    print(f"verification of fp8_rowwise vs the chain then fp8_rowwise_eager: {summary['equal']}/{summary['cases']} "
+          "cases torch.equal")
+    # torch.compile's chain against eager (printed, recorded: the bench times it as the compiled baseline).
+    allow_recompiles()
+    t, opts, args, chain = rowwise_call("float32", 1, 32760, 5120, gen)
+    equal = same_pair(*compiled_rowwise_pair(*args, "float32"), *rowwise_pair(*args, "float32"))
+    print(f"torch.compile of the Wan 14B fp8_rowwise chain equals eager: {equal}")
+    rows.append(dict(kind="compile_vs_eager", op="norm_scale_shift", output="fp8_rowwise", torch_equal=equal))
+    # A captured call replayed on new inputs.
+    dt.run(**opts, eps=1e-6, **t)
+    graph = graph_of(lambda st: dt.run(**opts, eps=1e-6, stream=st, **t))
+    replays = []
+    for trial in range(3):
+        t2, _, args2, _ = rowwise_call("float32", 1, 32760, 5120, gen, amp=1.0 + trial)
+        for name in ("x", "scale", "shift"):
+            t[name].copy_(t2[name])
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(same_pair(t["fp8_rowwise"], t["fp8_scale"], *rowwise_chain(*args, **chain)[:2]))
+    print("fp8_rowwise graph replays equal:", replays)
+    rows.append(dict(kind="graph", op="norm_scale_shift", output="fp8_rowwise", replays_equal=replays,
+                     torch_equal=all(replays)))
+    return summary["equal"] == summary["cases"] and all(replays)
+
+
+# Wan 14B's norm1 (numerics=float32) and LTX-2's video block norm (aten_mean) with the fp8_rowwise
+# output and no y: x read, e4m3 and 4 bytes of scale a row written, the modulation rows
+# (f32 for Wan, bf16 for LTX-2) read once.
+ROWWISE_CASES = [("Wan 14B 1x32760x5120 float32 norm1 fp8_rowwise", "float32", 1, 32760, 5120),
+                 ("LTX-2 video 1x6144x4096 rms aten_mean fp8_rowwise", "mean", 1, 6144, 4096)]
+
+
+def run_bench_rowwise(dt, rows, meta, gen):
+    allow_recompiles()
+    for label, kind, B, S, D in ROWWISE_CASES:
+        if not case_selected(label):
+            continue
+        n = B * S * D
+        nbytes = 3 * n + 4 * B * S + (8 if kind == "float32" else 4) * B * D
+        sets = []
+        for _ in range(rotation_count(nbytes)):
+            t, opts, args, chain = rowwise_call(kind, B, S, D, gen)
+            t["src"], t["dst"] = copy_buffers(nbytes)
+            sets.append((t, args))
+        ditops_args = lambda t: {k: v for k, v in t.items() if k not in ("src", "dst")}  # noqa: E731
+        t0, a0 = sets[0]
+        dt.run(**opts, eps=1e-6, **ditops_args(t0))
+        g = graph_of(lambda st: dt.run(**opts, eps=1e-6, stream=st, **ditops_args(t0)))
+        impls = [copy_impl([t for t, _ in sets], lambda t: t["src"], lambda t: t["dst"]),
+                 ("ditops:jit", g.replay, [lambda t=t: dt.run(**opts, eps=1e-6, **ditops_args(t)) for t, _ in sets]),
+                 ("torch_eager", lambda: rowwise_pair(*a0, kind),
+                  [lambda a=a: rowwise_pair(*a, kind) for _, a in sets]),
+                 ("torch_compile", lambda: compiled_rowwise_pair(*a0, kind),
+                  [lambda a=a: compiled_rowwise_pair(*a, kind) for _, a in sets])]
+        report(measure(impls), rows, meta, "norm_scale_shift", label, shape_str((B, S, D)), nbytes, 44)
+        sets = t0 = a0 = impls = g = None
+        torch.cuda.empty_cache()
+
+
 def main():
     return script_main(Ditops, [("VERIFY", lambda dt, rows, meta: verify(dt, rows)),
                                 ("VERIFY_FLOAT32", lambda dt, rows, meta: verify_float32(dt, rows)),
-                                ("VERIFY_MEAN", lambda dt, rows, meta: verify_mean(dt, rows))], run_bench)
+                                ("VERIFY_MEAN", lambda dt, rows, meta: verify_mean(dt, rows)),
+                                ("VERIFY_FP8_ROWWISE", verify_rowwise)], run_bench)
 
 
 if __name__ == "__main__":

@@ -58,6 +58,25 @@ def ulp_diff(a, b):
 # ---------------------------------------------------------------- verification
 
 
+def float64_bound_check(out, x, w, cache, pos, R, neox, eps, full_width):
+    """rounding=fp32 is close: every element within the contract's float64 bound, the driver's
+    (tests/cases/qknorm_rope_cases.cpp qk_float64): |out - want| <= 3u m + 2u |want| + 1e-5 m +
+    floor, want the chain in float64, m = |n c| + |n' s| (n the normalized row, n' its partner)."""
+    D = x.shape[-1]
+    n = torch.nn.functional.rms_norm(x.double(), (D,), w.double(), eps)
+    cos, sin = full_cos_sin(cache.double(), pos, R, neox, full_width)
+    want = rope_eager(n, cos, sin, R, neox, True)
+    nr = n[..., :R]
+    partner = torch.cat([nr[..., R // 2:], nr[..., : R // 2]], -1) if neox else \
+        nr.unflatten(-1, (R // 2, 2)).flip(-1).flatten(-2)
+    m = n.abs().clone()
+    m[..., :R] = nr.abs() * cos[:, None, :].abs() + partner.abs() * sin[:, None, :].abs()
+    u = 2.0 ** -11 if x.dtype == torch.float16 else 2.0 ** -8
+    floor = 3 * 2.0 ** -24 if x.dtype == torch.float16 else 1e-30
+    bound = 3 * u * m + 2 * u * want.abs() + 1e-5 * m + floor
+    return bool(((out.double() - want).abs() <= bound).all())
+
+
 def make_inputs(T, Hq, Hk, D, R, cache_dtype, pos_dtype, dtype, packed, full_width, gen, amp=1.0):
     dev = "cuda"
     if packed:  # q and k as views of one packed QKV projection [T, (Hq + 2 Hk) * D]
@@ -150,6 +169,13 @@ def verify(dt, out_rows):
                 row = dict(kind="verify", impl=impl, rounding=rounding,
                            case={kk2: (str(v2) if not isinstance(v2, (int, bool)) else v2) for kk2, v2 in c.items()},
                            torch_equal=exact, differ_fraction=differ / n, max_ulp=ulps, max_abs=max_abs)
+                if rounding == "fp32":  # close: its own oracle and bound, not the rounded chain's bytes
+                    row["within_bound"] = (
+                        float64_bound_check(qq, q, wq, cache, pos, c["R"], c["neox"], eps, c["full_width"])
+                        and float64_bound_check(kk, k, wk, cache, pos, c["R"], c["neox"], eps, c["full_width"]))
+                    s["out_of_bound"] = s.get("out_of_bound", 0) + (not row["within_bound"])
+                    if not row["within_bound"]:
+                        print("OUT OF BOUND", impl, row["case"], flush=True)
                 out_rows.append(row)
                 if rounding == "rounded" and not exact:
                     print("MISMATCH", impl, row["case"], f"differ {differ}/{n} max_ulp {ulps}", flush=True)
@@ -160,6 +186,9 @@ def verify(dt, out_rows):
     for (rounding, backend), s in sorted(summary.items()):
         print(f"{rounding:9s} {backend:8s} {s['cases']:6d} {s['exact']:6d} {100 * s['differ'] / max(s['elems'], 1):9.4f} {s['max_ulp']:8d} {s['max_abs']:9.2e}")
         if rounding == "rounded" and s["exact"] != s["cases"]:
+            ok = False
+        if s.get("out_of_bound"):
+            print(f"{rounding} {backend}: {s['out_of_bound']} cases outside the float64 bound")
             ok = False
     return ok, summary
 

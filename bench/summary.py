@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """One screen per GPU run: per op, the tests that passed and failed, the torch.equal cases and the
-fastest implementation at one model shape with its fraction of the roof.
+fastest implementation at the op's largest benchmarked shape with its fraction of the roof.
 
   python3 bench/summary.py OUT_DIR [--ops OP,OP,...]
 
@@ -8,10 +8,13 @@ Reads what `scripts/device_run.sh verify` writes to OUT_DIR (each optional; a mi
 "-"):
   ctest.log              ctest's output: one line per test, "Passed" / "***Failed" / ...
   pytest.xml             pytest's JUnit XML (python_pytest, PYTEST_ADDOPTS=--junitxml=...)
-  torch/*_checks.json    the check records of bench/<op>_torch.py: `torch_equal` per case, other
-                         booleans (graph replays, streams, run-to-run) as further checks
-  bench_cpp.json         `ditops bench` records (bench/results/README.md): per op the first case
-                         (a model shape), the fastest implementation there (rotated_graph where
+  torch/*_checks.json    the check records of bench/<op>_torch.py: `torch_equal` per case of a
+                         bit_exact implementation, `within_bound` per case of a close one (its
+                         float64 bound), other booleans (graph replays, streams, run-to-run) as
+                         further checks
+  kernels.json           ditops.list_kernels(): each implementation's contract (bit_exact, close)
+  bench_cpp.json         `ditops bench` records (bench/results/README.md): per op the case
+                         with the most bytes, the fastest implementation there (rotated_graph where
                          timed, else cold_l2) and its read_roof_fraction, else copy_fraction
 Tests are given to an op by name: the op's name without underscores inside the test's (CamelCase
 suites, pytest ids), or an abbreviation the tests use (Nss, rga, ln_mod, qk_head); the rest are
@@ -84,33 +87,53 @@ def slowest(results, n=4):
     return ", ".join(f"{name} {secs:.1f} s" for name, _, _, secs in top)
 
 
-def check_results(folder):
-    """{op: [equal, total, checks_passed, checks_total]} from bench/<op>_torch.py check records."""
+def load_contracts(out_dir):
+    """{implementation: "bit_exact" | "close"} from OUT_DIR/kernels.json (ditops.list_kernels(),
+    written by the verify run), or {} when it is missing."""
+    path = os.path.join(out_dir, "kernels.json")
+    if not os.path.exists(path):
+        return {}
+    return {k["name"]: k.get("contract", "") for k in json.load(open(path))}
+
+
+def check_results(folder, contracts=None):
+    """{op: [exact_equal, exact_total, close_within, close_total, checks_passed, checks_total]} from
+    bench/<op>_torch.py check records. Each contract is counted with its own oracle: a record with
+    `within_bound` is a close check (the implementation's float64 bound); a `torch_equal` record of
+    an implementation whose contract is close (kernels.json) counts as close and passes only with
+    `within_bound`; the other `torch_equal` records are bit_exact checks."""
+    contracts = contracts or {}
     out = {}
     for path in sorted(glob.glob(os.path.join(folder, "*_checks.json"))):
         default_op = re.sub(r"^(verify|torch)_", "", os.path.basename(path)[: -len("_checks.json")])
         for r in json.load(open(path)):
             op = r.get("op") or default_op
-            row = out.setdefault(op, [0, 0, 0, 0])
-            if "torch_equal" in r:
+            row = out.setdefault(op, [0, 0, 0, 0, 0, 0])
+            close = "within_bound" in r or contracts.get(r.get("impl", "")) == "close"
+            if close and ("torch_equal" in r or "within_bound" in r):
+                row[2] += bool(r.get("within_bound", False))
+                row[3] += 1
+            elif "torch_equal" in r:
                 row[0] += bool(r["torch_equal"])
                 row[1] += 1
             else:
                 for key, value in r.items():
                     if isinstance(value, bool):
-                        row[2] += value
-                        row[3] += 1
+                        row[4] += value
+                        row[5] += 1
     return out
 
 
 def fastest(records):
-    """{op: (case, shape, impl, method, us, fraction, roof)} at each op's first case."""
+    """{op: (case, shape, impl, method, us, fraction, roof)} at each op's largest case (the most
+    bytes: past the 60 MB L2 where the model has such a shape, so the fraction is DRAM's)."""
     out = {}
-    first_case = {}
+    largest = {}
     for r in records:
         if r.get("method") in ("cold_l2", "rotated_graph") and r.get("bytes"):
-            first_case.setdefault(r["op"], r["case"])
-    for op, case in first_case.items():
+            if r["bytes"] > largest.get(r["op"], ("", 0))[1]:
+                largest[r["op"]] = (r["case"], r["bytes"])
+    for op, (case, _) in largest.items():
         rows = [r for r in records if r["op"] == op and r["case"] == case and r["impl"] not in ("device_copy", "read_roof")
                 and r.get("method") in ("cold_l2", "rotated_graph")]
         rotated = [r for r in rows if r["method"] == "rotated_graph"]
@@ -130,7 +153,7 @@ def summarize(out_dir, ops=None):
     """The summary as text."""
     ctest = ctest_results(os.path.join(out_dir, "ctest.log"))
     pytest = pytest_results(os.path.join(out_dir, "pytest.xml"))
-    checks = check_results(os.path.join(out_dir, "torch"))
+    checks = check_results(os.path.join(out_dir, "torch"), load_contracts(out_dir))
     bench_path = os.path.join(out_dir, "bench_cpp.json")
     records = json.load(open(bench_path)) if os.path.exists(bench_path) else []
     best = fastest(records)
@@ -150,13 +173,13 @@ def summarize(out_dir, ops=None):
     def count(pair):
         return f"{pair[0]}/{pair[1]}" if pair[1] else "-"
 
-    lines = [f"{'op':22s} {'tests ok/fail':>13s} {'torch.equal':>11s} {'checks':>6s}  "
-             "fastest at its first model shape: us, roof fraction"]
+    lines = [f"{'op':22s} {'tests ok/fail':>13s} {'exact eq':>8s} {'close ok':>8s} {'checks':>6s}  "
+             "fastest at its largest shape: us, roof fraction"]
     for op in list(ops) + ["(other)"]:
         t = tests[op]
         if op == "(other)" and not any(t):
             continue
-        c = checks.get(op, [0, 0, 0, 0])
+        c = checks.get(op, [0, 0, 0, 0, 0, 0])
         if op in best:
             case, _, impl, method, us, fraction, roof = best[op]
             frac = f"{fraction:.2f} {roof.split()[0]}" if fraction else f"no {roof} timed"
@@ -165,7 +188,7 @@ def summarize(out_dir, ops=None):
         else:
             fast = "-"
         tests_text = f"{t[0]}/{t[1]}" if ctest is not None or pytest is not None else "-"
-        lines.append(f"{op:22s} {tests_text:>13s} {count(c[:2]):>11s} {count(c[2:]):>6s}  {fast}")
+        lines.append(f"{op:22s} {tests_text:>13s} {count(c[0:2]):>8s} {count(c[2:4]):>8s} {count(c[4:6]):>6s}  {fast}")
     sources = [name for name, found in (("ctest.log", ctest is not None), ("pytest.xml", pytest is not None),
                                         ("torch checks", bool(checks)), ("bench_cpp.json", bool(records))) if not found]
     if sources:

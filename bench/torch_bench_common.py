@@ -127,6 +127,8 @@ def script_main(make_ditops, checks, run_bench):
     # DITOPS_BENCH_SKIP_CHECKS=1: timing only (A/B runs; the checks ran on the same kernels elsewhere)
     import os
     skip_checks = os.environ.get("DITOPS_BENCH_SKIP_CHECKS") == "1"
+    chosen = _selection("DITOPS_BENCH_CHECKS")  # a regex over the checks' labels (unset: every check)
+    checks = [(label, check) for label, check in checks if chosen is None or chosen.search(label)]
     results = [] if skip_checks else [(label, bool(check(dt, rows, meta))) for label, check in checks]
     if not a.skip_bench:
         run_bench(dt, rows, meta)
@@ -304,7 +306,8 @@ def copy_kernel(src, dst):
 def _selection(name):
     """A regular expression from the environment (None when unset): DITOPS_BENCH_CASES selects the
     benchmark cases by label, DITOPS_BENCH_IMPLS the implementations (the device copy is always
-    timed). For A/B runs of a few cases (scripts/device_run.sh ab); records of a selection are
+    timed), DITOPS_BENCH_CHECKS a script's checks by label. For A/B runs of a few cases
+    (scripts/device_run.sh ab); records of a selection are
     still complete records of what was measured."""
     import os
     import re
@@ -318,19 +321,40 @@ def case_selected(label):
     return pattern is None or bool(pattern.search(label))
 
 
+METHODS = ("cold_l2", "rotated_graph", "cold_graph")
+
+
+def selected_methods():
+    """The timing methods DITOPS_BENCH_METHODS names (comma-separated, e.g. "cold_graph": a grid too
+    large for one device call timed one way); unset: all three."""
+    import os
+    value = os.environ.get("DITOPS_BENCH_METHODS")
+    if not value:
+        return METHODS
+    chosen = tuple(m for m in METHODS if m in value.split(","))
+    if not chosen:
+        raise ValueError(f"DITOPS_BENCH_METHODS={value!r} names none of {METHODS}")
+    return chosen
+
+
 def measure(impls):
     """{label: (cold_us, rotated_us, cold_graph_us)} for impls = [(label, cold_fn, rotated_fns)]:
     cold_fn timed by median_us (cache cleared before each call), rotated_fns (one call per buffer
-    set) by rotated_graph_us, and the first four of them each alone in a graph by cold_graph_us. An
-    implementation that raises is reported and left out; so is one that DITOPS_BENCH_IMPLS does
-    not select."""
+    set) by rotated_graph_us, and the first four of them (DITOPS_BENCH_COLD_SETS) each alone in a
+    graph by cold_graph_us; a method DITOPS_BENCH_METHODS leaves out is None. An implementation that
+    raises is reported and left out; so is one that DITOPS_BENCH_IMPLS does not select."""
     measured = {}
     pattern = _selection("DITOPS_BENCH_IMPLS")
+    methods = selected_methods()
+    import os
+    cold_sets = int(os.environ.get("DITOPS_BENCH_COLD_SETS", "4"))  # fewer: a quicker, noisier screening run
     for label, cold_fn, rotated_fns in impls:
         if pattern is not None and label != "device_copy" and not pattern.search(label):
             continue
         try:
-            measured[label] = (median_us(cold_fn), rotated_graph_us(rotated_fns), cold_graph_us(rotated_fns))
+            measured[label] = (median_us(cold_fn) if "cold_l2" in methods else None,
+                               rotated_graph_us(rotated_fns) if "rotated_graph" in methods else None,
+                               cold_graph_us(rotated_fns, sets=cold_sets) if "cold_graph" in methods else None)
         except Exception as e:  # noqa: BLE001 (report and go on)
             print(f"  {label} failed: {repr(e)[:200]}", flush=True)
     return measured
@@ -345,17 +369,25 @@ def report(measured, rows, meta, op, case, shape, nbytes, width=34):
         print(f"{case}: no device copy measured; records left out")
         return
     copy_cold, copy_rot, copy_graph = measured["device_copy"]
+
+    def us(t, width_):
+        return f"{t:{width_}.2f}" if t is not None else f"{'-':>{width_}s}"
+
+    def pct(copy_t, t):
+        return f"{100 * copy_t / t:5.1f}%" if t is not None else f"{'-':>6s}"
+
     for label, (cold, rot, graph) in measured.items():
-        print(f"{case:{width}s} {label:24s} {cold:9.2f} {100 * copy_cold / cold:5.1f}% {rot:10.2f} "
-              f"{nbytes / (rot * 1e-6) / 1e9:7.1f} {100 * copy_rot / rot:5.1f}% {graph:9.2f} {100 * copy_graph / graph:5.1f}%",
-              flush=True)
-        for method, us, copy_us in (("cold_l2", cold, copy_cold), ("rotated_graph", rot, copy_rot),
-                                    ("cold_graph", graph, copy_graph)):
-            record(rows, meta, op, case, shape, label, method, us, nbytes, copy_us)
+        gbs = f"{nbytes / (rot * 1e-6) / 1e9:7.1f}" if rot is not None else f"{'-':>7s}"
+        print(f"{case:{width}s} {label:24s} {us(cold, 9)} {pct(copy_cold, cold)} {us(rot, 10)} {gbs} {pct(copy_rot, rot)} "
+              f"{us(graph, 9)} {pct(copy_graph, graph)}", flush=True)
+        for method, t, copy_us in (("cold_l2", cold, copy_cold), ("rotated_graph", rot, copy_rot),
+                                   ("cold_graph", graph, copy_graph)):
+            if t is not None:
+                record(rows, meta, op, case, shape, label, method, t, nbytes, copy_us)
     if "torch_compile" in measured and "ditops:jit" in measured:
-        print(f"{case:{width}s} torch.compile / ditops (rotated): "
-              f"{measured['torch_compile'][1] / measured['ditops:jit'][1]:.3f} (cold graph): "
-              f"{measured['torch_compile'][2] / measured['ditops:jit'][2]:.3f}", flush=True)
+        ratios = [f"({name}): {measured['torch_compile'][i] / measured['ditops:jit'][i]:.3f}"
+                  for i, name in ((1, "rotated"), (2, "cold graph")) if measured["ditops:jit"][i] is not None]
+        print(f"{case:{width}s} torch.compile / ditops {' '.join(ratios)}", flush=True)
 
 
 def report_header(width=34):

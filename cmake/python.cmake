@@ -38,12 +38,17 @@ else()
   set(DITOPS_PYTHON_MODULE ${DITOPS_BUILD_PYTHON})
 endif()
 if(NOT DITOPS_PYTHON_MODULE)
-  if(Python3_Interpreter_FOUND)
-    message(STATUS "ditops: Python module not built (${Python3_EXECUTABLE} cannot import tvm_ffi: "
-                   "pip install apache-tvm-ffi, or -DPython3_EXECUTABLE=<a python that can>)")
+  # tests/CMakeLists.txt registers python_pytest as a skipped test with this reason, so ctest's
+  # closing list names it too.
+  if(DITOPS_BUILD_PYTHON STREQUAL "OFF")
+    set(DITOPS_PYTHON_WHY "DITOPS_BUILD_PYTHON=OFF")
+  elseif(Python3_Interpreter_FOUND)
+    set(DITOPS_PYTHON_WHY "${Python3_EXECUTABLE} cannot import tvm_ffi: pip install apache-tvm-ffi numpy pytest "
+                          "(torch and diffusers for their tests), or -DPython3_EXECUTABLE=<a python that can>")
   else()
-    message(STATUS "ditops: Python module not built (no Python 3 interpreter found)")
+    set(DITOPS_PYTHON_WHY "no Python 3 interpreter found")
   endif()
+  message(STATUS "ditops: Python module not built (${DITOPS_PYTHON_WHY})")
   return()
 endif()
 if(NOT DITOPS_TVM_FFI_FOUND)

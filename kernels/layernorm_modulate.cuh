@@ -12,6 +12,10 @@
 //   false: eager `1.0 / input_scale`) or div.full.f32 (kDivFull: SGLang's Triton quantizer).
 //   satfinite == the eager clamp(-448, 448) before an RNE conversion: every finite value at or
 //   beyond ±448 ends at ±448 either way, NaN stays NaN (its sign is not specified).
+// * fp8_rowwise (kRowwise): the row's bf16 out values stay in registers, their amax is reduced over
+//   the row's threads and each becomes e4m3(out / s) with s the row's scale, by the rowwise recipe of
+//   common/fp8_rowwise.cuh (torchao's float8 dynamic rowwise, eager's operations): bit_exact against
+//   fp8_rowwise_eager(the eager chain's bf16 result).
 // * qk-head: y = bf16(rstd * (x - mean)) per head of Dh <= 128 channels, stats of
 //   aten_head_stats_warp (virtual warp 0 only, then the two combines with empty warps).
 //
@@ -45,6 +49,7 @@ struct LayerNormModulateParams {
   long long shift_row_stride;
   int n_vec;                   // D / 4
   float eps;
+  float* out_scale;            // fp8_rowwise: [rows] fp32 (the [B, S, 1] scales), else nullptr
 };
 
 // Per-head LayerNorm of q and k: rows are (token, head), q's rows first, then k's.
@@ -77,6 +82,7 @@ struct AtenLnSelfcheckParams {
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 #include "common/aten_layer_norm.cuh"
+#include "common/fp8_rowwise.cuh"
 #include "common/memory.cuh"
 #include "common/types.cuh"
 
@@ -207,6 +213,59 @@ __device__ __forceinline__ void finish_row(void* out_row, int n_vec, int t, cons
   }
 }
 
+// The rowwise e4m3 bytes of a row's held out values: e4m3(out / s), 4 bytes a vector.
+template <int kSlots, int kStride, bool kEven, bool kAligned, bool kExact>
+__device__ __forceinline__ void store_rowwise(void* out_row, int n_vec, int t, const Vec4 (&o)[kSlots], float s,
+                                              float r) {
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int vec = t + kStride * j;
+    if (kEven || vec < n_vec) {
+      const u32 word = e4m3x2_of_word<bf16, kExact>(o[j].w[0], s, r) | (e4m3x2_of_word<bf16, kExact>(o[j].w[1], s, r) << 16);
+      unsigned char* q = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
+      if constexpr (kAligned) {
+        Word<4> w;
+        w.w[0] = word;
+        store_word<4>(q, w);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q[e] = static_cast<unsigned char>(word >> (8 * e));
+      }
+    }
+  }
+}
+
+// finish_row for the rowwise e4m3 output: the row's out values (bf16, as finish_row computes them)
+// held, their amax over the row's threads (the CTA, or the warp of the warp mapping; `partials` is
+// the CTA's buffer of this row's parity), the scale, then e4m3(out / s) per value.
+template <int kSlots, int kStride, bool kEven, bool kShift, bool kAligned, bool kCta>
+__device__ __forceinline__ void finish_row_rowwise(void* out_row, float* scale_out, int n_vec, int t,
+                                                   const Vec4 (&xv)[kSlots], const Vec4 (&op)[kSlots],
+                                                   const Vec4 (&sh)[kSlots], RowStats st, u32* partials) {
+  Vec4 o[kSlots];
+  u32 pairs = 0;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    if (kEven || t + kStride * j < n_vec) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 y = bf16x2_from_floats(__fmul_rn(st.rstd, __fsub_rn(element(xv[j], 2 * h), st.mean)),
+                                         __fmul_rn(st.rstd, __fsub_rn(element(xv[j], 2 * h + 1), st.mean)));
+        o[j].w[h] = mul_rn_bf16x2(y, op[j].w[h]);
+        if constexpr (kShift) o[j].w[h] = add_rn_bf16x2(o[j].w[h], sh[j].w[h]);
+        pairs = abs_max_pairs(pairs, o[j].w[h]);
+      }
+    }
+  }
+  const u32 amax = kCta ? block_max_u32(fold_pairs(pairs), partials) : warp_max_u32(fold_pairs(pairs));
+  const float s = fp8_rowwise_scale<bf16>(amax), r = __frcp_rn(s);
+  if (t == 0) *scale_out = s;
+  if (fp8_rowwise_fast(s))  // uniform over the row's threads
+    store_rowwise<kSlots, kStride, kEven, kAligned, false>(out_row, n_vec, t, o, s, r);
+  else
+    store_rowwise<kSlots, kStride, kEven, kAligned, true>(out_row, n_vec, t, o, s, r);
+}
+
 // bf16(1 + scale) and the shift of batch b as this thread's vectors (read-only path).
 template <int kSlots, int kStride, bool kEven, bool kShift, bool kAligned>
 __device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p, long long b, int t,
@@ -235,8 +294,9 @@ __device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p
 // kSlots vectors (n_vec == kSlots * threads per row), so counts fold to constants. Measured on
 // the H200: see the host's launch (layernorm_modulate_op.cpp).
 template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned,
-          bool kEven = false, bool kPrefetch = false>
+          bool kEven = false, bool kPrefetch = false, bool kRowwise = false>
 __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
+  static_assert(!kRowwise || kFp8, "the rowwise output is e4m3 (kFp8 addresses its rows)");
   using namespace lnm_detail;
   constexpr int kStride = kCta ? kThreads : 32;  // vectors between a thread's slots
   constexpr bool kPipelined = kCta && kPrefetch;  // a warp-mapped grid covers every row once
@@ -247,10 +307,11 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   const long long step = kCta ? static_cast<long long>(gridDim.x) : p.rows;
   const int n_vec = p.n_vec;
   __shared__ WelfordState shared[2][4];  // kCta: per row parity, so one barrier per row suffices
+  __shared__ u32 amax_partials[kRowwise && kCta ? 2 : 1][32];  // kRowwise: the same, for the amax
 
   if constexpr (kPdl) pdl_wait();
   float inv = 1.0f;
-  if constexpr (kFp8) inv = fp8_inverse<kDivFull>(p.input_scale);
+  if constexpr (kFp8 && !kRowwise) inv = fp8_inverse<kDivFull>(p.input_scale);
   Vec4 xv[kSlots], next[kSlots], op[kSlots], sh[kSlots];
   long long modulation_batch = -1;
   RowPlace at = place<kFp8>(p, first);
@@ -269,6 +330,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     }
     auto get_vec = [&](int j, float (&v)[4]) { to_floats(xv[j], v); };
     RowStats st;
+    const int row_parity = parity;
     if constexpr (kCta) {
       st = aten_row_stats_cta<kSlots, kEven>(get_vec, n_vec, p.eps, shared[parity]);
       parity ^= 1;
@@ -279,7 +341,11 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       p.stats[2 * row] = st.mean;
       p.stats[2 * row + 1] = st.rstd;
     }
-    finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
+    if constexpr (kRowwise)
+      finish_row_rowwise<kSlots, kStride, kEven, kShift, kAligned, kCta>(at.out, p.out_scale + row, n_vec, t, xv, op, sh,
+                                                                        st, amax_partials[kCta ? row_parity : 0]);
+    else
+      finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
     if (following < p.rows) {
       if constexpr (kPipelined) {
         at = next_at;

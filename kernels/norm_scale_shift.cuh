@@ -24,6 +24,11 @@
 //   d = v - mean; factor = rsqrtf(var + eps); norm = rne((v - mean) * factor);
 //   y = rne(fma(norm, 1 + s, shift)) with 1 + s unrounded.
 // * fp8: q = e4m3_rn_satfinite(y * inv), inv = div.full.f32(1, input_scale) (or div.rn).
+// * fp8_rowwise (eager and float32 chains, 16-bit T): the per-token dynamic e4m3 of the rounded y,
+//   the recipe of common/fp8_rowwise.cuh (torchao's float8 rowwise as eager computes it): the row's
+//   y words stay in registers, their |y| maximum is reduced over the CTA, s = T(amax * fp32(1/448))
+//   (1 where 0) is stored per row and q = e4m3(clamp(y / s, +-448)): bit_exact vs
+//   fp8_rowwise_eager(the chain's y).
 // * nvfp4 (blocks of 16 consecutive y of one row): amax = max |y|; SF = gs * (amax * rcp(6));
 //   sf8 = e4m3_rn_satfinite(SF) (stored, 128x4 swizzle); out = SFf != 0 ?
 //   rcp(SFf * rcp(gs)) : 0 with rcp = rcp.approx.ftz.f32; e2m1_rn_satfinite(y * out), the even
@@ -81,6 +86,9 @@ struct NormScaleShiftParams {
   long long q_batch_stride, q_token_stride;
   float eps;
   int fp8_div_full;  // inv = div.full.f32(1, input_scale) (else IEEE division)
+  // fp8_rowwise: the rows' fp32 scales [B * S] (its e4m3 rows go to fp8 with the q strides). Last,
+  // so that the other keys' parameter offsets stay as they were.
+  float* fp8_scale;
 };
 
 // A row's (batch, token) = (row / S, row % S), and its advance through a persistent loop that steps
@@ -126,6 +134,7 @@ enum : int { kNssLayerNorm = 0, kNssRms = 1, kNssRmsMean = 2 };
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 #include "common/aten_layer_norm.cuh"
+#include "common/fp8_rowwise.cuh"
 #include "common/memory.cuh"
 #include "common/types.cuh"
 
@@ -147,7 +156,10 @@ namespace nss_detail {
 using namespace ditops::kernel;
 
 constexpr unsigned kFullMask = 0xffffffffu;
-enum : int { kQuantNone = 0, kQuantFp8 = 1, kQuantFp4Software = 2, kQuantFp4Hardware = 3 };
+enum : int { kQuantNone = 0, kQuantFp8 = 1, kQuantFp4Software = 2, kQuantFp4Hardware = 3, kQuantFp8Rowwise = 4 };
+__host__ __device__ constexpr bool is_nvfp4(int quant) {
+  return quant == kQuantFp4Software || quant == kQuantFp4Hardware;
+}
 
 __device__ __forceinline__ float rcp_approx_ftz(float x) {
   float r;
@@ -387,7 +399,7 @@ __device__ __forceinline__ RowPointers<T> row_pointers(const NormScaleShiftParam
     const float input_scale = *p.input_scale;
     rp.inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
   }
-  if constexpr (kQuant >= kQuantFp4Software) rp.global_scale = *p.global_scale;
+  if constexpr (is_nvfp4(kQuant)) rp.global_scale = *p.global_scale;
   return rp;
 }
 
@@ -691,6 +703,19 @@ __device__ __forceinline__ float aten_mean_rms_rstd_cta(const Vec<T> (&vw)[kSlot
   return aten_rsqrtf(__fadd_rn(__fmul_rn(*total_slot, factor), eps));
 }
 
+// fp8_rowwise: this thread's slots of the row's y words as e4m3(y / s) (common/fp8_rowwise.cuh), a
+// 4-byte store a slot (slot j at 512 j bytes: a warp's stores of a slot are 128 contiguous bytes).
+template <typename T, bool kExact, int kSlots, bool kEven, int kVecs>
+__device__ __forceinline__ void store_e4m3_rows(unsigned char* q_t, const Vec<T> (&yw)[kSlots], float s, float r,
+                                                int t) {
+  static_assert(sizeof(T) == 2, "the rowwise recipe of 16-bit values");
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j)
+    if (kEven || t + 128 * j < kVecs)
+      *reinterpret_cast<u32*>(q_t + 512 * j) =
+          e4m3x2_of_word<T, kExact>(yw[j].w[0], s, r) | (e4m3x2_of_word<T, kExact>(yw[j].w[1], s, r) << 16);
+}
+
 // The eager rows: one CTA per row at a time (aten's launch of a row: 128 virtual threads), looping
 // over rows blockIdx.x, + gridDim.x, ... (the host sizes the grid to the resident CTAs). Virtual
 // thread t owns vec4s t + 128j (kRowSlots slots); kSplit physical threads play it, thread
@@ -807,16 +832,16 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     const float input_scale = *p.input_scale;
     inv = p.fp8_div_full ? div_full(1.0f, input_scale) : __fdiv_rn(1.0f, input_scale);
   }
-  if constexpr (kQuant >= kQuantFp4Software) global_scale = *p.global_scale;
+  if constexpr (is_nvfp4(kQuant)) global_scale = *p.global_scale;
   if (static_cast<long long>(blockIdx.x) < p.rows) {
     if constexpr (kStaged) stage_inputs(first_row);
     else load_inputs<T, D, kResidual>(first_row, t, j0, xw, rw);
   }
-  int parity = 0;
+  int parity = 0, amax_parity = 0;
   for (long long row = blockIdx.x; row < p.grid_rows; row += step) {  // uniform per CTA
     if (row >= p.rows) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
-      if constexpr (kQuant >= kQuantFp4Software)
+      if constexpr (is_nvfp4(kQuant))
         for (int k = threadIdx.x; k < D / 16; k += 128 * kSplit)
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
       continue;  // (padding rows follow every real row: no position is needed any more)
@@ -897,18 +922,19 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     // This thread's first vec4 in each output (slot j at the constant offsets 512 j, 256 j bytes).
     const int first = 4 * t + 512 * j0;
     T* const yt = p.y ? static_cast<T*>(p.y) + b * p.y_batch_stride + s * p.y_token_stride + first : nullptr;
-    unsigned char* const fp8_t =
-        kQuant == kQuantFp8 ? p.fp8 + (b * p.q_batch_stride + s * p.q_token_stride) + first : nullptr;
-    unsigned char* const fp4_t = kQuant >= kQuantFp4Software ? p.fp4_packed + row * (D / 2) + first / 2 : nullptr;
+    constexpr bool kFp8Rows = kQuant == kQuantFp8 || kQuant == kQuantFp8Rowwise;
+    unsigned char* const fp8_t = kFp8Rows ? p.fp8 + (b * p.q_batch_stride + s * p.q_token_stride) + first : nullptr;
+    unsigned char* const fp4_t = is_nvfp4(kQuant) ? p.fp4_packed + row * (D / 2) + first / 2 : nullptr;
     // The NVFP4 scale byte of slot j (block column (t >> 2) + 32 (j0 + j)) is sf_thread[4096 * j].
     unsigned char* const sf_thread =
-        kQuant >= kQuantFp4Software
+        is_nvfp4(kQuant)
             ? p.fp4_scales + nvfp4_scale_offset(row, (t >> 2) + 32 * j0, D / 16)
             : nullptr;
     // y of every slot as fp32, kept for the NVFP4 block scales that follow the row (the local
     // |y| maxima in amax).
     float ys[kSlots][4];
     float amax[kSlots];
+    u32 row_amax = 0;  // fp8_rowwise: the |y| patterns' running maximum, two lanes a word
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       const bool active = kEven || t + 128 * (j0 + j) < kVecs;
@@ -945,7 +971,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
           out = mul_vec(T{}, round_vec(T{}, a), op.get(j));
           if (p.shift.kind) out = add_vec(T{}, out, sh.get(j));
         }
-        if (kQuant < kQuantFp4Software && yt) store_word<kBytes>(yt + 512 * j, out);
+        if (!is_nvfp4(kQuant) && yt) store_word<kBytes>(yt + 512 * j, out);
         float (&y)[4] = ys[j];
         to_floats<T, 4>(out, y);
         if constexpr (kQuant == kQuantFp8) {
@@ -953,11 +979,28 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
                         (e4m3x2_rn_satfinite(__fmul_rn(y[2], inv), __fmul_rn(y[3], inv)) << 16);
           *reinterpret_cast<u32*>(fp8_t + 512 * j) = q;
         }
-        if constexpr (kQuant >= kQuantFp4Software)
+        if constexpr (is_nvfp4(kQuant))
           amax[j] = fmaxf(fmaxf(fabsf(y[0]), fabsf(y[1])), fmaxf(fabsf(y[2]), fabsf(y[3])));
+        if constexpr (kQuant == kQuantFp8Rowwise) {
+          xw[j] = out;  // x is not read again: the row's y words wait there for the row's scale
+          row_amax = abs_max_pairs(abs_max_pairs(row_amax, out.w[0]), out.w[1]);
+        }
       }
     }
-    if constexpr (kQuant >= kQuantFp4Software) {
+    if constexpr (kQuant == kQuantFp8Rowwise) {
+      // The row's amax over the CTA (one buffer per row parity: block_max_u32), its scale, then
+      // e4m3(y / s) of the held words; the division's correction where s allows it (uniform).
+      __shared__ u32 amax_partials[2][32];
+      const u32 amax_bits = block_max_u32(fold_pairs(row_amax), amax_partials[amax_parity]);
+      amax_parity ^= 1;
+      const float row_scale = fp8_rowwise_scale<T>(amax_bits), r = __frcp_rn(row_scale);
+      if (t == 0) p.fp8_scale[row] = row_scale;
+      if (fp8_rowwise_fast(row_scale))
+        store_e4m3_rows<T, false, kSlots, kEven, kVecs>(fp8_t, xw, row_scale, r, t);
+      else
+        store_e4m3_rows<T, true, kSlots, kEven, kVecs>(fp8_t, xw, row_scale, r, t);
+    }
+    if constexpr (is_nvfp4(kQuant)) {
       // y, where asked for, in one uniform branch after the row (its stores predicated per slot
       // had cost ~15 instructions per warp when it is not).
       if (yt) {
@@ -1131,7 +1174,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
                  (e4m3x2_rn_satfinite(__fmul_rn(y[4 * i + 2], rp.inv), __fmul_rn(y[4 * i + 3], rp.inv)) << 16);
       store_word<16>(p.fp8 + rp.q_offset + 16 * t, q);
     }
-    if constexpr (kQuant >= kQuantFp4Software) {
+    if constexpr (is_nvfp4(kQuant)) {
       float amax = 0.0f;
 #pragma unroll
       for (int e = 0; e < 16; ++e) amax = fmaxf(amax, fabsf(y[e]));
@@ -1158,7 +1201,7 @@ __device__ __forceinline__ void sglang_row(const NormScaleShiftParams& p, long l
 
 // eager numerics: a 128-thread CTA per row, persistent over rows (eager_rows); sglang numerics:
 // one warp per row (grid_rows rows). kQuant: 0 none, 1 fp8, 2 nvfp4 with software E2M1,
-// 3 nvfp4 with the hardware conversion. kAffine: 0 none, 1 weight, 2 weight + bias.
+// 3 nvfp4 with the hardware conversion, 4 fp8_rowwise (eager rows only). kAffine: 0 none, 1 weight, 2 weight + bias.
 // kFloat32 / kModulate / kStreamOperands: the float32 chain (eager_rows), with or without the
 // scale / shift, its operands held or streamed.
 template <typename T, int D, int kRms, bool kSglang, bool kResidual, int kAffine, int kQuant, bool kPdl,
@@ -1169,10 +1212,13 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
   static_assert(D % 4 == 0 && D >= 16 && D <= 8192, "D % 4 == 0, 16 <= D <= 8192");
   static_assert(!kSglang || (D % 16 == 0 && sizeof(T) == 2 && !kRms && kAffine == 0),
                 "sglang numerics: LayerNorm without affine, 16-bit dtype, D % 16 == 0");
-  static_assert(kQuant < kQuantFp4Software || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
+  static_assert(!is_nvfp4(kQuant) || (D % 64 == 0 && sizeof(T) == 2), "nvfp4: D % 64 == 0, 16-bit dtype");
+  static_assert(kQuant != kQuantFp8Rowwise || (!kSglang && sizeof(T) == 2 && kSplit == 1),
+                "fp8_rowwise: the eager rows of a 16-bit dtype, one thread per aten thread");
   static_assert(!kSharedOperands || !kSglang, "operands in shared memory: eager numerics");
-  static_assert(!kFloat32 || (sizeof(T) == 2 && !kSglang && !kRms && kQuant == kQuantNone && kSplit == 1),
-                "float32 chain: 16-bit x, LayerNorm, no quantized output, one thread per aten thread");
+  static_assert(!kFloat32 || (sizeof(T) == 2 && !kSglang && !kRms &&
+                              (kQuant == kQuantNone || kQuant == kQuantFp8Rowwise) && kSplit == 1),
+                "float32 chain: 16-bit x, LayerNorm, no quantized output but fp8_rowwise, one thread per aten thread");
   static_assert(kModulate || kFloat32, "only the float32 chain leaves the modulation out");
   if constexpr (kSglang) {
     if constexpr (kPdl) pdl_wait();
@@ -1182,7 +1228,7 @@ __device__ void norm_scale_shift_body(const NormScaleShiftParams& p) {
       sglang_row<T, D, kResidual, kQuant>(p, row, lane);
     } else if (row < p.grid_rows) {
       // NVFP4 scale padding row: zero scale bytes, nothing else.
-      if constexpr (kQuant >= kQuantFp4Software)
+      if constexpr (is_nvfp4(kQuant))
         for (int k = lane; k < D / 16; k += 32)
           p.fp4_scales[nvfp4_scale_offset(row, k, D / 16)] = 0;
     }

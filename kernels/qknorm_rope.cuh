@@ -229,11 +229,11 @@ __device__ __forceinline__ void load_lane_cache(const CacheT* cache_row, int hea
 }
 
 // Norm + RoPE of one head slice held by this lane (x converted to fp32; c/s its cos/sin when the
-// lane is rotary), then the store. All lanes of the warp call it together (shuffles); `active`
-// lanes store.
+// lane is rotary), then the store to `row` (x's own row in place; joint_qknorm_rope.cuh: the joint
+// output). All lanes of the warp call it together (shuffles); `active` lanes store.
 template <typename Act, typename CacheT, int D, int R, bool kNeox, bool kFullWidth, bool kRounded,
           int kSumOrder, bool kRoundTwice, bool kAligned, bool kComplex>
-__device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p, Act* row, const float (&x)[kElemsPerLane],
+__device__ __forceinline__ void normalize_rotate_store(float eps, Act* row, const float (&x)[kElemsPerLane],
                                                        const float (&c)[kElemsPerLane], const float (&s)[kElemsPerLane],
                                                        bool active, int slot, int head_lane,
                                                        const Act (&weight)[kElemsPerLane]) {
@@ -244,7 +244,7 @@ __device__ __forceinline__ void normalize_rotate_store(const QkNormRopeParams& p
   const float total = head_sum_of_squares<D, kSumOrder>(x);
   // total / D: D is a power of two, so the product with its exact reciprocal is the correctly
   // rounded quotient (what aten's division gives) without the division subroutine.
-  const float factor = rsqrtf(__fmul_rn(total, 1.0f / D) + p.eps);
+  const float factor = rsqrtf(__fmul_rn(total, 1.0f / D) + eps);
 
   float n[kElemsPerLane];
 #pragma unroll
@@ -384,7 +384,7 @@ __device__ void qknorm_rope_body(const QkNormRopeParams& p) {
           weight[i] = word_element<Act>(wword, i);
         }
         normalize_rotate_store<Act, CacheT, D, R, kNeox, kFullWidth, kRounded, kSumOrder, kRoundTwice, kAligned, kComplex>(
-            p, head_row<Act>(p, token, head, head_lane), x, c, s, head < p.num_heads, slot, head_lane, weight);
+            p.eps, head_row<Act>(p, token, head, head_lane), x, c, s, head < p.num_heads, slot, head_lane, weight);
       }
     }
     token += p.unit_token_step;

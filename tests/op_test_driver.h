@@ -221,6 +221,9 @@ struct DriverOptions {
   std::function<void(const std::string& impl, std::vector<std::vector<uint8_t>>& buffers)> tamper;
   // The same for the reference's buffers before the oracles compare them (their self-test).
   std::function<void(std::vector<std::vector<uint8_t>>& buffers)> tamper_reference;
+  // false: the reference runs only as what the implementations are compared with (and what the
+  // bounding oracles read); its own invariants are another test's (test_ops.cpp's CPU test).
+  bool check_reference = true;
 };
 
 // Runs one case: the reference and its invariants, then every covered implementation against

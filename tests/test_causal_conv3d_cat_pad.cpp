@@ -4,8 +4,8 @@
 // against the cat-then-pad oracle and the reference, on a device every CUDA implementation): what a
 // case cannot express. Tensors on two devices; the op's description and alloc rule, the generic
 // call and the C ABI (options as text, a NULL cache slot, an error as text) against an
-// independent cat-then-pad; on a GPU (skipped without one) both index widths of the kernel
-// launched directly on a grid that loops.
+// independent cat-then-pad; the row model's kernel choice and the 64-bit fast division; on a GPU
+// (skipped without one) both kernels at both index widths launched directly on grids that loop.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -349,47 +349,113 @@ std::vector<uint8_t> reference_bytes(const Case& c, const HostTensor& x, const H
   return std::vector<uint8_t>(p, p + product(c.out_shape()) * out.es());
 }
 
-// Both kernels launched directly on a 3-block grid that loops (the op launches the 32-bit kernel
-// over the whole output and the 64-bit one only from 2^31 units), NCTHW rows of 9 + 3 elements
-// (every phase), parameters filled here from the row model of kernels/causal_conv3d_cat_pad.cuh.
-TEST_F(CausalConv3dCatPadGpu, BothIndexWidthsOnAGridThatLoops) {
-  const Case c{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1};
-  std::mt19937 rng(3000);
-  HostTensor x(c.dtype, c.x, false), cache(c.dtype, c.cache_shape(), false), out_like(c.dtype, c.out_shape(), false);
-  x.randomize(rng);
-  cache.randomize(rng);
-  const std::vector<uint8_t> want = reference_bytes(c, x, &cache, 0);
-  const DeviceTensor dx(x, true), dc(cache, true);
-  for (bool index64 : {false, true}) {
-    KernelRequest r;
-    r.header = "causal_conv3d_cat_pad.cuh";
-    r.function = "ditops::causal_conv3d_cat_pad";
-    r.template_args = std::string("ditops::kernel::bf16, false, ") + (index64 ? "true" : "false");
-    r.params_type = "ditops::CausalConv3dCatPadParams";
-    r.template_key = std::string("test:") + (index64 ? "64" : "32");
-    const jit::LoadedKernel& kernel = jit::jit_kernel(r, 0);
-    DeviceTensor dout(out_like, false);
-    CausalConv3dCatPadParams p{};
-    p.x = dx.view(x).data;
-    p.cache = dc.view(cache).data;
-    p.out = dout.view(out_like).data;
-    const auto s = c.out_shape();
-    p.rows_out = s[3];
-    p.frames_out = s[2];
-    p.row_elems = s[4];
-    p.head = c.wl;
-    p.run = c.x[4];
-    p.src_rows = c.x[3];
-    p.x_frames = c.x[2];
-    p.cache_frames = c.ct;
-    p.frame_offset = c.dl - c.ct;
-    p.row_offset = c.ht;
-    p.row_windows = (s[4] * 2 + 14 + 15) / 16;
-    p.units = s[0] * s[1] * s[2] * s[3] * p.row_windows;
-    ccp_set_divisors(p);
-    jit::launch(kernel, 3, 256, &p, sizeof p, nullptr, false);
-    check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-    EXPECT_EQ(dout.compare(want, 2), "") << (index64 ? "64" : "32") << "-bit indices";
+// The row model of kernels/causal_conv3d_cat_pad.cuh for a case, filled here from the case's
+// extents (the op fills it from the matched call).
+CausalConv3dCatPadParams params_for(const Case& c, const void* x, const void* cache, void* out, bool index64) {
+  const int64_t inner = (c.channels_last ? c.x[1] : 1) * static_cast<int64_t>(dtype_size(c.dtype));
+  const auto s = c.out_shape();
+  CausalConv3dCatPadParams p{};
+  p.x = x;
+  p.cache = c.ct > 0 ? cache : nullptr;
+  p.out = out;
+  p.row_bytes = s[4] * inner;
+  p.head_bytes = c.wl * inner;
+  p.run_bytes = c.x[4] * inner;
+  p.rows_out = s[3];
+  p.frames_out = s[2];
+  p.src_rows = c.x[3];
+  p.x_frames = c.x[2];
+  p.cache_frames = c.ct > 0 ? c.ct : 0;
+  p.frame_offset = c.dl - p.cache_frames;
+  p.row_offset = c.ht;
+  ccp_finish_params(p, (c.channels_last ? s[0] : s[0] * s[1]) * s[2] * s[3], index64);
+  return p;
+}
+
+// What picks the kernel: ccp_aligned where rows, heads, runs and pointers lie on 16 bytes (the
+// channels-last model shapes), the 64-bit kernel from 2^31 - 64 bytes of out; the derived fields
+// of the row model (out's phase and its windows).
+TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
+  alignas(16) static unsigned char buf[64];
+  const Case cl{{1, 192, 2, 360, 640}, 2, 1, 1, 1, 1, 2, 0, DType::bf16, true};
+  EXPECT_TRUE(ccp_aligned(params_for(cl, buf, buf + 16, buf + 32, false)));
+  EXPECT_FALSE(ccp_aligned(params_for(cl, buf, buf + 16, buf + 34, false)));  // out off 16 bytes
+  EXPECT_FALSE(ccp_aligned(params_for(cl, buf, buf + 18, buf + 32, false)));  // cache off 16 bytes
+  const Case nc{{1, 192, 2, 360, 640}, 2, 1, 1, 1, 1, 2, 0};
+  EXPECT_FALSE(ccp_aligned(params_for(nc, buf, buf, buf, false)));  // rows of 1284 bytes
+  const Case copy{{1, 16, 1, 8, 64}, 0, 8, 8, 0, 0, 0, 0};
+  EXPECT_TRUE(ccp_aligned(params_for(copy, buf, buf, buf, false)));  // NCTHW rows of 160, heads of 16 bytes
+  const CausalConv3dCatPadParams p = params_for(nc, buf, buf, buf + 6, false);
+  EXPECT_EQ(p.out_bytes, int64_t{192} * 4 * 362 * 642 * 2);
+  EXPECT_EQ(p.out_phase, 6);
+  EXPECT_EQ(p.windows, (p.out_bytes + 6 + 15) / 16);
+  EXPECT_FALSE(ccp_index64(kCcpIndex32Bytes - 1));
+  EXPECT_TRUE(ccp_index64(kCcpIndex32Bytes));
+  EXPECT_TRUE(ccp_index64(int64_t{1} << 40));
+}
+
+// The 64-bit kernel divides by a multiply-high and a shift (kernels/common/fast_divide.h): exact
+// for every dividend below 2^63, checked against `/` at divisors 1..2048, around every power of two
+// up to 2^63 - 1, at model row lengths and at random, with dividends at 0, around multiples of the
+// divisor, at the top of the range and at random.
+TEST(CausalConv3dCatPadJit, FastDivision64EqualsIntegerDivisionBelowTwoToThe63) {
+  std::vector<uint64_t> divisors;
+  for (uint64_t d = 1; d <= 2048; ++d) divisors.push_back(d);
+  for (int k = 11; k <= 62; ++k)
+    for (uint64_t d : {(uint64_t{1} << k) - 1, uint64_t{1} << k, (uint64_t{1} << k) + 1, (uint64_t{1} << k) / 3 * 2 + 1})
+      divisors.push_back(d);
+  divisors.push_back((uint64_t{1} << 63) - 1);
+  for (uint64_t d : {1284u, 642u * 192u * 2u, 362u, 4u, 54u * 2u}) divisors.push_back(d);
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 256; ++i) divisors.push_back(((rng() >> 1) >> (rng() % 62)) | 1);
+  const uint64_t top = (uint64_t{1} << 63) - 1;
+  int64_t checked = 0;
+  for (uint64_t d : divisors) {
+    const FastDivisor64 f = fast_divisor64(d);
+    std::vector<uint64_t> dividends = {0, 1, 2, top, top - 1, top - d + 1, top / d * d, top / d * d - 1, d - 1, d, d + 1};
+    for (int i = 0; i < 48; ++i) dividends.push_back((rng() >> 1) >> (rng() % 63));
+    for (uint64_t n : dividends) {
+      ASSERT_EQ(fast_quotient64(n, f), n / d) << n << " / " << d << " (multiplier " << f.multiplier << ", shift "
+                                              << f.shift << ")";
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 100000);
+}
+
+// Both kernels at both index widths launched directly on grids of 1 and 3 blocks (each warp then
+// takes several steps, frame pairs change inside a warp's range): NCTHW rows of 9 + 3 elements
+// (every phase, the general kernel) and channels-last rows of 16-byte units (the aligned one),
+// parameters from params_for. The op launches the 64-bit kernels only from 2^31 - 64 bytes.
+TEST_F(CausalConv3dCatPadGpu, BothKernelsAndIndexWidthsOnGridsThatLoop) {
+  const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1}, {{2, 8, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1, DType::bf16, true}};
+  for (const Case& c : cases) {
+    std::mt19937 rng(3000);
+    HostTensor x(c.dtype, c.x, c.channels_last), cache(c.dtype, c.cache_shape(), c.channels_last),
+        out_like(c.dtype, c.out_shape(), c.channels_last);
+    x.randomize(rng);
+    cache.randomize(rng);
+    const std::vector<uint8_t> want = reference_bytes(c, x, &cache, 0);
+    const DeviceTensor dx(x, true), dc(cache, true);
+    for (bool index64 : {false, true})
+      for (unsigned grid : {1u, 3u}) {
+        DeviceTensor dout(out_like, false);
+        const CausalConv3dCatPadParams p =
+            params_for(c, dx.view(x).data, dc.view(cache).data, dout.view(out_like).data, index64);
+        const bool aligned = ccp_aligned(p);
+        EXPECT_EQ(aligned, c.channels_last) << c.describe();
+        KernelRequest r;
+        r.header = "causal_conv3d_cat_pad.cuh";
+        r.function = "ditops::causal_conv3d_cat_pad";
+        r.template_args = std::string("2, ") + (aligned ? "true" : "false") + ", false, " + (index64 ? "true" : "false");
+        r.params_type = "ditops::CausalConv3dCatPadParams";
+        r.template_key = std::string("test:") + (aligned ? "aligned" : "general") + (index64 ? "64" : "32");
+        const jit::LoadedKernel& kernel = jit::jit_kernel(r, 0);
+        jit::launch(kernel, grid, 256, &p, sizeof p, nullptr, false);
+        check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+        EXPECT_EQ(dout.compare(want, 2), "") << c.describe() << (index64 ? ", 64" : ", 32") << "-bit indices, grid "
+                                             << grid;
+      }
   }
 }
 

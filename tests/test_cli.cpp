@@ -132,7 +132,6 @@ TEST(CliBench, NumericFlagsAreCheckedBeforeLookingForAGpu) {
   expect_error("bench residual_gate_add --rep 5", "bench residual_gate_add: unknown option --rep");
   expect_error("bench residual_gate_add --host-only", "bench residual_gate_add: unknown option --host-only");
   expect_error("bench residual_gate_add --json ''", "bench residual_gate_add: --json needs a path");
-  expect_error("bench", "bench: name one op, one of: ");
   expect_error("bench residual_gate_add extra", "bench: name one op, one of: ");
 }
 
@@ -211,6 +210,12 @@ TEST(CliHostile, HelpUnknownOptionsAndBadValues) {
   expect_error("cache clear --dry-run", "cache: unknown option --dry-run (no options)");
   expect_error("cache clear --dry-run yes", "cache: unknown option --dry-run (no options)");
   expect_error("cache clear everything", "cache: expected 'list' or 'clear' alone but got 'everything'");
+  // Sizes past what a flag takes: "too large" with the largest, not "not an integer".
+  expect_error("explain qknorm_rope --shape 99999999999999999999,24,24,128",
+               "--shape: T is too large: at most 999999999999999 but is 99999999999999999999");
+  expect_error("explain qknorm_rope --dims T=9999999999999999",
+               "--dims: T is too large: at most 999999999999999 but is 9999999999999999");
+  EXPECT_EQ(cli("explain qknorm_rope --shape 00000000000000016,24,24,128 --device cpu").status, 0);
   // Sizes whose tensors cannot have distinct addresses: refused as such, not as an overlap.
   expect_error("explain qknorm_rope --shape 999999999999999,24,24,128 --device cpu",
                "qknorm_rope: the tensors of this call would take more than 2^56 bytes (q has 3 dims of sizes "
@@ -296,6 +301,14 @@ TEST(CliNewUser, VersionAndShortHelp) {
   EXPECT_EQ(none.status, 2);
   EXPECT_EQ(none.out, "");
   EXPECT_NE(none.err.find("usage: ditops"), std::string::npos) << none.err;
+  // A command that needs a word after it, given none: the usage on stderr, exit 2.
+  for (const char* bare : {"cache", "bench"}) {
+    const CliRun r = cli_streams(bare);
+    EXPECT_EQ(r.status, 2) << bare << "\n" << r.err;
+    EXPECT_EQ(r.out, "") << bare;
+    EXPECT_NE(r.err.find(std::string("ditops ") + bare + ": "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("usage: ditops"), std::string::npos) << r.err;
+  }
   const CliRun unknown = cli_streams("lst");
   EXPECT_EQ(unknown.status, 2);
   EXPECT_EQ(unknown.out, "");
@@ -325,6 +338,19 @@ TEST(CliNewUser, ExplainNamesTheTierThatWouldChooseAnImplementation) {
   // Refused for another reason than the contract (the CPU reference on a CUDA device): no tier named.
   const CliRun cpu_only = cli("explain qknorm_rope --shape 16,24,24,128 --device cpu --backend jit");
   EXPECT_EQ(cpu_only.out.find("would choose"), std::string::npos) << cpu_only.out;
+  // NVFP4 with the hardware E2M1 conversion on sm_90, which lacks the instruction: the device is
+  // named, and no quality tier (none would change it).
+  const CliRun nvfp4 =
+      cli("explain norm_scale_shift --with nvfp4_packed,nvfp4_scales,global_scale --e2m1 hardware --sm 90");
+  ASSERT_EQ(nvfp4.status, 0) << nvfp4.out;
+  EXPECT_NE(nvfp4.out.find("needs cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_120a); this device is sm_90"),
+            std::string::npos) << nvfp4.out;
+  EXPECT_NE(nvfp4.out.find("no eligible implementation at any quality"), std::string::npos) << nvfp4.out;
+  EXPECT_EQ(nvfp4.out.find("at quality exact"), std::string::npos) << nvfp4.out;
+  // The default conversion (automatic) takes the software E2M1 there.
+  const CliRun automatic = cli("explain norm_scale_shift --with nvfp4_packed,nvfp4_scales,global_scale --sm 90");
+  EXPECT_NE(automatic.out.find("* norm_scale_shift.jit "), std::string::npos) << automatic.out;
+  EXPECT_NE(automatic.out.find("fp4sw"), std::string::npos) << automatic.out;
 }
 
 // Without a GPU the demo runs the CPU reference and says that nothing was compared.
@@ -368,16 +394,25 @@ TEST(CliNewUser, ConfigureWithoutTheCudaHeadersNamesWhatIsMissing) {
   };
   const CliRun none = configure("/nonexistent");
   EXPECT_NE(none.status, 0) << none.out;
-  EXPECT_NE(flat(none.out).find(flat("missing CUDA toolkit headers: cuda.h, nvrtc.h (looked in /nonexistent/include: "
-                                     "DITOPS_CUDA_ROOT=/nonexistent)")),
+  EXPECT_NE(flat(none.out).find(flat("missing CUDA toolkit headers: cuda.h, nvrtc.h, cublasLt.h (looked in "
+                                     "/nonexistent/include: DITOPS_CUDA_ROOT=/nonexistent)")),
             std::string::npos) << none.out;
   EXPECT_NE(flat(none.out).find(flat("-DDITOPS_CUDA_ROOT=/path/to/cuda")), std::string::npos) << none.out;
+  // A pip user passes CMake definitions through scikit-build-core's config settings.
+  EXPECT_NE(flat(none.out).find(flat("pip install . -C cmake.define.DITOPS_CUDA_ROOT=/path/to/cuda")), std::string::npos)
+      << none.out;
   EXPECT_EQ(none.out.find("Generating done"), std::string::npos) << none.out;
-  // A toolkit folder with cuda.h alone: only nvrtc.h is named.
+  // A toolkit folder with cuda.h alone: the two others are named.
   const CliRun half = configure(fake);
   EXPECT_NE(half.status, 0) << half.out;
-  EXPECT_NE(flat(half.out).find(flat("missing CUDA toolkit headers: nvrtc.h (looked in " + fake + "/include:")),
+  EXPECT_NE(flat(half.out).find(flat("missing CUDA toolkit headers: nvrtc.h, cublasLt.h (looked in " + fake + "/include:")),
             std::string::npos) << half.out;
+  // cuda.h and nvrtc.h without the cuBLAS development headers: cublasLt.h alone, at configure.
+  std::system(("touch '" + fake + "/include/nvrtc.h'").c_str());
+  const CliRun no_cublas = configure(fake);
+  EXPECT_NE(no_cublas.status, 0) << no_cublas.out;
+  EXPECT_NE(flat(no_cublas.out).find(flat("missing CUDA toolkit headers: cublasLt.h (looked in " + fake + "/include:")),
+            std::string::npos) << no_cublas.out;
   std::system(("rm -rf '" + work + "'").c_str());
 }
 

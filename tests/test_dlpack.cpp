@@ -162,10 +162,26 @@ TEST(DLPack, UnsupportedDTypeThrows) {
     ditops::from_dlpack(t);
     FAIL() << "f64 accepted";
   } catch (const ditops::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unsupported dtype (code 2, bits 64"), std::string::npos) << e.what();
+    // The dtype by name, its codes and what is taken.
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype float64 (DLPack code 2, bits 64, lanes 1); the dtypes "
+                                         "ditops takes: f32, f16, bf16, f8e4m3fn, f8e5m2, fp4e2m1x2, u8, i32, i64"),
+              std::string::npos) << e.what();
   }
   t.dtype = {kDLFloat, 32, 4};  // vector lanes
-  EXPECT_THROW(ditops::from_dlpack(t), ditops::Error);
+  try {
+    ditops::from_dlpack(t);
+    FAIL() << "f32x4 accepted";
+  } catch (const ditops::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype float32x4 (DLPack code 2, bits 32, lanes 4)"),
+              std::string::npos) << e.what();
+  }
+  t.dtype = {5, 64, 1};  // complex64, as numpy exports it
+  try {
+    ditops::from_dlpack(t);
+    FAIL() << "complex64 accepted";
+  } catch (const ditops::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unsupported dtype complex64 (DLPack code 5"), std::string::npos) << e.what();
+  }
   t.dtype = {kDLInt, 16, 1};
   EXPECT_THROW(ditops::from_dlpack(t), ditops::Error);
   t.dtype = {kDLUInt, 32, 1};

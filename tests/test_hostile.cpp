@@ -448,7 +448,8 @@ TEST(HostileCApi, TensorsBreakingTheImportRulesAreRefusedNamingTheSlot) {
   {
     CCall c;
     c.t[0].dtype = {kDLFloat, 32, 4};
-    expect_c_error(c, {"residual_gate_add: residual: from_dlpack: unsupported dtype (code 2, bits 32, lanes 4)"});
+    expect_c_error(c, {"residual_gate_add: residual: from_dlpack: unsupported dtype float32x4 (DLPack code 2, bits 32, "
+                       "lanes 4); the dtypes ditops takes: "});
   }
   {
     CCall c;

@@ -17,7 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "ditops/norm_scale_shift.h"
+#include "ditops/op.h"
 #include "jit/jit.h"
 #include "jit/nvrtc.h"
 #include "kernels/norm_scale_shift.cuh"
@@ -264,6 +266,84 @@ TEST(NssMatching, ExplainChoosesTheReferenceOnTheCpu) {
     }
   EXPECT_TRUE(saw_jit);
   EXPECT_NE(report.format().find("norm_scale_shift.reference"), std::string::npos);
+}
+
+// The fp8_rowwise output through the C++ facade, where no binding adds the missing half of the pair:
+// both tensors or an error; its kernel key and template argument (kQuant 4); on a simulated sm_90
+// the rowwise implementation takes the call and the others refuse it, and the other way round.
+TEST(NssMatching, Fp8RowwiseNeedsBothOutputsAndHasAnImplementationOfItsOwn) {
+  Problem p(2, 3, 64, DType::bf16, 1);
+  Buf s(DType::f32, {2, 1, 64}), q(DType::f8e4m3fn, {2, 3, 64}), sc(DType::f32, {2, 3, 1});
+  NormScaleShiftInputs in;
+  in.x = p.x.view;
+  in.scale = s.view;
+  NormScaleShiftOutputs out;
+  out.fp8_rowwise = q.view;
+  NormScaleShiftOptions opt;
+  opt.numerics = NssNumerics::float32;
+  try {
+    match_norm_scale_shift(in, out, opt);
+    ADD_FAILURE() << "fp8_rowwise without fp8_scale accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8_rowwise needs both fp8_rowwise and fp8_scale"), std::string::npos)
+        << e.what();
+  }
+  out.fp8_rowwise = {};
+  out.fp8_scale = sc.view;
+  EXPECT_THROW(match_norm_scale_shift(in, out, opt), Error);
+  out.fp8_rowwise = q.view;
+  const NormScaleShiftCall call = match_norm_scale_shift(in, out, opt);
+  EXPECT_EQ(call.quant, NssQuant::fp8_rowwise);
+  EXPECT_FALSE(call.store_y);
+  EXPECT_EQ(norm_scale_shift(in, out, opt), "norm_scale_shift.reference");
+  EXPECT_GT(sc.get(0), 0.0f) << "no scale written";
+  NssKernelKey key;
+  key.numerics = NssNumerics::float32;
+  key.dim = 5120;
+  key.quant = NssKernelQuant::fp8_rowwise;
+  EXPECT_NE(key.to_string().find("float32,plain,affine=0,fp8_rowwise,pdl"), std::string::npos) << key.to_string();
+  NssKernelKey fp8 = key;
+  fp8.quant = NssKernelQuant::fp8;
+  EXPECT_NE(key.packed(), fp8.packed());
+  const std::string args = nss_kernel_request(key).template_args;
+  EXPECT_NE(args.find(", 0, 4, true,"), std::string::npos) << args;  // affine 0, kQuant 4, pdl
+
+  // Dispatch on a simulated sm_90 (CUDA views never read).
+  const OpDescription& d = op("norm_scale_shift");
+  const Device dev{DeviceKind::cuda, 0};
+  uintptr_t next = uintptr_t{1} << 40;
+  GenericCall c = generic_call(d);
+  const auto set = [&](const char* name, DType dt, std::vector<int64_t> shape) {
+    const TensorView v = TensorView::contiguous(reinterpret_cast<void*>(next), dt, dev, shape);
+    next += (static_cast<uintptr_t>(v.span_bytes()) + 4095) / 4096 * 4096;
+    c.tensors[d.tensor_index(name)] = v;
+    c.given[d.tensor_index(name)] = true;
+  };
+  set("x", DType::bf16, {1, 8, 5120});
+  set("scale", DType::f32, {1, 1, 5120});
+  set("shift", DType::f32, {1, 1, 5120});
+  set("fp8_rowwise", DType::f8e4m3fn, {1, 8, 5120});
+  set("fp8_scale", DType::f32, {1, 8, 1});
+  c.options[d.option_index("numerics")] = std::string("float32");
+  const DeviceInfo sm90 = simulated_device_info(dev, 90, 132);
+  const auto reason = [](const DispatchReport& r, const std::string& name) {
+    for (const CandidateReport& cand : r.candidates)
+      if (cand.name == name) return cand.reason;
+    return std::string("absent");
+  };
+  DispatchReport r = explain("norm_scale_shift", c, sm90);
+  ASSERT_NE(r.chosen, nullptr) << r.format();
+  EXPECT_EQ(r.chosen->name, "norm_scale_shift.jit_fp8_rowwise") << r.format();
+  EXPECT_NE(reason(r, "norm_scale_shift.jit_float32").find("is norm_scale_shift.jit_fp8_rowwise's"), std::string::npos)
+      << r.format();
+  c.given[d.tensor_index("fp8_rowwise")] = c.given[d.tensor_index("fp8_scale")] = false;
+  c.tensors[d.tensor_index("fp8_rowwise")] = c.tensors[d.tensor_index("fp8_scale")] = TensorView{};
+  set("y", DType::bf16, {1, 8, 5120});
+  r = explain("norm_scale_shift", c, sm90);
+  ASSERT_NE(r.chosen, nullptr) << r.format();
+  EXPECT_EQ(r.chosen->name, "norm_scale_shift.jit_float32") << r.format();
+  EXPECT_NE(reason(r, "norm_scale_shift.jit_fp8_rowwise").find("the fp8_rowwise output only"), std::string::npos)
+      << r.format();
 }
 
 // ------------------------------------------------------------------ NVRTC

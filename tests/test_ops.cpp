@@ -1,12 +1,16 @@
-// The op test driver's gtest entry (`ctest -R ops`): kOpParts tests per described op run every
-// case the op declares (tests/cases/<op>_cases.cpp), case i in part i % kOpParts. Without a GPU the reference's invariants are
-// checked (expected errors, nothing written on failure or outside outputs, every output element
-// written, aliased equal to unaliased); with one, every CUDA implementation against the reference.
+// The op test driver's gtest entry (`ctest -R ops`): per described op, kOpParts tests of each kind
+// run the cases the op declares (tests/cases/<op>_cases.cpp), case i in part i % kOpParts.
+// ops.reference_against_the_oracles, on every machine: the reference's invariants (expected
+// errors, nothing written on failure or outside outputs, every output element written, aliased
+// equal to unaliased) and its oracles. ops.every_cuda_implementation_against_the_reference: every
+// CUDA implementation against the reference and the bounding oracles; skipped without a device.
 // ops_driver.* checks the driver itself, with the host standing in for the device.
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <regex>
 #include <set>
 
 #include "op_test_driver.h"
@@ -40,30 +44,61 @@ void PrintTo(const OpPart& p, std::ostream* os) { *os << p.op << " part " << p.p
 
 class ops : public ::testing::TestWithParam<OpPart> {};
 
-TEST_P(ops, every_case_against_the_reference) {
+// DITOPS_OPS_CASES=<regex>: only the cases whose name it finds, in both tests (one feature's cases
+// on a device); unset: every case.
+bool selected(const OpCase& c) {
+  static const std::optional<std::regex> only = [] {
+    const char* pattern = std::getenv("DITOPS_OPS_CASES");
+    return pattern ? std::optional<std::regex>(std::regex(pattern)) : std::nullopt;
+  }();
+  return !only || std::regex_search(c.name, *only);
+}
+
+// Large cases are model-sized calls the reference alone would take long on: they run where a
+// device compares them (the device test checks their reference there).
+TEST_P(ops, reference_against_the_oracles) {
   const std::string op = GetParam().op;
   const int part = GetParam().part;
   const std::vector<OpCase> all = cases(op);
   ASSERT_FALSE(all.empty()) << op << " declares no cases: add tests/cases/<op>_cases.cpp (docs/testing.md)";
-  const std::unique_ptr<Memory> device = cuda_memory();
-  DriverOptions options;
-  options.device = device.get();
   Summary summary;
   int skipped = 0;
-  // DITOPS_OPS_SKIP_LARGE=1: large cases skip on a device too (a sanitizer run, where their CPU
-  // reference would take the run's time).
-  const bool skip_large = !device || std::getenv("DITOPS_OPS_SKIP_LARGE") != nullptr;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % kOpParts) != part) continue;
-    const OpCase& c = all[i];
-    if (c.large && skip_large) {
-      ++skipped;  // the reference alone on a model-sized call: run where a device compares it
+    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
+    if (all[i].large) {
+      ++skipped;
       continue;
     }
+    for (const std::string& failure : run_case(all[i], DriverOptions{}, &summary)) ADD_FAILURE() << failure;
+  }
+  std::printf("%s(%d large cases left to the device test)\n", summary.format(op).c_str(), skipped);
+}
+
+TEST_P(ops, every_cuda_implementation_against_the_reference) {
+  const std::string op = GetParam().op;
+  const int part = GetParam().part;
+  const std::unique_ptr<Memory> device = cuda_memory();
+  if (!device) GTEST_SKIP() << "no CUDA device: " << op << "'s CUDA implementations are compared where one is";
+  const std::vector<OpCase> all = cases(op);
+  ASSERT_FALSE(all.empty()) << op << " declares no cases: add tests/cases/<op>_cases.cpp (docs/testing.md)";
+  Summary summary;
+  int skipped = 0;
+  // DITOPS_OPS_SKIP_LARGE=1: large cases skip here too (a sanitizer run, where their CPU
+  // reference would take the run's time).
+  const bool skip_large = std::getenv("DITOPS_OPS_SKIP_LARGE") != nullptr;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
+    const OpCase& c = all[i];
+    if (c.large && skip_large) {
+      ++skipped;
+      continue;
+    }
+    DriverOptions options;
+    options.device = device.get();
+    options.check_reference = c.large;  // the other cases' references: reference_against_the_oracles
     for (const std::string& failure : run_case(c, options, &summary)) ADD_FAILURE() << failure;
   }
-  std::printf("%s%s(%d large cases skipped)\n", summary.format(op).c_str(),
-              device ? "" : "no CUDA device: the reference's invariants only ", skipped);
+  std::printf("%s(%d large cases skipped)\n", summary.format(op).c_str(), skipped);
 }
 
 INSTANTIATE_TEST_SUITE_P(driver, ops, ::testing::ValuesIn(op_parts()),
@@ -261,6 +296,15 @@ TEST(ops_driver, an_oracle_bounds_every_implementation) {
   EXPECT_NE(failures.find("against the oracle (fp64 product within the contract's bound): out: 1 of 128"),
             std::string::npos)
       << failures;
+  // A tolerance of its own widens the comparison with the reference, never the contract's bound:
+  // the same wrong element within the tolerance still fails against the oracle.
+  OpCase tolerant = c;
+  tolerant.tolerance_for_impl = {{"fp8_linear.reference", Tolerance{1e9, 1.0, 1.0, 0}}};
+  const std::string tolerant_failures = joined(run_case(tolerant, options, &summary));
+  EXPECT_EQ(tolerant_failures.find("against the reference"), std::string::npos) << tolerant_failures;
+  EXPECT_NE(tolerant_failures.find("against the oracle (fp64 product within the contract's bound): out: 1 of 128"),
+            std::string::npos)
+      << tolerant_failures;
 }
 
 // A second run that writes other bytes fails.

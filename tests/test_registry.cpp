@@ -437,8 +437,11 @@ TEST_F(DispatchTest, NoTierIsNamedWhenTheContractIsNotTheOnlyRefusal) {
   EXPECT_FALSE(r.admitting_quality.has_value());
   EXPECT_TRUE(r.admitting_choice.empty());
   const std::string text = r.format();
-  EXPECT_NE(text.find("no eligible implementation at quality exact\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("no eligible implementation at any quality: each is refused above for what the call or the "
+                      "device lacks, not for its contract\n"),
+            std::string::npos) << text;
   EXPECT_EQ(text.find("would choose"), std::string::npos) << text;
+  EXPECT_EQ(text.find("at quality exact"), std::string::npos) << text;
   // The contract stays the reason shown (the tier is the first thing a caller chooses).
   EXPECT_NE(find_candidate(r, "fake.vendor")->reason.find("contract is close"), std::string::npos);
   // An eligible candidate: no hint either.

@@ -61,8 +61,15 @@ constexpr const char* kUsage = R"(usage: ditops <command> [options]      (ditops
                                 an op without a benchmark of its own takes explain's sizing
                                 flags and times one call from the op table
 
-exit codes: 0 done, 1 error, 2 usage (no or unknown command), 3 bench without a usable CUDA GPU
+exit codes: 0 done, 1 error, 2 usage (no or unknown command, cache or bench without its word),
+3 bench without a usable CUDA GPU
 )";
+
+// A command given without the word it needs: what it takes, the usage, exit 2.
+int usage_error(const std::string& what) {
+  std::fprintf(stderr, "ditops %s\n%s", what.c_str(), kUsage);
+  return kExitUsage;
+}
 
 // Flags that take no value; every other --flag takes exactly one.
 bool is_switch(const std::string& flag) {
@@ -334,6 +341,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "cache") {
       require_known_flags(args, {}, "cache");  // `cache clear --dry-run x` must not clear
+      if (args.words.size() == 1) return usage_error("cache: name what to do: 'list' or 'clear'");
       if (args.words.size() > 2) throw ditops::Error("cache: expected 'list' or 'clear' alone but got '" + args.words[2] + "'");
       return cmd_cache(args);
     }
@@ -344,6 +352,8 @@ int main(int argc, char** argv) {
     }
     if (cmd == "bench") {
       std::string known;
+      for (const ditops::OpDescription* d : ditops::op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
+      if (args.words.size() == 1) return usage_error("bench: name one op, one of: " + known);
       for (const auto& [op, run] : bench_commands()) {
         if (args.words.size() == 2 && args.words[1] == op) {
           // Checked before the GPU is looked for, so a typo fails on any machine.
@@ -365,7 +375,6 @@ int main(int argc, char** argv) {
         if (args.has("--json") && args.get("--json", "").empty()) throw ditops::Error("bench " + d.name + ": --json needs a path");
         return run_table_bench(d, args);
       }
-      for (const ditops::OpDescription* d : ditops::op_descriptions()) known += (known.empty() ? "" : ", ") + d->name;
       throw ditops::Error("bench: name one op, one of: " + known);
     }
     std::fprintf(stderr, "ditops: unknown command '%s'\n%s", cmd.c_str(), kUsage);

@@ -9,9 +9,16 @@ namespace ditops::cli {
 
 namespace {
 
+// The largest size a flag takes: 15 digits, far past any tensor (the facade refuses a call whose
+// tensors would pass 2^56 bytes) and short of int64 overflow in the products of a few sizes.
+constexpr int64_t kMaxSize = 999'999'999'999'999;
+
 int64_t parse_size(const std::string& flag, const std::string& name, const std::string& text) {
-  if (text.empty() || text.size() > 15 || text.find_first_not_of("0123456789") != std::string::npos)
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos)
     throw Error(flag + ": " + name + " must be a non-negative integer but is '" + text + "'");
+  const size_t first = std::min(text.find_first_not_of('0'), text.size() - 1);  // leading zeros
+  if (text.size() - first > 15)
+    throw Error(flag + ": " + name + " is too large: at most " + std::to_string(kMaxSize) + " but is " + text);
   return std::stoll(text);
 }
 

@@ -22,7 +22,9 @@
 #include "ditops/causal_conv3d_cat_pad.h"
 #include "ditops/cross_head_qknorm_rope.h"
 #include "ditops/fp8_linear.h"
+#include "ditops/fp8_rowwise_quant.h"
 #include "ditops/fp8_static_quant.h"
+#include "ditops/joint_qknorm_rope.h"
 #include "ditops/layernorm_modulate.h"
 #include "ditops/norm_scale_shift.h"
 #include "ditops/qknorm_rope.h"
@@ -118,6 +120,18 @@ int main(int argc, char** argv) {
   const TensorView vlx = view(fp8_out, DType::f8e4m3fn, {1, 32}), vw = view(w, DType::f8e4m3fn, {2, 32});
   const TensorView vlo2 = view(lin_out, DType::bf16, {1, 2});
 
+  // fp8_rowwise_quant: x [1, 64] -> e4m3 [1, 64] and its fp32 scale [1, 1] (no prefix);
+  // layernorm_modulate_fp8_rowwise: layernorm_modulate's inputs -> e4m3 [1, 1, 64], scale [1, 1, 1].
+  std::vector<uint16_t> row_scale(2, 0);
+  const TensorView vrs = view(row_scale, DType::f32, {1, 1}), vrs3 = view(row_scale, DType::f32, {1, 1, 1});
+
+  // joint_qknorm_rope: one token of one head of 64 per stream (q, k, v of each the same buffers),
+  // qknorm_rope's weights and fp32 cache, positions int64 [2], joint q, k, v [1, 2, 1, 64].
+  std::vector<uint16_t> jq(128, 0), jk(128, 0), jv(128, 0), jpos(8, 0);
+  const TensorView vj = view(q, DType::bf16, {1, 1, 1, 64});
+  const TensorView vjq = view(jq, DType::bf16, {1, 2, 1, 64}), vjk = view(jk, DType::bf16, {1, 2, 1, 64});
+  const TensorView vjv = view(jv, DType::bf16, {1, 2, 1, 64}), vjpos = view(jpos, DType::i64, {2});
+
   const std::pair<const char*, std::function<void()>> ops[] = {
       {"qknorm_rope", [&] { qknorm_rope(vq, vk, vwq, vwk, vcache, vpos); }},
       {"residual_gate_add", [&] { residual_gate_add(vres, vupd, vgate, vout); }},
@@ -130,6 +144,10 @@ int main(int argc, char** argv) {
       {"cross_head_qknorm_rope", [&] { cross_head_qknorm_rope(vq, vk, {}, {}, {}, {}, {}, {}, cross); }},
       {"causal_conv3d_cat_pad", [&] { causal_conv3d_cat_pad(vcx, vcc, vco, pad); }},
       {"fp8_linear", [&] { fp8_linear(vlx, vscale, vw, vscale, {}, vlo2); }},
+      {"fp8_rowwise_quant", [&] { fp8_rowwise_quant(vx2, {}, vsq, vrs); }},
+      {"layernorm_modulate_fp8_rowwise", [&] { layernorm_modulate_fp8_rowwise(vx, vms, vmh, vlf, vrs3); }},
+      {"joint_qknorm_rope",
+       [&] { joint_qknorm_rope(vj, vj, vj, vj, vj, vj, vwq, vwk, vwq, vwk, vcache, vjpos, vjq, vjk, vjv); }},
   };
   if (count) {
     for (const auto& [name, call] : ops)
@@ -139,6 +157,6 @@ int main(int argc, char** argv) {
   }
   std::printf("host overhead per call, CPU path (C++ facade: match + dispatch + reference, one row), best of %d x %d "
               "calls\n", rounds, calls);
-  for (const auto& [name, call] : ops) std::printf("  %-24s %7.3f us\n", name, per_call_us(call, calls, rounds));
+  for (const auto& [name, call] : ops) std::printf("  %-31s %7.3f us\n", name, per_call_us(call, calls, rounds));
   return 0;
 }

@@ -3,6 +3,10 @@
 //   layernorm_modulate:     out = bf16 chain of  F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None])
 //                                                 (+ shift[:, None])
 //   layernorm_modulate_fp8: out = e4m3( clamp( float(that bf16 result) * (1 / input_scale), ±448 ) )
+//   layernorm_modulate_fp8_rowwise: out, out_scale = the per-token dynamic e4m3 of that bf16 result
+//                           (fp8_rowwise_quant's recipe: s = bf16(amax * fp32(1/448)), 1 where 0;
+//                           out = e4m3(clamp(y / s, ±448)); out_scale fp32 [B, S, 1]), the bf16
+//                           result never written to memory
 //   qk_head_layernorm:      q_out, k_out = F.layer_norm(q, (Dh,), eps=eps), same for k
 //
 // Shapes and layouts (every stride counts elements; the last stride must be 1 everywhere):
@@ -17,6 +21,7 @@
 //                without a `+ shift`.
 //   input_scale  fp32 with exactly one element (fp8 op), on the device of x; read on the device
 //                (no host sync): inv = 1/input_scale computed per the Fp8Reciprocal option.
+//   out_scale    fp32 [B, S, 1] contiguous (fp8_rowwise op): the rows' scales.
 //   D: 0 < D <= 8192, D % 4 == 0 (aten's vectorized kernel; other D take aten's other kernel,
 //   whose order we do not replicate). B*S == 0 is a no-op.
 //   q, k, q_out, k_out  [B, S, H, Dh] bf16 (k may have its own H), Dh % 4 == 0, 0 < Dh <= 128;
@@ -53,15 +58,15 @@ struct LayerNormModulateOptions {
   DispatchOptions dispatch;
 };
 
-enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head };
+enum class LnModulateKind : uint8_t { bf16_out, fp8_out, qk_head, fp8_rowwise };
 
 // The call as every implementation sees it: the tensors in call order, the options, and what
 // matching derives from them.
 struct LayerNormModulateCall {
   LnModulateKind kind = LnModulateKind::bf16_out;
-  // bf16_out / fp8_out: x, scale, shift, out (+ input_scale). qk_head: x = q, out = q_out,
-  // x2 = k, out2 = k_out.
-  TensorView x, scale, shift, out, input_scale, x2, out2;
+  // bf16_out / fp8_out / fp8_rowwise: x, scale, shift, out (+ input_scale, or out_scale). qk_head:
+  // x = q, out = q_out, x2 = k, out2 = k_out.
+  TensorView x, scale, shift, out, input_scale, x2, out2, out_scale;
   LayerNormModulateOptions options;
   int64_t batch = 0;    // B
   int64_t seq = 0;      // S
@@ -77,7 +82,7 @@ struct LayerNormModulateCall {
   Stream stream = nullptr;
 };
 
-// What callers pass to each op: its tensors in call order, then the options (the three share the
+// What callers pass to each op: its tensors in call order, then the options (the four share the
 // call their implementations see, LayerNormModulateCall).
 struct LayerNormModulateArgs {
   TensorView x, scale, shift, out;
@@ -85,6 +90,10 @@ struct LayerNormModulateArgs {
 };
 struct LayerNormModulateFp8Args {
   TensorView x, scale, shift, input_scale, out;
+  LayerNormModulateOptions options;
+};
+struct LayerNormModulateFp8RowwiseArgs {
+  TensorView x, scale, shift, out, out_scale;
   LayerNormModulateOptions options;
 };
 struct QkHeadLayerNormArgs {
@@ -98,14 +107,16 @@ struct QkHeadLayerNormArgs {
 // implementation that ran.
 extern const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate;
 extern const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8;
+extern const OpFunction<std::string, LayerNormModulateFp8RowwiseArgs> layernorm_modulate_fp8_rowwise;
 extern const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm;
 
 // match_<op>(the same arguments): validation alone: the call every implementation would receive.
 extern const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate;
 extern const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8;
+extern const OpFunction<LayerNormModulateCall, LayerNormModulateFp8RowwiseArgs> match_layernorm_modulate_fp8_rowwise;
 extern const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm;
 
-// The dispatch reasoning for one matched call (any of the three kinds), without running it.
+// The dispatch reasoning for one matched call (any of the four kinds), without running it.
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call);
 
 // The CPU reference (the portable oracle) for CPU views of a matched call of any kind.

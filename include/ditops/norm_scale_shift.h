@@ -6,14 +6,18 @@
 //                                                  affine weight [D] / bias [D]; scale optional
 //                                                  except with sglang numerics: absent = 0)
 //   fp8          = e4m3(y * (1 / input_scale))    (static FP8, optional)
+//   fp8_rowwise, fp8_scale = the per-token dynamic e4m3 of y (optional; eager and float32 numerics):
+//                  s = T(amax|y| * fp32(1/448)), 1 where 0; fp8_rowwise = e4m3(clamp(y / s, +-448)),
+//                  fp8_scale = s (fp32) per row: torchao 0.18's float8 rowwise recipe
+//                  (ditops.eager.fp8_rowwise_eager, docs/fp8_rowwise_quant.md) of the 16-bit y
 //   nvfp4        = NVFP4(y) with global_scale     (packed E2M1 + 128x4-swizzled E4M3 block scales)
 //
 // Shapes (every stride counts elements; last stride 1 wherever a dim is longer than 1):
 //   x, residual        [B, S, D] bf16/fp16/fp32, batch and token strides free.
 //   y, residual_out,   [B, S, D], batch/token strides free, rows must not overlap. y has x's dtype,
-//   fp8                fp8 is f8e4m3fn (or u8). An output may BE an input (same data, strides,
-//                      dtype: in place, each row is read fully before it is written) but may not
-//                      overlap any input or output otherwise.
+//   fp8, fp8_rowwise   fp8 is f8e4m3fn (or u8), fp8_rowwise f8e4m3fn. An output may BE an input
+//                      (same data, strides, dtype: in place, each row is read fully before it is
+//                      written) but may not overlap any input or output otherwise.
 //   scale, shift, gate broadcast operands, dtype of x (numerics=float32: f32), one of the classes
 //                        scalar: rank 0 or all dims 1 with no D       []   [1]
 //                        per channel:                                  [D] [1,D] [1,1,D]
@@ -25,6 +29,7 @@
 //   weight, bias       [D] (affine; bias needs weight; RMSNorm takes no bias), dtype of x
 //                      (numerics=float32: f32).
 //   input_scale        fp32, one element, on the device of x (fp8 only).
+//   fp8_scale          fp32 [B, S, 1] contiguous (with fp8_rowwise; x bf16 or f16).
 //   nvfp4_packed       [B*S, D/2] u8 or fp4e2m1x2, contiguous (two values per byte, even element
 //                      in the low nibble); nvfp4_scales [pad128(B*S), D/16] u8 contiguous, the
 //                      128x4 swizzled layout (padding rows written as 0); global_scale fp32,
@@ -34,7 +39,9 @@
 // diffusers' RMSNorm module, whose variance is x.float().pow(2).mean(-1) (LTX-2).
 // numerics=float32 (Wan's FP32LayerNorm chains): x and residual bf16/f16 (or f32), every
 // operand f32, every operation in fp32 and y (and residual_out) rounded once to x's dtype;
-// LayerNorm only, no quantized output.
+// LayerNorm only, no quantized output but fp8_rowwise (of that rounded y).
+// At most one quantized output (fp8, fp8_rowwise or nvfp4); y is written only where given (the
+// bindings' store_y) when one is requested.
 // B*S == 0 is a no-op. The numerics, operation by operation, are in docs/norm_scale_shift.md.
 #pragma once
 
@@ -113,10 +120,11 @@ struct NormScaleShiftInputs {
 };
 
 struct NormScaleShiftOutputs {
-  TensorView y;  // may be absent when fp8 or nvfp4 is requested
+  TensorView y;  // may be absent when a quantized output is requested
   TensorView residual_out;
   TensorView fp8;
   TensorView nvfp4_packed, nvfp4_scales;
+  TensorView fp8_rowwise, fp8_scale;  // both or neither
 };
 
 // One broadcast operand after matching: element (b, s, c) is at
@@ -131,7 +139,7 @@ struct NssOperand {
 };
 const char* nss_operand_kind_name(NssOperand::Kind kind);
 
-enum class NssQuant : uint8_t { none, fp8, nvfp4 };
+enum class NssQuant : uint8_t { none, fp8, nvfp4, fp8_rowwise };
 
 // The call as every implementation sees it: the tensors in call order, the options, and what
 // matching derives from them.

@@ -15,7 +15,7 @@
 // and the op's description (src/core/op_builder.h) defines them. The leading members are
 // TensorViews unless listed (`OpFunction<std::string, NormScaleShiftCall, NormScaleShiftInputs,
 // NormScaleShiftOutputs>`); an op whose implementations see another struct than its callers fill
-// (three layernorm ops sharing one call) names both: `OpFunction<std::string, QkHeadLayerNormArgs>`.
+// (four layernorm ops sharing one call) names both: `OpFunction<std::string, QkHeadLayerNormArgs>`.
 #pragma once
 
 #include <cstddef>

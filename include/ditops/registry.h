@@ -64,7 +64,7 @@ struct Contract {
   Kind kind = Kind::bit_exact;
   std::string oracle;  // what it is compared against, e.g. "torch 2.11 eager chain on CUDA"
   std::string bounds;  // for close: the stated bound, e.g. "|d| <= 1 ulp(bf16) on <= 0.5% of elems"
-  // How the contract was checked on a device: "verified: <device, method, date, commit>" or
+  // How the contract was checked on a device: "verified: <device, method, commit>" or
   // "unverified: <why>" (per mode where modes differ). The registry test requires one of the two.
   std::string verification;
   // close only: the admission record that lets the lossless tier run it (filled from the
@@ -221,7 +221,7 @@ struct Config {
   // DITOPS_JIT_FORCE_RECOMPILE=1: every cubin request compiles (memory and disk entries are
   // ignored) and republishes its disk entry; for a cache suspected stale.
   bool jit_force_recompile = false;
-  std::string cache_dir;                // DITOPS_CACHE_DIR, default ~/.cache/ditops
+  std::string cache_dir;                // DITOPS_CACHE_DIR, else $XDG_CACHE_HOME/ditops, ~/.cache/ditops, /tmp/ditops-cache
   // DITOPS_CHECK=1: device-resident indices are bounds-checked on the device before the op runs
   // (a launch and a synchronization per call; refused under CUDA-graph capture). docs/dispatch.md
   bool checked = false;

@@ -40,4 +40,40 @@ DITOPS_HOST_DEVICE constexpr unsigned fast_quotient(unsigned n, FastDivisor d) {
   return static_cast<unsigned>((static_cast<unsigned long long>(n) * d.multiplier) >> d.shift);
 }
 
+// The same at twice the width, for 0 <= n < 2^63 and 1 <= d < 2^63: l = ceil(log2 d), p = 63 + l,
+// m = ceil(2^p / d) (the proof above with 63 for 31: m < 2^64, and n e < 2^63 2^l = 2^p). The
+// quotient is the high half of the 128-bit n m shifted right by p - 64 = l - 1: one
+// multiply-high instead of a 64-bit division (~70 instructions). d = 1 (l = 0, p = 63) is kept as
+// the identity (multiplier 0), since its quotient needs the product's low half.
+struct FastDivisor64 {
+  unsigned long long multiplier;  // 0: d = 1
+  unsigned shift;                 // p - 64 = l - 1, 0..62
+};
+
+// m by long division of 2^p, one bit at a time (no 128-bit type: NVRTC and every host compiler
+// take it); the remainder stays below d < 2^63, so 2 r + 1 fits 64 bits.
+DITOPS_HOST_DEVICE constexpr FastDivisor64 fast_divisor64(unsigned long long d) {
+  if (d <= 1) return FastDivisor64{0, 0};
+  unsigned l = 0;
+  while ((1ull << l) < d) ++l;
+  const unsigned p = 63 + l;
+  unsigned long long q = 0, r = 0;
+  for (int bit = static_cast<int>(p); bit >= 0; --bit) {
+    r = 2 * r + (bit == static_cast<int>(p) ? 1 : 0);
+    q <<= 1;
+    if (r >= d) r -= d, q |= 1;
+  }
+  return FastDivisor64{q + (r != 0 ? 1 : 0), l - 1};
+}
+
+// floor(n / d) for 0 <= n < 2^63.
+DITOPS_HOST_DEVICE inline unsigned long long fast_quotient64(unsigned long long n, FastDivisor64 d) {
+  if (d.multiplier == 0) return n;
+#if defined(__CUDA_ARCH__)
+  return __umul64hi(n, d.multiplier) >> d.shift;
+#else
+  return static_cast<unsigned long long>((static_cast<unsigned __int128>(n) * d.multiplier) >> 64) >> d.shift;
+#endif
+}
+
 }  // namespace ditops

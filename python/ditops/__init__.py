@@ -139,10 +139,11 @@ def _dense_in_order_of(like, shape, dtype):
     return t.permute([order.index(d) for d in range(like.dim())])
 
 
-def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
-    """A new output of shape() on like's device; dtype None: like's dtype, else a torch dtype
-    name ("float8_e4m3fn", "uint8"). strided: like's strides (a permuted dense layout stays
-    permuted: the transposed residual stream); "format": dense in like's dimension order."""
+def _new_output(op: str, name: str, like, shape, dtype=None, strided=False, like_name="the input"):
+    """A new output of shape() on like's device (like is the input named like_name); dtype None:
+    like's dtype, else a torch dtype name ("float8_e4m3fn", "uint8"). strided: like's strides (a
+    permuted dense layout stays permuted: the transposed residual stream); "format": dense in like's
+    dimension order."""
     torch = _torch_tensor_module(like)
     if torch is not None:
         dt = like.dtype if dtype is None else getattr(torch, dtype)
@@ -167,8 +168,12 @@ def _new_output(op: str, name: str, like, shape, dtype=None, strided=False):
             return np.empty([full[d] for d in order], dtype=np_dtype).transpose(
                 [order.index(d) for d in range(like.ndim)])
         return np.empty(shape(), dtype=np_dtype)
+    if not hasattr(like, "__dlpack__") and not isinstance(like, tvm_ffi.Tensor):
+        # not a tensor at all: the input is at fault, not the output allocated like it
+        raise Error(f"{op}: {like_name} must be a tensor (a torch tensor, a numpy array or another DLPack "
+                    f"producer) but is {type(like).__name__}")
     raise Error(f"{op}: {name} was not given and ditops allocates outputs only for torch tensors and "
-                f"numpy arrays (got {type(like).__name__}); pass {name}=")
+                f"numpy arrays (got {type(like).__name__} for {like_name}); pass {name}=")
 
 
 def _rows(x) -> int:
@@ -286,7 +291,10 @@ def _plain(value):
 def list_kernels(op: str | None = None) -> list[dict]:
     """Every registered implementation (of `op`, or of all ops): op, name, provenance,
     capabilities, contract (bit_exact/close), oracle, bounds, description, unavailable ("" when
-    usable on this machine, else the reason) and, for kda kernels, evidence."""
+    usable on this machine, else the reason) and, for kda kernels, evidence. An op that is not
+    described raises, as explain does."""
+    if op and op not in _OPS:
+        raise Error(f"list_kernels: unknown op '{op}' (known: {', '.join(_OPS)})")
     return [_plain(r) for r in _ffi.list_kernels(op or "")]
 
 

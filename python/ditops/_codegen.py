@@ -54,45 +54,54 @@ def _positional_defaults(slots: list[dict]) -> set:
 def _shape_expr(rule: str) -> tuple[str, str]:
     """An `alloc` rule's extents as a Python tuple expression, and the tensor it is placed like."""
     names = re.findall(r"(?:rows|last|dim)\((\w+)", rule)
-    expr = re.sub(r"dim\((\w+),\s*(\d+)\)", r"\1.shape[\2]", rule)
+    expr = re.sub(r"last_or_0\((\w+)\)", r"(\1.shape[-1] if \1 is not None else 0)", rule)
+    expr = re.sub(r"dim\((\w+),\s*(\d+)\)", r"\1.shape[\2]", expr)
     expr = re.sub(r"rows\((\w+)\)", r"_rows(\1)", expr)
     expr = re.sub(r"last\((\w+)\)", r"\1.shape[-1]", expr)
     expr = expr.replace("up128(", "_up128(").replace("/", "//")
     return "(" + expr + ",)", names[0]
 
 
-def _present_expr(slot: dict) -> str | None:
+def _present_expr(op: dict, slot: dict) -> str | None:
     """When an output is produced, as a Python expression of the call's arguments; None for
-    outputs only a caller can ask for."""
+    outputs only a caller can ask for. A rule's name is a tensor (given: not None) or a boolean
+    option (given: true), as the C++ output_present reads it."""
     rule = slot["present"]
+    options = {o["name"] for o in op["options"]}
+
+    def given(n):
+        return f"bool({n})" if n in options else f"{n} is not None"
+
     if rule == "always":
         return "True"
     if rule == "caller":
         return None
     if rule.startswith("given:"):
-        return "(" + " or ".join(f"{n} is not None" for n in rule[6:].split(",")) + ")"
+        return "(" + " or ".join(given(n) for n in rule[6:].split(",")) + ")"
     m = re.fullmatch(r"flag:(\w+);absent:([\w,]+)", rule)
     if m:
         flag, absent = m.group(1), m.group(2).split(",")
-        return f"({flag} if {flag} is not None else (" + " and ".join(f"{n} is None" for n in absent) + "))"
+        return f"({flag} if {flag} is not None else not (" + " or ".join(given(n) for n in absent) + "))"
     raise ValueError(f"ditops: output {slot['name']}: unknown presence rule {rule!r}")
 
 
 def _alloc_call(op: dict, slot: dict, new: str) -> str:
     """An expression allocating `slot` with the function `new(op, name, like, shape, dtype,
-    strided)`; shape is a function (called once `new` knows it can allocate for like's kind)."""
+    strided, like_name)`; shape is a function (called once `new` knows it can allocate for like's
+    kind); like_name names the tensor it is allocated like (a message for a like that is none)."""
     rule, dtype = slot["alloc"], slot["alloc_dtype"]
     dt = repr(TORCH_DTYPES[dtype]) if dtype else "None"
     if rule.startswith("like:"):
         like = rule[5:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, False)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, False, {like!r})"
     if rule.startswith("strided:"):
         like = rule[8:]
-        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True)"
+        return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: tuple({like}.shape), {dt}, True, {like!r})"
     shape, like = _shape_expr(rule)
     if slot.get("alloc_format"):  # dense in that tensor's dimension order
-        return f"{new}({op['name']!r}, {slot['name']!r}, {slot['alloc_format']}, lambda: {shape}, {dt}, 'format')"
-    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False)"
+        fmt = slot["alloc_format"]
+        return f"{new}({op['name']!r}, {slot['name']!r}, {fmt}, lambda: {shape}, {dt}, 'format', {fmt!r})"
+    return f"{new}({op['name']!r}, {slot['name']!r}, {like}, lambda: {shape}, {dt}, False, {like!r})"
 
 
 def returned_outputs(op: dict) -> list[dict]:
@@ -166,7 +175,7 @@ def python_source(ops: list[dict]) -> str:
             if t["role"] == "inout":
                 body.append(f"_check_writable({name!r}, {t['name']!r}, {t['name']})")
             elif t["role"] == "out":
-                present = _present_expr(t)
+                present = _present_expr(op, t)
                 body.append(f"if {t['name']} is not None:")
                 body.append(f"    _check_writable({name!r}, {t['name']!r}, {t['name']})")
                 if present is not None:
@@ -246,9 +255,10 @@ def torch_source(ops: list[dict]) -> str:
         kw += [o["name"] + "=" + _default_literal(o) for o in op["options"]] + ["backend=None", "quality=None"]
         sig = ", ".join(params + ["*"] + kw)
         outs = returned_outputs(op)
-        alloc = []
+        # outputs a presence rule names before they are allocated (none is passed here) read as absent
+        alloc = [" = ".join([t["name"] for t in outs] + ["None"])] if outs else []
         for t in outs:
-            alloc.append(f"{t['name']} = {_alloc_call(op, t, '_new')} if {_present_expr(t)} else None")
+            alloc.append(f"{t['name']} = {_alloc_call(op, t, '_new')} if {_present_expr(op, t)} else None")
         alloc_src = "\n    ".join(alloc) if alloc else "pass"
         passed = [t["name"] if t["role"] != "out" or t["present"] != "caller" else "None" for t in op["tensors"]]
         call_args = ", ".join(passed + [o["name"] for o in op["options"]] + ["backend", "quality"])

@@ -62,7 +62,7 @@ def _define(schema: str, impl, fake) -> None:
     torch.library.register_fake("ditops::" + name, fake, lib=_LIB)
 
 
-def _new(op, name, like, shape, dtype, strided):
+def _new(op, name, like, shape, dtype, strided, like_name=None):
     dt = like.dtype if dtype is None else getattr(torch, dtype)
     if strided == "format":
         return _ditops._dense_in_order_of(like, shape(), dt)
@@ -93,6 +93,7 @@ def _or_empty(tensor, like):
 # warns once, naming the reason.
 
 _FALLBACK_WARNED: dict = {}  # (op, device, dtypes, options) -> the core's reason
+_FALLBACK_LOCK = threading.Lock()  # one warning per signature when several threads fall back at once
 _LAST_DISPATCH = threading.local()
 
 
@@ -140,8 +141,11 @@ def _eager_fallback(op, tensors, options, reason) -> None:
                                f"({', '.join(f'{n}={v}' for n, v in options.items())}) to fall back to")
     device = next(iter(given.values())).device
     sig = (op, str(device), tuple((n, t.dtype) for n, t in given.items()), tuple(sorted(options.items())))
-    if sig not in _FALLBACK_WARNED:
-        _FALLBACK_WARNED[sig] = reason
+    with _FALLBACK_LOCK:
+        first = sig not in _FALLBACK_WARNED
+        if first:
+            _FALLBACK_WARNED[sig] = reason
+    if first:
         warnings.warn(f"ditops: {op} on {device} runs the eager chain: {reason}", RuntimeWarning,
                       stacklevel=5)  # the caller of torch.ops.ditops.<op>
     for name, value in outputs.items():
@@ -183,26 +187,43 @@ class BitExactGate:
 
     A signature is the tuple of everything that selects a different kernel (dtypes, head dim,
     rope dim, pairing, cache layout, head counts, device). States: unverified -> verified (the
-    outputs were torch.equal) or disabled (they were not, or the fused call failed)."""
+    outputs were torch.equal) or disabled (they were not, or the fused call failed). Several
+    threads may check one signature at once: disabled wins (a signature one thread found unequal
+    never becomes verified) and warns once."""
 
     def __init__(self, name: str):
         self.name = name
         self.verified: set = set()
         self.disabled: dict = {}  # signature -> why
+        self._lock = threading.Lock()
 
     def state(self, sig) -> str:
         if sig in self.disabled:
             return "disabled"
         return "verified" if sig in self.verified else "unverified"
 
+    def verify(self, sig) -> bool:
+        """Marks sig verified unless it is disabled; whether it now is verified."""
+        with self._lock:
+            if sig in self.disabled:
+                return False
+            self.verified.add(sig)
+            return True
+
     def disable(self, sig, why: str) -> None:
-        self.disabled[sig] = why
-        warnings.warn(f"ditops: disabling the fused {self.name} path for {sig}: {why}; "
-                      "using the eager chain", RuntimeWarning, stacklevel=3)
+        with self._lock:
+            first = sig not in self.disabled
+            if first:
+                self.disabled[sig] = why
+            self.verified.discard(sig)
+        if first:
+            warnings.warn(f"ditops: disabling the fused {self.name} path for {sig}: {why}; "
+                          "using the eager chain", RuntimeWarning, stacklevel=3)
 
     def reset(self) -> None:
-        self.verified.clear()
-        self.disabled.clear()
+        with self._lock:
+            self.verified.clear()
+            self.disabled.clear()
 
 
 _QKNORM_ROPE_GATE = BitExactGate("qknorm_rope")
@@ -414,7 +435,9 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
         _QKNORM_ROPE_GATE.disable(sig, f"the fused call failed: {e}")
         return ref_q.view(q.shape), ref_k.view(k.shape)
     if torch.equal(q3, ref_q) and torch.equal(k3, ref_k):
-        _QKNORM_ROPE_GATE.verified.add(sig)
+        if not _QKNORM_ROPE_GATE.verify(sig):  # another thread's check of sig differed meanwhile
+            q3.copy_(ref_q)
+            k3.copy_(ref_k)
     else:
         differ = int((q3 != ref_q).sum()) + int((k3 != ref_k).sum())
         _QKNORM_ROPE_GATE.disable(sig, f"{differ} of {q3.numel() + k3.numel()} elements differ "

@@ -25,6 +25,17 @@ bool dtype_from_dlpack(DLDataType t, DType* out) {
   return false;
 }
 
+// A DLPack dtype as numpy and torch name it (float64, complex64, bool, int16, float32x4), with
+// its codes: what an unsupported tensor is, for the message.
+std::string dlpack_dtype_text(DLDataType t) {
+  const char* base = t.code == kDLInt ? "int" : t.code == kDLUInt ? "uint" : t.code == kDLFloat ? "float"
+                   : t.code == kDLBfloat ? "bfloat" : t.code == 5 ? "complex" : t.code == 6 ? "bool" : nullptr;
+  std::string name = base ? std::string(base) + (t.code == 6 ? "" : std::to_string(t.bits)) : "an unknown dtype";
+  if (base && t.lanes != 1) name += "x" + std::to_string(t.lanes);
+  return name + " (DLPack code " + std::to_string(t.code) + ", bits " + std::to_string(t.bits) + ", lanes " +
+         std::to_string(t.lanes) + ")";
+}
+
 struct ManagedHolder {
   DLManagedTensorVersioned managed;
   int64_t shape[kMaxRank];
@@ -58,9 +69,8 @@ TensorView from_dlpack(const DLTensor& tensor) {
     throw Error("from_dlpack: rank " + std::to_string(tensor.ndim) + " is outside [0, " +
                 std::to_string(kMaxRank) + "]");
   if (!dtype_from_dlpack(tensor.dtype, &view.dtype))
-    throw Error("from_dlpack: unsupported dtype (code " + std::to_string(tensor.dtype.code) +
-                ", bits " + std::to_string(tensor.dtype.bits) + ", lanes " +
-                std::to_string(tensor.dtype.lanes) + ")");
+    throw Error("from_dlpack: unsupported dtype " + dlpack_dtype_text(tensor.dtype) +
+                "; the dtypes ditops takes: f32, f16, bf16, f8e4m3fn, f8e5m2, fp4e2m1x2, u8, i32, i64");
   switch (tensor.device.device_type) {
     case kDLCPU:
     case kDLCUDAHost:

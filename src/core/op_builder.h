@@ -12,7 +12,7 @@
 //
 // and, with the op's kernel family (jit/kernel_family.h: op_run, op_match, describe_op), its
 // entries and registration. Args (what callers fill) is the call struct itself, or a struct the op
-// turns into its Call in `complete` (three layernorm ops share one call); it has a member
+// turns into its Call in `complete` (four layernorm ops share one call); it has a member
 // `options` whose type has a `dispatch` (DispatchOptions) member, and a Call has `stream`.
 #pragma once
 

@@ -281,6 +281,15 @@ class ShapeExpr {
       v = expr();
       if (v > std::numeric_limits<int64_t>::max() - 127) fail("up128 overflows int64");
       v = (v + 127) / 128 * 128;
+    } else if (w == "last_or_0") {  // an optional tensor's last extent, 0 where it is absent
+      const std::string tensor = word();
+      const int i = op_ ? op_->tensor_index(tensor) : -1;
+      if (i < 0) fail("no tensor '" + tensor + "'");
+      if (call_->given[i]) {
+        const TensorView& t = call_->tensors[i];
+        if (t.rank == 0) fail("tensor has rank 0");
+        v = t.shape[t.rank - 1];
+      }
     } else {
       const std::string tensor = word();
       const TensorView& t = named(tensor);

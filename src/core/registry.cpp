@@ -558,13 +558,15 @@ std::string DispatchReport::format() const {
     out << (c.chosen ? "  * " : "    ") << c.name << std::string(width - c.name.size() + 2, ' ')
         << (c.chosen ? "CHOSEN   " : c.eligible ? "eligible " : "refused  ") << c.reason << "\n";
   }
-  if (!chosen) {
-    out << "  no eligible implementation at quality " << quality_name(quality);
-    if (admitting_quality)
-      out << "; quality " << quality_name(*admitting_quality) << " would choose " << admitting_choice
-          << " (--quality " << quality_name(*admitting_quality) << ", quality=\"" << quality_name(*admitting_quality)
-          << "\" in Python, or DITOPS_QUALITY=" << quality_name(*admitting_quality) << ")";
-    out << "\n";
+  if (!chosen && admitting_quality) {
+    out << "  no eligible implementation at quality " << quality_name(quality) << "; quality "
+        << quality_name(*admitting_quality) << " would choose " << admitting_choice << " (--quality "
+        << quality_name(*admitting_quality) << ", quality=\"" << quality_name(*admitting_quality)
+        << "\" in Python, or DITOPS_QUALITY=" << quality_name(*admitting_quality) << ")\n";
+  } else if (!chosen) {
+    // Not the tier: a higher one would change nothing (e.g. an instruction the device lacks).
+    out << "  no eligible implementation at any quality: each is refused above for what the call or the device "
+        << "lacks, not for its contract\n";
   }
   return out.str();
 }

@@ -20,6 +20,7 @@
 #include <tvm/ffi/optional.h>
 #include <tvm/ffi/string.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,7 +52,21 @@ using FfiTensor = tvm::ffi::TensorView;
 }
 
 // Zero-copy view; a DLPack-level refusal (dtype, device kind, rank) names the tensor.
-ditops::TensorView view(const FfiTensor& t, const char* name, const char* op) {
+// A slot's dtype rule in words: "bf16|f16|f32", "=x|f32" -> "x's dtype or f32".
+std::string dtype_rule_text(const std::string& rule) {
+  std::string out;
+  size_t start = 0;
+  while (start <= rule.size()) {
+    const size_t bar = std::min(rule.find('|', start), rule.size());
+    const std::string part = rule.substr(start, bar - start);
+    out += (out.empty() ? "" : " or ") + (part.rfind('=', 0) == 0 ? part.substr(1) + "'s dtype" : part);
+    start = bar + 1;
+  }
+  return out;
+}
+
+ditops::TensorView view(const FfiTensor& t, const ditops::TensorSlot& slot, const char* op) {
+  const char* name = slot.name.c_str();
   DLTensor dl{};
   dl.data = t.data_ptr();
   dl.device = t.device();
@@ -70,7 +85,10 @@ ditops::TensorView view(const FfiTensor& t, const char* name, const char* op) {
   try {
     return ditops::from_dlpack(dl);
   } catch (const ditops::Error& e) {
-    raise_ditops(std::string(op) + ": " + name + ": " + e.what());
+    // An unsupported dtype: what this tensor takes too.
+    const bool dtype_refused = std::string(e.what()).find("unsupported dtype") != std::string::npos;
+    raise_ditops(std::string(op) + ": " + name + ": " + e.what() +
+                 (dtype_refused && !slot.dtypes.empty() ? "; " + slot.name + " takes " + dtype_rule_text(slot.dtypes) : ""));
   }
 }
 
@@ -184,7 +202,7 @@ Any generic_entry(const tvm::ffi::AnyView* args, int32_t num_args) {
     if (a.type_index() == kTVMFFINone) continue;
     auto t = a.try_cast<FfiTensor>();
     if (!t) raise_ditops(op.name + ": " + op.tensors[i].name + " must be a tensor but is " + a.GetTypeKey());
-    call.tensors[i] = view(*t, op.tensors[i].name.c_str(), op.name.c_str());
+    call.tensors[i] = view(*t, op.tensors[i], op.name.c_str());
     call.given[i] = true;
     if (!first_tensor) first_tensor = *t;
   }

@@ -10,6 +10,7 @@
 //   p   = bf16(y * op)                             the bf16 multiply
 //   out = has_shift ? bf16(p + shift) : p          the bf16 add (absent: -0 survives)
 //   fp8 = e4m3(clamp(float(out) * inv, -448, 448)) inv = 1 / input_scale (IEEE; NaN propagates)
+//   fp8_rowwise: the row's out values, then reference/fp8_rowwise.h's recipe (scale, e4m3 by division)
 // qk_head_layernorm stores y.
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,7 @@
 
 #include "ditops/layernorm_modulate.h"
 #include "reference/aten_layer_norm.h"
+#include "reference/fp8_rowwise.h"
 #include "reference/half.h"
 
 namespace ditops {
@@ -87,6 +89,7 @@ void modulate_rows(const LayerNormModulateCall& c, float inv, int64_t begin, int
     const uint16_t* scale = bf16_at(c.scale, b * c.scale.strides[0]);
     const uint16_t* shift = c.has_shift ? bf16_at(c.shift, b * c.shift.strides[0]) : nullptr;
     const int64_t out_offset = b * c.out.strides[0] + s * c.out.strides[1];
+    uint16_t amax = 0;
     for (int i = 0; i < D; ++i) {
       const float y = bf16_round(st.rstd * (row[static_cast<size_t>(i)] - st.mean));
       const float op = bf16_round(1.0f + ref::bf16_to_float(scale[i]));
@@ -94,9 +97,18 @@ void modulate_rows(const LayerNormModulateCall& c, float inv, int64_t begin, int
       if (shift) v = bf16_round(v + ref::bf16_to_float(shift[i]));
       if (c.kind == LnModulateKind::fp8_out) {
         static_cast<uint8_t*>(c.out.data)[out_offset + i] = float_to_e4m3fn(clamp_fp8_range(v * inv));
+      } else if (c.kind == LnModulateKind::fp8_rowwise) {
+        row[static_cast<size_t>(i)] = v;  // x's value is not read again
+        amax = std::max(amax, ref::magnitude_bits(ref::float_to_bf16_rne(v)));
       } else {
         static_cast<uint16_t*>(c.out.data)[out_offset + i] = ref::float_to_bf16_rne(v);
       }
+    }
+    if (c.kind == LnModulateKind::fp8_rowwise) {  // the rowwise recipe of the held bf16 row
+      const float scale_of_row = ref::fp8_rowwise_scale(amax, DType::bf16);
+      static_cast<float*>(c.out_scale.data)[r] = scale_of_row;
+      for (int i = 0; i < D; ++i)
+        static_cast<uint8_t*>(c.out.data)[out_offset + i] = ref::fp8_rowwise_e4m3(row[static_cast<size_t>(i)], scale_of_row);
     }
   }
 }
@@ -141,7 +153,7 @@ void parallel_rows(int64_t rows, int64_t row_cost, F&& f) {
 void layernorm_modulate_reference(const LayerNormModulateCall& c) {
   auto on_cpu = [](const TensorView& t) { return !t.data || t.device.kind == DeviceKind::cpu; };
   if (!on_cpu(c.x) || !on_cpu(c.out) || !on_cpu(c.scale) || !on_cpu(c.shift) ||
-      !on_cpu(c.input_scale) || !on_cpu(c.x2) || !on_cpu(c.out2))
+      !on_cpu(c.input_scale) || !on_cpu(c.x2) || !on_cpu(c.out2) || !on_cpu(c.out_scale))
     throw Error("layernorm_modulate reference: every tensor must be on the cpu");
   if (c.dim <= 0 || c.dim % 4 != 0) throw Error("layernorm_modulate reference: bad D");
   if (c.kind == LnModulateKind::qk_head) {

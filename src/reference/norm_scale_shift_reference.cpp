@@ -5,7 +5,8 @@
 // -ffp-contract=off; every FMA of the contract is an explicit std::fma). The only places where the
 // GPU may legitimately differ are its approximate instructions, which are correctly rounded here:
 // rsqrtf (LayerNorm/RMSNorm rstd, up to 2 fp32 ulp: reference/aten_layer_norm.h), rcp.approx.ftz
-// (NVFP4 scales) and div.full.f32 (fp8 inv = 1/input_scale): reference/fp8_fp4.h.
+// (NVFP4 scales) and div.full.f32 (fp8 inv = 1/input_scale): reference/fp8_fp4.h. fp8_rowwise is
+// the recipe of reference/fp8_rowwise.h over the row's rounded y.
 // The call is assumed validated by the facade (match_norm_scale_shift).
 #include <algorithm>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "ditops/norm_scale_shift.h"
 #include "reference/aten_layer_norm.h"
 #include "reference/fp8_fp4.h"
+#include "reference/fp8_rowwise.h"
 #include "reference/half.h"
 
 namespace ditops {
@@ -214,6 +216,14 @@ void process_row(const NormScaleShiftCall& c, int64_t row, std::vector<float>& v
     uint8_t* q = reinterpret_cast<uint8_t*>(const_cast<char*>(at(c.out.fp8, row_offset(c.out.fp8, b, s))));
     for (int i = 0; i < d; ++i) q[i] = ref::float_to_e4m3_satfinite(y[i] * inv);
   }
+  if (c.quant == NssQuant::fp8_rowwise) {
+    uint16_t amax = 0;
+    for (int i = 0; i < d; ++i) amax = std::max(amax, ref::magnitude_bits(ref::float_to_act_bits(y[i], dt)));
+    const float row_scale = ref::fp8_rowwise_scale(amax, dt);
+    static_cast<float*>(c.out.fp8_scale.data)[row] = row_scale;
+    auto* q = reinterpret_cast<uint8_t*>(const_cast<char*>(at(c.out.fp8_rowwise, row_offset(c.out.fp8_rowwise, b, s))));
+    for (int i = 0; i < d; ++i) q[i] = ref::fp8_rowwise_e4m3(y[i], row_scale);
+  }
   if (c.quant == NssQuant::nvfp4) {
     const float global_scale = *static_cast<const float*>(c.in.global_scale.data);
     uint8_t* packed = static_cast<uint8_t*>(c.out.nvfp4_packed.data) + row * (d / 2);
@@ -239,7 +249,7 @@ void norm_scale_shift_reference(const NormScaleShiftCall& call) {
   for (const TensorView* t : {&call.in.x, &call.in.residual, &call.in.gate, &call.in.weight, &call.in.bias,
                               &call.in.scale, &call.in.shift, &call.in.input_scale, &call.in.global_scale,
                               &call.out.y, &call.out.residual_out, &call.out.fp8, &call.out.nvfp4_packed,
-                              &call.out.nvfp4_scales}) {
+                              &call.out.nvfp4_scales, &call.out.fp8_rowwise, &call.out.fp8_scale}) {
     if (t->data && t->device.kind != DeviceKind::cpu)
       throw Error("norm_scale_shift reference: every tensor must be on the CPU (" + t->describe() + ")");
   }

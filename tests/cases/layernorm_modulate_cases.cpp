@@ -30,6 +30,7 @@ struct Ln {
   const char* reciprocal = "ieee";
   bool in_place = false, stats = false;
   int64_t chunk_stride = 0;  // > 0: scale at column 0 and shift at this column of rows of 2 x it
+  bool rowwise = false;      // layernorm_modulate_fp8_rowwise (input_scale unused)
 };
 
 // The reference's rstd is correctly rounded where the GPU uses MUFU.RSQ (<= 2 fp32 ulp): an
@@ -38,11 +39,11 @@ struct Ln {
 Tolerance close_bf16() { return {2, 8.0, 0.02, 16}; }
 
 OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
-  const bool fp8 = s.input_scale > 0;
+  const bool fp8 = s.input_scale > 0 && !s.rowwise;
   const int64_t chunks = s.shift ? 6 : 4;  // scale/shift are chunks of a [B, chunks * D] projection
   const int64_t row = s.chunk_stride ? 2 * s.chunk_stride : chunks * s.D, shift_at = s.chunk_stride ? s.chunk_stride : s.D;
   OpCase c;
-  c.op = fp8 ? "layernorm_modulate_fp8" : "layernorm_modulate";
+  c.op = fp8 ? "layernorm_modulate_fp8" : s.rowwise ? "layernorm_modulate_fp8_rowwise" : "layernorm_modulate";
   c.kind = kind;
   c.seed = seed;
   char amp[32];
@@ -69,6 +70,12 @@ OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
   c.tolerance = close_bf16();
   // An e4m3 code may flip where the bf16 value moved; stats: rstd within 2 fp32 ulp on any row.
   c.tolerance_for = {{"stats_out", {2, 0.0, 1.0, 0}}};
+  if (s.rowwise) {
+    // A bf16 value one ulp away moves its e4m3 code by one, and the row's scale by one bf16 ulp
+    // (2^16 fp32 ulps) where it is the amax (every byte of that row by up to a code).
+    c.tolerance_for.push_back({"out", {2, 0.0, 0.1, 64}});
+    c.tolerance_for.push_back({"out_scale", {65536, 0.0, 0.05, 2}});
+  }
   c.large = s.B * s.S * s.D > (1 << 21);
   return c;
 }
@@ -131,6 +138,58 @@ std::vector<OpCase> make() {
           c.tolerance_for.push_back({"out", {2, 0.0, 0.05, 16}});
           out.push_back(c);
         }
+  // fp8_rowwise: the model widths (FLUX.1 / Qwen-Image / HunyuanVideo 3072, FLUX.2 6144, 8192), both
+  // mappings, shift on and off, amplitudes 1e-4 to 100; the full FLUX.1 and Qwen-Image CFG calls
+  // (large); odd widths; chunk views; zero rows (scale -1 makes every value a zero).
+  for (auto [B, S, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 33, 3072}, {2, 17, 6144}, {1, 9, 8192}, {2, 5, 516}, {3, 4, 12}, {1, 4608, 3072}, {2, 6912, 3072},
+           {1, 512, 3072}})
+    for (auto [amp, eps] : std::vector<std::pair<double, double>>{{1e-4, 1e-6}, {1.0, 1e-6}, {100.0, 1e-5}})
+      for (bool shift : {true, false}) {
+        if (B * S * D > (1 << 21) && (amp != 1.0 || !shift)) continue;
+        std::string warp;
+        for (const char* mapping : {"warp", "cta"}) {
+          Ln s{B, S, D, shift, amp, eps, mapping};
+          s.rowwise = true;
+          s.stats = mapping[0] == 'w';
+          OpCase c = ln_case(s, D % 64 == 0 && S > 1 ? CaseKind::model : CaseKind::odd, seed++);
+          if (warp.empty()) warp = c.name;
+          else c.same_as = {warp};
+          out.push_back(c);
+        }
+      }
+  {
+    Ln s{1, 7, 3072, true, 1.0, 1e-5, "automatic", 0, "ieee", false, true, 3 * 3072};
+    s.rowwise = true;
+    out.push_back(ln_case(s, CaseKind::strided, seed++));
+    Ln z{2, 3, 256, false};
+    z.rowwise = true;
+    OpCase c = ln_case(z, CaseKind::odd, seed++);
+    c.name += "_zero_rows";
+    c.tensors[1].fill = Fill::constant(-1.0);  // 1 + scale = 0: every value a signed zero, scale 1
+    out.push_back(c);
+    Ln e{2, 0, 256};
+    e.rowwise = true;
+    out.push_back(ln_case(e, CaseKind::empty, seed++));
+    Ln a{2, 8, 256};
+    a.rowwise = true;
+    c = ln_case(a, CaseKind::aliased, seed++);
+    c.name = "fp8_rowwise_out_over_x";
+    c.tensors.push_back({"out", DType::f8e4m3fn, {2, 8, 256}, {}, "x"});
+    c.invalid = {"out (fp8) must not overlap x"};
+    out.push_back(c);
+    c = ln_case(a, CaseKind::invalid, seed++);
+    c.name = "fp8_rowwise_scale_shape";
+    c.tensors.push_back({"out_scale", DType::f32, {2, 8}});
+    c.invalid = {"out_scale must have rank 3 but has rank 2"};
+    out.push_back(c);
+    c = ln_case(a, CaseKind::aliased, seed++);
+    c.name = "fp8_rowwise_scale_inside_out";
+    c.tensors.push_back({"out", DType::f8e4m3fn, {2, 8, 256}});
+    c.tensors.push_back({"out_scale", DType::f32, {2, 8, 1}, {}, "out"});
+    c.invalid = {"out_scale overlaps out in memory"};
+    out.push_back(c);
+  }
   // The eager steps over scale and shift as chunks 3 D apart (rows of 6 D), 6 D apart, adjacent,
   // 4 D apart; the fp8 quantization of amplitude-30 values (the clamp reached at 0.005).
   for (const Ln& s : {Ln{1, 7, 3072, true, 1.0, 1e-5, "automatic", 0, "ieee", false, false, 3 * 3072},
@@ -299,8 +358,8 @@ std::vector<uint16_t> row_bits(const OracleIo& io, int t, int64_t first, int64_t
 
 // The op's tensors and options, for every oracle of the family.
 struct LnCall {
-  bool qk, fp8;
-  int x, scale, shift, out, stats, input_scale;
+  bool qk, fp8, rowwise;
+  int x, scale, shift, out, stats, input_scale, out_scale;
   int64_t rows, S, D;
   float eps;
   double inv;  // fp8: fl32(1 / input_scale)
@@ -317,7 +376,9 @@ LnCall ln_call(const OracleIo& io) {
   c.out = io.id("out");
   c.stats = io.id("stats_out");
   c.input_scale = io.id("input_scale");
+  c.out_scale = io.id("out_scale");
   c.fp8 = c.input_scale >= 0;
+  c.rowwise = c.out_scale >= 0;
   c.S = io.shape(c.x)[1];
   c.D = io.shape(c.x)[2];
   c.rows = io.shape(c.x)[0] * c.S;
@@ -336,6 +397,25 @@ double eager_steps(const OracleIo& io, const LnCall& c, int64_t r, int64_t i, fl
   if (c.shift >= 0) v = bf16r(v + static_cast<float>(io.in(c.shift, b * c.D + i)));
   if (!c.fp8) return v;
   return round_e4m3_saturated(round_f32(v * c.inv));
+}
+
+// A row's expectations from its statistics by the eager steps: each element's, or with the rowwise
+// output the recipe over the row's bf16 values (the scale in double: bf16(amax * fp32(1/448)), 1 for 0).
+void expect_row(OracleIo& io, const LnCall& c, int64_t r, float mean, float rstd) {
+  if (!c.rowwise) {
+    for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, eager_steps(io, c, r, i, mean, rstd));
+    return;
+  }
+  std::vector<double> v(static_cast<size_t>(c.D));
+  double amax = 0;
+  for (int64_t i = 0; i < c.D; ++i) {
+    v[static_cast<size_t>(i)] = eager_steps(io, c, r, i, mean, rstd);
+    amax = std::fmax(amax, std::fabs(v[static_cast<size_t>(i)]));
+  }
+  double s = round_dtype(round_f32(amax * round_f32(1.0 / 448.0)), DType::bf16);
+  if (s == 0) s = 1;
+  io.expect(c.out_scale, r, s);
+  for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, round_e4m3_saturated(round_f32(v[static_cast<size_t>(i)] / s)));
 }
 
 // float64 LayerNorm, modulated in double: within the bf16 steps' roundings (four of 2^-8 on
@@ -393,7 +473,7 @@ void ln_eager_steps(OracleIo& io) {
   }
   for (int64_t r = 0; r < c.rows; ++r) {
     const ref::RowStats st = ref::aten_row_stats_bf16(row_bits(io, c.x, r * c.D, c.D).data(), c.D, c.eps);
-    for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, eager_steps(io, c, r, i, st.mean, st.rstd));
+    expect_row(io, c, r, st.mean, st.rstd);
   }
 }
 
@@ -412,7 +492,7 @@ void ln_own_statistics(OracleIo& io) {
   const LnCall c = ln_call(io);
   for (int64_t r = 0; r < c.rows; ++r) {
     const float mean = static_cast<float>(io.out(c.stats, 2 * r)), rstd = static_cast<float>(io.out(c.stats, 2 * r + 1));
-    for (int64_t i = 0; i < c.D; ++i) io.expect(c.out, r * c.D + i, eager_steps(io, c, r, i, mean, rstd));
+    expect_row(io, c, r, mean, rstd);
   }
 }
 
@@ -428,7 +508,9 @@ bool has_stats(const OpCase& c) {
   return stats && !div_full;  // div.full's inverse on a device is not the IEEE one
 }
 
-bool not_fp8(const OpCase& c) { return checked(c) && c.op != "layernorm_modulate_fp8"; }
+bool not_fp8(const OpCase& c) {
+  return checked(c) && c.op != "layernorm_modulate_fp8" && c.op != "layernorm_modulate_fp8_rowwise";
+}
 
 const Oracle kFloat64{.name = "float64 LayerNorm and modulation within the rounding steps' bound",
                       .expect = ln_float64,
@@ -446,7 +528,9 @@ const OracleSet kOracles[] = {
     {"layernorm_modulate", kFloat64},          {"layernorm_modulate", kSteps},
     {"layernorm_modulate", kStatistics},       {"layernorm_modulate", kOwnStatistics},
     {"layernorm_modulate_fp8", kSteps},        {"layernorm_modulate_fp8", kStatistics},
-    {"layernorm_modulate_fp8", kOwnStatistics}, {"qk_head_layernorm", kFloat64},
+    {"layernorm_modulate_fp8", kOwnStatistics}, {"layernorm_modulate_fp8_rowwise", kSteps},
+    {"layernorm_modulate_fp8_rowwise", kStatistics}, {"layernorm_modulate_fp8_rowwise", kOwnStatistics},
+    {"qk_head_layernorm", kFloat64},
     {"qk_head_layernorm", kSteps}};
 
 }  // namespace

@@ -49,15 +49,25 @@ def test_failures_are_named():
 
 def test_torch_equal_and_other_checks():
     r = rows(summary.summarize(FIXTURE, OPS))
-    assert r["qknorm_rope"][2:4] == ["2/3", "2/2"]  # 2 of 3 cases equal; graph and stream checks
-    assert r["layernorm_modulate"][2:4] == ["-", "3/3"]
+    # bit_exact: 2 of 3 cases equal; close (kernels.json): 1 of 3 within its bound (a close record
+    # without a bound check does not pass); graph and stream checks.
+    assert r["qknorm_rope"][2:5] == ["2/3", "1/3", "2/2"]
+    assert r["layernorm_modulate"][2:5] == ["-", "-", "3/3"]
     assert r["fp8_static_quant"][2] == "1/1"  # a record's own op wins over its file's
-    assert r["fp8_linear"][2:4] == ["-", "2/2"]
+    assert r["fp8_linear"][2:5] == ["-", "-", "2/2"]
+
+
+def test_close_records_are_told_apart_without_kernels_json(tmp_path):
+    shutil.copytree(os.path.join(FIXTURE, "torch"), tmp_path / "torch")
+    r = rows(summary.summarize(str(tmp_path), OPS))
+    # Only `within_bound` says close; the unchecked aot_fp32 record reads as a failed torch.equal.
+    assert r["qknorm_rope"][2:4] == ["2/4", "1/2"]
 
 
 def test_fastest_implementation_and_its_roof():
     best = summary.fastest(summary.json.load(open(os.path.join(FIXTURE, "bench_cpp.json"))))
-    # The first case of qknorm_rope (cold L2 only there), the copy and host records left out.
+    # The largest case of qknorm_rope (not the first: the small one is; cold L2 only there), the
+    # copy and host records left out.
     case, _, impl, method, us, fraction, roof = best["qknorm_rope"]
     assert (case, impl, method, us, fraction, roof) == (
         "FLUX.1 1024px (4608 tok, 24h)", "ditops:jit", "cold_l2", 21.9, 0.9178, "copy")
@@ -70,7 +80,7 @@ def test_fastest_implementation_and_its_roof():
     text = summary.summarize(FIXTURE, OPS)
     assert "fp8_linear.cublaslt 12.85 us 0.75 read (rotated; table M=2 N=8192 K=5120)" in text
     assert "ditops:jit 21.90 us 0.92 copy (cold L2; FLUX.1 1024px (4608 tok,)" in text
-    assert max(len(line) for line in text.splitlines() if not line.startswith(("failed", "slowest"))) <= 130
+    assert max(len(line) for line in text.splitlines() if not line.startswith(("failed", "slowest"))) <= 140
 
 
 def test_missing_inputs_are_named(tmp_path):

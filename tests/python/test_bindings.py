@@ -85,8 +85,25 @@ def test_wrong_dtype_names_the_tensor():
 
 
 def test_unsupported_dlpack_dtype_names_the_tensor():
-    expect_error_nothing_written(r"qknorm_rope: cos_sin_cache: from_dlpack: unsupported dtype",
+    # The dtype by name and what is accepted: ditops' dtypes and this tensor's rule.
+    expect_error_nothing_written(r"qknorm_rope: cos_sin_cache: from_dlpack: unsupported dtype float64 \(DLPack "
+                                 r"code 2, bits 64, lanes 1\); the dtypes ditops takes: f32, f16, bf16, .*; "
+                                 r"cos_sin_cache takes f32 or q's dtype$",
                                  lambda a: a.update(cos_sin_cache=a["cos_sin_cache"].astype(np.float64)))
+    expect_error_nothing_written(r"qknorm_rope: q: from_dlpack: unsupported dtype complex64 .*; q takes bf16 or f16$",
+                                 lambda a: a.update(q=a["q"].astype(np.complex64)))
+    expect_error_nothing_written(r"qknorm_rope: positions: from_dlpack: unsupported dtype int16 .*; positions takes "
+                                 r"i32 or i64$", lambda a: a.update(positions=a["positions"].astype(np.int16)))
+
+
+def test_a_non_tensor_input_is_named_not_the_output_allocated_like_it():
+    x = np.zeros((2, 3, 8), np.float32)
+    for bad in ([1.0, 2.0], 1.5, np.float32(1.0)):
+        with pytest.raises(ditops.Error, match=r"^residual_gate_add: residual must be a tensor \(a torch tensor, "
+                                               r"a numpy array or another DLPack producer\) but is "):
+            ditops.residual_gate_add(bad, x, x)
+    with pytest.raises(ditops.Error, match=r"^residual_gate_add: gate must be a tensor"):
+        ditops.residual_gate_add(x, x, [1.0])
 
 
 def test_non_contiguous_last_dim_is_refused():
@@ -151,7 +168,8 @@ def test_list_kernels_has_every_qknorm_rope_implementation():
     jit = next(r for r in rows if r["name"] == "qknorm_rope.jit")
     assert any("cuda" in c for c in jit["capabilities"])
     assert all(r["op"] == "qknorm_rope" for r in ditops.list_kernels("qknorm_rope"))
-    assert ditops.list_kernels("no_such_op") == []
+    with pytest.raises(ditops.Error, match="list_kernels: unknown op 'no_such_op'"):  # as explain
+        ditops.list_kernels("no_such_op")
 
 
 def test_explain_chooses_the_reference_for_cpu_arrays():
@@ -169,13 +187,19 @@ def test_explain_chooses_the_reference_for_cpu_arrays():
     # Nothing eligible (the named backend cannot take CPU arrays), and no tier would change that.
     refused = ditops.explain("qknorm_rope", q, k, wq, wk, cache, pos, backend="jit", quality="exact")
     assert refused.chosen is None and refused.quality == "exact" and refused.admitting_quality is None
-    assert "no eligible implementation at quality exact\n" in str(refused)
+    assert "no eligible implementation at any quality: each is refused above for what the call or the device " \
+           "lacks, not for its contract\n" in str(refused)
 
 
 def test_explain_errors():
     q, k, wq, wk, cache, pos, _ = make_qknorm_rope_inputs(4, 2, 2, 128, 128)
     with pytest.raises(ditops.Error, match="unknown op 'nope'"):
         ditops.explain("nope", q)
+    # list_kernels takes the same op names and refuses the same way
+    with pytest.raises(ditops.Error, match=r"^list_kernels: unknown op 'nope' \(known: .*qknorm_rope"):
+        ditops.list_kernels("nope")
+    assert {k["op"] for k in ditops.list_kernels("qknorm_rope")} == {"qknorm_rope"}
+    assert {k["op"] for k in ditops.list_kernels()} == {op["name"] for op in ditops.op_table()}
     with pytest.raises(ditops.Error, match=r"q\.dtype"):
         ditops.explain("qknorm_rope", q.astype(np.float32), k, wq, wk, cache, pos)
 

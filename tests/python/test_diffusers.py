@@ -61,7 +61,8 @@ def tiny_flux(dtype=torch.bfloat16, batch=1):
                   txt_ids=torch.zeros(8, 3), return_dict=False)
     cfg = model.config
     L, N = cfg.num_layers, cfg.num_single_layers
-    counts = {"qk_norm_rope": 2 * L + N, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
+    counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1,
+              "gated_residual": 4 * L + N}
     return model, inputs, counts
 
 
@@ -161,27 +162,24 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
 
 TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_hunyuan, "ltx2": tiny_ltx2}
 
-# The op each site class runs in this build (qknorm_rope serves diffusers' twice-rounding RMSNorm
-# only once it has the norm_weight_rounding option).
-TWICE = "twice" in _sites.op_options("qknorm_rope").get("norm_weight_rounding", [])
-COMPLEX = "complex" in _sites.op_options("qknorm_rope").get("rope_product", [])
-MEAN_ORDER = "aten_mean" in _sites.op_options("norm_scale_shift").get("norm_order", [])
+# The op each site class runs: fixed here, not read from the op table under test (the test below
+# checks that the table declares the options these mappings need).
 OPS = {
-    "flux": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
-             "gated_residual": "residual_gate_add"},
-    "qwen": {"qk_norm_rope": "qknorm_rope" if COMPLEX else None, "adaln_modulate": "layernorm_modulate",
+    "flux": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
+             "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+    "qwen": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
             "gated_residual": "residual_gate_add"},
-    "hunyuan": {"qk_norm_rope": "qknorm_rope" if TWICE else None, "qk_norm_rope (single blocks)": None,
+    "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (single blocks)": None,
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
-             "adaln_modulate": "norm_scale_shift" if MEAN_ORDER else None,
+             "adaln_modulate": "norm_scale_shift",
              "gated_residual": "residual_gate_add"},
 }
 
@@ -251,6 +249,134 @@ class Perturbing:
         return op
 
 
+class SiteCalls:
+    """Records every call a site ran its op for (first sights and verified calls): the op's output,
+    the model's chain on the same inputs (computed before the op, which may write q and k in
+    place) and the op call's inputs. Install with monkeypatch; check() holds each call to the
+    bound of the contract that applies (CONTRACT_BOUNDS)."""
+
+    def __init__(self, monkeypatch):
+        self.calls = []   # (site name, op, (op outputs), (model outputs), (args, kwargs))
+        self._last = None
+        real_ops, real_run = _sites.ops, _sites.Site.run
+        recorder = self
+
+        class Recording:
+            def __getattr__(self, name):
+                op = getattr(real_ops, name)
+
+                def call(*args, **kwargs):
+                    recorder._last = (name, _cloned(args), _cloned(kwargs))
+                    return op(*args, **kwargs)
+                return call
+
+        def run(site, why_not, sig, device, fused, reference, explain):
+            if why_not or not site.active or site.states.get(sig) in (_sites.DISABLED, _sites.UNFIT):
+                return real_run(site, why_not, sig, device, fused, reference, explain)
+            seen = {}
+
+            def op():
+                out = fused()
+                seen["op"] = _cloned(tuple(out))
+                return out
+
+            def model():
+                out = reference()
+                seen["model"] = _cloned(tuple(out))
+                return out
+            if site.states.get(sig) == _sites.VERIFIED:  # the model's chain too, before the op
+                model()
+            recorder._last = None
+            out = real_run(site, why_not, sig, device, op, model if "model" not in seen else reference, explain)
+            if "op" in seen and recorder._last is not None:
+                name, args, kwargs = recorder._last
+                recorder.calls.append((site.name, name, seen["op"], seen["model"], (args, kwargs)))
+            return out
+        monkeypatch.setattr(_sites, "ops", Recording())
+        monkeypatch.setattr(_sites.Site, "run", run)
+
+    def clear(self):
+        self.calls.clear()
+
+    def all_equal(self) -> bool:
+        return all(torch.equal(a, b) for _, _, ours, theirs, _ in self.calls for a, b in zip(ours, theirs))
+
+    def check(self):
+        """Every recorded call within its op's bound (CONTRACT_BOUNDS) of the model's chain."""
+        assert self.calls, "no site ran its op"
+        for site, op, ours, theirs, (args, kwargs) in self.calls:
+            for a, b in zip(ours, theirs):
+                assert a.shape == b.shape and a.dtype == b.dtype, (site, op, a.shape, b.shape)
+                bound = torch.as_tensor(CONTRACT_BOUNDS[op](b, args, kwargs), dtype=torch.float64).expand(b.shape)
+                d = (a.double() - b.double()).abs()
+                both_nan = torch.isnan(a) & torch.isnan(b)
+                beyond = (d > bound) & ~both_nan | (torch.isnan(a) ^ torch.isnan(b))
+                if bool(beyond.any()):
+                    i = int(torch.nonzero(beyond.flatten())[0])
+                    raise AssertionError(f"{site} ({op}): {int(beyond.sum())} of {d.numel()} elements beyond the "
+                                         f"bound; first at {i}: {float(a.flatten()[i])} vs the model's "
+                                         f"{float(b.flatten()[i])}, bound {float(bound.flatten()[i]):.3g}")
+
+
+def _cloned(value):
+    if torch.is_tensor(value):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cloned(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _cloned(v) for k, v in value.items()}
+    return value
+
+
+def _ulp(dtype, magnitude):
+    """One ulp of `dtype` at |magnitude| (float64 tensor), the smallest normal's below it."""
+    bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    tiny = torch.finfo(dtype).tiny
+    _, exponent = torch.frexp(magnitude.abs().clamp_min(tiny))
+    return torch.ldexp(torch.ones_like(magnitude), exponent - 1 - bits)
+
+
+def _equal_bound(b, args, kwargs):
+    return 0.0  # an elementwise chain: the op's rounding steps are the model's, torch.equal
+
+
+def _qk_bound(b, args, kwargs):
+    """The norm's statistics summed in another order than CPU PyTorch's (whose vectorized order
+    depends on the CPU): the normalized value within 1 ulp of the dtype (the contracts' "rstd within
+    an fp32 ulp"); RoPE keeps each pair's norm, so every normalized value of a row is at most sqrt(2)
+    times the row's largest output, and the rotation plus its rounding carry the ulp to at most 4
+    ulps of that largest output."""
+    row = b.double().abs().amax(dim=-1, keepdim=True)
+    return 4 * _ulp(b.dtype, row)
+
+
+def _modulation_bound(b, args, kwargs):
+    """norm(x) [* weight + bias] * (1 + scale) + shift: the normalized value within 1 ulp of the
+    dtype (as in _qk_bound), carried through the modulation and its roundings: |d| <= 2 ulp-units
+    of (|norm(x) * (1 + scale)| + |out|) (layernorm_modulate's contract: 2^-6 for bfloat16)."""
+    x, scale = args[0].double(), args[1]
+    if kwargs.get("norm", "layer") == "rms":
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(kwargs.get("eps", 1e-6)))
+    else:
+        y = torch.nn.functional.layer_norm(x, x.shape[-1:], eps=float(kwargs.get("eps", 1e-6)))
+    if kwargs.get("weight") is not None:
+        y = y * kwargs["weight"].double()
+    if kwargs.get("bias") is not None:
+        y = y + kwargs["bias"].double()
+    if scale is not None:
+        s = scale.double()
+        y = y * (1 + (s[:, None] if s.dim() == 2 and y.dim() == 3 else s))
+    return 2 * _ulp(b.dtype, torch.ones((), dtype=torch.float64)) * (y.abs() + b.double().abs())
+
+
+# The bound each op's CPU reference keeps to the model's chain on the CPU, whatever its contract's
+# oracle (eager PyTorch on CUDA, or the documented order).
+# joint_qknorm_rope: qknorm_rope's per-head routine on the joint rows (its v a copy, well inside).
+CONTRACT_BOUNDS = {"residual_gate_add": _equal_bound, "qknorm_rope": _qk_bound, "cross_head_qknorm_rope": _qk_bound,
+                   "joint_qknorm_rope": _qk_bound, "layernorm_modulate": _modulation_bound,
+                   "norm_scale_shift": _modulation_bound}
+
+
 # ---------------------------------------------------------------- plan and report
 
 
@@ -271,16 +397,22 @@ def test_plan_finds_the_sites_and_changes_nothing(tiny):
         assert site.name in text
 
 
+def test_the_op_table_declares_the_options_the_mappings_use():
+    """The options OPS' mappings need, declared by this build's op table (what the expectations
+    above take as given)."""
+    assert {"once", "twice"} <= set(_sites.op_options("qknorm_rope")["norm_weight_rounding"])
+    assert "complex" in _sites.op_options("qknorm_rope")["rope_product"]
+    assert "aten_mean" in _sites.op_options("qknorm_rope")["norm_order"]
+    nss = _sites.op_options("norm_scale_shift")
+    assert "aten_mean" in nss["norm_order"] and "rms" in nss["norm"] and "float32" in nss["numerics"]
+    assert "f32" in _sites.op_tensor_dtypes("residual_gate_add", "gate").split("|")
+
+
 def test_qwen_qk_site_maps_the_complex_product():
-    """Qwen-Image's QK site runs qknorm_rope with the twice-rounding norm where the op has the
-    complex product; otherwise it says why it runs the model's code."""
+    """Qwen-Image's QK site runs qknorm_rope with the twice-rounding norm and the complex product."""
     model, _, _ = tiny_qwen()
     site = dd.plan(model)["qk_norm_rope"]
-    if COMPLEX:
-        assert site.op == "qknorm_rope" and site.options == {"norm_weight_rounding": "twice"}
-    else:
-        assert site.op is None
-        assert ("norm_weight_rounding" in site.why) if not TWICE else ("complex64" in site.why)
+    assert site.op == "qknorm_rope" and site.options == {"norm_weight_rounding": "twice"}
 
 
 def test_twice_rounding_option_maps_the_sites_once_the_op_has_it(monkeypatch):
@@ -330,12 +462,19 @@ def test_enable_disable_restores_exactly(tiny):
     assert torch.equal(run(model, inputs), reference)
 
 
-def test_cpu_reference_backend_against_the_unpatched_model(tiny):
-    """The ops' CPU reference in place of the model's CPU chains: the strict tier (first sight
-    decides) and a close tier (the ops' values kept). The reference is not required to equal CPU PyTorch;
-    the max difference is printed."""
+def test_cpu_reference_backend_against_the_unpatched_model(tiny, monkeypatch):
+    """The ops' CPU reference in place of the model's CPU chains, in the strict tier (first sight
+    decides) and a close tier (the ops' values kept). Every call that ran an op is compared with
+    the model's chain on the same inputs within CONTRACT_BOUNDS (the references follow the CUDA
+    chains' order, not CPU PyTorch's); the output equals the unpatched one wherever every such call
+    did. Strict tier: a site whose reference is close is unfit ("not bit_exact") and runs the model's
+    code; the others run their op (a norm site may be disabled at first sight, within the bound, by
+    CPU PyTorch's reduction order; the gated residual never is). Close tier: every site runs its op."""
     name, model, inputs, _, reference = tiny
+    contracts = {k["name"]: k["contract"] for k in ditops.list_kernels()}
+    calls = SiteCalls(monkeypatch)
     for quality in (STRICT, CLOSE):
+        calls.clear()
         report = dd.enable(model, quality, allow_cpu=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -344,14 +483,24 @@ def test_cpu_reference_backend_against_the_unpatched_model(tiny):
         diff = float((out.float() - reference.float()).abs().max())
         fused = {s.name: s.fused_calls for s in report.sites if s.active}
         print(f"{name} {quality}: max |patched - unpatched| = {diff:.3g}, fused calls {fused}")
-        assert diff <= 0.05 * float(reference.float().abs().max())
+        calls.check()
+        if calls.all_equal():
+            assert torch.equal(out, reference)
         for site in (s for s in report.sites if s.active):
+            contract = contracts[f"{site.op}.reference"]
             if quality == CLOSE:
-                assert site.fused_calls > 0, site.name
+                assert site.fused_calls > 0 and not site.reasons and not site.unfit, site.name
                 continue
-            # the strict tier runs bit_exact implementations only (layernorm_modulate's CPU
-            # reference is close: the model's code runs there), verified torch.equal at first sight
-            assert site.fused_calls > 0 or all("not bit_exact" in why for why in site.fallbacks), site.name
+            if contract == "close":
+                assert site.fused_calls == 0 and site.unfit, site.name
+                assert all("not bit_exact" in why for why in site.unfit.values()), (site.name, site.unfit)
+                continue
+            assert not site.unfit, (site.name, site.unfit)
+            assert site.fused_calls > 0 or site.reasons, site.name
+            # disabled only by a difference (recorded: within the bound above), never a failing op
+            assert all("differ from the model's chain" in why for why in site.reasons.values()), site.reasons
+            if site.op == "residual_gate_add":
+                assert not site.reasons, (site.name, site.reasons)
             for sig, state in site.states.items():
                 if state == _sites.VERIFIED:
                     assert site.differences[sig][0] == 0, (site.name, sig)
@@ -474,20 +623,19 @@ def test_cross_head_sites_describe_the_op_and_the_model_code():
         assert rope in report["qk_norm_rope (a2v/v2a cross-attn)"].chain
         adaln = report["adaln_modulate"]
         assert "mean(-1)" in adaln.chain
-        assert (adaln.op, adaln.options) == ("norm_scale_shift", {"norm": "rms", "norm_order": "aten_mean"}) \
-            if MEAN_ORDER else "torch.mean" in adaln.why
+        assert (adaln.op, adaln.options) == ("norm_scale_shift", {"norm": "rms", "norm_order": "aten_mean"})
         places = report["qk_norm_rope (a2v/v2a cross-attn)"].places
         assert places[:2] == ["transformer_blocks.0.audio_to_video_attn (video q, audio k)",
                               "transformer_blocks.0.video_to_audio_attn (audio q, video k)"]
 
 
-def assert_first_sight_close(report):
-    """Every first sight of the close tier within a few bf16 ulps of the model's chain (the CPU
-    reference's rstd may differ in its last bit): a wrong table, head split or RoPE form would
-    move values by O(1)."""
-    for site in report.sites:
-        for sig, (n, largest) in site.differences.items():
-            assert largest <= 0.05, (site.name, sig, n, largest)
+def assert_calls_within_contracts(calls, out, reference):
+    """Every call that ran an op within its bound of the model's chain (SiteCalls.check: a wrong
+    table, head split or RoPE form moves values by O(1)), and the output the unpatched one where
+    every such call was equal to it."""
+    calls.check()
+    if calls.all_equal():
+        assert torch.equal(out, reference)
 
 
 def _cross_head_call(**change):
@@ -540,13 +688,14 @@ def test_cross_head_site_names_why_a_call_does_not_fit():
         assert fit(**_cross_head_call(q=q_grad)) == ""
 
 
-def test_wan_cross_head_falls_back_per_call_with_reasons():
+def test_wan_cross_head_falls_back_per_call_with_reasons(monkeypatch):
     """model.to(bfloat16) casts Wan's rotary tables too (from_pretrained keeps them float32): the
     self-attention's RoPE then runs in bfloat16, not the op's chain, and every such call is the
     model's; a float32 QK weight at one place falls back there only; a norm without eps is left
     unpatched at plan time."""
     model, inputs, _ = tiny_wan(cast="to")
     reference = run(model, inputs)
+    calls = SiteCalls(monkeypatch)
     report = dd.enable(model, CLOSE, allow_cpu=True)
     with pytest.warns(RuntimeWarning, match="runs the model's code for a call"):
         out = run(model, inputs)
@@ -554,7 +703,7 @@ def test_wan_cross_head_falls_back_per_call_with_reasons():
     assert self_qk.fused_calls == 0 and list(self_qk.fallbacks) == ["q's rotary tables are torch.bfloat16/"
                                                                     "torch.bfloat16 (the op takes float32)"]
     assert cross_qk.fused_calls == len(cross_qk.places)
-    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    assert_calls_within_contracts(calls, out, reference)
     dd.disable(model)
 
     model, inputs, _ = tiny_wan()
@@ -579,19 +728,19 @@ def test_wan_cross_head_falls_back_per_call_with_reasons():
 
 
 @pytest.mark.parametrize("per_token_timestep,fused_qkv", [(False, True), (True, False)], ids=["fused_qkv", "ti2v"])
-def test_wan_forms_run_the_op_on_the_cpu_reference(per_token_timestep, fused_qkv):
+def test_wan_forms_run_the_op_on_the_cpu_reference(per_token_timestep, fused_qkv, monkeypatch):
     """Fused projections (q and k strided chunks of to_qkv's output, written in place) and Wan 2.2
     TI2V's per-token modulation: every mapped site runs in the close tier (the CPU reference), the
     strict tier gives the unpatched output bit for bit."""
     model, inputs, _ = tiny_wan(per_token_timestep=per_token_timestep, fused_qkv=fused_qkv)
     reference = run(model, inputs)
+    calls = SiteCalls(monkeypatch)
     report = dd.enable(model, CLOSE, allow_cpu=True)
     out = run(model, inputs)
     for site in report.sites:
         if site.active:
             assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
-    assert_first_sight_close(report)
-    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    assert_calls_within_contracts(calls, out, reference)
     dd.disable(model)
     dd.enable(model, STRICT, allow_cpu=True)
     with warnings.catch_warnings():
@@ -600,7 +749,7 @@ def test_wan_forms_run_the_op_on_the_cpu_reference(per_token_timestep, fused_qkv
 
 
 @pytest.mark.parametrize("rope_type,variant", [("interleaved", None), ("split", "gated_stg")])
-def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
+def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant, monkeypatch):
     """LTX-2's interleaved tables (read every other column), and gated attention with the perturbed
     processor (spatio-temporal guidance: an all-perturbed block skips the QK part) and the
     cross-attention modulation's extra gated residuals: the processors are swapped for ours and
@@ -608,6 +757,7 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
     model, inputs, counts = tiny_ltx2(rope_type=rope_type, batch=2, variant=variant)
     reference = run(model, inputs)
     before = snapshot(model)
+    calls = SiteCalls(monkeypatch)
     report = dd.enable(model, CLOSE, allow_cpu=True)
     assert {s.name: len(s.places) for s in report.sites} == counts
     expected = "LTX2PerturbedAttnProcessorDitops" if variant else "LTX2AttnProcessorDitops"
@@ -616,8 +766,7 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
     for site in report.sites:
         if site.active:
             assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
-    assert_first_sight_close(report)
-    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    assert_calls_within_contracts(calls, out, reference)
     dd.disable(model)
     assert_same(before, snapshot(model))
     inputs_all = dict(inputs, perturbation_mask=torch.zeros(2).bfloat16()) if variant else inputs
@@ -633,7 +782,7 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant):
         assert report["qk_norm_rope (video self-attn)"].model_calls == 1
 
 
-def test_ltx2_norms_without_weight_and_a_user_processor():
+def test_ltx2_norms_without_weight_and_a_user_processor(monkeypatch):
     """QK norms without a weight (torch.nn.RMSNorm(elementwise_affine=False)) are the op's chain
     without a weight; a processor object the user set is replaced (its class is the model's) and
     put back by disable; one of the user's own class is left as it is."""
@@ -647,6 +796,7 @@ def test_ltx2_norms_without_weight_and_a_user_processor():
     mine = diffusers.models.transformers.transformer_ltx2.LTX2AudioVideoAttnProcessor()
     model.transformer_blocks[1].audio_attn1.set_processor(mine)
     reference = run(model, inputs)
+    calls = SiteCalls(monkeypatch)
     report = dd.enable(model, CLOSE, allow_cpu=True)
     out = run(model, inputs)
     assert model.transformer_blocks[1].audio_attn1.processor.original is mine
@@ -655,8 +805,7 @@ def test_ltx2_norms_without_weight_and_a_user_processor():
     for site in report.sites:
         if site.op == "cross_head_qknorm_rope":
             assert site.fused_calls > 0 and not site.fallbacks, site.name
-    assert_first_sight_close(report)
-    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+    assert_calls_within_contracts(calls, out, reference)
     dd.disable(model)
     assert model.transformer_blocks[1].audio_attn1.processor is mine
 
@@ -729,19 +878,21 @@ def test_wan_site_switches_on_by_its_mapping(monkeypatch):
     assert residual.op == "residual_gate_add" and residual.fused_calls == len(residual.places)
 
 
-def test_wan_float32_chain_mappings_once_the_ops_declare_them(monkeypatch):
-    """Where the op table declares norm_scale_shift's float32 numerics and residual_gate_add's
-    float32 gate (issue 34 §2), adaLN, norm2 and the residuals map to them on 16-bit x itself; each
-    mapping's fit takes Wan's own tensors (strided modulation chunks, per-token TI2V rows) and
-    names what it refuses. (In this build the ops refuse the calls: the sites run the model's code.)"""
+def test_wan_float32_chain_mappings(monkeypatch):
+    """adaLN, norm2 and the residuals map to norm_scale_shift's float32 numerics and
+    residual_gate_add's float32 gate (issue 34 §2) on 16-bit x itself, and to the float32-copy or
+    the model's code where an op table lacks them; each mapping's fit takes Wan's own tensors
+    (strided modulation chunks, per-token TI2V rows) and names what it refuses; on the CPU
+    reference (bit_exact, the strict tier) every such site runs its op, with the model's output."""
     from ditops.diffusers import wan
-    declared = _sites.op_options("norm_scale_shift")
-    assert wan.mappings()["adaln"] is (wan.ADALN_FLOAT32 if "float32" in declared.get("numerics", [])
-                                       else wan.ADALN_ON_FLOAT32_COPY)
-    monkeypatch.setattr(wan, "op_options", lambda op: dict(declared, numerics=["eager", "sglang", "float32"]))
-    monkeypatch.setattr(wan, "op_tensor_dtypes", lambda op, tensor: "=residual|f32")
     assert wan.mappings() == {"adaln": wan.ADALN_FLOAT32, "norm2": wan.NORM2_FLOAT32,
                               "residual": wan.RESIDUAL_FLOAT32_GATE}
+    declared = _sites.op_options("norm_scale_shift")
+    with monkeypatch.context() as m:  # an op table without them
+        m.setattr(wan, "op_options", lambda op: dict(declared, numerics=["eager", "sglang"]))
+        m.setattr(wan, "op_tensor_dtypes", lambda op, tensor: "=residual")
+        assert wan.mappings() == {"adaln": wan.ADALN_ON_FLOAT32_COPY, "norm2": wan.NORM2_MODEL_CODE,
+                                  "residual": wan.RESIDUAL_MODEL_CODE}
     model, inputs, _ = tiny_wan(per_token_timestep=True)
     report = dd.plan(model)
     assert report["adaln_modulate"].options["numerics"] == "float32"
@@ -777,8 +928,86 @@ def test_wan_float32_chain_mappings_once_the_ops_declare_them(monkeypatch):
         warnings.simplefilter("ignore", RuntimeWarning)
         out = run(model, inputs)
     assert torch.equal(out, reference)
-    if "float32" not in declared.get("numerics", []):
-        assert all("the op refuses it" in why for why in report["adaln_modulate (norm2)"].unfit.values())
+    for name in ("adaln_modulate", "adaln_modulate (norm2)", "gated_residual"):
+        site = report[name]
+        assert site.fused_calls == len(site.places) and not site.fallbacks and not site.reasons, name
+
+
+def tiny_flux_pipeline():
+    """A tiny FLUX.1 pipeline on the CPU: random transformer and VAE, no text encoders or
+    tokenizers (prompt embeddings are passed in)."""
+    pytest.importorskip("transformers", reason="FluxPipeline needs transformers (no text encoder is built)")
+    transformer = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(8, 28, 28))
+    transformer = randomize(transformer).to(torch.bfloat16)
+    vae = diffusers.AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), layers_per_block=1,
+        latent_channels=4, norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False,
+        shift_factor=0.0609, scaling_factor=1.5035).to(torch.bfloat16)
+    pipe = diffusers.FluxPipeline(scheduler=diffusers.FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                  tokenizer=None, text_encoder_2=None, tokenizer_2=None, transformer=transformer)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_pipeline_example_with_tiny_components(monkeypatch):
+    """docs/diffusers.md's pipeline example ("A pipeline, end to end") with tiny random components
+    (weights cannot be fetched here), on the CPU (allow_cpu: the ops' CPU reference) and prompt
+    embeddings in place of the text encoders: enable, a warm-up call, a timed call, the report,
+    disable. Every site call that ran an op is within its bound of the model's chain (SiteCalls);
+    the images are the pipeline's own wherever every such call equalled it, and after disable."""
+    import time
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        pipe = tiny_flux_pipeline()
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randn(1, 8, 32, generator=gen).bfloat16()
+    pooled = torch.randn(1, 16, generator=gen).bfloat16()
+
+    def generate():
+        return pipe(prompt_embeds=prompt, pooled_prompt_embeds=pooled, height=32, width=32, num_inference_steps=2,
+                    guidance_scale=3.5, output_type="pt", generator=torch.Generator().manual_seed(0)).images
+
+    reference = generate()
+    calls = SiteCalls(monkeypatch)
+    report = dd.enable(pipe, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the CPU: layernorm_modulate's close reference is unfit
+        warm = generate()  # first sight of each signature
+        start = time.perf_counter()
+        image = generate()
+        seconds = time.perf_counter() - start
+    print(f"{seconds:.3f} s\n{report}")
+    assert report.patched and all(p.startswith("transformer.") for s in report.sites for p in s.places)
+    assert report["gated_residual"].fused_calls > 0 and report["qk_norm_rope"].fused_calls > 0
+    calls.check()
+    if calls.all_equal():
+        assert torch.equal(warm, reference) and torch.equal(image, reference)
+    dd.disable(pipe)
+    assert torch.equal(generate(), reference)
+
+
+def test_an_unknown_diffusers_version_refuses_the_sites_not_the_capture(monkeypatch):
+    """Outside the tested range enable and plan change nothing and say so; capture, which reads
+    none of the model's code, still installs (docs/diffusers.md)."""
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+    monkeypatch.setattr(diffusers, "__version__", "0.43.0")
+    for call in (lambda: dd.enable(model, allow_cpu=True), lambda: dd.plan(model)):
+        with pytest.raises(dd.UnsupportedError, match=r"diffusers 0\.43\.0 is outside the tested range "
+                                                      r">=0\.42\.1,<0\.43.*install diffusers>=0\.42\.1,<0\.43"):
+            call()
+    assert dd.enabled(model) is None
+    dd.capture(model)
+    try:
+        assert dd.captured(model) is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # on the CPU it runs eagerly
+            assert torch.equal(run(model, inputs), reference) and torch.equal(run(model, inputs), reference)
+    finally:
+        assert dd.release(model)
 
 
 # ---------------------------------------------------------------- refusals
@@ -875,8 +1104,7 @@ def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
         torch._dynamo.reset()
     assert torch.equal(torch.cat([o.flatten() for o in compiled]), eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
-    others = ["ditops.norm_scale_shift", "ditops.residual_gate_add"] if name == "wan" or MEAN_ORDER \
-        else ["ditops.residual_gate_add"]
+    others = ["ditops.norm_scale_shift", "ditops.residual_gate_add"]
     assert ours == sorted(["ditops.cross_head_qknorm_rope", *others]), targets
 
 
@@ -919,19 +1147,66 @@ def test_gpu_patched_equals_unpatched(name, batch):
     assert torch.equal(run(model, inputs), reference)
 
 
+def _compiled_output(model, inputs, backend):
+    """The whole forward under torch.compile(fullgraph=True) with `backend` wrapped to record the
+    graph Dynamo hands it: (the flattened output of two calls, the ditops ops in that graph)."""
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return backend(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=recording)
+    try:
+        with torch.no_grad():
+            out, again = (torch.cat([o.flatten() for o in compiled(**inputs)]) for _ in range(2))
+    finally:
+        torch._dynamo.reset()
+    return out, again, sorted({t for t in targets if t.startswith("ditops.")})
+
+
+def _cuda_tiny(name):
+    model, inputs, _ = TINY[name]()
+    model = model.to("cuda")
+    return model, {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+
+
 @needs_cuda
 @pytest.mark.parametrize("name", ["flux", "qwen", "wan", "ltx2"])
 def test_gpu_compile_fullgraph_equals_eager(name):
-    model, inputs, _ = TINY[name]()
-    model = model.to("cuda")
-    inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+    """torch.compile(fullgraph=True) through AOTAutograd (functionalization, the ops' fake
+    implementations and mutation schemas) with the traced ATen graph run as it is (backend
+    aot_eager): the glue runs eager's kernels and each site its op, so the output is torch.equal to
+    the eager forward with ditops, which is the unpatched model's."""
+    model, inputs = _cuda_tiny(name)
+    unpatched = run(model, inputs)
     dd.enable(model)
     eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True)
-    with torch.no_grad():
-        out = torch.cat([o.flatten() for o in compiled(**inputs)])  # as run() flattens the outputs
-    torch._dynamo.reset()
-    # inductor fuses the model's own glue differently; the ditops sites are opaque custom ops
-    print(f"{name}: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
+    assert torch.equal(eager, unpatched)
+    out, again, ours = _compiled_output(model, inputs, torch._dynamo.lookup_backend("aot_eager"))
+    assert ours == sorted({op for op in OPS[name].values() if op}), ours
+    assert torch.equal(out, eager) and torch.equal(again, eager)
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", ["flux", "qwen", "wan", "ltx2"])
+def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
+    """Under inductor (torch.compile's default backend, fullgraph) the sites stay the ditops
+    custom ops (opaque to inductor), and the compiled forward is deterministic. What compile
+    changes is the glue: inductor fuses the model's own code into its kernels with other
+    reductions and roundings, so the output is eager's neither with nor without ditops (FLUX.1-dev
+    at full depth: 235767 elements differ from eager, H200 report at bda4c1e; Wan 14B width, 2
+    blocks: compile + ditops differs from compile by up to 0.0156, bench/results/h200/models/wan.json).
+    The measured difference from eager is printed."""
+    from torch._inductor.compile_fx import compile_fx
+    model, inputs = _cuda_tiny(name)
+    dd.enable(model)
+    eager = run(model, inputs)
+    out, again, ours = _compiled_output(model, inputs, compile_fx)
+    assert ours == sorted({op for op in OPS[name].values() if op}), ours
+    assert torch.equal(out, again)
     assert torch.isfinite(out).all()
+    differ = int((out != eager).sum())
+    print(f"{name}: compiled (inductor) vs eager: {differ} of {out.numel()} elements differ, "
+          f"max |difference| {float((out.float() - eager.float()).abs().max()):.3g}")

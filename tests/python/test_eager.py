@@ -106,13 +106,20 @@ def test_wan_float32_chains_are_diffusers_block_ops(per_token):
 
 
 def test_float32_options_route_to_the_float32_chains():
+    """oracle_outputs for an f32 gate beside bf16 data and for numerics="float32" gives Wan's
+    expressions, written here again (not ditops.eager's functions), and not the 16-bit chains."""
     hidden, attn, (shift, scale, gate, *_) = _wan_inputs(1, 5, 32, False)
     out = eager.oracle_outputs("residual_gate_add", {"residual": hidden, "update": attn, "gate": gate}, {})
     assert out["out"].dtype == torch.bfloat16
-    assert torch.equal(out["out"], eager.residual_gate_add_float32_eager(hidden, attn, gate))
+    wan_residual = (hidden.float() + attn * gate).type_as(hidden)
+    assert torch.equal(out["out"], wan_residual)
+    assert not torch.equal(wan_residual, hidden + attn * gate.bfloat16())  # the inputs tell the chains apart
     x = {"x": hidden, "scale": scale, "shift": shift}
     y = eager.oracle_outputs("norm_scale_shift", x, {"numerics": "float32"})["y"]
-    assert y.dtype == torch.bfloat16 and torch.equal(y, eager.norm_scale_shift_float32_eager(hidden, scale, shift)[0])
+    wan_adaln = (torch.nn.functional.layer_norm(hidden.float(), (32,), eps=1e-6) * (1 + scale) + shift).type_as(hidden)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, wan_adaln)
+    bf16_adaln = torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6) * (1 + scale.bfloat16()) + shift.bfloat16()
+    assert not torch.equal(wan_adaln, bf16_adaln)
     assert eager.oracle_outputs("norm_scale_shift", x, {"numerics": "sglang"}) is None
     # The eager numerics without a scale: F.layer_norm alone.
     y = eager.oracle_outputs("norm_scale_shift", {"x": hidden}, {})["y"]
@@ -129,6 +136,10 @@ def test_an_eager_chain_is_its_op_oracle_by_parameter_name():
     out = eager.oracle_outputs("layernorm_modulate", x, {"eps": "0.001"})
     assert set(out) == {"out"}  # stats_out is the caller's: the chain returns out alone
     assert torch.equal(out["out"], eager.layernorm_modulate_eager(x["x"], x["scale"], None, 1e-3))
+    out = eager.oracle_outputs("layernorm_modulate_fp8_rowwise", x, {"eps": "0.001"})
+    want = eager.fp8_rowwise_eager(eager.layernorm_modulate_eager(x["x"], x["scale"], None, 1e-3))
+    assert set(out) == {"out", "out_scale"}  # the two the chain returns, in the table's order
+    assert torch.equal(out["out"].view(torch.uint8), want[0].view(torch.uint8)) and torch.equal(out["out_scale"], want[1])
     q, k = torch.randn(1, 3, 2, 8, generator=g).bfloat16(), torch.randn(1, 3, 1, 8, generator=g).bfloat16()
     out = eager.oracle_outputs("qk_head_layernorm", {"q": q, "k": k}, {"eps": "1e-6"})
     want = eager.qk_head_layernorm_eager(q, k, 1e-6)
@@ -137,3 +148,26 @@ def test_an_eager_chain_is_its_op_oracle_by_parameter_name():
     assert eager.oracle_outputs("fp8_static_quant", {"x": y, "scale": s}, {"fp8_reciprocal": "div_full"}) is None
     out = eager.oracle_outputs("fp8_static_quant", {"x": y, "scale": s}, {"fp8_reciprocal": "ieee"})
     assert torch.equal(out["out"].view(torch.uint8), eager.fp8_static_quant_eager(y, s).view(torch.uint8))
+
+
+@pytest.mark.parametrize("numerics", ["eager", "float32"])
+def test_norm_scale_shift_rowwise_oracle_is_the_chain_then_the_recipe(numerics):
+    """The fp8_rowwise output's oracle: the numerics' chain (its y in x's dtype: Wan's adaLN line for
+    float32), then fp8_rowwise_eager; y only where the call has it."""
+    hidden, _, (shift, scale, *_) = _wan_inputs(2, 5, 32, False)
+    if numerics == "eager":
+        scale, shift = scale.to(hidden.dtype), shift.to(hidden.dtype)
+    x = {"x": hidden, "scale": scale, "shift": shift, "fp8_rowwise": None, "fp8_scale": None}
+    out = eager.oracle_outputs("norm_scale_shift", x, {"numerics": numerics})
+    assert set(out) == {"fp8_rowwise", "fp8_scale"}
+    if numerics == "float32":
+        y = (torch.nn.functional.layer_norm(hidden.float(), (32,), eps=1e-6) * (1 + scale) + shift).type_as(hidden)
+    else:
+        y = torch.nn.functional.layer_norm(hidden, (32,), eps=1e-6) * (1 + scale) + shift
+    q, s = eager.fp8_rowwise_eager(y)
+    assert torch.equal(out["fp8_rowwise"].view(torch.uint8), q.view(torch.uint8)) and torch.equal(out["fp8_scale"], s)
+    chain = eager.norm_scale_shift_fp8_rowwise_eager(hidden, scale, shift, numerics=numerics)
+    assert torch.equal(chain[0].view(torch.uint8), q.view(torch.uint8)) and torch.equal(chain[1], s)
+    assert torch.equal(chain[2], y)
+    with_y = eager.oracle_outputs("norm_scale_shift", {**x, "y": None}, {"numerics": numerics})
+    assert torch.equal(with_y["y"], y)

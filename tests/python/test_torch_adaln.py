@@ -8,7 +8,7 @@ from conftest import torch_or_skip
 torch = torch_or_skip()
 import ditops  # noqa: E402
 import ditops.torch  # noqa: E402,F401  (registers torch.ops.ditops.*)
-from ditops.eager import residual_gate_add_eager  # noqa: E402
+from ditops.eager import fp8_rowwise_eager, residual_gate_add_eager  # noqa: E402
 
 ops = torch.ops.ditops
 
@@ -39,7 +39,10 @@ def nss_cases():
                                     norm="rms", weight=rand(64, seed=10))),
             ((x, scale, shift), dict(input_scale=torch.tensor([0.05]))),
             ((x, scale, shift), dict(input_scale=torch.tensor([0.05]), store_y=True)),
-            ((x, scale, shift), dict(global_scale=torch.tensor([2.0])))]
+            ((x, scale, shift), dict(global_scale=torch.tensor([2.0]))),
+            ((x, scale, shift), dict(rowwise_fp8=True)),
+            ((x, scale.float()[:, None], shift.float()[:, None]), dict(rowwise_fp8=True, numerics="float32",
+                                                                     store_y=True))]
 
 
 @pytest.mark.parametrize("case", range(3))
@@ -56,7 +59,7 @@ def test_opcheck_layernorm_ops():
     torch.library.opcheck(ops.qk_head_layernorm.default, (rand(1, 3, 4, 64), rand(1, 3, 2, 64, seed=1)))
 
 
-@pytest.mark.parametrize("case", range(5))
+@pytest.mark.parametrize("case", range(7))
 def test_opcheck_norm_scale_shift(case):
     args, kwargs = nss_cases()[case]
     torch.library.opcheck(ops.norm_scale_shift.default, args, kwargs)
@@ -71,11 +74,36 @@ def test_residual_gate_add_op_values_and_strides():
 
 def test_norm_scale_shift_op_marks_absent_outputs_empty():
     x, scale, shift = ln_case()
-    y, res, fp8, packed, scales = ops.norm_scale_shift(x, scale, shift, input_scale=torch.tensor([0.05]))
+    y, res, fp8, packed, scales, q, s = ops.norm_scale_shift(x, scale, shift, input_scale=torch.tensor([0.05]))
     assert y.numel() == 0 and res.numel() == 0 and packed.numel() == 0 and scales.numel() == 0
+    assert q.numel() == 0 and s.numel() == 0
     assert fp8.shape == x.shape and fp8.dtype == torch.float8_e4m3fn
     plain = ditops.norm_scale_shift(x, scale, shift, input_scale=torch.tensor([0.05]))
     assert torch.equal(fp8.view(torch.uint8), plain.fp8.view(torch.uint8))
+
+
+@pytest.mark.parametrize("numerics", ["eager", "float32"])
+def test_norm_scale_shift_rowwise_output_is_the_recipe_of_its_y(numerics):
+    """rowwise_fp8=True: fp8_rowwise [B, S, D] e4m3 and fp8_scale [B, S, 1] float32, y absent unless
+    store_y; the pair is fp8_rowwise_eager of the op's own y (here the CPU reference's), with or
+    without y written."""
+    x, scale, shift = ln_case()
+    if numerics == "float32":
+        scale, shift = scale.float()[:, None], shift.float()[:, None]
+    y, res, fp8, packed, scales, q, s = ops.norm_scale_shift(x, scale, shift, rowwise_fp8=True, numerics=numerics)
+    assert y.numel() == 0 and res.numel() == 0 and fp8.numel() == 0 and packed.numel() == 0
+    assert q.shape == x.shape and q.dtype == torch.float8_e4m3fn
+    assert s.shape == (*x.shape[:2], 1) and s.dtype == torch.float32
+    y2, *_, q2, s2 = ops.norm_scale_shift(x, scale, shift, rowwise_fp8=True, numerics=numerics, store_y=True)
+    assert y2.shape == x.shape and y2.dtype == x.dtype
+    want_q, want_s = fp8_rowwise_eager(y2)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+    assert torch.equal(q2.view(torch.uint8), q.view(torch.uint8)) and torch.equal(s2, s)
+    named = ditops.norm_scale_shift(x, scale, shift, rowwise_fp8=True, numerics=numerics)
+    assert named.y is None and torch.equal(named.fp8_rowwise.view(torch.uint8), q.view(torch.uint8))
+    assert torch.equal(named.fp8_scale, s)
+    with pytest.raises(ditops.Error, match="at most one quantized output"):
+        ops.norm_scale_shift(x, scale, shift, rowwise_fp8=True, numerics=numerics, input_scale=torch.tensor([0.05]))
 
 
 def same(a, b):
@@ -115,3 +143,15 @@ def test_compile_fullgraph_norm_scale_shift_chain():
         return y * 2, r
 
     assert compiled_equals_eager(block, x, scale, shift, res, gate)
+
+
+def test_compile_fullgraph_norm_scale_shift_rowwise():
+    # Wan's adaLN into an FP8 linear: the float32 chain's per-token e4m3 and scales, y never written.
+    x, scale, shift = ln_case()
+    scale, shift = scale.float()[:, None], shift.float()[:, None]
+
+    def adaln(x, scale, shift):
+        *_, q, s = ops.norm_scale_shift(x, scale, shift, rowwise_fp8=True, numerics="float32")
+        return q, s * 2
+
+    assert compiled_equals_eager(adaln, x, scale, shift)

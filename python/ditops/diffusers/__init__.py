@@ -8,9 +8,10 @@ of a supported model, and one call restores it.
     ditops.diffusers.disable(pipe)                # the same processor objects and forwards as before
 
     ditops.diffusers.enable(pipe, cuda_graph=True)  # also one CUDA graph per input signature (_graphs.py)
+    ditops.diffusers.enable(pipe, fp8=True)         # also the block linears as FP8 GEMMs (fp8.py)
 
 Supported (diffusers >=0.42.1,<0.43, the release range whose model code was read and tested):
-FluxTransformer2DModel (FLUX.1), QwenImageTransformer2DModel, WanTransformer3DModel,
+FluxTransformer2DModel (FLUX.1), Flux2Transformer2DModel (FLUX.2), QwenImageTransformer2DModel, WanTransformer3DModel,
 HunyuanVideoTransformer3DModel, LTX2VideoTransformer3DModel (LTX-2). Each site keeps a first-sight check against the model's own chain
 (ditops.diffusers._sites) and falls back with a warning; docs/diffusers.md lists the sites per
 model with the chain each reproduces.
@@ -30,12 +31,14 @@ from ditops import Error
 import ditops.torch  # noqa: F401  (registers torch.ops.ditops.*)
 
 from . import _graphs, _sites
+from . import fp8 as _fp8
 from ._graphs import CaptureReport, CapturedForward, capture, captured, release
+from .fp8 import Fp8Config
 from ._patching import Plan
 
 __all__ = ["enable", "disable", "plan", "enabled", "Report", "UnsupportedError", "SUPPORTED_MODELS",
            "TESTED_DIFFUSERS", "SITE_CLASSES", "capture", "release", "captured", "CaptureReport",
-           "CapturedForward"]
+           "CapturedForward", "Fp8Config"]
 
 # The diffusers releases whose model code the patched processors and forwards follow.
 TESTED_DIFFUSERS = ">=0.42.1,<0.43"
@@ -44,6 +47,7 @@ _TESTED_LOW, _TESTED_HIGH = (0, 42, 1, 0), (0, 43, 0, -1)  # <0.43 excludes 0.43
 # Model class name -> the module that plans its sites.
 SUPPORTED_MODELS = {
     "FluxTransformer2DModel": "flux",
+    "Flux2Transformer2DModel": "flux2",
     "QwenImageTransformer2DModel": "qwenimage",
     "WanTransformer3DModel": "wan",
     "HunyuanVideoTransformer3DModel": "hunyuan_video",
@@ -74,6 +78,7 @@ class Report:
         self.skipped = list(skipped)
         self.patched = patched
         self.graphs = None  # the CaptureReport of enable(..., cuda_graph=True)
+        self.fp8 = None     # the fp8.Fp8Summary of enable(..., fp8=...)
 
     def __getitem__(self, name: str):
         for site in self.sites:
@@ -88,41 +93,50 @@ class Report:
         return {"model": self.model_class, "diffusers": self.diffusers_version, "quality": self.quality,
                 "device": self.device, "patched": self.patched,
                 "sites": [s.as_dict() for s in self.sites], "skipped": [list(s) for s in self.skipped],
-                "graphs": self.graphs.as_dict() if self.graphs is not None else None}
+                "graphs": self.graphs.as_dict() if self.graphs is not None else None,
+                "fp8": self.fp8.as_dict() if self.fp8 is not None else None}
 
     def __str__(self):
         head = (f"ditops.diffusers: {self.model_class} (diffusers {self.diffusers_version}) on {self.device}, "
                 f"quality {self.quality}, {'patched' if self.patched else 'plan only'}")
         rows = [head, f"  {'site':<34} {'places':>6}  runs"]
         for s in self.sites:
-            rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
-            if s.op is None and s.why:
-                rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
-            if s.note:
-                rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
-            for path, why in s.skipped[:3]:
-                rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
-            if len(s.skipped) > 3:
-                rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
-            if s.fused_calls or s.model_calls or s.states:
-                verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
-                rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
-                            f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
-            chosen = sorted(set(s.implementations.values()))
-            if chosen:
-                rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
-            for sig, why in s.reasons.items():
-                rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
-            for sig, (n, largest) in s.differences.items():
-                if n:
-                    rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
-            for why, n in s.fallbacks.most_common(3):
-                rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
+            with s._lock:  # other threads' first sights add signatures
+                self._site_rows(s, rows)
         for path, why in self.skipped:
             rows.append(f"  not patched: {path}: {why}")
+        if self.fp8 is not None:
+            rows.append(str(self.fp8))
         if self.graphs is not None:
             rows.append(str(self.graphs))
         return "\n".join(rows)
+
+    @staticmethod
+    def _site_rows(s, rows):
+        """One site's rows (its lock held)."""
+        rows.append(f"  {s.name:<34} {len(s.places):>6}  {s.runs()}")
+        if s.op is None and s.why:
+            rows.append(f"  {'':<34} {'':>6}  why: {s.why}")
+        if s.note:
+            rows.append(f"  {'':<34} {'':>6}  note: {s.note}")
+        for path, why in s.skipped[:3]:
+            rows.append(f"  {'':<34} {'':>6}  model's code at {path}: {why}")
+        if len(s.skipped) > 3:
+            rows.append(f"  {'':<34} {'':>6}  ... and {len(s.skipped) - 3} more places")
+        if s.fused_calls or s.model_calls or s.states:
+            verified = sum(1 for v in s.states.values() if v == _sites.VERIFIED)
+            rows.append(f"  {'':<34} {'':>6}  calls: {s.fused_calls} fused, {s.model_calls} model; "
+                        f"signatures: {verified} verified, {len(s.reasons)} disabled, {len(s.unfit)} unfit")
+        chosen = sorted(set(s.implementations.values()))
+        if chosen:
+            rows.append(f"  {'':<34} {'':>6}  implementations: {', '.join(chosen)}")
+        for sig, why in s.reasons.items():
+            rows.append(f"  {'':<34} {'':>6}  disabled {sig}: {why}")
+        for sig, (n, largest) in s.differences.items():
+            if n:
+                rows.append(f"  {'':<34} {'':>6}  first sight {sig}: {n} differ, max |d| {largest:.3g}")
+        for why, n in s.fallbacks.most_common(3):
+            rows.append(f"  {'':<34} {'':>6}  {n} call(s) on the model's code: {why}")
 
     def __repr__(self):
         return (f"Report({self.model_class}, " + ", ".join(f"{s.name}={len(s.places)}:{s.op if s.active else None}"
@@ -135,6 +149,7 @@ class _Enabled:
 
 
 # Models with ditops installed -> what was changed (weak: a dropped model drops its record).
+# Changed under _graphs.INSTALL_LOCK only.
 _ENABLED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -213,8 +228,9 @@ def _plan_model(prefix, model, probe) -> Plan:
     return plan
 
 
-def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu):
+def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu, fp8=None):
     version = _check_version()
+    fp8_config = _fp8.config_of(fp8)
     tier = _sites.effective_quality(quality)
     chosen = set(SITE_CLASSES if sites is None else sites)
     unknown = chosen - set(SITE_CLASSES)
@@ -248,23 +264,30 @@ def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu):
         site.exact = tier == _sites.strict_tier()
         base = site.name.split(" ", 1)[0]
         site.selected = base in chosen
+    fp8_summary = None
+    if fp8_config is not None:  # issue 43: the FP8 block linears (fp8.py), layered over the sites
+        fp8_summary = _fp8.Fp8Summary(fp8_config)
+        for (prefix, model), plan_ in zip(parts, plans):
+            _fp8.plan(prefix, model, plan_, fp8_config, fp8_summary, cpu_stand_in=allow_cpu)
+        all_sites = [s for p in plans for s in p.sites]
     classes = " + ".join(type(m).__name__ for _, m in parts)
     report = Report(classes, version, tier, "; ".join(devices), all_sites,
                     [s for p in plans for s in p.skipped], patched=False)
+    report.fp8 = fp8_summary
     return parts, plans, report
 
 
-def plan(model_or_pipeline, quality=None, *, sites=None, probe: bool = False) -> Report:
+def plan(model_or_pipeline, quality=None, *, sites=None, probe: bool = False, fp8=None) -> Report:
     """The report enable would return, without changing anything and on any device (the CPU
     included: the test-only way to see the sites without CUDA). Raises UnsupportedError for an
     unsupported model or diffusers version."""
-    _, _, report = _build(model_or_pipeline, quality, sites, probe, check_device=False, allow_cpu=True)
+    _, _, report = _build(model_or_pipeline, quality, sites, probe, check_device=False, allow_cpu=True, fp8=fp8)
     return report
 
 
 def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
            allow_cpu: bool = False, cuda_graph: bool = False,
-           max_graphs: int = _graphs.DEFAULT_MAX_GRAPHS) -> Report:
+           max_graphs: int = _graphs.DEFAULT_MAX_GRAPHS, fp8=None) -> Report:
     """Install ditops at every site of a supported diffusers transformer (a model, or a pipeline's
     transformer and transformer_2). Returns the Report (live: it counts calls as the model runs).
 
@@ -280,15 +303,28 @@ def enable(model_or_pipeline, quality=None, *, sites=None, probe: bool = False,
       reference is not bit-exact to CPU PyTorch, so in the exact tier most sites fall back).
     cuda_graph: also capture(model_or_pipeline, max_graphs=max_graphs): one CUDA graph per input
       signature, the first call of each eager (the sites' checks run there); report.graphs.
+    fp8: True or an Fp8Config: every linear of the transformer blocks as an FP8 GEMM (e4m3 weights
+      quantized once per output channel, activations per token, bf16 out; torchao's rowwise
+      recipe, fp8.py), fed by the fused producer ops where this build has them; report.fp8.
+      disable restores the bf16 weights exactly (they wait on the CPU meanwhile). A model with
+      LoRA layers loaded is refused (fuse and unload them first).
 
     Raises UnsupportedError, with nothing changed, for an unsupported model class, a model on the
     CPU (unless allow_cpu) or the meta device, a diffusers version outside TESTED_DIFFUSERS, or a
     model already enabled. Run one eager forward before torch.compile or CUDA-graph capture: the
-    first-sight checks never run while tracing or capturing."""
+    first-sight checks never run while tracing or capturing.
+
+    enable, disable, capture and release may be called from several threads (one at a time
+    changes models); an enabled model may be called from several threads (docs/diffusers.md)."""
+    with _graphs.INSTALL_LOCK:
+        return _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs, fp8)
+
+
+def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max_graphs, fp8) -> Report:
     if cuda_graph:
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
-                                  allow_cpu=allow_cpu)
+                                  allow_cpu=allow_cpu, fp8=fp8)
     done = []
     try:
         for plan_ in plans:
@@ -312,22 +348,24 @@ def disable(model_or_pipeline) -> Report | None:
     of a capture (enable(..., cuda_graph=True) or capture()). Returns the report of what had been
     enabled, or None when ditops was not enabled on it."""
     report = None
-    _graphs.release(model_or_pipeline)
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.pop(model, None)
-        if record is None:
-            continue
-        for plan_ in reversed(record.plans):
-            plan_.restore()
-        record.report.patched = False
-        report = record.report
+    with _graphs.INSTALL_LOCK:
+        _graphs.release(model_or_pipeline)
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.pop(model, None)
+            if record is None:
+                continue
+            for plan_ in reversed(record.plans):
+                plan_.restore()
+            record.report.patched = False
+            report = record.report
     return report
 
 
 def enabled(model_or_pipeline) -> Report | None:
     """The live report of an enabled model, or None."""
-    for _, model in _transformers(model_or_pipeline):
-        record = _ENABLED.get(model)
-        if record is not None:
-            return record.report
+    with _graphs.INSTALL_LOCK:
+        for _, model in _transformers(model_or_pipeline):
+            record = _ENABLED.get(model)
+            if record is not None:
+                return record.report
     return None

@@ -15,7 +15,23 @@ The signature is everything a captured graph bakes in: each tensor's shape, stri
 device and address alignment, every non-tensor argument's value (return_dict, the attention
 kwargs, Qwen-Image's img_shapes), inference mode and autocast. Whatever cannot be captured runs
 the model's forward eagerly with one RuntimeWarning per reason (docs/diffusers.md lists them);
-a failed capture leaves no graph behind and that signature runs eagerly from then on.
+a failed capture leaves no graph behind and that signature runs eagerly from then on (its
+warning names the error and where in the model's code it was raised).
+
+Tensors a forward builds from host values (LTX-2's RoPE coordinates when the call passes none:
+a host-to-device copy a capture cannot hold) are built once per signature before its capture,
+by the model module's graph_constants(), and passed to the captured forward: the graph reads
+them where they lie (they live as long as the graph; they are never copied at a replay). A
+call whose forward reads device values on the host (LTX-2's spatio-temporal guidance with a
+perturbation_mask on the GPU) is refused before a capture is tried, by graph_refusal().
+
+Several threads may call one captured model. A model's graphs share their static inputs and
+outputs and one memory pool, so a model's replays are serialized: a lock is held around the
+copy-in, the replay and the copy-out (they only enqueue work, so the lock is held for the host's
+part of a call, not for the GPU's), and a caller on another CUDA stream than the previous replay
+first waits for that stream (an event, only when the stream changes). First calls and eager
+calls run outside the lock. Captures are serialized process-wide (they share one side stream
+per device).
 
 The capture backend is a module attribute (tests substitute one that "captures" a Python
 closure, so the signature and fallback logic runs on the CPU).
@@ -24,7 +40,11 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib
 import itertools
+import os
+import threading
+import traceback
 import warnings
 from collections import Counter
 
@@ -81,7 +101,7 @@ def _walk(value, key, tensors, paths, path):
         return
     else:
         what = "a tensor subclass" if isinstance(value, torch.Tensor) else "an object whose state the graph cannot see"
-        raise _Opaque(f"argument {path or '?'} is a {kind.__qualname__} ({what})")
+        raise _Opaque(f"argument {path or '?'} is of type {kind.__qualname__} ({what})")
     if paths is not None:
         paths.append(path)
 
@@ -175,6 +195,15 @@ def _output_rebuilder(out):
 # ---------------------------------------------------------------- backends
 
 
+# Held by capture/release/enable/disable while they install or restore (a model enabled or
+# captured twice at once otherwise). Order: INSTALL_LOCK, then a model's lock (never the reverse).
+INSTALL_LOCK = threading.RLock()
+
+# Held by every capture (any model, any thread): they share the side stream of their device, and a
+# capture happens once per signature, so serializing them costs nothing at steady state.
+_CAPTURE_LOCK = threading.RLock()
+
+
 class CudaGraphs:
     """torch.cuda.CUDAGraph on a side stream per device, in the pool the caller gives."""
 
@@ -191,6 +220,18 @@ class CudaGraphs:
     def new_pool(self, device):
         return torch.cuda.graph_pool_handle()
 
+    def stream_token(self, device):
+        """A cheap identity of the caller's current stream (its raw handle)."""
+        return torch._C._cuda_getCurrentRawStream(_index(device))
+
+    def follow(self, device, previous):
+        """The caller's current stream, made to wait for everything enqueued so far on previous
+        (the stream of the model's last replay; None: nothing to wait for). No host sync."""
+        current = torch.cuda.current_stream(device)
+        if previous is not None:
+            current.wait_stream(previous)
+        return current
+
     def _stream(self, device):
         stream = self._streams.get(device.index)
         if stream is None:
@@ -200,7 +241,11 @@ class CudaGraphs:
     def capture(self, fn, pool, device):
         """(graph, outputs): fn run once as the warm-up, then captured into pool. On any failure
         the stream capture is ended, the pool and the CUDA generator are left usable, and the
-        exception propagates."""
+        exception propagates. One capture at a time in the process (_CAPTURE_LOCK)."""
+        with _CAPTURE_LOCK:
+            return self._capture_locked(fn, pool, device)
+
+    def _capture_locked(self, fn, pool, device):
         stream, current = self._stream(device), torch.cuda.current_stream(device)
         with torch.cuda.device(device):
             stream.wait_stream(current)
@@ -268,6 +313,10 @@ class CudaGraphs:
 BACKEND = CudaGraphs()
 
 
+def _index(device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 # ---------------------------------------------------------------- per model
 
 
@@ -288,12 +337,13 @@ def _is_tensor_entry(entry) -> bool:
 
 
 class _Entry:
-    """One signature: seen once (its first, eager call ran), captured, or refused (eager)."""
-    __slots__ = ("state", "why", "graph", "inputs", "outputs", "rebuild", "calls", "label")
+    """One signature: seen once (its first, eager call ran), captured, or refused (eager).
+    constants: the tensors the graph reads that are no argument (graph_constants)."""
+    __slots__ = ("state", "why", "graph", "inputs", "outputs", "rebuild", "calls", "label", "constants")
 
     def __init__(self, label: str):
         self.state, self.why, self.label = _SEEN, "", label
-        self.graph = self.inputs = self.outputs = self.rebuild = None
+        self.graph = self.inputs = self.outputs = self.rebuild = self.constants = None
         self.calls = 1
 
     def replay(self, tensors):
@@ -303,7 +353,7 @@ class _Entry:
         return self.rebuild()
 
     def drop(self):
-        self.graph = self.inputs = self.outputs = self.rebuild = None
+        self.graph = self.inputs = self.outputs = self.rebuild = self.constants = None
 
 
 _TRACED = ("the forward is being traced by torch.compile: the traced code is the model's forward and "
@@ -322,6 +372,8 @@ def _ditops_forwards(model) -> set:
     """ids of the bound forwards ditops.diffusers.enable installed in model's submodules."""
     from . import _ENABLED
     from ._patching import _ForwardPatch
+    # No INSTALL_LOCK here: the caller holds its model's lock, and enable holds INSTALL_LOCK while
+    # it takes that lock (forget). A WeakKeyDictionary's get is one dict lookup.
     record = _ENABLED.get(model)
     if record is None:
         return set()
@@ -337,12 +389,34 @@ def _describe_forward(module) -> str:
     return "an instance attribute ditops did not set"
 
 
+def _model_hooks(model) -> tuple:
+    """(graph_refusal, graph_constants) of the model's module, each None where it has none:
+    graph_refusal(model, args, kwargs) -> why a call's forward cannot be captured (a host read of
+    device values) or ''; graph_constants(model, args, kwargs) -> (args, kwargs, kept): the call
+    with the tensors its forward would build from host values built now (kept: those tensors)."""
+    from . import SUPPORTED_MODELS
+    name = SUPPORTED_MODELS.get(type(model).__name__)
+    if name is None:
+        return None, None
+    module = importlib.import_module(f"{__package__}.{name}")
+    if type(model).__module__ != getattr(module, "DIFFUSERS_MODULE", None):
+        return None, None
+    return getattr(module, "graph_refusal", None), getattr(module, "graph_constants", None)
+
+
+# The marker _slow returns for "run the model's forward eagerly, outside the lock".
+_RUN_EAGER = object()
+
+
 class CapturedForward:
     """The captured forward of one model: its signatures, graphs and counters (live).
 
     It is reachable from the forward it installs (model.forward._ditops_capture), not from a
     global table, which would keep every captured model alive: the model and its capture form
-    one cycle, which the garbage collector frees with the model."""
+    one cycle, which the garbage collector frees with the model.
+
+    Safe to call from several threads: _lock guards the signatures, the counters, the captures
+    and each replay's copy-in, replay and copy-out (module docstring)."""
 
     def __init__(self, model, name: str, max_graphs: int, backend):
         self.model = model
@@ -350,6 +424,11 @@ class CapturedForward:
         self.max_graphs = int(max_graphs)
         self.backend = backend
         self.original = type(model).forward.__get__(model, type(model))
+        self._graph_refusal, self._graph_constants = _model_hooks(model)
+        self.released = False
+        self._lock = threading.RLock()
+        self._stream = None                  # the stream of the last replay (backend.follow)
+        self._stream_token = None
         self.entries: dict = {}
         self.pool = None
         self.refusals: Counter = Counter()   # reason -> eager calls
@@ -376,7 +455,9 @@ class CapturedForward:
         self.model.forward = self.installed
 
     def uninstall(self) -> str:
-        self.drop_graphs()
+        with self._lock:
+            self.released = True  # a caller still holding the installed forward runs the model's
+            self.drop_graphs()
         if self.model.__dict__.get("forward") is not self.installed:
             return f"{self.name}.forward was replaced after capture; left as it is"
         del self.model.forward
@@ -384,21 +465,25 @@ class CapturedForward:
 
     def drop_graphs(self):
         """Frees every graph, its static tensors and (with the last graph) the pool; forgets
-        every signature."""
-        if self._device is not None and self._device.type == "cuda" and self.graphs:
-            torch.cuda.synchronize(self._device)  # no replay in flight while its graph is destroyed
-        for entry in self.entries.values():
-            entry.drop()
-        self.entries.clear()
-        self._skeletons.clear()
-        self._volatile.clear()
-        self.pool = None
-        self._weights, self._weight_ptrs, self._weight_idx = [], [], []
+        every signature. Waits for a replay another thread is making."""
+        with self._lock:
+            if self._device is not None and self._device.type == "cuda" and self.graphs:
+                torch.cuda.synchronize(self._device)  # no replay in flight while its graph is destroyed
+            for entry in self.entries.values():
+                entry.drop()
+            self.entries.clear()
+            self._skeletons.clear()
+            self._volatile.clear()
+            self.pool = None
+            self._stream = self._stream_token = None
+            self._weights, self._weight_ptrs, self._weight_idx = [], [], []
 
     # ------------------------------------------------------------ the call
     def call(self, args, kwargs):
         if torch.compiler.is_compiling():
             comptime(_warn_traced)
+            return self.original(*args, **kwargs)
+        if self.released:
             return self.original(*args, **kwargs)
         if torch.jit.is_tracing():
             return self._eager(args, kwargs, "the forward is being traced by torch.jit")
@@ -415,26 +500,48 @@ class CapturedForward:
             key, tensors = signature(args, kwargs)
         except _Opaque:
             return self._eager(args, kwargs, _opaque_why(args, kwargs))
-        entry = self.entries.get(key)
-        if entry is not None and entry.graph is not None and _ptrs_equal(
-                self._weights, self._weight_ptrs, self._weight_idx):
-            self.replays += 1
-            entry.calls += 1
-            return entry.replay(tensors)
-        return self._slow(key, args, kwargs, tensors)
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry.graph is not None and _ptrs_equal(
+                    self._weights, self._weight_ptrs, self._weight_idx):
+                self.replays += 1
+                entry.calls += 1
+                return self._replay(entry, tensors)
+            out = self._slow(key, args, kwargs, tensors)
+        if out is _RUN_EAGER:
+            return self.original(*args, **kwargs)
+        return out
+
+    def _replay(self, entry, tensors):
+        """entry's replay on the caller's stream, after the model's last replay (the lock held)."""
+        token = self.backend.stream_token(self._device)
+        if token != self._stream_token:
+            self._stream = self.backend.follow(self._device, self._stream)
+            self._stream_token = token
+        return entry.replay(tensors)
 
     def _warn(self, why: str):
-        if why not in self._warned:
+        with self._lock:
+            if why in self._warned:
+                return
             self._warned.add(why)
-            warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}; the forward runs eagerly",
-                          RuntimeWarning, stacklevel=2)
+        warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}; the forward runs eagerly",
+                      RuntimeWarning, stacklevel=3)
+
+    def _refused(self, why: str):
+        """Counts an eager call and warns once per reason; returns _RUN_EAGER."""
+        with self._lock:
+            self.refusals[why] += 1
+        self._warn(why)
+        return _RUN_EAGER
 
     def _eager(self, args, kwargs, why: str):
-        self.refusals[why] += 1
-        self._warn(why)
+        self._refused(why)
         return self.original(*args, **kwargs)
 
     def _slow(self, key, args, kwargs, tensors):
+        """The lock held: a first call, a capture (then its replay) or a refusal. Returns the
+        outputs, or _RUN_EAGER for the caller to run the model's forward outside the lock."""
         if self._weights and not _ptrs_equal(
                 self._weights, self._weight_ptrs, self._weight_idx):
             # the graphs read the parameters at their capture-time addresses
@@ -443,16 +550,16 @@ class CapturedForward:
                    "weights): its graphs were released, and each signature is captured again")
             if why not in self._warned:
                 self._warned.add(why)
-                warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}", RuntimeWarning, stacklevel=3)
         entry = self.entries.get(key)
         if entry is None:
             return self._first(key, args, kwargs)
         entry.calls += 1
         if entry.state == _REFUSED:
-            return self._eager(args, kwargs, entry.why)
+            return self._refused(entry.why)
         paths = []
         signature(args, kwargs, paths)
-        why = self._refusal(key, paths)
+        why = self._refusal(key, paths, args, kwargs)
         if not why:
             try:
                 self._capture(entry, key, paths, args, kwargs, tensors)
@@ -465,20 +572,22 @@ class CapturedForward:
                     # the failed capture released the pool's last use: torch refuses to begin
                     # another capture in a pool waiting to be freed
                     self.pool = None
-                why = f"the capture failed ({type(e).__name__}: {_first_line(e)})"
+                why = (f"the capture failed ({type(e).__name__}: {_first_line(e)}{_where(e, self.model)}); "
+                       "this signature runs eagerly from now on (release() and capture() again to retry)")
         if why:
             entry.state, entry.why = _REFUSED, why
-            return self._eager(args, kwargs, why)
+            return self._refused(why)
         self.captures += 1
-        return entry.replay(tensors)
+        return self._replay(entry, tensors)
 
     def _first(self, key, args, kwargs):
         """A signature's first call: eager, recorded; or eager unrecorded where a Python number
-        changes between calls (each value would be a signature of its own)."""
+        changes between calls (each value would be a signature of its own). The lock held; the
+        forward runs after it is released (_RUN_EAGER)."""
         skeleton = _skeleton(key)
         why = self._volatile.get(skeleton)
         if why:
-            return self._eager(args, kwargs, why)
+            return self._refused(why)
         paths = []
         signature(args, kwargs, paths)
         keys = self._skeletons.setdefault(skeleton, [])
@@ -489,16 +598,16 @@ class CapturedForward:
                 f"the Python value of {names} took more than {VALUES_PER_LAYOUT} values with the same "
                 "tensors: a graph bakes it in, so each value would need a graph of its own; calls with a "
                 "new value run eagerly (pass it as a tensor)")
-            return self._eager(args, kwargs, why)
+            return self._refused(why)
         keys.append(key)
         if len(self.entries) >= 4 * self.max_graphs:
-            return self._eager(args, kwargs, f"more than {4 * self.max_graphs} signatures were seen (a shape "
-                                             "or an argument that changes with every call?)")
+            return self._refused(f"more than {4 * self.max_graphs} signatures were seen (a shape "
+                                 "or an argument that changes with every call?)")
         self.entries[key] = _Entry(_label(key, paths))
         self.eager_calls += 1
-        return self.original(*args, **kwargs)
+        return _RUN_EAGER
 
-    def _refusal(self, key, paths) -> str:
+    def _refusal(self, key, paths, args=(), kwargs=None) -> str:
         """Why this signature cannot be captured now, or ''."""
         model = self.model
         if model.__dict__.get("forward") is not self.installed:
@@ -531,6 +640,10 @@ class CapturedForward:
         if self.graphs >= self.max_graphs:
             return (f"{self.name} has max_graphs={self.max_graphs} graphs already (release() frees them; "
                     "capture(..., max_graphs=) allows more)")
+        if self._graph_refusal is not None:
+            why = self._graph_refusal(model, args, kwargs or {})
+            if why:
+                return why
         self._device = device
         if not self._weights:
             self._weights = weights
@@ -545,35 +658,47 @@ class CapturedForward:
             static.copy(src)  # the warm-up and the capture run on this call's values
         views = iter([s.view for s in inputs])
         s_args, s_kwargs = _substitute(args, views), _substitute(kwargs, views)
+        constants = None
+        if self._graph_constants is not None:
+            # built here, eagerly and outside the graph, on the caller's stream (the capture's side
+            # stream waits for it); the graph reads them at these addresses
+            s_args, s_kwargs, constants = self._graph_constants(self.model, s_args, s_kwargs)
         if self.pool is None:
             self.pool = self.backend.new_pool(self._device)
         original = self.original
         graph, out = self.backend.capture(lambda: original(*s_args, **s_kwargs), self.pool, self._device)
         entry.outputs, entry.rebuild = _output_rebuilder(out)
-        entry.graph, entry.inputs, entry.state = graph, inputs, _GRAPH
+        entry.graph, entry.inputs, entry.constants, entry.state = graph, inputs, constants, _GRAPH
+        # the capture synchronized the device: the first replay waits for no earlier stream
+        self._stream = self._stream_token = None
 
     # ------------------------------------------------------------ report
+    # The report reads under the lock: other threads' calls add signatures and count.
     @property
     def graphs(self) -> int:
-        return sum(e.graph is not None for e in self.entries.values())
+        with self._lock:
+            return sum(e.graph is not None for e in self.entries.values())
 
     def signatures(self) -> list:
-        return [{"signature": e.label, "state": e.state, "why": e.why, "calls": e.calls}
-                for e in self.entries.values()]
+        with self._lock:
+            return [{"signature": e.label, "state": e.state, "why": e.why, "calls": e.calls}
+                    for e in self.entries.values()]
 
     def as_dict(self) -> dict:
-        return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
-                "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
-                "signatures": self.signatures(), "refusals": dict(self.refusals)}
+        with self._lock:
+            return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
+                    "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
+                    "signatures": self.signatures(), "refusals": dict(self.refusals)}
 
     def __str__(self):
-        rows = [f"{self.name}: {self.graphs} graph(s) (max {self.max_graphs}), {self.captures} captured, "
-                f"{self.replays} replays, {self.eager_calls} first calls, "
-                f"{sum(self.refusals.values())} eager calls refused capture"]
-        for e in self.entries.values():
-            rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
-        for why, n in self.refusals.most_common(5):
-            rows.append(f"  {n} eager call(s): {why}")
+        with self._lock:
+            rows = [f"{self.name}: {self.graphs} graph(s) (max {self.max_graphs}), {self.captures} captured, "
+                    f"{self.replays} replays, {self.eager_calls} first calls, "
+                    f"{sum(self.refusals.values())} eager calls refused capture"]
+            for e in self.entries.values():
+                rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
+            for why, n in self.refusals.most_common(5):
+                rows.append(f"  {n} eager call(s): {why}")
         return "\n".join(rows)
 
 
@@ -589,6 +714,23 @@ def _opaque_why(args, kwargs) -> str:
 def _first_line(e) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _where(e, model) -> str:
+    """', at <file>:<line> in <function>': the innermost frame of e's traceback in the model's
+    code (diffusers, or the module of the model's class), else outside torch and this module;
+    or ''."""
+    import sys
+    roots = [os.path.dirname(getattr(sys.modules.get("diffusers"), "__file__", None) or "/nonexistent") + os.sep]
+    own = getattr(sys.modules.get(type(model).__module__), "__file__", None)
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(_TORCH_DIR) and f.filename != __file__]
+    model_frames = [f for f in frames if f.filename == own or f.filename.startswith(tuple(roots))]
+    f = (model_frames or frames or [None])[-1]
+    return "" if f is None else f", at {os.path.basename(f.filename)}:{f.lineno} in {f.name}"
 
 
 def _label(key, paths) -> str:
@@ -668,13 +810,18 @@ def check_max_graphs(max_graphs) -> None:
 
 
 def _install(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureReport:
+    with INSTALL_LOCK:
+        return _install_locked(model_or_pipeline, max_graphs, reuse)
+
+
+def _install_locked(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureReport:
     from . import SUPPORTED_MODELS, UnsupportedError
     check_max_graphs(max_graphs)
     report, todo = CaptureReport(), []
     for name, model, why in _parts(model_or_pipeline):
         if model is None:
             report.refused[name] = why
-            warnings.warn(f"ditops.diffusers.capture: {name} {why}; it runs as it is", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"ditops.diffusers.capture: {name} {why}; it runs as it is", RuntimeWarning, stacklevel=4)
             continue
         existing = captured(model)
         if existing is not None:
@@ -688,7 +835,7 @@ def _install(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureReport:
             why = (f"its forward is already replaced by {_describe_forward(model)}; a capture would hide "
                    "it, so the model runs as it is")
             report.refused[name] = why
-            warnings.warn(f"ditops.diffusers.capture: {name}: {why}", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"ditops.diffusers.capture: {name}: {why}", RuntimeWarning, stacklevel=4)
             continue
         todo.append((name, model))
     for name, model in todo:
@@ -696,7 +843,7 @@ def _install(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureReport:
             warnings.warn(f"ditops.diffusers.capture: {type(model).__name__} is not among the classes "
                           f"ditops.diffusers tests ({', '.join(SUPPORTED_MODELS)}); it is captured on the "
                           "assumption that its forward depends on its arguments and weights only",
-                          RuntimeWarning, stacklevel=3)
+                          RuntimeWarning, stacklevel=4)
         state = CapturedForward(model, name, max_graphs, BACKEND)
         state.install()
         report.parts[name] = state
@@ -721,14 +868,15 @@ def release(model_or_pipeline) -> bool:
     """Free the graphs and restore the forward capture() replaced. True when something was
     captured."""
     done = False
-    for _, model, _ in _parts(model_or_pipeline):
-        state = captured(model) if model is not None else None
-        if state is None:
-            continue
-        why = state.uninstall()
-        if why:
-            warnings.warn(f"ditops.diffusers.release: {why}", RuntimeWarning, stacklevel=2)
-        done = True
+    with INSTALL_LOCK:
+        for _, model, _ in _parts(model_or_pipeline):
+            state = captured(model) if model is not None else None
+            if state is None:
+                continue
+            why = state.uninstall()
+            if why:
+                warnings.warn(f"ditops.diffusers.release: {why}", RuntimeWarning, stacklevel=2)
+            done = True
     return done
 
 

@@ -17,10 +17,16 @@ call decides, in order:
      equal -> verified, else a RuntimeWarning, the signature is disabled and the model's values
      are returned. In the tiers that admit close implementations (lossless, high) the difference is recorded in the report
      and the op's values are kept.
+
+Sites may be called from several threads at once (a model called by several threads): each
+site's counters and signature states change under its lock, a signature disabled by any
+first-sight check stays disabled (two first sights of one signature cannot end verified when one
+saw a difference), and the rotary table cache is per thread.
 """
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -66,6 +72,7 @@ _CONTRACTS: dict = {}
 def _contract(implementation: str) -> str:
     """bit_exact or close, as the registry states it for the implementation."""
     if not _CONTRACTS:
+        # one update of a complete dict: a thread never reads a partly filled table
         _CONTRACTS.update({k["name"]: k["contract"] for k in ditops.list_kernels()})
     return _CONTRACTS.get(implementation, "unknown")
 
@@ -112,6 +119,7 @@ class Site:
         self.model_calls = 0
         self.fallbacks: Counter = Counter()   # reason -> calls that ran the model's code
         self._warned: set = set()
+        self._lock = threading.Lock()          # the counters and states above
 
     # ------------------------------------------------------------ description
     @property
@@ -128,6 +136,10 @@ class Site:
         return self.op + (f" ({opts})" if opts else "")
 
     def as_dict(self) -> dict:
+        with self._lock:  # other threads' first sights add signatures
+            return self._as_dict()
+
+    def _as_dict(self) -> dict:
         return {"site": self.name, "places": len(self.places), "op": self.op if self.active else None,
                 "skipped": [list(s) for s in self.skipped],
                 "options": dict(self.options), "chain": self.chain, "why": self.why, "note": self.note,
@@ -141,31 +153,44 @@ class Site:
 
     def reset(self) -> None:
         """Forget the first-sight results and the counters."""
-        self.states.clear()
-        self.reasons.clear()
-        self.unfit.clear()
-        self.differences.clear()
-        self.implementations.clear()
-        self.fused_calls = self.model_calls = 0
-        self.fallbacks.clear()
-        self._warned.clear()
+        with self._lock:
+            self.states.clear()
+            self.reasons.clear()
+            self.unfit.clear()
+            self.differences.clear()
+            self.implementations.clear()
+            self.fused_calls = self.model_calls = 0
+            self.fallbacks.clear()
+            self._warned.clear()
 
     # ------------------------------------------------------------ the decision
+    def _count_model_call(self):
+        with self._lock:
+            self.model_calls += 1
+
     def _fall_back(self, why: str):
         if torch.compiler.is_compiling():
             return
-        self.model_calls += 1
-        self.fallbacks[why] += 1
-        if why not in self._warned:
+        with self._lock:
+            self.model_calls += 1
+            self.fallbacks[why] += 1
+            first = why not in self._warned
             self._warned.add(why)
+        if first:
             warnings.warn(f"ditops.diffusers: {self.name} runs the model's code for a call: {why}",
                           RuntimeWarning, stacklevel=4)
 
     def _disable(self, sig, why: str) -> None:
-        self.states[sig] = DISABLED
-        self.reasons[sig] = why
-        warnings.warn(f"ditops.diffusers: disabling {self.op} at {self.name} for {sig}: {why}; "
-                      "the model's code runs there", RuntimeWarning, stacklevel=4)
+        """sig disabled for good (one warning), its call counted as the model's."""
+        with self._lock:
+            first = self.states.get(sig) != DISABLED
+            if first:
+                self.states[sig] = DISABLED
+                self.reasons[sig] = why
+            self.model_calls += 1
+        if first:
+            warnings.warn(f"ditops.diffusers: disabling {self.op} at {self.name} for {sig}: {why}; "
+                          "the model's code runs there", RuntimeWarning, stacklevel=4)
 
     def run(self, why_not: str, sig, device, fused, reference, explain):
         """Outputs (a tuple of tensors) of the op or of the model's chain, as decided above.
@@ -173,7 +198,7 @@ class Site:
         DispatchReport for the call (runs nothing)."""
         if not self.active:
             if not torch.compiler.is_compiling():
-                self.model_calls += 1
+                self._count_model_call()
             return reference()
         if why_not:
             self._fall_back(why_not)
@@ -187,11 +212,12 @@ class Site:
             except Error as e:  # a later call the first sight did not foresee: this call only
                 self._fall_back(f"the op failed: {e}")
                 return reference()
-            self.fused_calls += 1
+            with self._lock:
+                self.fused_calls += 1
             return out
         if state == DISABLED:
             if not torch.compiler.is_compiling():
-                self.model_calls += 1
+                self._count_model_call()
             return reference()
         if state == UNFIT:
             self._fall_back(self.unfit[sig])
@@ -215,17 +241,19 @@ class Site:
                 # chain is the better fallback in the bit-exact tier
                 why = f"{report.chosen} would run, whose contract is {_contract(report.chosen)}, not bit_exact"
         if why:
-            self.states[sig] = UNFIT
-            self.unfit[sig] = why
+            with self._lock:
+                if self.states.get(sig) != DISABLED:
+                    self.states[sig] = UNFIT
+                    self.unfit[sig] = why
             self._fall_back(why)
             return reference()
-        self.implementations[sig] = report.chosen
+        with self._lock:
+            self.implementations[sig] = report.chosen
         ref = reference()
         try:
             out = fused()
         except (Error, RuntimeError) as e:
             self._disable(sig, f"the op failed: {e}")
-            self.model_calls += 1
             return ref
         differing, largest = 0, 0.0
         for a, b in zip(out, ref):
@@ -238,16 +266,23 @@ class Site:
                     largest = float("inf")
                 elif bool(differ.any()):
                     largest = max(largest, float(diff[differ].abs().max()))
-        self.differences[sig] = (differing, largest)
+        with self._lock:
+            seen = self.differences.get(sig, (0, 0.0))
+            self.differences[sig] = (max(seen[0], differing), max(seen[1], largest))
         if differing and self.exact:
             total = sum(t.numel() for t in ref)
             self._disable(sig, f"{differing} of {total} elements differ from the model's chain "
                                f"(max |difference| {largest:.3g})")
-            self.model_calls += 1
             return ref
-        self.states[sig] = VERIFIED
-        self.fused_calls += 1
-        return out
+        with self._lock:
+            if self.states.get(sig) == DISABLED:  # another thread's first sight of it differed
+                self.model_calls += 1
+                verified = False
+            else:
+                self.states[sig] = VERIFIED
+                self.fused_calls += 1
+                verified = True
+        return out if verified else ref
 
 
 # ---------------------------------------------------------------- per-head QK RMSNorm + RoPE
@@ -258,12 +293,13 @@ class RopeTable:
     The model passes the same cos/sin (or complex) tensors to every block of a forward, so in
     plain eager mode the cache is built once per forward and reused (strong references: the
     tensors stay alive, so identity means the same values). Under torch.compile or CUDA-graph
-    capture it is built inside the traced code, where a Python-side cache would go stale."""
+    capture it is built inside the traced code, where a Python-side cache would go stale.
+
+    One cache per thread (a forward runs in one thread): two threads' forwards with different
+    rotary tensors never read each other's table, and neither evicts the other's."""
 
     def __init__(self):
-        self._key = None
-        self._cache = None
-        self._positions: dict = {}
+        self._local = threading.local()   # .slot = (rotary tensors, their cache, positions by key)
 
     @staticmethod
     def build(freqs, layout: str) -> torch.Tensor:
@@ -278,21 +314,21 @@ class RopeTable:
     def get(self, freqs, layout: str, start: int, tokens: int, batch: int, device):
         keep = not (torch.compiler.is_compiling() or _tracing_or_capturing(device))
         parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
-        if keep and self._key is not None and len(parts) == len(self._key) and all(
-                a is b for a, b in zip(parts, self._key)):
-            cache = self._cache
+        slot = getattr(self._local, "slot", None) if keep else None
+        if slot is not None and len(parts) == len(slot[0]) and all(a is b for a, b in zip(parts, slot[0])):
+            cache, known = slot[1], slot[2]
         else:
-            cache = self.build(freqs, layout)
+            cache, known = self.build(freqs, layout), {}
             if keep:
-                self._key, self._cache, self._positions = parts, cache, {}
+                self._local.slot = (parts, cache, known)
         pos_key = (start, tokens, batch, str(device))
-        positions = self._positions.get(pos_key) if keep else None
+        positions = known.get(pos_key)
         if positions is None:
             positions = torch.arange(start, start + tokens, device=device)
             if batch > 1:
                 positions = positions.repeat(batch)
             if keep:
-                self._positions[pos_key] = positions
+                known[pos_key] = positions
         return cache, positions
 
 

@@ -4,6 +4,18 @@ eager, eager + ditops, torch.compile, torch.compile + ditops, and the whole forw
 
     python -m ditops.diffusers.bench --model flux --blocks 2 --tokens 4608 --json flux.json
 
+--fp8 adds the FP8 block linears (issue 43) beside them in the same run: the recipe's plain-torch
+chain (fp8chain: every block linear quantizing its input with torch ops, the oracle ditops's FP8
+forward equals), torchao's float8 rowwise + torch.compile (torchao 0.18 where it imports; where
+it does not, the plain chain compiled, named fp8chain+compile), and ditops FP8 (enable(fp8=True))
+eager, + graph, + compile. For those it states the quality against the bf16 eager forward (cosine,
+PSNR, max |diff|) after one forward and over a --loop-steps flow-matching Euler denoising loop of
+the benched transformer (random weights: compare recipes with it, it is not image quality), the
+peak memory, and whether ditops's output is torch.equal to the chain's. --full-depth builds the
+released block counts (FLUX.1 19 + 38, Wan 14B 40, Qwen-Image 60, HunyuanVideo 20 + 40, LTX-2 48).
+
+    python -m ditops.diffusers.bench --model flux --full-depth --tokens 4608 --fp8
+
 Prints the median time per forward and per block of each variant (CUDA events around each
 forward, after warm-up), the speed-ups, and where the CUDA time goes (torch.profiler over a few
 forwards, kernels sorted by name into GEMM, attention, ditops and the rest, the glue: norms,
@@ -11,9 +23,10 @@ RoPE, modulation, residuals, copies, fused Triton kernels). --json writes the re
 device, the date and the commit. The graph variants also print the memory the first graph and
 one more graph (the same shapes, another signature) cost. Needs a CUDA device and diffusers.
 
-Shapes: --tokens is the whole sequence. FLUX.1 and Qwen-Image take --text-tokens of it as text
-(default 512) and the rest as a square-ish image grid; FLUX.1's and HunyuanVideo's --blocks are
-split into double (first half, rounded up) and single blocks. Wan and HunyuanVideo take the
+Shapes: --tokens is the whole sequence. FLUX.1, FLUX.2 and Qwen-Image take --text-tokens of it as
+text (default 512) and the rest as a square-ish image grid; FLUX.1's, FLUX.2's and HunyuanVideo's
+--blocks are split into double (first half, rounded up) and single blocks (flux2: FLUX.2-dev's
+widths, flux2_klein: klein 4B's). Wan and HunyuanVideo take the
 tokens as a latent video grid (--grid F,H,W after patching; by default Wan's 480p 81-frame grid
 21x30x52 for 32760 tokens, else one frame), with --text-tokens cross-attention / text tokens. LTX-2
 takes --tokens video tokens (6144: its 121-frame 768x512 grid 16x16x24) and the audio tokens of
@@ -33,12 +46,27 @@ import subprocess
 import sys
 
 VARIANTS = ("eager", "eager+ditops", "compile", "compile+ditops", "eager+graph", "eager+ditops+graph")
+# The FP8 variants (issue 43); torchao's quantization cannot be undone, so it runs last.
+FP8_VARIANTS = ("fp8chain", "fp8chain+compile", "torchao+compile", "fp8", "fp8+graph", "fp8+compile")
+FP8_DEFAULT = ("eager", "compile", "eager+ditops+graph", "fp8chain", "fp8", "fp8+graph", "fp8+compile",
+               "torchao+compile")
+# The released block counts: (double, single) for FLUX.1 and HunyuanVideo, else the layers.
+FULL_DEPTH = {"flux": (19, 38), "flux2": (8, 48), "qwen": 60, "wan": 40, "hunyuan": (20, 40),
+              "ltx2": 48}
 
 # Real widths (the released checkpoints' configs); blocks and tokens come from the command line.
 CONFIGS = {
     "flux": dict(patch_size=1, in_channels=64, attention_head_dim=128, num_attention_heads=24,
                  joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
                  axes_dims_rope=(16, 56, 56)),
+    # FLUX.2-dev: 48 x 128 heads (hidden 6144), MLP 18432 after SwiGLU, Mistral-3 text (15360)
+    "flux2": dict(patch_size=1, in_channels=128, attention_head_dim=128, num_attention_heads=48,
+                  joint_attention_dim=15360, timestep_guidance_channels=256, mlp_ratio=3.0,
+                  axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=True),
+    # FLUX.2-klein 4B: 24 x 128 (hidden 3072), Qwen3-4B text (7680), no guidance embedder
+    "flux2_klein": dict(patch_size=1, in_channels=128, attention_head_dim=128, num_attention_heads=24,
+                        joint_attention_dim=7680, timestep_guidance_channels=256, mlp_ratio=3.0,
+                        axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6, guidance_embeds=False),
     "qwen": dict(patch_size=2, in_channels=64, out_channels=16, attention_head_dim=128, num_attention_heads=24,
                  joint_attention_dim=3584, axes_dims_rope=(16, 56, 56)),
     "wan": dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
@@ -52,7 +80,8 @@ CONFIGS = {
                  audio_num_attention_heads=32, audio_attention_head_dim=64, audio_cross_attention_dim=2048,
                  caption_channels=3840, rope_type="split"),
 }
-CLASSES = {"flux": "FluxTransformer2DModel", "qwen": "QwenImageTransformer2DModel",
+CLASSES = {"flux": "FluxTransformer2DModel", "flux2": "Flux2Transformer2DModel",
+           "flux2_klein": "Flux2Transformer2DModel", "qwen": "QwenImageTransformer2DModel",
            "wan": "WanTransformer3DModel", "hunyuan": "HunyuanVideoTransformer3DModel",
            "ltx2": "LTX2VideoTransformer3DModel"}
 
@@ -76,19 +105,53 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=30, help="timed forwards per variant (the median is reported)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--profile-iters", type=int, default=3, help="forwards under torch.profiler (0: no profile)")
-    p.add_argument("--variants", default=",".join(VARIANTS), help="a comma list of " + ", ".join(VARIANTS))
+    p.add_argument("--variants", default=None, help="a comma list of " + ", ".join(VARIANTS + FP8_VARIANTS)
+                   + " (default: the first six; with --fp8: " + ", ".join(FP8_DEFAULT) + ")")
+    p.add_argument("--fp8", action="store_true", help="the FP8 variants beside bf16 eager / compile")
+    p.add_argument("--fp8-skip", default="", help="Fp8Config.skip: comma list of glob patterns kept in bf16")
+    p.add_argument("--no-producers", action="store_true", help="Fp8Config(producers=False): the chain everywhere")
+    p.add_argument("--loop-steps", type=int, default=28, help="denoising steps of the FP8 quality loop (0: none)")
+    p.add_argument("--full-depth", action="store_true", help="the released block counts (overrides --blocks)")
     p.add_argument("--compile-mode", default=None, help="torch.compile mode (default: its default)")
     p.add_argument("--no-fullgraph", action="store_true", help="torch.compile without fullgraph=True")
+    p.add_argument("--compile-scope", choices=("whole", "regional"), default=None,
+                   help="torch.compile of the whole model, or diffusers' compile_repeated_blocks (one compile per "
+                        "block class; default: regional with --full-depth, else whole)")
     p.add_argument("--quality", default=None, help="ditops quality tier (default: the bit-exact one)")
     p.add_argument("--probe", action="store_true", help="enable(probe=True): also try undocumented chains")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="write the records to this path")
     args = p.parse_args(argv)
-    args.variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = set(args.variants) - set(VARIANTS)
+    default = FP8_DEFAULT if args.fp8 else VARIANTS
+    args.variants = [v.strip() for v in (args.variants or ",".join(default)).split(",") if v.strip()]
+    unknown = set(args.variants) - set(VARIANTS + FP8_VARIANTS)
     if unknown:
         p.error(f"unknown variants {sorted(unknown)}")
+    # torchao quantizes the model in place, for good: its variant runs after every other
+    args.variants = [v for v in args.variants if v != "torchao+compile"] + \
+        [v for v in args.variants if v == "torchao+compile"]
+    if args.full_depth:
+        depth = FULL_DEPTH[args.model]
+        args.blocks = sum(depth) if isinstance(depth, tuple) else depth
+    if args.compile_scope is None:
+        args.compile_scope = "regional" if args.full_depth else "whole"
     return args
+
+
+def compile_model(torch, model, args, fullgraph):
+    """The compiled callable: torch.compile(model), or the model with its repeated blocks compiled
+    in place (diffusers' compile_repeated_blocks, as users compile a full-depth model)."""
+    if args.compile_scope == "regional":
+        model.compile_repeated_blocks(fullgraph=fullgraph, mode=args.compile_mode)
+        return model
+    return torch.compile(model, fullgraph=fullgraph, mode=args.compile_mode)
+
+
+def uncompile(model):
+    """Undo compile_repeated_blocks (the blocks' compiled call)."""
+    for sub in model.modules():
+        if getattr(sub, "_compiled_call_impl", None) is not None:
+            sub._compiled_call_impl = None
 
 
 def near_square(n: int) -> tuple[int, int]:
@@ -142,12 +205,35 @@ def ltx2_inputs(args, torch, dev):
     return inputs, f"video {f}x{h}x{w} + audio {audio} + text {text}"
 
 
+def flux2_inputs(args, cfg, torch, dev):
+    """FLUX.2's inputs as its pipeline makes them: --text-tokens text tokens (ids (0, 0, 0, l)) and the
+    rest as a square-ish latent grid (ids (0, h, w, 0)); timestep and guidance per batch element."""
+    B, bf16, text = args.batch, torch.bfloat16, args.text_tokens
+    image = args.tokens - text
+    if image <= 0:
+        raise SystemExit("--tokens must exceed --text-tokens")
+    h, w = near_square(image)
+
+    def ids(*extents):
+        return torch.stack(torch.meshgrid(*[torch.arange(float(n)) for n in extents], indexing="ij"), -1).reshape(-1, 4)
+
+    inputs = dict(hidden_states=torch.randn(B, image, cfg["in_channels"], device=dev, dtype=bf16),
+                  encoder_hidden_states=torch.randn(B, text, cfg["joint_attention_dim"], device=dev, dtype=bf16),
+                  timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
+                  img_ids=ids(1, h, w, 1).to(dev), txt_ids=ids(1, 1, 1, text).to(dev), return_dict=False)
+    if cfg["guidance_embeds"]:
+        inputs["guidance"] = torch.full((B,), 4.0, device=dev, dtype=bf16)
+    return inputs, f"text {text} + image {h}x{w}"
+
+
 def build(args, torch, diffusers, device="cuda"):
     """(model, inputs, shape text, config) in bf16 with random weights on `device`; norm weights
     around 1 (not all 1, where norm rounding orders agree by accident)."""
     name, B, blocks = args.model, args.batch, args.blocks
     cfg = dict(CONFIGS[name])
-    if name in ("flux", "hunyuan"):
+    if name in FULL_DEPTH and isinstance(FULL_DEPTH[name], tuple) and getattr(args, "full_depth", False):
+        cfg.update(num_layers=FULL_DEPTH[name][0], num_single_layers=FULL_DEPTH[name][1])
+    elif name in ("flux", "flux2", "flux2_klein", "hunyuan"):
         cfg.update(num_layers=(blocks + 1) // 2, num_single_layers=blocks // 2)
     else:
         cfg.update(num_layers=blocks)
@@ -181,6 +267,8 @@ def build(args, torch, diffusers, device="cuda"):
                           timestep=torch.full((B,), 0.5, device=dev, dtype=bf16),
                           img_shapes=[(1, h, w)] * B, return_dict=False)
         shape = f"text {text} + image {h}x{w}"
+    elif name in ("flux2", "flux2_klein"):
+        inputs, shape = flux2_inputs(args, cfg, torch, dev)
     elif name == "ltx2":
         inputs, shape = ltx2_inputs(args, torch, dev)
     else:
@@ -266,6 +354,64 @@ def commit_of_package() -> str:
     return "unknown"
 
 
+# ---------------------------------------------------------------- FP8 (issue 43)
+
+# The latents a denoising loop updates (the outputs in order), and the models whose pipelines pass
+# the timestep divided by 1000.
+LATENTS = {"ltx2": ("hidden_states", "audio_hidden_states")}
+UNIT_TIMESTEP = ("flux", "qwen")
+
+
+def fp8_config(args):
+    from .fp8 import Fp8Config
+    return Fp8Config(skip=tuple(p.strip() for p in args.fp8_skip.split(",") if p.strip()),
+                     producers=not args.no_producers)
+
+
+def torchao_rowwise():
+    """(quantize(model, paths), torchao version), or (None, why torchao does not import)."""
+    try:
+        import torchao
+        from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+    except Exception as e:  # noqa: BLE001 (any import failure: the chain runs in its place)
+        return None, f"{type(e).__name__}: {e}"
+
+    def quantize(model, paths):
+        # the same linears as ditops's FP8 (quantize_'s default would take every nn.Linear)
+        quantize_(model, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()),
+                  filter_fn=lambda module, fqn: fqn in paths)
+    return quantize, torchao.__version__
+
+
+def error_stats(torch, out, ref) -> dict:
+    """Cosine, PSNR (peak = max |ref|) and max |diff| of out against ref, in float64."""
+    x, r = out.double().flatten(), ref.double().flatten()
+    mse = float(((x - r) ** 2).mean())
+    peak = float(r.abs().max())
+    return {"cosine": float(torch.nn.functional.cosine_similarity(x, r, dim=0)),
+            "psnr_db": 10 * math.log10(peak ** 2 / mse) if mse > 0 else float("inf"),
+            "max_abs": float((x - r).abs().max())}
+
+
+def denoise(torch, call, inputs, model_name, steps):
+    """The latents after `steps` flow-matching Euler steps from sigma 1 to 0, x += (sigma_next -
+    sigma) * v(x, sigma), v the transformer's output (FLUX.1's scheduler update, without its
+    shift): the same starting latents and conditioning for every variant."""
+    keys = LATENTS.get(model_name, ("hidden_states",))
+    x = {k: inputs[k].clone() for k in keys}
+    sigmas = torch.linspace(1.0, 0.0, steps + 1).tolist()
+    for i in range(steps):
+        t = sigmas[i] if model_name in UNIT_TIMESTEP else sigmas[i] * 1000.0
+        kw = dict(inputs, **x, timestep=torch.full_like(inputs["timestep"], t))
+        if "sigma" in inputs:
+            kw["sigma"] = torch.full_like(inputs["sigma"], t)
+        with torch.inference_mode():
+            out = call(kw)
+        for k, v in zip(keys, out):
+            x[k] = (x[k].float() + (sigmas[i + 1] - sigmas[i]) * v.float()).to(x[k].dtype)
+    return torch.cat([x[k].flatten() for k in keys])
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
@@ -279,9 +425,19 @@ def main(argv=None) -> int:
         return 2
     import ditops
     import ditops.diffusers as dd
+    from . import fp8 as dfp8
 
     model, inputs, shape, cfg = build(args, torch, diffusers)
     fullgraph = not args.no_fullgraph
+    fp8_wanted = any(v in FP8_VARIANTS for v in args.variants)
+    config = fp8_config(args)
+    torchao_quantize, torchao_version = torchao_rowwise() if "torchao+compile" in args.variants else (None, None)
+    if "torchao+compile" in args.variants and torchao_quantize is None:
+        print(f"torchao does not import ({torchao_version}): the plain-torch chain of the same recipe, compiled, "
+              "runs in its place, named fp8chain+compile", flush=True)
+        args.variants = [v for v in args.variants if v != "torchao+compile"]
+        if "fp8chain+compile" not in args.variants:
+            args.variants.append("fp8chain+compile")
 
     def forward(m):
         def call():
@@ -291,19 +447,44 @@ def main(argv=None) -> int:
         return call
 
     results, outputs, reports, capture_text, capture_dicts, memory = {}, {}, {}, {}, {}, {}
+    quality, peaks = {}, {}
+    reference = loop_reference = None
+    if fp8_wanted:  # the bf16 eager forward and loop every FP8 variant is measured against
+        reference = forward(model)()
+        if args.loop_steps:
+            loop_reference = denoise(torch, lambda kw: model(**kw), inputs, args.model, args.loop_steps)
+    chain = None
     for variant in args.variants:
-        uses_ditops, compiled = "+ditops" in variant, variant.startswith("compile")
+        uses_ditops, compiled = "+ditops" in variant, variant.startswith("compile") or variant.endswith("+compile")
         graphed = variant.endswith("+graph")
+        is_fp8 = variant in FP8_VARIANTS
         if dd.enabled(model) or dd.captured(model):
             dd.disable(model)
+        if chain is not None:
+            chain.restore()
+            chain = None
+        uncompile(model)
         torch._dynamo.reset()
-        if uses_ditops:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        if variant.startswith("fp8chain"):
+            chain = dfp8.plain_chain(model, config)
+        elif variant.startswith("fp8"):
+            reports[variant] = dd.enable(model, args.quality, probe=args.probe, cuda_graph=graphed, fp8=config)
+            forward(model)()  # first-sight checks run eagerly, before any tracing or capture
+        elif variant == "torchao+compile":
+            torchao_quantize(model, {p for p, _, _, _ in dfp8.select_linears("", model, config)})
+            outputs["torchao (eager)"] = forward(model)()
+        elif uses_ditops:
             reports[variant] = dd.enable(model, args.quality, probe=args.probe, cuda_graph=graphed)
             forward(model)()  # first-sight checks run eagerly, before any tracing or capture
         elif graphed:
             dd.capture(model)
             forward(model)()  # the signature's first call runs eagerly
-        target = torch.compile(model, fullgraph=fullgraph, mode=args.compile_mode) if compiled else model
+        torch.cuda.synchronize()
+        after_setup, setup_peak = torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()  # the run's peak, apart from enable's quantization pass
+        target = compile_model(torch, model, args, fullgraph) if compiled else model
         fn = forward(target)
         if graphed:
             # the second call captures; then one more graph: the same shapes, another signature
@@ -318,12 +499,24 @@ def main(argv=None) -> int:
         median, times = time_forward(torch, fn, args.iters, args.warmup)
         shares = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else None
         results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares}
+        if is_fp8 or fp8_wanted:
+            peaks[variant] = {"allocated_after_setup_mib": after_setup / (1 << 20),
+                              "setup_peak_mib": setup_peak / (1 << 20),
+                              "run_peak_mib": torch.cuda.max_memory_allocated() / (1 << 20)}
+        if is_fp8:
+            quality[variant] = {"one_forward": error_stats(torch, outputs[variant], reference)}
+            if args.loop_steps and variant in ("fp8", "fp8chain", "fp8+compile", "fp8chain+compile", "torchao+compile"):
+                latents = denoise(torch, lambda kw: target(**kw), inputs, args.model, args.loop_steps)
+                quality[variant]["loop"] = error_stats(torch, latents, loop_reference)
         if graphed:
             capture_text[variant], capture_dicts[variant] = str(dd.captured(model)), dd.captured(model).as_dict()
         print(f"{variant:>18}: {median:8.3f} ms per forward, {median / args.blocks:8.3f} ms per block "
               f"(min {min(times):.3f}, max {max(times):.3f}, {len(times)} runs)", flush=True)
+    uncompile(model)
     if dd.enabled(model) or dd.captured(model):
         dd.disable(model)
+    if chain is not None:
+        chain.restore()
 
     print(f"\n{CLASSES[args.model]} x{args.blocks} blocks, {shape}, batch {args.batch}, bf16, "
           f"{torch.cuda.get_device_name()}")
@@ -333,22 +526,44 @@ def main(argv=None) -> int:
     for variant, ref in base.items():
         if variant in results and ref in results:
             speedups[f"{variant} vs {ref}"] = results[ref]["ms"] / results[variant]["ms"]
-    for variant in ("eager+ditops", "eager+ditops+graph"):
-        if variant in results and "compile" in results:
+    for variant in ("eager+ditops", "eager+ditops+graph") + FP8_VARIANTS:
+        if variant in results and "compile" in results and variant != "compile":
             speedups[f"{variant} vs compile"] = results["compile"]["ms"] / results[variant]["ms"]
+    fp8_peer = "torchao+compile" if "torchao+compile" in results else "fp8chain+compile"
+    for variant in ("fp8", "fp8+graph", "fp8+compile"):
+        if variant in results and fp8_peer in results:
+            speedups[f"{variant} vs {fp8_peer}"] = results[fp8_peer]["ms"] / results[variant]["ms"]
     if "eager+ditops+graph" in results and "eager+graph" in results:
         speedups["eager+ditops+graph vs eager+graph"] = results["eager+graph"]["ms"] / results["eager+ditops+graph"]["ms"]
     for name, x in speedups.items():
         print(f"  {name}: {x:.3f}x")
-    equal = {}
-    for variant, ref in (("eager+ditops", "eager"), ("compile+ditops", "compile"), ("eager+graph", "eager"),
-                         ("eager+ditops+graph", "eager")):
+    checks = []
+    pairs = [("eager+ditops", "eager"), ("compile+ditops", "compile"), ("eager+graph", "eager"),
+             ("eager+ditops+graph", "eager"), ("fp8", "fp8chain"), ("fp8+graph", "fp8chain"),
+             ("fp8", "torchao (eager)"), ("fp8+compile", "fp8chain+compile")]
+    for variant, ref in pairs:
         if variant in outputs and ref in outputs:
             a, b = outputs[variant], outputs[ref]
-            equal[variant] = {"torch_equal": bool(torch.equal(a, b)),
-                              "max_abs_diff": float((a.float() - b.float()).abs().max())}
-            print(f"  {variant} output vs {ref}: torch.equal {equal[variant]['torch_equal']}, "
-                  f"max |diff| {equal[variant]['max_abs_diff']:.3g}")
+            checks.append({"variant": variant, "vs": ref, "torch_equal": bool(torch.equal(a, b)),
+                           "max_abs_diff": float((a.float() - b.float()).abs().max())})
+            print(f"  {variant} output vs {ref}: torch.equal {checks[-1]['torch_equal']}, "
+                  f"max |diff| {checks[-1]['max_abs_diff']:.3g}")
+    if quality:
+        print(f"\n  FP8 against the bf16 eager forward (random weights: compare recipes, not image quality); "
+              f"loop: {args.loop_steps} flow-matching Euler steps")
+        for variant, q in quality.items():
+            rows = [f"{what} cos {m['cosine']:.6f}, PSNR {m['psnr_db']:.2f} dB, max |diff| {m['max_abs']:.4g}"
+                    for what, m in q.items()]
+            print(f"  {variant:>18}: " + "; ".join(rows))
+    if peaks:
+        print("\n  memory (MiB, torch.cuda.memory_allocated): after setup (the weights held, inputs, kept outputs) / "
+              "peak during setup (enable quantizes linear by linear) / peak while running")
+        for variant, m in peaks.items():
+            print(f"  {variant:>18}: {m['allocated_after_setup_mib']:10.1f} / {m['setup_peak_mib']:10.1f} / "
+                  f"{m['run_peak_mib']:10.1f}")
+    if torchao_version and torchao_quantize is not None:
+        print(f"  torchao {torchao_version}: Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()) on the "
+              "same block linears (its set_inductor_config default applies to that variant's compile)")
     if args.profile_iters:
         print("\n  CUDA kernel time per forward (us): gemm / attention / ditops / glue (glue share)")
         for variant, r in results.items():
@@ -377,12 +592,18 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "commit": commit_of_package(), "ditops": ditops.__version__, "torch": torch.__version__,
             "diffusers": diffusers.__version__, "compile_mode": args.compile_mode, "fullgraph": fullgraph,
+            "compile_scope": args.compile_scope, "full_depth": args.full_depth,
+            "torchao": torchao_version if torchao_quantize is not None else None,
+            "fp8_config": {"skip": list(config.skip), "producers": config.producers} if fp8_wanted else None,
+            "loop_steps": args.loop_steps if fp8_wanted else None,
         }
         records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
                         min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
-                        output=equal.get(variant),
+                        output=next((c for c in checks if c["variant"] == variant), None),
+                        outputs=[c for c in checks if c["variant"] == variant],
                         report=reports[variant].as_dict() if variant in reports else None,
-                        graphs=capture_dicts.get(variant), graph_memory=memory.get(variant))
+                        graphs=capture_dicts.get(variant), graph_memory=memory.get(variant),
+                        quality=quality.get(variant), memory=peaks.get(variant))
                    for variant, r in results.items()]
         with open(args.json, "w") as f:
             json.dump({"records": records, "speedups": speedups}, f, indent=1)

@@ -3,9 +3,10 @@
 Sites and the chains they reproduce (docs/diffusers.md has the table):
   * QK norm + RoPE in every FluxAttention: torch.nn.RMSNorm per head (F.rms_norm: one rounding),
     then diffusers' apply_rotary_emb with interleaved pairs and float32 cos/sin
-    ((x.float() * cos + x_rot.float() * sin).to(dtype)). Double blocks normalize the image and the
-    text stream with their own weights and rotate the concatenation; the rotation is elementwise,
-    so each stream is rotated with its rows of cos/sin, one qknorm_rope call per stream.
+    ((x.float() * cos + x_rot.float() * sin).to(dtype)). Single blocks: one qknorm_rope call.
+    Double blocks normalize the image and the text stream with their own weights, concatenate
+    q, k and v and rotate the concatenation: one joint_qknorm_rope call writes the joint q, k, v
+    (the rotation is elementwise: each stream is rotated with its rows of cos/sin).
   * adaLN: AdaLayerNormZero / AdaLayerNormZeroSingle / AdaLayerNormContinuous and the double
     block's inline norm2 modulation, LayerNorm without affine then * (1 + scale) + shift:
     layernorm_modulate.
@@ -20,6 +21,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, FluxSingleTransformerBlock,
                                                             FluxTransformerBlock, _get_qkv_projections)
 
+from ._joint_qk import joint_qk_site
 from ._patching import Plan
 from ._sites import GatedResidualSite, LayerNormModulateSite
 from . import _common
@@ -29,9 +31,10 @@ DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_flux"
 
 
 class FluxAttnProcessorDitops(_common.ProcessorWrapper):
-    """FluxAttnProcessor with the QK norm + RoPE of each stream through the qk site. Everything
-    else is the processor's own sequence; attention backend and parallel config are the
-    replaced processor's."""
+    """FluxAttnProcessor with the QK norm + RoPE through the site: a single block's through the qk
+    site, a double block's (and the joint q, k, v) through the dual-stream site. Everything else is
+    the processor's own sequence; attention backend and parallel config are the replaced
+    processor's."""
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -48,16 +51,12 @@ class FluxAttnProcessorDitops(_common.ProcessorWrapper):
         text_len = encoder_query.shape[1] if joint else 0
 
         rows = image_rotary_emb[0].shape[0] if image_rotary_emb is not None else -1
-        if image_rotary_emb is not None and rows == text_len + query.shape[1]:
-            query, key = _common.qk(self.site, query, key, attn.norm_q, attn.norm_k,
-                                    image_rotary_emb, text_len, rows=rows)
-            if joint:
-                encoder_query, encoder_key = _common.qk(
-                    self.site, encoder_query, encoder_key, attn.norm_added_q, attn.norm_added_k,
-                    image_rotary_emb, 0, rows=rows)
-                query = torch.cat([encoder_query, query], dim=1)
-                key = torch.cat([encoder_key, key], dim=1)
-                value = torch.cat([encoder_value, value], dim=1)
+        if image_rotary_emb is not None and rows == text_len + query.shape[1] and joint:
+            query, key, value = joint_qk(self.site, (encoder_query, encoder_key, encoder_value, query, key, value),
+                                         (attn.norm_added_q, attn.norm_added_k, attn.norm_q, attn.norm_k),
+                                         image_rotary_emb)
+        elif image_rotary_emb is not None and rows == query.shape[1] and not joint:
+            query, key = _common.qk(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb, 0)
         else:  # the model's order: norms, concatenation, RoPE of the whole
             query, key = attn.norm_q(query), attn.norm_k(key)
             if joint:
@@ -80,6 +79,20 @@ class FluxAttnProcessorDitops(_common.ProcessorWrapper):
         hidden_states = attn.to_out[1](hidden_states)
         encoder_hidden_states = attn.to_add_out(encoder_hidden_states.contiguous())
         return hidden_states, encoder_hidden_states
+
+
+def joint_qk(site, streams, norms, freqs):
+    """The joint (q, k, v) of a double block: [text; image] rows, through the dual-stream site; the
+    model's chain (norms, concatenation, RoPE of the whole) is its reference."""
+
+    def reference():
+        q1, k1, v1, q2, k2, v2 = streams
+        query = torch.cat([norms[0](q1), norms[2](q2)], dim=1)
+        key = torch.cat([norms[1](k1), norms[3](k2)], dim=1)
+        value = torch.cat([v1, v2], dim=1)
+        return (apply_rotary_emb(query, freqs, sequence_dim=1), apply_rotary_emb(key, freqs, sequence_dim=1), value)
+
+    return site(streams, norms, freqs, reference)
 
 
 def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
@@ -141,12 +154,15 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     doubles = [(f"transformer_blocks.{i}", b) for i, b in enumerate(model.transformer_blocks)]
     singles = [(f"single_transformer_blocks.{i}", b) for i, b in enumerate(model.single_transformer_blocks)]
     qk = plan.add_site(_common.qk_site(
-        "qk_norm_rope",
-        [(f"{p}.attn", b.attn, [("norm_q", "norm_k"), ("norm_added_q", "norm_added_k")]) for p, b in doubles]
-        + [(f"{p}.attn", b.attn, [("norm_q", "norm_k")]) for p, b in singles],
+        "qk_norm_rope", [(f"{p}.attn", b.attn, [("norm_q", "norm_k")]) for p, b in singles],
         chain="per-head RMSNorm (the module decides: torch.nn.RMSNorm is F.rms_norm), then "
               "apply_rotary_emb: interleaved pairs, float32 cos/sin, "
               "(x.float() * cos + x_rot.float() * sin).to(dtype)"))
+    dual = plan.add_site(joint_qk_site(
+        "qk_norm_rope (dual-stream)", [(f"{p}.attn", b.attn) for p, b in doubles],
+        chain="per-head RMSNorm of each stream (the module decides: torch.nn.RMSNorm is F.rms_norm), "
+              "torch.cat([text, image], dim=1) of q, k and v, then apply_rotary_emb of the joint rows: "
+              "interleaved pairs, float32 cos/sin, (x.float() * cos + x_rot.float() * sin).to(dtype)"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
 
@@ -154,8 +170,8 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         if type(block) is not FluxTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not FluxTransformerBlock")
             continue
-        _common.patch_processor(plan, qk, f"{path}.attn", block.attn, FluxAttnProcessor,
-                                FluxAttnProcessorDitops, ("image", "text"))
+        _common.patch_processor(plan, dual, f"{path}.attn", block.attn, FluxAttnProcessor,
+                                FluxAttnProcessorDitops, ("text + image",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
         adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]

@@ -25,8 +25,20 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     audio_to_video_norm / video_to_audio_norm: one call each, the norm computed per call, and norm3
     / audio_norm3). norm_out and audio_norm_out (LayerNorm then modulation) are written inline in
     the model's forward, one call each per step: the model's code.
+
+CUDA-graph capture (graph_constants, graph_refusal; _graphs.py calls them): called without
+video_coords / audio_coords (as the bench does), the forward builds them each call in
+rope.prepare_video_coords with torch.tensor(<host list>, device=...), a host-to-device copy a
+capture cannot hold; they depend only on the batch, the grid, fps and the device, so they are
+built once per signature before its capture and passed in. Spatio-temporal guidance as the
+pipeline calls it (spatio_temporal_guidance_blocks, perturbation_mask None) is captured: the
+forward's default mask and its all-perturbed test are CPU tensors, read on the host at capture
+time and the same at every call of the signature. A perturbation_mask on the GPU is read on the
+host in each guided block (if all_perturbed:), a sync no graph holds: refused.
 """
 from __future__ import annotations
+
+import inspect
 
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor,
@@ -97,6 +109,55 @@ def adaln_mapping() -> Mapping:
     if "aten_mean" in op_options("norm_scale_shift").get("norm_order", []):
         return ADALN_RMS_MEAN
     return Mapping(why=ADALN_WHY)
+
+
+# ---------------------------------------------------------------- CUDA-graph capture
+
+
+def _bound(model, args, kwargs):
+    return inspect.signature(type(model).forward).bind(model, *args, **kwargs)
+
+
+def graph_refusal(model, args, kwargs) -> str:
+    """Why the forward of this call cannot be captured, or '': a perturbation_mask on the GPU with
+    spatio-temporal guidance at a block that reads it (perturbed_attn)."""
+    try:
+        bound = _bound(model, args, kwargs).arguments
+    except TypeError:
+        return ""  # the forward raises the caller's error itself
+    mask, blocks = bound.get("perturbation_mask"), bound.get("spatio_temporal_guidance_blocks") or []
+    if not isinstance(mask, torch.Tensor) or mask.device.type == "cpu":
+        return ""
+    read = [i for i in blocks if type(i) is int and 0 <= i < len(model.transformer_blocks)
+            and getattr(model.transformer_blocks[i], "perturbed_attn", False)]
+    if not read:
+        return ""
+    return (f"perturbation_mask is on {mask.device} with spatio-temporal guidance at block(s) {read}: the "
+            "forward reads torch.all(perturbation_mask == 0) on the host in each of them (a sync a graph "
+            "cannot hold); pass perturbation_mask=None (the pipeline's form: every element perturbed)")
+
+
+def graph_constants(model, args, kwargs):
+    """(args, kwargs, built): the call with video_coords / audio_coords the forward would build
+    from host values (None passed) built here, as the forward builds them, outside any capture;
+    built: those tensors (the graph reads them; the caller keeps them alive)."""
+    bound = _bound(model, args, kwargs)
+    given = bound.arguments
+    built = {}
+    hidden, audio = given.get("hidden_states"), given.get("audio_hidden_states")
+    if given.get("video_coords") is None and isinstance(hidden, torch.Tensor) and all(
+            given.get(n) is not None for n in ("num_frames", "height", "width")):
+        built["video_coords"] = model.rope.prepare_video_coords(
+            hidden.size(0), given["num_frames"], given["height"], given["width"], hidden.device,
+            fps=given.get("fps", 24.0))
+    if given.get("audio_coords") is None and isinstance(hidden, torch.Tensor) and isinstance(audio, torch.Tensor) \
+            and given.get("audio_num_frames") is not None:
+        built["audio_coords"] = model.audio_rope.prepare_audio_coords(hidden.size(0), given["audio_num_frames"],
+                                                                      audio.device)
+    if not built:
+        return args, kwargs, None
+    given.update(built)
+    return bound.args[1:], bound.kwargs, built
 
 
 # ---------------------------------------------------------------- QK norm + RoPE

@@ -14,8 +14,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     shift).type_as(x)), norm2 (norm2(x.float()).type_as(x), an affine FP32LayerNorm) and the two
     gated residuals ((x.float() + update * gate).type_as(x)). Each is one MappedSite whose op is
     one Mapping below, the op call beside the model's chain. Where this build's op table declares
-    the float32-chain ops (issue 34 §2: norm_scale_shift numerics="float32", residual_gate_add with
-    a float32 gate), the sites run them on 16-bit x directly; otherwise adaLN runs
+    the float32-chain ops (norm_scale_shift numerics="float32", residual_gate_add with a float32
+    gate), the sites run them on 16-bit x directly; otherwise adaLN runs
     norm_scale_shift on the float32 copy up to D = 4096 (its float32 rows stop there), and norm2
     and the residuals run the model's code. mappings() picks; the first-sight check guards each.
 norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
@@ -27,6 +27,8 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
                                                            _get_added_kv_projections, _get_qkv_projections)
+
+import ditops
 
 from ._patching import Plan
 from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
@@ -124,13 +126,43 @@ ADALN_FLOAT32 = Mapping(
                                               lambda out: out[0]))
 
 
+def _output_index(op: str, name: str) -> int:
+    """Where the torch op returns output `name` (its schema's outputs: every non-caller output)."""
+    entry = next(e for e in ditops.op_table() if e["name"] == op)
+    return [t["name"] for t in entry["tensors"] if t["role"] == "out" and t["present"] != "caller"].index(name)
+
+
+def _fp8_adaln_call(x, norm, scale, shift):
+    q, s = _output_index("norm_scale_shift", "fp8_rowwise"), _output_index("norm_scale_shift", "fp8_scale")
+    return OpCall("norm_scale_shift", (x, scale, shift),
+                  dict(norm="layer", eps=float(norm.eps), numerics="float32", rowwise_fp8=True),
+                  lambda out: (out[q], out[s]))
+
+
+# The adaLN site into FP8 linears (issue 43, ditops.diffusers.fp8): norm_scale_shift(numerics="float32",
+# rowwise_fp8=True) gives the per-token e4m3 of the chain's bf16 y and its scales in one pass, y never
+# written; the same fit and signature as ADALN_FLOAT32.
+ADALN_FLOAT32_FP8 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32", "rowwise_fp8": True},
+    fit=ADALN_FLOAT32.fit, signature=ADALN_FLOAT32.signature, call=_fp8_adaln_call)
+
+
+def fp8_adaln_mapping() -> Mapping:
+    """ADALN_FLOAT32_FP8 where this build's norm_scale_shift has the float32 chain and the fp8_rowwise
+    output, else why not (the chain runs: the same numbers)."""
+    if _float32_numerics() and op_tensor_dtypes("norm_scale_shift", "fp8_rowwise"):
+        return ADALN_FLOAT32_FP8
+    return Mapping(why="this build's norm_scale_shift has no fp8_rowwise output with numerics=float32 (the chain "
+                       "runs: the same numbers)")
+
+
 def norm2_chain(x, norm):
     """The cross-attention's pre-norm (nn.Identity without cross_attn_norm)."""
     return norm(x.float()).type_as(x)
 
 
 NORM2_MODEL_CODE = Mapping(why="the affine float32 LayerNorm of x.float() with one rounding back is not a chain "
-                               "of an op in this build (issue 34 §2 adds its float32-chain numerics)")
+                               "of an op in this build (it needs norm_scale_shift's numerics=\"float32\")")
 
 # The affine LayerNorm alone: norm_scale_shift(numerics="float32") without scale or shift.
 NORM2_FLOAT32 = Mapping(
@@ -182,7 +214,8 @@ RESIDUAL_FLOAT32_GATE = Mapping(
 
 
 # The mapping each site runs: the float32-chain ops where this build's op table declares them
-# (issue 34 §2), else the mappings above. Each is guarded by the first-sight check like any site.
+# (norm_scale_shift's numerics="float32", residual_gate_add's float32 gate), else the mappings
+# above. Each is guarded by the first-sight check like any site.
 def _float32_numerics() -> bool:
     return "float32" in op_options("norm_scale_shift").get("numerics", [])
 

@@ -1,11 +1,13 @@
-"""The eager chains of layernorm_modulate, layernorm_modulate_fp8 and qk_head_layernorm: F.layer_norm
-without affine, the adaLN modulation, static e4m3."""
+"""The eager chains of layernorm_modulate, layernorm_modulate_fp8, layernorm_modulate_fp8_rowwise and
+qk_head_layernorm: F.layer_norm without affine, the adaLN modulation, static e4m3 or the rowwise
+dynamic recipe (fp8_rowwise_eager)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ._registry import eager
+from .fp8_rowwise import fp8_rowwise_eager
 from .fp8_static_quant import static_quant_fp8_eager
 
 
@@ -21,6 +23,13 @@ def layernorm_modulate_eager(x, scale, shift, eps):
 def layernorm_modulate_fp8_eager(x, scale, shift, input_scale, eps):
     """layernorm_modulate's chain, then static e4m3 with eager's IEEE reciprocal."""
     return static_quant_fp8_eager(layernorm_modulate_eager(x, scale, shift, eps), input_scale)
+
+
+@eager("layernorm_modulate_fp8_rowwise")
+def layernorm_modulate_fp8_rowwise_eager(x, scale, shift, eps):
+    """layernorm_modulate_eager, then the rowwise dynamic e4m3: (out [B, S, D] e4m3, out_scale
+    [B, S, 1] fp32)."""
+    return fp8_rowwise_eager(layernorm_modulate_eager(x, scale, shift, eps))
 
 
 @eager("qk_head_layernorm")

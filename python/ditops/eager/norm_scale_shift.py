@@ -1,11 +1,13 @@
 """norm_scale_shift's eager chains: the adaLN pre-norm (an optional gated residual, LayerNorm or
-RMSNorm, the modulation) and Wan's float32 chain."""
+RMSNorm, the modulation) and Wan's float32 chain, each optionally followed by the rowwise dynamic
+FP8 recipe (fp8_rowwise_eager: the fp8_rowwise output)."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 from ._registry import oracle
+from .fp8_rowwise import fp8_rowwise_eager
 
 
 def nss_broadcast(op, B, S, D):
@@ -66,11 +68,22 @@ def norm_scale_shift_float32_eager(x, scale=None, shift=None, *, eps=1e-6, weigh
     return y.type_as(x), v
 
 
+def norm_scale_shift_fp8_rowwise_eager(x, scale=None, shift=None, *, numerics="eager", **kwargs):
+    """The fp8_rowwise output's chain: y of norm_scale_shift_eager (numerics "eager") or of
+    norm_scale_shift_float32_eager ("float32": y in x's dtype), then fp8_rowwise_eager. Returns
+    (q [B, S, D] e4m3, s [B, S, 1] float32, y, v)."""
+    chain = norm_scale_shift_float32_eager if numerics == "float32" else norm_scale_shift_eager
+    y, v = chain(x, scale, shift, **kwargs)
+    q, s = fp8_rowwise_eager(y)
+    return q, s, y, v
+
+
 @oracle("norm_scale_shift")
 def _oracle(x, o):
     numerics = o["numerics"]
     if numerics not in ("eager", "float32") or "input_scale" in x or "global_scale" in x:
         return None
+    rowwise = "fp8_rowwise" in x
     eps = float(o["eps"])
     if numerics == "float32":
         y, v = norm_scale_shift_float32_eager(x["x"], x.get("scale"), x.get("shift"), eps=eps,
@@ -81,4 +94,9 @@ def _oracle(x, o):
                                       eps=eps, weight=x.get("weight"), bias=x.get("bias"),
                                       residual=x.get("residual"), gate=x.get("gate"),
                                       norm_order=o.get("norm_order", "aten"))
-    return {"y": y, "residual_out": v} if "residual" in x else {"y": y}
+    out = {"residual_out": v} if "residual" in x else {}
+    if rowwise:
+        out["fp8_rowwise"], out["fp8_scale"] = fp8_rowwise_eager(y)
+    if "y" in x or not rowwise:
+        out["y"] = y
+    return out

@@ -1,5 +1,6 @@
-// layernorm_modulate, layernorm_modulate_fp8 and qk_head_layernorm: argument matching, the
-// registry entries (provenance, capability, contract, predicate), the template key and the launch.
+// layernorm_modulate, layernorm_modulate_fp8, layernorm_modulate_fp8_rowwise and qk_head_layernorm:
+// argument matching, the registry entries (provenance, capability, contract, predicate), the template
+// key and the launch.
 #include <algorithm>
 #include <mutex>
 #include <unordered_map>
@@ -22,6 +23,7 @@ namespace {
 
 constexpr const char* kOpBf16 = "layernorm_modulate";
 constexpr const char* kOpFp8 = "layernorm_modulate_fp8";
+constexpr const char* kOpRowwise = "layernorm_modulate_fp8_rowwise";
 constexpr const char* kOpQk = "qk_head_layernorm";
 constexpr int kThreads = 128;        // both mappings: aten's 128 threads per row or 4 rows of a warp
 constexpr int kMaxDim = 8192;
@@ -31,7 +33,7 @@ constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // measured fastest against one and four (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
-// The options every op of the family reads (fp8_reciprocal: the fp8 op only).
+// The options every op of the family reads (fp8_reciprocal: the static fp8 op only).
 template <typename Builder>
 void describe_ln_options(Builder& b, bool fp8) {
   using O = LayerNormModulateOptions;
@@ -47,17 +49,27 @@ template <typename Args>
 LayerNormModulateCall complete_modulate(const Args& a, Matcher& m);
 LayerNormModulateCall complete_qk_head(const QkHeadLayerNormArgs& a, Matcher& m);
 
-// layernorm_modulate and layernorm_modulate_fp8 described once each: the slots state the checks
-// every call gets (core/op_builder.h). The output may be x (in place) and rows may be strided
-// adaLN chunks: the overlaps and the row strides are the ops' own rules (complete_modulate).
+// The kind of call an op's arguments struct makes.
+template <typename Args>
+constexpr LnModulateKind kModulateKind = std::is_same_v<Args, LayerNormModulateFp8Args>  ? LnModulateKind::fp8_out
+                                         : std::is_same_v<Args, LayerNormModulateFp8RowwiseArgs> ? LnModulateKind::fp8_rowwise
+                                                                                         : LnModulateKind::bf16_out;
+
+// layernorm_modulate, layernorm_modulate_fp8 and layernorm_modulate_fp8_rowwise described once
+// each: the slots state the checks every call gets (core/op_builder.h). The output may be x (in
+// place) and rows may be strided adaLN chunks: the overlaps and the row strides are the ops' own
+// rules (complete_modulate).
 template <typename Args>
 OpBuilder<Args, LayerNormModulateCall> modulate_description() {
-  constexpr bool fp8 = std::is_same_v<Args, LayerNormModulateFp8Args>;
+  constexpr bool fp8 = kModulateKind<Args> == LnModulateKind::fp8_out;
+  constexpr bool rowwise = kModulateKind<Args> == LnModulateKind::fp8_rowwise;
   using O = LayerNormModulateOptions;
   OpBuilder<Args, LayerNormModulateCall> b(
-      fp8 ? kOpFp8 : kOpBf16,
-      fp8 ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
-          : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
+      fp8 ? kOpFp8 : rowwise ? kOpRowwise : kOpBf16,
+      fp8       ? "layernorm_modulate, then static e4m3: e4m3(clamp(y * (1 / input_scale), +-448))"
+      : rowwise ? "layernorm_modulate, then per-token dynamic e4m3 with fp32 scales (torchao's rowwise recipe; "
+                  "docs/fp8_rowwise_quant.md)"
+                : "F.layer_norm(x) * (1 + scale[:, None]) (+ shift[:, None]), bit-exact with the eager chain",
       "x [B, S, D] bf16 (D <= 8192), scale/shift [B, D] (rows may be strided adaLN chunks); out may be x. "
       "include/ditops/layernorm_modulate.h, docs/layernorm_modulate.md");
   b.dims("B=1,S=4608,D=3072");
@@ -71,9 +83,13 @@ OpBuilder<Args, LayerNormModulateCall> modulate_description() {
   b.template tensor<&Args::scale>({.dtypes = "=x", .shape = "B,D", .layout = "*,1"});
   b.template tensor<&Args::shift>({.optional = true, .dtypes = "=x", .shape = "B,D", .layout = "*,1"});
   if constexpr (fp8) b.template tensor<&Args::input_scale>({.dtypes = "f32", .shape = "1"});
-  b.template tensor<&Args::out>({.role = TensorRole::out, .keyword = true, .dtypes = fp8 ? "f8e4m3fn" : "=x",
-                                 .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 ? "f8e4m3fn" : "",
+  b.template tensor<&Args::out>({.role = TensorRole::out, .keyword = true, .dtypes = fp8 || rowwise ? "f8e4m3fn" : "=x",
+                                 .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = fp8 || rowwise ? "f8e4m3fn" : "",
                                  .layout = "*,*,1", .own = "overlap"});
+  if constexpr (rowwise)
+    b.template tensor<&Args::out_scale>({.role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "B,S,1",
+                                         .alloc = "dim(x,0),dim(x,1),1", .alloc_dtype = "f32",
+                                         .doc = "the rows' fp32 scales", .layout = "contiguous"});
   b.template tensor<&Args::options, &O::stats_out>(
       {.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32", .shape = "B,S,2",
        .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them", .layout = "contiguous",
@@ -90,6 +106,11 @@ const OpBuilder<LayerNormModulateArgs, LayerNormModulateCall>& bf16_description(
 
 const OpBuilder<LayerNormModulateFp8Args, LayerNormModulateCall>& fp8_description() {
   static const auto b = modulate_description<LayerNormModulateFp8Args>();
+  return b;
+}
+
+const OpBuilder<LayerNormModulateFp8RowwiseArgs, LayerNormModulateCall>& rowwise_description() {
+  static const auto b = modulate_description<LayerNormModulateFp8RowwiseArgs>();
   return b;
 }
 
@@ -135,18 +156,19 @@ void check_output_aliasing(const Matcher& m, const TensorView& in, const char* i
 // The shared part of the bf16 and fp8 ops: x, scale, shift, out.
 template <typename Args>
 LayerNormModulateCall complete_modulate(const Args& a, Matcher& m) {
-  constexpr LnModulateKind kind =
-      std::is_same_v<Args, LayerNormModulateFp8Args> ? LnModulateKind::fp8_out : LnModulateKind::bf16_out;
+  constexpr LnModulateKind kind = kModulateKind<Args>;
   LayerNormModulateCall call{.kind = kind, .x = a.x, .scale = a.scale, .shift = a.shift, .out = a.out,
                              .options = a.options};
   if constexpr (kind == LnModulateKind::fp8_out) call.input_scale = a.input_scale;
+  if constexpr (kind == LnModulateKind::fp8_rowwise) call.out_scale = a.out_scale;
   const int64_t D = *m.value("D");
   const bool has_shift = call.shift.rank != 0;
   m.require_nonnegative_strides(call.x, "x");
   m.require_nonnegative_strides(call.scale, "scale");
   if (has_shift) m.require_nonnegative_strides(call.shift, "shift");
   m.require_disjoint_rows(call.out, "out", D, "D");
-  if (kind == LnModulateKind::fp8_out) {
+  if (kind == LnModulateKind::fp8_rowwise) m.require_disjoint(call.out, "out", call.out_scale, "out_scale");
+  if (kind == LnModulateKind::fp8_out || kind == LnModulateKind::fp8_rowwise) {
     if (memory_overlaps(call.x, call.out)) m.fail("out (fp8) must not overlap x");
   } else {
     check_output_aliasing(m, call.x, "x", call.out, "out");
@@ -167,7 +189,7 @@ LayerNormModulateCall complete_modulate(const Args& a, Matcher& m) {
       m.fail("stats_out must not overlap x or out");
     call.write_stats = true;
   }
-  const int64_t es = 2, os = kind == LnModulateKind::fp8_out ? 1 : 2, ov = 4 * os;
+  const int64_t es = 2, os = kind == LnModulateKind::bf16_out ? 2 : 1, ov = 4 * os;
   call.aligned = is_aligned(call.x.data, 8) && (call.x.strides[0] * es) % 8 == 0 && (call.x.strides[1] * es) % 8 == 0 &&
                  is_aligned(call.scale.data, 8) && (call.scale.strides[0] * es) % 8 == 0 &&
                  (!has_shift || (is_aligned(call.shift.data, 8) && (call.shift.strides[0] * es) % 8 == 0)) &&
@@ -278,7 +300,7 @@ struct LnmKey {
     if (kind == LnModulateKind::qk_head)
       return std::string("qk_head,rows_per_warp=") + std::to_string(kQkRowsPerWarp) + (pdl ? ",pdl" : ",nopdl") +
              (aligned ? ",vec8" : ",scalar");
-    return std::string(kind == LnModulateKind::fp8_out ? "fp8" : "bf16") + ",slots=" + std::to_string(slots) +
+    return std::string(kind == LnModulateKind::fp8_out ? "fp8" : kind == LnModulateKind::fp8_rowwise ? "fp8_rowwise" : "bf16") + ",slots=" + std::to_string(slots) +
            (cta ? ",cta" : ",warp") + (even ? ",even" : "") + (prefetch ? ",prefetch" : "") +
            (shift ? ",shift" : ",noshift") +
            (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
@@ -335,9 +357,9 @@ KernelRequest request_for(const LnmKey& key) {
   } else {
     r.function = "ditops::layernorm_modulate_body";
     r.template_args = std::to_string(key.slots) + ", " + jit::kernel_bool(key.cta) + ", " + jit::kernel_bool(key.shift) + ", " +
-                      jit::kernel_bool(key.kind == LnModulateKind::fp8_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
+                      jit::kernel_bool(key.kind != LnModulateKind::bf16_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
                       jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.even) +
-                      ", " + jit::kernel_bool(key.prefetch);
+                      ", " + jit::kernel_bool(key.prefetch) + (key.kind == LnModulateKind::fp8_rowwise ? ", true" : "");
     if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
     r.params_type = "ditops::LayerNormModulateParams";
   }
@@ -380,6 +402,7 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   p.scale = c.scale.data;
   p.shift = c.has_shift ? c.shift.data : nullptr;
   p.input_scale = static_cast<const float*>(c.input_scale.data);
+  p.out_scale = static_cast<float*>(c.out_scale.data);
   p.stats = c.write_stats ? static_cast<float*>(c.options.stats_out.data) : nullptr;
   p.rows = c.rows;
   p.seq = std::max<int64_t>(c.seq, 1);
@@ -402,28 +425,61 @@ void launch(const LayerNormModulateCall& c, const LnmKey& key, const jit::Loaded
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, stream, key.pdl);
 }
 
-// The three ops share the kernel, its key and the launch: one family each.
+// The rowwise kernel's keys for the compile test (tests/test_layernorm_modulate.cpp compiles the others).
+std::vector<LnmKey> rowwise_variant_keys() {
+  std::vector<LnmKey> keys;
+  for (int slots : {1, 3, 6, 8, 10, 12, 16}) {
+    LnmKey k;
+    k.kind = LnModulateKind::fp8_rowwise;
+    k.slots = slots;
+    k.cta = true;
+    k.even = slots == 6;
+    k.prefetch = slots <= kPrefetchMaxSlots;
+    k.shift = slots != 3;
+    keys.push_back(k);
+  }
+  LnmKey warp;
+  warp.kind = LnModulateKind::fp8_rowwise;
+  warp.slots = 24;
+  warp.shift = true;
+  keys.push_back(warp);
+  warp.aligned = false;
+  warp.pdl = false;
+  keys.push_back(warp);
+  return keys;
+}
+
+// The four ops share the kernel, its key and the launch: one family each.
 constexpr KernelFunctions<LayerNormModulateCall, LnmKey> kKernels{
     .key = key_for, .request = request_for, .launch = launch,
     .device = [](const LayerNormModulateCall& c) { return c.x.device; }};
+constexpr KernelFunctions<LayerNormModulateCall, LnmKey> kRowwiseKernels{
+    .key = key_for, .request = request_for, .launch = launch, .variant_keys = rowwise_variant_keys,
+    .device = [](const LayerNormModulateCall& c) { return c.x.device; }};
 using Bf16Kernels = OpKernels<bf16_description, kKernels>;
 using Fp8Kernels = OpKernels<fp8_description, kKernels>;
+using RowwiseKernels = OpKernels<rowwise_description, kRowwiseKernels>;
 using QkKernels = OpKernels<qk_head_description, kKernels>;
 
 }  // namespace
 
 const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate{op_run<bf16_description, Bf16Kernels>};
 const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8{op_run<fp8_description, Fp8Kernels>};
+const OpFunction<std::string, LayerNormModulateFp8RowwiseArgs> layernorm_modulate_fp8_rowwise{
+    op_run<rowwise_description, RowwiseKernels>};
 const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm{op_run<qk_head_description, QkKernels>};
 const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate{op_match<bf16_description>};
 const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8{
     op_match<fp8_description>};
+const OpFunction<LayerNormModulateCall, LayerNormModulateFp8RowwiseArgs> match_layernorm_modulate_fp8_rowwise{
+    op_match<rowwise_description>};
 const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm{op_match<qk_head_description>};
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   switch (call.kind) {
     case LnModulateKind::bf16_out: return explain<Bf16Kernels>(call, call.options.dispatch);
     case LnModulateKind::fp8_out: return explain<Fp8Kernels>(call, call.options.dispatch);
+    case LnModulateKind::fp8_rowwise: return explain<RowwiseKernels>(call, call.options.dispatch);
     case LnModulateKind::qk_head: break;
   }
   return explain<QkKernels>(call, call.options.dispatch);
@@ -432,6 +488,7 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
 void register_layernorm_modulate(Registry& registry) {
   describe_op<bf16_description, Bf16Kernels>(registry);
   describe_op<fp8_description, Fp8Kernels>(registry);
+  describe_op<rowwise_description, RowwiseKernels>(registry);
   describe_op<qk_head_description, QkKernels>(registry);
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
@@ -451,6 +508,7 @@ void register_layernorm_modulate(Registry& registry) {
   using Bf16 = Bf16Kernels;
   using Fp8 = Fp8Kernels;
   using QkHead = QkKernels;
+  using Rowwise = RowwiseKernels;
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
   const std::string ref_bounds =
@@ -491,6 +549,20 @@ void register_layernorm_modulate(Registry& registry) {
                                 "is evaluated as an IEEE division")
                     .verified(ref_verified),
                 "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
+
+  Implementation<LayerNormModulateCall, LnmKey> rowwise = jit(Rowwise{}, 89);
+  const std::string rowwise_chain =
+      eager_chain + ", then ditops.eager.fp8_rowwise_eager (torchao 0.18's float8 rowwise recipe: amax / 448.0 in "
+                    "bf16, 1 for a zero scale, (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))";
+  rowwise.contract = Contract::bit_exact(rowwise_chain).unverified("not run on a device yet");
+  rowwise.description = "LayerNorm + modulate + per-token dynamic e4m3 in one pass: the bf16 row held in registers, "
+                        "its amax reduced over the row's threads, then quantized (no bf16 intermediate)" + mappings;
+  add_implementation(registry, kOpRowwise, std::move(rowwise));
+  add_reference(Rowwise{},
+                Contract::close(rowwise_chain, ref_bounds + "; an e4m3 byte may then differ by one code, and the "
+                                                            "row's scale by one bf16 ulp where its amax moved")
+                    .verified("on every CI run (CPU) by the op's tests"),
+                "CPU reference: the bf16 chain, then the rowwise recipe (reference/fp8_rowwise.h)");
 
   Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{}, 80);
   qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "

@@ -10,7 +10,8 @@
 
 namespace ditops {
 
-enum class NssKernelQuant : uint8_t { none, fp8, fp4_software, fp4_hardware };
+// The kernel's kQuant (kernels/norm_scale_shift.cuh: kQuantNone .. kQuantFp8Rowwise).
+enum class NssKernelQuant : uint8_t { none, fp8, fp4_software, fp4_hardware, fp8_rowwise };
 
 struct NssKernelKey {
   DType act = DType::bf16;

@@ -55,6 +55,7 @@ const char* quant_name(NssKernelQuant q) {
     case NssKernelQuant::fp8: return "fp8";
     case NssKernelQuant::fp4_software: return "fp4sw";
     case NssKernelQuant::fp4_hardware: return "fp4hw";
+    case NssKernelQuant::fp8_rowwise: return "fp8_rowwise";
   }
   return "?";
 }
@@ -75,7 +76,7 @@ uint64_t NssKernelKey::packed() const {
   v = v * 4 + static_cast<uint64_t>(numerics);
   v = v * 2 + residual;
   v = v * 4 + static_cast<uint64_t>(affine);
-  v = v * 4 + static_cast<uint64_t>(quant);
+  v = v * 8 + static_cast<uint64_t>(quant);
   v = v * 2 + pdl;
   v = v * 2 + modulate;
   return v;
@@ -328,8 +329,8 @@ const OpBuilder<NormScaleShiftCall>& description() {
     b.tensor<&C::in, &In::global_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
     b.tensor<&C::out, &Out::y>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
                                 .shape = "B,S,D", .alloc = "like:x",
-                                .present = "flag:store_y;absent:input_scale,global_scale", .layout = "*,*,1",
-                                .own = "overlap"});
+                                .present = "flag:store_y;absent:input_scale,global_scale,rowwise_fp8,fp8_rowwise",
+                                .layout = "*,*,1", .own = "overlap"});
     b.tensor<&C::out, &Out::residual_out>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
                                            .shape = "B,S,D", .alloc = "like:x", .present = "given:residual",
                                            .layout = "*,*,1", .own = "overlap"});
@@ -344,8 +345,21 @@ const OpBuilder<NormScaleShiftCall>& description() {
                                            .alloc_dtype = "u8", .present = "given:global_scale",
                                            .doc = "E4M3 block scales in the 128x4 swizzled layout",
                                            .own = "shape,overlap"});
+    b.tensor<&C::out, &Out::fp8_rowwise>({.role = TensorRole::out, .optional = true, .keyword = true,
+                                          .dtypes = "f8e4m3fn", .shape = "B,S,D", .alloc = "like:x",
+                                          .alloc_dtype = "f8e4m3fn", .present = "given:rowwise_fp8,fp8_scale",
+                                          .doc = "y's per-token dynamic e4m3 (torchao's rowwise recipe)",
+                                          .layout = "*,*,1", .own = "overlap"});
+    b.tensor<&C::out, &Out::fp8_scale>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
+                                        .shape = "B,S,1", .alloc = "dim(x,0),dim(x,1),1", .alloc_dtype = "f32",
+                                        .present = "given:rowwise_fp8,fp8_rowwise",
+                                        .doc = "fp8_rowwise's per-row fp32 scales", .layout = "contiguous",
+                                        .own = "overlap"});
     b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
-                      .doc = "write y (default: only when no fp8/nvfp4 output is requested)"});
+                      .doc = "write y (default: only when no quantized output is requested)"});
+    b.binding_option({.name = "rowwise_fp8", .kind = OptionKind::boolean, .default_text = "false",
+                      .doc = "produce fp8_rowwise and fp8_scale, y's per-token dynamic e4m3 (numerics eager, "
+                             "float32)"});
     b.choice<&O::norm>({{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
     b.option<&O::eps>("norm epsilon");
     b.choice<&O::norm_order>(
@@ -442,8 +456,9 @@ void complete(NormScaleShiftCall& call, Matcher& m) {
   call.affine = present(in.bias) ? 2 : present(in.weight) ? 1 : 0;
 
   // Outputs.
-  if (present(out.fp8) && (present(out.nvfp4_packed) || present(out.nvfp4_scales)))
-    m.fail("request at most one quantized output (fp8 or nvfp4), not both");
+  const bool rowwise = present(out.fp8_rowwise) || present(out.fp8_scale);
+  if (int{present(out.fp8)} + int{rowwise} + int{present(out.nvfp4_packed) || present(out.nvfp4_scales)} > 1)
+    m.fail("request at most one quantized output (fp8, fp8_rowwise or nvfp4), not two");
   call.store_y = present(out.y);
   if (call.store_y) {
     m.require_nonnegative_strides(out.y, "y");
@@ -474,10 +489,21 @@ void complete(NormScaleShiftCall& call, Matcher& m) {
     check_aligned(m, "nvfp4_packed", out.nvfp4_packed, 8, {}, 1, "8-byte stores");
     require_scalar("global_scale", in.global_scale, "the nvfp4 output");
   }
-  if (float32 && call.quant != NssQuant::none)
-    m.fail(std::string("numerics=float32 has no quantized output (") + (call.quant == NssQuant::fp8 ? "fp8" : "nvfp4") +
-           " requested)");
-  if (!call.store_y && call.quant == NssQuant::none) m.fail("y is required unless fp8 or nvfp4 is requested");
+  if (rowwise) {
+    call.quant = NssQuant::fp8_rowwise;
+    if (!present(out.fp8_rowwise) || !present(out.fp8_scale))
+      m.fail("fp8_rowwise needs both fp8_rowwise and fp8_scale");
+    if (act == DType::f32)
+      m.fail("fp8_rowwise needs a 16-bit x (bf16/f16: the recipe's amax / 448 rounds to y's dtype) but x.dtype is f32");
+    if (sglang) m.fail("fp8_rowwise is computed for numerics=eager and numerics=float32 (numerics=sglang requested)");
+    m.require_nonnegative_strides(out.fp8_rowwise, "fp8_rowwise");
+    check_aligned(m, "fp8_rowwise", out.fp8_rowwise, vec, {0, 1}, vec, "4-byte stores of the e4m3 row");
+  }
+  if (float32 && (call.quant == NssQuant::fp8 || call.quant == NssQuant::nvfp4))
+    m.fail(std::string("numerics=float32 has no ") + (call.quant == NssQuant::fp8 ? "fp8" : "nvfp4") +
+           " output (its quantized output is fp8_rowwise)");
+  if (!call.store_y && call.quant == NssQuant::none)
+    m.fail("y is required unless fp8, fp8_rowwise or nvfp4 is requested");
   if (present(in.input_scale) && call.quant != NssQuant::fp8)
     m.fail("input_scale is given without the fp8 output");
   if (present(in.global_scale) && call.quant != NssQuant::nvfp4) m.fail("global_scale is given without the nvfp4 output");
@@ -488,9 +514,10 @@ void complete(NormScaleShiftCall& call, Matcher& m) {
   std::vector<Range> outputs, inputs;
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"y", &out.y},
                                 {"residual_out", &out.residual_out}, {"fp8", &out.fp8},
-                                {"nvfp4_packed", &out.nvfp4_packed}, {"nvfp4_scales", &out.nvfp4_scales}}) {
+                                {"nvfp4_packed", &out.nvfp4_packed}, {"nvfp4_scales", &out.nvfp4_scales},
+                                {"fp8_rowwise", &out.fp8_rowwise}, {"fp8_scale", &out.fp8_scale}}) {
     if (!present(*t)) continue;
-    if (t->rank == 3) m.require_disjoint_rows(*t, name, t->shape[2], "D");
+    if (t->rank == 3 && t != &out.fp8_scale) m.require_disjoint_rows(*t, name, t->shape[2], "D");
     if (t->numel() > 0) outputs.push_back(range_of(name, *t));
   }
   for (const auto& [name, t] : {std::pair<const char*, const TensorView*>{"x", &in.x}, {"residual", &in.residual},
@@ -533,10 +560,11 @@ NssKernelKey key_for(const NormScaleShiftCall& c, const DeviceInfo& device) {
   key.modulate = key.numerics != NssNumerics::float32 || c.modulate;
   key.residual = c.residual;
   key.affine = c.affine;
-  key.quant = c.quant == NssQuant::fp8     ? NssKernelQuant::fp8
-              : c.quant == NssQuant::nvfp4 ? (wants_hardware_e2m1(c, device) ? NssKernelQuant::fp4_hardware
-                                                                             : NssKernelQuant::fp4_software)
-                                           : NssKernelQuant::none;
+  key.quant = c.quant == NssQuant::fp8           ? NssKernelQuant::fp8
+              : c.quant == NssQuant::fp8_rowwise ? NssKernelQuant::fp8_rowwise
+              : c.quant == NssQuant::nvfp4       ? (wants_hardware_e2m1(c, device) ? NssKernelQuant::fp4_hardware
+                                                                                   : NssKernelQuant::fp4_software)
+                                                 : NssKernelQuant::none;
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
 }
@@ -564,7 +592,9 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const NssKernelKey& ke
   p.global_scale = static_cast<const float*>(c.in.global_scale.data);
   p.y = c.out.y.data;
   p.residual_out = c.out.residual_out.data;
-  p.fp8 = static_cast<unsigned char*>(c.out.fp8.data);
+  const TensorView& q = c.quant == NssQuant::fp8_rowwise ? c.out.fp8_rowwise : c.out.fp8;  // one at most
+  p.fp8 = static_cast<unsigned char*>(q.data);
+  p.fp8_scale = static_cast<float*>(c.out.fp8_scale.data);
   p.fp4_packed = static_cast<unsigned char*>(c.out.nvfp4_packed.data);
   p.fp4_scales = static_cast<unsigned char*>(c.out.nvfp4_scales.data);
   p.scale = operand_params(c.scale);
@@ -585,9 +615,9 @@ void launch_norm_scale_shift(const NormScaleShiftCall& c, const NssKernelKey& ke
     p.y_batch_stride = c.out.y.strides[0];
     p.y_token_stride = c.out.y.strides[1];
   }
-  if (c.quant == NssQuant::fp8) {
-    p.q_batch_stride = c.out.fp8.strides[0];
-    p.q_token_stride = c.out.fp8.strides[1];
+  if (c.quant == NssQuant::fp8 || c.quant == NssQuant::fp8_rowwise) {
+    p.q_batch_stride = q.strides[0];
+    p.q_token_stride = q.strides[1];
   }
   p.eps = c.options.eps;
   p.fp8_div_full = c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
@@ -655,6 +685,44 @@ std::vector<NssKernelKey> nss_variant_keys() {
     k.act = dim == 8188 ? DType::f16 : DType::bf16;
     keys.push_back(k);
   }
+  // fp8_rowwise: Wan's float32 norm1 / norm3 (and behind the cross-attention residual) at 14B and
+  // 1.3B, LTX-2's mean order (video, audio, behind a residual), the eager LayerNorm and RMSNorm rows
+  // at 3072 / 5120 (staged, prefetched), f16, a partial last slot.
+  const auto rowwise = [&](NssKernelKey k) {
+    k.quant = NssKernelQuant::fp8_rowwise;
+    keys.push_back(k);
+  };
+  for (int dim : {5120, 1536})
+    for (bool residual : {false, true}) {
+      NssKernelKey k;
+      k.dim = dim;
+      k.numerics = NssNumerics::float32;
+      k.residual = residual;
+      rowwise(k);
+    }
+  for (int dim : {4096, 2048}) {
+    NssKernelKey k;
+    k.dim = dim;
+    k.norm = NormType::rms;
+    k.mean_order = true;
+    k.residual = dim == 2048;
+    rowwise(k);
+  }
+  for (int dim : {3072, 5120}) {
+    NssKernelKey k;
+    k.dim = dim;
+    k.residual = dim == 5120;
+    rowwise(k);
+    k.norm = NormType::rms;
+    k.affine = 1;
+    k.act = DType::f16;
+    k.pdl = false;
+    rowwise(k);
+  }
+  NssKernelKey tail;
+  tail.dim = 2240;  // 5 slots, the last partly idle
+  tail.affine = 2;
+  rowwise(tail);
   return keys;
 }
 
@@ -687,6 +755,7 @@ void register_norm_scale_shift(Registry& registry) {
     NssNumerics numerics;
     const char* name;
     Contract contract;
+    bool rowwise = false;  // the fp8_rowwise output (numerics eager and float32), which no other implementation takes
   };
   const Variant variants[] = {
       {NssNumerics::eager, "norm_scale_shift.jit",
@@ -713,6 +782,13 @@ void register_norm_scale_shift(Registry& registry) {
            .verified("H200 (sm_90): bench/norm_scale_shift_torch.py's VERIFY_FLOAT32 (every Wan site "
                      "at 14B / 1.3B / batch 2 / TI2V) at ee9c29e; every float32 case of tests/python/test_ops_eager.py "
                      "and the Wan sites of ditops.diffusers (bench/results/h200/models/wan.json) at 64c434f")},
+      {NssNumerics::eager, "norm_scale_shift.jit_fp8_rowwise",
+       Contract::bit_exact("the eager chain of the call's numerics on CUDA (eager: norm_scale_shift.jit's; float32: "
+                           "norm_scale_shift.jit_float32's; its y in x's dtype), then ditops.eager.fp8_rowwise_eager "
+                           "(torchao 0.18's float8 rowwise recipe: amax / 448.0 in y's dtype, 1 for a zero scale, "
+                           "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))")
+           .unverified("not run on a device yet"),
+       true},
   };
   for (const Variant& v : variants) {
     Implementation<NormScaleShiftCall, Kernels::Key> impl = jit_implementation<Kernels>();
@@ -722,10 +798,15 @@ void register_norm_scale_shift(Registry& registry) {
     impl.description = std::string(v.numerics != NssNumerics::sglang
                                        ? "a persistent 128-thread CTA per row (aten's layout)"
                                        : "one warp per row") +
-                       ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); numerics=" +
-                       nss_numerics_name(v.numerics);
-    impl.predicate = [numerics = v.numerics, cuda = impl.predicate](const NormScaleShiftCall& c,
-                                                                    const NssKernelKey& key) -> std::string {
+                       ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); " +
+                       (v.rowwise ? std::string("the fp8_rowwise output (numerics eager and float32): y's words held "
+                                                "in registers, their amax reduced over the CTA, then quantized")
+                                  : std::string("numerics=") + nss_numerics_name(v.numerics));
+    impl.predicate = [numerics = v.numerics, rowwise = v.rowwise, cuda = impl.predicate](
+                         const NormScaleShiftCall& c, const NssKernelKey& key) -> std::string {
+      if ((c.quant == NssQuant::fp8_rowwise) != rowwise)
+        return rowwise ? "the fp8_rowwise output only" : "the fp8_rowwise output is norm_scale_shift.jit_fp8_rowwise's";
+      if (rowwise) return cuda(c, key);  // matching admits numerics eager and float32 only
       // numerics=float32 on an f32 x is eager's own fp32 chain: the eager implementation's kernel.
       const bool f32_chain_of_f32 = c.options.numerics == NssNumerics::float32 && c.in.x.dtype == DType::f32;
       const NssNumerics wanted = f32_chain_of_f32 ? NssNumerics::eager : c.options.numerics;
@@ -736,7 +817,7 @@ void register_norm_scale_shift(Registry& registry) {
       return cuda(c, key);
     };
     // The family's variant keys are compiled once, under the first implementation.
-    if (v.numerics != NssNumerics::eager) impl.variants = nullptr;
+    if (v.numerics != NssNumerics::eager || v.rowwise) impl.variants = nullptr;
     add_implementation(registry, kOp, std::move(impl));
   }
 

@@ -95,6 +95,25 @@ KernelRequest qk_kernel_request(const QkKernelKey& key) {
   return r;
 }
 
+QkKernelKey qk_kernel_key(const QkNormRopeOptions& options, DType act, DType cache, DType pos, int head_dim,
+                          int rope_dim, bool aligned16, const DeviceInfo& device) {
+  QkKernelKey key;
+  key.act = act;
+  key.cache = cache;
+  key.pos = pos;
+  key.head_dim = head_dim;
+  key.rope_dim = rope_dim;
+  key.neox = options.is_neox;
+  key.full_width = options.cache_full_width;
+  key.rounding = options.rounding;
+  key.order = options.norm_order;
+  key.weight_rounding = options.norm_weight_rounding;
+  key.complex_product = options.rope_product == QkRopeProduct::complex;
+  key.pdl = options.use_pdl && (device.features & kFeaturePdl);
+  key.aligned = aligned16;
+  return key;
+}
+
 std::vector<QkKernelKey> qk_prebuilt_keys() {
   std::vector<QkKernelKey> keys;
   // FLUX.1 / Z-Image (interleaved) and Qwen-Image / HunyuanVideo / Wan (NeoX), head_dim 128,
@@ -222,10 +241,10 @@ const OpBuilder<QkNormRopeCall>& description() {
   return b;
 }
 
-void complete(QkNormRopeCall& call, Matcher& m) {
-  const QkNormRopeOptions& options = call.options;
-  const int64_t D = *m.value("D");
-  const int64_t width = call.cos_sin_cache.shape[1];
+}  // namespace
+
+int qk_option_rules(const Matcher& m, const QkNormRopeOptions& options, int64_t D, const TensorView& cos_sin_cache) {
+  const int64_t width = cos_sin_cache.shape[1];
   const int64_t rope_dim = options.rope_dim ? options.rope_dim
                                             : (options.cache_full_width ? width / 2 : width);
   if (rope_dim <= 0 || rope_dim > D)
@@ -252,12 +271,20 @@ void complete(QkNormRopeCall& call, Matcher& m) {
     if (options.cache_full_width)
       m.fail("rope_product=complex multiplies each pair by one complex frequency: a compact cos_sin_cache "
              "(cache_full_width=false) but cache_full_width is true");
-    if (call.cos_sin_cache.dtype != DType::f32)
+    if (cos_sin_cache.dtype != DType::f32)
       m.fail(std::string("rope_product=complex needs a f32 cos_sin_cache (complex64 frequencies) but it is ") +
-             dtype_name(call.cos_sin_cache.dtype));
+             dtype_name(cos_sin_cache.dtype));
   }
   if (options.norm_weight_rounding == QkNormWeightRounding::twice && options.rounding != QkRounding::rounded)
     m.fail("norm_weight_rounding=twice needs rounding=rounded (rounding=fp32 rounds nothing before the store)");
+  return static_cast<int>(rope_dim);
+}
+
+namespace {
+
+void complete(QkNormRopeCall& call, Matcher& m) {
+  const int64_t D = *m.value("D");
+  const int64_t rope_dim = qk_option_rules(m, call.options, D, call.cos_sin_cache);
 
   const int64_t T = *m.value("T"), Hq = *m.value("Hq"), Hk = *m.value("Hk");
   // In place: rows of one tensor must not overlap each other, or the result would depend on
@@ -300,21 +327,8 @@ void complete(QkNormRopeCall& call, Matcher& m) {
 }
 
 QkKernelKey key_for(const QkNormRopeCall& c, const DeviceInfo& device) {
-  QkKernelKey key;
-  key.act = c.q.dtype;
-  key.cache = c.cos_sin_cache.dtype;
-  key.pos = c.positions.dtype;
-  key.head_dim = c.head_dim;
-  key.rope_dim = c.rope_dim;
-  key.neox = c.options.is_neox;
-  key.full_width = c.options.cache_full_width;
-  key.rounding = c.options.rounding;
-  key.order = c.options.norm_order;
-  key.weight_rounding = c.options.norm_weight_rounding;
-  key.complex_product = c.options.rope_product == QkRopeProduct::complex;
-  key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
-  key.aligned = c.aligned16;
-  return key;
+  return qk_kernel_key(c.options, c.q.dtype, c.cos_sin_cache.dtype, c.positions.dtype, c.head_dim, c.rope_dim,
+                       c.aligned16, device);
 }
 
 std::string rounding_refusal(const QkNormRopeCall& c, bool rounded) {

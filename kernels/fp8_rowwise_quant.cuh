@@ -1,0 +1,213 @@
+// Per-token dynamic e4m3 of the rows of cat([prefix, act(x)], -1), in one pass:
+//
+//   y        = cat([prefix, act(x)], -1)        act: none or GELU(tanh) rounded to T
+//   out      = e4m3 rows of y, out_scale = s    the rowwise recipe of common/fp8_rowwise.cuh
+//
+// Numerics contract (docs/fp8_rowwise_quant.md): bit_exact against the eager chain on CUDA,
+// fp8_rowwise_eager(torch.cat([prefix, F.gelu(x, approximate="tanh")], -1)) (or act none).
+// * GELU(tanh) is ATen's GeluCUDAKernelImpl in fp32 (opmath): x_cube = (x * x) * x;
+//   inner = kBeta * (x + kKappa * x_cube) with kBeta = fp32(double(M_SQRT2 * M_2_SQRTPI) * 0.5),
+//   kKappa = fp32(0.044715); 0.5f * x * (1 + tanhf(inner)); rounded to T. nvcc contracts
+//   `x + kKappa * x_cube` into one fma when it builds PyTorch (--fmad=true): kGeluFma spells that
+//   fma out, !kGeluFma the product rounded, then the sum; the device run says which is eager's.
+//   tanhf is CUDA's (the same libdevice code PyTorch's kernel calls).
+// * The row is read once into registers, its amax reduced over the CTA, then quantized from the
+//   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
+//   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
+//   rows of normal s, div.rn on the others).
+//
+// Layout: a unit is 16 consecutive columns of the output row (Kp + K columns, prefix first). The
+// vector path (kVector: Kp % 16 == 0, K % 16 == 0, 16-byte aligned pointers and row strides) reads a
+// unit as two 16-byte loads of one source row and writes it as one 16-byte store; the scalar path
+// reads and writes it element by element (any widths, strides, 2-byte alignment). CTA threads
+// (blockDim.x, a multiple of 32 chosen by the host) own units t, t + blockDim.x, ... (kSlots of
+// them); a CTA handles rows blockIdx.x, + gridDim.x, ...
+#pragma once
+
+namespace ditops {
+
+// Launch parameters. Plain data, shared by the host op (src/ops/fp8_rowwise_quant) and the kernel.
+struct Fp8RowwiseQuantParams {
+  const void* x;             // T rows of K, row stride x_row_stride (elements)
+  const void* prefix;        // T rows of Kp, row stride prefix_row_stride; nullptr when Kp == 0
+  void* out;                 // e4m3 [rows, Kp + K], contiguous
+  float* out_scale;          // [rows] (the [rows, 1] output)
+  long long rows;
+  long long x_row_stride;
+  long long prefix_row_stride;
+  int width;                 // K
+  int prefix_width;          // Kp
+  int units;                 // ceil((Kp + K) / 16)
+};
+
+// The act codes of the kernel template (Fp8RowwiseAct on the host, with the GELU's contraction).
+constexpr int kFp8RowwiseActNone = 0;
+constexpr int kFp8RowwiseGeluFma = 1;     // x + kKappa * x_cube as one fma (nvcc's contraction)
+constexpr int kFp8RowwiseGeluMulAdd = 2;  // the product rounded, then the sum
+
+}  // namespace ditops
+
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+
+#include "common/fp8_rowwise.cuh"
+#include "common/memory.cuh"
+#include "common/types.cuh"
+
+namespace ditops {
+
+namespace frq_detail {
+
+using namespace ditops::kernel;
+
+// ATen's GELU(tanh) in fp32 (see the header comment), before the rounding to T.
+template <bool kFma>
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kBeta = static_cast<float>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
+  constexpr float kKappa = static_cast<float>(0.044715);
+  const float x_cube = __fmul_rn(__fmul_rn(x, x), x);
+  const float sum = kFma ? __fmaf_rn(kKappa, x_cube, x) : __fadd_rn(x, __fmul_rn(kKappa, x_cube));
+  const float inner = __fmul_rn(kBeta, sum);
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+// A packed word of two T values through act, rounded back to T.
+template <typename T, int kAct>
+__device__ __forceinline__ u32 act_word(u32 word) {
+  if constexpr (kAct == kFp8RowwiseActNone) {
+    return word;
+  } else {
+    T lo, hi;
+    lo.bits = static_cast<unsigned short>(word);
+    hi.bits = static_cast<unsigned short>(word >> 16);
+    constexpr bool kFma = kAct == kFp8RowwiseGeluFma;
+    return pack2<T>(gelu_tanh<kFma>(to_float(lo)), gelu_tanh<kFma>(to_float(hi)));
+  }
+}
+
+// One unit (16 columns) as 8 packed words: w[0..3] columns 0-7, w[4..7] columns 8-15. Columns past
+// the row read as +0 (they neither raise the amax nor get stored).
+struct Unit {
+  Word<16> lo, hi;
+};
+
+template <typename T, bool kVector, int kAct>
+__device__ __forceinline__ Unit load_unit(const Fp8RowwiseQuantParams& p, const T* x_row, const T* prefix_row,
+                                          int unit) {
+  Unit u;
+  if constexpr (kVector) {
+    const int prefix_units = p.prefix_width / 16;
+    const bool from_prefix = unit < prefix_units;
+    const T* src = from_prefix ? prefix_row + 16 * unit : x_row + 16 * (unit - prefix_units);
+    u.lo = load_word<16, true>(src);
+    u.hi = load_word<16, true>(src + 8);
+    if (!from_prefix) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        u.lo.w[i] = act_word<T, kAct>(u.lo.w[i]);
+        u.hi.w[i] = act_word<T, kAct>(u.hi.w[i]);
+      }
+    }
+  } else {
+    unsigned short v[16];
+    bool is_x[16];
+#pragma unroll
+    for (int e = 0; e < 16; ++e) {
+      const int col = 16 * unit + e;
+      is_x[e] = col >= p.prefix_width;
+      v[e] = 0;
+      if (col < p.prefix_width) v[e] = prefix_row[col].bits;
+      else if (col < p.prefix_width + p.width) v[e] = x_row[col - p.prefix_width].bits;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      u32 word = static_cast<u32>(v[2 * i]) | (static_cast<u32>(v[2 * i + 1]) << 16);
+      // act on the x columns; a pair straddling the prefix boundary takes each half its own way.
+      if (is_x[2 * i] && is_x[2 * i + 1]) {
+        word = act_word<T, kAct>(word);
+      } else if (is_x[2 * i + 1]) {
+        word = (word & 0xFFFFu) | (act_word<T, kAct>(word) & 0xFFFF0000u);
+      }
+      (i < 4 ? u.lo.w[i] : u.hi.w[i - 4]) = word;
+    }
+    // Columns past the row: +0 again (act of +0 is +0 for GELU, but say so explicitly).
+#pragma unroll
+    for (int e = 0; e < 16; ++e)
+      if (16 * unit + e >= p.prefix_width + p.width) {
+        u32& w = e < 8 ? u.lo.w[e / 2] : u.hi.w[(e - 8) / 2];
+        w &= (e & 1) ? 0x0000FFFFu : 0xFFFF0000u;
+      }
+  }
+  return u;
+}
+
+template <typename T, bool kVector, bool kExact>
+__device__ __forceinline__ void store_unit(const Fp8RowwiseQuantParams& p, unsigned char* out_row, int unit,
+                                           const Unit& u, float s, float r) {
+  Word<16> q;
+  e4m3x8_of_words<T, kExact>(u.lo.w, s, r, &q.w[0], &q.w[1]);
+  e4m3x8_of_words<T, kExact>(u.hi.w, s, r, &q.w[2], &q.w[3]);
+  if constexpr (kVector) {
+    store_word<16>(out_row + 16 * unit, q);
+  } else {
+    const int width = p.prefix_width + p.width;
+#pragma unroll
+    for (int e = 0; e < 16; ++e)
+      if (16 * unit + e < width) out_row[16 * unit + e] = static_cast<unsigned char>(q.w[e / 4] >> (8 * (e % 4)));
+  }
+}
+
+template <typename T, int kSlots, bool kVector, bool kExact>
+__device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsigned char* out_row, const Unit (&u)[kSlots],
+                                          float s, float r) {
+  const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int unit = t + j * threads;
+    if (unit < p.units) store_unit<T, kVector, kExact>(p, out_row, unit, u[j], s, r);
+  }
+}
+
+}  // namespace frq_detail
+
+// T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
+// the 16-byte path. kAct: kFp8RowwiseActNone / GeluFma / GeluMulAdd. kPdl: griddepcontrol.wait
+// before the first read, launch_dependents after the last store.
+template <typename T, int kSlots, bool kVector, int kAct, bool kPdl>
+__device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
+  using namespace frq_detail;
+  static_assert(sizeof(T) == 2, "bf16 or f16 rows");
+  __shared__ u32 partials[2][32];
+  const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  if constexpr (kPdl) pdl_wait();
+  int parity = 0;
+  for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
+    const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+    const T* prefix_row = static_cast<const T*>(p.prefix) + (p.prefix ? row * p.prefix_row_stride : 0);
+    Unit u[kSlots];
+    u32 pairs = 0;
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) {
+      const int unit = t + j * threads;
+      if (unit < p.units) {
+        u[j] = load_unit<T, kVector, kAct>(p, x_row, prefix_row, unit);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) pairs = abs_max_pairs(abs_max_pairs(pairs, u[j].lo.w[i]), u[j].hi.w[i]);
+      }
+    }
+    const u32 amax = block_max_u32(fold_pairs(pairs), partials[parity]);
+    parity ^= 1;
+    const float s = fp8_rowwise_scale<T>(amax);
+    if (t == 0) p.out_scale[row] = s;
+    unsigned char* out_row = static_cast<unsigned char*>(p.out) + row * (p.prefix_width + p.width);
+    const float r = __frcp_rn(s);
+    if (fp8_rowwise_fast(s))  // uniform per CTA: s is the row's
+      store_row<T, kSlots, kVector, false>(p, out_row, u, s, r);
+    else
+      store_row<T, kSlots, kVector, true>(p, out_row, u, s, r);
+  }
+  if constexpr (kPdl) pdl_launch_dependents();
+}
+
+}  // namespace ditops
+
+#endif  // __CUDACC__ || __CUDACC_RTC__

@@ -1,0 +1,263 @@
+"""Which producer feeds which FP8 linear, per model (issue 43; fp8.py has the recipe and the sites).
+
+Every block linear is an Fp8Linear that quantizes a bf16 input itself (the "fp8_quant (linear
+input)" site). Where one activation feeds several linears, or a fused producer can write it in
+FP8 directly, the mappings below make it a Rowwise pair once and pass the pair on:
+
+  * every model: a diffusers FeedForward with GELU(tanh) and an FP8 down projection: the FF-up
+    output's GELU quantized in one pass ("fp8_quant (gelu ff)") into the down projection;
+  * FLUX.1: norm1 -> to_q/to_k/to_v, norm1_context -> add_q/k/v_proj, norm2 -> ff,
+    norm2_context -> ff_context, the single blocks' norm -> proj_mlp + to_q/to_k/to_v: the adaLN
+    LayerNorm-modulate quantized per token ("fp8_quant (adaLN)"); the single blocks'
+    cat(attn, gelu(mlp)) -> proj_out ("fp8_quant (cat attn + gelu mlp)");
+  * Qwen-Image: the four modulations -> the image / text q, k, v and the two MLPs;
+  * HunyuanVideo: the double blocks as FLUX.1's; the single blocks' cat -> proj_out (their norm
+    output is sliced and re-joined by the attention processor: each linear quantizes it);
+  * Wan: norm1 -> attn1's q, k, v and norm3 -> ffn: the float32 adaLN chain quantized per token in
+    the same pass ("fp8_quant (adaLN)": norm_scale_shift(numerics="float32", rowwise_fp8=True), its
+    bf16 y never written; where that does not fit, the adaLN site's value then the recipe);
+  * LTX-2: the FeedForwards and each linear's own quantization.
+
+A pair goes only where every consumer is an Fp8Linear and the attention runs a processor whose
+code passes it to the projections alone (the model's default processor, or ditops's replacement
+of it); elsewhere the bf16 value flows and each Fp8Linear quantizes it. The forwards reuse the
+model modules' own block forwards with the adaLN site swapped for its FP8 one where they can.
+"""
+from __future__ import annotations
+
+import torch
+
+from ditops import Error
+
+from . import _common
+from ._sites import affine_free_layer_norm
+
+
+def _is_gelu_tanh(module) -> bool:
+    from diffusers.models.activations import GELU
+    if type(module) is GELU:
+        return module.approximate == "tanh" and isinstance(getattr(module, "proj", None), torch.nn.Linear)
+    return type(module) is torch.nn.GELU and module.approximate == "tanh"
+
+
+def feed_forward(gelu_site):
+    """diffusers FeedForward.forward with GELU(tanh): the up projection, then its GELU quantized
+    in one pass into the FP8 down projection (dropout is the identity at inference)."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        h = gelu_site(self.net[0].proj(hidden_states))
+        for module in self.net[1:]:
+            if isinstance(module, torch.nn.Dropout):
+                if module.training and module.p > 0:
+                    raise Error("ditops.diffusers FP8: a FeedForward in training mode with dropout; the FP8 path is "
+                                "for inference (model.eval())")
+                continue
+            h = module(h)
+        return h
+
+    return forward
+
+
+def map_feed_forwards(ctx) -> None:
+    """Patch every diffusers FeedForward of the blocks whose activation is GELU(tanh) and whose
+    down projection is FP8; ctx.takes_pair(ff) then says whether it takes a Rowwise input."""
+    from diffusers.models.attention import FeedForward
+    from .fp8 import BLOCK_LISTS
+    ctx.ff_patched = set()
+    ctx.takes_pair = lambda ff: id(ff) in ctx.ff_patched and ctx.fp8(ff.net[0].proj)
+    for list_name in BLOCK_LISTS[type(ctx.model).__name__]:
+        blocks = getattr(ctx.model, list_name, None)
+        if blocks is None:
+            continue
+        for path, module in blocks.named_modules(prefix=list_name):
+            if type(module) is not FeedForward:
+                continue
+            net = list(module.net)
+            rest = net[1:]
+            linears = [m for m in rest if not isinstance(m, torch.nn.Dropout)]
+            if not net or not _is_gelu_tanh(net[0]) or len(linears) != 1 or not ctx.fp8(linears[0]):
+                continue
+            ctx.patch_forward(path, module, feed_forward(ctx.gelu))
+            ctx.ff_patched.add(id(module))
+            ctx.gelu.places.append(ctx.plan.prefix + path)
+
+
+def _adaln_to_pair(ctx, site, path, module, consumers) -> None:
+    """Patch an AdaLayerNormZero / AdaLayerNormZeroSingle module to return its modulated output as
+    a Rowwise pair (the FP8 adaLN site) where every consumer is FP8."""
+    from diffusers.models.normalization import AdaLayerNormZero, AdaLayerNormZeroSingle
+    if not consumers or not ctx.fp8(*consumers) or affine_free_layer_norm(getattr(module, "norm", None)):
+        return
+    if type(module) is AdaLayerNormZero and module.emb is None:
+        forward = _common._adaln_zero_forward(site)
+    elif type(module) is AdaLayerNormZeroSingle:
+        forward = _common._adaln_zero_single_forward(site)
+    else:
+        return
+    ctx.patch_forward(path, module, forward)
+    site.places.append(ctx.plan.prefix + path)
+
+
+def _projections(attn):
+    """(image stream projections, text stream projections) the attention applies to its inputs."""
+    if getattr(attn, "fused_projections", False):
+        return [getattr(attn, "to_qkv", None)], (
+            [getattr(attn, "to_added_qkv", None)] if getattr(attn, "added_kv_proj_dim", None) is not None else [])
+    image = [attn.to_q, attn.to_k, attn.to_v]
+    text = [getattr(attn, n, None) for n in ("add_q_proj", "add_k_proj", "add_v_proj")]
+    return image, (text if all(m is not None for m in text) else [])
+
+
+# ---------------------------------------------------------------- FLUX.1
+
+
+def single_block_forward(residual, cat):
+    """FluxSingleTransformerBlock.forward (flux.single_block_forward's sites) with proj_out fed
+    by cat(attention output, GELU(tanh) of proj_mlp) quantized in one pass."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                joint_attention_kwargs=None):
+        text_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        skip = hidden_states
+        norm_hidden, gate = self.norm(hidden_states, emb=temb)
+        mlp_up = self.proj_mlp(norm_hidden)
+        attn_output = self.attn(hidden_states=norm_hidden, image_rotary_emb=image_rotary_emb,
+                                **(joint_attention_kwargs or {}))
+        update = self.proj_out(cat(attn_output, mlp_up))
+        hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
+        if hidden_states.dtype == torch.float16:
+            hidden_states = hidden_states.clip(-65504, 65504)
+        return hidden_states[:, :text_len], hidden_states[:, text_len:]
+
+    return forward
+
+
+def flux(ctx) -> None:
+    from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, FluxSingleTransformerBlock,
+                                                                FluxTransformerBlock)
+    from . import flux as model_code
+    adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
+    pair = ctx.adaln(adaln)
+    prefix = ctx.plan.prefix
+    for i, block in enumerate(ctx.model.transformer_blocks):
+        path = f"transformer_blocks.{i}"
+        if type(block) is not FluxTransformerBlock:
+            continue
+        if type(block.attn.processor) is FluxAttnProcessor:
+            image, text = _projections(block.attn)
+            _adaln_to_pair(ctx, pair, f"{path}.norm1", block.norm1, image)
+            _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
+        if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
+            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
+            pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
+    for i, block in enumerate(ctx.model.single_transformer_blocks):
+        path = f"single_transformer_blocks.{i}"
+        if type(block) is not FluxSingleTransformerBlock or not _is_gelu_tanh(block.act_mlp):
+            continue
+        if type(block.attn.processor) is FluxAttnProcessor:
+            image, _ = _projections(block.attn)
+            _adaln_to_pair(ctx, pair, f"{path}.norm", block.norm, image + [block.proj_mlp])
+        if ctx.fp8(block.proj_out):
+            ctx.patch_forward(path, block, single_block_forward(residual, ctx.cat_gelu))
+            ctx.cat_gelu.places.append(f"{prefix}{path}.proj_out")
+
+
+# ---------------------------------------------------------------- Qwen-Image
+
+
+def qwen(ctx) -> None:
+    from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStreamAttnProcessor2_0,
+                                                                     QwenImageTransformerBlock)
+    from . import qwenimage as model_code
+    adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
+    pair = ctx.adaln(adaln)
+    for i, block in enumerate(ctx.model.transformer_blocks):
+        path = f"transformer_blocks.{i}"
+        if type(block) is not QwenImageTransformerBlock or type(block.attn.processor) is not \
+                QwenDoubleStreamAttnProcessor2_0:
+            continue
+        image, text = _projections(block.attn)
+        if text and ctx.fp8(*image, *text) and ctx.takes_pair(block.img_mlp) and ctx.takes_pair(block.txt_mlp):
+            ctx.patch_forward(path, block, model_code.block_forward(pair, residual))
+            pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("img_norm1", "txt_norm1", "img_norm2",
+                                                                     "txt_norm2")]
+
+
+# ---------------------------------------------------------------- HunyuanVideo
+
+
+def hunyuan_single_block_forward(residual, cat):
+    """HunyuanVideoSingleTransformerBlock.forward (hunyuan_video.single_block_forward's site) with
+    proj_out fed by cat(attention output, GELU(tanh) of proj_mlp) quantized in one pass."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
+                *args, **kwargs):
+        text_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        skip = hidden_states
+        norm_hidden, gate = self.norm(hidden_states, emb=temb)
+        mlp_up = self.proj_mlp(norm_hidden)
+        attn_output, context_attn_output = self.attn(
+            hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
+            attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        update = self.proj_out(cat(attn_output, mlp_up))
+        hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
+        return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
+
+    return forward
+
+
+def hunyuan(ctx) -> None:
+    from diffusers.models.transformers.transformer_hunyuan_video import (
+        HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
+    from . import hunyuan_video as model_code
+    adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
+    pair = ctx.adaln(adaln)
+    prefix = ctx.plan.prefix
+    for i, block in enumerate(ctx.model.transformer_blocks):
+        path = f"transformer_blocks.{i}"
+        if type(block) is not HunyuanVideoTransformerBlock:
+            continue
+        if type(block.attn.processor) is HunyuanVideoAttnProcessor2_0:
+            image, text = _projections(block.attn)
+            _adaln_to_pair(ctx, pair, f"{path}.norm1", block.norm1, image)
+            _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
+        if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
+            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
+            pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
+    for i, block in enumerate(ctx.model.single_transformer_blocks):
+        path = f"single_transformer_blocks.{i}"
+        if type(block) is HunyuanVideoSingleTransformerBlock and _is_gelu_tanh(block.act_mlp) and \
+                ctx.fp8(block.proj_out):
+            ctx.patch_forward(path, block, hunyuan_single_block_forward(residual, ctx.cat_gelu))
+            ctx.cat_gelu.places.append(f"{prefix}{path}.proj_out")
+
+
+# ---------------------------------------------------------------- Wan
+
+
+def wan(ctx) -> None:
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, WanTransformerBlock
+    from . import wan as model_code
+    adaln, norm2, residual = (ctx.site("adaln_modulate"), ctx.site("adaln_modulate (norm2)"),
+                              ctx.site("gated_residual"))
+    pair = None
+    for i, block in enumerate(ctx.model.blocks):
+        path = f"blocks.{i}"
+        if type(block) is not WanTransformerBlock or type(block.attn1.processor) is not WanAttnProcessor:
+            continue
+        image, _ = _projections(block.attn1)
+        if ctx.fp8(*image) and ctx.takes_pair(block.ffn):
+            pair = pair or ctx.mapped_fp8(adaln, model_code.fp8_adaln_mapping())
+            ctx.patch_forward(path, block, model_code.block_forward(pair, norm2, residual))
+            pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("norm1", "norm3")]
+
+
+MAPPINGS = {
+    "FluxTransformer2DModel": flux,
+    "QwenImageTransformer2DModel": qwen,
+    "HunyuanVideoTransformer3DModel": hunyuan,
+    "WanTransformer3DModel": wan,
+}

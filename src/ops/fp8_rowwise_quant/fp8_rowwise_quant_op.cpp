@@ -1,0 +1,260 @@
+// fp8_rowwise_quant: the description, argument matching, the kernel key, its request and launch, the
+// registry entries (the jit implementation, the CPU reference). The reference is in
+// src/reference/fp8_rowwise_quant_reference.cpp, the kernel in kernels/fp8_rowwise_quant.cuh.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/builtin_ops.h"
+#include "core/implementation.h"
+#include "core/matcher.h"
+#include "core/op_builder.h"
+#include "ditops/fp8_rowwise_quant.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/fp8_rowwise_quant.cuh"
+
+namespace ditops {
+
+namespace {
+
+constexpr const char* kOp = "fp8_rowwise_quant";
+constexpr int kMaxThreads = 256;
+constexpr int kUnitColumns = 16;
+constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
+constexpr int64_t kMaxUnits = int64_t{8} * kMaxThreads;  // 32768 columns: a row in registers
+
+std::string num(int64_t v) { return std::to_string(v); }
+
+void complete(Fp8RowwiseQuantCall& call, Matcher& m);  // the op's own rules, after the slots'
+
+// The op described once: its slots state the checks every call gets (core/op_builder.h).
+const OpBuilder<Fp8RowwiseQuantCall>& description() {
+  using C = Fp8RowwiseQuantCall;
+  using O = Fp8RowwiseQuantOptions;
+  static const OpBuilder<C> b = [] {
+    OpBuilder<C> b(kOp, "per-token dynamic e4m3 of cat([prefix, act(x)], -1) with its fp32 scales (torchao's rowwise recipe)",
+                   "x [..., K] bf16|f16 (rows of one stride), prefix [..., Kp] optional; out [M, Kp + K] e4m3fn, "
+                   "out_scale [M, 1] f32. include/ditops/fp8_rowwise_quant.h, docs/fp8_rowwise_quant.md");
+    b.dims("M=4608,Kp=3072,K=12288");
+    // x's and prefix's ranks, row strides and the outputs' extents are the op's own rules.
+    b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .own = "shape"});
+    b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
+    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,Kp+K",
+                       .alloc = "rows(x),last(x)+last_or_0(prefix)", .alloc_dtype = "f8e4m3fn",
+                       .layout = "contiguous", .own = "shape"});
+    b.tensor<&C::out_scale>({.role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "M,1",
+                             .alloc = "rows(x),1", .alloc_dtype = "f32",
+                             .doc = "the per-row fp32 scales (out * out_scale ~ the row)", .layout = "contiguous",
+                             .own = "shape"});
+    b.choice<&O::act>({{"none", Fp8RowwiseAct::none}, {"gelu_tanh", Fp8RowwiseAct::gelu_tanh}},
+                      "applied to x (not prefix) before the quantization: none, or F.gelu(x, approximate='tanh')");
+    b.choice<&O::gelu_contraction>(
+        {{"fma", GeluContraction::fma}, {"mul_add", GeluContraction::mul_add}},
+        "act=gelu_tanh: x + 0.044715 x^3 as one fma (nvcc's contraction of ATen's kernel) or rounded product, sum");
+    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
+    b.complete(complete);
+    return b;
+  }();
+  return b;
+}
+
+// The stride between the rows of t ([..., W], last stride 1): its leading dims must collapse into
+// one row index. Extent-1 dims take any stride.
+int64_t row_stride(const Matcher& m, const TensorView& t, const std::string& name) {
+  const int r = t.rank;
+  m.require_nonnegative_strides(t, name);
+  if (t.numel() == 0) return 0;  // an empty view's strides are arbitrary
+  if (t.shape[r - 1] > 1 && t.strides[r - 1] != 1)
+    m.fail(name + ".stride(" + num(r - 1) + ") must be 1 but is " + num(t.strides[r - 1]));
+  int64_t stride = -1, next = 0;
+  for (int d = r - 2; d >= 0; --d) {
+    if (t.shape[d] == 1) continue;
+    if (stride < 0) {
+      stride = t.strides[d];
+      next = stride * t.shape[d];
+    } else if (t.strides[d] != next) {
+      m.fail(name + ".stride(" + num(d) + ") must be " + num(next) +
+             " (the leading dims collapse into one row stride) but is " + num(t.strides[d]));
+    } else {
+      next *= t.shape[d];
+    }
+  }
+  return stride < 0 ? t.shape[r - 1] : stride;
+}
+
+void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
+  const TensorView &x = call.x, &out = call.out, &out_scale = call.out_scale;
+  if (x.rank < 1) m.fail("x must have rank >= 1 ([..., K]) but has rank 0");
+  const int r = x.rank;
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < r; ++d) rows *= x.shape[d];
+  call.rows = rows;
+  call.width = x.shape[r - 1];
+  call.x_row_stride = row_stride(m, x, "x");
+  const bool has_prefix = !slot_absent(call.prefix);
+  if (has_prefix) {
+    const TensorView& prefix = call.prefix;
+    if (prefix.rank != r) m.fail("prefix must have rank " + num(r) + " (as x) but has rank " + num(prefix.rank));
+    for (int d = 0; d + 1 < r; ++d)
+      if (prefix.shape[d] != x.shape[d])
+        m.fail("prefix.shape[" + num(d) + "] must equal x.shape[" + num(d) + "]=" + num(x.shape[d]) + " but is " +
+               num(prefix.shape[d]));
+    call.prefix_width = prefix.shape[r - 1];
+    call.prefix_row_stride = row_stride(m, prefix, "prefix");
+  } else {
+    call.prefix = TensorView{};
+  }
+  const int64_t W = call.prefix_width + call.width;
+  if (W < 1) m.fail("x.shape[" + num(r - 1) + "] + prefix's width must be >= 1 (a row to quantize) but is 0");
+  if (out.rank != 2 || out.shape[0] != rows || out.shape[1] != W)
+    m.fail("out must be [M, Kp + K] = [" + num(rows) + ", " + num(W) + "] (M: the rows of x) but is " + out.describe());
+  if (out_scale.rank != 2 || out_scale.shape[0] != rows || out_scale.shape[1] != 1)
+    m.fail("out_scale must be [M, 1] = [" + num(rows) + ", 1] but is " + out_scale.describe());
+  m.require_disjoint(out, "out", out_scale, "out_scale");
+  const auto rows_aligned = [&](const TensorView& t, int64_t stride) {
+    return is_aligned(t.data, 16) && (rows <= 1 || (stride * 2) % 16 == 0);
+  };
+  call.aligned16 = call.width % kUnitColumns == 0 && call.prefix_width % kUnitColumns == 0 &&
+                   rows_aligned(x, call.x_row_stride) &&
+                   (!has_prefix || rows_aligned(call.prefix, call.prefix_row_stride)) && is_aligned(out.data, 16);
+}
+
+// The template key: exactly the kernel's template parameters.
+struct Fp8RowwiseQuantKey {
+  DType dtype = DType::bf16;
+  int slots = 1;
+  bool vector = true;
+  int act = kFp8RowwiseActNone;
+  bool pdl = true;
+
+  std::string to_string() const {
+    static const char* acts[] = {"none", "gelu_fma", "gelu_mul_add"};
+    return std::string(dtype_name(dtype)) + ",slots=" + std::to_string(slots) + (vector ? ",vec16" : ",scalar") + "," +
+           acts[act] + (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    uint64_t v = static_cast<uint64_t>(dtype);
+    v = v * 16 + static_cast<uint64_t>(slots);
+    v = v * 2 + vector;
+    v = v * 4 + static_cast<uint64_t>(act);
+    v = v * 2 + pdl;
+    return v;
+  }
+};
+
+int64_t units_of(const Fp8RowwiseQuantCall& c) {
+  return (c.prefix_width + c.width + kUnitColumns - 1) / kUnitColumns;
+}
+
+// Units per thread: the fewest slots that cover the row with at most kMaxThreads threads.
+int slots_for(int64_t units) {
+  for (int s : kSlotBuckets)
+    if (units <= int64_t{s} * kMaxThreads) return s;
+  return kSlotBuckets[std::size(kSlotBuckets) - 1];
+}
+
+Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& device) {
+  Fp8RowwiseQuantKey k;
+  k.dtype = c.x.dtype;
+  k.slots = slots_for(units_of(c));
+  k.vector = c.aligned16;
+  k.act = c.options.act == Fp8RowwiseAct::none ? kFp8RowwiseActNone
+          : c.options.gelu_contraction == GeluContraction::fma ? kFp8RowwiseGeluFma
+                                                               : kFp8RowwiseGeluMulAdd;
+  k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
+  return k;
+}
+
+KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
+  KernelRequest r;
+  r.header = "fp8_rowwise_quant.cuh";
+  r.function = "ditops::fp8_rowwise_quant_body";
+  r.template_args = std::string(jit::kernel_type_name(k.dtype)) + ", " + std::to_string(k.slots) + ", " +
+                    jit::kernel_bool(k.vector) + ", " + std::to_string(k.act) + ", " + jit::kernel_bool(k.pdl);
+  r.params_type = "ditops::Fp8RowwiseQuantParams";
+  r.max_threads = kMaxThreads;
+  r.template_key = std::string(kOp) + ":" + k.to_string();
+  return r;
+}
+
+// One CTA per row (a row per CTA at a time: the grid covers the rows once up to the grid limit),
+// ceil(units / slots) threads rounded up to a warp. Not tuned yet (no device run).
+void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit::LoadedKernel& kernel) {
+  Fp8RowwiseQuantParams p{};
+  p.x = c.x.data;
+  p.prefix = c.prefix_width ? c.prefix.data : nullptr;
+  p.out = c.out.data;
+  p.out_scale = static_cast<float*>(c.out_scale.data);
+  p.rows = c.rows;
+  p.x_row_stride = c.x_row_stride;
+  p.prefix_row_stride = c.prefix_row_stride;
+  p.width = static_cast<int>(c.width);
+  p.prefix_width = static_cast<int>(c.prefix_width);
+  p.units = static_cast<int>(units_of(c));
+  const int64_t threads = (p.units + k.slots - 1) / k.slots;
+  const unsigned block = static_cast<unsigned>((threads + 31) / 32 * 32);
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(c.rows, 0x7fffffff));
+  jit::launch(kernel, grid, block, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
+}
+
+// The compile test's keys: every slot bucket (bf16, vector, the GELU), both GELU forms and no act,
+// f16 and the scalar path, PDL off.
+std::vector<Fp8RowwiseQuantKey> variant_keys() {
+  std::vector<Fp8RowwiseQuantKey> keys;
+  for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGeluFma, true});
+  keys.push_back({DType::bf16, 3, true, kFp8RowwiseActNone, true});
+  keys.push_back({DType::bf16, 3, true, kFp8RowwiseGeluMulAdd, true});
+  for (int act : {kFp8RowwiseActNone, kFp8RowwiseGeluFma, kFp8RowwiseGeluMulAdd})
+    keys.push_back({DType::f16, 2, act != kFp8RowwiseGeluFma, act, true});
+  keys.push_back({DType::bf16, 8, false, kFp8RowwiseGeluFma, false});
+  keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false});
+  return keys;
+}
+
+std::string refusal(const Fp8RowwiseQuantCall& c) {
+  if (units_of(c) <= kMaxUnits) return "";
+  return "rows of Kp + K = " + num(c.prefix_width + c.width) + " columns are wider than the kernel's " +
+         num(kMaxUnits * kUnitColumns) + " (a row lives in registers)";
+}
+
+constexpr KernelFunctions<Fp8RowwiseQuantCall, Fp8RowwiseQuantKey> kKernels{
+    .key = key_for, .request = request_for, .launch = launch,
+    .nothing_to_do = [](const Fp8RowwiseQuantCall& c) { return c.rows == 0; }, .refusal = refusal,
+    .variant_keys = variant_keys};
+using Kernels = OpKernels<description, kKernels>;
+
+}  // namespace
+
+void register_fp8_rowwise_quant(Registry& registry) {
+  const std::string eager =
+      "eager PyTorch on CUDA: ditops.eager.fp8_rowwise_quant_eager (fp8_rowwise_eager of torch.cat([prefix, act(x)], "
+      "-1): torchao 0.18's float8 rowwise recipe, amax / 448.0 rounded to x's dtype, 1 for a zero scale, "
+      "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh') "
+      "with gelu_contraction=fma (the other form is kept until a device run names eager's)";
+  Implementation<Fp8RowwiseQuantCall, Fp8RowwiseQuantKey> jit = jit_implementation<Kernels>();
+  jit.name = "fp8_rowwise_quant.jit";
+  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
+  jit.contract = Contract::bit_exact(eager).unverified("not run on a device yet");
+  jit.description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte store), "
+                    "the amax reduced over the CTA; NVRTC at first use";
+  add_implementation(registry, kOp, std::move(jit));
+  add_implementation(
+      registry, kOp,
+      reference_implementation<Kernels>(
+          fp8_rowwise_quant_reference,
+          Contract::close(eager,
+                          "act=none: byte-equal (the same IEEE operations; a NaN scale's payload is unspecified); "
+                          "act=gelu_tanh: tanh in double rounded to fp32 where CUDA's tanhf is within 2 ulp, so a "
+                          "GELU value may differ by one ulp of the dtype, its e4m3 byte by one code, and the row's "
+                          "scale by one ulp of the dtype where that value is the row's amax")
+              .verified("on every CI run (CPU) by the op's tests against a float64 transcription"),
+          "CPU reference: the recipe per row, each operation one IEEE binary32 operation"));
+}
+
+DITOPS_OP_ENTRIES(fp8_rowwise_quant, Fp8RowwiseQuantCall, description, Kernels);
+DITOPS_REGISTER_OP(register_fp8_rowwise_quant);
+
+}  // namespace ditops

@@ -1,0 +1,106 @@
+"""scripts/sanitize.py, the scheduler of `scripts/device_run.sh sanitize`, on fake test binaries and a
+fake compute-sanitizer (CPU): the deadline holds even when a job ignores SIGTERM, no more jobs run at
+once than there are slots, and every job gets its own verdict."""
+import json
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+SCRIPT = os.path.join(ROOT, "scripts", "sanitize.py")
+
+# A stand-in for compute-sanitizer: `fake --tool T --error-exitcode 9 BINARY ARGS...` runs the binary
+# and records how many jobs ran at once (a lock-free count in a folder of marker files).
+FAKE_SANITIZER = textwrap.dedent("""\
+    #!/usr/bin/env python3
+    import os, subprocess, sys
+    args = sys.argv[1:]
+    tool = args[1]
+    binary, rest = args[4], args[5:]
+    marks = os.environ["FAKE_MARKS"]
+    mark = os.path.join(marks, str(os.getpid()))
+    open(mark, "w").close()
+    os.makedirs(os.path.join(marks, "..", "peak"), exist_ok=True)
+    open(os.path.join(marks, "..", "peak", str(len(os.listdir(marks)))), "w").close()
+    try:
+        rc = subprocess.call([binary] + rest + ["--tool=" + tool])
+    finally:
+        os.unlink(mark)
+    sys.exit(rc)
+""")
+
+# Fake gtest binaries: --gtest_list_tests lists their suites; a run behaves as the name says.
+BINARIES = {
+    "test_clean_gpu": ("CleanGpu.\n  a\n  b\n", 'echo "[       OK ] CleanGpu.a (1 ms)"; echo "[       OK ] CleanGpu.b (1 ms)";'
+                       ' sleep 0.5; echo "========= ERROR SUMMARY: 0 errors"; exit 0'),
+    "test_faulty_gpu": ("FaultyGpu.\n  a\n", 'echo "[       OK ] FaultyGpu.a (1 ms)"; echo "========= ERROR SUMMARY: 2 errors";'
+                        " exit 9"),
+    "test_stubborn_gpu": ("StubbornGpu.\n  a\n", "trap '' TERM; echo $$ > \"$FAKE_MARKS/../stubborn.pid\"; "
+                          "while true; do sleep 0.2; done"),
+    "test_cpu_only": ("CpuSuite.\n  a\n", "exit 0"),  # no Gpu suite: no job
+    "test_mixed": ("CpuSuite.\n  a\nMixedGpu.\n  b\n",
+                   'echo "$@" | grep -q "MixedGpu" && echo "[       OK ] MixedGpu.b (1 ms)";'
+                   ' echo "========= ERROR SUMMARY: 0 errors"; exit 0'),
+}
+
+
+def make_build(tmp):
+    tests = tmp / "build" / "tests"
+    tests.mkdir(parents=True)
+    for name, (listing, body) in BINARIES.items():
+        path = tests / name
+        path.write_text("#!/bin/sh\n"
+                        f'if [ "$1" = --gtest_list_tests ]; then printf "{listing.replace(chr(10), chr(92) + "n")}"; exit 0; fi\n'
+                        f"{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    fake = tmp / "fake-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    (tmp / "marks").mkdir()
+    return tmp / "build", fake
+
+
+def run_script(tmp, build, fake, budget, slots, tools="memcheck"):
+    out = tmp / "out"
+    env = {**os.environ, "FAKE_MARKS": str(tmp / "marks")}
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, SCRIPT, "--build", str(build), "--out", str(out), "--budget-s", str(budget),
+                           "--slots", str(slots), "--tools", tools, "--sanitizer", str(fake), "--min-job-s", "1",
+                           "--grace-s", "1"], env=env, capture_output=True, text=True, timeout=120)
+    return proc, time.monotonic() - t0, {(v["tool"], v["job"]): v for v in json.load(open(out / "verdicts.json"))}
+
+
+def test_deadline_holds_with_a_job_that_ignores_sigterm(tmp_path):
+    build, fake = make_build(tmp_path)
+    proc, wall, verdicts = run_script(tmp_path, build, fake, budget=6, slots=2)
+    # The stubborn job is killed at its cap (SIGTERM, then SIGKILL after the grace): the run ends
+    # by the deadline plus the kill's few seconds, not when the job would.
+    assert wall < 6 + 1 + 5 + 3, proc.stdout + proc.stderr
+    assert proc.returncode == 1
+    assert verdicts[("memcheck", "test_stubborn_gpu")]["verdict"].startswith("timed out")
+    assert not verdicts[("memcheck", "test_stubborn_gpu")]["clean"]
+    assert verdicts[("memcheck", "test_clean_gpu")]["clean"]
+    assert verdicts[("memcheck", "test_clean_gpu")]["passed"] == 2
+    assert verdicts[("memcheck", "test_faulty_gpu")]["verdict"] == "ERRORS FOUND"
+    assert verdicts[("memcheck", "test_mixed")]["clean"]  # only its Gpu suite ran
+    assert ("memcheck", "test_cpu_only") not in verdicts
+    assert "1 of 4 jobs clean" not in proc.stdout and "2 of 4 jobs clean" in proc.stdout
+    # The stubborn test itself is gone, not only the sanitizer that started it (it ignores SIGTERM
+    # and outlives its parent: the SIGKILL goes to the whole process group).
+    pid = int((tmp_path / "stubborn.pid").read_text())
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_no_more_jobs_at_once_than_slots_and_unstarted_jobs_say_so(tmp_path):
+    build, fake = make_build(tmp_path)
+    # One slot: the stubborn job holds it until its cap, which is the deadline, so whatever comes
+    # after it in the queue never starts, and says so.
+    proc, wall, verdicts = run_script(tmp_path, build, fake, budget=4, slots=1, tools="memcheck,racecheck")
+    peaks = [int(n) for n in os.listdir(tmp_path / "peak")]
+    assert max(peaks) == 1
+    assert len(verdicts) == 8
+    assert any(v["verdict"].startswith("not started") for v in verdicts.values()), proc.stdout
+    assert wall < 4 + 1 + 5 + 3

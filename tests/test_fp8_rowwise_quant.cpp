@@ -1,0 +1,116 @@
+// What fp8_rowwise_quant's driver cases (tests/cases/fp8_rowwise_quant_cases.cpp) cannot express:
+// the proof behind the kernels' division (kernels/common/fp8_rowwise.cuh fp8_rowwise_divide: the
+// fma correction of y * (1 / s) equals the IEEE quotient y / s for every value a row can hold, on
+// rows where fp8_rowwise_fast(s)), checked exhaustively over significands on the host, whose fp32
+// operations are the device's (IEEE, round to nearest, no flush); the description's alloc rule with
+// and without prefix; the 16-byte path's classification.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ditops/fp8_rowwise_quant.h"
+#include "ditops/op.h"
+#include "reference/fp8_fp4.h"
+
+namespace ditops {
+namespace {
+
+uint32_t bits_of(float v) {
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+float from_bits(uint32_t b) {
+  float v;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+
+// The device's fast quotient, operation by operation (std::fma is the single-rounding fma).
+float fast_divide(float y, float s, float r) {
+  const float q0 = y * r;
+  const float q = std::fma(std::fma(-s, q0, y), r, q0);
+  return from_bits((bits_of(q) & 0x7FFFFFFFu) | (bits_of(y) & 0x80000000u));
+}
+
+// Every pair of 11-bit significands (f16's; bf16's 8-bit ones are among them) with the quotient's
+// exponent from 2^-32 to 2^8 (a row's |y| <= amax ~ 448 s; below 2^-11 every e4m3 byte is a
+// signed zero), at the ends and the middle of the fast range of s (normal, >= 2^-64): the result
+// for s * 2^k and y * 2^k is the same while the remainder y - s q0 stays exact (its quantum,
+// ~2^(e_y - 46), at or above fp32's 2^-149: y >= 2^-103, which every y with an e4m3-relevant
+// quotient >= 2^-12 s >= 2^-76 is), so these cover every such s. The quotients' bits are equal;
+// for zeros, subnormal and tiny y (quotients far below e4m3's 2^-10) the e4m3 bytes are.
+TEST(Fp8RowwiseDivision, TheFmaCorrectionEqualsTheIeeeQuotientForEveryRowValue) {
+  int64_t checked = 0, differ = 0;
+  for (int s_exp : {-64, 0, 119})
+    for (uint32_t sm = 0; sm < 1024; ++sm) {
+      const float s = std::ldexp(1.0f + static_cast<float>(sm) / 1024.0f, s_exp);
+      const float r = 1.0f / s;
+      for (int offset = -31; offset <= 8; ++offset)
+        for (uint32_t ym = 0; ym < 1024; ++ym)
+          for (float sign : {1.0f, -1.0f}) {
+            const float y = sign * std::ldexp(1.0f + static_cast<float>(ym) / 1024.0f, s_exp + offset);
+            differ += bits_of(fast_divide(y, s, r)) != bits_of(y / s);
+            ++checked;
+          }
+      for (float y : {0.0f, -0.0f, 0x1p-149f, -0x1p-149f, 0x1.ffcp-127f, -0x1.8p-130f, 0x1.4p-110f, -0x1.2p-104f}) {
+        differ += ref::float_to_e4m3_satfinite(fast_divide(y, s, r)) != ref::float_to_e4m3_satfinite(y / s);
+        ++checked;
+      }
+    }
+  EXPECT_EQ(differ, 0) << "of " << checked;
+  EXPECT_GT(checked, int64_t{240} << 20);
+}
+
+GenericCall call_of(const OpDescription& op, const std::vector<std::pair<std::string, TensorView>>& tensors) {
+  GenericCall c = generic_call(op);
+  for (const auto& [name, t] : tensors) {
+    c.tensors[op.tensor_index(name)] = t;
+    c.given[op.tensor_index(name)] = true;
+  }
+  return c;
+}
+
+TEST(Fp8RowwiseQuantDescription, AllocRulesTakeThePrefixWidthWhereThereIsOne) {
+  const OpDescription& op = ditops::op("fp8_rowwise_quant");
+  std::vector<uint16_t> x(2 * 3 * 40), p(2 * 3 * 24);
+  const TensorView xv = TensorView::contiguous(x.data(), DType::bf16, {DeviceKind::cpu, 0}, {2, 3, 40});
+  const TensorView pv = TensorView::contiguous(p.data(), DType::bf16, {DeviceKind::cpu, 0}, {2, 3, 24});
+  const TensorSlot& out = op.tensors[op.tensor_index("out")];
+  const TensorSlot& scale = op.tensors[op.tensor_index("out_scale")];
+  EXPECT_EQ(alloc_shape(op, out, call_of(op, {{"x", xv}})), (std::vector<int64_t>{6, 40}));
+  EXPECT_EQ(alloc_shape(op, out, call_of(op, {{"x", xv}, {"prefix", pv}})), (std::vector<int64_t>{6, 64}));
+  EXPECT_EQ(alloc_shape(op, scale, call_of(op, {{"x", xv}})), (std::vector<int64_t>{6, 1}));
+}
+
+TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
+  alignas(16) static uint16_t x[8 * 200], p[8 * 200];
+  alignas(16) static uint8_t out[8 * 400];
+  alignas(16) static float scale[8];
+  const Device cpu{DeviceKind::cpu, 0};
+  auto rows = [&](void* data, int64_t width, int64_t stride) {
+    TensorView v = TensorView::contiguous(data, DType::bf16, cpu, {8, width});
+    v.strides[0] = stride;
+    return v;
+  };
+  auto match = [&](int64_t K, int64_t Kp, int64_t x_stride, int x_off) {
+    const TensorView xv = rows(x + x_off, K, x_stride);
+    const TensorView pv = Kp ? rows(p, Kp, Kp) : TensorView{};
+    const TensorView ov = TensorView::contiguous(out, DType::f8e4m3fn, cpu, {8, K + Kp});
+    const TensorView sv = TensorView::contiguous(scale, DType::f32, cpu, {8, 1});
+    return match_fp8_rowwise_quant(xv, pv, ov, sv);
+  };
+  EXPECT_TRUE(match(128, 64, 128, 0).aligned16);
+  EXPECT_TRUE(match(128, 0, 136, 0).aligned16);   // rows of 136 elements: 272 bytes apart
+  EXPECT_FALSE(match(128, 0, 132, 0).aligned16);  // 264 bytes apart
+  EXPECT_FALSE(match(120, 0, 128, 0).aligned16);  // K not a multiple of 16
+  EXPECT_FALSE(match(128, 24, 128, 0).aligned16);
+  EXPECT_FALSE(match(128, 0, 128, 1).aligned16);  // x 2 bytes off
+  EXPECT_EQ(match(128, 0, 136, 0).x_row_stride, 136);
+}
+
+}  // namespace
+}  // namespace ditops
