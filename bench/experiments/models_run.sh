@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The model benches of the FP8 and FLUX.2 issues (43, 45) in one device call, inside 10 minutes:
+#
+#   OUT=DIR bash bench/experiments/models_run.sh [STEP...]
+#
+# STEP (default: all, in this order; each capped by the time left to MODELS_DEADLINE_S, default 560 s):
+#   flux_fp8     FLUX.1 widths, 2 blocks, 4608 tokens: bf16 eager / compile / ditops + graph beside the
+#                FP8 variants (plain chain, ditops FP8 eager / + graph / + compile, torchao rowwise +
+#                compile), the 28-step quality loop
+#   flux2        FLUX.2-dev widths, 2 blocks, 4608 tokens: the six bf16 variants (issue 45)
+#   flux_full    FLUX.1 full depth (19 + 38 blocks), 4608 tokens, FP8 beside bf16, regional compile
+#   wan_fp8      Wan 14B widths, 2 blocks, 32760 tokens, FP8 beside bf16
+#   qwen_fp8     Qwen-Image, 2 blocks, 4608 tokens, FP8 beside bf16
+#   flux2_fp8    FLUX.2-dev widths, 2 blocks, FP8 beside bf16
+# Uses build-dev (scripts/device_run.sh's build) when it has the Python module, else builds the module
+# without AOT kernels in build-py. Wheels: .whl/ (tvm_ffi, diffusers) and .whl-extra/ (torchao).
+# Writes to OUT: summary.txt, models.json (every step's records), models_logs.tar.gz (each step's output).
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-$(pwd)/device-out}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+DEADLINE=$(( T0 + ${MODELS_DEADLINE_S:-560} ))
+LOGS=$(mktemp -d)
+export PYTHONUNBUFFERED=1 DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-device-cache}
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+say() { echo "$*" | tee -a "$OUT/summary.txt"; }
+finish() {
+  python3 - "$OUT/models.json" "$LOGS"/*.json <<'PY'
+import json, os, sys
+records = []
+for path in sys.argv[2:]:
+    if os.path.exists(path):
+        data = json.load(open(path))
+        records += data if isinstance(data, list) else [data]
+json.dump(records, open(sys.argv[1], "w"), indent=1)
+PY
+  tar -C "$LOGS" -czf "$OUT/models_logs.tar.gz" .
+  say "== total $(( $(date +%s) - T0 )) s"
+}
+trap finish EXIT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/summary.txt"
+say "commit $COMMIT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+ls .whl-extra/*.whl > /dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site-extra .whl-extra/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site-extra
+if ls build-dev/python/ditops/*.so > /dev/null 2>&1; then
+  BUILD=build-dev
+else
+  BUILD=build-py
+  { cmake -S . -B build-py -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD_TESTS=OFF \
+      -DDITOPS_BUILD_BENCH=OFF -DDITOPS_BUILD_PYTHON=AUTO -DPython3_EXECUTABLE="$(command -v python3)" &&
+    cmake --build build-py -j 16; } > "$LOGS/build.log" 2>&1 || { say "BUILD FAILED"; tail -30 "$LOGS/build.log"; exit 1; }
+fi
+export PYTHONPATH=$BUILD/python:$PYTHONPATH
+say "== python module from $BUILD at $(( $(date +%s) - T0 )) s"
+
+B="python3 -m ditops.diffusers.bench --iters 20 --warmup 3"
+declare -A CMD=(
+  [flux_fp8]="$B --model flux --blocks 2 --tokens 4608 --fp8 --loop-steps 28"
+  [flux2]="$B --model flux2 --blocks 2 --tokens 4608"
+  [flux_full]="$B --model flux --full-depth --tokens 4608 --fp8 --compile-scope regional --iters 10 --profile-iters 1 --loop-steps 0"
+  [wan_fp8]="$B --model wan --blocks 2 --tokens 32760 --fp8 --loop-steps 8 --iters 10"
+  [qwen_fp8]="$B --model qwen --blocks 2 --tokens 4608 --fp8 --loop-steps 28"
+  [flux2_fp8]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 8 --variants eager,compile,fp8chain,fp8,fp8+graph,fp8+compile"
+)
+STEPS=${*:-flux_fp8 flux2 flux_full wan_fp8 qwen_fp8 flux2_fp8}
+for step in $STEPS; do
+  left=$(( DEADLINE - $(date +%s) ))
+  [ $left -ge 45 ] || { say "$step: not started ($left s left)"; continue; }
+  s0=$(date +%s)
+  timeout -k 10 $left ${CMD[$step]} --json "$LOGS/$step.json" > "$LOGS/$step.txt" 2>&1
+  rc=$?
+  say "== $step rc=$rc in $(( $(date +%s) - s0 )) s$( [ $rc = 124 ] && echo ' (timed out)')"
+  grep -E "ms per forward|x (eager|compile)|torch.equal|equal|cosine|psnr|peak|Error|error" "$LOGS/$step.txt" | tail -40 | tee -a "$OUT/summary.txt"
+done
