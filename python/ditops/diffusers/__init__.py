@@ -34,7 +34,7 @@ from . import _graphs, _sites
 from . import fp8 as _fp8
 from ._graphs import CaptureReport, CapturedForward, capture, captured, release
 from .fp8 import Fp8Config
-from ._patching import Plan
+from ._patching import Plan, invalidate_registry_caches
 
 __all__ = ["enable", "disable", "plan", "enabled", "Report", "UnsupportedError", "SUPPORTED_MODELS",
            "TESTED_DIFFUSERS", "SITE_CLASSES", "capture", "release", "captured", "CaptureReport",
@@ -336,6 +336,7 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         raise
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
+        invalidate_registry_caches(model)
         _ENABLED[model] = _Enabled([plan_], report)
         _graphs.forget(model)  # graphs captured before ran the model's code at the sites
     if cuda_graph:
@@ -356,6 +357,7 @@ def disable(model_or_pipeline) -> Report | None:
                 continue
             for plan_ in reversed(record.plans):
                 plan_.restore()
+            invalidate_registry_caches(model)
             record.report.patched = False
             report = record.report
     return report
