@@ -1,8 +1,8 @@
 """One-call CUDA-graph capture of a diffusers transformer's forward (issue 36).
 
 capture(model) (or enable(model, cuda_graph=True)) puts a dispatcher in the model's forward, an
-instance attribute as enable's patches are, so release/disable restores the class's forward. Per
-input signature it runs:
+instance attribute, so release/disable restores the class's forward (enable's block forwards are
+diffusers hooks, _patching.py: a block with any other hook is refused). Per input signature it runs:
 
   first call   the model's forward, eagerly: ditops's first-sight checks run here;
   second call  the forward once more on a side stream (the warm-up: that stream's cuBLAS
