@@ -34,7 +34,7 @@ from . import _graphs, _sites
 from . import fp8 as _fp8
 from ._graphs import CaptureReport, CapturedForward, capture, captured, release
 from .fp8 import Fp8Config
-from ._patching import Plan
+from ._patching import Plan, invalidate_registry_caches
 
 __all__ = ["enable", "disable", "plan", "enabled", "Report", "UnsupportedError", "SUPPORTED_MODELS",
            "TESTED_DIFFUSERS", "SITE_CLASSES", "capture", "release", "captured", "CaptureReport",
@@ -222,6 +222,22 @@ def _model_module(model):
     return module
 
 
+def _leaf_offload_refusal(model) -> str:
+    """Why diffusers' leaf-level group offloading on model rules the sites out, or ''. A leaf
+    group is brought to the device by its module's own forward; the fused sites read norm and
+    modulation weights without calling those modules, so they would read offloaded weights
+    (block-level groups are brought in by the block's forward, which ditops's forward is)."""
+    for name, module in model.named_modules():
+        registry = module.__dict__.get("_diffusers_hook")
+        hook = None if registry is None else registry.hooks.get("group_offloading")
+        kind = getattr(getattr(hook, "config", None), "offload_type", None)
+        if kind is not None and getattr(kind, "value", kind) == "leaf_level":
+            return (f"has diffusers' leaf-level group offloading (at {name or 'the model'}): the fused sites read "
+                    "weights of modules whose forward they do not call, which that offloading brings to the "
+                    "device only in their forward (use offload_type='block_level')")
+    return ""
+
+
 def _plan_model(prefix, model, probe) -> Plan:
     plan = Plan(prefix)
     _model_module(model).plan(model, plan, probe=probe)
@@ -256,6 +272,9 @@ def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu, fp
                     f"ditops.diffusers: {prefix or 'the model'} is on the CPU ({device}); ditops's fused ops "
                     "serve CUDA tensors, so nothing was changed. Move it first (model.to('cuda')); "
                     "tests pass allow_cpu=True to run the ops' CPU reference")
+        why = _leaf_offload_refusal(model)
+        if why:
+            raise UnsupportedError(f"ditops.diffusers: {prefix or 'the model'} {why}; nothing was changed")
         plans.append(_plan_model(prefix, model, probe))
         devices.append(device)
     all_sites = [s for p in plans for s in p.sites]
@@ -336,6 +355,7 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         raise
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
+        invalidate_registry_caches(model)
         _ENABLED[model] = _Enabled([plan_], report)
         _graphs.forget(model)  # graphs captured before ran the model's code at the sites
     if cuda_graph:
@@ -356,6 +376,7 @@ def disable(model_or_pipeline) -> Report | None:
                 continue
             for plan_ in reversed(record.plans):
                 plan_.restore()
+            invalidate_registry_caches(model)
             record.report.patched = False
             report = record.report
     return report

@@ -1,8 +1,8 @@
 """One-call CUDA-graph capture of a diffusers transformer's forward (issue 36).
 
 capture(model) (or enable(model, cuda_graph=True)) puts a dispatcher in the model's forward, an
-instance attribute as enable's patches are, so release/disable restores the class's forward. Per
-input signature it runs:
+instance attribute, so release/disable restores the class's forward (enable's block forwards are
+diffusers hooks, _patching.py: a block with any other hook is refused). Per input signature it runs:
 
   first call   the model's forward, eagerly: ditops's first-sight checks run here;
   second call  the forward once more on a side stream (the warm-up: that stream's cuBLAS
@@ -52,6 +52,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch._dynamo.comptime import comptime
 from torch.nn.modules import module as _nn_module
+
+from ._patching import only_ditops_hooks
 
 
 __all__ = ["capture", "release", "captured", "CapturedForward", "CaptureReport"]
@@ -368,22 +370,15 @@ def _warn_traced(ctx=None):
         warnings.warn("ditops.diffusers.capture: " + _TRACED, RuntimeWarning, stacklevel=2)
 
 
-def _ditops_forwards(model) -> set:
-    """ids of the bound forwards ditops.diffusers.enable installed in model's submodules."""
-    from . import _ENABLED
-    from ._patching import _ForwardPatch
-    # No INSTALL_LOCK here: the caller holds its model's lock, and enable holds INSTALL_LOCK while
-    # it takes that lock (forget). A WeakKeyDictionary's get is one dict lookup.
-    record = _ENABLED.get(model)
-    if record is None:
-        return set()
-    return {id(p.bound) for plan in record.plans for p in plan.patches if isinstance(p, _ForwardPatch)}
-
-
 def _describe_forward(module) -> str:
+    from ._patching import foreign_hooks
     registry = getattr(module, "_diffusers_hook", None)
     if registry is not None and getattr(registry, "hooks", None):
-        return f"diffusers hooks ({', '.join(registry.hooks)})"
+        names = foreign_hooks(module)
+        if names:
+            return (f"diffusers hooks ({', '.join(names)}): a hook may change what the forward runs from call "
+                    "to call (a cache skips blocks, an offload moves weights), which a graph would bake in")
+        return "diffusers hooks"
     if hasattr(module, "_hf_hook"):
         return f"accelerate's {type(module._hf_hook).__name__}"
     return "an instance attribute ditops did not set"
@@ -624,14 +619,13 @@ class CapturedForward:
         for path, d in tensor_devices:
             if d != device:
                 return f"argument {path} is on {d}, the model on {device} (mixed devices)"
-        ours = _ditops_forwards(model)
         for name, module in model.named_modules():
             if module is model:
                 continue  # its own hooks run around this forward at every call
             if module._forward_hooks or module._forward_pre_hooks:
                 return f"{name} has forward hooks (they would run at capture only, not at each replay)"
-            own = module.__dict__.get("forward")
-            if own is not None and id(own) not in ours:
+            # ditops's forwards are diffusers hooks of their own (_patching.py); any other hook refuses
+            if module.__dict__.get("forward") is not None and not only_ditops_hooks(module):
                 return f"{name}.forward is replaced by {_describe_forward(module)}"
             processor = getattr(module, "processor", None)
             if processor is not None and not type(processor).__module__.startswith(("diffusers.", "ditops.")):
