@@ -257,6 +257,7 @@ class SiteCalls:
 
     def __init__(self, monkeypatch):
         self.calls = []   # (site name, op, (op outputs), (model outputs), (args, kwargs))
+        self.differing = set()  # (site name, signature) of each call whose op outputs differ from the model's
         self._last = None
         real_ops, real_run = _sites.ops, _sites.Site.run
         recorder = self
@@ -291,12 +292,15 @@ class SiteCalls:
             if "op" in seen and recorder._last is not None:
                 name, args, kwargs = recorder._last
                 recorder.calls.append((site.name, name, seen["op"], seen["model"], (args, kwargs)))
+                if not all(torch.equal(a, b) for a, b in zip(seen["op"], seen["model"])):
+                    recorder.differing.add((site.name, sig))
             return out
         monkeypatch.setattr(_sites, "ops", Recording())
         monkeypatch.setattr(_sites.Site, "run", run)
 
     def clear(self):
         self.calls.clear()
+        self.differing.clear()
 
     def all_equal(self) -> bool:
         return all(torch.equal(a, b) for _, _, ours, theirs, _ in self.calls for a, b in zip(ours, theirs))
@@ -499,6 +503,10 @@ def test_cpu_reference_backend_against_the_unpatched_model(tiny, monkeypatch):
             assert site.fused_calls > 0 or site.reasons, site.name
             # disabled only by a difference (recorded: within the bound above), never a failing op
             assert all("differ from the model's chain" in why for why in site.reasons.values()), site.reasons
+            # ... and that difference is real: the op's outputs for that signature, as recorded here,
+            # are not the model's (a site disabled with nothing differing would pass the line above)
+            for sig, why in site.reasons.items():
+                assert (site.name, sig) in calls.differing, (site.name, sig, why)
             if site.op == "residual_gate_add":
                 assert not site.reasons, (site.name, site.reasons)
             for sig, state in site.states.items():
