@@ -120,6 +120,7 @@ cmake --build build-dev -j 16 $TARGETS >> "$OUT/build.log" 2>&1 || { grep -E -A5
 for i in "${!AB_PIDS[@]}"; do
   wait "${AB_PIDS[$i]}" || { grep -E -A5 'error' "$OUT/build_ab$i.log" | head -40; exit 1; }
 done
+echo "build done at $(( $(date +%s) - SCRIPT_START )) s" | tee -a "$OUT/summary.txt"
 build-dev/ditops info | tee -a "$OUT/summary.txt"
 # The SM clock, power and temperature once a second while the tests and benchmarks run, summarized
 # in summary.txt at the end: an issue-bound kernel (the NVFP4 rows) would follow the SM clock where a
@@ -191,7 +192,9 @@ elif [ "$PHASE" = verify ]; then
   PYTHONPATH=build-dev/python:${PYTHONPATH:-} python3 -c "import ditops, json, sys; json.dump(ditops.list_kernels(), open(sys.argv[1], 'w'))" \
     "$OUT/kernels.json" || echo "notice: kernels.json not written: the summary cannot tell close checks by contract"
   echo "== tests (CPU + GPU + pytest) beside the bit-exactness checks against the PyTorch eager chain"
-  PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 10 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
+  # pytest_progress.log: each Python test as it starts and ends (a cut run shows what was running).
+  DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS" \
+    ctest --test-dir build-dev -j 10 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
   CTEST_PID=$!
   mkdir -p "$OUT/torch"
   : > "$OUT/torch.txt"
@@ -207,6 +210,7 @@ elif [ "$PHASE" = verify ]; then
   TORCH_PID=$!
   wait $CTEST_PID
   CTEST_RC=$?
+  echo "tests done at $(( $(date +%s) - SCRIPT_START )) s" | tee -a "$OUT/summary.txt"
   grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
   grep -E "^[0-9]+: .*(differ|ulp|max)" "$OUT/ctest.log" | head -20
   wait $TORCH_PID

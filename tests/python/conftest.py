@@ -73,3 +73,23 @@ def cuda_or_skip():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device (GPU tests run on the device machine)", allow_module_level=True)
     return torch
+
+
+# DITOPS_PYTEST_PROGRESS=FILE: one line per test as it starts and ends (worker, seconds), flushed at
+# once, so a run cut by its deadline still shows which test was running and how long each took.
+_PROGRESS = os.environ.get("DITOPS_PYTEST_PROGRESS")
+if _PROGRESS:
+    import time as _time
+
+    _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+    def _progress(line):
+        with open(_PROGRESS, "a") as f:
+            f.write(f"{_time.strftime('%H:%M:%S')} {_WORKER} {line}\n")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = _time.perf_counter()
+        _progress(f"start {item.nodeid}")
+        yield
+        _progress(f"end {_time.perf_counter() - start:.1f}s {item.nodeid}")
