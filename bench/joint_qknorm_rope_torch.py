@@ -31,8 +31,10 @@ class Ditops(DitopsLib):
     def run(self, x, w, cache, positions, out, *, rounding="rounded", stream=None, backend=None):
         tensors = dict(zip(NAMES, x), **dict(zip(WEIGHTS, w)), cos_sin_cache=cache, positions=positions,
                        q=out[0], k=out[1], v=out[2])
+        # rounding="fp32" is a close contract: the exact quality tier (the default) admits none.
+        quality = "high" if rounding == "fp32" else None
         return self.call("joint_qknorm_rope", stream,
-                         dict(cache_full_width=True, rounding=rounding, backend=backend), **tensors)
+                         dict(cache_full_width=True, rounding=rounding, backend=backend, quality=quality), **tensors)
 
 
 def model_chain(x, w, cos, sin, eps=1e-6):

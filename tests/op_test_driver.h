@@ -146,6 +146,9 @@ struct Oracle {
   double ulps = 0;  // the default bound, in ulps of the written dtype at the value; 0: the same value
                     // (signed zeros apart, any NaN for a NaN)
   bool bounds_implementations = false;  // also every implementation on a device (a contract's bound)
+  // The implementations whose contract the bound is (default: every one); one with a bound of its
+  // own (its own oracle) is held to that instead.
+  std::function<bool(const std::string& impl)> bounds_implementation;
   // Computed again from each implementation's own outputs (io.out) and checked against them: a
   // relation between outputs (out follows from stats_out, fp8 is the quantized y) on every device.
   bool on_own_outputs = false;

@@ -71,10 +71,12 @@ OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
   // An e4m3 code may flip where the bf16 value moved; stats: rstd within 2 fp32 ulp on any row.
   c.tolerance_for = {{"stats_out", {2, 0.0, 1.0, 0}}};
   if (s.rowwise) {
-    // A bf16 value one ulp away moves its e4m3 code by one, and the row's scale by one bf16 ulp
-    // (2^16 fp32 ulps) where it is the amax (every byte of that row by up to a code).
-    c.tolerance_for.push_back({"out", {2, 0.0, 0.1, 64}});
-    c.tolerance_for.push_back({"out_scale", {65536, 0.0, 0.05, 2}});
+    // The e4m3 bytes follow y, which may move by y's bound (2 ulps at max(|y|, 8)): times 448 / amax
+    // in the quantized domain, so below 64 a code compares at 64's ulp (amax >= 4 at these fills;
+    // H200: 3 codes at a cancelling shift). The row's scale follows its amax by as many bf16 steps
+    // (2^16 fp32 ulps each, below 8 / 448 at that floor's) plus its own rounding.
+    c.tolerance_for.push_back({"out", {2, 64.0, 0.1, 64}});
+    c.tolerance_for.push_back({"out_scale", {3 * 65536, 8.0 / 448, 0.05, 2}});
   }
   c.large = s.B * s.S * s.D > (1 << 21);
   return c;

@@ -1193,7 +1193,7 @@ def test_gpu_compile_fullgraph_equals_eager(name):
     eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
     assert torch.equal(eager, unpatched)
     out, again, ours = _compiled_output(model, inputs, torch._dynamo.lookup_backend("aot_eager"))
-    assert ours == sorted({op for op in OPS[name].values() if op}), ours
+    assert ours == sorted({"ditops." + op for op in OPS[name].values() if op}), ours
     assert torch.equal(out, eager) and torch.equal(again, eager)
 
 
@@ -1212,7 +1212,7 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     dd.enable(model)
     eager = run(model, inputs)
     out, again, ours = _compiled_output(model, inputs, compile_fx)
-    assert ours == sorted({op for op in OPS[name].values() if op}), ours
+    assert ours == sorted({"ditops." + op for op in OPS[name].values() if op}), ours
     assert torch.equal(out, again)
     assert torch.isfinite(out).all()
     differ = int((out != eager).sum())
