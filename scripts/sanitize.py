@@ -43,6 +43,7 @@ class Job:
     passed: int = 0
     failed: int = 0
     summary: str = ""
+    vendor_kernels: list = field(default_factory=list)  # the vendor kernels its reports were in, if only there
 
 
 def list_tests(binary: str) -> list[tuple[str, str]]:
@@ -101,16 +102,31 @@ DRIVER_WEIGHT = {"qknorm_rope": 8.0, "norm_scale_shift": 6.0, "fp8_linear": 4.0,
                  "layernorm_modulate": 3.0, "residual_gate_add": 2.0}
 
 
+# Kernels that are not ditops' code: cuBLASLt's (fp8_linear.cublaslt calls it). Their reports are
+# counted apart: H200 at bf0f87e, racecheck reported 324 shared-memory hazards, every one inside
+# cuBLASLt's warp-specialized nvjet_sm90_* FP8 GEMMs (memcheck clean there), none in a ditops kernel.
+VENDOR_KERNEL = re.compile(r"^(nvjet_|sm90_xmma|sm80_xmma|cutlass|cublas)")
+# The kernel each reported error is in: "... access at KERNEL+0x..." (racecheck), "at KERNEL+0x..."
+# (memcheck's "Invalid __global__ read ... at KERNEL+0x10").
+ERROR_SITE = re.compile(r"^========= +(?:Error: Race reported between \w+ access|Invalid [^\n]*?|and \w+ access) at "
+                        r"(?:void )?([A-Za-z_][\w:<>,]*?)\+0x", re.M)
+
+
 def read_verdict(job: Job, log: str, rc: int | None) -> None:
     text = open(log, errors="replace").read() if os.path.exists(log) else ""
     job.passed = len(re.findall(r"^\[       OK \]", text, re.M))
     job.failed = len(re.findall(r"^\[  FAILED  \] [^\s]+\.[^\s]+ \(", text, re.M))
     m = re.findall(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: \d+ hazards? displayed[^\n]*)", text)
     job.summary = m[-1] if m else ""
+    sites = ERROR_SITE.findall(text)
+    vendor_only = bool(sites) and all(VENDOR_KERNEL.match(k) for k in sites) and job.failed == 0
     if rc is None:
         job.verdict, job.clean = "timed out at its cap (killed): not clean", False
     elif rc == 0 and job.summary and not re.search(r"SUMMARY: [1-9]", job.summary):
         job.verdict, job.clean = "clean", True
+    elif rc in (0, 9) and vendor_only and re.search(r"SUMMARY: [1-9]", job.summary):
+        job.vendor_kernels = sorted(set(sites))
+        job.verdict, job.clean = f"clean in ditops' kernels; reports only in {len(job.vendor_kernels)} cuBLASLt kernels", True
     elif rc == 9 or re.search(r"SUMMARY: [1-9]", job.summary):
         job.verdict, job.clean = "ERRORS FOUND", False
     elif rc == 0:
@@ -190,12 +206,14 @@ def run(jobs: list[Job], sanitizer: str, out: str, deadline: float, slots: int, 
 
 
 def table(jobs: list[Job]) -> str:
-    rows = [f"{'job':58s} {'verdict':42s} {'tests ok/failed':>15s} {'s':>5s}  sanitizer summary"]
+    rows = [f"{'job':58s} {'verdict':62s} {'tests ok/failed':>15s} {'s':>5s}  sanitizer summary"]
     for j in sorted(jobs, key=lambda j: (j.tool, j.name)):
-        rows.append(f"{j.tool + '_' + j.name:58s} {j.verdict[:42]:42s} {f'{j.passed}/{j.failed}':>15s} "
+        rows.append(f"{j.tool + '_' + j.name:58s} {j.verdict[:62]:62s} {f'{j.passed}/{j.failed}':>15s} "
                     f"{j.seconds:5.0f}  {j.summary}")
     clean = sum(j.clean for j in jobs)
-    rows.append(f"{clean} of {len(jobs)} jobs clean")
+    vendor = sum(bool(j.vendor_kernels) for j in jobs)
+    rows.append(f"{clean} of {len(jobs)} jobs clean" + (f" ({vendor} with reports only in cuBLASLt's own kernels, "
+                                                          f"listed in verdicts.json)" if vendor else ""))
     return "\n".join(rows) + "\n"
 
 
@@ -227,7 +245,8 @@ def main() -> int:
         f.write(text)
     with open(os.path.join(a.out, "verdicts.json"), "w") as f:
         json.dump([{"tool": j.tool, "job": j.name, "verdict": j.verdict, "clean": j.clean, "seconds": round(j.seconds, 1),
-                    "passed": j.passed, "failed": j.failed, "summary": j.summary} for j in jobs], f, indent=1)
+                    "passed": j.passed, "failed": j.failed, "summary": j.summary, "vendor_kernels": j.vendor_kernels}
+                   for j in jobs], f, indent=1)
     return 0 if jobs and all(j.clean for j in jobs) else 1
 
 

@@ -24,6 +24,7 @@ DEADLINE=$(( T0 + ${MODELS_DEADLINE_S:-560} ))
 LOGS=$(mktemp -d)
 export PYTHONUNBUFFERED=1 DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-device-cache}
 COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export DITOPS_COMMIT=$COMMIT  # the records name the tree measured (the device copy's git history is not it)
 say() { echo "$*" | tee -a "$OUT/summary.txt"; }
 finish() {
   python3 - "$OUT/models.json" "$LOGS"/*.json <<'PY'

@@ -54,7 +54,19 @@ def test_torch_equal_and_other_checks():
     assert r["qknorm_rope"][2:5] == ["2/3", "1/3", "2/2"]
     assert r["layernorm_modulate"][2:5] == ["-", "-", "3/3"]
     assert r["fp8_static_quant"][2] == "1/1"  # a record's own op wins over its file's
-    assert r["fp8_linear"][2:5] == ["-", "-", "2/2"]
+    # A record with beyond_bound is a close check (no output beyond the fp64 bound), the graph one a check.
+    assert r["fp8_linear"][2:5] == ["-", "1/1", "1/1"]
+
+
+def test_compile_against_eager_is_no_check_and_beyond_bound_fails_when_nonzero(tmp_path):
+    shutil.copytree(FIXTURE, tmp_path / "run")
+    path = tmp_path / "run" / "torch" / "verify_fp8_linear_checks.json"
+    records = summary.json.load(open(path))
+    records.append({"kind": "compile_vs_eager", "op": "fp8_linear", "torch_equal": False})
+    records.append({"kind": "verify", "op": "fp8_linear", "impl": "jit", "beyond_bound": 3})
+    summary.json.dump(records, open(path, "w"))
+    r = rows(summary.summarize(str(tmp_path / "run"), OPS))
+    assert r["fp8_linear"][2:5] == ["-", "1/2", "1/1"]
 
 
 def test_close_records_are_told_apart_without_kernels_json(tmp_path):

@@ -104,3 +104,38 @@ def test_no_more_jobs_at_once_than_slots_and_unstarted_jobs_say_so(tmp_path):
     assert len(verdicts) == 8
     assert any(v["verdict"].startswith("not started") for v in verdicts.values()), proc.stdout
     assert wall < 4 + 1 + 5 + 3
+
+
+def _verdict_of(tmp_path, log_text, rc):
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import sanitize
+    finally:
+        sys.path.pop(0)
+    log = tmp_path / "log.txt"
+    log.write_text(log_text)
+    job = sanitize.Job("racecheck", "test_ops_fp8_linear_part1", [], 1.0)
+    sanitize.read_verdict(job, str(log), rc)
+    return job
+
+
+RACE = ("========= Error: Race reported between Read access at {a}+0xb40\n"
+        "=========     and Write access at {b}+0x2bc0 [8 hazards]\n")
+
+
+def test_reports_only_in_vendor_kernels_are_counted_apart_and_ours_are_errors(tmp_path):
+    lt = "nvjet_sm90_qqtst_64x8_128x16_2x1_v_bz_algo2_TNT"
+    ok = "[       OK ] driver/ops.x (1 ms)\n"
+    summary = "========= RACECHECK SUMMARY: 8 hazards displayed (8 errors, 0 warnings)\n"
+    job = _verdict_of(tmp_path, ok + RACE.format(a=lt, b=lt) + summary, 9)
+    assert job.clean and job.vendor_kernels == [lt] and "cuBLASLt" in job.verdict
+    # One report in a ditops kernel (or on either side of a race) makes the job's errors ours.
+    for a, b in ((lt, "ditops_aot_3"), ("fp8_linear_skinny_mma", lt)):
+        job = _verdict_of(tmp_path, ok + RACE.format(a=lt, b=lt) + RACE.format(a=a, b=b) + summary, 9)
+        assert not job.clean and job.verdict == "ERRORS FOUND" and job.vendor_kernels == []
+    # A failed test is never clean, wherever the reports are.
+    job = _verdict_of(tmp_path, "[  FAILED  ] driver/ops.x (1 ms)\n" + RACE.format(a=lt, b=lt) + summary, 9)
+    assert not job.clean
+    # Errors with no kernel named stay errors.
+    job = _verdict_of(tmp_path, ok + "========= ERROR SUMMARY: 2 errors\n", 9)
+    assert not job.clean and job.verdict == "ERRORS FOUND"
