@@ -1,5 +1,5 @@
 // The op test driver's gtest entry (`ctest -R ops`): per described op, kOpParts tests of each kind
-// run the cases the op declares (tests/cases/<op>_cases.cpp), case i in part i % kOpParts.
+// run the cases the op declares (tests/cases/<op>_cases.cpp), split by parts_of.
 // ops.reference_against_the_oracles, on every machine: the reference's invariants (expected
 // errors, nothing written on failure or outside outputs, every output element written, aliased
 // equal to unaliased) and its oracles. ops.every_cuda_implementation_against_the_reference: every
@@ -7,6 +7,7 @@
 // ops_driver.* checks the driver itself, with the host standing in for the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -25,8 +26,38 @@ std::vector<std::string> described_ops() {
 }
 
 // Parts of an op's cases, each its own ctest test: a GPU run spreads an op's CPU references over
-// ctest's jobs (one test per op took norm_scale_shift 207 s of a 395 s run on the H200).
-constexpr int kOpParts = 4;
+// ctest's jobs (one test per op took norm_scale_shift 207 s of a 395 s run on the H200; in 4 parts
+// by index its last part still took 215 s of a 507 s run, at bf0f87e).
+constexpr int kOpParts = 8;
+
+// The part of each case: the small ones by index, the large ones (the model-sized calls whose CPU
+// reference is a device run's long pole) largest first onto the part with the fewest elements yet.
+std::vector<int> parts_of(const std::vector<OpCase>& all) {
+  std::vector<int> part(all.size());
+  std::vector<std::pair<int64_t, size_t>> large;
+  int small = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].large) {
+      part[i] = small++ % kOpParts;
+      continue;
+    }
+    int64_t elements = 0;
+    for (const TensorCase& t : all[i].tensors) {
+      int64_t n = 1;
+      for (int64_t e : t.shape) n *= e;
+      elements += n;
+    }
+    large.push_back({elements, i});
+  }
+  std::stable_sort(large.begin(), large.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<int64_t> load(kOpParts, 0);
+  for (const auto& [elements, i] : large) {
+    const int lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    part[i] = lightest;
+    load[lightest] += elements;
+  }
+  return part;
+}
 
 struct OpPart {
   std::string op;
@@ -61,10 +92,11 @@ TEST_P(ops, reference_against_the_oracles) {
   const int part = GetParam().part;
   const std::vector<OpCase> all = cases(op);
   ASSERT_FALSE(all.empty()) << op << " declares no cases: add tests/cases/<op>_cases.cpp (docs/testing.md)";
+  const std::vector<int> parts = parts_of(all);
   Summary summary;
   int skipped = 0;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
+    if (parts[i] != part || !selected(all[i])) continue;
     if (all[i].large) {
       ++skipped;
       continue;
@@ -86,8 +118,9 @@ TEST_P(ops, every_cuda_implementation_against_the_reference) {
   // DITOPS_OPS_SKIP_LARGE=1: large cases skip here too (a sanitizer run, where their CPU
   // reference would take the run's time).
   const bool skip_large = std::getenv("DITOPS_OPS_SKIP_LARGE") != nullptr;
+  const std::vector<int> parts = parts_of(all);
   for (size_t i = 0; i < all.size(); ++i) {
-    if (static_cast<int>(i % kOpParts) != part || !selected(all[i])) continue;
+    if (parts[i] != part || !selected(all[i])) continue;
     const OpCase& c = all[i];
     if (c.large && skip_large) {
       ++skipped;
