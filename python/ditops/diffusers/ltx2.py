@@ -302,15 +302,111 @@ PROCESSORS = {LTX2AudioVideoAttnProcessor: LTX2AttnProcessorDitops,
 # ---------------------------------------------------------------- the block
 
 
+# One stream's modules and tables (the video stream's names, the audio stream's with audio_).
+VIDEO = dict(table="scale_shift_table", norm1="norm1", attn1="attn1", norm2="norm2", attn2="attn2", norm3="norm3",
+             ff="ff", prompt_table="prompt_scale_shift_table", text_q_adaln="video_cross_attn_adaln")
+AUDIO = {k: ("audio_" + v if k != "text_q_adaln" else "audio_cross_attn_adaln") for k, v in VIDEO.items()}
+
+
+def _self_attention(block, sites, names, x, temb, batch_size, rotary, mask, perturbation_mask, all_perturbed):
+    """Sub-block 1 of one stream: its modulation rows, the modulated norm1, attn1 and the gated
+    residual. Returns (x, (shift, scale, gate) of the feed-forward, (shift, scale, gate) of the text
+    query or None)."""
+    modulated, gated = sites
+    params = block.get_mod_params(getattr(block, names["table"]), temb, batch_size)
+    shift_msa, scale_msa, gate_msa = params[:3]
+    text_q = params[6:9] if getattr(block, names["text_q_adaln"]) else None
+    args = {"hidden_states": modulated(x, getattr(block, names["norm1"]), scale_msa, shift_msa),
+            "encoder_hidden_states": None, "query_rotary_emb": rotary, "attention_mask": mask}
+    if block.perturbed_attn:
+        args["perturbation_mask"] = perturbation_mask
+        args["all_perturbed"] = all_perturbed
+    return gated(x, getattr(block, names["attn1"])(**args), gate_msa), params[3:6], text_q
+
+
+def _text_kv(block, names, temb_prompt, like, batch_size):
+    """The text keys' (shift, scale) of one stream: from its prompt timestep, else the table's rows."""
+    table = getattr(block, names["prompt_table"])
+    if temb_prompt is not None:
+        return block.get_mod_params(table, temb_prompt, batch_size)
+    return table[None, None].to(device=like.device, dtype=like.dtype).unbind(dim=2)
+
+
+def _text_cross_attention(block, sites, names, x, text_q, context, text_kv, mask):
+    """Sub-block 2 of one stream: norm2 (modulated where the query has its own adaLN), the text keys
+    modulated where cross_attn_adaln, attn2 and the residual (gated where modulated)."""
+    modulated, gated = sites
+    norm = getattr(block, names["norm2"])
+    normed = norm(x) if text_q is None else modulated(x, norm, text_q[1], text_q[0])
+    if block.cross_attn_adaln:
+        context = context * (1 + text_kv[1]) + text_kv[0]
+    out = getattr(block, names["attn2"])(normed, encoder_hidden_states=context, query_rotary_emb=None,
+                                         attention_mask=mask)
+    return x + out if text_q is None else gated(x, out, text_q[2])
+
+
+def _av_cross_attention(block, sites, fused, video, audio, batch_size, temb_ca_scale_shift, temb_ca_audio_scale_shift,
+                        temb_ca_gate, temb_ca_audio_gate, ca_video_rotary_emb, ca_audio_rotary_emb, a2v_mask, v2a_mask,
+                        use_a2v, use_v2a):
+    """Sub-block 3: audio-to-video and video-to-audio cross-attention. With the site mapped (fused)
+    each modulation is one call (the norm computed per call, of the states before the a2v residual,
+    as the model's norms are); otherwise the norms once."""
+    modulated, gated = sites
+    video_in, audio_in = video, audio
+    normed_video = normed_audio = None
+    if not fused:
+        normed_video = block.audio_to_video_norm(video)
+        normed_audio = block.video_to_audio_norm(audio)
+
+    def modulated_ca(x, norm, normed, scale, shift):
+        if fused:
+            return modulated(x, norm, scale.squeeze(2), shift.squeeze(2))
+        return normed * (1 + scale.squeeze(2)) + shift.squeeze(2)
+
+    def rows(table, temb_scale_shift, temb_gate):
+        scale_shift = block.get_mod_params(table[:4, :], temb_scale_shift, batch_size)
+        gate = block.get_mod_params(table[4:, :], temb_gate, batch_size)
+        return scale_shift, gate[0].squeeze(2)
+
+    (video_a2v_scale, video_a2v_shift, video_v2a_scale, video_v2a_shift), a2v_gate = rows(
+        block.video_a2v_cross_attn_scale_shift_table, temb_ca_scale_shift, temb_ca_gate)
+    (audio_a2v_scale, audio_a2v_shift, audio_v2a_scale, audio_v2a_shift), v2a_gate = rows(
+        block.audio_a2v_cross_attn_scale_shift_table, temb_ca_audio_scale_shift, temb_ca_audio_gate)
+
+    if use_a2v:
+        q = modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_a2v_scale, video_a2v_shift)
+        kv = modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_a2v_scale, audio_a2v_shift)
+        out = block.audio_to_video_attn(q, encoder_hidden_states=kv, query_rotary_emb=ca_video_rotary_emb,
+                                        key_rotary_emb=ca_audio_rotary_emb, attention_mask=a2v_mask)
+        video = gated(video, out, a2v_gate)
+    if use_v2a:
+        kv = modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_v2a_scale, video_v2a_shift)
+        q = modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_v2a_scale, audio_v2a_shift)
+        out = block.video_to_audio_attn(q, encoder_hidden_states=kv, query_rotary_emb=ca_audio_rotary_emb,
+                                        key_rotary_emb=ca_video_rotary_emb, attention_mask=v2a_mask)
+        audio = gated(audio, out, v2a_gate)
+    return video, audio
+
+
+def _feed_forward(block, sites, names, x, mlp):
+    """Sub-block 4 of one stream: the modulated norm3, the feed-forward and the gated residual."""
+    modulated, gated = sites
+    shift, scale, gate = mlp
+    return gated(x, getattr(block, names["ff"])(modulated(x, getattr(block, names["norm3"]), scale, shift)), gate)
+
+
 def block_forward(residual: GatedResidualSite, adaln: MappedSite):
-    """LTX2VideoTransformerBlock.forward with the gated residuals and the norms' modulations through
-    the sites (the QK sites are in the attentions' processors)."""
+    """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the gated residuals and the norms'
+    modulations through the sites (the QK sites are in the attentions' processors), sub-block by
+    sub-block in the model's order, each stream through the same code."""
 
     def gated(x, update, gate):
         return _common.gated(residual, x, update, gate)
 
     def modulated(x, norm, scale, shift):
         return adaln(adaln_chain, x, norm, scale, shift)
+
+    sites = (modulated, gated)
 
     def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
                 temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
@@ -320,144 +416,33 @@ def block_forward(residual: GatedResidualSite, adaln: MappedSite):
                 a2v_cross_attention_mask=None, v2a_cross_attention_mask=None, use_a2v_cross_attention=True,
                 use_v2a_cross_attention=True, perturbation_mask=None, all_perturbed=None):
         batch_size = hidden_states.size(0)
-
         # 1. Video and audio self-attention
-        video_ada_params = self.get_mod_params(self.scale_shift_table, temb, batch_size)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = video_ada_params[:6]
-        if self.video_cross_attn_adaln:
-            shift_text_q, scale_text_q, gate_text_q = video_ada_params[6:9]
-        norm_hidden_states = modulated(hidden_states, self.norm1, scale_msa, shift_msa)
-        video_self_attn_args = {"hidden_states": norm_hidden_states, "encoder_hidden_states": None,
-                                "query_rotary_emb": video_rotary_emb, "attention_mask": self_attention_mask}
-        if self.perturbed_attn:
-            video_self_attn_args["perturbation_mask"] = perturbation_mask
-            video_self_attn_args["all_perturbed"] = all_perturbed
-        attn_hidden_states = self.attn1(**video_self_attn_args)
-        hidden_states = gated(hidden_states, attn_hidden_states, gate_msa)
-
-        audio_ada_params = self.get_mod_params(self.audio_scale_shift_table, temb_audio, batch_size)
-        audio_shift_msa, audio_scale_msa, audio_gate_msa, audio_shift_mlp, audio_scale_mlp, audio_gate_mlp = (
-            audio_ada_params[:6])
-        if self.audio_cross_attn_adaln:
-            audio_shift_text_q, audio_scale_text_q, audio_gate_text_q = audio_ada_params[6:9]
-        norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm1, audio_scale_msa, audio_shift_msa)
-        audio_self_attn_args = {"hidden_states": norm_audio_hidden_states, "encoder_hidden_states": None,
-                                "query_rotary_emb": audio_rotary_emb, "attention_mask": audio_self_attention_mask}
-        if self.perturbed_attn:
-            audio_self_attn_args["perturbation_mask"] = perturbation_mask
-            audio_self_attn_args["all_perturbed"] = all_perturbed
-        attn_audio_hidden_states = self.audio_attn1(**audio_self_attn_args)
-        audio_hidden_states = gated(audio_hidden_states, attn_audio_hidden_states, audio_gate_msa)
-
+        hidden_states, video_mlp, video_text_q = _self_attention(
+            self, sites, VIDEO, hidden_states, temb, batch_size, video_rotary_emb, self_attention_mask,
+            perturbation_mask, all_perturbed)
+        audio_hidden_states, audio_mlp, audio_text_q = _self_attention(
+            self, sites, AUDIO, audio_hidden_states, temb_audio, batch_size, audio_rotary_emb,
+            audio_self_attention_mask, perturbation_mask, all_perturbed)
         # 2. Video and audio cross-attention with the text
+        video_kv = audio_kv = None
         if self.cross_attn_adaln:
-            if temb_prompt is not None:
-                shift_text_kv, scale_text_kv = self.get_mod_params(self.prompt_scale_shift_table, temb_prompt,
-                                                                   batch_size)
-            else:
-                shift_text_kv, scale_text_kv = (self.prompt_scale_shift_table[None, None]
-                                                .to(device=hidden_states.device, dtype=hidden_states.dtype)
-                                                .unbind(dim=2))
-            if temb_prompt_audio is not None:
-                audio_shift_text_kv, audio_scale_text_kv = self.get_mod_params(
-                    self.audio_prompt_scale_shift_table, temb_prompt_audio, batch_size)
-            else:
-                audio_shift_text_kv, audio_scale_text_kv = (
-                    self.audio_prompt_scale_shift_table[None, None]
-                    .to(device=audio_hidden_states.device, dtype=audio_hidden_states.dtype).unbind(dim=2))
-
-        if self.video_cross_attn_adaln:
-            norm_hidden_states = modulated(hidden_states, self.norm2, scale_text_q, shift_text_q)
-        else:
-            norm_hidden_states = self.norm2(hidden_states)
-        if self.cross_attn_adaln:
-            encoder_hidden_states = encoder_hidden_states * (1 + scale_text_kv) + shift_text_kv
-        attn_hidden_states = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
-                                        query_rotary_emb=None, attention_mask=encoder_attention_mask)
-        if self.video_cross_attn_adaln:
-            hidden_states = gated(hidden_states, attn_hidden_states, gate_text_q)
-        else:
-            hidden_states = hidden_states + attn_hidden_states
-
-        if self.audio_cross_attn_adaln:
-            norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm2, audio_scale_text_q,
-                                                 audio_shift_text_q)
-        else:
-            norm_audio_hidden_states = self.audio_norm2(audio_hidden_states)
-        if self.cross_attn_adaln:
-            audio_encoder_hidden_states = audio_encoder_hidden_states * (1 + audio_scale_text_kv) + audio_shift_text_kv
-        attn_audio_hidden_states = self.audio_attn2(norm_audio_hidden_states,
-                                                    encoder_hidden_states=audio_encoder_hidden_states,
-                                                    query_rotary_emb=None, attention_mask=audio_encoder_attention_mask)
-        if self.audio_cross_attn_adaln:
-            audio_hidden_states = gated(audio_hidden_states, attn_audio_hidden_states, audio_gate_text_q)
-        else:
-            audio_hidden_states = audio_hidden_states + attn_audio_hidden_states
-
-        # 3. Audio-to-video and video-to-audio cross attention
+            video_kv = _text_kv(self, VIDEO, temb_prompt, hidden_states, batch_size)
+            audio_kv = _text_kv(self, AUDIO, temb_prompt_audio, audio_hidden_states, batch_size)
+        hidden_states = _text_cross_attention(self, sites, VIDEO, hidden_states, video_text_q, encoder_hidden_states,
+                                              video_kv, encoder_attention_mask)
+        audio_hidden_states = _text_cross_attention(self, sites, AUDIO, audio_hidden_states, audio_text_q,
+                                                    audio_encoder_hidden_states, audio_kv,
+                                                    audio_encoder_attention_mask)
+        # 3. Audio-to-video and video-to-audio cross-attention
         if use_a2v_cross_attention or use_v2a_cross_attention:
-            # With the site mapped each modulation is one call (the norm computed per call, of the
-            # states before the a2v residual as the model's norms are); otherwise the norms once.
-            fused = adaln.op is not None
-            video_in, audio_in = hidden_states, audio_hidden_states
-            if not fused:
-                norm_hidden_states = self.audio_to_video_norm(hidden_states)
-                norm_audio_hidden_states = self.video_to_audio_norm(audio_hidden_states)
-
-            def modulated_ca(x, norm, normed, scale, shift):
-                if fused:
-                    return modulated(x, norm, scale.squeeze(2), shift.squeeze(2))
-                return normed * (1 + scale.squeeze(2)) + shift.squeeze(2)
-
-            video_per_layer_ca_scale_shift = self.video_a2v_cross_attn_scale_shift_table[:4, :]
-            video_per_layer_ca_gate = self.video_a2v_cross_attn_scale_shift_table[4:, :]
-            video_ca_ada_params = self.get_mod_params(video_per_layer_ca_scale_shift, temb_ca_scale_shift, batch_size)
-            video_ca_gate_param = self.get_mod_params(video_per_layer_ca_gate, temb_ca_gate, batch_size)
-            video_a2v_ca_scale, video_a2v_ca_shift, video_v2a_ca_scale, video_v2a_ca_shift = video_ca_ada_params
-            a2v_gate = video_ca_gate_param[0].squeeze(2)
-
-            audio_per_layer_ca_scale_shift = self.audio_a2v_cross_attn_scale_shift_table[:4, :]
-            audio_per_layer_ca_gate = self.audio_a2v_cross_attn_scale_shift_table[4:, :]
-            audio_ca_ada_params = self.get_mod_params(audio_per_layer_ca_scale_shift, temb_ca_audio_scale_shift,
-                                                      batch_size)
-            audio_ca_gate_param = self.get_mod_params(audio_per_layer_ca_gate, temb_ca_audio_gate, batch_size)
-            audio_a2v_ca_scale, audio_a2v_ca_shift, audio_v2a_ca_scale, audio_v2a_ca_shift = audio_ca_ada_params
-            v2a_gate = audio_ca_gate_param[0].squeeze(2)
-
-            if use_a2v_cross_attention:
-                mod_norm_hidden_states = modulated_ca(video_in, self.audio_to_video_norm,
-                                                      None if fused else norm_hidden_states, video_a2v_ca_scale,
-                                                      video_a2v_ca_shift)
-                mod_norm_audio_hidden_states = modulated_ca(audio_in, self.video_to_audio_norm,
-                                                            None if fused else norm_audio_hidden_states,
-                                                            audio_a2v_ca_scale, audio_a2v_ca_shift)
-                a2v_attn_hidden_states = self.audio_to_video_attn(
-                    mod_norm_hidden_states, encoder_hidden_states=mod_norm_audio_hidden_states,
-                    query_rotary_emb=ca_video_rotary_emb, key_rotary_emb=ca_audio_rotary_emb,
-                    attention_mask=a2v_cross_attention_mask)
-                hidden_states = gated(hidden_states, a2v_attn_hidden_states, a2v_gate)
-
-            if use_v2a_cross_attention:
-                mod_norm_hidden_states = modulated_ca(video_in, self.audio_to_video_norm,
-                                                      None if fused else norm_hidden_states, video_v2a_ca_scale,
-                                                      video_v2a_ca_shift)
-                mod_norm_audio_hidden_states = modulated_ca(audio_in, self.video_to_audio_norm,
-                                                            None if fused else norm_audio_hidden_states,
-                                                            audio_v2a_ca_scale, audio_v2a_ca_shift)
-                v2a_attn_hidden_states = self.video_to_audio_attn(
-                    mod_norm_audio_hidden_states, encoder_hidden_states=mod_norm_hidden_states,
-                    query_rotary_emb=ca_audio_rotary_emb, key_rotary_emb=ca_video_rotary_emb,
-                    attention_mask=v2a_cross_attention_mask)
-                audio_hidden_states = gated(audio_hidden_states, v2a_attn_hidden_states, v2a_gate)
-
+            hidden_states, audio_hidden_states = _av_cross_attention(
+                self, sites, adaln.op is not None, hidden_states, audio_hidden_states, batch_size,
+                temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                ca_video_rotary_emb, ca_audio_rotary_emb, a2v_cross_attention_mask, v2a_cross_attention_mask,
+                use_a2v_cross_attention, use_v2a_cross_attention)
         # 4. Feed-forward
-        norm_hidden_states = modulated(hidden_states, self.norm3, scale_mlp, shift_mlp)
-        ff_output = self.ff(norm_hidden_states)
-        hidden_states = gated(hidden_states, ff_output, gate_mlp)
-
-        norm_audio_hidden_states = modulated(audio_hidden_states, self.audio_norm3, audio_scale_mlp, audio_shift_mlp)
-        audio_ff_output = self.audio_ff(norm_audio_hidden_states)
-        audio_hidden_states = gated(audio_hidden_states, audio_ff_output, audio_gate_mlp)
+        hidden_states = _feed_forward(self, sites, VIDEO, hidden_states, video_mlp)
+        audio_hidden_states = _feed_forward(self, sites, AUDIO, audio_hidden_states, audio_mlp)
         return hidden_states, audio_hidden_states
 
     return forward
