@@ -338,20 +338,96 @@ def test_refusals_run_eagerly_with_one_warning(standin, hazard):
     assert state.graphs == 0 and standin.captures == 0
 
 
-def test_a_failed_capture_leaves_the_signature_eager(standin):
+def test_a_failed_capture_goes_regional_and_a_failed_block_capture_stays_eager(standin):
+    """Every capture fails: the whole forward's first, then each repeated block's once; one warning
+    per kind (the blocks' per class), eager values throughout, nothing tried again."""
     standin.fail = True
     model, inputs, _ = small_flux()
     reference = run(model, inputs)
     state = dd.capture(model)["FluxTransformer2DModel"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        outs = [run(model, inputs) for _ in range(4)]
+        outs = [run(model, inputs) for _ in range(5)]
     assert all(torch.equal(o, reference) for o in outs)
-    (msg,) = capture_warnings(caught)
-    assert "the capture failed (RuntimeError: CUDA error: operation not permitted" in msg
+    msgs = capture_warnings(caught)
+    assert len(msgs) == 3, msgs
+    assert "the capture failed (RuntimeError: CUDA error: operation not permitted" in msgs[0]
+    assert "its repeated blocks are captured instead (2 blocks" in msgs[0], msgs[0]
+    assert {m.split("a repeated block (")[1].split(")")[0] for m in msgs[1:]} == {
+        "FluxTransformerBlock", "FluxSingleTransformerBlock"}
+    assert all("runs eagerly from now on" in m for m in msgs[1:])
     (entry,) = state.entries.values()
-    assert entry.state == "eager" and entry.graph is None and entry.inputs is None
-    assert standin.captures == 1 and state.pool is None  # not tried again; no graph holds the pool
+    assert entry.state == "regional" and entry.graph is None and entry.inputs is None
+    # one whole-forward capture, then one per block; none tried again, no graph holds the pool
+    assert standin.captures == 1 + 2 and state.graphs == 0 and state.region_graphs == 0
+    assert all(e.state == "eager" for r in state.regions for e in r.entries.values())
+
+
+class FailFirst(StandIn):
+    """The whole forward's capture fails (the first one tried), the blocks' succeed."""
+
+    def capture(self, fn, pool, device):
+        if self.captures == 0:
+            fn()
+            self.captures += 1
+            raise RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
+                               "the CPU tensor is pinned")
+        return super().capture(fn, pool, device)
+
+
+def test_a_failed_whole_capture_falls_back_to_the_repeated_blocks(monkeypatch):
+    """The regional fallback: the forward eager around one graph per block and signature, in the
+    model's pool, values equal to eager at every step; release puts every forward back."""
+    backend = FailFirst()
+    monkeypatch.setattr(_graphs, "BACKEND", backend)
+    model, inputs, _ = small_flux()
+    calls = [varied(inputs, i) for i in range(5)]
+    reference = [run(model, x) for x in calls]
+    state = dd.capture(model)["FluxTransformer2DModel"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [run(model, x) for x in calls]
+    assert all(torch.equal(a, b) for a, b in zip(outs, reference))
+    (msg,) = capture_warnings(caught)
+    assert "its repeated blocks are captured instead (2 blocks" in msg, msg
+    # call 1: first sight; 2: the whole capture fails, the blocks' first calls; 3: the blocks
+    # capture; 4 and 5: the blocks replay
+    assert state.graphs == 0 and state.region_graphs == 2 and backend.captures == 1 + 2
+    assert sum(r.replays for r in state.regions) == 2 * 2 and state.regional_calls == 4
+    # the failed whole capture's pool is dropped with it; the blocks' graphs share the next one
+    assert len(backend.pools) == 2 and state.pool is backend.pools[1]
+    blocks = [model.transformer_blocks[0], model.single_transformer_blocks[0]]
+    assert [b.__dict__["forward"]._ditops_capture for b in blocks] == state.regions
+    assert "regional: 4 call(s) of the forward around 2 captured blocks (2 graph(s), 4 block replays)" in str(state)
+    assert state.as_dict()["regions"][0]["graphs"] == 1
+    assert dd.release(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert torch.equal(run(model, calls[0]), reference[0])
+
+
+def test_regions_keep_the_sites_and_leave_before_enable_changes_the_blocks(monkeypatch):
+    """With ditops enabled the regions capture the blocks' patched forwards (the sites' calls);
+    enable again (other sites) first puts the blocks' forwards back; disable restores the model."""
+    backend = FailFirst()
+    monkeypatch.setattr(_graphs, "BACKEND", backend)
+    model, inputs, _ = small_flux()
+    calls = [varied(inputs, i) for i in range(5)]
+    before = snapshot(model)
+    dd.enable(model, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        enabled = [run(model, x) for x in calls]
+        state = dd.capture(model)["FluxTransformer2DModel"]
+        outs = [run(model, x) for x in calls]
+    assert all(torch.equal(a, b) for a, b in zip(outs, enabled))
+    assert state.region_graphs == 2
+    report = dd.enabled(model)
+    assert sum(s.fused_calls for s in report.sites) > 0
+    hooked = [m.__dict__["forward"]._ditops_capture.original for m in (model.transformer_blocks[0],)]
+    assert hooked[0] is not type(model.transformer_blocks[0]).forward  # the hook chain, not the class's
+    dd.disable(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert_same(before, snapshot(model))
 
 
 def test_moved_weights_release_the_graphs(standin):

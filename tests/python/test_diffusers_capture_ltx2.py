@@ -165,13 +165,14 @@ def test_each_call_form_is_captured(strict, form, guidance, with_ditops):
         assert built is None
 
 
-def test_without_built_coordinates_the_capture_fails_once_and_says_where(strict, monkeypatch):
+def test_without_built_coordinates_the_capture_fails_once_says_where_and_goes_regional(strict, monkeypatch):
     """What the H200 saw, on the strict stand-in: with graph_constants gone, the bench form's
-    capture raises in prepare_video_coords; one warning names the error and the model's line,
-    the signature runs eagerly from then on (eager values), and no capture is tried again."""
+    capture raises in prepare_video_coords; one warning names the error and the model's line, and
+    the blocks are captured instead (the prologue with its host copy stays eager): eager values,
+    no whole capture tried again."""
     monkeypatch.setattr(ltx2, "graph_constants", None)
     model, inputs = ltx2_call("bench", False)
-    calls = steps(inputs)
+    calls = steps(inputs, n=5)
     reference = [run(model, x) for x in calls]
     state = dd.capture(model)["LTX2VideoTransformer3DModel"]
     with warnings.catch_warnings(record=True) as caught:
@@ -181,8 +182,10 @@ def test_without_built_coordinates_the_capture_fails_once_and_says_where(strict,
     (msg,) = capture_warnings(caught)
     assert f"the capture failed (RuntimeError: {HOST_COPY}" in msg, msg
     assert "at transformer_ltx2.py:" in msg and "in prepare_video_coords" in msg, msg
-    assert "runs eagerly from now on" in msg
-    assert state.graphs == 0 and strict.captures == 1 and sum(state.refusals.values()) == len(calls) - 1
+    assert "its repeated blocks are captured instead (2 blocks" in msg, msg
+    blocks = len(model.transformer_blocks)
+    assert state.graphs == 0 and state.region_graphs == blocks and strict.captures == 1 + blocks
+    assert not state.refusals and sum(r.replays for r in state.regions) == 2 * blocks
 
 
 def test_a_perturbation_mask_on_the_device_is_refused_before_a_capture():
@@ -247,6 +250,36 @@ def test_gpu_each_call_form_is_captured(form, guidance, with_ditops):
     assert equal(again, reference[1])
     assert (state.graphs, state.captures, state.replays) == (1, 1, 3 + 1)
     dd.disable(model)
+
+
+@needs_cuda
+@pytest.mark.parametrize("with_ditops", [False, True], ids=["graph", "ditops+graph"])
+def test_gpu_a_failed_whole_capture_goes_regional(monkeypatch, with_ditops):
+    """The H200's failure (bench form, coordinates built in the forward: a host-to-device copy) with
+    graph_constants gone: the whole capture fails for real, the blocks are captured and replayed,
+    and every step equals eager."""
+    monkeypatch.setattr(ltx2, "graph_constants", None)
+    model, inputs = ltx2_call("bench", False, "cuda")
+    calls = steps(inputs, 5)
+    if with_ditops:
+        dd.enable(model)
+    reference = [run(model, x) for x in calls]
+    state = dd.capture(model)["LTX2VideoTransformer3DModel"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [run(model, x) for x in calls]
+        again = run(model, calls[1])
+    print(state)
+    (msg,) = capture_warnings(caught)
+    assert "its repeated blocks are captured instead" in msg and "prepare_video_coords" in msg, msg
+    for i, (got, want) in enumerate(zip(outs, reference)):
+        assert equal(got, want), f"step {i} differs from eager"
+    assert equal(again, reference[1])
+    blocks = len(model.transformer_blocks)
+    assert state.graphs == 0 and state.region_graphs == blocks
+    assert sum(r.replays for r in state.regions) == (2 + 1) * blocks
+    dd.disable(model) if with_ditops else dd.release(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
 
 
 @needs_cuda

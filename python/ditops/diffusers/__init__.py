@@ -344,6 +344,8 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         _graphs.check_max_graphs(max_graphs)
     parts, plans, report = _build(model_or_pipeline, quality, sites, probe, check_device=True,
                                   allow_cpu=allow_cpu, fp8=fp8)
+    for _, model in parts:
+        _graphs.forget(model)  # a capture's regions leave the blocks' forwards before the plan changes them
     done = []
     try:
         for plan_ in plans:

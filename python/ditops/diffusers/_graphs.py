@@ -15,8 +15,11 @@ The signature is everything a captured graph bakes in: each tensor's shape, stri
 device and address alignment, every non-tensor argument's value (return_dict, the attention
 kwargs, Qwen-Image's img_shapes), inference mode and autocast. Whatever cannot be captured runs
 the model's forward eagerly with one RuntimeWarning per reason (docs/diffusers.md lists them);
-a failed capture leaves no graph behind and that signature runs eagerly from then on (its
-warning names the error and where in the model's code it was raised).
+a failed capture leaves no graph behind (its warning names the error and where in the model's
+code it was raised) and the model goes regional: its repeated blocks (_repeated_blocks) are
+captured instead, each a CapturedForward of its own sharing the model's lock, pool and stream
+(_Group), the forward eager around their replays; without repeated blocks that signature runs
+eagerly from then on.
 
 Tensors a forward builds from host values (LTX-2's RoPE coordinates when the call passes none:
 a host-to-device copy a capture cannot hold) are built once per signature before its capture,
@@ -402,6 +405,23 @@ def _model_hooks(model) -> tuple:
 # The marker _slow returns for "run the model's forward eagerly, outside the lock".
 _RUN_EAGER = object()
 
+_REGIONAL = "regional"  # the whole forward's capture failed: its repeated blocks are captured instead
+
+
+class _Group:
+    """What a model's whole-forward capture and its regions (the repeated blocks' captures) share:
+    one lock (their graphs share one memory pool, so their replays are serialized), the pool, and
+    the stream of the last replay."""
+    __slots__ = ("lock", "pool", "stream", "stream_token")
+
+    def __init__(self):
+        self.lock = threading.RLock()
+        self.pool = self.stream = self.stream_token = None
+
+
+def _group_attribute(name):
+    return property(lambda self: getattr(self._group, name), lambda self, v: setattr(self._group, name, v))
+
 
 class CapturedForward:
     """The captured forward of one model: its signatures, graphs and counters (live).
@@ -413,19 +433,27 @@ class CapturedForward:
     Safe to call from several threads: _lock guards the signatures, the counters, the captures
     and each replay's copy-in, replay and copy-out (module docstring)."""
 
-    def __init__(self, model, name: str, max_graphs: int, backend):
+    # Shared with the regions (_Group): a region's replay waits for the model's last one.
+    _lock = _group_attribute("lock")
+    pool = _group_attribute("pool")
+    _stream = _group_attribute("stream")   # the stream of the last replay (backend.follow)
+    _stream_token = _group_attribute("stream_token")
+
+    def __init__(self, model, name: str, max_graphs: int, backend, group: _Group | None = None, original=None):
         self.model = model
         self.name = name or type(model).__name__
         self.max_graphs = int(max_graphs)
         self.backend = backend
-        self.original = type(model).forward.__get__(model, type(model))
+        # A region's original is the block's forward as it is (enable's diffusers hook, if any).
+        self.original = original or type(model).forward.__get__(model, type(model))
+        self._previous = model.__dict__.get("forward")  # what uninstall puts back
         self._graph_refusal, self._graph_constants = _model_hooks(model)
         self.released = False
-        self._lock = threading.RLock()
-        self._stream = None                  # the stream of the last replay (backend.follow)
-        self._stream_token = None
+        self._group = group or _Group()
         self.entries: dict = {}
-        self.pool = None
+        self.regions: list = []              # the repeated blocks' captures, once the whole one failed
+        self._parent = None                  # a region's model capture (its warnings go there, once)
+        self.regional_calls = 0
         self.refusals: Counter = Counter()   # reason -> eager calls
         self.eager_calls = 0                 # first calls of a signature
         self.captures = 0
@@ -453,9 +481,36 @@ class CapturedForward:
         with self._lock:
             self.released = True  # a caller still holding the installed forward runs the model's
             self.drop_graphs()
+            regions, self.regions = self.regions, []
+        whys = [why for why in (r.uninstall() for r in regions) if why]
         if self.model.__dict__.get("forward") is not self.installed:
-            return f"{self.name}.forward was replaced after capture; left as it is"
-        del self.model.forward
+            return "; ".join(whys + [f"{self.name}.forward was replaced after capture; left as it is"])
+        if self._previous is None:
+            del self.model.forward
+        else:
+            self.model.forward = self._previous
+        return "; ".join(whys)
+
+    def _go_regional(self) -> str:
+        """After a failed whole-forward capture: a capture of each repeated block (the model's
+        _repeated_blocks classes, as diffusers' compile_repeated_blocks), in the model's pool; the
+        forward then runs eagerly around their replays. The lock held. '' or why not."""
+        if self.regions:
+            return ""
+        classes = set(getattr(self.model, "_repeated_blocks", None) or ())
+        blocks = [(n, m) for n, m in self.model.named_modules() if type(m).__name__ in classes and m is not self.model]
+        if not blocks:
+            return f"{type(self.model).__name__} names no repeated blocks (_repeated_blocks)"
+        for name, block in blocks:
+            own = block.__dict__.get("forward")
+            if own is not None and not only_ditops_hooks(block):
+                return f"{name}.forward is replaced by {_describe_forward(block)}"
+        for name, block in blocks:
+            region = CapturedForward(block, f"{self.name}.{name}", self.max_graphs, self.backend, self._group,
+                                     original=block.forward)
+            region._parent = self
+            region.install()
+            self.regions.append(region)
         return ""
 
     def drop_graphs(self):
@@ -466,6 +521,8 @@ class CapturedForward:
                 torch.cuda.synchronize(self._device)  # no replay in flight while its graph is destroyed
             for entry in self.entries.values():
                 entry.drop()
+            for region in self.regions:
+                region.drop_graphs()
             self.entries.clear()
             self._skeletons.clear()
             self._volatile.clear()
@@ -502,7 +559,12 @@ class CapturedForward:
                 self.replays += 1
                 entry.calls += 1
                 return self._replay(entry, tensors)
-            out = self._slow(key, args, kwargs, tensors)
+            if entry is not None and entry.state == _REGIONAL:
+                entry.calls += 1
+                self.regional_calls += 1
+                out = _RUN_EAGER
+            else:
+                out = self._slow(key, args, kwargs, tensors)
         if out is _RUN_EAGER:
             return self.original(*args, **kwargs)
         return out
@@ -516,12 +578,16 @@ class CapturedForward:
         return entry.replay(tensors)
 
     def _warn(self, why: str):
+        self._warn_once(why + "; the forward runs eagerly")
+
+    def _warn_once(self, why: str):
+        if self._parent is not None:  # one warning for all blocks of a class
+            return self._parent._warn_once(f"a repeated block ({type(self.model).__name__}): {why}")
         with self._lock:
             if why in self._warned:
                 return
             self._warned.add(why)
-        warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}; the forward runs eagerly",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(f"ditops.diffusers.capture: {self.name}: {why}", RuntimeWarning, stacklevel=4)
 
     def _refused(self, why: str):
         """Counts an eager call and warns once per reason; returns _RUN_EAGER."""
@@ -552,6 +618,10 @@ class CapturedForward:
         entry.calls += 1
         if entry.state == _REFUSED:
             return self._refused(entry.why)
+        if self.regions:  # a whole-forward capture failed before: this signature goes regional too
+            entry.state, entry.why = _REGIONAL, "the whole forward's capture failed on another signature"
+            self.regional_calls += 1
+            return _RUN_EAGER
         paths = []
         signature(args, kwargs, paths)
         why = self._refusal(key, paths, args, kwargs)
@@ -567,8 +637,17 @@ class CapturedForward:
                     # the failed capture released the pool's last use: torch refuses to begin
                     # another capture in a pool waiting to be freed
                     self.pool = None
-                why = (f"the capture failed ({type(e).__name__}: {_first_line(e)}{_where(e, self.model)}); "
-                       "this signature runs eagerly from now on (release() and capture() again to retry)")
+                failed = f"the capture failed ({type(e).__name__}: {_first_line(e)}{_where(e, self.model)})"
+                regional = self._go_regional() if self._parent is None else "the block's own capture"
+                if not regional:
+                    entry.state, entry.why = _REGIONAL, failed
+                    self._warn_once(f"{failed}; its repeated blocks are captured instead ({len(self.regions)} "
+                                    "blocks, one graph per block and signature, the rest of the forward eager)")
+                    self.regional_calls += 1
+                    return _RUN_EAGER
+                why = f"{failed}; this signature runs eagerly from now on (release() and capture() again to retry)"
+                if self._parent is None:
+                    why = why[:-1] + f"; no regional capture: {regional})"
         if why:
             entry.state, entry.why = _REFUSED, why
             return self._refused(why)
@@ -625,7 +704,10 @@ class CapturedForward:
             if module._forward_hooks or module._forward_pre_hooks:
                 return f"{name} has forward hooks (they would run at capture only, not at each replay)"
             # ditops's forwards are diffusers hooks of their own (_patching.py); any other hook refuses
-            if module.__dict__.get("forward") is not None and not only_ditops_hooks(module):
+            own = module.__dict__.get("forward")
+            if own is not None and getattr(own, "_ditops_capture", None) in self.regions:
+                continue  # a region of this capture
+            if own is not None and not only_ditops_hooks(module):
                 return f"{name}.forward is replaced by {_describe_forward(module)}"
             processor = getattr(module, "processor", None)
             if processor is not None and not type(processor).__module__.startswith(("diffusers.", "ditops.")):
@@ -670,8 +752,14 @@ class CapturedForward:
     # The report reads under the lock: other threads' calls add signatures and count.
     @property
     def graphs(self) -> int:
+        """This forward's graphs (its regions' apart: region_graphs)."""
         with self._lock:
             return sum(e.graph is not None for e in self.entries.values())
+
+    @property
+    def region_graphs(self) -> int:
+        with self._lock:
+            return sum(r.graphs for r in self.regions)
 
     def signatures(self) -> list:
         with self._lock:
@@ -682,7 +770,8 @@ class CapturedForward:
         with self._lock:
             return {"model": self.name, "graphs": self.graphs, "max_graphs": self.max_graphs,
                     "first_calls": self.eager_calls, "captures": self.captures, "replays": self.replays,
-                    "signatures": self.signatures(), "refusals": dict(self.refusals)}
+                    "signatures": self.signatures(), "refusals": dict(self.refusals),
+                    "regional_calls": self.regional_calls, "regions": [r.as_dict() for r in self.regions]}
 
     def __str__(self):
         with self._lock:
@@ -693,6 +782,10 @@ class CapturedForward:
                 rows.append(f"  {e.state:<10} {e.calls:>5} call(s)  {e.label}" + (f"  why: {e.why}" if e.why else ""))
             for why, n in self.refusals.most_common(5):
                 rows.append(f"  {n} eager call(s): {why}")
+            if self.regions:
+                replays = sum(r.replays for r in self.regions)
+                rows.append(f"  regional: {self.regional_calls} call(s) of the forward around {len(self.regions)} "
+                            f"captured blocks ({self.region_graphs} graph(s), {replays} block replays)")
         return "\n".join(rows)
 
 
@@ -875,7 +968,12 @@ def release(model_or_pipeline) -> bool:
 
 
 def forget(model) -> None:
-    """Drop a captured model's graphs and signatures (its code changed: enable, disable)."""
+    """Drop a captured model's graphs and signatures (its code changed: enable, disable), and put
+    its blocks' forwards back where regions replaced them (before enable changes them)."""
     state = captured(model)
     if state is not None:
         state.drop_graphs()
+        with state._lock:
+            regions, state.regions = state.regions, []
+        for region in regions:
+            region.uninstall()
