@@ -271,6 +271,12 @@ def build(args, torch, diffusers, device="cuda"):
         inputs, shape = flux2_inputs(args, cfg, torch, dev)
     elif name == "ltx2":
         inputs, shape = ltx2_inputs(args, torch, dev)
+        # LTX2Pipeline prepares the RoPE coordinates once per generation and passes them: the model
+        # then builds none from host lists inside its forward (a host-to-device copy per call)
+        d = torch.device(dev)
+        inputs["video_coords"] = model.rope.prepare_video_coords(B, inputs["num_frames"], inputs["height"],
+                                                                 inputs["width"], d, fps=inputs["fps"])
+        inputs["audio_coords"] = model.audio_rope.prepare_audio_coords(B, inputs["audio_num_frames"], d)
     else:
         f, h, w = video_grid(args)
         latent = torch.randn(B, 16, f, 2 * h, 2 * w, device=dev, dtype=bf16)
