@@ -135,6 +135,29 @@ def differing(outs, reference):
 # ---------------------------------------------------------------- CPU
 
 
+def test_regional_capture_from_threads_equals_alone(monkeypatch, fast_switching):
+    """The regional fallback under 4 threads: the blocks' graphs share the model's pool, lock and
+    stream, so every output is the same call's alone."""
+    from test_diffusers_capture import FailFirst
+    backend = FailFirst()
+    monkeypatch.setattr(_graphs, "BACKEND", backend)
+    model = flux()
+    plan = calls(8)
+    state = dd.capture(model)["FluxTransformer2DModel"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        for res in RESOLUTIONS:  # first sight; regional (the blocks' first calls); the blocks capture
+            for seed in range(3):
+                run(model, flux_inputs(res, seed))
+        reference = alone(model, plan)
+        outs, errors = threaded(model, plan)
+    assert not errors, errors
+    bad = differing(outs, reference)
+    assert not bad, f"{len(bad)} of {len(reference)} outputs differ from the same call made alone: {bad[:8]}"
+    assert state.graphs == 0 and state.region_graphs == 2 * len(RESOLUTIONS)
+    assert {r._lock for r in state.regions} == {state._lock}
+
+
 @pytest.mark.parametrize("with_ditops", [False, True], ids=["capture", "enable+capture"])
 def test_captured_model_from_threads_equals_alone(standin, fast_switching, with_ditops):
     """4 threads through one captured model at two signatures: every output is the same call's
