@@ -155,8 +155,8 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
                   pooled_projections=torch.randn(batch, 16, generator=gen).to(dtype),
                   guidance=torch.full((batch,), 3.5).to(dtype), return_dict=False)
     L, N = model.config.num_layers, model.config.num_single_layers
-    counts = {"qk_norm_rope": L, "qk_norm_rope (single blocks)": N, "adaln_modulate": 4 * L + N + 1,
-              "gated_residual": 4 * L + N}
+    counts = {"qk_norm_rope": L, "qk_norm_rope (text stream)": L, "qk_norm_rope (single blocks)": N,
+              "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
     return model, inputs, counts
 
 
@@ -173,7 +173,8 @@ OPS = {
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
             "gated_residual": "residual_gate_add"},
-    "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (single blocks)": None,
+    "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
+                "qk_norm_rope (single blocks)": "qknorm_rope",
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",

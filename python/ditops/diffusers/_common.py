@@ -133,6 +133,21 @@ def qk(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, start: int, layout="fu
     return site(q, k, norm_q, norm_k, freqs, layout, start, reference, rows)
 
 
+def qk_rotating_head(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, identity: int):
+    """(q, k) normalized per head over all their tokens, the first ones rotated with freqs (cos,
+    sin) [tokens - identity, head_dim] and the last `identity` left unrotated (HunyuanVideo's
+    single blocks: latent then text tokens); freqs None: no token rotated (its text stream)."""
+
+    def reference():
+        nq, nk = norm_q(q), norm_k(k)
+        if freqs is None:
+            return nq, nk
+        return (torch.cat([apply_rotary_emb(nq[:, :-identity], freqs, sequence_dim=1), nq[:, -identity:]], dim=1),
+                torch.cat([apply_rotary_emb(nk[:, :-identity], freqs, sequence_dim=1), nk[:, -identity:]], dim=1))
+
+    return site(q, k, norm_q, norm_k, freqs, "full_width", 0, reference, None, identity)
+
+
 def modulate(site: LayerNormModulateSite, x, scale, shift, norm):
     """norm(x) * (1 + scale[:, None]) + shift[:, None]; scale, shift [B, D]."""
     return site(x, scale, shift, norm, lambda: norm(x) * (1 + scale[:, None]) + shift[:, None])

@@ -311,25 +311,42 @@ class RopeTable:
             return torch.cat([pairs[..., 0], pairs[..., 1]], -1)
         raise ValueError(f"unknown rope layout {layout!r}")
 
-    def get(self, freqs, layout: str, start: int, tokens: int, batch: int, device):
+    def get(self, freqs, layout: str, start: int, tokens: int, batch: int, device, identity: int = 0,
+            head_dim: int = 0):
+        """(cache, positions [batch * (tokens + identity)]): each batch element's tokens at rows
+        [start, start + tokens), then `identity` tokens at an appended identity row (cos 1, sin 0:
+        the rotation leaves them as they are; full_width only; freqs None: that row alone)."""
         keep = not (torch.compiler.is_compiling() or _tracing_or_capturing(device))
-        parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
-        slot = getattr(self._local, "slot", None) if keep else None
-        if slot is not None and len(parts) == len(slot[0]) and all(a is b for a, b in zip(parts, slot[0])):
+        parts = () if freqs is None else tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
+        slot_name = "slot_identity" if identity else "slot"
+        slot = getattr(self._local, slot_name, None) if keep else None
+        if slot is not None and len(parts) == len(slot[0]) and all(a is b for a, b in zip(parts, slot[0])) \
+                and slot[1].device == torch.device(device):
             cache, known = slot[1], slot[2]
         else:
-            cache, known = self.build(freqs, layout), {}
+            cache, known = self.build_with_identity(freqs, head_dim, device) if identity else self.build(freqs, layout), {}
             if keep:
-                self._local.slot = (parts, cache, known)
-        pos_key = (start, tokens, batch, str(device))
+                setattr(self._local, slot_name, (parts, cache, known))
+        pos_key = (start, tokens, identity, batch, str(device))
         positions = known.get(pos_key)
         if positions is None:
             positions = torch.arange(start, start + tokens, device=device)
+            if identity:
+                row = cache.shape[0] - 1
+                positions = torch.cat([positions, torch.full((identity,), row, device=device, dtype=positions.dtype)])
             if batch > 1:
                 positions = positions.repeat(batch)
             if keep:
                 known[pos_key] = positions
         return cache, positions
+
+    @classmethod
+    def build_with_identity(cls, freqs, head_dim: int, device) -> torch.Tensor:
+        """The full-width cache of freqs (or none) with one identity row appended: [ones | zeros]."""
+        identity = torch.cat([torch.ones(1, head_dim, device=device), torch.zeros(1, head_dim, device=device)], -1)
+        if freqs is None:
+            return identity
+        return torch.cat([cls.build(freqs, "full_width"), identity], 0)
 
 
 def rms_norm_rounding(norm) -> tuple[str | None, str]:
@@ -366,14 +383,17 @@ class QkNormRopeSite(Site):
         self.rounding = rounding          # what the model's norm does: "once" / "twice"
         self.rope = RopeTable()
 
-    def __call__(self, q, k, norm_q, norm_k, freqs, layout: str, start: int, reference, rows=None):
+    def __call__(self, q, k, norm_q, norm_k, freqs, layout: str, start: int, reference, rows=None, identity=0):
         """q, k [B, S, H, D] (new tensors the op may write), their norm modules, the model's rotary
         tensors, the stream's first row in them and the number of rows the model's chain expects
-        in them (default start + S). Returns the normalized and rotated (q, k)."""
-        why = self._fit(q, k, norm_q, norm_k, freqs, layout, start, rows)
+        in them (default start + S). identity: the last tokens of each batch element are normalized
+        and not rotated (an identity row of the cache: HunyuanVideo's text tokens; freqs None: all
+        of them). Returns the normalized and rotated (q, k)."""
+        why = self._fit(q, k, norm_q, norm_k, freqs, layout, start, rows, identity)
         B, S, Hq, D = q.shape if q.dim() == 4 else (0, 0, 0, 0)
         Hk = k.shape[2] if k.dim() == 4 else 0
-        sig = None if why else (str(q.device), q.dtype, D, Hq, Hk, layout, self.rounding)
+        sig = None if why else (str(q.device), q.dtype, D, Hq, Hk, layout, self.rounding, bool(identity),
+                                freqs is None)
         extra = {"norm_weight_rounding": self.rounding} if "norm_weight_rounding" in self.options else {}
         if self.rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
             extra["norm_order"] = "aten_mean"
@@ -384,8 +404,11 @@ class QkNormRopeSite(Site):
         def views():
             return q.view(B * S, Hq, D), k.view(B * S, Hk, D)
 
+        def table():
+            return self.rope.get(freqs, layout, start, S - identity, B, q.device, identity, D)
+
         def fused():
-            cache, positions = self.rope.get(freqs, layout, start, S, B, q.device)
+            cache, positions = table()
             q3, k3 = views()
             ops.qknorm_rope(q3, k3, norm_q.weight, norm_k.weight, cache, positions,
                                          is_neox=False, eps=eps, rope_dim=D,
@@ -394,7 +417,7 @@ class QkNormRopeSite(Site):
             return q, k
 
         def explain():
-            cache, positions = self.rope.get(freqs, layout, start, S, B, q.device)
+            cache, positions = table()
             q3, k3 = views()
             return ditops.explain("qknorm_rope", q3, k3, norm_q.weight, norm_k.weight, cache, positions,
                                   is_neox=False, eps=eps, rope_dim=D,
@@ -403,7 +426,7 @@ class QkNormRopeSite(Site):
 
         return self.run(why, sig, q.device, fused, reference, explain)
 
-    def _fit(self, q, k, norm_q, norm_k, freqs, layout, start, rows_expected) -> str:
+    def _fit(self, q, k, norm_q, norm_k, freqs, layout, start, rows_expected, identity=0) -> str:
         if q.dim() != 4 or k.dim() != 4:
             return "q and k must be [batch, tokens, heads, head_dim]"
         if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
@@ -425,6 +448,10 @@ class QkNormRopeSite(Site):
             return "q or k batch and token dims do not flatten without a copy"
         if any(t.device != q.device for t in (k, wq, wk)):
             return "tensors on different devices"
+        if identity and (layout != "full_width" or not 0 < identity <= q.shape[1]):
+            return "identity rows need the full-width layout and at most the tokens"
+        if freqs is None:
+            return "" if identity == q.shape[1] else "no rotary tensors for the rotated tokens"
         parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
         if layout == "full_width":
             cos, sin = parts
@@ -440,7 +467,7 @@ class QkNormRopeSite(Site):
             rows = f.shape[0]
         if parts[0].device != q.device:
             return "rotary tensors on another device"
-        if rows != (start + q.shape[1] if rows_expected is None else rows_expected):
+        if rows != (start + q.shape[1] - identity if rows_expected is None else rows_expected):
             return "the rotary rows do not match the tokens"
         return ""
 

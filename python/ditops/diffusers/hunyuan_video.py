@@ -4,10 +4,11 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * QK norm + RoPE of the latent stream in the double blocks: diffusers' RMSNorm per head (two
     roundings), then apply_rotary_emb with interleaved pairs and float32 cos/sin (FLUX's RoPE):
     qknorm_rope with norm_weight_rounding=twice, where the op has that option. The single blocks
-    normalize the latent and text tokens in one call and rotate only the latent ones: not mapped
-    (fusing the latent part alone would normalize the text tokens as a slice of their own, and
-    diffusers' RMSNorm reduces with torch.mean, whose CUDA reduction is not shown to give the
-    same bits for a slice). The text stream's QK norm has no RoPE: not a qknorm_rope site.
+    normalize the latent and text tokens in one call and rotate only the latent ones: one
+    qknorm_rope call over all the rows, the text rows on an identity row appended to the cache
+    (cos 1, sin 0), the first sight comparing it with the model's norm of all rows (whose
+    torch.mean reduction covers the same rows). The double blocks' text QK norm (no RoPE): the
+    same, every row on the identity row.
   * adaLN: AdaLayerNormZero (norm1, norm1_context), the inline norm2 / norm2_context
     modulation, AdaLayerNormZeroSingle, norm_out: layernorm_modulate.
   * gated residuals: four per double block, one per single block: residual_gate_add.
@@ -15,13 +16,15 @@ The token-replace (I2V) block classes and the text token refiner are left to the
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_hunyuan_video import (
     HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
 
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, QkNormRopeSite
+from ._sites import GatedResidualSite, LayerNormModulateSite
 from . import _common
 
 MODEL_CLASS = "HunyuanVideoTransformer3DModel"
@@ -30,7 +33,12 @@ DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
 
 class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
     """HunyuanVideoAttnProcessor2_0 of a double block (separate text projections) with the latent
-    stream's QK norm + RoPE through the qk site."""
+    stream's QK norm + RoPE through the qk site and the text stream's QK norm through the text
+    site (qknorm_rope with every row on the identity rotation)."""
+
+    def __init__(self, original, site, text_site=None):
+        super().__init__(original, site)
+        self.text_site = text_site
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
                  image_rotary_emb=None):
@@ -46,10 +54,15 @@ class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
         encoder_query = attn.add_q_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-        if attn.norm_added_q is not None:
-            encoder_query = attn.norm_added_q(encoder_query)
-        if attn.norm_added_k is not None:
-            encoder_key = attn.norm_added_k(encoder_key)
+        if self.text_site is not None and attn.norm_added_q is not None and attn.norm_added_k is not None:
+            encoder_query, encoder_key = _common.qk_rotating_head(
+                self.text_site, encoder_query, encoder_key, attn.norm_added_q, attn.norm_added_k, None,
+                encoder_query.shape[1])
+        else:
+            if attn.norm_added_q is not None:
+                encoder_query = attn.norm_added_q(encoder_query)
+            if attn.norm_added_k is not None:
+                encoder_key = attn.norm_added_k(encoder_key)
         query = torch.cat([query, encoder_query], dim=1)
         key = torch.cat([key, encoder_key], dim=1)
         value = torch.cat([value, encoder_value], dim=1)
@@ -59,6 +72,36 @@ class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
                                               parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         text_len = encoder_hidden_states.shape[1]
+        hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
+        if getattr(attn, "to_out", None) is not None:
+            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if getattr(attn, "to_add_out", None) is not None:
+            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+        return hidden_states, encoder_hidden_states
+
+
+class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
+    """HunyuanVideoAttnProcessor2_0 of a single block (one projection over latent and text tokens)
+    with the QK norm of all tokens and the RoPE of the latent ones in one qknorm_rope call (the text
+    tokens on the cache's identity row)."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if (attn.add_q_proj is not None or encoder_hidden_states is None or attn.norm_q is None
+                or attn.norm_k is None or image_rotary_emb is None
+                or image_rotary_emb[0].shape[0] != hidden_states.shape[1] or encoder_hidden_states.shape[1] == 0):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        text_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
+        key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
+        value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
+        query, key = _common.qk_rotating_head(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb,
+                                              text_len)
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
         if getattr(attn, "to_out", None) is not None:
             hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
@@ -126,12 +169,18 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                          if type(b) is HunyuanVideoTransformerBlock],
         chain="diffusers RMSNorm per head ((x * rsqrt(mean(x^2) + eps)).to(dtype) * weight: two roundings), "
               "then " + rope_chain))
-    qk_single = plan.add_site(QkNormRopeSite(
-        "qk_norm_rope (single blocks)", op=None,
+    qk_text = plan.add_site(_common.qk_site(
+        "qk_norm_rope (text stream)", [(f"{p}.attn", b.attn, [("norm_added_q", "norm_added_k")]) for p, b in doubles
+                                  if type(b) is HunyuanVideoTransformerBlock],
+        chain="diffusers RMSNorm per head of the text q and k (two roundings), no RoPE",
+        note="qknorm_rope with every text row on the cache's identity row (cos 1, sin 0)"))
+    qk_single = plan.add_site(_common.qk_site(
+        "qk_norm_rope (single blocks)", [(f"{p}.attn", b.attn, [("norm_q", "norm_k")]) for p, b in singles
+                                         if type(b) is HunyuanVideoSingleTransformerBlock],
         chain="diffusers RMSNorm per head over latent and text tokens in one call, then " + rope_chain +
               " of the latent tokens only",
-        why="one norm call spans latent and text tokens; normalizing the text tokens as a slice of their "
-            "own is not shown to give diffusers RMSNorm's bits (torch.mean's reduction)"))
+        note="one qknorm_rope call over the latent and text rows, the text rows on the cache's identity row "
+             "(the first sight compares it with the model's norm of all rows)"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
 
@@ -139,8 +188,10 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         if type(block) is not HunyuanVideoTransformerBlock:
             plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")
             continue
+        text_site = qk_text if qk_text.op is not None else None
+        qk_text.places.append(plan.prefix + f"{path}.attn (text)")
         _common.patch_processor(plan, qk, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
-                                HunyuanVideoAttnProcessorDitops, ("latent",))
+                                functools.partial(HunyuanVideoAttnProcessorDitops, text_site=text_site), ("latent",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
         adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]
@@ -150,7 +201,8 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         if type(block) is not HunyuanVideoSingleTransformerBlock:
             plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")
             continue
-        qk_single.places.append(plan.prefix + f"{path}.attn")
+        _common.patch_processor(plan, qk_single, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
+                                HunyuanVideoSingleAttnProcessorDitops, ("latent + text",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm", block.norm)
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
         plan.patch_forward(path, block, single_block_forward(residual))
