@@ -115,7 +115,8 @@ def check_results(folder, contracts=None):
             close = bounded or contracts.get(r.get("impl", "")) == "close"
             if close and ("torch_equal" in r or bounded):
                 # Within the bound: said so, or no output beyond it, or equal (within any bound).
-                row[2] += bool(r.get("within_bound", False) or r.get("beyond_bound", 1) == 0 or r.get("torch_equal", False))
+                row[2] += bool(r.get("within_bound", False) or r.get("beyond_bound", 1) == 0
+                               or r.get("torch_equal", False))
                 row[3] += 1
             elif "torch_equal" in r:
                 row[0] += bool(r["torch_equal"])

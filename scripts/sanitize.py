@@ -126,7 +126,8 @@ def read_verdict(job: Job, log: str, rc: int | None) -> None:
         job.verdict, job.clean = "clean", True
     elif rc in (0, 9) and vendor_only and re.search(r"SUMMARY: [1-9]", job.summary):
         job.vendor_kernels = sorted(set(sites))
-        job.verdict, job.clean = f"clean in ditops' kernels; reports only in {len(job.vendor_kernels)} cuBLASLt kernels", True
+        job.verdict = f"clean in ditops' kernels; reports only in {len(job.vendor_kernels)} cuBLASLt kernels"
+        job.clean = True
     elif rc == 9 or re.search(r"SUMMARY: [1-9]", job.summary):
         job.verdict, job.clean = "ERRORS FOUND", False
     elif rc == 0:

@@ -324,7 +324,8 @@ class RopeTable:
                 and slot[1].device == torch.device(device):
             cache, known = slot[1], slot[2]
         else:
-            cache, known = self.build_with_identity(freqs, head_dim, device) if identity else self.build(freqs, layout), {}
+            built = self.build_with_identity(freqs, head_dim, device) if identity else self.build(freqs, layout)
+            cache, known = built, {}
             if keep:
                 setattr(self._local, slot_name, (parts, cache, known))
         pos_key = (start, tokens, identity, batch, str(device))

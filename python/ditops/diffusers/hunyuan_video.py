@@ -31,6 +31,21 @@ MODEL_CLASS = "HunyuanVideoTransformer3DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
 
 
+def _attend(processor, attn, query, key, value, attention_mask, text_len):
+    """Steps 5 and 6 of HunyuanVideoAttnProcessor2_0: attention over the joint [latent; text] rows,
+    split back into the streams, their output projections."""
+    hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                          is_causal=False, backend=processor._attention_backend,
+                                          parallel_config=processor._parallel_config)
+    hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+    hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
+    if getattr(attn, "to_out", None) is not None:
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+    if getattr(attn, "to_add_out", None) is not None:
+        encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
+    return hidden_states, encoder_hidden_states
+
+
 class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
     """HunyuanVideoAttnProcessor2_0 of a double block (separate text projections) with the latent
     stream's QK norm + RoPE through the qk site and the text stream's QK norm through the text
@@ -67,17 +82,7 @@ class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
         key = torch.cat([key, encoder_key], dim=1)
         value = torch.cat([value, encoder_value], dim=1)
 
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        text_len = encoder_hidden_states.shape[1]
-        hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
-        if getattr(attn, "to_out", None) is not None:
-            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-        if getattr(attn, "to_add_out", None) is not None:
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return hidden_states, encoder_hidden_states
+        return _attend(self, attn, query, key, value, attention_mask, encoder_hidden_states.shape[1])
 
 
 class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
@@ -98,16 +103,7 @@ class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
         query, key = _common.qk_rotating_head(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb,
                                               text_len)
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        hidden_states, encoder_hidden_states = hidden_states[:, :-text_len], hidden_states[:, -text_len:]
-        if getattr(attn, "to_out", None) is not None:
-            hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
-        if getattr(attn, "to_add_out", None) is not None:
-            encoder_hidden_states = attn.to_add_out(encoder_hidden_states)
-        return hidden_states, encoder_hidden_states
+        return _attend(self, attn, query, key, value, attention_mask, text_len)
 
 
 def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):

@@ -373,18 +373,20 @@ def _av_cross_attention(block, sites, fused, video, audio, batch_size, temb_ca_s
     (audio_a2v_scale, audio_a2v_shift, audio_v2a_scale, audio_v2a_shift), v2a_gate = rows(
         block.audio_a2v_cross_attn_scale_shift_table, temb_ca_audio_scale_shift, temb_ca_audio_gate)
 
+    def modulated_pair(video_scale, video_shift, audio_scale, audio_shift):  # the video stream's first
+        return (modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_scale, video_shift),
+                modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_scale, audio_shift))
+
     if use_a2v:
-        q = modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_a2v_scale, video_a2v_shift)
-        kv = modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_a2v_scale, audio_a2v_shift)
-        out = block.audio_to_video_attn(q, encoder_hidden_states=kv, query_rotary_emb=ca_video_rotary_emb,
-                                        key_rotary_emb=ca_audio_rotary_emb, attention_mask=a2v_mask)
-        video = gated(video, out, a2v_gate)
+        v, a = modulated_pair(video_a2v_scale, video_a2v_shift, audio_a2v_scale, audio_a2v_shift)
+        video = gated(video, block.audio_to_video_attn(v, encoder_hidden_states=a, query_rotary_emb=ca_video_rotary_emb,
+                                                       key_rotary_emb=ca_audio_rotary_emb, attention_mask=a2v_mask),
+                      a2v_gate)
     if use_v2a:
-        kv = modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_v2a_scale, video_v2a_shift)
-        q = modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_v2a_scale, audio_v2a_shift)
-        out = block.video_to_audio_attn(q, encoder_hidden_states=kv, query_rotary_emb=ca_audio_rotary_emb,
-                                        key_rotary_emb=ca_video_rotary_emb, attention_mask=v2a_mask)
-        audio = gated(audio, out, v2a_gate)
+        v, a = modulated_pair(video_v2a_scale, video_v2a_shift, audio_v2a_scale, audio_v2a_shift)
+        audio = gated(audio, block.video_to_audio_attn(a, encoder_hidden_states=v, query_rotary_emb=ca_audio_rotary_emb,
+                                                       key_rotary_emb=ca_video_rotary_emb, attention_mask=v2a_mask),
+                      v2a_gate)
     return video, audio
 
 
