@@ -31,7 +31,8 @@
 #                                        C++ benchmarks of every op (read-roof fraction for GEMMs)
 #                                        and the host overhead; ends with bench/summary.py's table
 #                                        per op (tests, torch.equal, fastest us and roof fraction).
-#                                        Under 6 minutes with the build on an H200
+#                                        Target: 6 minutes with the build on an H200
+#                                        (docs/tuning/device_verify.md has the runs)
 #   scripts/device_run.sh bench [OP...]  PyTorch eager and torch.compile beside ditops, same
 #                                        run (all four ops by default; split them over two calls
 #                                        to stay inside the limit)
@@ -187,7 +188,7 @@ if [ "$PHASE" = all ]; then
   [ $CTEST_RC = 0 ] && [ $PY_RC = 0 ]
   exit $?
 elif [ "$PHASE" = verify ]; then
-  # Inside 6 minutes with the build: the tests and the torch.equal checks (correctness only) share
+  # Meant to end inside 6 minutes with the build: the tests and the torch.equal checks (correctness only) share
   # the GPU; the benchmarks and the host-overhead figure run after them, alone.
   ALL_OPS=$(build-dev/ditops ops | sed -nE 's/^([a-z0-9_]+): .*/\1/p' | tr '\n' ' ')
   # Each implementation's contract, so the summary counts every check with its own oracle.
