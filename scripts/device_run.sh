@@ -209,7 +209,7 @@ elif [ "$PHASE" = verify ]; then
   # reports "timed out" (rc 124), a check not started is named.
   TESTS_END=$((SCRIPT_START + ${VERIFY_DEADLINE_S:-540} - 90))
   DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS -m 'not cpu_only'" TORCHINDUCTOR_COMPILE_THREADS=1 \
-    timeout -k 10 $(( TESTS_END - $(date +%s) )) \
+    timeout -k 10 $(( TESTS_END - $(date +%s) > 30 ? TESTS_END - $(date +%s) : 30 )) \
     ctest --test-dir build-dev -j 12 -E "$CPU_ONLY" --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
   CTEST_PID=$!
   mkdir -p "$OUT/torch"
