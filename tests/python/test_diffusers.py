@@ -137,7 +137,9 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
     gates = 6 + (2 if variant == "gated_stg" else 0)
     counts = {"qk_norm_rope (video self-attn)": L, "qk_norm_rope (audio self-attn)": L,
               "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
-              "adaln_modulate": (8 + (2 if variant == "gated_stg" else 0)) * L, "gated_residual": gates * L}
+              "adaln_modulate": (8 + (2 if variant == "gated_stg" else 0)) * L,
+              "adaln_modulate (norm2, no modulation)": (0 if variant == "gated_stg" else 2) * L,
+              "gated_residual": gates * L}
     return model, inputs, counts
 
 
@@ -180,7 +182,7 @@ OPS = {
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
-             "adaln_modulate": "norm_scale_shift",
+             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2, no modulation)": "norm_scale_shift",
              "gated_residual": "residual_gate_add"},
 }
 

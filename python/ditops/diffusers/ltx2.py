@@ -71,21 +71,31 @@ def adaln_chain(x, norm, scale, shift):
     return norm(x) * (1 + scale) + shift
 
 
-def _adaln_fit(x, norm, scale, shift) -> str:
-    """'' when norm_scale_shift(norm="rms", norm_order="aten_mean") takes the call: diffusers' RMSNorm
-    without a weight over x's last dim (128 <= D < 8192), scale / shift of x's dtype [B, 1 or T, D]."""
+def _norm_fit(x, norm) -> str:
+    """'' when norm_scale_shift(norm="rms", norm_order="aten_mean") takes x: diffusers' RMSNorm
+    without a weight over x's last dim (128 <= D < 8192)."""
     from diffusers.models.normalization import RMSNorm as DiffusersRMSNorm
     if type(norm) is not DiffusersRMSNorm or norm.weight is not None:
-        return f"the norm is {type(norm).__name__}{' with a weight' if getattr(norm, 'weight', None) is not None else ''}"
+        weighted = " with a weight" if getattr(norm, "weight", None) is not None else ""
+        return f"the norm is {type(norm).__name__}{weighted}"
     if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return f"x is {x.dtype} of rank {x.dim()}"
-    B, S, D = x.shape
+    D = x.shape[-1]
     if tuple(norm.dim) != (D,):
         return "the norm's shape is not x's last dim"
     if not 128 <= D < 8192 or D % 4:
         return f"dim {D} (the mean order: 128 <= D < 8192, D % 4 == 0)"
     if x.stride(-1) != 1:
         return "x's last stride is not 1"
+    return ""
+
+
+def _adaln_fit(x, norm, scale, shift) -> str:
+    """_norm_fit, and scale / shift of x's dtype [B, 1 or T, D]."""
+    why = _norm_fit(x, norm)
+    if why:
+        return why
+    B, S, D = x.shape
     for name, t in (("scale", scale), ("shift", shift)):
         if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.dim() != 3 or t.shape[0] != B \
                 or t.shape[1] not in (1, S) or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
@@ -109,6 +119,28 @@ def adaln_mapping() -> Mapping:
     if "aten_mean" in op_options("norm_scale_shift").get("norm_order", []):
         return ADALN_RMS_MEAN
     return Mapping(why=ADALN_WHY)
+
+
+NORM_CHAIN = "diffusers RMSNorm without a weight (x * rsqrt(x.float().pow(2).mean(-1) + eps), cast back), no modulation"
+
+
+def norm_chain(x, norm):
+    return norm(x)
+
+
+# The text cross-attention's pre-norm where its query has no modulation (norm2 / audio_norm2
+# without cross_attn_mod): norm_scale_shift without scale and shift, the same mean order.
+NORM_RMS_MEAN = Mapping(
+    op="norm_scale_shift", options={"norm": "rms", "norm_order": "aten_mean"},
+    fit=_norm_fit,
+    signature=lambda x, norm: (str(x.device), x.dtype, x.shape[-1], float(norm.eps)),
+    call=lambda x, norm: OpCall("norm_scale_shift", (x, None, None),
+                                dict(norm="rms", eps=float(norm.eps), norm_order="aten_mean"),
+                                lambda out: out[0]))
+
+
+def norm_mapping() -> Mapping:
+    return NORM_RMS_MEAN if adaln_mapping() is ADALN_RMS_MEAN else Mapping(why=ADALN_WHY)
 
 
 # ---------------------------------------------------------------- CUDA-graph capture
@@ -332,12 +364,13 @@ def _text_kv(block, names, temb_prompt, like, batch_size):
     return table[None, None].to(device=like.device, dtype=like.dtype).unbind(dim=2)
 
 
-def _text_cross_attention(block, sites, names, x, text_q, context, text_kv, mask):
-    """Sub-block 2 of one stream: norm2 (modulated where the query has its own adaLN), the text keys
-    modulated where cross_attn_adaln, attn2 and the residual (gated where modulated)."""
+def _text_cross_attention(block, sites, names, x, text_q, context, text_kv, mask, normed_site):
+    """Sub-block 2 of one stream: norm2 (modulated where the query has its own adaLN, else through
+    the plain norm site), the text keys modulated where cross_attn_adaln, attn2 and the residual
+    (gated where modulated)."""
     modulated, gated = sites
     norm = getattr(block, names["norm2"])
-    normed = norm(x) if text_q is None else modulated(x, norm, text_q[1], text_q[0])
+    normed = normed_site(norm_chain, x, norm) if text_q is None else modulated(x, norm, text_q[1], text_q[0])
     if block.cross_attn_adaln:
         context = context * (1 + text_kv[1]) + text_kv[0]
     out = getattr(block, names["attn2"])(normed, encoder_hidden_states=context, query_rotary_emb=None,
@@ -397,7 +430,7 @@ def _feed_forward(block, sites, names, x, mlp):
     return gated(x, getattr(block, names["ff"])(modulated(x, getattr(block, names["norm3"]), scale, shift)), gate)
 
 
-def block_forward(residual: GatedResidualSite, adaln: MappedSite):
+def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSite):
     """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the gated residuals and the norms'
     modulations through the sites (the QK sites are in the attentions' processors), sub-block by
     sub-block in the model's order, each stream through the same code."""
@@ -431,10 +464,10 @@ def block_forward(residual: GatedResidualSite, adaln: MappedSite):
             video_kv = _text_kv(self, VIDEO, temb_prompt, hidden_states, batch_size)
             audio_kv = _text_kv(self, AUDIO, temb_prompt_audio, audio_hidden_states, batch_size)
         hidden_states = _text_cross_attention(self, sites, VIDEO, hidden_states, video_text_q, encoder_hidden_states,
-                                              video_kv, encoder_attention_mask)
+                                              video_kv, encoder_attention_mask, norm)
         audio_hidden_states = _text_cross_attention(self, sites, AUDIO, audio_hidden_states, audio_text_q,
                                                     audio_encoder_hidden_states, audio_kv,
-                                                    audio_encoder_attention_mask)
+                                                    audio_encoder_attention_mask, norm)
         # 3. Audio-to-video and video-to-audio cross-attention
         if use_a2v_cross_attention or use_v2a_cross_attention:
             hidden_states, audio_hidden_states = _av_cross_attention(
@@ -464,6 +497,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     qk_text = plan.add_site(_common.cross_head_qk_site(
         "qk_norm_rope (text cross-attn)", "none", f"{QK_NORM} of the queries and the text keys, no RoPE"))
     adaln = plan.add_site(MappedSite("adaln_modulate", mapping=adaln_mapping(), chain=ADALN_CHAIN))
+    norm = plan.add_site(MappedSite("adaln_modulate (norm2, no modulation)", mapping=norm_mapping(), chain=NORM_CHAIN))
     residual = plan.add_site(_common.gated_residual_site())
 
     attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
@@ -485,10 +519,13 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         norms += [f"{n} ({d})" for d in ("a2v", "v2a") for n in ("audio_to_video_norm", "video_to_audio_norm")]
         norms += ["norm3", "audio_norm3"]
         adaln.places += [plan.prefix + f"{path}.{n}" for n in norms]
+        norm.places += [plan.prefix + f"{path}.{n}" for n, modulated in (("norm2", block.video_cross_attn_adaln),
+                                                                         ("audio_norm2", block.audio_cross_attn_adaln))
+                        if not modulated]
         gates = ["attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn", "ff", "audio_ff"]
         gates += ["attn2"] if block.video_cross_attn_adaln else []
         gates += ["audio_attn2"] if block.audio_cross_attn_adaln else []
         residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
-        plan.patch_forward(path, block, block_forward(residual, adaln))
+        plan.patch_forward(path, block, block_forward(residual, adaln, norm))
     # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
     # per step) are the model's code: not places of the site.
