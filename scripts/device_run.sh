@@ -198,17 +198,15 @@ elif [ "$PHASE" = verify ]; then
     "$OUT/kernels.json" || echo "notice: kernels.json not written: the summary cannot tell close checks by contract"
   echo "== tests (CPU + GPU + pytest) beside the bit-exactness checks against the PyTorch eager chain"
   # pytest_progress.log: each Python test as it starts and ends (a cut run shows what was running).
-  # One inductor compile process per pytest worker: a pool of 16 per worker (inductor's default
-  # here) beside 10 ctest jobs made each CPU torch.compile test take 130-142 s (H200, aa276b6).
   # The CPU-only tests CI runs on every change are left to it (the cross-arch NVRTC compiles, the
-  # docs status, pip install, the fuzz replay, the cpu_only Python modules): at bf0f87e they were
-  # 480 of the run's 4100 test-seconds on 16 cores already busy with the GPU jobs.
+  # docs status, pip install, the fuzz replay, the cpu_only Python modules): 480 of 4100
+  # test-seconds on 16 cores busy with the GPU jobs (docs/tuning/device_verify.md).
   CPU_ONLY="Compiles?ForEveryTargetArch|CompilesWithNvrtcForTheTargetArchs|^docs_status\$|^python_pip_install\$|^python_pytest_without_torch\$|^fuzz_replay\$"
   # The tests and checks end 90 s before VERIFY_DEADLINE_S (default 540 s after the start, inside
   # the device tool's 10 minutes), so the summary of what ran always comes back: a cut ctest
   # reports "timed out" (rc 124), a check not started is named.
   TESTS_END=$((SCRIPT_START + ${VERIFY_DEADLINE_S:-540} - 90))
-  DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS -m 'not cpu_only'" TORCHINDUCTOR_COMPILE_THREADS=1 \
+  DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS -m 'not cpu_only'" \
     timeout -k 10 $(( TESTS_END - $(date +%s) > 30 ? TESTS_END - $(date +%s) : 30 )) \
     ctest --test-dir build-dev -j 12 -E "$CPU_ONLY" --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
   CTEST_PID=$!

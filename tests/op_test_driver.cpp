@@ -44,12 +44,6 @@ std::string join(const std::vector<int64_t>& v) {
   return s;
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t e : shape) n *= e;
-  return n;
-}
-
 std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) s[d] = s[d + 1] * std::max<int64_t>(shape[d + 1], 1);
@@ -727,6 +721,12 @@ std::pair<int64_t, int64_t> written_difference(const Prepared& a, const std::vec
 
 // ---------------------------------------------------------------- public
 
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
 const char* case_kind_name(CaseKind kind) {
   switch (kind) {
     case CaseKind::model: return "model";
@@ -925,10 +925,11 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
       fail(who + " against the reference: " + d);
     // A tolerance widens the comparison with the reference only: every implementation is held to
     // the bounding oracles (the contract's bound), an implementation with a tolerance_for_impl too.
-    for (const auto& [o, slots] : contract_bounds)
-      if (o->bounds_implementation && !o->bounds_implementation(spec->name)) continue;
-      else if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
+    for (const auto& [o, slots] : contract_bounds) {
+      if (o->bounds_implementation && !o->bounds_implementation(spec->name)) continue;  // another bounds it
+      if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
         fail(who + " against the oracle (" + o->name + "): " + m);
+    }
     for (const Oracle* o : oracles(c.op)) {
       if (!o->on_own_outputs || !oracle_applies(*o, c)) continue;
       try {

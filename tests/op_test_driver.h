@@ -43,6 +43,7 @@ struct Fill {
 // subnormals, the smallest normal, +-the largest finite, 1 and its neighbour, -1 (fp8: its own; an
 // integer dtype: 0, 1, -1 and its extremes).
 std::vector<uint64_t> special_patterns(DType dtype);
+int64_t numel(const std::vector<int64_t>& shape);  // the elements of a shape
 
 // One tensor of a case. A tensor the case leaves out is absent, except outputs that a binding
 // would produce (the op table's `present` rule): the driver adds those, contiguous, shaped by

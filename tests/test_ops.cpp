@@ -26,8 +26,8 @@ std::vector<std::string> described_ops() {
 }
 
 // Parts of an op's cases, each its own ctest test: a GPU run spreads an op's CPU references over
-// ctest's jobs (one test per op took norm_scale_shift 207 s of a 395 s run on the H200; in 4 parts
-// by index its last part still took 215 s of a 507 s run, at bf0f87e).
+// ctest's jobs (in 4 parts by index norm_scale_shift's last part took 215 s of a 507 s H200 run:
+// docs/tuning/device_verify.md).
 constexpr int kOpParts = 8;
 
 // The part of each case: the small ones by index, the large ones (the model-sized calls whose CPU
@@ -42,11 +42,7 @@ std::vector<int> parts_of(const std::vector<OpCase>& all) {
       continue;
     }
     int64_t elements = 0;
-    for (const TensorCase& t : all[i].tensors) {
-      int64_t n = 1;
-      for (int64_t e : t.shape) n *= e;
-      elements += n;
-    }
+    for (const TensorCase& t : all[i].tensors) elements += numel(t.shape);
     large.push_back({elements, i});
   }
   std::stable_sort(large.begin(), large.end(), [](const auto& a, const auto& b) { return a.first > b.first; });

@@ -169,14 +169,14 @@ const CaseSet kCases("fp8_linear", make);
 // The fp64 oracle: xq decoded from e4m3 codes rounded here (x * fl32(1 / x_scale) to fp32, clamped,
 // on the 4-bit grid) or given, every product xq * w exact in double, the sum in double (its error
 // far below the bound), times x_scale * w_scale, plus the bias. The bound: one bf16 ulp of the
-// result plus `relative` of the sum of |products| (times the scales).
-void fl_oracle(OracleIo& io, double relative_of_k_and_fixed[2]) {
+// result plus (K * per_k + fixed) of the sum of |products| (times the scales).
+void fl_oracle(OracleIo& io, double per_k, double fixed) {
   const int x = io.id("x"), w = io.id("w"), out = io.id("out"), bias = io.id("bias");
   const int64_t M = io.shape(x)[0], K = io.shape(x)[1], N = io.shape(w)[0];
   const double xs = io.in(io.id("x_scale"), 0), ws = io.in(io.id("w_scale"), 0);
   const bool quantized = io.dtype(x) == DType::f8e4m3fn;
   const double inv = testing_oracle::ieee_inverse(xs);
-  const double relative = static_cast<double>(K) * relative_of_k_and_fixed[0] + relative_of_k_and_fixed[1];
+  const double relative = static_cast<double>(K) * per_k + fixed;
   std::vector<double> xq(static_cast<size_t>(M * K)), wv(static_cast<size_t>(K));
   for (int64_t i = 0; i < M * K; ++i)
     xq[i] = quantized ? io.in(x, i) : testing_oracle::round_e4m3_saturated(testing_oracle::round_f32(io.in(x, i) * inv));
@@ -202,25 +202,19 @@ const std::string kCublasLt = "fp8_linear.cublaslt";
 
 // The contract of the reference and the kernels: fp32 accumulation in any order, K * 2^-24.
 const OracleSet kOracle("fp8_linear", {.name = "fp64 product within the contract's bound",
-                                       .expect = [](OracleIo& io) {
-                                         double r[2] = {0x1p-24, 0};
-                                         fl_oracle(io, r);
-                                       },
+                                       .expect = [](OracleIo& io) { fl_oracle(io, 0x1p-24, 0); },
                                        .bounds_implementations = true,
-                                       .bounds_implementation = [](const std::string& impl) { return impl != kCublasLt; }});
+                                       .bounds_implementation = [](const std::string& i) { return i != kCublasLt; }});
 
 // cuBLASLt's on sm_90: its FP8 tensor cores add the products of one MMA with an accumulator of
 // about 14 bits before the fp32 promotion (DeepSeek-V3 report, 3.3.2), so 2^-12 of the sum of
-// |products| on top of the fp32 term. H200, 2026-12-04: up to 2^-14.8 of it (K = 256, M = 17), where
-// the fp32 bound alone failed 1 to 3 elements of ~1000 in 3 of 4 parts. Its exact contract is byte
+// |products| on top of the fp32 term (H200: up to 2^-14.8 of it, at K = 256, M = 17, where the fp32
+// bound alone failed 1 to 3 elements of ~1000). Its exact contract is byte
 // equality with torch._scaled_mm (tests/python/test_ops_eager.py, bench/fp8_linear_torch.py).
 const OracleSet kOracleCublasLt("fp8_linear", {.name = "fp64 product within cuBLASLt's sm_90 accumulator bound",
-                                               .expect = [](OracleIo& io) {
-                                                 double r[2] = {0x1p-24, 0x1p-12};
-                                                 fl_oracle(io, r);
-                                               },
+                                               .expect = [](OracleIo& io) { fl_oracle(io, 0x1p-24, 0x1p-12); },
                                                .bounds_implementations = true,
-                                               .bounds_implementation = [](const std::string& impl) { return impl == kCublasLt; }});
+                                               .bounds_implementation = [](const std::string& i) { return i == kCublasLt; }});
 
 }  // namespace
 }  // namespace ditops::optest

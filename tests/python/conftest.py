@@ -14,7 +14,7 @@ import ditops  # noqa: F401  (fails loudly here when the module is missing)
 def pytest_configure(config):
     # cpu_only: a module that runs on the CPU whatever the machine (CI runs it on every change). The
     # device verify deselects it (-m "not cpu_only"): its CPU torch.compile tests took 138-152 s
-    # each there beside the GPU jobs (H200, bf0f87e), against 0.1-8.5 s on a 2-core CPU machine.
+    # each there beside the GPU jobs (docs/tuning/device_verify.md).
     config.addinivalue_line("markers", "cpu_only: a CPU-only test module (the device verify leaves it to CI)")
 
 

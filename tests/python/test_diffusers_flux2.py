@@ -368,17 +368,30 @@ def test_gpu_patched_equals_unpatched(variant, batch):
 
 @needs_cuda
 def test_gpu_compile_fullgraph_runs_the_ops():
+    """Under inductor (fullgraph) the sites stay the ditops custom ops in the graph inductor
+    compiles, and the compiled forward gives the same bytes call after call; inductor fuses the
+    model's own glue with other roundings, so its output is not eager's (printed)."""
+    from torch._inductor.compile_fx import compile_fx
     model, inputs = on_cuda(*tiny_flux2())
     dd.enable(model)
     eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
+    targets = []
+
+    def recording(gm, example_inputs):
+        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return compile_fx(gm, example_inputs)
+
     torch._dynamo.reset()
     try:
         with torch.no_grad():
-            out = torch.compile(model, fullgraph=True)(**inputs)[0]
+            compiled = torch.compile(model, fullgraph=True, backend=recording)
+            out, again = (compiled(**inputs)[0] for _ in range(2))
     finally:
         torch._dynamo.reset()
-    # inductor fuses the model's own glue differently; the ditops sites are opaque custom ops
     print(f"flux2: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
+    assert sorted({t for t in targets if t.startswith("ditops.")}) == [
+        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"]
+    assert torch.equal(out, again)
     assert torch.isfinite(out).all()
 
 

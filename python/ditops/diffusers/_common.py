@@ -133,7 +133,7 @@ def qk(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, start: int, layout="fu
     return site(q, k, norm_q, norm_k, freqs, layout, start, reference, rows)
 
 
-def qk_rotating_head(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, identity: int):
+def qk_with_unrotated_tail(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, identity: int):
     """(q, k) normalized per head over all their tokens, the first ones rotated with freqs (cos,
     sin) [tokens - identity, head_dim] and the last `identity` left unrotated (HunyuanVideo's
     single blocks: latent then text tokens); freqs None: no token rotated (its text stream)."""

@@ -481,8 +481,7 @@ class CapturedForward:
         with self._lock:
             self.released = True  # a caller still holding the installed forward runs the model's
             self.drop_graphs()
-            regions, self.regions = self.regions, []
-        whys = [why for why in (r.uninstall() for r in regions) if why]
+        whys = self.drop_regions()
         if self.model.__dict__.get("forward") is not self.installed:
             return "; ".join(whys + [f"{self.name}.forward was replaced after capture; left as it is"])
         if self._previous is None:
@@ -490,6 +489,12 @@ class CapturedForward:
         else:
             self.model.forward = self._previous
         return "; ".join(whys)
+
+    def drop_regions(self) -> list:
+        """Puts the blocks' forwards back where regions replaced them; the reasons of any left."""
+        with self._lock:
+            regions, self.regions = self.regions, []
+        return [why for why in (r.uninstall() for r in regions) if why]
 
     def _go_regional(self) -> str:
         """After a failed whole-forward capture: a capture of each repeated block (the model's
@@ -638,16 +643,17 @@ class CapturedForward:
                     # another capture in a pool waiting to be freed
                     self.pool = None
                 failed = f"the capture failed ({type(e).__name__}: {_first_line(e)}{_where(e, self.model)})"
-                regional = self._go_regional() if self._parent is None else "the block's own capture"
-                if not regional:
-                    entry.state, entry.why = _REGIONAL, failed
-                    self._warn_once(f"{failed}; its repeated blocks are captured instead ({len(self.regions)} "
-                                    "blocks, one graph per block and signature, the rest of the forward eager)")
-                    self.regional_calls += 1
-                    return _RUN_EAGER
-                why = f"{failed}; this signature runs eagerly from now on (release() and capture() again to retry)"
-                if self._parent is None:
-                    why = why[:-1] + f"; no regional capture: {regional})"
+                retry = "release() and capture() again to retry"
+                if self._parent is None:  # a model's whole forward: its blocks instead (a block's own: eager)
+                    no_regions = self._go_regional()
+                    if not no_regions:
+                        entry.state, entry.why = _REGIONAL, failed
+                        self._warn_once(f"{failed}; its repeated blocks are captured instead ({len(self.regions)} "
+                                        "blocks, one graph per block and signature, the rest of the forward eager)")
+                        self.regional_calls += 1
+                        return _RUN_EAGER
+                    retry += f"; no regional capture: {no_regions}"
+                why = f"{failed}; this signature runs eagerly from now on ({retry})"
         if why:
             entry.state, entry.why = _REFUSED, why
             return self._refused(why)
@@ -973,7 +979,4 @@ def forget(model) -> None:
     state = captured(model)
     if state is not None:
         state.drop_graphs()
-        with state._lock:
-            regions, state.regions = state.regions, []
-        for region in regions:
-            region.uninstall()
+        state.drop_regions()

@@ -320,8 +320,9 @@ class RopeTable:
         parts = () if freqs is None else tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
         slot_name = "slot_identity" if identity else "slot"
         slot = getattr(self._local, slot_name, None) if keep else None
+        # the same rotary tensors (identity: the same values and device); no tensors: the device
         if slot is not None and len(parts) == len(slot[0]) and all(a is b for a, b in zip(parts, slot[0])) \
-                and slot[1].device == torch.device(device):
+                and (parts or slot[1].device == device):
             cache, known = slot[1], slot[2]
         else:
             built = self.build_with_identity(freqs, head_dim, device) if identity else self.build(freqs, layout)

@@ -70,7 +70,7 @@ class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
         encoder_key = attn.add_k_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         encoder_value = attn.add_v_proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
         if self.text_site is not None and attn.norm_added_q is not None and attn.norm_added_k is not None:
-            encoder_query, encoder_key = _common.qk_rotating_head(
+            encoder_query, encoder_key = _common.qk_with_unrotated_tail(
                 self.text_site, encoder_query, encoder_key, attn.norm_added_q, attn.norm_added_k, None,
                 encoder_query.shape[1])
         else:
@@ -101,7 +101,7 @@ class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
         query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
         key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
-        query, key = _common.qk_rotating_head(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb,
+        query, key = _common.qk_with_unrotated_tail(self.site, query, key, attn.norm_q, attn.norm_k, image_rotary_emb,
                                               text_len)
         return _attend(self, attn, query, key, value, attention_mask, text_len)
 

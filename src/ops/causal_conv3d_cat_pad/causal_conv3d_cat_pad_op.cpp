@@ -312,7 +312,7 @@ void register_causal_conv3d_cat_pad(Registry& registry) {
   jit_impl.name = std::string(kOp) + ".jit";
   jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   jit_impl.contract = Contract::bit_exact(oracle).verified(
-      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): the window kernels torch.equal in 49 of 49 cases of bench/causal_conv3d_cat_pad_torch.py (both "
+      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: the window kernels torch.equal in 49 of 49 cases of bench/causal_conv3d_cat_pad_torch.py (both "
       "layouts, f16/bf16/f32, graph replay) and the GPU tests and driver parts");
   jit_impl.description =
       "one pass over out's 16-byte windows of memory, a warp over consecutive windows: 16-byte stores, aligned "

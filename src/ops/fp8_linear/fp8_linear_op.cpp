@@ -353,7 +353,7 @@ void register_fp8_linear(Registry& registry) {
           "fp8_reciprocal for a 16-bit x); also within 1 bf16 ulp plus (K * 2^-24 + 2^-12) * sum_k |xq w| * "
           "x_scale * w_scale of the " + fp64 + " (sm_90's FP8 MMA adds an MMA's products with a narrower "
           "accumulator than fp32: on the H200 the K * 2^-24 bound alone fails 1-3 outputs in 1000)")
-          .verified("H200 (sm_90) at bf0f87e (2026-12-04): torch.equal to torch._scaled_mm in 1065 of 1065 calls, every "
+          .verified("H200 (sm_90) at bf0f87e: torch.equal to torch._scaled_mm in 1065 of 1065 calls, every "
                     "whitelisted (K, N) at M 1..16, 24, 33, 64, with and without bias, bf16 and e4m3 x "
                     "(bench/results/h200/checks/fp8_linear_checks.json); at ee9c29e every driver case through "
                     "tests/python/test_ops_eager.py; at bf0f87e the driver's device parts within the sm_90 "

@@ -238,7 +238,7 @@ void register_fp8_rowwise_quant(Registry& registry) {
   jit.name = "fp8_rowwise_quant.jit";
   jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
   jit.contract = Contract::bit_exact(eager).verified(
-      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
+      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
       "graph replay");
   jit.description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte store), "
                     "the amax reduced over the CTA; NVRTC at first use";

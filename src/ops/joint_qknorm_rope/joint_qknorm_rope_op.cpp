@@ -301,11 +301,11 @@ void register_joint_qknorm_rope(Registry& registry) {
     jit_impl.name = std::string(kOp) + (rounded ? ".jit" : ".jit_fp32");
     jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
     jit_impl.contract =
-        rounded ? Contract::bit_exact(chain).verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): torch.equal to the processors' chain in 7 of 7 "
+        rounded ? Contract::bit_exact(chain).verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal to the processors' chain in 7 of 7 "
                                                         "cases and in graph replay; the driver's device parts")
                 : Contract::close(chain, "qknorm_rope's rounding=fp32 bound: the norm kept in fp32 before RoPE, "
                                          "within 1 ulp of the activation dtype on most elements")
-                      .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): within the float64 bound in 7 of 7 cases, v byte-equal");
+                      .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: within the float64 bound in 7 of 7 cases, v byte-equal");
     jit_impl.description = std::string("qknorm_rope's per-head code reading each stream's rows and writing the "
                                        "joint rows, v copied; NVRTC at first use; rounding=") +
                            (rounded ? "rounded" : "fp32");

@@ -555,7 +555,7 @@ void register_layernorm_modulate(Registry& registry) {
       eager_chain + ", then ditops.eager.fp8_rowwise_eager (torchao 0.18's float8 rowwise recipe: amax / 448.0 in "
                     "bf16, 1 for a zero scale, (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))";
   rowwise.contract = Contract::bit_exact(rowwise_chain)
-                         .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): torch.equal (e4m3 bytes and scales) in 96 of 96 "
+                         .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal (e4m3 bytes and scales) in 96 of 96 "
                                    "cases of bench/layernorm_modulate_fp8_rowwise_torch.py and in graph replay");
   rowwise.description = "LayerNorm + modulate + per-token dynamic e4m3 in one pass: the bf16 row held in registers, "
                         "its amax reduced over the row's threads, then quantized (no bf16 intermediate)" + mappings;

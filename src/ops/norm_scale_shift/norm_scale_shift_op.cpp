@@ -787,7 +787,7 @@ void register_norm_scale_shift(Registry& registry) {
                            "norm_scale_shift.jit_float32's; its y in x's dtype), then ditops.eager.fp8_rowwise_eager "
                            "(torchao 0.18's float8 rowwise recipe: amax / 448.0 in y's dtype, 1 for a zero scale, "
                            "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))")
-           .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): torch.equal (e4m3 bytes, scales, y and residual_out where "
+           .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal (e4m3 bytes, scales, y and residual_out where "
                      "written) in 26 of 26 cases of bench/norm_scale_shift_torch.py's VERIFY_FP8_ROWWISE"),
        true},
   };

@@ -434,7 +434,7 @@ void register_qknorm_rope(Registry& registry) {
                                 "norm_order=warp is unverified (it never ran beside SGLang's split chain and equals "
                                 "aten order by construction at D = 128 only)")
                 : Contract::close("PyTorch 2.11 eager chain on CUDA", close_bounds)
-                      .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e (2026-12-04): bench/qknorm_rope_torch.py's float64 bound "
+                      .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: bench/qknorm_rope_torch.py's float64 bound "
                                 "held on every case (jit_fp32 128 of 128, aot_fp32 18 of 18; "
                                 "bench/results/h200/checks/qknorm_rope_checks.json)");
     Implementation<QkNormRopeCall, QkKernelKey> aot = aot_implementation<Kernels>();
