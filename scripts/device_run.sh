@@ -154,9 +154,14 @@ PY
 trap clock_summary EXIT
 
 # pytest (ctest's python_pytest) over 8 workers where pytest-xdist is installed; JUnit XML for
-# bench/summary.py.
+# bench/summary.py. --dist worksteal (xdist >= 3.2): with the default "load" two workers kept the
+# slow diffusers modules queued while six sat idle for the last 220 s (docs/tuning/device_verify.md).
 PYTEST_OPTS="--junitxml=$OUT/pytest.xml"
-python3 -c "import xdist" 2>/dev/null && PYTEST_OPTS="-n 8 $PYTEST_OPTS"
+if python3 -c "import xdist, sys; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" 2>/dev/null; then
+  PYTEST_OPTS="-n 8 --dist worksteal $PYTEST_OPTS"
+elif python3 -c "import xdist" 2>/dev/null; then
+  PYTEST_OPTS="-n 8 $PYTEST_OPTS"
+fi
 if [ "$PHASE" = all ]; then
   echo "== tests (CPU + GPU + pytest tests/python)"
   PYTEST_ADDOPTS="$PYTEST_OPTS" ctest --test-dir build-dev -j 6 --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1
