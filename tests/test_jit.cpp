@@ -361,6 +361,30 @@ TEST_F(JitCache, JitTimingFirstCompileAndWarmDiskLoad) {
               std::chrono::duration<double, std::milli>(t2 - t1).count(), request.template_key.c_str());
 }
 
+// A kernel key's number: a digit per field, so keys that differ in any field differ; a digit at
+// its bound (a field the key's bounds do not cover) or bounds past 64 bits throw.
+TEST(KernelKey, PackedDigitsAreDistinctAndBoundsAreChecked) {
+  EXPECT_EQ(pack_key({true, {DType::f16, 9}, {3, 4}}), (1 * 9 + 1) * 4 + 3);
+  EXPECT_NE(pack_key({{1, 4}, {0, 4}}), pack_key({{0, 4}, {1, 4}}));
+  EXPECT_EQ(pack_key({DType::i64}), static_cast<uint64_t>(DType::i64));
+  try {
+    pack_key({true, {4, 4}});
+    ADD_FAILURE() << "a digit at its bound packed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("digit 1 is 4, not below its bound 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(pack_key({{-1, 512}}), Error);  // a negative field wraps to a huge digit: refused
+  std::initializer_list<KeyDigit> wide = {{0, uint64_t{1} << 40}, {0, uint64_t{1} << 30}};
+  EXPECT_THROW(pack_key(wide), Error);
+}
+
+TEST(KernelKey, TemplateArgumentsAreSpelledAsTheKernelsDo) {
+  EXPECT_EQ(jit::kernel_args(DType::bf16, true, 128, "ditops::kQkSumAten", false, DType::i64),
+            "ditops::kernel::bf16, true, 128, ditops::kQkSumAten, false, long long");
+  EXPECT_EQ(jit::kernel_args(), "");
+  EXPECT_EQ(jit::kernel_args(std::string("x")), "x");
+}
+
 TEST(AotTable, EveryPrebuiltKeyIsInTheEmbeddedTable) {
   const auto& entries = jit::aot_entries();
   if (entries.empty()) GTEST_SKIP() << "built without prebuilt kernels";

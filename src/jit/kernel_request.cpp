@@ -1,5 +1,16 @@
 #include "jit/kernel_request.h"
 
+namespace ditops {
+
+void throw_key_digit_error(int digit, uint64_t value, uint64_t bound) {
+  if (value >= bound)
+    throw Error("kernel key: digit " + std::to_string(digit) + " is " + std::to_string(value) + ", not below its bound " +
+                std::to_string(bound) + " (it would alias another kernel)");
+  throw Error("kernel key: the bounds up to digit " + std::to_string(digit) + " pass 64 bits");
+}
+
+}  // namespace ditops
+
 namespace ditops::jit {
 
 const char* kernel_type_name(DType dtype) {

@@ -222,7 +222,7 @@ struct CcpKernelKey {
     return std::to_string(elem_bytes) + "-byte" + (aligned ? ",aligned" : ",general") +
            (index64 ? ",index64" : ",index32") + (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const { return ((static_cast<uint64_t>(elem_bytes) * 2 + aligned) * 2 + index64) * 2 + pdl; }
+  uint64_t packed() const { return pack_key({{elem_bytes, 5}, aligned, index64, pdl}); }
 };
 
 // The row model of kernels/causal_conv3d_cat_pad.cuh with the call's pointers, and its number of
@@ -262,16 +262,13 @@ CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) 
 }
 
 KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
-  KernelRequest r;
-  r.header = "causal_conv3d_cat_pad.cuh";
-  r.function = "ditops::causal_conv3d_cat_pad";
-  r.template_args = std::to_string(key.elem_bytes) + ", " + jit::kernel_bool(key.aligned) + ", " +
-                    jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.index64);
-  r.params_type = "ditops::CausalConv3dCatPadParams";
-  r.max_threads = kCcpThreads;
-  r.min_blocks = key.index64 ? 0 : key.aligned ? kCcpMinBlocksAligned : kCcpMinBlocksGeneral;  // 64-bit: would spill
-  r.template_key = std::string(kOp) + ":" + key.to_string();
-  return r;
+  return {.header = "causal_conv3d_cat_pad.cuh",
+          .function = "ditops::causal_conv3d_cat_pad",
+          .template_args = jit::kernel_args(key.elem_bytes, key.aligned, key.pdl, key.index64),
+          .params_type = "ditops::CausalConv3dCatPadParams",
+          .max_threads = kCcpThreads,
+          .min_blocks = key.index64 ? 0 : key.aligned ? kCcpMinBlocksAligned : kCcpMinBlocksGeneral,  // 64-bit: would spill
+          .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
 // Keys covering every code path: both element sizes, both kernels, both index widths, with and

@@ -188,14 +188,7 @@ struct CrossHeadKey {
            (pdl ? ",pdl" : ",nopdl");
   }
   uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(dtype);
-    v = v * 4 + static_cast<uint64_t>(rope);
-    v = v * 2 + rounded;
-    v = v * 32 + static_cast<uint64_t>(vectors);
-    v = v * 1024 + static_cast<uint64_t>(head_dim);
-    v = v * 4 + static_cast<uint64_t>(table);
-    v = v * 2 + pdl;
-    return v;
+    return pack_key({dtype, {rope, 4}, rounded, {vectors, 32}, {head_dim, 1024}, {table, 3}, pdl});
   }
 };
 
@@ -234,17 +227,13 @@ CrossHeadKey key_for(const CrossHeadQkNormRopeCall& c, const DeviceInfo& device)
 }
 
 KernelRequest request_for(const CrossHeadKey& key) {
-  KernelRequest r;
-  r.header = "cross_head_qknorm_rope.cuh";
-  r.function = "ditops::cross_head_qknorm_rope_body";
-  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " +
-                    std::to_string(static_cast<int>(key.rope)) + ", " + jit::kernel_bool(key.rounded) + ", " +
-                    std::to_string(key.vectors) + ", " + std::to_string(key.head_dim) + ", " +
-                    std::to_string(key.table) + ", " + jit::kernel_bool(key.pdl);
-  r.params_type = "ditops::CrossHeadQkNormRopeParams";
-  r.max_threads = kCrossHeadThreads;
-  r.template_key = std::string(kOp) + ":" + key.to_string();
-  return r;
+  return {.header = "cross_head_qknorm_rope.cuh",
+          .function = "ditops::cross_head_qknorm_rope_body",
+          .template_args = jit::kernel_args(key.dtype, static_cast<int>(key.rope), key.rounded, key.vectors,
+                                            key.head_dim, key.table, key.pdl),
+          .params_type = "ditops::CrossHeadQkNormRopeParams",
+          .max_threads = kCrossHeadThreads,
+          .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
 CrossHeadRowParams row_params(const TensorView& x, const TensorView& weight, const CrossHeadRows& r) {

@@ -100,15 +100,7 @@ struct Fp8LinearKey {
            (kernel == Fp8Kernel::gemv ? ",r" : ",a") + std::to_string(tile) + (bias ? ",bias" : ",nobias") +
            (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(kernel);
-    v = v * 32 + static_cast<uint64_t>(x_dtype);
-    v = v * 2 + div_full;
-    v = v * 4 + static_cast<uint64_t>(tile);
-    v = v * 2 + bias;
-    v = v * 2 + pdl;
-    return v;
-  }
+  uint64_t packed() const { return pack_key({{kernel, 3}, x_dtype, div_full, {tile, 4}, bias, pdl}); }
 };
 
 // R = 2 rows per warp from N = 8192 on (SGLang's GEMV rule; not measured here).
@@ -126,16 +118,13 @@ Fp8LinearKey key_for(const Fp8LinearCall& c, const DeviceInfo& device) {
 }
 
 KernelRequest request_for(const Fp8LinearKey& key) {
-  KernelRequest r;
-  r.header = "fp8_linear.cuh";
   const bool gemv = key.kernel == Fp8Kernel::gemv;
-  r.function = gemv ? "ditops::fp8_linear_gemv_body" : "ditops::fp8_linear_mma_body";
-  r.template_args = std::string(jit::kernel_type_name(key.x_dtype)) + ", " + jit::kernel_bool(key.div_full) + ", " +
-                    std::to_string(key.tile) + ", " + jit::kernel_bool(key.bias) + ", " + jit::kernel_bool(key.pdl);
-  r.params_type = "ditops::Fp8LinearParams";
-  r.max_threads = gemv ? kFp8GemvWarps * 32 : kFp8MmaWarps * 32;
-  r.template_key = std::string(kOp) + ":" + key.to_string();
-  return r;
+  return {.header = "fp8_linear.cuh",
+          .function = gemv ? "ditops::fp8_linear_gemv_body" : "ditops::fp8_linear_mma_body",
+          .template_args = jit::kernel_args(key.x_dtype, key.div_full, key.tile, key.bias, key.pdl),
+          .params_type = "ditops::Fp8LinearParams",
+          .max_threads = gemv ? kFp8GemvWarps * 32 : kFp8MmaWarps * 32,
+          .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
 void fp8_linear_launch(const Fp8LinearCall& c, const Fp8LinearKey& key, const jit::LoadedKernel& kernel) {

@@ -135,14 +135,7 @@ struct Fp8RowwiseQuantKey {
     return std::string(dtype_name(dtype)) + ",slots=" + std::to_string(slots) + (vector ? ",vec16" : ",scalar") + "," +
            acts[act] + (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(dtype);
-    v = v * 16 + static_cast<uint64_t>(slots);
-    v = v * 2 + vector;
-    v = v * 4 + static_cast<uint64_t>(act);
-    v = v * 2 + pdl;
-    return v;
-  }
+  uint64_t packed() const { return pack_key({dtype, {slots, 16}, vector, {act, 3}, pdl}); }
 };
 
 int64_t units_of(const Fp8RowwiseQuantCall& c) {
@@ -169,15 +162,12 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
 }
 
 KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
-  KernelRequest r;
-  r.header = "fp8_rowwise_quant.cuh";
-  r.function = "ditops::fp8_rowwise_quant_body";
-  r.template_args = std::string(jit::kernel_type_name(k.dtype)) + ", " + std::to_string(k.slots) + ", " +
-                    jit::kernel_bool(k.vector) + ", " + std::to_string(k.act) + ", " + jit::kernel_bool(k.pdl);
-  r.params_type = "ditops::Fp8RowwiseQuantParams";
-  r.max_threads = kMaxThreads;
-  r.template_key = std::string(kOp) + ":" + k.to_string();
-  return r;
+  return {.header = "fp8_rowwise_quant.cuh",
+          .function = "ditops::fp8_rowwise_quant_body",
+          .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.pdl),
+          .params_type = "ditops::Fp8RowwiseQuantParams",
+          .max_threads = kMaxThreads,
+          .template_key = std::string(kOp) + ":" + k.to_string()};
 }
 
 // One CTA per row (a row per CTA at a time: the grid covers the rows once up to the grid limit),

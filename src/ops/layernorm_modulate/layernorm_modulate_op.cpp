@@ -307,17 +307,7 @@ struct LnmKey {
            (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar");
   }
   uint64_t packed() const {
-    uint64_t v = static_cast<uint64_t>(kind);
-    v = v * 128 + static_cast<uint64_t>(slots);
-    v = v * 2 + cta;
-    v = v * 2 + even;
-    v = v * 2 + prefetch;
-    v = v * 2 + shift;
-    v = v * 2 + div_full;
-    v = v * 2 + pdl;
-    v = v * 2 + aligned;
-    v = v * 2 + head128;
-    return v;
+    return pack_key({{kind, 4}, {slots, 128}, cta, even, prefetch, shift, div_full, pdl, aligned, head128});
   }
 };
 
@@ -342,27 +332,22 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
 }
 
 KernelRequest request_for(const LnmKey& key) {
-  KernelRequest r;
-  r.header = "layernorm_modulate.cuh";
-  r.max_threads = kThreads;
-  r.template_key = "layernorm_modulate:" + key.to_string();
-  if (key.kind == LnModulateKind::qk_head && key.head128) {
-    r.function = "ditops::qk_head_layernorm_d128_body";
-    r.template_args = std::to_string(kQkD128Iterations) + ", " + jit::kernel_bool(key.pdl);
+  KernelRequest r{.header = "layernorm_modulate.cuh",
+                  .function = "ditops::layernorm_modulate_body",
+                  .params_type = "ditops::LayerNormModulateParams",
+                  .max_threads = kThreads,
+                  .template_key = "layernorm_modulate:" + key.to_string()};
+  if (key.kind == LnModulateKind::qk_head) {
+    r.function = key.head128 ? "ditops::qk_head_layernorm_d128_body" : "ditops::qk_head_layernorm_body";
+    r.template_args = key.head128 ? jit::kernel_args(kQkD128Iterations, key.pdl)
+                                  : jit::kernel_args(kQkRowsPerWarp, key.pdl, key.aligned);
     r.params_type = "ditops::QkHeadLayerNormParams";
-  } else if (key.kind == LnModulateKind::qk_head) {
-    r.function = "ditops::qk_head_layernorm_body";
-    r.template_args = std::to_string(kQkRowsPerWarp) + ", " + jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned);
-    r.params_type = "ditops::QkHeadLayerNormParams";
-  } else {
-    r.function = "ditops::layernorm_modulate_body";
-    r.template_args = std::to_string(key.slots) + ", " + jit::kernel_bool(key.cta) + ", " + jit::kernel_bool(key.shift) + ", " +
-                      jit::kernel_bool(key.kind != LnModulateKind::bf16_out) + ", " + jit::kernel_bool(key.div_full) + ", " +
-                      jit::kernel_bool(key.pdl) + ", " + jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.even) +
-                      ", " + jit::kernel_bool(key.prefetch) + (key.kind == LnModulateKind::fp8_rowwise ? ", true" : "");
-    if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
-    r.params_type = "ditops::LayerNormModulateParams";
+    return r;
   }
+  r.template_args = jit::kernel_args(key.slots, key.cta, key.shift, key.kind != LnModulateKind::bf16_out, key.div_full,
+                                     key.pdl, key.aligned, key.even, key.prefetch);
+  if (key.kind == LnModulateKind::fp8_rowwise) r.template_args += ", true";
+  if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
   return r;
 }
 

@@ -69,17 +69,8 @@ std::string NssKernelKey::to_string() const {
 }
 
 uint64_t NssKernelKey::packed() const {
-  uint64_t v = static_cast<uint64_t>(act);
-  v = v * 16384 + static_cast<uint64_t>(dim);
-  v = v * 2 + (norm == NormType::rms);
-  v = v * 2 + mean_order;
-  v = v * 4 + static_cast<uint64_t>(numerics);
-  v = v * 2 + residual;
-  v = v * 4 + static_cast<uint64_t>(affine);
-  v = v * 8 + static_cast<uint64_t>(quant);
-  v = v * 2 + pdl;
-  v = v * 2 + modulate;
-  return v;
+  return pack_key({act, {dim, 16384}, norm == NormType::rms, mean_order, {numerics, 4}, residual, {affine, 3},
+                   {quant, 8}, pdl, modulate});
 }
 
 namespace {
@@ -150,27 +141,24 @@ NssEagerSchedule nss_eager_schedule(const NssKernelKey& key) {
 }
 
 KernelRequest nss_kernel_request(const NssKernelKey& key) {
-  KernelRequest r;
-  r.header = "norm_scale_shift.cuh";
-  r.function = "ditops::norm_scale_shift_body";
-  r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + std::to_string(key.dim) + ", " +
-                    (key.norm == NormType::layer ? "ditops::kNssLayerNorm" : key.mean_order ? "ditops::kNssRmsMean" : "ditops::kNssRms") +
-                    ", " + jit::kernel_bool(key.numerics == NssNumerics::sglang) + ", " +
-                    jit::kernel_bool(key.residual) + ", " + std::to_string(key.affine) + ", " +
-                    std::to_string(static_cast<int>(key.quant)) + ", " + jit::kernel_bool(key.pdl);
-  r.params_type = "ditops::NormScaleShiftParams";
-  r.max_threads = kNssMaxThreads;
+  const char* norm = key.norm == NormType::layer ? "ditops::kNssLayerNorm"
+                     : key.mean_order           ? "ditops::kNssRmsMean"
+                                                : "ditops::kNssRms";
+  KernelRequest r{.header = "norm_scale_shift.cuh",
+                  .function = "ditops::norm_scale_shift_body",
+                  .template_args = jit::kernel_args(key.act, key.dim, norm, key.numerics == NssNumerics::sglang,
+                                                    key.residual, key.affine, static_cast<int>(key.quant), key.pdl),
+                  .params_type = "ditops::NormScaleShiftParams",
+                  .max_threads = kNssMaxThreads,
+                  .template_key = "norm_scale_shift:" + key.to_string()};
   if (key.numerics != NssNumerics::sglang) {
     const NssEagerSchedule schedule = nss_eager_schedule(key);
-    r.template_args += std::string(", ") + jit::kernel_bool(schedule.prefetch) + ", " +
-                       jit::kernel_bool(schedule.shared_operands) + ", " + std::to_string(schedule.split);
+    r.template_args += ", " + jit::kernel_args(schedule.prefetch, schedule.shared_operands, schedule.split);
     if (key.numerics == NssNumerics::float32)
-      r.template_args += std::string(", true, ") + jit::kernel_bool(key.modulate) + ", " +
-                         jit::kernel_bool(schedule.stream_operands);
+      r.template_args += ", " + jit::kernel_args(true, key.modulate, schedule.stream_operands);
     r.min_blocks = schedule.min_blocks;
     r.max_threads = kNssMaxThreads * schedule.split;
   }
-  r.template_key = "norm_scale_shift:" + key.to_string();
   return r;
 }
 

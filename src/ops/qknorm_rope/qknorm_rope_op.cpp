@@ -59,40 +59,24 @@ std::string QkKernelKey::to_string() const {
 }
 
 uint64_t QkKernelKey::packed() const {
-  uint64_t v = static_cast<uint64_t>(act);
-  v = v * 16 + static_cast<uint64_t>(cache);
-  v = v * 16 + static_cast<uint64_t>(pos);
-  v = v * 512 + static_cast<uint64_t>(head_dim);
-  v = v * 512 + static_cast<uint64_t>(rope_dim);
-  v = v * 2 + neox;
-  v = v * 2 + full_width;
-  v = v * 2 + (rounding == QkRounding::rounded);
-  v = v * 4 + static_cast<uint64_t>(order);
-  v = v * 2 + (weight_rounding == QkNormWeightRounding::twice);
-  v = v * 2 + complex_product;
-  v = v * 2 + pdl;
-  v = v * 2 + aligned;
-  return v;
+  return pack_key({act, cache, pos, {head_dim, 512}, {rope_dim, 512}, neox, full_width, rounding == QkRounding::rounded,
+                   {order, 4}, weight_rounding == QkNormWeightRounding::twice, complex_product, pdl, aligned});
 }
 
 KernelRequest qk_kernel_request(const QkKernelKey& key) {
-  KernelRequest r;
-  r.header = "qknorm_rope.cuh";
-  r.function = "ditops::qknorm_rope_body";
-  r.template_args = std::string(jit::kernel_type_name(key.act)) + ", " + jit::kernel_type_name(key.cache) + ", " +
-                    jit::kernel_type_name(key.pos) + ", " + std::to_string(key.head_dim) + ", " +
-                    std::to_string(key.rope_dim) + ", " + jit::kernel_bool(key.neox) + ", " +
-                    jit::kernel_bool(key.full_width) + ", " + jit::kernel_bool(key.rounding == QkRounding::rounded) + ", " +
-                    sum_order_constant(key.order) + ", " +
-                    jit::kernel_bool(key.weight_rounding == QkNormWeightRounding::twice) + ", " + jit::kernel_bool(key.pdl) + ", " +
-                    jit::kernel_bool(key.aligned) + ", " + jit::kernel_bool(key.complex_product);
-  r.params_type = "ditops::QkNormRopeParams";
-  r.max_threads = 256;
   // Four resident blocks (64 registers), faster than ptxas' own choice (80 registers, 3 blocks)
   // despite 8 bytes of spill (docs/tuning/qknorm_rope.md).
-  r.min_blocks = 4;
-  r.template_key = "qknorm_rope:" + key.to_string();
-  return r;
+  return {.header = "qknorm_rope.cuh",
+          .function = "ditops::qknorm_rope_body",
+          .template_args = jit::kernel_args(key.act, key.cache, key.pos, key.head_dim, key.rope_dim, key.neox,
+                                            key.full_width, key.rounding == QkRounding::rounded,
+                                            sum_order_constant(key.order),
+                                            key.weight_rounding == QkNormWeightRounding::twice, key.pdl, key.aligned,
+                                            key.complex_product),
+          .params_type = "ditops::QkNormRopeParams",
+          .max_threads = 256,
+          .min_blocks = 4,
+          .template_key = "qknorm_rope:" + key.to_string()};
 }
 
 QkKernelKey qk_kernel_key(const QkNormRopeOptions& options, DType act, DType cache, DType pos, int head_dim,

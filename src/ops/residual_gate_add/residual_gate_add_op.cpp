@@ -45,19 +45,8 @@ std::string RgaKernelKey::to_string() const {
 }
 
 uint64_t RgaKernelKey::packed() const {
-  uint64_t v = static_cast<uint64_t>(dtype);
-  v = v * 8 + static_cast<uint64_t>(mode);
-  v = v * 2 + transposed;
-  v = v * 2 + vector;
-  v = v * 128 + static_cast<uint64_t>(tile);
-  v = v * 2 + (tokens_per_tile() != tile);
-  v = v * 2 + one_wave;
-  v = v * 2 + index64;
-  v = v * 2 + vector_update;
-  v = v * 2 + chunked_residual;
-  v = v * 2 + gate_f32;
-  v = v * 2 + pdl;
-  return v;
+  return pack_key({dtype, {mode, 5}, transposed, vector, {tile, 128}, tokens_per_tile() != tile, one_wave, index64,
+                   vector_update, chunked_residual, gate_f32, pdl});
 }
 
 namespace {
@@ -89,23 +78,22 @@ int rga_block_threads(const RgaKernelKey& key) {
 }
 
 KernelRequest rga_kernel_request(const RgaKernelKey& key) {
-  KernelRequest r;
-  r.header = "residual_gate_add.cuh";
-  r.function = key.transposed ? "ditops::residual_gate_add_transposed" : "ditops::residual_gate_add_flat";
   const bool vector_residual = key.vector || (key.transposed && key.chunked_residual);
-  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + mode_constant(key.mode) + ", " +
-                    jit::kernel_bool(vector_residual) +
-                    (key.transposed ? ", " + std::to_string(key.tile) : std::string()) + ", " + jit::kernel_bool(key.pdl);
-  if (!key.transposed)
-    r.template_args += ", " + std::to_string(rga_flat_units(key)) + ", false, " + jit::kernel_bool(key.index64) +
-                       (key.gate_f32 ? ", float" : "");
-  else
-    r.template_args += std::string(", ") + jit::kernel_bool(key.vector || key.vector_update) + ", " +
-                       jit::kernel_bool(key.chunked_residual && !key.vector) +
-                       (key.tokens_per_tile() != key.tile ? ", false, " + std::to_string(key.tokens_per_tile()) : std::string());
-  r.params_type = "ditops::ResidualGateAddParams";
-  r.max_threads = rga_block_threads(key);
-  r.template_key = "residual_gate_add:" + key.to_string();
+  KernelRequest r{.header = "residual_gate_add.cuh",
+                  .params_type = "ditops::ResidualGateAddParams",
+                  .max_threads = rga_block_threads(key),
+                  .template_key = "residual_gate_add:" + key.to_string()};
+  if (!key.transposed) {
+    r.function = "ditops::residual_gate_add_flat";
+    r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.pdl,
+                                       rga_flat_units(key), false, key.index64) +
+                      (key.gate_f32 ? ", float" : "");
+    return r;
+  }
+  r.function = "ditops::residual_gate_add_transposed";
+  r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.tile, key.pdl,
+                                     key.vector || key.vector_update, key.chunked_residual && !key.vector);
+  if (key.tokens_per_tile() != key.tile) r.template_args += ", " + jit::kernel_args(false, key.tokens_per_tile());
   return r;
 }
 

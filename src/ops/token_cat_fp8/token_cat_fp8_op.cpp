@@ -70,14 +70,7 @@ std::string TokenCatFp8Key::to_string() const {
          (index64 ? ",index64" : "") + (pdl ? ",pdl" : ",nopdl");
 }
 
-uint64_t TokenCatFp8Key::packed() const {
-  uint64_t v = static_cast<uint64_t>(dtype);
-  v = v * 2 + vector;
-  v = v * 2 + div_full;
-  v = v * 2 + index64;
-  v = v * 2 + pdl;
-  return v;
-}
+uint64_t TokenCatFp8Key::packed() const { return pack_key({dtype, vector, div_full, index64, pdl}); }
 
 TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& c, const DeviceInfo& device) {
   TokenCatFp8Key key;
@@ -90,16 +83,12 @@ TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& c, const DeviceInfo& dev
 }
 
 KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key) {
-  KernelRequest r;
-  r.header = "token_cat_fp8.cuh";
-  r.function = "ditops::token_cat_fp8_body";
-  r.template_args = std::string(jit::kernel_type_name(key.dtype)) + ", " + jit::kernel_bool(key.vector) + ", " +
-                    jit::kernel_bool(key.div_full) + ", " + jit::kernel_bool(key.index64) + ", " +
-                    jit::kernel_bool(key.pdl);
-  r.params_type = "ditops::TokenCatFp8Params";
-  r.max_threads = kThreads;
-  r.template_key = std::string(kOp) + ":" + key.to_string();
-  return r;
+  return {.header = "token_cat_fp8.cuh",
+          .function = "ditops::token_cat_fp8_body",
+          .template_args = jit::kernel_args(key.dtype, key.vector, key.div_full, key.index64, key.pdl),
+          .params_type = "ditops::TokenCatFp8Params",
+          .max_threads = kThreads,
+          .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
 void token_cat_fp8_launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel) {
