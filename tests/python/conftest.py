@@ -75,6 +75,24 @@ def torch_or_skip():
     return pytest.importorskip("torch", reason="PyTorch is not installed")
 
 
+def diffusers_or_skip():
+    """(torch, diffusers) for a test module of ditops.diffusers, or the module skipped where either
+    is missing or diffusers is outside the range ditops.diffusers is tested with."""
+    torch = torch_or_skip()
+    diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+    import ditops.diffusers as dd
+    if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
+        pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
+                    f"{dd.TESTED_DIFFUSERS}", allow_module_level=True)
+    return torch, diffusers
+
+
+def needs_cuda_mark(torch):
+    """The mark of a GPU test in a module that also runs on the CPU."""
+    return pytest.mark.skipif(not torch.cuda.is_available(),
+                              reason="no CUDA device (GPU tests run on the device machine)")
+
+
 def cuda_or_skip():
     torch = torch_or_skip()
     if not torch.cuda.is_available():

@@ -12,18 +12,14 @@ import warnings
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip, needs_cuda_mark
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _common, _sites, qwenimage  # noqa: E402
 from ditops.diffusers.bench import cast_like_from_pretrained  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
-                f"{dd.TESTED_DIFFUSERS}", allow_module_level=True)
 
 HEAD_DIM = 64  # qknorm_rope's smallest head dim
 STRICT = "exact"  # the bit-exact default tier
@@ -1121,8 +1117,7 @@ def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
-                                                                       "device machine)")
+needs_cuda = needs_cuda_mark(torch)
 
 
 # The GPU test's models: every tiny model, and the forms whose chains differ in layout or tables.

@@ -16,22 +16,18 @@ import weakref
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip, needs_cuda_mark
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _graphs  # noqa: E402
 import torch.utils._pytree as pytree  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range", allow_module_level=True)
 
 from test_diffusers import TINY, assert_same, randomize, snapshot, tiny_flux  # noqa: E402
 from test_diffusers import tiny_flux_pipeline as tiny_flux_pipeline_cpu  # noqa: E402
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
-                                                                       "device machine)")
+needs_cuda = needs_cuda_mark(torch)
 CAPTURE_WARNING = "ditops.diffusers.capture"
 
 

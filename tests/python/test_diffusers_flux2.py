@@ -10,19 +10,16 @@ import warnings
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip, needs_cuda_mark
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _sites  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
-                f"{dd.TESTED_DIFFUSERS}", allow_module_level=True)
 
 from diffusers.models.transformers import transformer_flux2  # noqa: E402
+from test_diffusers import Perturbing  # noqa: E402
 
 STRICT, CLOSE = "exact", "high"
 OPS = {"qk_norm_rope (dual-stream)": "joint_qknorm_rope", "qk_norm_rope": "qknorm_rope",
@@ -105,27 +102,6 @@ def assert_same(before, after):
         for kind in regs:
             assert regs[kind].keys() == regs_a[kind].keys() and all(
                 regs[kind][k] is regs_a[kind][k] for k in regs[kind]), (name, kind)
-
-
-class Perturbing:
-    """Stands in for torch.ops.ditops: one element of each op's first result made NaN, or an Error."""
-
-    def __init__(self, fail=False):
-        self.fail = fail
-        self.calls = 0
-
-    def __getattr__(self, name):
-        real = getattr(torch.ops.ditops, name)
-
-        def op(*args, **kwargs):
-            self.calls += 1
-            if self.fail:
-                raise ditops.Error(f"{name}: simulated launch failure")
-            out = real(*args, **kwargs)
-            first = args[0] if out is None else (out[0] if isinstance(out, (tuple, list)) else out)
-            first[(0,) * first.dim()] = float("nan")
-            return out
-        return op
 
 
 # ---------------------------------------------------------------- plan, enable, disable
@@ -335,8 +311,7 @@ def test_compile_fullgraph_traces_the_ops():
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
-                                                                       "device machine)")
+needs_cuda = needs_cuda_mark(torch)
 GPU_VARIANTS = {"dev": {}, "klein": dict(guidance=False), "fused_qkv": dict(fused_qkv=True),
                 "long_text": dict(text=77)}
 

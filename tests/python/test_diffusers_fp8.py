@@ -22,16 +22,13 @@ import warnings
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _sites, fp8  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range", allow_module_level=True)
 
 from test_diffusers import TINY, assert_same, run, snapshot, tiny_flux, tiny_wan  # noqa: E402
 

@@ -13,15 +13,12 @@ import warnings
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _graphs, _patching  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range", allow_module_level=True)
 
 from diffusers.hooks import FirstBlockCacheConfig, apply_first_block_cache  # noqa: E402
 from diffusers.hooks import group_offloading  # noqa: E402

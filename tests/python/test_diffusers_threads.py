@@ -17,22 +17,18 @@ import warnings
 
 import pytest
 
-from conftest import torch_or_skip
+from conftest import diffusers_or_skip, needs_cuda_mark
 
-torch = torch_or_skip()
-diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
+torch, diffusers = diffusers_or_skip()
 import ditops.diffusers as dd  # noqa: E402
 import ditops.torch as dt  # noqa: E402
 from ditops.diffusers import _graphs, _sites  # noqa: E402
 
-if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-    pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range", allow_module_level=True)
 
 from test_diffusers import HEAD_DIM, assert_same, randomize, snapshot  # noqa: E402
 from test_diffusers_capture import StandIn  # noqa: E402
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
-                                                                       "device machine)")
+needs_cuda = needs_cuda_mark(torch)
 THREADS, RESOLUTIONS = 4, (16, 20)  # latent sides: 8x8 and 10x10 tokens after FLUX's 2x2 packing
 
 
