@@ -846,8 +846,13 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
         fail("the aliased result differs from the same call on separate buffers");
     }
     // The oracles: independent computations the reference must agree with.
-    auto seen = ref.buffers;
-    if (options.tamper_reference) options.tamper_reference(seen);
+    // What the oracles see: the reference's buffers, or a tampered copy (the driver's self-test).
+    std::vector<std::vector<uint8_t>> tampered;
+    if (options.tamper_reference) {
+      tampered = ref.buffers;
+      options.tamper_reference(tampered);
+    }
+    const auto& seen = options.tamper_reference ? tampered : ref.buffers;
     for (const Oracle* o : oracles(c.op)) {
       if (!oracle_applies(*o, c)) continue;
       try {
