@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "ditops/registry.h"
 #include "ditops/qknorm_rope.h"
@@ -383,6 +384,26 @@ TEST(KernelKey, TemplateArgumentsAreSpelledAsTheKernelsDo) {
             "ditops::kernel::bf16, true, 128, ditops::kQkSumAten, false, long long");
   EXPECT_EQ(jit::kernel_args(), "");
   EXPECT_EQ(jit::kernel_args(std::string("x")), "x");
+}
+
+// A template key names one kernel instance: the prebuilt table is looked up by it alone, so two
+// requests with one key and other template arguments (or bounds) would load the wrong kernel.
+TEST(KernelKey, EveryTemplateKeyNamesOneInstance) {
+  std::map<std::string, std::string> instance_of;
+  int requests = 0;
+  for (const KernelSpec* spec : Registry::global().list())
+    for (const auto* listing : {&spec->variants, &spec->prebuilt}) {
+      if (!*listing) continue;
+      for (const KernelRequest& r : (*listing)()) {
+        const std::string instance = r.header + "|" + r.function + "<" + r.template_args + ">|" + r.params_type + "|" +
+                                     std::to_string(r.max_threads) + "," + std::to_string(r.min_blocks);
+        const auto [it, fresh] = instance_of.emplace(r.template_key, instance);
+        EXPECT_TRUE(fresh || it->second == instance)
+            << spec->name << ": " << r.template_key << " names " << it->second << " and " << instance;
+        ++requests;
+      }
+    }
+  EXPECT_GT(requests, 100);
 }
 
 TEST(AotTable, EveryPrebuiltKeyIsInTheEmbeddedTable) {
