@@ -789,15 +789,15 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
   const std::string ref_name = c.op + ".reference";
   // The contents a second run starts from: pure outputs pre-filled differently. A large case runs
   // once (below), so it makes no copy of its buffers for a second run.
-  std::vector<std::vector<uint8_t>> other;
-  if (!c.large) other = before;
   bool any_pure = false;
-  for (size_t b = 0; b < p.buffers.size(); ++b)
-    if (p.buffers[b].pure_output) {
-      any_pure = true;
-      if (!c.large)
+  for (const auto& buffer : p.buffers) any_pure = any_pure || buffer.pure_output;
+  std::vector<std::vector<uint8_t>> other;
+  if (!c.large) {
+    other = before;
+    for (size_t b = 0; b < p.buffers.size(); ++b)
+      if (p.buffers[b].pure_output)
         for (size_t i = kGuard; i < kGuard + p.buffers[b].body; ++i) other[b][i] = kOtherSentinel;
-    }
+  }
   // (oracle, its expectations) of the oracles that also bound the implementations.
   std::vector<std::pair<const Oracle*, std::vector<OracleIo::Slot>>> contract_bounds;
 

@@ -81,22 +81,25 @@ def diffusers_or_skip():
     torch = torch_or_skip()
     diffusers = pytest.importorskip("diffusers", reason="diffusers is not installed (pip install 'ditops[diffusers]')")
     import ditops.diffusers as dd
-    if not (dd._TESTED_LOW <= dd._version_tuple(diffusers.__version__) < dd._TESTED_HIGH):
-        pytest.skip(f"diffusers {diffusers.__version__} is outside ditops.diffusers' tested range "
-                    f"{dd.TESTED_DIFFUSERS}", allow_module_level=True)
+    try:
+        dd._check_version()  # the range enable() refuses outside of
+    except dd.UnsupportedError as e:
+        pytest.skip(str(e), allow_module_level=True)
     return torch, diffusers
+
+
+NO_CUDA = "no CUDA device (GPU tests run on the device machine)"
 
 
 def needs_cuda_mark(torch):
     """The mark of a GPU test in a module that also runs on the CPU."""
-    return pytest.mark.skipif(not torch.cuda.is_available(),
-                              reason="no CUDA device (GPU tests run on the device machine)")
+    return pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA)
 
 
 def cuda_or_skip():
     torch = torch_or_skip()
     if not torch.cuda.is_available():
-        pytest.skip("no CUDA device (GPU tests run on the device machine)", allow_module_level=True)
+        pytest.skip(NO_CUDA, allow_module_level=True)
     return torch
 
 

@@ -7,14 +7,15 @@ without a device). The driver's cases (tests/cases/joint_qknorm_rope_cases.cpp) 
 reference against float64 math and the V copy bit for bit."""
 import pytest
 
+from conftest import needs_cuda_mark
+
 torch = pytest.importorskip("torch", reason="the op's torch tests need PyTorch")
 import ditops  # noqa: E402
 import ditops.torch  # noqa: E402,F401
 from ditops.eager import joint_qknorm_rope_eager  # noqa: E402
 
 ops = torch.ops.ditops
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device (GPU tests run on the "
-                                                                       "device machine)")
+needs_cuda = needs_cuda_mark(torch)
 
 
 def flux_rope(S, D, device="cpu"):
