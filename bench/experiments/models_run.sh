@@ -14,6 +14,8 @@
 #   flux2_fp8    FLUX.2-dev widths, 2 blocks, FP8 beside bf16
 # Uses build-dev (scripts/device_run.sh's build) when it has the Python module, else builds the module
 # without AOT kernels in build-py. Wheels: .whl/ (tvm_ffi, diffusers) and .whl-extra/ (torchao).
+# MODELS_ARGS (optional): more bench arguments, appended to every step's command (the last --variants
+# given wins: e.g. MODELS_ARGS="--variants eager,compile,fp8chain,fp8+graph,torchao+compile").
 # Writes to OUT: summary.txt, models.json (every step's records), models_logs.tar.gz (each step's output).
 set -uo pipefail
 T0=$(date +%s)
@@ -71,7 +73,7 @@ for step in $STEPS; do
   left=$(( DEADLINE - $(date +%s) ))
   [ $left -ge 45 ] || { say "$step: not started ($left s left)"; continue; }
   s0=$(date +%s)
-  timeout -k 10 $left ${CMD[$step]} --json "$LOGS/$step.json" > "$LOGS/$step.txt" 2>&1
+  timeout -k 10 $left ${CMD[$step]} ${MODELS_ARGS:-} --json "$LOGS/$step.json" > "$LOGS/$step.txt" 2>&1
   rc=$?
   say "== $step rc=$rc in $(( $(date +%s) - s0 )) s$( [ $rc = 124 ] && echo ' (timed out)')"
   grep -E "ms per forward|x (eager|compile)|torch.equal|equal|cosine|psnr|peak|Error|error" "$LOGS/$step.txt" | tail -40 | tee -a "$OUT/summary.txt"
