@@ -1139,6 +1139,26 @@ def test_ltx2_norm_out_site_equals_the_model(rope_type, batch, per_token, monkey
     assert_runs_verified(report[LTX2_NORM_OUT], forwards=1)
 
 
+@pytest.mark.parametrize("name", ["wan", "ltx2"])
+def test_the_model_forward_keeps_the_models_signature(name):
+    """enable replaces Wan's and LTX-2's own forward (norm_out's site): the replacement takes the
+    class forward's parameters (names, kinds, defaults), model.forward's signature stays the
+    class's, and disable leaves no instance forward."""
+    import inspect
+    from ditops.diffusers import ltx2, wan
+    model, _, _ = TINY[name]()
+    ours = {"wan": wan, "ltx2": ltx2}[name].model_forward(None)
+
+    def params(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+    assert params(ours) == params(type(model).forward)
+    dd.enable(model, allow_cpu=True)
+    assert "forward" in model.__dict__
+    assert inspect.signature(model.forward) == inspect.signature(type(model).forward.__get__(model))
+    dd.disable(model)
+    assert "forward" not in model.__dict__
+
+
 def test_norm_out_mapping_fit_names_what_it_refuses():
     from ditops.diffusers import ltx2
     B, S, D = 2, 6, 128

@@ -1,8 +1,11 @@
 """One-call CUDA-graph capture of a diffusers transformer's forward (issue 36).
 
 capture(model) (or enable(model, cuda_graph=True)) puts a dispatcher in the model's forward, an
-instance attribute, so release/disable restores the class's forward (enable's block forwards are
-diffusers hooks, _patching.py: a block with any other hook is refused). Per input signature it runs:
+instance attribute, so release/disable restores the forward it replaced: the class's, or enable's
+forward of the model (Wan's and LTX-2's norm_out sites: a ditops diffusers hook, which the capture
+runs; enable after a capture puts the capture back over it: suspend/resume). enable's block
+forwards are diffusers hooks too (_patching.py): a block with any other hook is refused. Per input
+signature it runs:
 
   first call   the model's forward, eagerly: ditops's first-sight checks run here;
   second call  the forward once more on a side stream (the warm-up: that stream's cuBLAS

@@ -830,4 +830,5 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
         plan.patch_forward(path, block, block_forward(residual, adaln, norm))
     norm_out.places += [plan.prefix + n for n in ("norm_out", "audio_norm_out")]
-    plan.patch_forward("", model, model_forward(norm_out))
+    if norm_out.op is not None:  # else the model's own forward stays
+        plan.patch_forward("", model, model_forward(norm_out))

@@ -551,6 +551,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         plan.patch_forward(path, block, block_forward(adaln, norm2, residual, residual_norm2, add_norm3))
     if type(model.norm_out).__name__ == "FP32LayerNorm":
         norm_out.places.append(plan.prefix + "norm_out")
-        plan.patch_forward("", model, model_forward(norm_out))
+        if norm_out.op is not None:  # else the model's own forward stays
+            plan.patch_forward("", model, model_forward(norm_out))
     else:
         norm_out.skipped.append((plan.prefix + "norm_out", f"norm_out is {type(model.norm_out).__name__}"))
