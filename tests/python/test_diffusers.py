@@ -1058,7 +1058,7 @@ def test_wan_fused_sites_need_their_classes_and_hand_their_places_back(monkeypat
     for name in WAN_FUSED[:2]:
         assert report[name].op is None and "residual form" in report[name].why and not report[name].places
     assert {n: report[n].fused_calls for n in ("adaln_modulate", "adaln_modulate (norm2)", "gated_residual")} == {
-        "adaln_modulate": 2 * L + 0, "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
+        "adaln_modulate": 2 * L, "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
     assert_runs_verified(report["adaln_modulate (norm_out)"], forwards=1)
 
 
