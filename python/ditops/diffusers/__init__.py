@@ -281,8 +281,9 @@ def _build(model_or_pipeline, quality, sites, probe, check_device, allow_cpu, fp
     for site in all_sites:
         site.quality = tier
         site.exact = tier == _sites.strict_tier()
-        base = site.name.split(" ", 1)[0]
-        site.selected = base in chosen
+        site.selected = set(site.classes) <= chosen
+        if site.parts and not site.active:  # a fused site that does not run: its parts serve its places
+            site.hand_back()
     fp8_summary = None
     if fp8_config is not None:  # issue 43: the FP8 block linears (fp8.py), layered over the sites
         fp8_summary = _fp8.Fp8Summary(fp8_config)
@@ -346,6 +347,9 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
                                   allow_cpu=allow_cpu, fp8=fp8)
     for _, model in parts:
         _graphs.forget(model)  # a capture's regions leave the blocks' forwards before the plan changes them
+    # a capture wraps the model's forward, which a plan may replace (Wan's, LTX-2's norm_out): the
+    # capture steps aside while the plan applies, then wraps the new forward
+    suspended = [_graphs.suspend(model) for _, model in parts]
     done = []
     try:
         for plan_ in plans:
@@ -355,6 +359,9 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         for plan_ in reversed(done):
             plan_.restore()
         raise
+    finally:
+        for state in suspended:
+            _graphs.resume(state)
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
         invalidate_registry_caches(model)

@@ -243,6 +243,8 @@ def wan(ctx) -> None:
     from . import wan as model_code
     adaln, norm2, residual = (ctx.site("adaln_modulate"), ctx.site("adaln_modulate (norm2)"),
                               ctx.site("gated_residual"))
+    residual_norm2, add_norm3 = (ctx.site("adaln_modulate (residual + norm2)"),
+                                 ctx.site("adaln_modulate (residual + norm3)"))
     pair = None
     for i, block in enumerate(ctx.model.blocks):
         path = f"blocks.{i}"
@@ -251,8 +253,13 @@ def wan(ctx) -> None:
         image, _ = _projections(block.attn1)
         if ctx.fp8(*image) and ctx.takes_pair(block.ffn):
             pair = pair or ctx.mapped_fp8(adaln, model_code.fp8_adaln_mapping())
-            ctx.patch_forward(path, block, model_code.block_forward(pair, norm2, residual))
+            # norm3 feeds the FP8 ffn through the pair: the residual add before it stays the model's,
+            # and the bf16 adaLN site is the pair's fallback there (add_norm3 does not run)
+            ctx.patch_forward(path, block, model_code.block_forward(pair, norm2, residual, residual_norm2))
             pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("norm1", "norm3")]
+            fused = f"{ctx.plan.prefix}{path}.norm3 (+ attn2 residual)"
+            if fused in add_norm3.places:
+                add_norm3.hand_back(fused)
 
 
 MAPPINGS = {

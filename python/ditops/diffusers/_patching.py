@@ -133,13 +133,13 @@ def _remove_hook(module, hook, made_registry: bool) -> str:
     was changed, or ''."""
     registry = module.__dict__.get("_diffusers_hook")
     if registry is None or registry.hooks.get(HOOK_NAME) is not hook:
-        return "its diffusers hook registry was replaced after enable; left as it is"
+        return "its diffusers hook registry was replaced after enable"
     index = registry._hook_order.index(HOOK_NAME)
     fn_ref = registry._fn_refs[index]
     base = fn_ref.original_forward
     if index == len(registry._fn_refs) - 1:
         if module.__dict__.get("forward") is not hook.wrapper:
-            return "forward was replaced after enable; left as it is"
+            return "forward was replaced after enable"
         if _is_class_forward(module, base):
             del module.forward
         else:
@@ -151,7 +151,7 @@ def _remove_hook(module, hook, made_registry: bool) -> str:
         elif outer.forward is hook.wrapper:
             outer.forward = base
         else:
-            return "the diffusers hook outside ditops's no longer calls it; left as it is"
+            return "the diffusers hook outside ditops's no longer calls it"
     del registry.hooks[HOOK_NAME]
     registry._hook_order.pop(index)
     registry._fn_refs.pop(index)
@@ -195,7 +195,12 @@ class _ForwardPatch:
             hook.forward = self.previous
             return ""
         why = _remove_hook(self.module, hook, self.made_registry)
-        return f"{self.path}: {why}" if why else ""
+        if not why:
+            return ""
+        # Something holds the hook's chain (accelerate's model offloading wraps the model's forward
+        # after enable): the hook stays there and runs the module's own forward from now on.
+        hook.forward = types.MethodType(type(self.module).forward, self.module)
+        return f"{self.path}: {why}; ditops's hook stays in the chain and runs the module's own forward"
 
 
 class _ProcessorPatch:
@@ -228,7 +233,9 @@ class Plan:
         return site
 
     def patch_forward(self, path, module, forward):
-        self.patches.append(_ForwardPatch(self.prefix + path, module, forward))
+        """path "": the model's own forward."""
+        self.patches.append(_ForwardPatch(self.prefix + path if path else (self.prefix.rstrip(".") or "model"),
+                                          module, forward))
 
     def patch_processor(self, path, attn, processor):
         self.patches.append(_ProcessorPatch(self.prefix + path, attn, processor))

@@ -98,14 +98,20 @@ class Site:
     """One site class of one enabled model: what runs there, where, and what happened."""
 
     def __init__(self, name: str, *, op: str | None, chain: str, why: str = "", options=None,
-                 note: str = ""):
+                 note: str = "", classes=None):
         self.name = name
+        # the site classes (enable's sites=) that must all be selected for it to run: a row named
+        # "class (detail)" belongs to its class; a fused site names each class it serves
+        self.classes = tuple(classes) if classes else (name.split(" ", 1)[0],)
         self.op = op                      # the ditops op that runs here; None: the model's code
         self.options = dict(options or {})
         self.chain = chain                # the model's own chain at this site
         self.why = why                    # why the model's code runs here (op None)
         self.note = note                  # what the first-sight check has to decide
         self.places: list[str] = []
+        # a fused site's places and, for each, the (site, place) pairs that serve it where this one
+        # does not run (hand_back)
+        self.parts: list[tuple[str, list]] = []
         self.skipped: list[tuple[str, str]] = []   # places left to the model's code, and why
         self.selected = True
         self.quality = None               # the tier passed to the op (enable sets it)
@@ -150,6 +156,24 @@ class Site:
                 "implementations": {str(k): v for k, v in self.implementations.items()},
                 "fused_calls": self.fused_calls, "model_calls": self.model_calls,
                 "fallbacks": dict(self.fallbacks)}
+
+    def fuse(self, place: str, parts) -> None:
+        """place is served by this fused site; parts: the (site, place) pairs that serve it
+        instead where this site does not run (not selected, no op, or hand_back)."""
+        self.places.append(place)
+        self.parts.append((place, list(parts)))
+
+    def hand_back(self, place: str | None = None) -> None:
+        """place (None: every place) is served by the sites this one fuses: their places again."""
+        keep = []
+        for own, parts in self.parts:
+            if place is not None and own != place:
+                keep.append((own, parts))
+                continue
+            self.places.remove(own)
+            for site, part in parts:
+                site.places.append(part)
+        self.parts = keep
 
     def reset(self) -> None:
         """Forget the first-sight results and the counters."""
@@ -724,26 +748,39 @@ class Mapping:
 
 class MappedSite(Site):
     """A site whose op call is one small function beside the model's chain (a Mapping), so a model
-    module states both side by side and switching a site to a new op changes only its mapping."""
+    module states both side by side and switching a site to a new op changes only its mapping.
+    outputs > 1: the chain and the mapping's output give that many tensors (a tuple), each
+    compared at first sight (a gated residual with the next norm: the new residual and the norm)."""
 
-    def __init__(self, name: str, *, mapping: Mapping, chain: str, note: str = ""):
-        super().__init__(name, op=mapping.op, chain=chain, why=mapping.why, options=mapping.options, note=note)
+    def __init__(self, name: str, *, mapping: Mapping, chain: str, note: str = "", classes=None, outputs: int = 1):
+        super().__init__(name, op=mapping.op, chain=chain, why=mapping.why, options=mapping.options, note=note,
+                         classes=classes)
         self.mapping = mapping
+        self.outputs = outputs
 
     def __call__(self, chain, *tensors):
         """chain(*tensors): the model's output at this site; the op's where it runs."""
+        one = self.outputs == 1
+
+        def reference():
+            out = chain(*tensors)
+            return (out,) if one else tuple(out)
+
         if not self.active:
-            return self.run("", None, None, None, lambda: (chain(*tensors),), None)[0]
+            out = self.run("", None, None, None, reference, None)
+            return out[0] if one else out
         m = self.mapping
         why = m.fit(*tensors)
         sig = None if why else m.signature(*tensors)
 
         def fused():
             c = m.call(*tensors)
-            return (c.output(getattr(ops, c.op)(*c.args, quality=self.quality, **c.kwargs)),)
+            out = c.output(getattr(ops, c.op)(*c.args, quality=self.quality, **c.kwargs))
+            return (out,) if one else tuple(out)
 
         def explain():
             c = m.call(*tensors)
             return ditops.explain(c.op, *c.args, quality=self.quality, **c.kwargs)
 
-        return self.run(why, sig, tensors[0].device, fused, lambda: (chain(*tensors),), explain)[0]
+        out = self.run(why, sig, tensors[0].device, fused, reference, explain)
+        return out[0] if one else out

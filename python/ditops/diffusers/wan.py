@@ -18,15 +18,23 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     gate), the sites run them on 16-bit x directly; otherwise adaLN runs
     norm_scale_shift on the float32 copy up to D = 4096 (its float32 rows stop there), and norm2
     and the residuals run the model's code. mappings() picks; the first-sight check guards each.
-norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
-the model's code.
+  * A gated residual and the norm after it in one pass (norm_scale_shift's residual form, float32
+    numerics: the new residual and the norm of its rounded value, both outputs): attn1's gated
+    residual then norm2 (affine), and attn2's plain residual add then norm3 with the modulation.
+    The model rounds the new residual with .type_as and the norm reads that rounded value
+    (.float() of it), which is what the op's residual_out and statistics are: one rounding each.
+  * norm_out: the same float32 adaLN chain, written inline in WanTransformer3DModel.forward (scale
+    and shift float32 chunks of the model's scale_shift_table + temb): the model's forward runs as
+    model_forward, diffusers 0.42.1's with that line through its site.
 """
 from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
                                                            _get_added_kv_projections, _get_qkv_projections)
+from diffusers.utils import apply_lora_scale
 
 import ditops
 
@@ -45,6 +53,13 @@ FP32_ADALN_CHAIN = ("FP32LayerNorm(x.float()) (no affine) * (1 + scale) + shift,
                     ".type_as(x)")
 NORM2_CHAIN = "norm2(x.float()).type_as(x): FP32LayerNorm with weight and bias in float32, one rounding"
 RESIDUAL_CHAIN = "(x.float() + update * gate).type_as(x): 16-bit update times a float32 gate, float32 sum"
+RESIDUAL_NORM2_CHAIN = ("h = (h.float() + attn1_output * gate).type_as(h), then norm2(h.float()).type_as(h): the "
+                        "gated residual (float32 gate, one rounding) and the affine FP32LayerNorm of its rounded "
+                        "value; both outputs")
+ADD_NORM3_CHAIN = ("h = h + attn2_output (16-bit add), then (norm3(h.float()) * (1 + scale) + shift).type_as(h): "
+                   "the residual and the float32 adaLN chain of its value; both outputs")
+NORM_OUT_CHAIN = ("norm_out (FP32LayerNorm, no affine) of x.float() * (1 + scale) + shift, float32 scale/shift "
+                  "from the model's scale_shift_table + temb, then .type_as(x) (inline in the model's forward)")
 
 
 # ---------------------------------------------------------------- the float32 chains and their op mappings
@@ -220,11 +235,90 @@ def _float32_numerics() -> bool:
     return "float32" in op_options("norm_scale_shift").get("numerics", [])
 
 
+# ---------------------------------------------------------------- a gated residual and the next norm in one pass
+
+
+def residual_norm2_chain(x, update, gate, norm):
+    """attn1's gated residual, then norm2 of the new residual: (new residual, norm2's output)."""
+    x = residual_attn_chain(x, update, gate)
+    return x, norm2_chain(x, norm)
+
+
+def add_norm3_chain(x, update, norm, scale, shift):
+    """attn2's residual add, then norm3 with the modulation: (new residual, the modulated norm)."""
+    x = x + update
+    return x, adaln_chain(x, norm, scale, shift)
+
+
+def _residual_rows_fit(x, update) -> str:
+    """'' when norm_scale_shift's residual form takes x (the residual) and update (its x) as the
+    model's residual chain: 16-bit [B, S, D] tensors of one shape and dtype, contiguous."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or update.dtype != x.dtype or x.dim() != 3:
+        return f"x / update are {x.dtype} / {update.dtype} of rank {x.dim()} (16-bit [batch, tokens, dim])"
+    if update.shape != x.shape or not update.is_contiguous() or update.device != x.device:
+        return "update is not a contiguous tensor of x's shape on x's device"
+    return ""
+
+
+# Where the torch op returns residual_out and y (read once: the op table does not change, and a
+# traced forward reads the constants).
+_NSS_OUTPUTS = {t["name"]: i for e in ditops.op_table() if e["name"] == "norm_scale_shift"
+                for i, t in enumerate(t for t in e["tensors"] if t["role"] == "out" and t["present"] != "caller")}
+
+
+def _output_pair(out):
+    """(residual_out, y) of a norm_scale_shift call with a residual."""
+    return out[_NSS_OUTPUTS["residual_out"]], out[_NSS_OUTPUTS["y"]]
+
+
+# The gated residual after attn1 and norm2 in one pass: norm_scale_shift(numerics="float32") with the
+# residual form (x = attn1's output, residual = h, the float32 gate chunk in place, norm2's float32
+# weight and bias): residual_out = rne(float(h) + float(update) * gate), y = rne(LayerNorm(residual_out)
+# * weight + bias), norm_scale_shift.md §2a steps 1-3, 5 (no modulation).
+RESIDUAL_NORM2_FLOAT32 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32", "affine": "float32",
+                                    "residual": "gated"},
+    fit=lambda x, update, gate, norm: (_residual_rows_fit(x, update)
+                                       or _float32_rows_fit(x, norm, (("gate", gate),))),
+    signature=lambda x, update, gate, norm: (str(x.device), x.dtype, x.shape[-1], gate.shape[1] == 1, float(norm.eps),
+                                             norm.weight is not None, norm.bias is not None),
+    call=lambda x, update, gate, norm: OpCall("norm_scale_shift", (update, None, None),
+                                              dict(residual=x, gate=gate, weight=norm.weight, bias=norm.bias,
+                                                   norm="layer", eps=float(norm.eps), numerics="float32"),
+                                              _output_pair))
+
+# The residual add after attn2 and norm3 with its modulation in one pass: the residual form without a
+# gate (rne(float(h) + float(update)): the 16-bit add), then ADALN_FLOAT32's chain of that value.
+ADD_NORM3_FLOAT32 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "numerics": "float32", "residual": "add"},
+    fit=lambda x, update, norm, scale, shift: (_residual_rows_fit(x, update)
+                                               or ADALN_FLOAT32.fit(x, norm, scale, shift)),
+    signature=lambda x, update, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
+                                                     float(norm.eps)),
+    call=lambda x, update, norm, scale, shift: OpCall("norm_scale_shift", (update, scale, shift),
+                                                      dict(residual=x, norm="layer", eps=float(norm.eps),
+                                                           numerics="float32"),
+                                                      _output_pair))
+
+
+def _residual_form() -> bool:
+    """norm_scale_shift takes a residual with numerics="float32" (its residual and residual_out)."""
+    names = {t["name"] for e in ditops.op_table() if e["name"] == "norm_scale_shift" for t in e["tensors"]}
+    return _float32_numerics() and {"residual", "gate", "residual_out"} <= names
+
+
+FUSED_MODEL_CODE = Mapping(why="this build's norm_scale_shift has no residual form with numerics=\"float32\" "
+                               "(the residual and the norm run as separate sites)")
+
+
 def mappings() -> dict:
     f32_gate = "f32" in op_tensor_dtypes("residual_gate_add", "gate").split("|")
+    fused = _residual_form()
     return {"adaln": ADALN_FLOAT32 if _float32_numerics() else ADALN_ON_FLOAT32_COPY,
             "norm2": NORM2_FLOAT32 if _float32_numerics() else NORM2_MODEL_CODE,
-            "residual": RESIDUAL_FLOAT32_GATE if f32_gate else RESIDUAL_MODEL_CODE}
+            "residual": RESIDUAL_FLOAT32_GATE if f32_gate else RESIDUAL_MODEL_CODE,
+            "residual_norm2": RESIDUAL_NORM2_FLOAT32 if fused else FUSED_MODEL_CODE,
+            "add_norm3": ADD_NORM3_FLOAT32 if fused else FUSED_MODEL_CODE}
 
 
 # ---------------------------------------------------------------- QK norm + RoPE
@@ -308,9 +402,11 @@ class WanAttnProcessorDitops(_common.ProcessorWrapper):
 # ---------------------------------------------------------------- the block
 
 
-def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite):
+def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite, residual_norm2: MappedSite | None = None,
+                  add_norm3: MappedSite | None = None):
     """WanTransformerBlock.forward with the float32 chains through their sites (the attentions'
-    QK sites are in their processors)."""
+    QK sites are in their processors). residual_norm2 / add_norm3: the residual and the norm after
+    it in one call where that site runs (active), else the two sites above."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
         if temb.ndim == 4:  # Wan 2.2 TI2V: [batch, tokens, 6, dim]
@@ -322,17 +418,97 @@ def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite):
 
         norm_hidden = adaln(adaln_chain, hidden_states, self.norm1, scale_msa, shift_msa)
         attn_output = self.attn1(norm_hidden, None, None, rotary_emb)
-        hidden_states = residual(residual_attn_chain, hidden_states, attn_output, gate_msa)
+        affine_norm2 = type(self.norm2).__name__ == "FP32LayerNorm"
+        if affine_norm2 and residual_norm2 is not None and residual_norm2.active:
+            hidden_states, norm_hidden = residual_norm2(residual_norm2_chain, hidden_states, attn_output, gate_msa,
+                                                        self.norm2)
+        else:
+            hidden_states = residual(residual_attn_chain, hidden_states, attn_output, gate_msa)
+            if affine_norm2:
+                norm_hidden = norm2(norm2_chain, hidden_states, self.norm2)
+            else:  # nn.Identity (cross_attn_norm=False): not a place
+                norm_hidden = norm2_chain(hidden_states, self.norm2)
+        attn_output = self.attn2(norm_hidden, encoder_hidden_states, None, None)
 
-        if type(self.norm2).__name__ == "FP32LayerNorm":
-            norm_hidden = norm2(norm2_chain, hidden_states, self.norm2)
-        else:  # nn.Identity (cross_attn_norm=False): not a place
-            norm_hidden = norm2_chain(hidden_states, self.norm2)
-        hidden_states = hidden_states + self.attn2(norm_hidden, encoder_hidden_states, None, None)
-
-        norm_hidden = adaln(adaln_chain, hidden_states, self.norm3, c_scale_msa, c_shift_msa)
+        if add_norm3 is not None and add_norm3.active:
+            hidden_states, norm_hidden = add_norm3(add_norm3_chain, hidden_states, attn_output, self.norm3,
+                                                   c_scale_msa, c_shift_msa)
+        else:
+            hidden_states = hidden_states + attn_output
+            norm_hidden = adaln(adaln_chain, hidden_states, self.norm3, c_scale_msa, c_shift_msa)
         ff_output = self.ffn(norm_hidden)
         return residual(residual_ff_chain, hidden_states, ff_output, c_gate_msa)
+
+    return forward
+
+
+# ---------------------------------------------------------------- the model's forward (norm_out)
+
+
+def model_forward(norm_out: MappedSite):
+    """WanTransformer3DModel.forward (diffusers 0.42.1) with norm_out and its modulation through the
+    site; every other line is the model's."""
+
+    @apply_lora_scale("attention_kwargs")
+    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+                return_dict=True, attention_kwargs=None):
+        batch_size, num_channels, num_frames, height, width = hidden_states.shape
+        p_t, p_h, p_w = self.config.patch_size
+        post_patch_num_frames = num_frames // p_t
+        post_patch_height = height // p_h
+        post_patch_width = width // p_w
+
+        rotary_emb = self.rope(hidden_states)
+
+        hidden_states = self.patch_embedding(hidden_states)
+        hidden_states = hidden_states.flatten(2).transpose(1, 2)
+        hidden_states = hidden_states.contiguous()
+
+        # timestep shape: batch_size, or batch_size, seq_len (wan 2.2 ti2v)
+        if timestep.ndim == 2:
+            ts_seq_len = timestep.shape[1]
+            timestep = timestep.flatten()  # batch_size * seq_len
+        else:
+            ts_seq_len = None
+
+        temb, timestep_proj, encoder_hidden_states, encoder_hidden_states_image = self.condition_embedder(
+            timestep, encoder_hidden_states, encoder_hidden_states_image, timestep_seq_len=ts_seq_len)
+        if ts_seq_len is not None:
+            timestep_proj = timestep_proj.unflatten(2, (6, -1))  # batch_size, seq_len, 6, inner_dim
+        else:
+            timestep_proj = timestep_proj.unflatten(1, (6, -1))  # batch_size, 6, inner_dim
+
+        if encoder_hidden_states_image is not None:
+            encoder_hidden_states = torch.concat([encoder_hidden_states_image, encoder_hidden_states], dim=1)
+
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            for block in self.blocks:
+                hidden_states = self._gradient_checkpointing_func(
+                    block, hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
+        else:
+            for block in self.blocks:
+                hidden_states = block(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
+
+        if temb.ndim == 3:  # batch_size, seq_len, inner_dim (wan 2.2 ti2v)
+            shift, scale = (self.scale_shift_table.unsqueeze(0).to(temb.device) + temb.unsqueeze(2)).chunk(2, dim=2)
+            shift = shift.squeeze(2)
+            scale = scale.squeeze(2)
+        else:  # batch_size, inner_dim
+            shift, scale = (self.scale_shift_table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)
+        shift = shift.to(hidden_states.device)
+        scale = scale.to(hidden_states.device)
+
+        hidden_states = norm_out(adaln_chain, hidden_states, self.norm_out, scale, shift)
+        hidden_states = self.proj_out(hidden_states)
+
+        hidden_states = hidden_states.reshape(
+            batch_size, post_patch_num_frames, post_patch_height, post_patch_width, p_t, p_h, p_w, -1)
+        hidden_states = hidden_states.permute(0, 7, 1, 4, 2, 5, 3, 6)
+        output = hidden_states.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+        if not return_dict:
+            return (output,)
+        return Transformer2DModelOutput(sample=output)
 
     return forward
 
@@ -346,19 +522,36 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     adaln = plan.add_site(MappedSite("adaln_modulate", mapping=mapped["adaln"], chain=FP32_ADALN_CHAIN))
     norm2 = plan.add_site(MappedSite("adaln_modulate (norm2)", mapping=mapped["norm2"], chain=NORM2_CHAIN))
     residual = plan.add_site(MappedSite("gated_residual", mapping=mapped["residual"], chain=RESIDUAL_CHAIN))
+    residual_norm2 = plan.add_site(MappedSite(
+        "adaln_modulate (residual + norm2)", mapping=mapped["residual_norm2"], chain=RESIDUAL_NORM2_CHAIN,
+        classes=("adaln_modulate", "gated_residual"), outputs=2))
+    add_norm3 = plan.add_site(MappedSite("adaln_modulate (residual + norm3)", mapping=mapped["add_norm3"],
+                                         chain=ADD_NORM3_CHAIN, outputs=2))
+    norm_out = plan.add_site(MappedSite("adaln_modulate (norm_out)", mapping=mapped["adaln"], chain=NORM_OUT_CHAIN))
     processors = {WanAttnProcessor: WanAttnProcessorDitops}
     for i, block in enumerate(model.blocks):
         path = f"blocks.{i}"
         if type(block) is not WanTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not WanTransformerBlock")
             continue
+        at = plan.prefix + path
         a1, a2 = block.attn1, block.attn2
         _common.patch_cross_head_processor(plan, qk_self, f"{path}.attn1", a1, processors, "video",
                                            (a1.inner_dim, a1.kv_inner_dim))
         _common.patch_cross_head_processor(plan, qk_cross, f"{path}.attn2", a2, processors,
                                            "video q, text k", (a2.inner_dim, a2.kv_inner_dim))
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm1", "norm3")]
+        adaln.places.append(f"{at}.norm1")
+        add_norm3.fuse(f"{at}.norm3 (+ attn2 residual)", [(adaln, f"{at}.norm3")])
         if type(block.norm2).__name__ == "FP32LayerNorm":
-            norm2.places.append(plan.prefix + f"{path}.norm2")
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn1", "ffn")]
-        plan.patch_forward(path, block, block_forward(adaln, norm2, residual))
+            residual_norm2.fuse(f"{at}.norm2 (+ attn1 residual)",
+                                [(residual, f"{at} (attn1)"), (norm2, f"{at}.norm2")])
+        else:
+            residual.places.append(f"{at} (attn1)")
+        residual.places.append(f"{at} (ffn)")
+        plan.patch_forward(path, block, block_forward(adaln, norm2, residual, residual_norm2, add_norm3))
+    if type(model.norm_out).__name__ == "FP32LayerNorm":
+        norm_out.places.append(plan.prefix + "norm_out")
+        if norm_out.op is not None:  # else the model's own forward stays
+            plan.patch_forward("", model, model_forward(norm_out))
+    else:
+        norm_out.skipped.append((plan.prefix + "norm_out", f"norm_out is {type(model.norm_out).__name__}"))
