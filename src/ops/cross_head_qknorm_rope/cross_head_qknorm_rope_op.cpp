@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -18,14 +19,7 @@
 
 namespace ditops {
 
-const char* cross_head_rope_name(CrossHeadRope rope) {
-  switch (rope) {
-    case CrossHeadRope::none: return "none";
-    case CrossHeadRope::interleaved: return "interleaved";
-    case CrossHeadRope::split: return "split";
-  }
-  return "?";
-}
+const char* cross_head_rope_name(CrossHeadRope rope) { return enumerator_name(rope); }
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -254,9 +255,7 @@ LayerNormModulateCall complete_qk_head(const QkHeadLayerNormArgs& a, Matcher& m)
 
 }  // namespace
 
-const char* ln_row_mapping_name(LnRowMapping mapping) {
-  return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
-}
+const char* ln_row_mapping_name(LnRowMapping mapping) { return enumerator_name(mapping); }
 
 namespace {
 

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -21,51 +22,30 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* norm_type_name(NormType type) { return type == NormType::layer ? "layer" : "rms"; }
-
-const char* nss_norm_order_name(NssNormOrder order) {
-  return order == NssNormOrder::aten_mean ? "aten_mean" : "aten";
-}
-
-const char* nss_numerics_name(NssNumerics numerics) {
-  switch (numerics) {
-    case NssNumerics::eager: return "eager";
-    case NssNumerics::sglang: return "sglang";
-    case NssNumerics::float32: return "float32";
-  }
-  return "?";
-}
+const char* norm_type_name(NormType type) { return enumerator_name(type); }
+const char* nss_norm_order_name(NssNormOrder order) { return enumerator_name(order); }
+const char* nss_numerics_name(NssNumerics numerics) { return enumerator_name(numerics); }
 
 const char* nss_operand_kind_name(NssOperand::Kind kind) {
-  switch (kind) {
-    case NssOperand::Kind::absent: return "absent";
-    case NssOperand::Kind::scalar: return "scalar";
-    case NssOperand::Kind::channel: return "per-channel [D]";
-    case NssOperand::Kind::batch: return "per-batch [B, D]";
-    case NssOperand::Kind::token: return "per-token [B, S, D]";
-    case NssOperand::Kind::frame: return "per-frame [B, F, 1, D]";
-  }
-  return "?";
+  using K = NssOperand::Kind;
+  static constexpr auto kNames = enum_texts<K>({{K::absent, "absent"}, {K::scalar, "scalar"},
+                                                {K::channel, "per-channel [D]"}, {K::batch, "per-batch [B, D]"},
+                                                {K::token, "per-token [B, S, D]"}, {K::frame, "per-frame [B, F, 1, D]"}});
+  return kNames(kind);
 }
 
 namespace {
-const char* quant_name(NssKernelQuant q) {
-  switch (q) {
-    case NssKernelQuant::none: return "noquant";
-    case NssKernelQuant::fp8: return "fp8";
-    case NssKernelQuant::fp4_software: return "fp4sw";
-    case NssKernelQuant::fp4_hardware: return "fp4hw";
-    case NssKernelQuant::fp8_rowwise: return "fp8_rowwise";
-  }
-  return "?";
-}
+// The template key's word for the kernel's output quantization.
+constexpr auto kQuantNames = enum_texts<NssKernelQuant>(
+    {{NssKernelQuant::none, "noquant"}, {NssKernelQuant::fp8, "fp8"}, {NssKernelQuant::fp4_software, "fp4sw"},
+     {NssKernelQuant::fp4_hardware, "fp4hw"}, {NssKernelQuant::fp8_rowwise, "fp8_rowwise"}});
 }  // namespace
 
 std::string NssKernelKey::to_string() const {
   return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) +
          (mean_order ? ",mean," : ",") +
          nss_numerics_name(numerics) + (residual ? ",residual" : ",plain") + ",affine=" + std::to_string(affine) +
-         "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
+         "," + kQuantNames(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
 }
 
 uint64_t NssKernelKey::packed() const {

@@ -3,6 +3,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -19,33 +20,15 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* qk_rounding_name(QkRounding rounding) {
-  return rounding == QkRounding::rounded ? "rounded" : "fp32";
-}
-
-const char* qk_norm_order_name(QkNormOrder order) {
-  switch (order) {
-    case QkNormOrder::aten: return "aten";
-    case QkNormOrder::warp: return "warp";
-    case QkNormOrder::aten_mean: return "aten_mean";
-  }
-  return "?";
-}
-
-const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding) {
-  return rounding == QkNormWeightRounding::twice ? "twice" : "once";
-}
+const char* qk_rounding_name(QkRounding rounding) { return enumerator_name(rounding); }
+const char* qk_norm_order_name(QkNormOrder order) { return enumerator_name(order); }
+const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding) { return enumerator_name(rounding); }
 
 namespace {
 // The kernel's sum-of-squares constant (kernels/qknorm_rope.cuh) of an order.
-const char* sum_order_constant(QkNormOrder order) {
-  switch (order) {
-    case QkNormOrder::aten: return "ditops::kQkSumAten";
-    case QkNormOrder::warp: return "ditops::kQkSumWarp";
-    case QkNormOrder::aten_mean: return "ditops::kQkSumAtenMean";
-  }
-  return "?";
-}
+constexpr auto kSumOrderConstants = enum_texts<QkNormOrder>({{QkNormOrder::aten, "ditops::kQkSumAten"},
+                                                             {QkNormOrder::warp, "ditops::kQkSumWarp"},
+                                                             {QkNormOrder::aten_mean, "ditops::kQkSumAtenMean"}});
 }  // namespace
 
 std::string QkKernelKey::to_string() const {
@@ -70,7 +53,7 @@ KernelRequest qk_kernel_request(const QkKernelKey& key) {
           .function = "ditops::qknorm_rope_body",
           .template_args = jit::kernel_args(key.act, key.cache, key.pos, key.head_dim, key.rope_dim, key.neox,
                                             key.full_width, key.rounding == QkRounding::rounded,
-                                            sum_order_constant(key.order),
+                                            kSumOrderConstants(key.order),
                                             key.weight_rounding == QkNormWeightRounding::twice, key.pdl, key.aligned,
                                             key.complex_product),
           .params_type = "ditops::QkNormRopeParams",

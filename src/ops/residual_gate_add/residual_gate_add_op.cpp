@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -19,16 +20,7 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* gate_mode_name(GateMode mode) {
-  switch (mode) {
-    case GateMode::full: return "full";
-    case GateMode::row: return "row";
-    case GateMode::token: return "token";
-    case GateMode::batch: return "batch";
-    case GateMode::strided: return "strided";
-  }
-  return "?";
-}
+const char* gate_mode_name(GateMode mode) { return enumerator_name(mode); }
 
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
@@ -50,16 +42,11 @@ uint64_t RgaKernelKey::packed() const {
 }
 
 namespace {
-const char* mode_constant(GateMode m) {
-  switch (m) {
-    case GateMode::full: return "ditops::kRgaGateFull";
-    case GateMode::row: return "ditops::kRgaGateRow";
-    case GateMode::token: return "ditops::kRgaGateToken";
-    case GateMode::batch: return "ditops::kRgaGateBatch";
-    case GateMode::strided: return "ditops::kRgaGateStrided";
-  }
-  return "?";
-}
+// The kernel's gate-mode constant (kernels/residual_gate_add.cuh).
+constexpr auto kModeConstants = enum_texts<GateMode>(
+    {{GateMode::full, "ditops::kRgaGateFull"}, {GateMode::row, "ditops::kRgaGateRow"},
+     {GateMode::token, "ditops::kRgaGateToken"}, {GateMode::batch, "ditops::kRgaGateBatch"},
+     {GateMode::strided, "ditops::kRgaGateStrided"}});
 }  // namespace
 
 int rga_flat_units(const RgaKernelKey& key) {
@@ -85,13 +72,13 @@ KernelRequest rga_kernel_request(const RgaKernelKey& key) {
                   .template_key = "residual_gate_add:" + key.to_string()};
   if (!key.transposed) {
     r.function = "ditops::residual_gate_add_flat";
-    r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.pdl,
+    r.template_args = jit::kernel_args(key.dtype, kModeConstants(key.mode), vector_residual, key.pdl,
                                        rga_flat_units(key), false, key.index64) +
                       (key.gate_f32 ? ", float" : "");
     return r;
   }
   r.function = "ditops::residual_gate_add_transposed";
-  r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.tile, key.pdl,
+  r.template_args = jit::kernel_args(key.dtype, kModeConstants(key.mode), vector_residual, key.tile, key.pdl,
                                      key.vector || key.vector_update, key.chunked_residual && !key.vector);
   if (key.tokens_per_tile() != key.tile) r.template_args += ", " + jit::kernel_args(false, key.tokens_per_tile());
   return r;
