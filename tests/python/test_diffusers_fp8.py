@@ -529,7 +529,11 @@ def test_bench_fp8_arguments_and_quality_loop():
     chain_latents = quiet(loop)
     chain.restore()
     assert torch.equal(loop(), reference)
-    dd.enable(model, allow_cpu=True, fp8=True)
+    # sites=(): on the CPU a site runs the op's CPU reference, which is close to CPU PyTorch, not
+    # bit-exact (its QK norm differs in the last bit at some steps on an AVX2 machine although the
+    # first sight was equal); the FP8 linears and producers are what this loop checks, the sites'
+    # equality is the GPU tests' (test_gpu_fp8_forward_equals_the_plain_chain)
+    dd.enable(model, allow_cpu=True, fp8=True, sites=())
     latents = quiet(loop)
     assert torch.equal(latents, chain_latents)  # the loop through ditops FP8 is the chain's
     stats = bench.error_stats(torch, latents, reference)
