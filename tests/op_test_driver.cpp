@@ -749,6 +749,12 @@ const Tolerance& OpCase::tolerance_of(const std::string& tensor, const std::stri
   return tolerance;
 }
 
+TensorCase& OpCase::tensor(const std::string& name) {
+  for (TensorCase& t : tensors)
+    if (t.name == name) return t;
+  throw Error(op + "/" + this->name + ": no tensor " + name);
+}
+
 std::unique_ptr<Memory> host_memory() { return std::make_unique<HostMemory>(); }
 
 std::unique_ptr<Memory> cuda_memory() {

@@ -100,6 +100,8 @@ struct OpCase {
   std::vector<std::string> same_as, differs_from;
 
   const Tolerance& tolerance_of(const std::string& tensor, const std::string& impl = "") const;
+  // The case's tensor of that name; throws Error when it has none.
+  TensorCase& tensor(const std::string& name);
 };
 
 // What an oracle reads and writes: the case's tensors by logical index (row-major over the shape),

@@ -23,33 +23,15 @@
 #include "jit/kernel_request.h"
 #include "reference/fp8_fp4.h"
 #include "reference/half.h"
+#include "test_util.h"
 #include "vendor/cublaslt.h"
 
 namespace {
 
 using namespace ditops;
 
-const Device kCpu{DeviceKind::cpu, 0};
-
-struct HostTensor {
-  std::vector<uint8_t> bytes;
-  TensorView view;
-  HostTensor(DType dtype, std::vector<int64_t> shape) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    bytes.assign(static_cast<size_t>(n) * dtype_size(dtype) + 64, 0);
-    uint8_t* base = bytes.data() + (16 - reinterpret_cast<uintptr_t>(bytes.data()) % 16) % 16;
-    view = TensorView::contiguous(base, dtype, kCpu, shape);
-  }
-  uint8_t* u8() const { return static_cast<uint8_t*>(view.data); }
-  uint16_t* u16() const { return static_cast<uint16_t*>(view.data); }
-};
-
-HostTensor scalar(float v) {
-  HostTensor t(DType::f32, {1});
-  *static_cast<float*>(t.view.data) = v;
-  return t;
-}
+using test_util::HostTensor;
+constexpr auto scalar = HostTensor::scalar;
 
 // Deterministic bell-shaped values of standard deviation about sigma (a sum of four uniforms from
 // a xorshift generator: std::normal_distribution took most of the test's time).

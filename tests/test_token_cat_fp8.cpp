@@ -26,6 +26,7 @@
 #include "kernels/token_cat_fp8.cuh"
 #include "reference/half.h"
 #include "rounding_oracle.h"
+#include "test_util.h"
 
 namespace {
 
@@ -35,28 +36,8 @@ const Device kCpu{DeviceKind::cpu, 0};
 
 using ditops::testing_oracle::ieee_inverse;
 
-// ---- host tensors ----
-struct HostTensor {
-  std::vector<uint8_t> bytes;
-  TensorView view;
-  HostTensor(DType dtype, std::vector<int64_t> shape, int offset_bytes = 0) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    bytes.assign(static_cast<size_t>(n) * dtype_size(dtype) + 64, 0);
-    uint8_t* base = bytes.data() + (16 - reinterpret_cast<uintptr_t>(bytes.data()) % 16) % 16 + offset_bytes;
-    view = TensorView::contiguous(base, dtype, kCpu, shape);
-  }
-  float get(int64_t i) const { return ref::load_act(view.data, i, view.dtype); }
-  void set(int64_t i, float v) { ref::store_act(view.data, i, view.dtype, v); }
-  void set_bits(int64_t i, uint16_t b) { static_cast<uint16_t*>(view.data)[i] = b; }
-  uint8_t byte(int64_t i) const { return static_cast<const uint8_t*>(view.data)[i]; }
-};
-
-HostTensor scale_tensor(float s) {
-  HostTensor t(DType::f32, {1});
-  t.set(0, s);
-  return t;
-}
+using test_util::HostTensor;
+constexpr auto scale_tensor = HostTensor::scalar;
 
 // ---- bad input: an Error naming the fragments, nothing written ----
 struct Bad {

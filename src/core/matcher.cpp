@@ -38,7 +38,7 @@ Dim Dim::parse(const std::string& text) {
   return sum(std::move(terms));
 }
 
-void Matcher::fail(const std::string& message) const { throw InvalidArgument(op_ + ": " + message); }
+void Matcher::fail(const std::string& message) const { throw InvalidArgument(std::string(op_) + ": " + message); }
 
 TensorMatch Matcher::tensor(const std::string& name, const TensorView& t) {
   if (t.rank < 0 || t.rank > kMaxRank)

@@ -90,7 +90,9 @@ constexpr int64_t kMaxViewBytes = int64_t{1} << 56;
 
 class Matcher {
  public:
-  explicit Matcher(std::string op) : op_(std::move(op)) {
+  // `op` names the op in every message; the text outlives the matcher (an op's description holds
+  // it), so a call copies no string.
+  explicit Matcher(std::string_view op) : op_(op) {
     sizes_.reserve(12);
     dtypes_.reserve(4);
     devices_.reserve(1);
@@ -104,7 +106,7 @@ class Matcher {
   void bind(const std::string& symbol, int64_t value, const std::string& origin);
   std::optional<int64_t> value(std::string_view symbol) const;
   [[noreturn]] void fail(const std::string& message) const;
-  const std::string& op() const { return op_; }
+  std::string_view op() const { return op_; }
   // `read` must not share a byte with `written` (the op writes one while it reads the other):
   // fails with "<read> overlaps <written> in memory (...)". Views without elements never overlap.
   void require_disjoint(const TensorView& written, const std::string& written_name, const TensorView& read,
@@ -155,7 +157,7 @@ class Matcher {
       if (e.symbol == symbol) return &e;
     return nullptr;
   }
-  std::string op_;
+  std::string_view op_;
   std::vector<Bound> sizes_;
   std::vector<BoundDType> dtypes_;
   std::vector<BoundDevice> devices_;

@@ -6,8 +6,9 @@
 //
 //   OpBuilder<ScaleAddCall> b("scale_add", "out = x * scale + bias", doc);
 //   b.tensor<&ScaleAddCall::x>({.dtypes = "bf16", .shape = "M,N", .layout = "contiguous"});
-//   b.option<&ScaleAddOptions::use_pdl>("programmatic dependent launch where the device has it");
-//   b.choice<&QkNormRopeOptions::rounding>({{"rounded", ...}, {"fp32", ...}}, "...");
+//   b.option<&QkNormRopeOptions::eps>("RMSNorm epsilon");
+//   b.pdl_option<&ScaleAddOptions::use_pdl>();  // "programmatic dependent launch where the device has it"
+//   b.choice<&QkNormRopeOptions::rounding>({QkRounding::rounded, QkRounding::fp32}, "...");
 //   b.complete(complete_scale_add);  // the op's own rules and the fields they derive
 //
 // and, with the op's kernel family (jit/kernel_family.h: op_run, op_match, describe_op), its
@@ -17,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -26,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/matcher.h"
 #include "ditops/op.h"
 
@@ -219,13 +222,21 @@ class OpBuilder {
     return *this;
   }
 
-  // An enum option given by name, named after its member; the first pair whose value equals the
-  // default is the default.
+  // The use_pdl option of an op whose kernels take programmatic dependent launch.
   template <auto Member>
-  OpBuilder& choice(std::vector<std::pair<std::string, typename member_traits<decltype(Member)>::type>> names,
-                    std::string doc) {
+  OpBuilder& pdl_option() {
+    return option<Member>("programmatic dependent launch where the device has it");
+  }
+
+  // An enum option given by name, named after its member: the values it takes, in the order the
+  // bindings list them, each by its enumerator's name (core/enum_name.h). The default is the
+  // struct's.
+  template <auto Member>
+  OpBuilder& choice(std::initializer_list<typename member_traits<decltype(Member)>::type> values, std::string doc) {
     static_assert(std::is_same_v<typename member_traits<decltype(Member)>::owner, Options>,
                   "a choice is a member of Options");
+    std::vector<std::pair<std::string, typename member_traits<decltype(Member)>::type>> names;
+    for (const auto v : values) names.emplace_back(enumerator_name(v), v);
     add_choice(std::string(member_name<Member>()), Member, std::move(names), std::move(doc));
     return *this;
   }

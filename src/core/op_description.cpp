@@ -8,30 +8,20 @@
 #include <limits>
 #include <sstream>
 
+#include "core/enum_name.h"
 #include "core/device.h"
 #include "core/op_builder.h"
 #include "ditops/op.h"
 
 namespace ditops {
 
-const char* tensor_role_name(TensorRole role) {
-  switch (role) {
-    case TensorRole::in: return "in";
-    case TensorRole::out: return "out";
-    case TensorRole::inout: return "inout";
-  }
-  return "?";
-}
+const char* tensor_role_name(TensorRole role) { return enumerator_name(role); }
 
 const char* option_kind_name(OptionKind kind) {
-  switch (kind) {
-    case OptionKind::boolean: return "bool";
-    case OptionKind::integer: return "int";
-    case OptionKind::real: return "float";
-    case OptionKind::choice: return "choice";
-    case OptionKind::optional_boolean: return "optional_bool";
-  }
-  return "?";
+  static constexpr auto kNames =
+      enum_texts<OptionKind>({{OptionKind::boolean, "bool"}, {OptionKind::integer, "int"}, {OptionKind::real, "float"},
+                              {OptionKind::choice, "choice"}, {OptionKind::optional_boolean, "optional_bool"}});
+  return kNames(kind);
 }
 
 std::string option_default_text(bool value) { return value ? "true" : "false"; }

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/evidence.h"
 #include "core/builtin_ops.h"
 #include "ditops/op.h"
@@ -18,39 +19,10 @@ namespace ditops {
 
 // ---------------------------------------------------------------- names
 
-namespace {
-constexpr std::pair<Provenance, const char*> kProvenanceNames[] = {
-    {Provenance::kda, "kda"},       {Provenance::aot, "aot"},
-    {Provenance::jit, "jit"},       {Provenance::vendor, "vendor"},
-    {Provenance::reference, "reference"},
-};
-constexpr std::pair<Quality, const char*> kQualityNames[] = {
-    {Quality::exact, "exact"}, {Quality::lossless, "lossless"}, {Quality::high, "high"}};
-}  // namespace
-
-const char* provenance_name(Provenance provenance) {
-  for (const auto& [p, name] : kProvenanceNames)
-    if (p == provenance) return name;
-  return "?";
-}
-
-bool parse_provenance(const std::string& name, Provenance* out) {
-  for (const auto& [p, n] : kProvenanceNames)
-    if (name == n) return *out = p, true;
-  return false;
-}
-
-const char* quality_name(Quality quality) {
-  for (const auto& [q, name] : kQualityNames)
-    if (q == quality) return name;
-  return "?";
-}
-
-bool parse_quality(const std::string& name, Quality* out) {
-  for (const auto& [q, n] : kQualityNames)
-    if (name == n) return *out = q, true;
-  return false;
-}
+const char* provenance_name(Provenance provenance) { return enumerator_name(provenance); }
+bool parse_provenance(const std::string& name, Provenance* out) { return parse_enumerator(name, out); }
+const char* quality_name(Quality quality) { return enumerator_name(quality); }
+bool parse_quality(const std::string& name, Quality* out) { return parse_enumerator(name, out); }
 
 std::string feature_names(uint32_t features) {
   std::string out;

@@ -7,7 +7,7 @@
 //       .request = token_cat_fp8_request,  // KernelRequest of a key
 //       .launch = token_cat_fp8_launch,
 //       .nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; }};  // optional, below
-//   using Kernels = OpKernels<description, kKernels>;
+//   using Kernels = OpKernels<describe, kKernels>;
 //
 // A call's path: the entry matches, dispatch<F>() computes the key once, and the registry hands
 // the Dispatched call (core/implementation.h) to the chosen implementation, whose run resolves the
@@ -105,28 +105,33 @@ DispatchReport explain(const typename F::Call& c, const DispatchOptions& options
 
 // ---------------------------------------------------------------- an op's entries, from its description
 
-// An op's description getter (`const OpBuilder<Args, Call>& description()`) and kernel family give
-// its C++ entries (include/ditops/op_function.h) and its op-table entry:
+// The kernel family of the op that `Describe` describes, from its kernel functions. Describe returns
+// the op's OpBuilder (core/op_builder.h); the family builds it once, at its first use (a
+// registration or a call), and holds it: description(). Its entries and its op-table entry come
+// from the family alone:
 //
-//   DITOPS_OP_ENTRIES(scale_add, ScaleAddCall, description, Kernels);  // all of them, below
-//   const OpFunction<std::string, ScaleAddCall> scale_add{op_run<description, Kernels>};
-//   const OpFunction<ScaleAddCall, ScaleAddCall> match_scale_add{op_match<description>};
-//   describe_op<description, Kernels>(registry);   // in the op's registration
-template <auto Description>
-using BuilderOf = std::remove_cvref_t<decltype(Description())>;
-
-// The kernel family of the op `Description` describes, from its kernel functions.
+//   using Kernels = OpKernels<describe, kKernels>;
+//   DITOPS_OP_ENTRIES(scale_add, Kernels, register_scale_add);  // all of them, below
+//   const OpFunction<std::string, ScaleAddCall> scale_add{op_run<Kernels>};
+//   const OpFunction<ScaleAddCall, ScaleAddCall> match_scale_add{op_match<Kernels>};
+//   describe_op<Kernels>(registry);   // the op-table entry
 // (Functions by reference: GCC 12 takes no function pointer inside a class-type template argument.)
-template <auto Description, const auto& Functions>
+template <auto Describe, const auto& Functions>
 struct OpKernels {
+  using Builder = std::remove_cvref_t<decltype(Describe())>;
   using Call = typename std::remove_cvref_t<decltype(Functions)>::CallType;
   using Key = typename std::remove_cvref_t<decltype(Functions)>::KeyType;
-  static const std::string& op() { return Description().name(); }
+  static_assert(std::is_same_v<typename Builder::CallType, Call>, "the description's call is the kernels' call");
+  static const Builder& description() {
+    static const Builder b = Describe();
+    return b;
+  }
+  static const std::string& op() { return description().name(); }
   // Named when the stream belongs to another device.
-  static const char* device_tensor() { return Description().tensor_name(0); }
+  static const char* device_tensor() { return description().tensor_name(0); }
   static Device device(const Call& c) {
     if constexpr (Functions.device != nullptr) return Functions.device(c);
-    else return Description().tensor(c, 0).device;
+    else return description().tensor(c, 0).device;
   }
   static Key key(const Call& c, const DeviceInfo& d) { return Functions.key(c, d); }
   static KernelRequest request(const Key& k) { return Functions.request(k); }
@@ -149,10 +154,10 @@ struct OpKernels {
 
 namespace family_detail {
 
-template <auto Description, KernelFamily F>
-std::string run_op(typename BuilderOf<Description>::ArgsType& a, Stream stream) {
-  const auto& b = Description();
-  if constexpr (BuilderOf<Description>::kInPlace) {
+template <KernelFamily F>
+std::string run_op(typename F::Builder::ArgsType& a, Stream stream) {
+  const auto& b = F::description();
+  if constexpr (F::Builder::kInPlace) {
     b.match_in_place(a, stream);
     b.run_checks(a);
     return dispatch<F>(a, stream, a.options.dispatch);
@@ -163,52 +168,61 @@ std::string run_op(typename BuilderOf<Description>::ArgsType& a, Stream stream) 
   }
 }
 
-template <auto Description>
-void match_in_place(typename BuilderOf<Description>::CallType& c, Stream stream) {
-  Description().match_in_place(c, stream);
+template <KernelFamily F>
+void match_in_place(typename F::Call& c, Stream stream) {
+  F::description().match_in_place(c, stream);
 }
 
-template <auto Description>
-typename BuilderOf<Description>::CallType match_call(typename BuilderOf<Description>::ArgsType& a, Stream stream) {
-  return Description().matched(a, stream);
+template <KernelFamily F>
+typename F::Call match_call(typename F::Builder::ArgsType& a, Stream stream) {
+  return F::description().matched(a, stream);
 }
 
-template <auto Description, KernelFamily F>
-DispatchReport explain_op(typename BuilderOf<Description>::ArgsType& a) {
-  const typename F::Call c = Description().matched(a, nullptr);
+template <KernelFamily F>
+DispatchReport explain_op(typename F::Builder::ArgsType& a) {
+  const typename F::Call c = F::description().matched(a, nullptr);
   return explain<F>(c, c.options.dispatch);
 }
 
 }  // namespace family_detail
 
 // <op>(...): match, the run's own checks, dispatch.
-template <auto Description, KernelFamily F>
-constexpr auto op_run = &family_detail::run_op<Description, F>;
+template <KernelFamily F>
+constexpr auto op_run = &family_detail::run_op<F>;
 
 // match_<op>(...): the call every implementation receives.
-template <auto Description>
+template <KernelFamily F>
 constexpr auto op_match = [] {
-  if constexpr (BuilderOf<Description>::kInPlace) return &family_detail::match_in_place<Description>;
-  else return &family_detail::match_call<Description>;
+  if constexpr (F::Builder::kInPlace) return &family_detail::match_in_place<F>;
+  else return &family_detail::match_call<F>;
 }();
 
 // The op's table entry (ditops::call, explain, every binding): its run and explain from a generic call.
-template <auto Description, KernelFamily F>
+template <KernelFamily F>
 void describe_op(Registry& registry) {
-  registry.describe(Description().build(op_run<Description, F>, &family_detail::explain_op<Description, F>));
+  registry.describe(F::description().build(op_run<F>, &family_detail::explain_op<F>));
+}
+
+// An op's registration: its implementations (`add`), then its table entry.
+template <KernelFamily F, void (*Add)(Registry&)>
+void register_op(Registry& registry) {
+  Add(registry);
+  describe_op<F>(registry);
 }
 
 // An op's entries, for an op whose call struct is what its callers fill: <op>(...), match_<op>(...),
-// explain_<op>(call) and its op-table entry (registered with the library's ops, right after the op's
-// DITOPS_REGISTER_OP(register_<op>): the table keeps the order of the op names).
-#define DITOPS_OP_ENTRIES(op, Call, description, Kernels)                                        \
-  const ::ditops::OpFunction<std::string, Call> op{::ditops::op_run<description, Kernels>};      \
-  const ::ditops::OpFunction<Call, Call> match_##op{::ditops::op_match<description>};            \
-  ::ditops::DispatchReport explain_##op(const Call& call) {                                      \
-    return ::ditops::explain<Kernels>(call, call.options.dispatch);                              \
-  }                                                                                              \
-  static const ::ditops::OpRegistration op##_description("register_" #op "_description",            \
-                                                           ::ditops::describe_op<description, Kernels>)
+// explain_<op>(call), and its registration with the library's ops (core/builtin_ops.h): `add(registry)`
+// adds its implementations, then its op-table entry follows. Trailing arguments name the types of
+// the call struct's leading members where they are not TensorViews (include/ditops/op_function.h).
+#define DITOPS_OP_ENTRIES(op, Kernels, add, ...)                                                         \
+  const ::ditops::OpFunction<std::string, Kernels::Call __VA_OPT__(, ) __VA_ARGS__> op{                  \
+      ::ditops::op_run<Kernels>};                                                                        \
+  const ::ditops::OpFunction<Kernels::Call, Kernels::Call __VA_OPT__(, ) __VA_ARGS__> match_##op{        \
+      ::ditops::op_match<Kernels>};                                                                      \
+  ::ditops::DispatchReport explain_##op(const Kernels::Call& call) {                                     \
+    return ::ditops::explain<Kernels>(call, call.options.dispatch);                                      \
+  }                                                                                                      \
+  static const ::ditops::OpRegistration op##_registration("register_" #op, ::ditops::register_op<Kernels, add>)
 
 namespace jit {
 inline std::string nvrtc_availability() {
@@ -252,13 +266,25 @@ void run_memoized(jit::KernelMemo& memo, const typename F::Call& c, const typena
 
 }  // namespace family_detail
 
+// What an op states of one jit implementation of its family; the family supplies the rest.
+struct JitSpec {
+  std::string variant = "jit";  // the implementation is "<op>.<variant>"
+  int sm_min = 80;              // on CUDA devices from this SM on, with NVRTC
+  Contract contract;
+  std::string description;
+};
+
 // Kernels compiled at first use by NVRTC for the device's exact arch, memoized per key and device.
 template <KernelFamily F>
-Implementation<typename F::Call, typename F::Key> jit_implementation() {
+Implementation<typename F::Call, typename F::Key> jit_implementation(const JitSpec& spec) {
   using Call = typename F::Call;
   using Key = typename F::Key;
   Implementation<Call, Key> impl;
+  impl.name = F::op() + "." + spec.variant;
   impl.provenance = Provenance::jit;
+  impl.capabilities = {{DeviceKind::cuda, spec.sm_min, 1 << 20, kFeatureNvrtc}};
+  impl.contract = spec.contract;
+  impl.description = spec.description;
   impl.availability = jit::nvrtc_availability;
   impl.predicate = [](const Call& c, const Key&) { return family_detail::cuda_refusal<F>(c); };
   impl.run = [](const Call& c, const Key& key) {
@@ -270,6 +296,12 @@ Implementation<typename F::Call, typename F::Key> jit_implementation() {
   if constexpr (requires { F::variant_keys(); })
     impl.variants = [] { return family_detail::requests<F>(F::variant_keys()); };
   return impl;
+}
+
+// Adds the jit implementation `spec` states to the op's.
+template <KernelFamily F>
+void add_jit(Registry& registry, const JitSpec& spec) {
+  add_implementation(registry, F::op(), jit_implementation<F>(spec));
 }
 
 // Kernels compiled by nvcc at build time for the keys F::prebuilt_keys lists; a call whose key is
@@ -324,6 +356,13 @@ Implementation<typename F::Call, typename F::Key> reference_implementation(void 
   };
   impl.run = [run](const Call& c, const Key&) { run(c); };
   return impl;
+}
+
+// Adds the op's CPU reference (reference_implementation).
+template <KernelFamily F>
+void add_reference(Registry& registry, void (*run)(const typename F::Call&), Contract contract,
+                   std::string description) {
+  add_implementation(registry, F::op(), reference_implementation<F>(run, std::move(contract), std::move(description)));
 }
 
 }  // namespace ditops

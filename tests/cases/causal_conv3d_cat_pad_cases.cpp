@@ -38,10 +38,7 @@ std::vector<int64_t> layout_strides(const std::vector<int64_t>& s, bool channels
 }
 
 OpCase ccp_case(const Ccp& s, CaseKind kind, uint32_t seed) {
-  OpCase c;
-  c.op = "causal_conv3d_cat_pad";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = "causal_conv3d_cat_pad", .kind = kind, .seed = seed};
   const auto& p = s.pad;
   c.name = std::string(dtype_name(s.dtype)) + "_" + dims(s.x) + (s.ct < 0 ? "_nocache" : "_ct" + std::to_string(s.ct)) +
            "_pad" + dims(p) + (s.channels_last ? "_cl" : "") + (s.misalign ? "_off" + std::to_string(s.misalign) : "") +

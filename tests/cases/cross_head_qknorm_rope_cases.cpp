@@ -60,9 +60,7 @@ std::vector<TensorCase> tables(const Ch& s, const char* cos_name, const char* si
 }
 
 OpCase ch_case(const Ch& s, CaseKind kind, const std::string& label) {
-  OpCase c;
-  c.op = "cross_head_qknorm_rope";
-  c.kind = kind;
+  OpCase c{.op = "cross_head_qknorm_rope", .kind = kind};
   const char* table_names[] = {"wan", "per_head", "full_width", "per_batch"};
   c.name = label + "_B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_N" + std::to_string(s.Nq) + "_Sk" +
            std::to_string(s.Sk) + "_Nk" + std::to_string(s.Nk) + "_D" + std::to_string(s.D) + "_" + s.rope + "_" +
@@ -184,39 +182,34 @@ std::vector<OpCase> make() {
     c.invalid = std::move(fragments);
     out.push_back(c);
   };
-  auto tensor = [](OpCase& c, const char* name) -> TensorCase& {
-    for (TensorCase& t : c.tensors)
-      if (t.name == name) return t;
-    throw Error(std::string("no tensor ") + name);
-  };
   auto option = [](OpCase& c, const char* name, const char* value) {
     for (auto& [n, v] : c.options)
       if (n == name) v = value;
   };
   invalid("head_dim_100", [&](OpCase& c) { option(c, "head_dim", "100"); }, {"head_dim must be a multiple of 8", "100"});
-  invalid("width_not_heads", [&](OpCase& c) { tensor(c, "k").shape = {1, 3, 200}; tensor(c, "k_weight").shape = {200}; },
+  invalid("width_not_heads", [&](OpCase& c) { c.tensor("k").shape = {1, 3, 200}; c.tensor("k_weight").shape = {200}; },
           {"k.shape[2] (heads * head_dim) must be a positive multiple of head_dim=128", "200"});
-  invalid("width_16384", [&](OpCase& c) { tensor(c, "q").shape = {1, 3, 16384}; tensor(c, "q_weight").shape = {16384}; },
+  invalid("width_16384", [&](OpCase& c) { c.tensor("q").shape = {1, 3, 16384}; c.tensor("q_weight").shape = {16384}; },
           {"up to 8192", "16384"});
-  invalid("weight_f32", [&](OpCase& c) { tensor(c, "q_weight").dtype = DType::f32; }, {"q_weight.dtype", "f32"});
-  invalid("weight_length", [&](OpCase& c) { tensor(c, "k_weight").shape = {128}; }, {"k_weight.shape[0] must equal Nk=256", "128"});
-  invalid("cos_bf16", [&](OpCase& c) { tensor(c, "q_cos").dtype = DType::bf16; }, {"q_cos.dtype must be f32", "bf16"});
-  invalid("cos_tokens", [&](OpCase& c) { tensor(c, "q_sin").shape = {1, 2, 1, 64}; },
+  invalid("weight_f32", [&](OpCase& c) { c.tensor("q_weight").dtype = DType::f32; }, {"q_weight.dtype", "f32"});
+  invalid("weight_length", [&](OpCase& c) { c.tensor("k_weight").shape = {128}; }, {"k_weight.shape[0] must equal Nk=256", "128"});
+  invalid("cos_bf16", [&](OpCase& c) { c.tensor("q_cos").dtype = DType::bf16; }, {"q_cos.dtype must be f32", "bf16"});
+  invalid("cos_tokens", [&](OpCase& c) { c.tensor("q_sin").shape = {1, 2, 1, 64}; },
           {"q_sin.shape[1] must be 3 (the tokens (S))", "2"});
-  invalid("cos_heads", [&](OpCase& c) { tensor(c, "q_cos").shape = {1, 3, 3, 64}; tensor(c, "q_cos").strides.clear(); },
+  invalid("cos_heads", [&](OpCase& c) { c.tensor("q_cos").shape = {1, 3, 3, 64}; c.tensor("q_cos").strides.clear(); },
           {"q_cos.shape[2] must be 2 or 1 (the heads (1 or H))", "3"});
   invalid("rope_none_with_tables", [&](OpCase& c) { option(c, "rope", "none"); }, {"rope=none takes no cos/sin tables"});
   invalid("k_cos_alone",
           [&](OpCase& c) {
-            TensorCase t = tensor(c, "q_cos");
+            TensorCase t = c.tensor("q_cos");
             t.name = "k_cos";
             c.tensors.push_back(t);
           },
           {"k_cos and k_sin are given together"});
   invalid("k_tokens_without_tables",
-          [&](OpCase& c) { tensor(c, "k").shape = {1, 5, 256}; }, {"without k_cos/k_sin k takes q's tables", "5"});
+          [&](OpCase& c) { c.tensor("k").shape = {1, 5, 256}; }, {"without k_cos/k_sin k takes q's tables", "5"});
   invalid("eps_negative", [&](OpCase& c) { c.options.push_back({"eps", "-1"}); }, {"eps must be >= 0"});
-  invalid("k_f16", [&](OpCase& c) { tensor(c, "k").dtype = DType::f16; tensor(c, "k_weight").dtype = DType::f16; },
+  invalid("k_f16", [&](OpCase& c) { c.tensor("k").dtype = DType::f16; c.tensor("k_weight").dtype = DType::f16; },
           {"k.dtype", "f16"});
   return out;
 }

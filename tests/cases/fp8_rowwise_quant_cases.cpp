@@ -56,10 +56,7 @@ int64_t rows_of(const std::vector<int64_t>& lead) {
 }
 
 OpCase rq_case(const Rq& s, CaseKind kind, uint32_t seed) {
-  OpCase c;
-  c.op = "fp8_rowwise_quant";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = "fp8_rowwise_quant", .kind = kind, .seed = seed};
   std::string lead;
   for (int64_t e : s.lead) lead += (lead.empty() ? "" : "x") + std::to_string(e);
   c.name = std::string(dtype_name(s.dtype)) + "_" + lead + "_K" + std::to_string(s.K) +

@@ -54,9 +54,7 @@ std::vector<TensorCase> stream(const Joint& s, int which) {
 
 OpCase joint_case(const Joint& s, CaseKind kind, const std::string& label) {
   const int64_t J = s.S1 + s.S2, P = 2 * J + 8, width = s.full_width ? 2 * s.R : s.R;
-  OpCase c;
-  c.op = "joint_qknorm_rope";
-  c.kind = kind;
+  OpCase c{.op = "joint_qknorm_rope", .kind = kind};
   c.name = label + "_B" + std::to_string(s.B) + "_S" + std::to_string(s.S1) + "+" + std::to_string(s.S2) + "_H" +
            std::to_string(s.H) + "_D" + std::to_string(s.D) + "_R" + std::to_string(s.R) + (s.neox ? "_neox" : "") +
            (s.full_width ? "_full" : "_compact") + "_" + dtype_name(s.act) + "_cache_" + dtype_name(s.cache) +
@@ -225,24 +223,19 @@ std::vector<OpCase> make() {
       c.invalid = std::move(fragments);
       out.push_back(c);
     };
-    auto tensor = [](OpCase& c, const char* name) -> TensorCase& {
-      for (TensorCase& t : c.tensors)
-        if (t.name == name) return t;
-      throw Error(std::string("no tensor ") + name);
-    };
-    invalid("heads_differ", [&](OpCase& c) { tensor(c, "k2").shape[2] = 3; }, {"k2.shape[2]", "H=2", "3"});
-    invalid("batch_differs", [&](OpCase& c) { tensor(c, "v2").shape[0] = 2; }, {"v2.shape[0]", "B=1", "2"});
-    invalid("dtype_differs", [&](OpCase& c) { tensor(c, "v1").dtype = DType::f16; }, {"v1", "f16", "bf16"});
-    invalid("positions_not_joint", [&](OpCase& c) { tensor(c, "positions").shape[0] = 3; },
+    invalid("heads_differ", [&](OpCase& c) { c.tensor("k2").shape[2] = 3; }, {"k2.shape[2]", "H=2", "3"});
+    invalid("batch_differs", [&](OpCase& c) { c.tensor("v2").shape[0] = 2; }, {"v2.shape[0]", "B=1", "2"});
+    invalid("dtype_differs", [&](OpCase& c) { c.tensor("v1").dtype = DType::f16; }, {"v1", "f16", "bf16"});
+    invalid("positions_not_joint", [&](OpCase& c) { c.tensor("positions").shape[0] = 3; },
             {"positions.shape[0]", "S1+S2=5", "3"});
-    invalid("head_stride_differs", [&](OpCase& c) { tensor(c, "k1").strides[2] = 136; }, {"k1.stride(2)", "136"});
+    invalid("head_stride_differs", [&](OpCase& c) { c.tensor("k1").strides[2] = 136; }, {"k1.stride(2)", "136"});
     invalid("last_stride", [&](OpCase& c) {
-      TensorCase& q = tensor(c, "q2");
+      TensorCase& q = c.tensor("q2");
       q.strides = {3 * 1024, 1024, 128, 2};
     }, {"q2.stride(3) must be 1"});
-    invalid("cache_width", [&](OpCase& c) { tensor(c, "cos_sin_cache").shape[1] = 128; },
+    invalid("cache_width", [&](OpCase& c) { c.tensor("cos_sin_cache").shape[1] = 128; },
             {"cos_sin_cache.shape[1] must be 256", "but is 128"});
-    invalid("weight_length", [&](OpCase& c) { tensor(c, "k2_weight").shape[0] = 64; },
+    invalid("weight_length", [&](OpCase& c) { c.tensor("k2_weight").shape[0] = 64; },
             {"k2_weight.shape[0]", "D=128", "64"});
     Joint d96 = s;
     d96.D = d96.R = 96;

@@ -42,10 +42,9 @@ OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
   const bool fp8 = s.input_scale > 0 && !s.rowwise;
   const int64_t chunks = s.shift ? 6 : 4;  // scale/shift are chunks of a [B, chunks * D] projection
   const int64_t row = s.chunk_stride ? 2 * s.chunk_stride : chunks * s.D, shift_at = s.chunk_stride ? s.chunk_stride : s.D;
-  OpCase c;
-  c.op = fp8 ? "layernorm_modulate_fp8" : s.rowwise ? "layernorm_modulate_fp8_rowwise" : "layernorm_modulate";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = fp8 ? "layernorm_modulate_fp8" : s.rowwise ? "layernorm_modulate_fp8_rowwise" : "layernorm_modulate",
+           .kind = kind,
+           .seed = seed};
   char amp[32];
   std::snprintf(amp, sizeof amp, "%g", s.amplitude);
   c.name = "B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_D" + std::to_string(s.D) +
@@ -83,10 +82,7 @@ OpCase ln_case(const Ln& s, CaseKind kind, uint32_t seed) {
 }
 
 OpCase qk_case(int64_t B, int64_t S, int64_t H, int64_t Hk, int64_t Dh, bool in_place, CaseKind kind, uint32_t seed) {
-  OpCase c;
-  c.op = "qk_head_layernorm";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = "qk_head_layernorm", .kind = kind, .seed = seed};
   c.name = "B" + std::to_string(B) + "_S" + std::to_string(S) + "_H" + std::to_string(H) + "_Hk" + std::to_string(Hk) +
            "_Dh" + std::to_string(Dh) + (in_place ? "_in_place" : "");
   TensorCase q{"q", DType::bf16, {B, S, H, Dh}}, k{"k", DType::bf16, {B, S, Hk, Dh}};

@@ -79,10 +79,7 @@ TensorCase operand_case(const std::string& name, int cls, int chunk, DType dt, i
 }
 
 OpCase nss_case(const Nss& s, CaseKind kind, uint32_t seed) {
-  OpCase c;
-  c.op = "norm_scale_shift";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = "norm_scale_shift", .kind = kind, .seed = seed};
   char amp[32];
   std::snprintf(amp, sizeof amp, "%g", s.amplitude);
   c.name = std::string(dtype_name(s.dt)) + "_B" + std::to_string(s.B) + "_S" + std::to_string(s.S) + "_D" +
@@ -651,14 +648,12 @@ std::vector<OpCase> make() {
     out.push_back(c);
     c = nss_case(f32, CaseKind::invalid, seed++);
     c.name = "float32_weight_bf16";
-    for (auto& t : c.tensors)
-      if (t.name == "weight") t.dtype = DType::bf16;
+    c.tensor("weight").dtype = DType::bf16;
     c.invalid = {"weight.dtype must be f32 (numerics=float32", "but is bf16"};
     out.push_back(c);
     c = nss_case(f32, CaseKind::invalid, seed++);
     c.name = "float32_residual_f32";
-    for (auto& t : c.tensors)
-      if (t.name == "residual") t.dtype = DType::f32;
+    c.tensor("residual").dtype = DType::f32;
     c.invalid = {"residual.dtype must be bf16 (as x) but is f32"};
     out.push_back(c);
     c = nss_case({1, 4, 64, DType::bf16, "layer", "eager", false, 0, "", 2}, CaseKind::invalid, seed++);

@@ -52,9 +52,7 @@ OpCase qk_case(const Qk& s, const char* rounding, const char* order, CaseKind ki
   const int64_t P = s.P ? s.P : 2 * s.T + 8, width = s.full_width ? 2 * s.R : s.R;
   char amp[32];
   std::snprintf(amp, sizeof amp, "%g", s.amplitude);
-  OpCase c;
-  c.op = "qknorm_rope";
-  c.kind = kind;
+  OpCase c{.op = "qknorm_rope", .kind = kind};
   c.name = "T" + std::to_string(s.T) + "_Hq" + std::to_string(s.Hq) + "_Hk" + std::to_string(s.Hk) + "_D" +
            std::to_string(s.D) + "_R" + std::to_string(s.R) + (s.neox ? "_neox" : "") + (s.full_width ? "_full" : "") +
            "_" + dtype_name(s.act) + "_cache_" + dtype_name(s.cache) + "_pos_" + dtype_name(s.pos) +

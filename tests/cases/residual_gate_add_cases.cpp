@@ -34,10 +34,7 @@ std::string dims(const std::vector<int64_t>& v) {
 }
 
 OpCase rga_case(const Rga& s, CaseKind kind, uint32_t seed) {
-  OpCase c;
-  c.op = "residual_gate_add";
-  c.kind = kind;
-  c.seed = seed;
+  OpCase c{.op = "residual_gate_add", .kind = kind, .seed = seed};
   const DType gate_dtype = s.gate_dtype.value_or(s.dtype);
   c.name = std::string(dtype_name(s.dtype)) + "_" + dims(s.shape) + "_gate_" + dims(s.gate) +
            (gate_dtype != s.dtype ? std::string("_") + dtype_name(gate_dtype) : "") +

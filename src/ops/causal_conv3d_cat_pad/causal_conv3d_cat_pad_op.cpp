@@ -64,39 +64,36 @@ int64_t padded_extent(const Matcher& m, int64_t extent, int64_t before, int64_t 
 void complete(CausalConv3dCatPadCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<CausalConv3dCatPadCall>& description() {
+OpBuilder<CausalConv3dCatPadCall> describe() {
   using C = CausalConv3dCatPadCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(
-        kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
-        "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
-        "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
-        "channels-last-3d, one layout for every tensor; out must not overlap an input. Bit-exact (a copy). "
-        "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
-    b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
-    // The layout (NCTHW or channels-last-3d, x decides) and out's padded extents are the op's own rules.
-    b.tensor<&C::x>({.dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"});
-    b.tensor<&C::cache>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
-                         .doc = "cached past frames, prepended along time (absent: none)"});
-    // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
-                       .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
-                                "dim(x,4)+pad_w_left+pad_w_right",
-                       .alloc_format = "x",
-                       .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
-                              "pad_w_right], in x's layout",
-                       .own = "shape"});
-    b.option<&CausalConv3dCatPadOptions::pad_w_left>("zeros before W (F.pad padding[0])");
-    b.option<&CausalConv3dCatPadOptions::pad_w_right>("zeros after W (F.pad padding[1])");
-    b.option<&CausalConv3dCatPadOptions::pad_h_top>("zeros before H (F.pad padding[2])");
-    b.option<&CausalConv3dCatPadOptions::pad_h_bottom>("zeros after H (F.pad padding[3])");
-    b.option<&CausalConv3dCatPadOptions::pad_t_left>(
-        "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
-    b.option<&CausalConv3dCatPadOptions::pad_t_right>("zero frames after T (F.pad padding[5])");
-    b.option<&CausalConv3dCatPadOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    return b;
-  }();
+  OpBuilder<C> b(
+      kOp, "out = F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr)) in one pass (causal Conv3D input)",
+      "x [B, C, T, H, W], optional cache [B, C, ct, H, W]; F.pad's padding (wl, wr, ht, hb, dl, dr) is the options "
+      "pad_w_left, pad_w_right, pad_h_top, pad_h_bottom, pad_t_left (dl >= ct), pad_t_right; NCTHW contiguous or "
+      "channels-last-3d, one layout for every tensor; out must not overlap an input. Bit-exact (a copy). "
+      "include/ditops/causal_conv3d_cat_pad.h, docs/causal_conv3d_cat_pad.md");
+  b.dims("B=1,C=192,T=2,H=360,W=640,CT=2");  // the Cosmos3 decoder call of the issue
+  // The layout (NCTHW or channels-last-3d, x decides) and out's padded extents are the op's own rules.
+  b.tensor<&C::x>({.dtypes = "bf16|f16|f32", .shape = "B,C,T,H,W"});
+  b.tensor<&C::cache>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,C,CT,H,W",
+                       .doc = "cached past frames, prepended along time (absent: none)"});
+  // out's `shape` is its extents at zero padding (the CLI's example call); `alloc` has the rule.
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=x", .shape = "B,C,T,H,W",
+                     .alloc = "dim(x,0),dim(x,1),dim(x,2)+pad_t_left+pad_t_right,dim(x,3)+pad_h_top+pad_h_bottom,"
+                              "dim(x,4)+pad_w_left+pad_w_right",
+                     .alloc_format = "x",
+                     .doc = "[B, C, T + pad_t_left + pad_t_right, H + pad_h_top + pad_h_bottom, W + pad_w_left + "
+                            "pad_w_right], in x's layout",
+                     .own = "shape"});
+  b.option<&CausalConv3dCatPadOptions::pad_w_left>("zeros before W (F.pad padding[0])");
+  b.option<&CausalConv3dCatPadOptions::pad_w_right>("zeros after W (F.pad padding[1])");
+  b.option<&CausalConv3dCatPadOptions::pad_h_top>("zeros before H (F.pad padding[2])");
+  b.option<&CausalConv3dCatPadOptions::pad_h_bottom>("zeros after H (F.pad padding[3])");
+  b.option<&CausalConv3dCatPadOptions::pad_t_left>(
+      "the conv's whole left time padding dl (>= the cache's frames ct; F.pad gets dl - ct)");
+  b.option<&CausalConv3dCatPadOptions::pad_t_right>("zero frames after T (F.pad padding[5])");
+  b.pdl_option<&CausalConv3dCatPadOptions::use_pdl>();
+  b.complete(complete);
   return b;
 }
 
@@ -297,37 +294,32 @@ constexpr KernelFunctions<CausalConv3dCatPadCall, CcpKernelKey> kKernels{
     .key = key_for, .request = ccp_kernel_request, .launch = launch_causal_conv3d_cat_pad,
     .nothing_to_do = [](const CausalConv3dCatPadCall& c) { return c.out_numel == 0; },
     .variant_keys = ccp_variant_keys};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_causal_conv3d_cat_pad(Registry& registry) {
   const std::string oracle =
       "eager PyTorch `F.pad(torch.cat([cache, x], 2), (wl, wr, ht, hb, dl - ct, dr))` (a copy plus zero fill: "
       "every bit, fp16, bf16 and fp32)";
-  Implementation<CausalConv3dCatPadCall, Kernels::Key> jit_impl = jit_implementation<Kernels>();
-  jit_impl.name = std::string(kOp) + ".jit";
-  jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-  jit_impl.contract = Contract::bit_exact(oracle).verified(
-      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: the window kernels torch.equal in 49 of 49 cases of bench/causal_conv3d_cat_pad_torch.py (both "
-      "layouts, f16/bf16/f32, graph replay) and the GPU tests and driver parts");
-  jit_impl.description =
-      "one pass over out's 16-byte windows of memory, a warp over consecutive windows: 16-byte stores, aligned "
-      "16-byte loads shifted in registers, the next granule from the next lane; a copy kernel where rows, heads "
-      "and pointers lie on 16 bytes; NVRTC at first use";
-  add_implementation(registry, kOp, std::move(jit_impl));
-
-  add_implementation(registry, kOp,
-                     reference_implementation<Kernels>(
-                         causal_conv3d_cat_pad_reference,
-                         Contract::bit_exact(oracle + "; the portable oracle")
-                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
-                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "at 8dea671)"),
-                         "CPU reference: every output element from its source through the views' strides, or 0"));
+  add_jit<Kernels>(
+      registry,
+      {.contract = Contract::bit_exact(oracle).verified(
+           "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: the window kernels torch.equal in 49 of 49 cases of bench/causal_conv3d_cat_pad_torch.py (both "
+           "layouts, f16/bf16/f32, graph replay) and the GPU tests and driver parts"),
+       .description =
+           "one pass over out's 16-byte windows of memory, a warp over consecutive windows: 16-byte stores, aligned "
+           "16-byte loads shifted in registers, the next granule from the next lane; a copy kernel where rows, heads "
+           "and pointers lie on 16 bytes; NVRTC at first use"});
+  add_reference<Kernels>(
+      registry, causal_conv3d_cat_pad_reference,
+      Contract::bit_exact(oracle + "; the portable oracle")
+          .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                    "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                    "at 8dea671)"),
+      "CPU reference: every output element from its source through the views' strides, or 0");
 }
 
-DITOPS_OP_ENTRIES(causal_conv3d_cat_pad, CausalConv3dCatPadCall, description, Kernels);
-DITOPS_REGISTER_OP(register_causal_conv3d_cat_pad);
+}  // namespace
+
+DITOPS_OP_ENTRIES(causal_conv3d_cat_pad, Kernels, register_causal_conv3d_cat_pad);
 
 }  // namespace ditops

@@ -1,10 +1,12 @@
 #include "ops/common/fp8.h"
 
+#include "core/enum_name.h"
+
 #include <cmath>
 
 namespace ditops {
 
-const char* fp8_reciprocal_name(Fp8Reciprocal mode) { return mode == Fp8Reciprocal::ieee ? "ieee" : "div_full"; }
+const char* fp8_reciprocal_name(Fp8Reciprocal mode) { return enumerator_name(mode); }
 
 void check_host_scale(const char* op, const char* name, const TensorView& scale) {
   if (scale.device.kind != DeviceKind::cpu || !scale.data) return;

@@ -16,7 +16,7 @@ namespace ditops {
 // names the tensor inverted.
 template <auto Member, typename Builder>
 void describe_fp8_reciprocal(Builder& b, const std::string& scale) {
-  b.template choice<Member>({{"ieee", Fp8Reciprocal::ieee}, {"div_full", Fp8Reciprocal::div_full}},
+  b.template choice<Member>({Fp8Reciprocal::ieee, Fp8Reciprocal::div_full},
                             "1/" + scale + " as eager's IEEE division (ieee) or SGLang's div.full (div_full)");
 }
 

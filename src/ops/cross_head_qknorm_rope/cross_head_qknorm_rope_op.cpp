@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -18,14 +19,7 @@
 
 namespace ditops {
 
-const char* cross_head_rope_name(CrossHeadRope rope) {
-  switch (rope) {
-    case CrossHeadRope::none: return "none";
-    case CrossHeadRope::interleaved: return "interleaved";
-    case CrossHeadRope::split: return "split";
-  }
-  return "?";
-}
+const char* cross_head_rope_name(CrossHeadRope rope) { return enumerator_name(rope); }
 
 namespace {
 
@@ -72,37 +66,34 @@ void match_table(Matcher& m, const TensorView& t, const char* name, int64_t B, i
 void complete(CrossHeadQkNormRopeCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<CrossHeadQkNormRopeCall>& description() {
+OpBuilder<CrossHeadQkNormRopeCall> describe() {
   using C = CrossHeadQkNormRopeCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(
-        kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
-        "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
-        "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
-        "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
-    b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
-    b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"});
-    b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"});
-    b.tensor<&C::q_weight>({.optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"});
-    b.tensor<&C::k_weight>({.optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"});
-    // The tables broadcast over the batch and the heads and k may take q's: their extents are the
-    // op's own rules (match_table).
-    b.tensor<&C::q_cos>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
-    b.tensor<&C::q_sin>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
-    b.tensor<&C::k_cos>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
-    b.tensor<&C::k_sin>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
-    b.option<&CrossHeadQkNormRopeOptions::head_dim>("channels per head (RoPE rotates within a head)");
-    b.option<&CrossHeadQkNormRopeOptions::eps>("RMSNorm epsilon");
-    b.choice<&CrossHeadQkNormRopeOptions::rope>(
-        {{"interleaved", CrossHeadRope::interleaved}, {"split", CrossHeadRope::split}, {"none", CrossHeadRope::none}},
-        "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
-    b.choice<&CrossHeadQkNormRopeOptions::rounding>(
-        {{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-        "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
-    b.option<&CrossHeadQkNormRopeOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    return b;
-  }();
+  OpBuilder<C> b(
+      kOp, "in-place QK RMSNorm across all heads + per-head RoPE (Wan, LTX-2)",
+      "q [B, S, Nq], k [B, Sk, Nk] written in place (last stride 1; N = heads * head_dim <= 8192); weights [N] or "
+      "none; cos/sin [1|B, S, 1|H, head_dim/2] fp32 views (k's default to q's). "
+      "include/ditops/cross_head_qknorm_rope.h, docs/cross_head_qknorm_rope.md");
+  b.dims("B=1,S=32760,Nq=5120,Sk=S,Nk=Nq,Hq=Nq/128,Hk=Nk/128,R=64");
+  b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "B,S,Nq", .layout = "*,*,1"});
+  b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "B,Sk,Nk", .layout = "*,*,1"});
+  b.tensor<&C::q_weight>({.optional = true, .dtypes = "=q", .shape = "Nq", .layout = "1"});
+  b.tensor<&C::k_weight>({.optional = true, .dtypes = "=q", .shape = "Nk", .layout = "1"});
+  // The tables broadcast over the batch and the heads and k may take q's: their extents are the
+  // op's own rules (match_table).
+  b.tensor<&C::q_cos>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
+  b.tensor<&C::q_sin>({.optional = true, .dtypes = "f32", .shape = "B,S,Hq,R", .own = "shape"});
+  b.tensor<&C::k_cos>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
+  b.tensor<&C::k_sin>({.optional = true, .dtypes = "f32", .shape = "B,Sk,Hk,R", .own = "shape"});
+  b.option<&CrossHeadQkNormRopeOptions::head_dim>("channels per head (RoPE rotates within a head)");
+  b.option<&CrossHeadQkNormRopeOptions::eps>("RMSNorm epsilon");
+  b.choice<&CrossHeadQkNormRopeOptions::rope>(
+      {CrossHeadRope::interleaved, CrossHeadRope::split, CrossHeadRope::none},
+      "interleaved pairs (Wan), split halves (LTX-2), or no rotation (cross-attention text keys)");
+  b.choice<&CrossHeadQkNormRopeOptions::rounding>(
+      {QkRounding::rounded, QkRounding::fp32},
+      "rounded: the norm rounded before RoPE, bit_exact vs the eager chain; fp32: close");
+  b.pdl_option<&CrossHeadQkNormRopeOptions::use_pdl>();
+  b.complete(complete);
   return b;
 }
 
@@ -310,43 +301,38 @@ constexpr KernelFunctions<CrossHeadQkNormRopeCall, CrossHeadKey> kKernels{
     .variant_keys = cross_head_variant_keys,
     .extra_signature = [](const CrossHeadQkNormRopeCall& c) -> uint64_t { return c.aligned8; },  // the table access: in the key
     .extra_radix = 2};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_cross_head_qknorm_rope(Registry& registry) {
   const std::string eager =
       "eager PyTorch 2.11 on CUDA: torch.nn.RMSNorm(N) (F.rms_norm's fused row kernel: rows 8-byte aligned, "
       "N % 4 == 0, weight in x's dtype or none), then the model's RoPE in fp32 from fp32 cos/sin (Wan's "
       "x1*cos - x2*sin / x1*sin + x2*cos, LTX-2's split addcmul) with one rounding to x's dtype";
-  Implementation<CrossHeadQkNormRopeCall, Kernels::Key> jit = jit_implementation<Kernels>();
-  jit.name = "cross_head_qknorm_rope.jit";
-  jit.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-  jit.contract = Contract::bit_exact(eager + " (rounding=rounded); rounding=fp32: close, the norm unrounded "
-                                             "before RoPE, within 1 ulp of the activation dtype of that chain")
-                     .verified("H200 (sm_90) at 64c434f: torch.equal at 15 Wan / LTX-2 model shapes of "
-                               "bench/cross_head_qknorm_rope_torch.py (bench/results/h200/checks/"
-                               "cross_head_qknorm_rope_checks.json), every case of tests/python/test_ops_eager.py, and "
-                               "the Wan and LTX-2 sites of ditops.diffusers; sm_100a / sm_120a compiled, not run");
-  jit.description =
-      "one 128-thread block per row in PyTorch's RMSNorm row order (8-byte loads, the thread's vectors t + 128 i), "
-      "RoPE per head from strided cos/sin views; q and k rows interleaved when their counts match; NVRTC at first "
-      "use";
-  add_implementation(registry, kOp, std::move(jit));
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          cross_head_qknorm_rope_reference,
-          Contract::close(eager, "the chain's order exactly, with rstd correctly rounded (the GPU's rsqrtf may differ "
-                                 "by 1 fp32 ulp): outputs within 1 ulp of the activation dtype, on a small fraction")
-              .verified("on every CI run (CPU) against float64 math (tests/python/test_cross_head_qknorm_rope.py); on "
+  add_jit<Kernels>(
+      registry,
+      {.contract = Contract::bit_exact(eager + " (rounding=rounded); rounding=fp32: close, the norm unrounded "
+                                               "before RoPE, within 1 ulp of the activation dtype of that chain")
+                       .verified("H200 (sm_90) at 64c434f: torch.equal at 15 Wan / LTX-2 model shapes of "
+                                 "bench/cross_head_qknorm_rope_torch.py (bench/results/h200/checks/"
+                                 "cross_head_qknorm_rope_checks.json), every case of tests/python/test_ops_eager.py, and "
+                                 "the Wan and LTX-2 sites of ditops.diffusers; sm_100a / sm_120a compiled, not run"),
+       .description =
+           "one 128-thread block per row in PyTorch's RMSNorm row order (8-byte loads, the thread's vectors t + 128 i), "
+           "RoPE per head from strided cos/sin views; q and k rows interleaved when their counts match; NVRTC at first "
+           "use"});
+  add_reference<Kernels>(
+      registry, cross_head_qknorm_rope_reference,
+      Contract::close(eager, "the chain's order exactly, with rstd correctly rounded (the GPU's rsqrtf may differ "
+                             "by 1 fp32 ulp): outputs within 1 ulp of the activation dtype, on a small fraction")
+          .verified("on every CI run (CPU) against float64 math (tests/python/test_cross_head_qknorm_rope.py); on "
                     "the H200 every CUDA implementation matched it within each case's bound (the op test driver, "
                     "at ee9c29e)"),
-          "CPU reference: PyTorch's RMSNorm row order emulated (128 virtual threads, warp trees), compiled without "
-          "FP contraction"));
+      "CPU reference: PyTorch's RMSNorm row order emulated (128 virtual threads, warp trees), compiled without "
+      "FP contraction");
 }
 
-DITOPS_OP_ENTRIES(cross_head_qknorm_rope, CrossHeadQkNormRopeCall, description, Kernels);
-DITOPS_REGISTER_OP(register_cross_head_qknorm_rope);
+}  // namespace
+
+DITOPS_OP_ENTRIES(cross_head_qknorm_rope, Kernels, register_cross_head_qknorm_rope);
 
 }  // namespace ditops

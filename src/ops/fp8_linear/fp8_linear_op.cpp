@@ -42,29 +42,26 @@ void refuse_transposed_weight(const Fp8LinearCall& call) {
 }
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<Fp8LinearCall>& description() {
+OpBuilder<Fp8LinearCall> describe() {
   using C = Fp8LinearCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "bf16(x_q @ w.T * (x_scale * w_scale) (+ bias)): FP8 linear for M <= 16 tokens",
-                   "x [M, K] e4m3|bf16|f16 (16-bit: quantized with x_scale as fp8_static_quant); w [N, K] "
-                   "e4m3 row-major; x_scale, w_scale one fp32 each (read on the device); bias [N] bf16 "
-                   "or none; out [M, N] bf16; K % 16 == 0. Contract close (quality high): "
-                   "include/ditops/fp8_linear.h, docs/fp8_linear.md");
-    b.dims("M=2,N=8192,K=5120");
-    b.gemm();  // benchmarks report the read roof: the weight is read once, nothing is written back
-    b.tensor<&C::x>({.dtypes = "bf16|f16|f8e4m3fn", .shape = "M,K", .layout = "contiguous"});
-    b.tensor<&C::x_scale>({.dtypes = "f32", .shape = "1"});
-    b.tensor<&C::w>({.dtypes = "f8e4m3fn", .shape = "N,K", .layout = "contiguous"});
-    b.tensor<&C::w_scale>({.dtypes = "f32", .shape = "1"});
-    b.tensor<&C::bias>({.optional = true, .dtypes = "bf16", .shape = "N", .layout = "contiguous"});
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
-                       .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16", .layout = "contiguous"});
-    describe_fp8_reciprocal<&Fp8LinearOptions::fp8_reciprocal>(b, "x_scale (a 16-bit x)");
-    b.option<&Fp8LinearOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.before_slots(refuse_transposed_weight);
-    b.complete(complete);
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "bf16(x_q @ w.T * (x_scale * w_scale) (+ bias)): FP8 linear for M <= 16 tokens",
+                 "x [M, K] e4m3|bf16|f16 (16-bit: quantized with x_scale as fp8_static_quant); w [N, K] "
+                 "e4m3 row-major; x_scale, w_scale one fp32 each (read on the device); bias [N] bf16 "
+                 "or none; out [M, N] bf16; K % 16 == 0. Contract close (quality high): "
+                 "include/ditops/fp8_linear.h, docs/fp8_linear.md");
+  b.dims("M=2,N=8192,K=5120");
+  b.gemm();  // benchmarks report the read roof: the weight is read once, nothing is written back
+  b.tensor<&C::x>({.dtypes = "bf16|f16|f8e4m3fn", .shape = "M,K", .layout = "contiguous"});
+  b.tensor<&C::x_scale>({.dtypes = "f32", .shape = "1"});
+  b.tensor<&C::w>({.dtypes = "f8e4m3fn", .shape = "N,K", .layout = "contiguous"});
+  b.tensor<&C::w_scale>({.dtypes = "f32", .shape = "1"});
+  b.tensor<&C::bias>({.optional = true, .dtypes = "bf16", .shape = "N", .layout = "contiguous"});
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "bf16", .shape = "M,N",
+                     .alloc = "dim(x,0),dim(w,0)", .alloc_dtype = "bf16", .layout = "contiguous"});
+  describe_fp8_reciprocal<&Fp8LinearOptions::fp8_reciprocal>(b, "x_scale (a 16-bit x)");
+  b.pdl_option<&Fp8LinearOptions::use_pdl>();
+  b.before_slots(refuse_transposed_weight);
+  b.complete(complete);
   return b;
 }
 
@@ -231,7 +228,7 @@ constexpr KernelFunctions<Fp8LinearCall, Fp8LinearKey> kKernels{
     .variant_keys = fp8_linear_variant_keys,
     .extra_signature = extra_signature,
     .extra_radix = 3 * 2 * 2 * 2 * 2 * 2};
-using Kernels = OpKernels<description, kKernels>;
+using Kernels = OpKernels<describe, kKernels>;
 
 // ---------------------------------------------------------------- vendor (cuBLASLt)
 
@@ -289,8 +286,6 @@ void vendor_run(const Fp8LinearCall& c) {
   vendor::fp8_matmul(a);
 }
 
-}  // namespace
-
 void register_fp8_linear(Registry& registry) {
   const std::string fp64 =
       "the fp64 product of the dequantized e4m3 operands, sum_k xq[m,k] w[n,k] * x_scale * w_scale (+ bias[n])";
@@ -298,27 +293,26 @@ void register_fp8_linear(Registry& registry) {
   const std::string k_bound = "every output within 1 bf16 ulp plus K * 2^-24 * sum_k |xq w| * x_scale * w_scale of it";
 
   struct Kernel {
-    const char* name;
+    const char* variant;
     Fp8Kernel kernel;
     const char* description;
   };
   for (const Kernel& k :
-       {Kernel{"fp8_linear.gemv", Fp8Kernel::gemv,
+       {Kernel{"gemv", Fp8Kernel::gemv,
                "M = 1 streaming GEMV on CUDA cores: 8 warps x 1-2 rows, 4 x 16-byte weight loads per row per lane in "
                "flight (L2 evict-first), x staged in shared memory; NVRTC at first use"},
-        Kernel{"fp8_linear.skinny_mma", Fp8Kernel::mma,
+        Kernel{"skinny_mma", Fp8Kernel::mma,
                "M = 2..16 swap-AB mma.sync m16n8k32 e4m3 (weights as the MMA's M side, tokens as n8 atoms), "
                "16 rows x 4 warps splitting K, register-direct 16-byte loads; NVRTC at first use"}}) {
-    Implementation<Fp8LinearCall, Kernels::Key> impl = jit_implementation<Kernels>();
-    impl.name = k.name;
-    // mma.sync e4m3 and cvt e4m3x2 need sm_89+.
-    impl.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};
-    impl.contract = Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; bitwise identical from run to run "
-                                                    "(fixed order, no atomics)")
-                        .verified("H200 (sm_90), the device report of main at 563ceb6"
-                                  ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
-                                  "within 1 ulp; sm_120a compiled, not run");
-    impl.description = k.description;
+    Implementation<Fp8LinearCall, Kernels::Key> impl = jit_implementation<Kernels>(
+        {.variant = k.variant,
+         .sm_min = 89,  // mma.sync e4m3 and cvt e4m3x2
+         .contract = Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; bitwise identical from run to run "
+                                                     "(fixed order, no atomics)")
+                         .verified("H200 (sm_90), the device report of main at 563ceb6"
+                                   ": Fp8LinearGpu and bench/fp8_linear_torch.py at every whitelisted shape, 100 % "
+                                   "within 1 ulp; sm_120a compiled, not run"),
+         .description = k.description});
     impl.predicate = [kernel = k.kernel, cuda = impl.predicate](const Fp8LinearCall& c, const Fp8LinearKey& key) -> std::string {
       if (std::string why = cuda(c, key); !why.empty()) return why;
       if (kernel == Fp8Kernel::gemv && c.m != 1) return "handles M = 1 only (fp8_linear.skinny_mma takes 2..16)";
@@ -355,18 +349,17 @@ void register_fp8_linear(Registry& registry) {
   cublaslt.run = [](const Fp8LinearCall& c, const Fp8LinearKey&) { vendor_run(c); };
   add_implementation(registry, kOp, std::move(cublaslt));
 
-  add_implementation(registry, kOp,
-                     reference_implementation<Kernels>(
-                         fp8_linear_reference,
-                         Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; checked on the CPU by "
-                                                         "tests/test_fp8_linear.cpp")
-                             .verified("on every CI run (CPU) against an independent fp64 computation "
-                                       "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation "
-                                       "with it on the H200 (H200 (sm_90), the device report of main at 563ceb6)"),
-                         "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue"));
+  add_reference<Kernels>(
+      registry, fp8_linear_reference,
+      Contract::close(fp64, k_bound + ", >= 99.9 % within 1 ulp; checked on the CPU by tests/test_fp8_linear.cpp")
+          .verified("on every CI run (CPU) against an independent fp64 computation "
+                    "(tests/test_fp8_linear.cpp); the op test driver compared every CUDA implementation "
+                    "with it on the H200 (H200 (sm_90), the device report of main at 563ceb6)"),
+      "CPU reference: fp32 accumulation in increasing k, then the fp32 epilogue");
 }
 
-DITOPS_OP_ENTRIES(fp8_linear, Fp8LinearCall, description, Kernels);
-DITOPS_REGISTER_OP(register_fp8_linear);
+}  // namespace
+
+DITOPS_OP_ENTRIES(fp8_linear, Kernels, register_fp8_linear);
 
 }  // namespace ditops

@@ -31,33 +31,30 @@ std::string num(int64_t v) { return std::to_string(v); }
 void complete(Fp8RowwiseQuantCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<Fp8RowwiseQuantCall>& description() {
+OpBuilder<Fp8RowwiseQuantCall> describe() {
   using C = Fp8RowwiseQuantCall;
   using O = Fp8RowwiseQuantOptions;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "per-token dynamic e4m3 of cat([prefix, act(x)], -1) with its fp32 scales (torchao's rowwise recipe)",
-                   "x [..., K] bf16|f16 (rows of one stride), prefix [..., Kp] optional; out [M, Kp + K] e4m3fn, "
-                   "out_scale [M, 1] f32. include/ditops/fp8_rowwise_quant.h, docs/fp8_rowwise_quant.md");
-    b.dims("M=4608,Kp=3072,K=12288");
-    // x's and prefix's ranks, row strides and the outputs' extents are the op's own rules.
-    b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .own = "shape"});
-    b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,Kp+K",
-                       .alloc = "rows(x),last(x)+last_or_0(prefix)", .alloc_dtype = "f8e4m3fn",
-                       .layout = "contiguous", .own = "shape"});
-    b.tensor<&C::out_scale>({.role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "M,1",
-                             .alloc = "rows(x),1", .alloc_dtype = "f32",
-                             .doc = "the per-row fp32 scales (out * out_scale ~ the row)", .layout = "contiguous",
-                             .own = "shape"});
-    b.choice<&O::act>({{"none", Fp8RowwiseAct::none}, {"gelu_tanh", Fp8RowwiseAct::gelu_tanh}},
-                      "applied to x (not prefix) before the quantization: none, or F.gelu(x, approximate='tanh')");
-    b.choice<&O::gelu_contraction>(
-        {{"fma", GeluContraction::fma}, {"mul_add", GeluContraction::mul_add}},
-        "act=gelu_tanh: x + 0.044715 x^3 as one fma (nvcc's contraction of ATen's kernel) or rounded product, sum");
-    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "per-token dynamic e4m3 of cat([prefix, act(x)], -1) with its fp32 scales (torchao's rowwise recipe)",
+                 "x [..., K] bf16|f16 (rows of one stride), prefix [..., Kp] optional; out [M, Kp + K] e4m3fn, "
+                 "out_scale [M, 1] f32. include/ditops/fp8_rowwise_quant.h, docs/fp8_rowwise_quant.md");
+  b.dims("M=4608,Kp=3072,K=12288");
+  // x's and prefix's ranks, row strides and the outputs' extents are the op's own rules.
+  b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .own = "shape"});
+  b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,Kp+K",
+                     .alloc = "rows(x),last(x)+last_or_0(prefix)", .alloc_dtype = "f8e4m3fn",
+                     .layout = "contiguous", .own = "shape"});
+  b.tensor<&C::out_scale>({.role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "M,1",
+                           .alloc = "rows(x),1", .alloc_dtype = "f32",
+                           .doc = "the per-row fp32 scales (out * out_scale ~ the row)", .layout = "contiguous",
+                           .own = "shape"});
+  b.choice<&O::act>({Fp8RowwiseAct::none, Fp8RowwiseAct::gelu_tanh},
+                    "applied to x (not prefix) before the quantization: none, or F.gelu(x, approximate='tanh')");
+  b.choice<&O::gelu_contraction>(
+      {GeluContraction::fma, GeluContraction::mul_add},
+      "act=gelu_tanh: x + 0.044715 x^3 as one fma (nvcc's contraction of ATen's kernel) or rounded product, sum");
+  b.pdl_option<&O::use_pdl>();
+  b.complete(complete);
   return b;
 }
 
@@ -214,9 +211,7 @@ constexpr KernelFunctions<Fp8RowwiseQuantCall, Fp8RowwiseQuantKey> kKernels{
     .key = key_for, .request = request_for, .launch = launch,
     .nothing_to_do = [](const Fp8RowwiseQuantCall& c) { return c.rows == 0; }, .refusal = refusal,
     .variant_keys = variant_keys};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_fp8_rowwise_quant(Registry& registry) {
   const std::string eager =
@@ -224,29 +219,27 @@ void register_fp8_rowwise_quant(Registry& registry) {
       "-1): torchao 0.18's float8 rowwise recipe, amax / 448.0 rounded to x's dtype, 1 for a zero scale, "
       "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh') "
       "with gelu_contraction=fma (the other form is kept until a device run names eager's)";
-  Implementation<Fp8RowwiseQuantCall, Fp8RowwiseQuantKey> jit = jit_implementation<Kernels>();
-  jit.name = "fp8_rowwise_quant.jit";
-  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
-  jit.contract = Contract::bit_exact(eager).verified(
-      "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
-      "graph replay");
-  jit.description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte store), "
-                    "the amax reduced over the CTA; NVRTC at first use";
-  add_implementation(registry, kOp, std::move(jit));
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          fp8_rowwise_quant_reference,
-          Contract::close(eager,
-                          "act=none: byte-equal (the same IEEE operations; a NaN scale's payload is unspecified); "
-                          "act=gelu_tanh: tanh in double rounded to fp32 where CUDA's tanhf is within 2 ulp, so a "
-                          "GELU value may differ by one ulp of the dtype, its e4m3 byte by one code, and the row's "
-                          "scale by one ulp of the dtype where that value is the row's amax")
-              .verified("on every CI run (CPU) by the op's tests against a float64 transcription"),
-          "CPU reference: the recipe per row, each operation one IEEE binary32 operation"));
+  add_jit<Kernels>(
+      registry,
+      {.sm_min = 89,  // cvt e4m3x2
+       .contract = Contract::bit_exact(eager).verified(
+           "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
+           "graph replay"),
+       .description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte "
+                      "store), the amax reduced over the CTA; NVRTC at first use"});
+  add_reference<Kernels>(
+      registry, fp8_rowwise_quant_reference,
+      Contract::close(eager,
+                      "act=none: byte-equal (the same IEEE operations; a NaN scale's payload is unspecified); "
+                      "act=gelu_tanh: tanh in double rounded to fp32 where CUDA's tanhf is within 2 ulp, so a "
+                      "GELU value may differ by one ulp of the dtype, its e4m3 byte by one code, and the row's "
+                      "scale by one ulp of the dtype where that value is the row's amax")
+          .verified("on every CI run (CPU) by the op's tests against a float64 transcription"),
+      "CPU reference: the recipe per row, each operation one IEEE binary32 operation");
 }
 
-DITOPS_OP_ENTRIES(fp8_rowwise_quant, Fp8RowwiseQuantCall, description, Kernels);
-DITOPS_REGISTER_OP(register_fp8_rowwise_quant);
+}  // namespace
+
+DITOPS_OP_ENTRIES(fp8_rowwise_quant, Kernels, register_fp8_rowwise_quant);
 
 }  // namespace ditops

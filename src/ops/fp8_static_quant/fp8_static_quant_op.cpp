@@ -33,23 +33,20 @@ void complete(Fp8StaticQuantCall& call, Matcher& m) {
 }
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<Fp8StaticQuantCall>& description() {
+OpBuilder<Fp8StaticQuantCall> describe() {
   using C = Fp8StaticQuantCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
-                   "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, checked on "
-                   "the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, docs/fp8_linear.md");
-    b.dims("M=16,K=5120");
-    b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .layout = "contiguous"});
-    b.tensor<&C::scale>({.dtypes = "f32", .shape = "1"});
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
-                       .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn", .layout = "contiguous"});
-    describe_fp8_reciprocal<&Fp8StaticQuantOptions::fp8_reciprocal>(b, "scale");
-    b.option<&Fp8StaticQuantOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    b.check_before_run([](const C& c) { check_host_scale(kOp, "scale", c.scale); });
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "e4m3(clamp(x * (1 / scale), +-448)): static per-tensor FP8 quantization",
+                 "x [M, K] bf16|f16 contiguous; scale one fp32 (read on the device; > 0 and finite, checked on "
+                 "the cpu only); out [M, K] e4m3fn. include/ditops/fp8_static_quant.h, docs/fp8_linear.md");
+  b.dims("M=16,K=5120");
+  b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .layout = "contiguous"});
+  b.tensor<&C::scale>({.dtypes = "f32", .shape = "1"});
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,K",
+                     .alloc = "dim(x,0),dim(x,1)", .alloc_dtype = "f8e4m3fn", .layout = "contiguous"});
+  describe_fp8_reciprocal<&Fp8StaticQuantOptions::fp8_reciprocal>(b, "scale");
+  b.pdl_option<&Fp8StaticQuantOptions::use_pdl>();
+  b.complete(complete);
+  b.check_before_run([](const C& c) { check_host_scale(kOp, "scale", c.scale); });
   return b;
 }
 
@@ -79,20 +76,14 @@ constexpr KernelFunctions<Fp8StaticQuantCall, TokenCatFp8Key> kKernels{
     .launch = [](const Fp8StaticQuantCall& c, const TokenCatFp8Key& k,
                  const jit::LoadedKernel& l) { token_cat_fp8_launch(as_token_cat(c), k, l); },
     .nothing_to_do = [](const Fp8StaticQuantCall& c) { return c.rows * c.width == 0; }};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
-
-void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_reference(as_token_cat(call)); }
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_fp8_static_quant(Registry& registry) {
   const std::string eager =
       "eager PyTorch on CUDA: (x.float() * (1.0 / scale)).clamp(-448, 448).to(torch.float8_e4m3fn)";
   const std::string sglang = "SGLang's static_quant_fp8(x, scale) (Triton: inv = div.full.f32 1/scale)";
-  Implementation<Fp8StaticQuantCall, TokenCatFp8Key> jit = jit_implementation<Kernels>();
-  jit.name = "fp8_static_quant.jit";
-  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
-  add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
+  // cvt e4m3x2: sm_89+
+  add_per_reciprocal(registry, kOp, jit_implementation<Kernels>({.sm_min = 89}), [&](auto& impl, bool div_full) {
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
                         .verified("H200 (sm_90) at b3fce58: torch.equal (uint8 views) to its oracle at 4 shapes x 2 "
                                   "scales of bench/fp8_linear_torch.py (div_full: the Triton div.full.f32 "
@@ -102,20 +93,18 @@ void register_fp8_static_quant(Registry& registry) {
                                    "first use; fp8_reciprocal=") +
                        (div_full ? "div_full" : "ieee");
   });
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          fp8_static_quant_reference,
-          Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
-                          "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
-                          "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
-                          "1/scale differs from it (<= 2 ulp)")
-              .verified("on every CI run (CPU) by the op's tests (token_cat_fp8's reference, which every CUDA "
-                        "implementation of token_cat_fp8 matched on the H200)"),
-          "CPU reference: token_cat_fp8's (exact e4m3 RNE of clamp(x * (1 / scale)), no FP contraction)"));
+  add_reference<Kernels>(
+      registry, fp8_static_quant_reference,
+      token_cat_fp8_reference_contract(eager, sglang, "scale")
+          .verified("on every CI run (CPU) by the op's tests (token_cat_fp8's reference, which every CUDA "
+                    "implementation of token_cat_fp8 matched on the H200)"),
+      "CPU reference: token_cat_fp8's (exact e4m3 RNE of clamp(x * (1 / scale)), no FP contraction)");
 }
 
-DITOPS_OP_ENTRIES(fp8_static_quant, Fp8StaticQuantCall, description, Kernels);
-DITOPS_REGISTER_OP(register_fp8_static_quant);
+}  // namespace
+
+void fp8_static_quant_reference(const Fp8StaticQuantCall& call) { token_cat_fp8_reference(as_token_cat(call)); }
+
+DITOPS_OP_ENTRIES(fp8_static_quant, Kernels, register_fp8_static_quant);
 
 }  // namespace ditops

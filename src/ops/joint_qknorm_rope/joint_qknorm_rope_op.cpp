@@ -29,66 +29,63 @@ constexpr int64_t kMaxRows = int64_t{1} << 30;  // B * (S1 + S2): the kernel's c
 void complete(Call& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<Call>& description() {
+OpBuilder<Call> describe() {
   using O = QkNormRopeOptions;
-  static const OpBuilder<Call> b = [] {
-    OpBuilder<Call> b(kOp, "per-stream QK RMSNorm + RoPE of a dual-stream attention into joint [1; 2] Q/K/V",
-                      "q1, k1, v1 [B, S1, H, D], q2, k2, v2 [B, S2, H, D] (batch and token strides free, one head "
-                      "stride) -> q, k, v [B, S1 + S2, H, D] contiguous; positions [S1 + S2]; qknorm_rope's options. "
-                      "include/ditops/joint_qknorm_rope.h, docs/joint_qknorm_rope.md");
-    b.dims("B=1,S1=512,S2=4096,H=24,D=128,P=S1+S2,R=D");
-    const TensorSlot first{.dtypes = "bf16|f16", .shape = "B,S1,H,D", .layout = "*,*,head_stride,1"};
-    const TensorSlot stream1{.dtypes = "=q1", .shape = "B,S1,H,D", .layout = "*,*,head_stride,1"};
-    const TensorSlot stream2{.dtypes = "=q1", .shape = "B,S2,H,D", .layout = "*,*,head_stride,1"};
-    b.tensor<&Call::q1>(first);
-    b.tensor<&Call::k1>(stream1);
-    b.tensor<&Call::v1>(stream1);
-    b.tensor<&Call::q2>(stream2);
-    b.tensor<&Call::k2>(stream2);
-    b.tensor<&Call::v2>(stream2);
-    b.dim_rule("D", [](int64_t D, const Call&) {
-      return D == 64 || D == 128 || D == 256 ? std::string()
-                                             : "q1.shape[3] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
-    });
-    const TensorSlot weight{.dtypes = "=q1", .shape = "D", .layout = "1"};
-    b.tensor<&Call::q1_weight>(weight);
-    b.tensor<&Call::k1_weight>(weight);
-    b.tensor<&Call::q2_weight>(weight);
-    b.tensor<&Call::k2_weight>(weight);
-    // The cache's width is rope_dim or 2 * rope_dim (qknorm_rope's rule).
-    b.tensor<&Call::cos_sin_cache>({.dtypes = "f32|=q1", .shape = "P,R", .layout = "*,1", .own = "shape"});
-    b.tensor<&Call::positions>({.dtypes = "i32|i64", .shape = "S1+S2"});
-    const TensorSlot joint{.role = TensorRole::out, .keyword = true, .dtypes = "=q1", .shape = "B,S1+S2,H,D",
-                           .alloc = "dim(q1,0),dim(q1,1)+dim(q2,1),dim(q1,2),dim(q1,3)", .layout = "contiguous"};
-    b.tensor<&Call::q>(joint);
-    b.tensor<&Call::k>(joint);
-    b.tensor<&Call::v>(joint);
-    b.option<&O::is_neox>("NeoX halves (true) or interleaved pairs (false, FLUX)");
-    b.option<&O::eps>("RMSNorm epsilon of all four norms");
-    b.option<&O::rope_dim>("rotated channels; 0: from the cache width");
-    b.option<&O::cache_full_width>("cache rows hold rope_dim cos then rope_dim sin");
-    b.choice<&O::rounding>({{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-                           "rounded: bit_exact vs the model's chain; fp32: close (qknorm_rope's)");
-    b.choice<&O::norm_order>(
-        {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
-        "sum-of-squares order, as qknorm_rope's");
-    b.choice<&O::norm_weight_rounding>({{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
-                                       "once: F.rms_norm; twice: diffusers' RMSNorm (rounding=rounded)");
-    b.choice<&O::rope_product>({{"real", QkRopeProduct::real}, {"complex", QkRopeProduct::complex}},
-                               "real: FLUX's x*cos + rotate(x)*sin; complex: Qwen-Image's complex64 product");
-    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    // The CPU reference checks positions on the host; CUDA positions only in checked mode.
-    b.check_before_run([](const Call& call) {
-      if (call.q1.device.kind == DeviceKind::cuda && call.batch * (call.tokens1 + call.tokens2) > 0 &&
-          jit::checked_mode()) {
-        jit::bind_and_check_stream(kOp, "q1", call.q1.device, call.stream);
-        jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
-                                     "the rows of cos_sin_cache", call.stream);
-      }
-    });
-    return b;
-  }();
+  OpBuilder<Call> b(kOp, "per-stream QK RMSNorm + RoPE of a dual-stream attention into joint [1; 2] Q/K/V",
+                    "q1, k1, v1 [B, S1, H, D], q2, k2, v2 [B, S2, H, D] (batch and token strides free, one head "
+                    "stride) -> q, k, v [B, S1 + S2, H, D] contiguous; positions [S1 + S2]; qknorm_rope's options. "
+                    "include/ditops/joint_qknorm_rope.h, docs/joint_qknorm_rope.md");
+  b.dims("B=1,S1=512,S2=4096,H=24,D=128,P=S1+S2,R=D");
+  const TensorSlot first{.dtypes = "bf16|f16", .shape = "B,S1,H,D", .layout = "*,*,head_stride,1"};
+  const TensorSlot stream1{.dtypes = "=q1", .shape = "B,S1,H,D", .layout = "*,*,head_stride,1"};
+  const TensorSlot stream2{.dtypes = "=q1", .shape = "B,S2,H,D", .layout = "*,*,head_stride,1"};
+  b.tensor<&Call::q1>(first);
+  b.tensor<&Call::k1>(stream1);
+  b.tensor<&Call::v1>(stream1);
+  b.tensor<&Call::q2>(stream2);
+  b.tensor<&Call::k2>(stream2);
+  b.tensor<&Call::v2>(stream2);
+  b.dim_rule("D", [](int64_t D, const Call&) {
+    return D == 64 || D == 128 || D == 256 ? std::string()
+                                           : "q1.shape[3] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
+  });
+  const TensorSlot weight{.dtypes = "=q1", .shape = "D", .layout = "1"};
+  b.tensor<&Call::q1_weight>(weight);
+  b.tensor<&Call::k1_weight>(weight);
+  b.tensor<&Call::q2_weight>(weight);
+  b.tensor<&Call::k2_weight>(weight);
+  // The cache's width is rope_dim or 2 * rope_dim (qknorm_rope's rule).
+  b.tensor<&Call::cos_sin_cache>({.dtypes = "f32|=q1", .shape = "P,R", .layout = "*,1", .own = "shape"});
+  b.tensor<&Call::positions>({.dtypes = "i32|i64", .shape = "S1+S2"});
+  const TensorSlot joint{.role = TensorRole::out, .keyword = true, .dtypes = "=q1", .shape = "B,S1+S2,H,D",
+                         .alloc = "dim(q1,0),dim(q1,1)+dim(q2,1),dim(q1,2),dim(q1,3)", .layout = "contiguous"};
+  b.tensor<&Call::q>(joint);
+  b.tensor<&Call::k>(joint);
+  b.tensor<&Call::v>(joint);
+  b.option<&O::is_neox>("NeoX halves (true) or interleaved pairs (false, FLUX)");
+  b.option<&O::eps>("RMSNorm epsilon of all four norms");
+  b.option<&O::rope_dim>("rotated channels; 0: from the cache width");
+  b.option<&O::cache_full_width>("cache rows hold rope_dim cos then rope_dim sin");
+  b.choice<&O::rounding>({QkRounding::rounded, QkRounding::fp32},
+                         "rounded: bit_exact vs the model's chain; fp32: close (qknorm_rope's)");
+  b.choice<&O::norm_order>(
+      {QkNormOrder::aten, QkNormOrder::warp, QkNormOrder::aten_mean},
+      "sum-of-squares order, as qknorm_rope's");
+  b.choice<&O::norm_weight_rounding>({QkNormWeightRounding::once, QkNormWeightRounding::twice},
+                                     "once: F.rms_norm; twice: diffusers' RMSNorm (rounding=rounded)");
+  b.choice<&O::rope_product>({QkRopeProduct::real, QkRopeProduct::complex},
+                             "real: FLUX's x*cos + rotate(x)*sin; complex: Qwen-Image's complex64 product");
+  b.pdl_option<&O::use_pdl>();
+  b.complete(complete);
+  // The CPU reference checks positions on the host; CUDA positions only in checked mode.
+  b.check_before_run([](const Call& call) {
+    if (call.q1.device.kind == DeviceKind::cuda && call.batch * (call.tokens1 + call.tokens2) > 0 &&
+        jit::checked_mode()) {
+      jit::bind_and_check_stream(kOp, "q1", call.q1.device, call.stream);
+      jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
+                                   "the rows of cos_sin_cache", call.stream);
+    }
+  });
   return b;
 }
 
@@ -216,7 +213,7 @@ constexpr KernelFunctions<Call, QkKernelKey> kKernels{
     .key = joint_key, .request = joint_request, .launch = launch_joint,
     .nothing_to_do = [](const Call& c) { return c.batch * (c.tokens1 + c.tokens2) == 0 || c.heads == 0; },
     .variant_keys = joint_variant_keys};
-using Kernels = OpKernels<description, kKernels>;
+using Kernels = OpKernels<describe, kKernels>;
 
 // A [S, H, D] block of a joint output (rows `first` .. of batch b) as qknorm_rope's q or k.
 TensorView joint_block(const Call& c, const TensorView& out, int64_t b, int64_t first, int64_t tokens) {
@@ -290,6 +287,8 @@ void joint_qknorm_rope_reference(const JointQkNormRopeCall& c) {
     }
 }
 
+namespace {
+
 void register_joint_qknorm_rope(Registry& registry) {
   const std::string chain =
       "the model's chain on CUDA, PyTorch 2.11 eager: each stream's per-head norm (norm_order=aten: F.rms_norm; "
@@ -297,18 +296,17 @@ void register_joint_qknorm_rope(Registry& registry) {
       "model's RoPE of the joint rows (rope_product=real: diffusers' apply_rotary_emb; complex: Qwen-Image's)";
   // Each implementation takes one rounding mode and states its own contract, as qknorm_rope's do.
   for (bool rounded : {true, false}) {
-    Implementation<Call, QkKernelKey> jit_impl = jit_implementation<Kernels>();
-    jit_impl.name = std::string(kOp) + (rounded ? ".jit" : ".jit_fp32");
-    jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-    jit_impl.contract =
-        rounded ? Contract::bit_exact(chain).verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal to the processors' chain in 7 of 7 "
-                                                        "cases and in graph replay; the driver's device parts")
-                : Contract::close(chain, "qknorm_rope's rounding=fp32 bound: the norm kept in fp32 before RoPE, "
-                                         "within 1 ulp of the activation dtype on most elements")
-                      .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: within the float64 bound in 7 of 7 cases, v byte-equal");
-    jit_impl.description = std::string("qknorm_rope's per-head code reading each stream's rows and writing the "
-                                       "joint rows, v copied; NVRTC at first use; rounding=") +
-                           (rounded ? "rounded" : "fp32");
+    Implementation<Call, QkKernelKey> jit_impl = jit_implementation<Kernels>(
+        {.variant = rounded ? "jit" : "jit_fp32",
+         .contract =
+             rounded ? Contract::bit_exact(chain).verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal to the processors' chain in 7 of 7 "
+                                                             "cases and in graph replay; the driver's device parts")
+                     : Contract::close(chain, "qknorm_rope's rounding=fp32 bound: the norm kept in fp32 before RoPE, "
+                                              "within 1 ulp of the activation dtype on most elements")
+                           .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: within the float64 bound in 7 of 7 cases, v byte-equal"),
+         .description = std::string("qknorm_rope's per-head code reading each stream's rows and writing the "
+                                    "joint rows, v copied; NVRTC at first use; rounding=") +
+                        (rounded ? "rounded" : "fp32")});
     jit_impl.predicate = [rounded, cuda = jit_impl.predicate](const Call& c, const QkKernelKey& key) -> std::string {
       if (c.q1.device.kind == DeviceKind::cuda && (c.options.rounding == QkRounding::rounded) != rounded)
         return std::string("handles rounding=") + (rounded ? "rounded" : "fp32") + " only";
@@ -316,17 +314,16 @@ void register_joint_qknorm_rope(Registry& registry) {
     };
     add_implementation(registry, kOp, std::move(jit_impl));
   }
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          joint_qknorm_rope_reference,
-          Contract::bit_exact("docs/qknorm_rope.md operation order per stream after the concatenation (the portable "
-                              "oracle; rsqrt correctly rounded)")
-              .verified("on every CI run (CPU) by the op's driver cases (V bits, float64 bound of q and k)"),
-          "CPU reference: the rows concatenated, then qknorm_rope's reference in place per batch and stream"));
+  add_reference<Kernels>(
+      registry, joint_qknorm_rope_reference,
+      Contract::bit_exact("docs/qknorm_rope.md operation order per stream after the concatenation (the portable "
+                          "oracle; rsqrt correctly rounded)")
+          .verified("on every CI run (CPU) by the op's driver cases (V bits, float64 bound of q and k)"),
+      "CPU reference: the rows concatenated, then qknorm_rope's reference in place per batch and stream");
 }
 
-DITOPS_OP_ENTRIES(joint_qknorm_rope, JointQkNormRopeCall, description, Kernels);
-DITOPS_REGISTER_OP(register_joint_qknorm_rope);
+}  // namespace
+
+DITOPS_OP_ENTRIES(joint_qknorm_rope, Kernels, register_joint_qknorm_rope);
 
 }  // namespace ditops

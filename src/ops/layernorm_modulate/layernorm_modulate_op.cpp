@@ -5,6 +5,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -33,16 +34,17 @@ constexpr int kQkRowsPerWarp = 4;    // qk heads per warp, loads issued together
 // measured fastest against one and four (docs/tuning/layernorm_modulate.md).
 constexpr int kQkD128Iterations = 2;
 
-// The options every op of the family reads (fp8_reciprocal: the static fp8 op only).
+// The options every op of the family reads (fp8_reciprocal: the static fp8 op only); `dim` names
+// the normalized dim.
 template <typename Builder>
-void describe_ln_options(Builder& b, bool fp8) {
+void describe_ln_options(Builder& b, bool fp8, const std::string& dim) {
   using O = LayerNormModulateOptions;
   b.template option<&O::eps>("LayerNorm epsilon");
   if (fp8) describe_fp8_reciprocal<&O::fp8_reciprocal>(b, "input_scale");
   b.template choice<&O::mapping>(
-      {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-      "rows per warp or per 128-thread CTA (automatic: by D)");
-  b.template option<&O::use_pdl>("programmatic dependent launch where the device has it");
+      {LnRowMapping::automatic, LnRowMapping::warp, LnRowMapping::cta},
+      "rows per warp or per 128-thread CTA (automatic: by " + dim + ")");
+  b.template pdl_option<&O::use_pdl>();
 }
 
 template <typename Args>
@@ -94,53 +96,30 @@ OpBuilder<Args, LayerNormModulateCall> modulate_description() {
       {.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32", .shape = "B,S,2",
        .present = "caller", .doc = "(mean, rstd) per row, as native_layer_norm returns them", .layout = "contiguous",
        .own = "overlap"});
-  describe_ln_options(b, fp8);
+  describe_ln_options(b, fp8, "D");
   b.complete(complete_modulate<Args>);
   return b;
 }
 
-const OpBuilder<LayerNormModulateArgs, LayerNormModulateCall>& bf16_description() {
-  static const auto b = modulate_description<LayerNormModulateArgs>();
-  return b;
-}
-
-const OpBuilder<LayerNormModulateFp8Args, LayerNormModulateCall>& fp8_description() {
-  static const auto b = modulate_description<LayerNormModulateFp8Args>();
-  return b;
-}
-
-const OpBuilder<LayerNormModulateFp8RowwiseArgs, LayerNormModulateCall>& rowwise_description() {
-  static const auto b = modulate_description<LayerNormModulateFp8RowwiseArgs>();
-  return b;
-}
-
-const OpBuilder<QkHeadLayerNormArgs, LayerNormModulateCall>& qk_head_description() {
+OpBuilder<QkHeadLayerNormArgs, LayerNormModulateCall> describe_qk_head() {
   using C = QkHeadLayerNormArgs;
-  using O = LayerNormModulateOptions;
-  static const OpBuilder<C, LayerNormModulateCall> b = [] {
-    OpBuilder<C, LayerNormModulateCall> b(kOpQk, "F.layer_norm over the head dim of q and k (no affine)",
-                                          "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
-                                          "include/ditops/layernorm_modulate.h");
-    b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
-    b.tensor<&C::q>({.dtypes = "bf16", .shape = "B,S,H,Dh", .layout = "*,q_token_stride,*,1"});
-    b.dim_rule("Dh", [](int64_t Dh, const C&) {
-      return Dh > 0 && Dh <= kMaxHeadDim && Dh % 4 == 0
-                 ? std::string()
-                 : "q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh);
-    });
-    b.tensor<&C::k>({.dtypes = "=q", .shape = "B,S,Hk,Dh", .layout = "*,k_token_stride,*,1"});
-    b.tensor<&C::q_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
-                         .alloc = "like:q", .layout = "*,q_out_token_stride,*,1", .own = "overlap"});
-    b.tensor<&C::k_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
-                         .alloc = "like:k", .layout = "*,k_out_token_stride,*,1", .own = "overlap"});
-    b.option<&O::eps>("LayerNorm epsilon");
-    b.choice<&O::mapping>(
-        {{"automatic", LnRowMapping::automatic}, {"warp", LnRowMapping::warp}, {"cta", LnRowMapping::cta}},
-        "rows per warp or per 128-thread CTA (automatic: by Dh)");
-    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete_qk_head);
-    return b;
-  }();
+  OpBuilder<C, LayerNormModulateCall> b(kOpQk, "F.layer_norm over the head dim of q and k (no affine)",
+                                        "q [B, S, H, Dh], k [B, S, Hk, Dh] bf16; q_out/k_out may be q/k. "
+                                        "include/ditops/layernorm_modulate.h");
+  b.dims("B=1,S=4608,H=24,Hk=24,Dh=128");
+  b.tensor<&C::q>({.dtypes = "bf16", .shape = "B,S,H,Dh", .layout = "*,q_token_stride,*,1"});
+  b.dim_rule("Dh", [](int64_t Dh, const C&) {
+    return Dh > 0 && Dh <= kMaxHeadDim && Dh % 4 == 0
+               ? std::string()
+               : "q.shape[3] (head_dim) must be a multiple of 4 in [4, 128] but is " + std::to_string(Dh);
+  });
+  b.tensor<&C::k>({.dtypes = "=q", .shape = "B,S,Hk,Dh", .layout = "*,k_token_stride,*,1"});
+  b.tensor<&C::q_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,H,Dh",
+                       .alloc = "like:q", .layout = "*,q_out_token_stride,*,1", .own = "overlap"});
+  b.tensor<&C::k_out>({.role = TensorRole::out, .keyword = true, .dtypes = "=q", .shape = "B,S,Hk,Dh",
+                       .alloc = "like:k", .layout = "*,k_out_token_stride,*,1", .own = "overlap"});
+  describe_ln_options(b, false, "Dh");
+  b.complete(complete_qk_head);
   return b;
 }
 
@@ -254,9 +233,7 @@ LayerNormModulateCall complete_qk_head(const QkHeadLayerNormArgs& a, Matcher& m)
 
 }  // namespace
 
-const char* ln_row_mapping_name(LnRowMapping mapping) {
-  return mapping == LnRowMapping::warp ? "warp" : mapping == LnRowMapping::cta ? "cta" : "automatic";
-}
+const char* ln_row_mapping_name(LnRowMapping mapping) { return enumerator_name(mapping); }
 
 namespace {
 
@@ -441,24 +418,22 @@ constexpr KernelFunctions<LayerNormModulateCall, LnmKey> kKernels{
 constexpr KernelFunctions<LayerNormModulateCall, LnmKey> kRowwiseKernels{
     .key = key_for, .request = request_for, .launch = launch, .variant_keys = rowwise_variant_keys,
     .device = [](const LayerNormModulateCall& c) { return c.x.device; }};
-using Bf16Kernels = OpKernels<bf16_description, kKernels>;
-using Fp8Kernels = OpKernels<fp8_description, kKernels>;
-using RowwiseKernels = OpKernels<rowwise_description, kRowwiseKernels>;
-using QkKernels = OpKernels<qk_head_description, kKernels>;
+using Bf16Kernels = OpKernels<modulate_description<LayerNormModulateArgs>, kKernels>;
+using Fp8Kernels = OpKernels<modulate_description<LayerNormModulateFp8Args>, kKernels>;
+using RowwiseKernels = OpKernels<modulate_description<LayerNormModulateFp8RowwiseArgs>, kRowwiseKernels>;
+using QkKernels = OpKernels<describe_qk_head, kKernels>;
 
 }  // namespace
 
-const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate{op_run<bf16_description, Bf16Kernels>};
-const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8{op_run<fp8_description, Fp8Kernels>};
-const OpFunction<std::string, LayerNormModulateFp8RowwiseArgs> layernorm_modulate_fp8_rowwise{
-    op_run<rowwise_description, RowwiseKernels>};
-const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm{op_run<qk_head_description, QkKernels>};
-const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate{op_match<bf16_description>};
-const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8{
-    op_match<fp8_description>};
+const OpFunction<std::string, LayerNormModulateArgs> layernorm_modulate{op_run<Bf16Kernels>};
+const OpFunction<std::string, LayerNormModulateFp8Args> layernorm_modulate_fp8{op_run<Fp8Kernels>};
+const OpFunction<std::string, LayerNormModulateFp8RowwiseArgs> layernorm_modulate_fp8_rowwise{op_run<RowwiseKernels>};
+const OpFunction<std::string, QkHeadLayerNormArgs> qk_head_layernorm{op_run<QkKernels>};
+const OpFunction<LayerNormModulateCall, LayerNormModulateArgs> match_layernorm_modulate{op_match<Bf16Kernels>};
+const OpFunction<LayerNormModulateCall, LayerNormModulateFp8Args> match_layernorm_modulate_fp8{op_match<Fp8Kernels>};
 const OpFunction<LayerNormModulateCall, LayerNormModulateFp8RowwiseArgs> match_layernorm_modulate_fp8_rowwise{
-    op_match<rowwise_description>};
-const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm{op_match<qk_head_description>};
+    op_match<RowwiseKernels>};
+const OpFunction<LayerNormModulateCall, QkHeadLayerNormArgs> match_qk_head_layernorm{op_match<QkKernels>};
 
 DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
   switch (call.kind) {
@@ -471,29 +446,13 @@ DispatchReport explain_layernorm_modulate(const LayerNormModulateCall& call) {
 }
 
 void register_layernorm_modulate(Registry& registry) {
-  describe_op<bf16_description, Bf16Kernels>(registry);
-  describe_op<fp8_description, Fp8Kernels>(registry);
-  describe_op<rowwise_description, RowwiseKernels>(registry);
-  describe_op<qk_head_description, QkKernels>(registry);
+  describe_op<Bf16Kernels>(registry);
+  describe_op<Fp8Kernels>(registry);
+  describe_op<RowwiseKernels>(registry);
+  describe_op<QkKernels>(registry);
   const std::string eager_chain =
       "PyTorch 2.11 eager chain on CUDA: F.layer_norm(x, (D,), eps=eps) * (1 + scale[:, None]) "
       "(+ shift[:, None]) in bf16 (aten vectorized_layer_norm_kernel)";
-  // The jit implementation of op F (fp8: sm_89+ for cvt e4m3x2) and its CPU reference.
-  auto jit = []<typename F>(F, int sm_min) {
-    Implementation<LayerNormModulateCall, LnmKey> impl = jit_implementation<F>();
-    impl.name = F::op() + ".jit";
-    impl.capabilities = {{DeviceKind::cuda, sm_min, 1 << 20, kFeatureNvrtc}};
-    return impl;
-  };
-  auto add_reference = [&]<typename F>(F, Contract contract, std::string description) {
-    add_implementation(registry, F::op(),
-                       reference_implementation<F>(layernorm_modulate_reference, std::move(contract),
-                                                   std::move(description)));
-  };
-  using Bf16 = Bf16Kernels;
-  using Fp8 = Fp8Kernels;
-  using QkHead = QkKernels;
-  using Rowwise = RowwiseKernels;
   const std::string mappings =
       "; one warp (row in registers) or one 128-thread CTA per row, chosen from D and the row count";
   const std::string ref_bounds =
@@ -504,16 +463,18 @@ void register_layernorm_modulate(Registry& registry) {
       "on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it within each case's "
       "bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)";
 
-  Implementation<LayerNormModulateCall, LnmKey> bf16 = jit(Bf16{}, 80);
-  bf16.contract = Contract::bit_exact(eager_chain)
-                      .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
-                                ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)");
-  bf16.description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings;
-  add_implementation(registry, kOpBf16, std::move(bf16));
-  add_reference(Bf16{}, Contract::close(eager_chain, ref_bounds).verified(ref_verified),
-                "CPU reference (aten statistics order, eager rounding steps), multithreaded over rows");
+  add_jit<Bf16Kernels>(
+      registry,
+      {.contract = Contract::bit_exact(eager_chain)
+                       .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f"
+                                 ": torch.equal on 180 runs (10 shapes x 3 amplitude/eps x shift on/off x 3 mappings)"),
+       .description = "LayerNorm + modulate compiled at first use by NVRTC for the device's exact arch" + mappings});
+  add_reference<Bf16Kernels>(registry, layernorm_modulate_reference,
+                             Contract::close(eager_chain, ref_bounds).verified(ref_verified),
+                             "CPU reference (aten statistics order, eager rounding steps), multithreaded over rows");
 
-  add_per_reciprocal(registry, kOpFp8, jit(Fp8{}, 89), [&](auto& impl, bool div_full) {
+  // fp8: sm_89+ for cvt e4m3x2.
+  add_per_reciprocal(registry, kOpFp8, jit_implementation<Fp8Kernels>({.sm_min = 89}), [&](auto& impl, bool div_full) {
     impl.contract =
         div_full ? Contract::bit_exact("SGLang split chain: the eager bf16 result, then Triton static_quant_fp8 "
                                        "(inv = div.full.f32 1/input_scale)")
@@ -528,42 +489,44 @@ void register_layernorm_modulate(Registry& registry) {
                                 : "LayerNorm + modulate + static e4m3 quantization in one pass (no bf16 "
                                   "intermediate), inv = IEEE 1/input_scale as eager computes it" + mappings;
   });
-  add_reference(Fp8{},
-                Contract::close(eager_chain + ", then static e4m3 quantization",
-                                ref_bounds + "; the e4m3 byte may then differ by one code; div_full "
-                                "is evaluated as an IEEE division")
-                    .verified(ref_verified),
-                "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
+  add_reference<Fp8Kernels>(registry, layernorm_modulate_reference,
+                            Contract::close(eager_chain + ", then static e4m3 quantization",
+                                            ref_bounds + "; the e4m3 byte may then differ by one code; div_full "
+                                            "is evaluated as an IEEE division")
+                                .verified(ref_verified),
+                            "CPU reference: the bf16 chain, then exact e4m3 RNE of clamp(y * (1/input_scale))");
 
-  Implementation<LayerNormModulateCall, LnmKey> rowwise = jit(Rowwise{}, 89);
   const std::string rowwise_chain =
       eager_chain + ", then ditops.eager.fp8_rowwise_eager (torchao 0.18's float8 rowwise recipe: amax / 448.0 in "
                     "bf16, 1 for a zero scale, (y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn))";
-  rowwise.contract = Contract::bit_exact(rowwise_chain)
-                         .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal (e4m3 bytes and scales) in 96 of 96 "
-                                   "cases of bench/layernorm_modulate_fp8_rowwise_torch.py and in graph replay");
-  rowwise.description = "LayerNorm + modulate + per-token dynamic e4m3 in one pass: the bf16 row held in registers, "
-                        "its amax reduced over the row's threads, then quantized (no bf16 intermediate)" + mappings;
-  add_implementation(registry, kOpRowwise, std::move(rowwise));
-  add_reference(Rowwise{},
-                Contract::close(rowwise_chain, ref_bounds + "; an e4m3 byte may then differ by one code, and the "
-                                                            "row's scale by one bf16 ulp where its amax moved")
-                    .verified("on every CI run (CPU) by the op's tests"),
-                "CPU reference: the bf16 chain, then the rowwise recipe (reference/fp8_rowwise.h)");
+  add_jit<RowwiseKernels>(
+      registry,
+      {.sm_min = 89,
+       .contract = Contract::bit_exact(rowwise_chain)
+                       .verified("H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal (e4m3 bytes and scales) in 96 of 96 "
+                                 "cases of bench/layernorm_modulate_fp8_rowwise_torch.py and in graph replay"),
+       .description = "LayerNorm + modulate + per-token dynamic e4m3 in one pass: the bf16 row held in registers, "
+                      "its amax reduced over the row's threads, then quantized (no bf16 intermediate)" + mappings});
+  add_reference<RowwiseKernels>(
+      registry, layernorm_modulate_reference,
+      Contract::close(rowwise_chain, ref_bounds + "; an e4m3 byte may then differ by one code, and the "
+                                                  "row's scale by one bf16 ulp where its amax moved")
+          .verified("on every CI run (CPU) by the op's tests"),
+      "CPU reference: the bf16 chain, then the rowwise recipe (reference/fp8_rowwise.h)");
 
-  Implementation<LayerNormModulateCall, LnmKey> qk = jit(QkHead{}, 80);
-  qk.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
-                                    "CUDA, applied to q and k")
-                    .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on "
-                              "the qk-head shapes");
-  qk.description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp";
-  add_implementation(registry, kOpQk, std::move(qk));
-  add_reference(QkHead{},
-                Contract::close("PyTorch 2.11 eager nn.LayerNorm(head_dim) on CUDA",
-                                "rstd correctly rounded (<= 2 fp32 ulp from MUFU.RSQ): elements may "
-                                "differ by 1 bf16 ulp")
-                    .verified(ref_verified),
-                "CPU reference of the per-head LayerNorm (aten statistics order)");
+  add_jit<QkKernels>(
+      registry,
+      {.contract = Contract::bit_exact("PyTorch 2.11 eager nn.LayerNorm(head_dim, elementwise_affine=False) on "
+                                       "CUDA, applied to q and k")
+                       .verified("H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on "
+                                 "the qk-head shapes"),
+       .description = "per-head LayerNorm of q and k in one launch, one warp per head, 4 heads per warp"});
+  add_reference<QkKernels>(registry, layernorm_modulate_reference,
+                           Contract::close("PyTorch 2.11 eager nn.LayerNorm(head_dim) on CUDA",
+                                           "rstd correctly rounded (<= 2 fp32 ulp from MUFU.RSQ): elements may "
+                                           "differ by 1 bf16 ulp")
+                               .verified(ref_verified),
+                           "CPU reference of the per-head LayerNorm (aten statistics order)");
 }
 
 DITOPS_REGISTER_OP(register_layernorm_modulate);

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -21,51 +22,30 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* norm_type_name(NormType type) { return type == NormType::layer ? "layer" : "rms"; }
-
-const char* nss_norm_order_name(NssNormOrder order) {
-  return order == NssNormOrder::aten_mean ? "aten_mean" : "aten";
-}
-
-const char* nss_numerics_name(NssNumerics numerics) {
-  switch (numerics) {
-    case NssNumerics::eager: return "eager";
-    case NssNumerics::sglang: return "sglang";
-    case NssNumerics::float32: return "float32";
-  }
-  return "?";
-}
+const char* norm_type_name(NormType type) { return enumerator_name(type); }
+const char* nss_norm_order_name(NssNormOrder order) { return enumerator_name(order); }
+const char* nss_numerics_name(NssNumerics numerics) { return enumerator_name(numerics); }
 
 const char* nss_operand_kind_name(NssOperand::Kind kind) {
-  switch (kind) {
-    case NssOperand::Kind::absent: return "absent";
-    case NssOperand::Kind::scalar: return "scalar";
-    case NssOperand::Kind::channel: return "per-channel [D]";
-    case NssOperand::Kind::batch: return "per-batch [B, D]";
-    case NssOperand::Kind::token: return "per-token [B, S, D]";
-    case NssOperand::Kind::frame: return "per-frame [B, F, 1, D]";
-  }
-  return "?";
+  using K = NssOperand::Kind;
+  static constexpr auto kNames = enum_texts<K>({{K::absent, "absent"}, {K::scalar, "scalar"},
+                                                {K::channel, "per-channel [D]"}, {K::batch, "per-batch [B, D]"},
+                                                {K::token, "per-token [B, S, D]"}, {K::frame, "per-frame [B, F, 1, D]"}});
+  return kNames(kind);
 }
 
 namespace {
-const char* quant_name(NssKernelQuant q) {
-  switch (q) {
-    case NssKernelQuant::none: return "noquant";
-    case NssKernelQuant::fp8: return "fp8";
-    case NssKernelQuant::fp4_software: return "fp4sw";
-    case NssKernelQuant::fp4_hardware: return "fp4hw";
-    case NssKernelQuant::fp8_rowwise: return "fp8_rowwise";
-  }
-  return "?";
-}
+// The template key's word for the kernel's output quantization.
+constexpr auto kQuantNames = enum_texts<NssKernelQuant>(
+    {{NssKernelQuant::none, "noquant"}, {NssKernelQuant::fp8, "fp8"}, {NssKernelQuant::fp4_software, "fp4sw"},
+     {NssKernelQuant::fp4_hardware, "fp4hw"}, {NssKernelQuant::fp8_rowwise, "fp8_rowwise"}});
 }  // namespace
 
 std::string NssKernelKey::to_string() const {
   return std::string(dtype_name(act)) + ",D=" + std::to_string(dim) + "," + norm_type_name(norm) +
          (mean_order ? ",mean," : ",") +
          nss_numerics_name(numerics) + (residual ? ",residual" : ",plain") + ",affine=" + std::to_string(affine) +
-         "," + quant_name(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
+         "," + kQuantNames(quant) + (pdl ? ",pdl" : ",nopdl") + (modulate ? "" : ",nomod");
 }
 
 uint64_t NssKernelKey::packed() const {
@@ -282,94 +262,89 @@ Range range_of(const char* name, const TensorView& t) {
 void complete(NormScaleShiftCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<NormScaleShiftCall>& description() {
+OpBuilder<NormScaleShiftCall> describe() {
   using C = NormScaleShiftCall;
   using In = NormScaleShiftInputs;
   using Out = NormScaleShiftOutputs;
   using O = NormScaleShiftOptions;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
-                   "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
-                   "weight/bias [D]; operands of x's dtype, or f32 with numerics=float32 (Wan). "
-                   "include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
-    b.dims("B=1,S=4608,D=3072");
-    // The broadcast operands' classes, the dtypes numerics=float32 allows, the quantized outputs'
-    // extents and in place (an output may be x or residual) are the op's own rules.
-    b.tensor<&C::in, &In::x>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .layout = "*,*,1"});
-    b.dim_rule("D", [](int64_t D, const C& c) {
-      const DType act = c.in.x.dtype;
-      const int64_t max_d = act == DType::f32 ? 4096 : 8192;
-      if (D % 4 == 0 && D >= 16 && D <= max_d) return std::string();
-      return "x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
-             " (aten's vectorized kernel; the row lives in registers) but is " + num(D);
-    });
-    b.tensor<&C::in, &In::scale>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
-    b.tensor<&C::in, &In::shift>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
-    b.tensor<&C::in, &In::residual>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
-                                     .layout = "*,*,1"});
-    b.tensor<&C::in, &In::gate>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D",
-                                 .own = "shape,dtype"});
-    b.tensor<&C::in, &In::weight>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
-                                   .own = "dtype"});
-    b.tensor<&C::in, &In::bias>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+  OpBuilder<C> b(kOp, "adaLN pre-norm: [residual + x * gate ->] norm * (1 + scale) + shift [-> fp8 | nvfp4]",
+                 "x [B, S, D]; scale, shift, gate: scalar, [D], [B, D], [B, 1, D], [1|B, S, D] or [B|1, F, 1, D]; "
+                 "weight/bias [D]; operands of x's dtype, or f32 with numerics=float32 (Wan). "
+                 "include/ditops/norm_scale_shift.h, docs/norm_scale_shift.md");
+  b.dims("B=1,S=4608,D=3072");
+  // The broadcast operands' classes, the dtypes numerics=float32 allows, the quantized outputs'
+  // extents and in place (an output may be x or residual) are the op's own rules.
+  b.tensor<&C::in, &In::x>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .layout = "*,*,1"});
+  b.dim_rule("D", [](int64_t D, const C& c) {
+    const DType act = c.in.x.dtype;
+    const int64_t max_d = act == DType::f32 ? 4096 : 8192;
+    if (D % 4 == 0 && D >= 16 && D <= max_d) return std::string();
+    return "x.shape[2] (D) must be a multiple of 4 in [16, " + num(max_d) + "] for " + dtype_name(act) +
+           " (aten's vectorized kernel; the row lives in registers) but is " + num(D);
+  });
+  b.tensor<&C::in, &In::scale>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
+  b.tensor<&C::in, &In::shift>({.optional = true, .dtypes = "=x|f32", .shape = "B,D", .own = "shape,dtype"});
+  b.tensor<&C::in, &In::residual>({.optional = true, .keyword = true, .dtypes = "=x", .shape = "B,S,D",
+                                   .layout = "*,*,1"});
+  b.tensor<&C::in, &In::gate>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "B,D",
+                               .own = "shape,dtype"});
+  b.tensor<&C::in, &In::weight>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
                                  .own = "dtype"});
-    b.tensor<&C::in, &In::input_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
-    b.tensor<&C::in, &In::global_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
-    b.tensor<&C::out, &Out::y>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
-                                .shape = "B,S,D", .alloc = "like:x",
-                                .present = "flag:store_y;absent:input_scale,global_scale,rowwise_fp8,fp8_rowwise",
-                                .layout = "*,*,1", .own = "overlap"});
-    b.tensor<&C::out, &Out::residual_out>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
-                                           .shape = "B,S,D", .alloc = "like:x", .present = "given:residual",
-                                           .layout = "*,*,1", .own = "overlap"});
-    b.tensor<&C::out, &Out::fp8>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn|u8",
-                                  .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn",
-                                  .present = "given:input_scale", .layout = "*,*,1", .own = "overlap"});
-    b.tensor<&C::out, &Out::nvfp4_packed>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-                                           .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8",
-                                           .present = "given:global_scale", .own = "shape,dtype,overlap"});
-    b.tensor<&C::out, &Out::nvfp4_scales>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
-                                           .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16",
-                                           .alloc_dtype = "u8", .present = "given:global_scale",
-                                           .doc = "E4M3 block scales in the 128x4 swizzled layout",
-                                           .own = "shape,overlap"});
-    b.tensor<&C::out, &Out::fp8_rowwise>({.role = TensorRole::out, .optional = true, .keyword = true,
-                                          .dtypes = "f8e4m3fn", .shape = "B,S,D", .alloc = "like:x",
-                                          .alloc_dtype = "f8e4m3fn", .present = "given:rowwise_fp8,fp8_scale",
-                                          .doc = "y's per-token dynamic e4m3 (torchao's rowwise recipe)",
-                                          .layout = "*,*,1", .own = "overlap"});
-    b.tensor<&C::out, &Out::fp8_scale>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
-                                        .shape = "B,S,1", .alloc = "dim(x,0),dim(x,1),1", .alloc_dtype = "f32",
-                                        .present = "given:rowwise_fp8,fp8_rowwise",
-                                        .doc = "fp8_rowwise's per-row fp32 scales", .layout = "contiguous",
-                                        .own = "overlap"});
-    b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
-                      .doc = "write y (default: only when no quantized output is requested)"});
-    b.binding_option({.name = "rowwise_fp8", .kind = OptionKind::boolean, .default_text = "false",
-                      .doc = "produce fp8_rowwise and fp8_scale, y's per-token dynamic e4m3 (numerics eager, "
-                             "float32)"});
-    b.choice<&O::norm>({{"layer", NormType::layer}, {"rms", NormType::rms}}, "LayerNorm or RMSNorm");
-    b.option<&O::eps>("norm epsilon");
-    b.choice<&O::norm_order>(
-        {{"aten", NssNormOrder::aten}, {"aten_mean", NssNormOrder::aten_mean}},
-        "RMSNorm's sum of squares: aten (F.rms_norm) or aten_mean (x.float().pow(2).mean(-1), diffusers' "
-        "RMSNorm without a weight; 128 <= D < 8192)");
-    b.choice<&O::numerics>(
-        {{"eager", NssNumerics::eager}, {"sglang", NssNumerics::sglang}, {"float32", NssNumerics::float32}},
-        "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
-    describe_fp8_reciprocal<&O::fp8_reciprocal>(b, "input_scale");
-    b.choice<&O::e2m1>(
-        {{"automatic", E2m1Conversion::automatic},
-         {"software", E2m1Conversion::software},
-         {"hardware", E2m1Conversion::hardware}},
-        "the NVFP4 E2M1 conversion");
-    b.option<&O::use_pdl>("programmatic dependent launch where the device has it");
-    b.before_slots([](const C& c) {
-      if (!present(c.in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
-    });
-    b.complete(complete);
-    return b;
-  }();
+  b.tensor<&C::in, &In::bias>({.optional = true, .keyword = true, .dtypes = "=x|f32", .shape = "D", .layout = "1",
+                               .own = "dtype"});
+  b.tensor<&C::in, &In::input_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
+  b.tensor<&C::in, &In::global_scale>({.optional = true, .keyword = true, .dtypes = "f32", .shape = "1"});
+  b.tensor<&C::out, &Out::y>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+                              .shape = "B,S,D", .alloc = "like:x",
+                              .present = "flag:store_y;absent:input_scale,global_scale,rowwise_fp8,fp8_rowwise",
+                              .layout = "*,*,1", .own = "overlap"});
+  b.tensor<&C::out, &Out::residual_out>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "=x",
+                                         .shape = "B,S,D", .alloc = "like:x", .present = "given:residual",
+                                         .layout = "*,*,1", .own = "overlap"});
+  b.tensor<&C::out, &Out::fp8>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f8e4m3fn|u8",
+                                .shape = "B,S,D", .alloc = "like:x", .alloc_dtype = "f8e4m3fn",
+                                .present = "given:input_scale", .layout = "*,*,1", .own = "overlap"});
+  b.tensor<&C::out, &Out::nvfp4_packed>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+                                         .shape = "B*S,D/2", .alloc = "rows(x),last(x)/2", .alloc_dtype = "u8",
+                                         .present = "given:global_scale", .own = "shape,dtype,overlap"});
+  b.tensor<&C::out, &Out::nvfp4_scales>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "u8",
+                                         .shape = "up128(B*S),D/16", .alloc = "up128(rows(x)),last(x)/16",
+                                         .alloc_dtype = "u8", .present = "given:global_scale",
+                                         .doc = "E4M3 block scales in the 128x4 swizzled layout",
+                                         .own = "shape,overlap"});
+  b.tensor<&C::out, &Out::fp8_rowwise>({.role = TensorRole::out, .optional = true, .keyword = true,
+                                        .dtypes = "f8e4m3fn", .shape = "B,S,D", .alloc = "like:x",
+                                        .alloc_dtype = "f8e4m3fn", .present = "given:rowwise_fp8,fp8_scale",
+                                        .doc = "y's per-token dynamic e4m3 (torchao's rowwise recipe)",
+                                        .layout = "*,*,1", .own = "overlap"});
+  b.tensor<&C::out, &Out::fp8_scale>({.role = TensorRole::out, .optional = true, .keyword = true, .dtypes = "f32",
+                                      .shape = "B,S,1", .alloc = "dim(x,0),dim(x,1),1", .alloc_dtype = "f32",
+                                      .present = "given:rowwise_fp8,fp8_rowwise",
+                                      .doc = "fp8_rowwise's per-row fp32 scales", .layout = "contiguous",
+                                      .own = "overlap"});
+  b.binding_option({.name = "store_y", .kind = OptionKind::optional_boolean, .default_text = "none",
+                    .doc = "write y (default: only when no quantized output is requested)"});
+  b.binding_option({.name = "rowwise_fp8", .kind = OptionKind::boolean, .default_text = "false",
+                    .doc = "produce fp8_rowwise and fp8_scale, y's per-token dynamic e4m3 (numerics eager, "
+                           "float32)"});
+  b.choice<&O::norm>({NormType::layer, NormType::rms}, "LayerNorm or RMSNorm");
+  b.option<&O::eps>("norm epsilon");
+  b.choice<&O::norm_order>(
+      {NssNormOrder::aten, NssNormOrder::aten_mean},
+      "RMSNorm's sum of squares: aten (F.rms_norm) or aten_mean (x.float().pow(2).mean(-1), diffusers' "
+      "RMSNorm without a weight; 128 <= D < 8192)");
+  b.choice<&O::numerics>(
+      {NssNumerics::eager, NssNumerics::sglang, NssNumerics::float32},
+      "which chain the result is bit-exact with (float32: Wan's FP32LayerNorm chain, f32 operands)");
+  describe_fp8_reciprocal<&O::fp8_reciprocal>(b, "input_scale");
+  b.choice<&O::e2m1>(
+      {E2m1Conversion::automatic, E2m1Conversion::software, E2m1Conversion::hardware},
+      "the NVFP4 E2M1 conversion");
+  b.pdl_option<&O::use_pdl>();
+  b.before_slots([](const C& c) {
+    if (!present(c.in.x)) throw InvalidArgument(std::string(kOp) + ": x is required");
+  });
+  b.complete(complete);
   return b;
 }
 
@@ -720,33 +695,20 @@ constexpr KernelFunctions<NormScaleShiftCall, NssKernelKey> kKernels{
     .variant_keys = nss_variant_keys,
     .extra_signature = [](const NormScaleShiftCall& c) { return static_cast<uint64_t>(c.options.e2m1); },
     .extra_radix = 4};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
-
-const OpFunction<std::string, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs> norm_scale_shift{
-    op_run<description, Kernels>};
-const OpFunction<NormScaleShiftCall, NormScaleShiftCall, NormScaleShiftInputs, NormScaleShiftOutputs>
-    match_norm_scale_shift{op_match<description>};
-
-DispatchReport explain_norm_scale_shift(const NormScaleShiftCall& call) {
-  return explain<Kernels>(call, call.options.dispatch);
-}
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_norm_scale_shift(Registry& registry) {
-  describe_op<description, Kernels>(registry);
   // sm_90+: the fp8 conversion (cvt e4m3x2, sm_89+) and PDL; nvfp4 runs everywhere there with the
   // software E2M1 conversion and takes the hardware one where the device has it (the predicate
   // refuses an explicit e2m1=hardware elsewhere).
-  const std::vector<Capability> sm90_plus = {{DeviceKind::cuda, 90, 1 << 20, kFeatureNvrtc}};
   struct Variant {
     NssNumerics numerics;
-    const char* name;
+    const char* variant;
     Contract contract;
     bool rowwise = false;  // the fp8_rowwise output (numerics eager and float32), which no other implementation takes
   };
   const Variant variants[] = {
-      {NssNumerics::eager, "norm_scale_shift.jit",
+      {NssNumerics::eager, "jit",
        Contract::bit_exact("PyTorch 2.11 eager chain on CUDA: residual + x * gate, F.layer_norm / F.rms_norm "
                            "(aten vectorized kernel), y * (1 + scale) + shift; fp8/nvfp4 of that bf16 y "
                            "(SGLang static_quant_fp8 / TRT-LLM fp4_quantize recipe); norm_order=aten_mean: diffusers' "
@@ -757,12 +719,12 @@ void register_norm_scale_shift(Registry& registry) {
                      "torch.equal on 33 of 33 cases of bench/norm_scale_shift_torch.py's VERIFY_MEAN (LTX-2's shapes, "
                      "1 to 24576 rows; bench/results/h200/checks/norm_scale_shift_checks.json) and on every aten_mean "
                      "case of tests/python/test_ops_eager.py")},
-      {NssNumerics::sglang, "norm_scale_shift.jit_sglang",
+      {NssNumerics::sglang, "jit_sglang",
        Contract::bit_exact("SGLang native Qwen-Image norm_scale_shift chain as docs/norm_scale_shift.md §3 states it "
                            "(checked against the CPU reference only; the chain itself is not available)")
            .unverified("SGLang's chain was never run beside it on a device; it matches the CPU reference of that "
                        "chain on the GPU test cases")},
-      {NssNumerics::float32, "norm_scale_shift.jit_float32",
+      {NssNumerics::float32, "jit_float32",
        Contract::bit_exact("diffusers 0.42.1 Wan's eager chain on CUDA, PyTorch 2.11: v = (residual.float() + x * "
                            "gate).type_as(residual) (no gate: residual + x), (F.layer_norm(v.float(), (D,), weight, "
                            "bias, eps) * (1 + scale) + shift).type_as(x) (FP32LayerNorm: aten vectorized kernel on the "
@@ -770,7 +732,7 @@ void register_norm_scale_shift(Registry& registry) {
            .verified("H200 (sm_90): bench/norm_scale_shift_torch.py's VERIFY_FLOAT32 (every Wan site "
                      "at 14B / 1.3B / batch 2 / TI2V) at ee9c29e; every float32 case of tests/python/test_ops_eager.py "
                      "and the Wan sites of ditops.diffusers (bench/results/h200/models/wan.json) at 64c434f")},
-      {NssNumerics::eager, "norm_scale_shift.jit_fp8_rowwise",
+      {NssNumerics::eager, "jit_fp8_rowwise",
        Contract::bit_exact("the eager chain of the call's numerics on CUDA (eager: norm_scale_shift.jit's; float32: "
                            "norm_scale_shift.jit_float32's; its y in x's dtype), then ditops.eager.fp8_rowwise_eager "
                            "(torchao 0.18's float8 rowwise recipe: amax / 448.0 in y's dtype, 1 for a zero scale, "
@@ -780,17 +742,17 @@ void register_norm_scale_shift(Registry& registry) {
        true},
   };
   for (const Variant& v : variants) {
-    Implementation<NormScaleShiftCall, Kernels::Key> impl = jit_implementation<Kernels>();
-    impl.name = v.name;
-    impl.capabilities = sm90_plus;
-    impl.contract = v.contract;
-    impl.description = std::string(v.numerics != NssNumerics::sglang
-                                       ? "a persistent 128-thread CTA per row (aten's layout)"
-                                       : "one warp per row") +
-                       ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); " +
-                       (v.rowwise ? std::string("the fp8_rowwise output (numerics eager and float32): y's words held "
-                                                "in registers, their amax reduced over the CTA, then quantized")
-                                  : std::string("numerics=") + nss_numerics_name(v.numerics));
+    Implementation<NormScaleShiftCall, Kernels::Key> impl = jit_implementation<Kernels>(
+        {.variant = v.variant,
+         .sm_min = 90,
+         .contract = v.contract,
+         .description =
+             std::string(v.numerics != NssNumerics::sglang ? "a persistent 128-thread CTA per row (aten's layout)"
+                                                           : "one warp per row") +
+             ", NVRTC-compiled per (dtype, D, norm, residual, affine, quant, pdl); " +
+             (v.rowwise ? std::string("the fp8_rowwise output (numerics eager and float32): y's words held "
+                                      "in registers, their amax reduced over the CTA, then quantized")
+                        : std::string("numerics=") + nss_numerics_name(v.numerics))});
     impl.predicate = [numerics = v.numerics, rowwise = v.rowwise, cuda = impl.predicate](
                          const NormScaleShiftCall& c, const NssKernelKey& key) -> std::string {
       if ((c.quant == NssQuant::fp8_rowwise) != rowwise)
@@ -810,17 +772,17 @@ void register_norm_scale_shift(Registry& registry) {
     add_implementation(registry, kOp, std::move(impl));
   }
 
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          norm_scale_shift_reference,
-          Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
-                              "rsqrt, rcp.approx and div.full correctly rounded)")
-              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
-                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
-          "CPU reference, multithreaded over rows; every numerics, both norms, every output"));
+  add_reference<Kernels>(
+      registry, norm_scale_shift_reference,
+      Contract::bit_exact("docs/norm_scale_shift.md operation order, all three numerics (the portable oracle; "
+                          "rsqrt, rcp.approx and div.full correctly rounded)")
+          .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
+                    "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
+      "CPU reference, multithreaded over rows; every numerics, both norms, every output");
 }
 
-DITOPS_REGISTER_OP(register_norm_scale_shift);
+}  // namespace
+
+DITOPS_OP_ENTRIES(norm_scale_shift, Kernels, register_norm_scale_shift, NormScaleShiftInputs, NormScaleShiftOutputs);
 
 }  // namespace ditops

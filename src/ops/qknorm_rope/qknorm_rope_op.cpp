@@ -3,6 +3,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -19,33 +20,15 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* qk_rounding_name(QkRounding rounding) {
-  return rounding == QkRounding::rounded ? "rounded" : "fp32";
-}
-
-const char* qk_norm_order_name(QkNormOrder order) {
-  switch (order) {
-    case QkNormOrder::aten: return "aten";
-    case QkNormOrder::warp: return "warp";
-    case QkNormOrder::aten_mean: return "aten_mean";
-  }
-  return "?";
-}
-
-const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding) {
-  return rounding == QkNormWeightRounding::twice ? "twice" : "once";
-}
+const char* qk_rounding_name(QkRounding rounding) { return enumerator_name(rounding); }
+const char* qk_norm_order_name(QkNormOrder order) { return enumerator_name(order); }
+const char* qk_norm_weight_rounding_name(QkNormWeightRounding rounding) { return enumerator_name(rounding); }
 
 namespace {
 // The kernel's sum-of-squares constant (kernels/qknorm_rope.cuh) of an order.
-const char* sum_order_constant(QkNormOrder order) {
-  switch (order) {
-    case QkNormOrder::aten: return "ditops::kQkSumAten";
-    case QkNormOrder::warp: return "ditops::kQkSumWarp";
-    case QkNormOrder::aten_mean: return "ditops::kQkSumAtenMean";
-  }
-  return "?";
-}
+constexpr auto kSumOrderConstants = enum_texts<QkNormOrder>({{QkNormOrder::aten, "ditops::kQkSumAten"},
+                                                             {QkNormOrder::warp, "ditops::kQkSumWarp"},
+                                                             {QkNormOrder::aten_mean, "ditops::kQkSumAtenMean"}});
 }  // namespace
 
 std::string QkKernelKey::to_string() const {
@@ -70,7 +53,7 @@ KernelRequest qk_kernel_request(const QkKernelKey& key) {
           .function = "ditops::qknorm_rope_body",
           .template_args = jit::kernel_args(key.act, key.cache, key.pos, key.head_dim, key.rope_dim, key.neox,
                                             key.full_width, key.rounding == QkRounding::rounded,
-                                            sum_order_constant(key.order),
+                                            kSumOrderConstants(key.order),
                                             key.weight_rounding == QkNormWeightRounding::twice, key.pdl, key.aligned,
                                             key.complex_product),
           .params_type = "ditops::QkNormRopeParams",
@@ -171,57 +154,54 @@ bool q_k_share_elements(const TensorView& q, const TensorView& k, int64_t T, int
 void complete(QkNormRopeCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<QkNormRopeCall>& description() {
+OpBuilder<QkNormRopeCall> describe() {
   using C = QkNormRopeCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "in-place per-head QK RMSNorm + RoPE",
-                   "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
-                   "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
-                   "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
-    b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
-    b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D",
-                     .layout = "q_token_stride,head_stride,1"});
-    b.dim_rule("D", [](int64_t D, const C&) {
-      return D == 64 || D == 128 || D == 256 ? std::string()
-                                             : "q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
-    });
-    b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D",
-                     .layout = "k_token_stride,head_stride,1"});
-    b.tensor<&C::q_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
-    b.tensor<&C::k_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
-    // The cache's width is rope_dim or 2 * rope_dim (the op's own rule); its rank comes from the layout.
-    b.tensor<&C::cos_sin_cache>({.dtypes = "f32|=q", .shape = "P,R", .layout = "*,1", .own = "shape"});
-    b.tensor<&C::positions>({.dtypes = "i32|i64", .shape = "T"});
-    b.option<&QkNormRopeOptions::is_neox>("NeoX halves (true) or interleaved pairs (false, FLUX)");
-    b.option<&QkNormRopeOptions::eps>("RMSNorm epsilon");
-    b.option<&QkNormRopeOptions::rope_dim>("rotated channels; 0: from the cache width");
-    b.option<&QkNormRopeOptions::cache_full_width>("cache rows hold rope_dim cos then rope_dim sin");
-    b.choice<&QkNormRopeOptions::rounding>({{"rounded", QkRounding::rounded}, {"fp32", QkRounding::fp32}},
-                                           "rounded: bit_exact vs the eager chain; fp32: close");
-    b.choice<&QkNormRopeOptions::norm_order>(
-        {{"aten", QkNormOrder::aten}, {"warp", QkNormOrder::warp}, {"aten_mean", QkNormOrder::aten_mean}},
-        "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
-        "diffusers' RMSNorm; head_dim 64, 128)");
-    b.choice<&QkNormRopeOptions::norm_weight_rounding>(
-        {{"once", QkNormWeightRounding::once}, {"twice", QkNormWeightRounding::twice}},
-        "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
-        "with a 16-bit weight; needs rounding=rounded)");
-    b.choice<&QkNormRopeOptions::rope_product>(
-        {{"real", QkRopeProduct::real}, {"complex", QkRopeProduct::complex}},
-        "real: x*cos + rotate(x)*sin as separate rounded ops (FLUX); complex: Qwen-Image's complex64 "
-        "product, one FMA per component (interleaved, fp32 cache, rounding=rounded)");
-    b.option<&QkNormRopeOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    // The CPU path checks positions on the host (the reference); CUDA positions only in checked mode.
-    b.check_before_run([](const C& call) {
-      if (call.q.device.kind == DeviceKind::cuda && call.num_tokens > 0 && jit::checked_mode()) {
-        jit::bind_and_check_stream(kOp, "q", call.q.device, call.stream);
-        jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
-                                     "the rows of cos_sin_cache", call.stream);
-      }
-    });
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "in-place per-head QK RMSNorm + RoPE",
+                 "q [T, Hq, D], k [T, Hk, D] written in place (token strides free, one head stride); "
+                 "D in {64, 128, 256}; cache [P, rope_dim] (compact) or [P, 2*rope_dim] (full width). "
+                 "include/ditops/qknorm_rope.h, docs/qknorm_rope.md");
+  b.dims("T=4608,Hq=24,Hk=24,D=128,P=T,R=D");
+  b.tensor<&C::q>({.role = TensorRole::inout, .dtypes = "bf16|f16", .shape = "T,Hq,D",
+                   .layout = "q_token_stride,head_stride,1"});
+  b.dim_rule("D", [](int64_t D, const C&) {
+    return D == 64 || D == 128 || D == 256 ? std::string()
+                                           : "q.shape[2] (head_dim) must be 64, 128 or 256 but is " + std::to_string(D);
+  });
+  b.tensor<&C::k>({.role = TensorRole::inout, .dtypes = "=q", .shape = "T,Hk,D",
+                   .layout = "k_token_stride,head_stride,1"});
+  b.tensor<&C::q_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
+  b.tensor<&C::k_weight>({.dtypes = "=q", .shape = "D", .layout = "1"});
+  // The cache's width is rope_dim or 2 * rope_dim (the op's own rule); its rank comes from the layout.
+  b.tensor<&C::cos_sin_cache>({.dtypes = "f32|=q", .shape = "P,R", .layout = "*,1", .own = "shape"});
+  b.tensor<&C::positions>({.dtypes = "i32|i64", .shape = "T"});
+  b.option<&QkNormRopeOptions::is_neox>("NeoX halves (true) or interleaved pairs (false, FLUX)");
+  b.option<&QkNormRopeOptions::eps>("RMSNorm epsilon");
+  b.option<&QkNormRopeOptions::rope_dim>("rotated channels; 0: from the cache width");
+  b.option<&QkNormRopeOptions::cache_full_width>("cache rows hold rope_dim cos then rope_dim sin");
+  b.choice<&QkNormRopeOptions::rounding>({QkRounding::rounded, QkRounding::fp32},
+                                         "rounded: bit_exact vs the eager chain; fp32: close");
+  b.choice<&QkNormRopeOptions::norm_order>(
+      {QkNormOrder::aten, QkNormOrder::warp, QkNormOrder::aten_mean},
+      "sum-of-squares order: aten (F.rms_norm), warp (SGLang) or aten_mean (x.float().pow(2).mean(-1), "
+      "diffusers' RMSNorm; head_dim 64, 128)");
+  b.choice<&QkNormRopeOptions::norm_weight_rounding>(
+      {QkNormWeightRounding::once, QkNormWeightRounding::twice},
+      "once: rne16(w * (factor * x)) (F.rms_norm); twice: rne16(rne16(x * factor) * w) (diffusers' RMSNorm "
+      "with a 16-bit weight; needs rounding=rounded)");
+  b.choice<&QkNormRopeOptions::rope_product>(
+      {QkRopeProduct::real, QkRopeProduct::complex},
+      "real: x*cos + rotate(x)*sin as separate rounded ops (FLUX); complex: Qwen-Image's complex64 "
+      "product, one FMA per component (interleaved, fp32 cache, rounding=rounded)");
+  b.pdl_option<&QkNormRopeOptions::use_pdl>();
+  b.complete(complete);
+  // The CPU path checks positions on the host (the reference); CUDA positions only in checked mode.
+  b.check_before_run([](const C& call) {
+    if (call.q.device.kind == DeviceKind::cuda && call.num_tokens > 0 && jit::checked_mode()) {
+      jit::bind_and_check_stream(kOp, "q", call.q.device, call.stream);
+      jit::check_indices_on_device(kOp, "positions", call.positions, call.cos_sin_cache.shape[0],
+                                   "the rows of cos_sin_cache", call.stream);
+    }
+  });
   return b;
 }
 
@@ -376,9 +356,7 @@ void launch_qknorm_rope(const QkNormRopeCall& c, const QkKernelKey& key, const j
 
 constexpr KernelFunctions<QkNormRopeCall, QkKernelKey> kKernels{
     .key = key_for, .request = qk_kernel_request, .launch = launch_qknorm_rope, .prebuilt_keys = qk_prebuilt_keys};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_qknorm_rope(Registry& registry) {
   const std::string eager_oracle =
@@ -392,7 +370,6 @@ void register_qknorm_rope(Registry& registry) {
   const std::string close_bounds =
       "norm kept in fp32 before RoPE: outputs within 1 ulp of the activation dtype of the eager chain "
       "on most elements (docs/qknorm_rope.md)";
-  const std::vector<Capability> sm80_plus = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
   // The fatbin holds sm_90a, sm_100a and sm_120a images; an "a" image runs on that SM only.
   const std::vector<Capability> prebuilt = {{DeviceKind::cuda, 90, 90, 0},
                                             {DeviceKind::cuda, 100, 100, 0},
@@ -431,43 +408,40 @@ void register_qknorm_rope(Registry& registry) {
     if (!rounded) aot.prebuilt = nullptr;  // one listing per key set: the keys carry their rounding
     add_implementation(registry, kOp, std::move(aot));
 
-    Implementation<QkNormRopeCall, QkKernelKey> jit_impl = jit_implementation<Kernels>();
-    jit_impl.name = "qknorm_rope.jit" + suffix;
-    jit_impl.capabilities = sm80_plus;
-    jit_impl.contract = contract;
-    jit_impl.description = std::string("fused kernel compiled at first use by NVRTC for the device's "
-                                       "exact arch (cubin cache in memory and on disk), rounding=") +
-                           (rounded ? "rounded" : "fp32");
+    Implementation<QkNormRopeCall, QkKernelKey> jit_impl = jit_implementation<Kernels>(
+        {.variant = "jit" + suffix,
+         .contract = contract,
+         .description = std::string("fused kernel compiled at first use by NVRTC for the device's "
+                                    "exact arch (cubin cache in memory and on disk), rounding=") +
+                        (rounded ? "rounded" : "fp32")});
     only_mode(jit_impl, rounded, false);
     add_implementation(registry, kOp, std::move(jit_impl));
   }
   // diffusers' RMSNorm chain (no prebuilt keys: compiled at first use).
-  Implementation<QkNormRopeCall, QkKernelKey> jit_twice = jit_implementation<Kernels>();
-  jit_twice.name = "qknorm_rope.jit_twice";
-  jit_twice.capabilities = sm80_plus;
-  jit_twice.contract = Contract::bit_exact(diffusers_oracle)
-                           .verified("H200 (sm_90): torch.equal on every aten_mean twice case of "
-                                     "tests/python/test_ops_eager.py and 12 of 12 cases of bench/qknorm_rope_torch.py's "
-                                     "VERIFY_DIFFUSERS (real and complex RoPE, Qwen-Image's 2 x 6912 tokens; "
-                                     "bench/results/h200/checks/qknorm_rope_checks.json)");
-  jit_twice.description = "the fused kernel compiled at first use by NVRTC, rounding=rounded with "
-                          "norm_weight_rounding=twice (diffusers' RMSNorm)";
+  Implementation<QkNormRopeCall, QkKernelKey> jit_twice = jit_implementation<Kernels>(
+      {.variant = "jit_twice",
+       .contract = Contract::bit_exact(diffusers_oracle)
+                       .verified("H200 (sm_90): torch.equal on every aten_mean twice case of "
+                                 "tests/python/test_ops_eager.py and 12 of 12 cases of bench/qknorm_rope_torch.py's "
+                                 "VERIFY_DIFFUSERS (real and complex RoPE, Qwen-Image's 2 x 6912 tokens; "
+                                 "bench/results/h200/checks/qknorm_rope_checks.json)"),
+       .description = "the fused kernel compiled at first use by NVRTC, rounding=rounded with "
+                      "norm_weight_rounding=twice (diffusers' RMSNorm)"});
   only_mode(jit_twice, true, true);
   add_implementation(registry, kOp, std::move(jit_twice));
 
-  add_implementation(registry, kOp,
-                     reference_implementation<Kernels>(
-                         qknorm_rope_reference,
-                         Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt "
-                                             "correctly rounded)")
-                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
-                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "at 8dea671; norm_weight_rounding=twice, norm_order=aten_mean and "
-                                       "rope_product=complex against the eager chains only)"),
-                         "CPU reference, multithreaded over rows; every rounding mode and norm order"));
+  add_reference<Kernels>(
+      registry, qknorm_rope_reference,
+      Contract::bit_exact("docs/qknorm_rope.md operation order (the portable oracle; rsqrt correctly rounded)")
+          .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                    "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                    "at 8dea671; norm_weight_rounding=twice, norm_order=aten_mean and "
+                    "rope_product=complex against the eager chains only)"),
+      "CPU reference, multithreaded over rows; every rounding mode and norm order");
 }
 
-DITOPS_OP_ENTRIES(qknorm_rope, QkNormRopeCall, description, Kernels);
-DITOPS_REGISTER_OP(register_qknorm_rope);
+}  // namespace
+
+DITOPS_OP_ENTRIES(qknorm_rope, Kernels, register_qknorm_rope);
 
 }  // namespace ditops

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/enum_name.h"
 #include "core/builtin_ops.h"
 #include "core/implementation.h"
 #include "core/matcher.h"
@@ -19,16 +20,7 @@ namespace ditops {
 
 // ---------------------------------------------------------------- the kernel key and its request
 
-const char* gate_mode_name(GateMode mode) {
-  switch (mode) {
-    case GateMode::full: return "full";
-    case GateMode::row: return "row";
-    case GateMode::token: return "token";
-    case GateMode::batch: return "batch";
-    case GateMode::strided: return "strided";
-  }
-  return "?";
-}
+const char* gate_mode_name(GateMode mode) { return enumerator_name(mode); }
 
 std::string RgaKernelKey::to_string() const {
   return std::string(dtype_name(dtype)) + "," + gate_mode_name(mode) + "," +
@@ -50,16 +42,11 @@ uint64_t RgaKernelKey::packed() const {
 }
 
 namespace {
-const char* mode_constant(GateMode m) {
-  switch (m) {
-    case GateMode::full: return "ditops::kRgaGateFull";
-    case GateMode::row: return "ditops::kRgaGateRow";
-    case GateMode::token: return "ditops::kRgaGateToken";
-    case GateMode::batch: return "ditops::kRgaGateBatch";
-    case GateMode::strided: return "ditops::kRgaGateStrided";
-  }
-  return "?";
-}
+// The kernel's gate-mode constant (kernels/residual_gate_add.cuh).
+constexpr auto kModeConstants = enum_texts<GateMode>(
+    {{GateMode::full, "ditops::kRgaGateFull"}, {GateMode::row, "ditops::kRgaGateRow"},
+     {GateMode::token, "ditops::kRgaGateToken"}, {GateMode::batch, "ditops::kRgaGateBatch"},
+     {GateMode::strided, "ditops::kRgaGateStrided"}});
 }  // namespace
 
 int rga_flat_units(const RgaKernelKey& key) {
@@ -85,13 +72,13 @@ KernelRequest rga_kernel_request(const RgaKernelKey& key) {
                   .template_key = "residual_gate_add:" + key.to_string()};
   if (!key.transposed) {
     r.function = "ditops::residual_gate_add_flat";
-    r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.pdl,
+    r.template_args = jit::kernel_args(key.dtype, kModeConstants(key.mode), vector_residual, key.pdl,
                                        rga_flat_units(key), false, key.index64) +
                       (key.gate_f32 ? ", float" : "");
     return r;
   }
   r.function = "ditops::residual_gate_add_transposed";
-  r.template_args = jit::kernel_args(key.dtype, mode_constant(key.mode), vector_residual, key.tile, key.pdl,
+  r.template_args = jit::kernel_args(key.dtype, kModeConstants(key.mode), vector_residual, key.tile, key.pdl,
                                      key.vector || key.vector_update, key.chunked_residual && !key.vector);
   if (key.tokens_per_tile() != key.tile) r.template_args += ", " + jit::kernel_args(false, key.tokens_per_tile());
   return r;
@@ -203,28 +190,25 @@ int64_t gate_row_stride(const Matcher& m, const TensorView& gate) {
 void complete(ResidualGateAddCall& call, Matcher& m);  // the op's own rules, after the slots'
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<ResidualGateAddCall>& description() {
+OpBuilder<ResidualGateAddCall> describe() {
   using C = ResidualGateAddCall;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "out = residual + update * gate with eager rounding",
-                   "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
-                   "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
-                   "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
-                   "or f32 beside 16-bit data (Wan's promoted chain); "
-                   "out takes residual's shape and strides and must not overlap an input. "
-                   "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
-    b.dims("B=1,S=4608,D=3072");
-    // Any rank >= 2, a gate in broadcast classes, two layouts and no in-place call: the shapes, the
-    // gate's dtype and the overlaps are the op's own rules (complete).
-    b.tensor<&C::residual>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .own = "shape"});
-    b.tensor<&C::update>({.dtypes = "=residual", .shape = "B,S,D", .own = "shape"});
-    b.tensor<&C::gate>({.dtypes = "=residual|f32", .shape = "B,1,D", .own = "shape,dtype"});
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
-                       .alloc = "strided:residual", .own = "shape,overlap"});
-    b.option<&ResidualGateAddOptions::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "out = residual + update * gate with eager rounding",
+                 "residual/update [..., D] (rank >= 2, contiguous, or SANA's transposed [B, T, H] "
+                 "residual); gate full, row [1, .., D], per-token [..., 1] or batch [B, 1, .., D] "
+                 "(full and batch gates may be row-strided views: adaLN chunks), residual's dtype "
+                 "or f32 beside 16-bit data (Wan's promoted chain); "
+                 "out takes residual's shape and strides and must not overlap an input. "
+                 "include/ditops/residual_gate_add.h, docs/residual_gate_add.md");
+  b.dims("B=1,S=4608,D=3072");
+  // Any rank >= 2, a gate in broadcast classes, two layouts and no in-place call: the shapes, the
+  // gate's dtype and the overlaps are the op's own rules (complete).
+  b.tensor<&C::residual>({.dtypes = "bf16|f16|f32", .shape = "B,S,D", .own = "shape"});
+  b.tensor<&C::update>({.dtypes = "=residual", .shape = "B,S,D", .own = "shape"});
+  b.tensor<&C::gate>({.dtypes = "=residual|f32", .shape = "B,1,D", .own = "shape,dtype"});
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "=residual", .shape = "B,S,D",
+                     .alloc = "strided:residual", .own = "shape,overlap"});
+  b.pdl_option<&ResidualGateAddOptions::use_pdl>();
+  b.complete(complete);
   return b;
 }
 
@@ -471,23 +455,19 @@ constexpr KernelFunctions<ResidualGateAddCall, RgaKernelKey> kKernels{
     .variant_keys = rga_variant_keys,
     .extra_signature = [](const ResidualGateAddCall& c) -> uint64_t { return transposed_grid_fits(c); },
     .extra_radix = 2};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_residual_gate_add(Registry& registry) {
   const std::string oracle =
       "eager PyTorch `residual + update * gate` on CUDA (the product rounded to the dtype, then the sum; "
       "fp16, bf16 and fp32)";
-  Implementation<ResidualGateAddCall, RgaKernelKey> jit_impl = jit_implementation<Kernels>();
-  jit_impl.name = "residual_gate_add.jit";
-  jit_impl.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-  jit_impl.contract = Contract::bit_exact(oracle).verified(
-      "H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on 58 of 58 cases and 6 "
-      "CUDA-graph replays");
-  jit_impl.description =
-      "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
-      "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)";
+  Implementation<ResidualGateAddCall, RgaKernelKey> jit_impl = jit_implementation<Kernels>(
+      {.contract = Contract::bit_exact(oracle).verified(
+           "H200 (sm_90), scripts/device_run.sh verify at cbc736f: torch.equal on 58 of 58 cases and 6 "
+           "CUDA-graph replays"),
+       .description =
+           "flat 128-bit (or scalar) grid-stride kernel for contiguous layouts, shared-memory tiled kernel for the "
+           "transposed layout; NVRTC at first use, explicit __fmul_rn/__fadd_rn (no FMA)"});
   // The two chains are two implementations of one kernel family, so that each has its own contract.
   const auto serves = [](bool gate_f32, std::function<std::string(const ResidualGateAddCall&, const RgaKernelKey&)> cuda) {
     return [gate_f32, cuda](const ResidualGateAddCall& c, const RgaKernelKey& key) -> std::string {
@@ -497,36 +477,34 @@ void register_residual_gate_add(Registry& registry) {
       return cuda(c, key);
     };
   };
-  Implementation<ResidualGateAddCall, RgaKernelKey> promoted = jit_implementation<Kernels>();
   jit_impl.predicate = serves(false, jit_impl.predicate);
   add_implementation(registry, kOp, std::move(jit_impl));
 
-  promoted.name = "residual_gate_add.jit_float32";
-  promoted.capabilities = {{DeviceKind::cuda, 80, 1 << 20, kFeatureNvrtc}};
-  promoted.contract =
-      Contract::bit_exact(kPromotedOracle)
-          .verified("H200 (sm_90) at ee9c29e: torch.equal at every Wan gate of "
-                    "bench/residual_gate_add_torch.py (chunks of [B, 6, D] and [B, S, 6, D]) and every f32-gate case of "
-                    "tests/python/test_ops_eager.py; at 64c434f the Wan sites of ditops.diffusers (tiny models and the "
-                    "14B-width bench, bench/results/h200/models/wan.json) equal to the model");
-  promoted.description = "the flat kernel with an fp32 gate (two 16-byte gate loads per unit), explicit "
-                         "__fmul_rn/__fadd_rn in fp32 and one rounding to residual's dtype";
+  Implementation<ResidualGateAddCall, RgaKernelKey> promoted = jit_implementation<Kernels>(
+      {.variant = "jit_float32",
+       .contract =
+           Contract::bit_exact(kPromotedOracle)
+               .verified("H200 (sm_90) at ee9c29e: torch.equal at every Wan gate of "
+                         "bench/residual_gate_add_torch.py (chunks of [B, 6, D] and [B, S, 6, D]) and every f32-gate case of "
+                         "tests/python/test_ops_eager.py; at 64c434f the Wan sites of ditops.diffusers (tiny models and the "
+                         "14B-width bench, bench/results/h200/models/wan.json) equal to the model"),
+       .description = "the flat kernel with an fp32 gate (two 16-byte gate loads per unit), explicit "
+                      "__fmul_rn/__fadd_rn in fp32 and one rounding to residual's dtype"});
   promoted.predicate = serves(true, promoted.predicate);
   promoted.variants = nullptr;  // the family's keys, compiled once (under residual_gate_add.jit)
   add_implementation(registry, kOp, std::move(promoted));
 
-  add_implementation(registry, kOp,
-                     reference_implementation<Kernels>(
-                         residual_gate_add_reference,
-                         Contract::bit_exact(oracle + "; " + kPromotedOracle +
-                                             "; the portable oracle, compiled without FP contraction")
-                             .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
-                                       "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
-                                       "at 8dea671)"),
-                         "CPU reference: every tensor walked through its own strides, the gate by broadcast"));
+  add_reference<Kernels>(
+      registry, residual_gate_add_reference,
+      Contract::bit_exact(oracle + "; " + kPromotedOracle + "; the portable oracle, compiled without FP contraction")
+          .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation "
+                    "matched it within each case's bound (H200 (sm_90), scripts/device_run.sh ops, "
+                    "at 8dea671)"),
+      "CPU reference: every tensor walked through its own strides, the gate by broadcast");
 }
 
-DITOPS_OP_ENTRIES(residual_gate_add, ResidualGateAddCall, description, Kernels);
-DITOPS_REGISTER_OP(register_residual_gate_add);
+}  // namespace
+
+DITOPS_OP_ENTRIES(residual_gate_add, Kernels, register_residual_gate_add);
 
 }  // namespace ditops

@@ -29,4 +29,9 @@ TokenCatFp8Key token_cat_fp8_key(const TokenCatFp8Call& call, const DeviceInfo& 
 KernelRequest token_cat_fp8_request(const TokenCatFp8Key& key);
 void token_cat_fp8_launch(const TokenCatFp8Call& call, const TokenCatFp8Key& key, const jit::LoadedKernel& kernel);
 
+// The contract of the CPU reference both ops run (token_cat_fp8_reference): byte-equal to the eager
+// chain `eager` with fp8_reciprocal=ieee, within one e4m3 code of SGLang's `sglang` with div_full
+// (1/`scale` as an IEEE division).
+Contract token_cat_fp8_reference_contract(const std::string& eager, const std::string& sglang, const std::string& scale);
+
 }  // namespace ditops

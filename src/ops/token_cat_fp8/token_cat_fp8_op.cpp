@@ -37,26 +37,23 @@ void complete(TokenCatFp8Call& call, Matcher& m) {
 }
 
 // The op described once: its slots state the checks every call gets (core/op_builder.h).
-const OpBuilder<TokenCatFp8Call>& description() {
+OpBuilder<TokenCatFp8Call> describe() {
   using C = TokenCatFp8Call;
-  static const OpBuilder<C> b = [] {
-    OpBuilder<C> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
-                   "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
-                   "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
-                   "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
-    b.dims("B=1,S=4608,Da=6144,Dm=18432");
-    b.tensor<&C::attn>({.dtypes = "bf16|f16", .shape = "B,S,Da", .layout = "contiguous"});
-    b.tensor<&C::mlp>({.dtypes = "=attn", .shape = "B,S,Dm", .layout = "contiguous"});
-    b.tensor<&C::input_scale>({.dtypes = "f32", .shape = "1"});
-    b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
-                       .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn",
-                       .layout = "contiguous"});
-    describe_fp8_reciprocal<&TokenCatFp8Options::fp8_reciprocal>(b, "input_scale");
-    b.option<&TokenCatFp8Options::use_pdl>("programmatic dependent launch where the device has it");
-    b.complete(complete);
-    b.check_before_run([](const C& c) { check_host_scale(kOp, "input_scale", c.input_scale); });
-    return b;
-  }();
+  OpBuilder<C> b(kOp, "e4m3(clamp(cat([attn, mlp], -1) * (1 / input_scale), +-448)) in one pass",
+                 "attn [B, S, Da], mlp [B, S, Dm] bf16|f16 contiguous; input_scale one fp32 (read on "
+                 "the device; > 0 and finite, checked on the cpu only); out [B, S, Da + Dm] e4m3fn. "
+                 "include/ditops/token_cat_fp8.h, docs/token_cat_fp8.md");
+  b.dims("B=1,S=4608,Da=6144,Dm=18432");
+  b.tensor<&C::attn>({.dtypes = "bf16|f16", .shape = "B,S,Da", .layout = "contiguous"});
+  b.tensor<&C::mlp>({.dtypes = "=attn", .shape = "B,S,Dm", .layout = "contiguous"});
+  b.tensor<&C::input_scale>({.dtypes = "f32", .shape = "1"});
+  b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "B,S,Da+Dm",
+                     .alloc = "dim(attn,0),dim(attn,1),last(attn)+last(mlp)", .alloc_dtype = "f8e4m3fn",
+                     .layout = "contiguous"});
+  describe_fp8_reciprocal<&TokenCatFp8Options::fp8_reciprocal>(b, "input_scale");
+  b.pdl_option<&TokenCatFp8Options::use_pdl>();
+  b.complete(complete);
+  b.check_before_run([](const C& c) { check_host_scale(kOp, "input_scale", c.input_scale); });
   return b;
 }
 
@@ -115,6 +112,13 @@ void token_cat_fp8_launch(const TokenCatFp8Call& c, const TokenCatFp8Key& key, c
   jit::launch(kernel, static_cast<unsigned>(grid), kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
+Contract token_cat_fp8_reference_contract(const std::string& eager, const std::string& sglang, const std::string& scale) {
+  return Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
+                         "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the reciprocal "
+                         "is an IEEE division, so a byte may differ by one code where div.full.f32's 1/" + scale +
+                             " differs from it (<= 2 ulp)");
+}
+
 namespace {
 
 // Every code path: both dtypes x vector/scalar x both reciprocals (32-bit, PDL), then the
@@ -146,9 +150,7 @@ constexpr KernelFunctions<TokenCatFp8Call, TokenCatFp8Key> kKernels{
     .key = token_cat_fp8_key, .request = token_cat_fp8_request, .launch = token_cat_fp8_launch,
     .nothing_to_do = [](const TokenCatFp8Call& c) { return c.rows * c.width == 0; },
     .variant_keys = token_cat_fp8_variant_keys};
-using Kernels = OpKernels<description, kKernels>;
-
-}  // namespace
+using Kernels = OpKernels<describe, kKernels>;
 
 void register_token_cat_fp8(Registry& registry) {
   const std::string eager =
@@ -157,10 +159,8 @@ void register_token_cat_fp8(Registry& registry) {
   const std::string sglang =
       "SGLang's try_flux2_token_cat_fp8 / static_quant_fp8(cat([attn, mlp], -1), input_scale) (Triton: "
       "inv = div.full.f32 1/input_scale)";
-  Implementation<TokenCatFp8Call, TokenCatFp8Key> jit = jit_implementation<Kernels>();
-  jit.name = "token_cat_fp8.jit";
-  jit.capabilities = {{DeviceKind::cuda, 89, 1 << 20, kFeatureNvrtc}};  // cvt e4m3x2: sm_89+
-  add_per_reciprocal(registry, kOp, jit, [&](auto& impl, bool div_full) {
+  // cvt e4m3x2: sm_89+
+  add_per_reciprocal(registry, kOp, jit_implementation<Kernels>({.sm_min = 89}), [&](auto& impl, bool div_full) {
     impl.contract = Contract::bit_exact(div_full ? sglang : eager)
                         .verified(std::string("H200 (sm_90), scripts/device_run.sh ops at 8dea671: "
                                               "bench/token_cat_fp8_torch.py's torch.equal against ") +
@@ -170,20 +170,16 @@ void register_token_cat_fp8(Registry& registry) {
                                    "units for other widths or alignments); NVRTC at first use; fp8_reciprocal=") +
                        (div_full ? "div_full" : "ieee");
   });
-  add_implementation(
-      registry, kOp,
-      reference_implementation<Kernels>(
-          token_cat_fp8_reference,
-          Contract::close(eager + "; with fp8_reciprocal=div_full, " + sglang,
-                          "ieee: byte-equal (IEEE reciprocal and product, exact e4m3 RNE); div_full: the "
-                          "reciprocal is an IEEE division, so a byte may differ by one code where div.full.f32's "
-                          "1/input_scale differs from it (<= 2 ulp)")
-              .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
-                        "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
-          "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction"));
+  add_reference<Kernels>(
+      registry, token_cat_fp8_reference,
+      token_cat_fp8_reference_contract(eager, sglang, "input_scale")
+          .verified("on every CI run (CPU) by the op's tests; on the GPU every CUDA implementation matched it "
+                    "within each case's bound (H200 (sm_90), scripts/device_run.sh ops at 8dea671)"),
+      "CPU reference: exact e4m3 RNE of clamp(x * (1 / input_scale)), compiled without FP contraction");
 }
 
-DITOPS_OP_ENTRIES(token_cat_fp8, TokenCatFp8Call, description, Kernels);
-DITOPS_REGISTER_OP(register_token_cat_fp8);
+}  // namespace
+
+DITOPS_OP_ENTRIES(token_cat_fp8, Kernels, register_token_cat_fp8);
 
 }  // namespace ditops
