@@ -103,15 +103,14 @@ def tiny_wan(dtype=torch.bfloat16, batch=1, per_token_timestep=False, fused_qkv=
     # residual have no place left (they serve those places where the fused sites do not run)
     counts = {"qk_norm_rope (self-attn)": L, "qk_norm_rope (text cross-attn)": L, "adaln_modulate": L,
               "adaln_modulate (norm2)": 0, "gated_residual": L, "adaln_modulate (residual + norm2)": L,
-              "adaln_modulate (residual + norm3)": L, "adaln_modulate (norm_out)": 1}
+              "adaln_modulate (residual + norm3)": L}
     return model, inputs, counts
 
 
-def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None, per_token_timestep=False):
+def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
     """LTX-2 with real head dims (video 128, audio 64) at 2 heads each; rope_type split or
     interleaved. variant "gated_stg": gated attention, cross-attention modulation (LTX-2.3) and the
-    perturbed processor with spatio-temporal guidance in block 0. per_token_timestep: a timestep per
-    video and per audio token (the modulations and the output layers' scale / shift per token)."""
+    perturbed processor with spatio-temporal guidance in block 0."""
     extra = {}
     if variant == "gated_stg":
         extra = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
@@ -128,9 +127,6 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None, pe
                   audio_encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype),
                   timestep=torch.full((batch,), 500.0), num_frames=2, height=4, width=4, audio_num_frames=8,
                   return_dict=False)
-    if per_token_timestep:
-        inputs.update(timestep=torch.full((batch, 2 * 4 * 4), 500.0) + torch.arange(32.0),
-                      audio_timestep=torch.full((batch, 8), 400.0) + torch.arange(8.0))
     if variant == "gated_stg":
         # batch 1: block 0 all perturbed (attention skipped); batch 2: one element perturbed
         mask = [0.0] if batch == 1 else [0.0, 1.0]
@@ -142,7 +138,7 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None, pe
               "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
               "adaln_modulate": (8 + (2 if variant == "gated_stg" else 0)) * L,
               "adaln_modulate (norm2, no modulation)": (0 if variant == "gated_stg" else 2) * L,
-              "gated_residual": gates * L, "adaln_modulate (norm_out)": 2}
+              "gated_residual": gates * L}
     return model, inputs, counts
 
 
@@ -178,7 +174,7 @@ OPS = {
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
             "gated_residual": "residual_gate_add", "adaln_modulate (residual + norm2)": "norm_scale_shift",
-            "adaln_modulate (residual + norm3)": "norm_scale_shift", "adaln_modulate (norm_out)": "norm_scale_shift"},
+            "adaln_modulate (residual + norm3)": "norm_scale_shift"},
     "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
                 "qk_norm_rope (single blocks)": "qknorm_rope",
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
@@ -187,7 +183,7 @@ OPS = {
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
              "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2, no modulation)": "norm_scale_shift",
-             "gated_residual": "residual_gate_add", "adaln_modulate (norm_out)": "norm_scale_shift"},
+             "gated_residual": "residual_gate_add"},
 }
 
 
@@ -958,11 +954,10 @@ def test_wan_float32_chain_mappings(monkeypatch):
         assert site.fused_calls == len(site.places) and not site.fallbacks and not site.reasons, name
 
 
-# ---------------------------------------------------------------- a residual and the next norm in one pass, norm_out
+# ---------------------------------------------------------------- a residual and the next norm in one pass
 
-# Wan's sites of norm_scale_shift's residual form and its norm_out (issue 44), and LTX-2's norm_out.
-WAN_FUSED = ("adaln_modulate (residual + norm2)", "adaln_modulate (residual + norm3)", "adaln_modulate (norm_out)")
-LTX2_NORM_OUT = "adaln_modulate (norm_out)"
+# Wan's sites of norm_scale_shift's residual form (issue 44).
+WAN_FUSED = ("adaln_modulate (residual + norm2)", "adaln_modulate (residual + norm3)")
 
 
 def assert_runs_verified(site, forwards):
@@ -976,19 +971,19 @@ def assert_runs_verified(site, forwards):
 
 
 @pytest.mark.parametrize("form", ["wan21", "ti2v", "batch2"])
-def test_wan_residual_norm_and_norm_out_sites_equal_the_model(form, monkeypatch):
-    """attn1's gated residual with norm2 (affine), attn2's residual add with norm3 and its
+def test_wan_residual_norm_sites_equal_the_model(form, monkeypatch):
+    """attn1's gated residual with norm2 (affine) and attn2's residual add with norm3 and its
     modulation (each one norm_scale_shift call in the residual form, float32 numerics: the new
-    residual and the norm of its rounded value, both compared at first sight), and norm_out (the
-    float32 adaLN chain inline in the model's forward, through the model's forward as a ditops
-    hook): on the CPU reference (bit_exact: the strict tier runs it) each is verified and runs at
-    every place, with random norm weights, biases and modulation tables; the output is the
-    unpatched model's bit for bit, over two forwards; the op takes the attention output as x, the
-    stream as the residual and the float32 gate chunk in place."""
+    residual and the norm of its rounded value, both compared at first sight): on the CPU reference
+    (bit_exact: the strict tier runs it) each is verified and runs at every place, with random norm
+    weights, biases and modulation tables; the output is the unpatched model's bit for bit, over
+    two forwards; the op takes the attention output as x, the stream as the residual and the
+    float32 gate chunk in place."""
     kwargs = {"wan21": {}, "ti2v": dict(per_token_timestep=True), "batch2": dict(batch=2)}[form]
     model, inputs, counts = tiny_wan(**kwargs)
     with torch.no_grad():  # random biases and modulation tables
-        assert float(model.blocks[0].norm2.bias.abs().max()) > 0 and float(model.scale_shift_table.abs().max()) > 0
+        assert float(model.blocks[0].norm2.bias.abs().max()) > 0
+        assert float(model.blocks[0].scale_shift_table.abs().max()) > 0
     reference = run(model, inputs)
     calls = SiteCalls(monkeypatch)
     report = dd.enable(model, STRICT, allow_cpu=True)
@@ -996,7 +991,7 @@ def test_wan_residual_norm_and_norm_out_sites_equal_the_model(form, monkeypatch)
         warnings.simplefilter("ignore", RuntimeWarning)  # the QK sites: a close CPU reference, unfit
         first, second = run(model, inputs), run(model, inputs)
     assert torch.equal(first, reference) and torch.equal(second, reference)
-    assert model.__dict__.get("forward") is not None  # the model's own forward is ditops's (norm_out)
+    assert "forward" not in model.__dict__  # the blocks' forwards are replaced, not the model's
     for name in WAN_FUSED:
         assert_runs_verified(report[name], forwards=2)
         assert len(report[name].places) == counts[name]
@@ -1010,7 +1005,7 @@ def test_wan_residual_norm_and_norm_out_sites_equal_the_model(form, monkeypatch)
     by_site = {}
     for site, op, ours, theirs, (args, kw) in calls.calls:
         by_site.setdefault(site, []).append((ours, theirs, args, kw))
-    for name in WAN_FUSED[:2]:  # the residual form: (residual_out, y), x the attention output
+    for name in WAN_FUSED:  # the residual form: (residual_out, y), x the attention output
         ours, theirs, args, kw = by_site[name][0]
         assert len(ours) == 2 and kw["residual"] is not None and kw["numerics"] == "float32"
         assert args[0].shape == kw["residual"].shape and args[0].dtype == torch.bfloat16
@@ -1055,29 +1050,27 @@ def test_wan_fused_sites_need_their_classes_and_hand_their_places_back(monkeypat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         assert torch.equal(run(model, inputs), reference)
-    for name in WAN_FUSED[:2]:
+    for name in WAN_FUSED:
         assert report[name].op is None and "residual form" in report[name].why and not report[name].places
     assert {n: report[n].fused_calls for n in ("adaln_modulate", "adaln_modulate (norm2)", "gated_residual")} == {
         "adaln_modulate": 2 * L, "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
-    assert_runs_verified(report["adaln_modulate (norm_out)"], forwards=1)
 
 
 def test_wan_residual_norm_mappings_fit_wans_tensors():
     """The residual-form mappings take Wan's own tensors (16-bit stream and attention output,
     float32 gate / scale / shift chunks of [B, 6, D] or TI2V's [B, S, 6, D], norm2's float32 affine)
-    and name what they refuse; norm_out's scale / shift ([B, 2, D] chunks) fit ADALN_FLOAT32."""
+    and name what they refuse."""
     from ditops.diffusers import wan
     model, _, _ = tiny_wan()
     block = model.blocks[0]
     B, S, D = 2, 32, 128
-    x, update = torch.randn(B, S, D).bfloat16(), torch.randn(B, S, D).bfloat16()
-    shift, scale, gate = torch.randn(B, 6, D).chunk(6, dim=1)[:3]
-    t_shift, t_scale, t_gate = (c.squeeze(2) for c in torch.randn(B, S, 6, D).chunk(6, dim=2)[:3])
+    gen = torch.Generator().manual_seed(3)  # the same inputs whichever tests ran before
+    x, update = (torch.randn(B, S, D, generator=gen).bfloat16() for _ in range(2))
+    shift, scale, gate = torch.randn(B, 6, D, generator=gen).chunk(6, dim=1)[:3]
+    t_shift, t_scale, t_gate = (c.squeeze(2) for c in torch.randn(B, S, 6, D, generator=gen).chunk(6, dim=2)[:3])
     r2, a3 = wan.RESIDUAL_NORM2_FLOAT32, wan.ADD_NORM3_FLOAT32
     assert r2.fit(x, update, gate, block.norm2) == "" and r2.fit(x, update, t_gate, block.norm2) == ""
     assert a3.fit(x, update, block.norm3, scale, shift) == "" and a3.fit(x, update, block.norm3, t_scale, t_shift) == ""
-    out_shift, out_scale = torch.randn(B, 2, D).chunk(2, dim=1)
-    assert wan.ADALN_FLOAT32.fit(x, model.norm_out, out_scale, out_shift) == ""
     assert "16-bit" in r2.fit(x.float(), update.float(), gate, block.norm2)
     assert "update is not a contiguous" in r2.fit(x, update.transpose(1, 2).contiguous().transpose(1, 2), gate,
                                                   block.norm2)
@@ -1090,7 +1083,10 @@ def test_wan_residual_norm_mappings_fit_wans_tensors():
     call = a3.call(x, update, block.norm3, scale, shift)
     assert call.args == (update, scale, shift) and call.kwargs["residual"] is x and "gate" not in call.kwargs
     # the op's outputs in the chain's order, (new residual, y): the residual exactly; y within a
-    # rounding step where CPU PyTorch's LayerNorm sums in another order than the reference's (CUDA's)
+    # rounding step where CPU PyTorch's LayerNorm sums in another order than the reference's (CUDA's),
+    # plus that order's float32 error, absolute where x - mean cancels (a y near 0): 2^-20 is eight
+    # float32 ulps at 1 through a weight or 1 + scale of a few units (over 1500 random input sets
+    # the excess over one rounding step stayed below 2.1e-7)
     with torch.no_grad():
         for mapping, args, chain in ((r2, (x, update, gate, block.norm2), wan.residual_norm2_chain),
                                      (a3, (x, update, block.norm3, scale, shift), wan.add_norm3_chain)):
@@ -1098,89 +1094,8 @@ def test_wan_residual_norm_mappings_fit_wans_tensors():
             residual_out, y = c.output(getattr(torch.ops.ditops, c.op)(*c.args, **c.kwargs))
             want_residual, want_y = chain(*args)
             assert torch.equal(residual_out, want_residual)
-            assert bool(((y.double() - want_y.double()).abs() <= _ulp(y.dtype, want_y.double())).all())
-
-
-@pytest.mark.parametrize("rope_type,batch,per_token",
-                         [("split", 1, False), ("interleaved", 2, False), ("split", 2, True)],
-                         ids=["split", "interleaved_b2", "per_token"])
-def test_ltx2_norm_out_site_equals_the_model(rope_type, batch, per_token, monkeypatch):
-    """norm_out and audio_norm_out (an affine-free nn.LayerNorm, then * (1 + scale) + shift in
-    bfloat16, inline in the model's forward) through norm_scale_shift(norm="layer"), eager
-    numerics, on the model's forward as a ditops hook: verified at first sight for the video and
-    the audio width on the CPU reference, with per-batch and per-token scale / shift (strided
-    slices of [B, T, 2, D]); every site call within its contract of the model's chain and the
-    output the unpatched one wherever all were equal (LTX-2's block adaLN follows CUDA's mean
-    order, which CPU PyTorch may not); the norm_out site alone gives the unpatched output."""
-    model, inputs, counts = tiny_ltx2(rope_type=rope_type, batch=batch, per_token_timestep=per_token)
-    reference = run(model, inputs)
-    calls = SiteCalls(monkeypatch)
-    report = dd.enable(model, STRICT, allow_cpu=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        out = run(model, inputs)
-    site = report[LTX2_NORM_OUT]
-    assert site.places == ["norm_out", "audio_norm_out"] and site.options == {"norm": "layer"}
-    assert_runs_verified(site, forwards=1)
-    widths = sorted(sig[2] for sig in site.states)
-    assert widths == [128, 256] and all(sig[3] == (not per_token) for sig in site.states)
-    ours = [c for c in calls.calls if c[0] == LTX2_NORM_OUT]
-    assert len(ours) == 2 and all(torch.equal(a, b) for _, _, o, t, _ in ours for a, b in zip(o, t))
-    assert_calls_within_contracts(calls, out, reference)
-    dd.disable(model)
-    assert "forward" not in model.__dict__
-
-    report = dd.enable(model, STRICT, allow_cpu=True)
-    for other in report.sites:
-        other.selected = other.name == LTX2_NORM_OUT
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        assert torch.equal(run(model, inputs), reference)
-    assert_runs_verified(report[LTX2_NORM_OUT], forwards=1)
-
-
-@pytest.mark.parametrize("name", ["wan", "ltx2"])
-def test_the_model_forward_keeps_the_models_signature(name):
-    """enable replaces Wan's and LTX-2's own forward (norm_out's site): the replacement takes the
-    class forward's parameters (names, kinds, defaults), model.forward's signature stays the
-    class's, and disable leaves no instance forward."""
-    import inspect
-    from ditops.diffusers import ltx2, wan
-    model, _, _ = TINY[name]()
-    ours = {"wan": wan, "ltx2": ltx2}[name].model_forward(None)
-
-    def params(fn):
-        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
-    assert params(ours) == params(type(model).forward)
-    dd.enable(model, allow_cpu=True)
-    assert "forward" in model.__dict__
-    assert inspect.signature(model.forward) == inspect.signature(type(model).forward.__get__(model))
-    dd.disable(model)
-    assert "forward" not in model.__dict__
-
-
-def test_norm_out_mapping_fit_names_what_it_refuses():
-    from ditops.diffusers import ltx2
-    B, S, D = 2, 6, 128
-    x = torch.randn(B, S, D).bfloat16()
-    table = torch.randn(B, 1, 2, D).bfloat16()
-    shift, scale = table[:, :, 0], table[:, :, 1]
-    norm = torch.nn.LayerNorm(D, eps=1e-6, elementwise_affine=False)
-    fit = ltx2.NORM_OUT_LAYER.fit
-    assert fit(x, norm, scale, shift) == ""
-    per_token = torch.randn(B, S, 2, D).bfloat16()
-    assert fit(x, norm, per_token[:, :, 1], per_token[:, :, 0]) == ""
-    cases = {"affine": (x, torch.nn.LayerNorm(D), scale, shift),
-             "not torch.bfloat16 [batch": (x, norm, scale.float(), shift),
-             "not contiguous": (x.transpose(0, 1).contiguous().transpose(0, 1), norm, scale, shift),
-             "dim 8200": (torch.zeros(1, 2, 8200).bfloat16(), torch.nn.LayerNorm(8200, elementwise_affine=False),
-                          torch.zeros(1, 1, 8200).bfloat16(), torch.zeros(1, 1, 8200).bfloat16()),
-             "FP32LayerNorm": (x, diffusers.models.normalization.FP32LayerNorm(D, elementwise_affine=False), scale,
-                               shift),
-             "16-byte aligned": (x, norm, torch.randn(B, S, D + 2).bfloat16()[:, :, 2:], shift)}
-    for expected, args in cases.items():
-        why = fit(*args)
-        assert expected in why, (expected, why)
+            bound = _ulp(y.dtype, want_y.double()) + 2.0 ** -20
+            assert bool(((y.double() - want_y.double()).abs() <= bound).all())
 
 
 def tiny_flux_pipeline():
@@ -1369,7 +1284,6 @@ GPU_MODELS = dict(TINY, **{
     "wan_fused_qkv": lambda batch: tiny_wan(batch=batch, fused_qkv=True),
     "ltx2_interleaved": lambda batch: tiny_ltx2(batch=batch, rope_type="interleaved"),
     "ltx2_gated_stg": lambda batch: tiny_ltx2(batch=batch, variant="gated_stg"),
-    "ltx2_per_token": lambda batch: tiny_ltx2(batch=batch, per_token_timestep=True),
 })
 
 
@@ -1398,13 +1312,13 @@ def test_gpu_patched_equals_unpatched(name, batch):
 
 
 @needs_cuda
-@pytest.mark.parametrize("name", ["wan", "wan_ti2v", "wan_fused_qkv", "ltx2", "ltx2_interleaved", "ltx2_per_token"])
+@pytest.mark.parametrize("name", ["wan", "wan_ti2v", "wan_fused_qkv"])
 @pytest.mark.parametrize("batch", [1, 2])
-def test_gpu_fused_norm_sites_equal_the_model(name, batch):
-    """Issue 44's sites on CUDA, strict tier: Wan's residual + norm2, residual + norm3 and norm_out,
-    LTX-2's norm_out / audio_norm_out, with random norm weights, biases and modulation: each verified
-    at first sight (torch.equal to the model's chain) with a device implementation, at every place
-    of two forwards, and the whole output torch.equal to the unpatched model's."""
+def test_gpu_wan_residual_norm_sites_equal_the_model(name, batch):
+    """Issue 44's sites on CUDA, strict tier: Wan's residual + norm2 and residual + norm3, with
+    random norm weights, biases and modulation: each verified at first sight (torch.equal to the
+    model's chain) with a device implementation, at every place of two forwards, and the whole
+    output torch.equal to the unpatched model's."""
     model, inputs, _ = GPU_MODELS[name](batch=batch)
     model = model.to("cuda")
     inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
@@ -1415,7 +1329,7 @@ def test_gpu_fused_norm_sites_equal_the_model(name, batch):
         first, second = run(model, inputs), run(model, inputs)
     print(report)
     assert torch.equal(first, reference) and torch.equal(second, reference)
-    for site_name in (WAN_FUSED if name.startswith("wan") else (LTX2_NORM_OUT,)):
+    for site_name in WAN_FUSED:
         site = report[site_name]
         assert_runs_verified(site, forwards=2)
         assert not any(i.endswith(".reference") for i in site.implementations.values()), site.implementations

@@ -49,10 +49,10 @@ STEPS = {
 }
 
 
-def build(steps, tiny=tiny_flux):
+def build(steps):
     if "offload" in steps:  # diffusers' group offloading moves tensors with accelerate's send_to_device
         pytest.importorskip("accelerate", reason="accelerate is not installed (diffusers' group offloading needs it)")
-    model, inputs, _ = tiny()
+    model, inputs, _ = tiny_flux()
     for step in steps:
         STEPS[step](model)
     return model, inputs
@@ -63,13 +63,8 @@ def observe(model, inputs, count=True):
     feed-forward, group onloads): what the hooks decide, call by call. count=False: no forward
     hooks on the feed-forwards (a capture refuses a model with forward hooks), no ff counts."""
     ff = collections.Counter()
-    blocks = model.blocks if hasattr(model, "blocks") else model.transformer_blocks  # Wan's, FLUX.1's
-
-    def ff_of(block):
-        return block.ffn if hasattr(block, "ffn") else block.ff
-
-    handles = [ff_of(blocks[-1]).register_forward_hook(lambda *a: ff.update(["last"])),
-               ff_of(blocks[0]).register_forward_hook(lambda *a: ff.update(["head"]))] if count else []
+    handles = [model.transformer_blocks[-1].ff.register_forward_hook(lambda *a: ff.update(["last"])),
+               model.transformer_blocks[0].ff.register_forward_hook(lambda *a: ff.update(["head"]))] if count else []
     onloads = [0]
     real = group_offloading.ModuleGroup.onload_
 
@@ -180,6 +175,30 @@ def test_disable_under_a_later_hook_hands_it_the_class_forward():
             assert _patching._is_class_forward(block, ref.original_forward)
 
 
+def test_disable_under_accelerates_sequential_offload_leaves_a_pass_through():
+    """accelerate's sequential offloading (cpu_offload, a pipeline's enable_sequential_cpu_offload)
+    wraps, after enable, the forward of every module with parameters of its own, Wan's blocks
+    (their scale_shift_table) included: disable cannot take ditops's hook out of those blocks'
+    chains (one warning), so the hook runs the block's own forward from then on: no site runs, the
+    output is the model's, also once accelerate's hooks are removed."""
+    accelerate = pytest.importorskip("accelerate")
+    model, inputs, _ = tiny_wan()
+    reference = run(model, inputs)
+    report = dd.enable(model, allow_cpu=True)
+    accelerate.cpu_offload(model, execution_device=CPU)
+    assert all(block.forward is not _patching.ditops_hook(block).wrapper for block in model.blocks)
+    assert torch.equal(run(model, inputs), reference)
+    calls = sum(s.fused_calls + s.model_calls for s in report.sites)
+    assert calls > 0
+    with pytest.warns(RuntimeWarning, match="ditops's hook stays in the chain and runs the module's own forward"):
+        dd.disable(model)
+    assert torch.equal(run(model, inputs), reference)
+    assert sum(s.fused_calls + s.model_calls for s in report.sites) == calls
+    accelerate.hooks.remove_hook_from_module(model, recurse=True)
+    assert torch.equal(run(model, inputs), reference)
+    assert sum(s.fused_calls + s.model_calls for s in report.sites) == calls
+
+
 def test_enable_without_hooks_leaves_no_registry_behind():
     model, inputs = build(())
     dd.enable(model, allow_cpu=True)
@@ -232,60 +251,3 @@ def test_capture_of_an_enabled_model_without_other_hooks_captures(monkeypatch):
     assert not capture_warnings(caught)
     assert_same_run(got, want)
     assert state.graphs == 1 and backend.captures == 1 and state.replays == CALLS - 2
-
-
-# Wan: enable also replaces the model's own forward (norm_out's site) through a ditops hook in the
-# model's registry, where block-level offloading registers its hook for the modules outside the blocks.
-WAN_ORDERS = [("offload", "ditops"), ("ditops", "offload"), ("offload", "ditops", "disable"),
-              ("ditops", "offload", "disable"), ("cache", "ditops"), ("ditops", "cache"), ("cache", "ditops", "disable")]
-
-
-@pytest.mark.parametrize("order", WAN_ORDERS, ids=["-".join(o) for o in WAN_ORDERS])
-def test_wan_model_forward_site_composes_with_the_hooks(order):
-    hooks_only = [s for s in order if s not in ("ditops", "disable")]
-    want = observe(*build(hooks_only, tiny_wan))
-    if "offload" in hooks_only:
-        assert want[2] > 0
-    model, inputs = build(order, tiny_wan)
-    enabled = "ditops" in order and "disable" not in order
-    report = dd.enabled(model)
-    if enabled:
-        hook = _patching.ditops_hook(model)
-        assert hook is not None and model._diffusers_hook._hook_order[0] == _patching.HOOK_NAME  # innermost
-    assert_same_run(observe(model, inputs), want)
-    if enabled:
-        norm_out = report["adaln_modulate (norm_out)"]
-        assert norm_out.fused_calls + norm_out.model_calls == CALLS  # the model's forward ran ours each call
-    else:
-        assert_no_ditops(model)
-
-
-@pytest.mark.parametrize("hooks", [("offload",), ("cache",)])
-def test_wan_disable_restores_the_hooked_model_exactly(hooks):
-    model, inputs = build(hooks, tiny_wan)
-    observe(model, inputs)
-    before, hook_chains = snapshot(model), chains(model)
-    dd.enable(model, allow_cpu=True)
-    observe(model, inputs)
-    dd.disable(model)
-    assert_same(before, snapshot(model))
-    assert chains(model) == hook_chains
-
-
-def test_disable_under_accelerates_model_offload_leaves_a_pass_through():
-    """accelerate's model offloading (a pipeline's enable_model_cpu_offload) wraps the model's own
-    forward after enable: disable cannot take ditops's hook out of the model's chain (one warning),
-    so the hook runs the model's own forward from then on: no site runs, the output is the model's."""
-    accelerate = pytest.importorskip("accelerate")
-    model, inputs, _ = tiny_wan()
-    reference = run(model, inputs)
-    report = dd.enable(model, allow_cpu=True)
-    model, _ = accelerate.cpu_offload_with_hook(model, execution_device="cpu")
-    assert torch.equal(run(model, inputs), reference)
-    calls = sum(s.fused_calls + s.model_calls for s in report.sites)
-    with pytest.warns(RuntimeWarning, match="ditops's hook stays in the chain and runs the module's own forward"):
-        dd.disable(model)
-    assert torch.equal(run(model, inputs), reference)
-    assert sum(s.fused_calls + s.model_calls for s in report.sites) == calls
-    accelerate.hooks.remove_hook_from_module(model)
-    assert torch.equal(run(model, inputs), reference)

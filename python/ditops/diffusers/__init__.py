@@ -347,9 +347,6 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
                                   allow_cpu=allow_cpu, fp8=fp8)
     for _, model in parts:
         _graphs.forget(model)  # a capture's regions leave the blocks' forwards before the plan changes them
-    # a capture wraps the model's forward, which a plan may replace (Wan's, LTX-2's norm_out): the
-    # capture steps aside while the plan applies, then wraps the new forward
-    suspended = [_graphs.suspend(model) for _, model in parts]
     done = []
     try:
         for plan_ in plans:
@@ -359,9 +356,6 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         for plan_ in reversed(done):
             plan_.restore()
         raise
-    finally:
-        for state in suspended:
-            _graphs.resume(state)
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
         invalidate_registry_caches(model)

@@ -1,11 +1,8 @@
 """One-call CUDA-graph capture of a diffusers transformer's forward (issue 36).
 
 capture(model) (or enable(model, cuda_graph=True)) puts a dispatcher in the model's forward, an
-instance attribute, so release/disable restores the forward it replaced: the class's, or enable's
-forward of the model (Wan's and LTX-2's norm_out sites: a ditops diffusers hook, which the capture
-runs; enable after a capture puts the capture back over it: suspend/resume). enable's block
-forwards are diffusers hooks too (_patching.py): a block with any other hook is refused. Per input
-signature it runs:
+instance attribute, so release/disable restores the class's forward (enable's block forwards are
+diffusers hooks, _patching.py: a block with any other hook is refused). Per input signature it runs:
 
   first call   the model's forward, eagerly: ditops's first-sight checks run here;
   second call  the forward once more on a side stream (the warm-up: that stream's cuBLAS
@@ -448,7 +445,7 @@ class CapturedForward:
         self.max_graphs = int(max_graphs)
         self.backend = backend
         # A region's original is the block's forward as it is (enable's diffusers hook, if any).
-        self.original = original or model_forward(model)
+        self.original = original or type(model).forward.__get__(model, type(model))
         self._previous = model.__dict__.get("forward")  # what uninstall puts back
         self._graph_refusal, self._graph_constants = _model_hooks(model)
         self.released = False
@@ -927,7 +924,7 @@ def _install_locked(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureR
             report.parts[name] = existing
             continue
         own = model.__dict__.get("forward")
-        if own is not None and not only_ditops_hooks(model):
+        if own is not None:
             why = (f"its forward is already replaced by {_describe_forward(model)}; a capture would hide "
                    "it, so the model runs as it is")
             report.refused[name] = why
@@ -974,36 +971,6 @@ def release(model_or_pipeline) -> bool:
                 warnings.warn(f"ditops.diffusers.release: {why}", RuntimeWarning, stacklevel=2)
             done = True
     return done
-
-
-def model_forward(model):
-    """What a capture of the model runs: enable's forward of the model (Wan's and LTX-2's, with
-    norm_out through its site: a diffusers hook, the model's only one), else the class's."""
-    if only_ditops_hooks(model):
-        return model.__dict__["forward"]
-    return type(model).forward.__get__(model, type(model))
-
-
-def suspend(model):
-    """The capture of a model whose own forward enable or disable is about to change: its forward
-    put back to what the capture replaced (the capture stays, its graphs already forgotten);
-    resume(state) installs it again over the forward the change left. Returns the state or None."""
-    state = captured(model)
-    if state is not None and model.__dict__.get("forward") is state.installed:
-        if state._previous is None:
-            del model.forward
-        else:
-            model.forward = state._previous
-        return state
-    return None
-
-
-def resume(state) -> None:
-    if state is None:
-        return
-    state._previous = state.model.__dict__.get("forward")
-    state.original = model_forward(state.model)
-    state.install()
 
 
 def forget(model) -> None:

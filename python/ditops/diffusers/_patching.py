@@ -197,8 +197,9 @@ class _ForwardPatch:
         why = _remove_hook(self.module, hook, self.made_registry)
         if not why:
             return ""
-        # Something holds the hook's chain (accelerate's model offloading wraps the model's forward
-        # after enable): the hook stays there and runs the module's own forward from now on.
+        # Something holds the hook's chain (accelerate's sequential offloading wraps the forward of
+        # a block with parameters of its own after enable): the hook stays there and runs the
+        # module's own forward from now on.
         hook.forward = types.MethodType(type(self.module).forward, self.module)
         return f"{self.path}: {why}; ditops's hook stays in the chain and runs the module's own forward"
 
@@ -233,9 +234,7 @@ class Plan:
         return site
 
     def patch_forward(self, path, module, forward):
-        """path "": the model's own forward."""
-        self.patches.append(_ForwardPatch(self.prefix + path if path else (self.prefix.rstrip(".") or "model"),
-                                          module, forward))
+        self.patches.append(_ForwardPatch(self.prefix + path, module, forward))
 
     def patch_processor(self, path, attn, processor):
         self.patches.append(_ProcessorPatch(self.prefix + path, attn, processor))

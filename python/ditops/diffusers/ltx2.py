@@ -23,12 +23,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     norm="rms", norm_order="aten_mean" (the mean's own reduction order), one call per modulation
     (norm1, audio_norm1, norm2 / audio_norm2 with cross_attn_adaln, the a2v and v2a modulations of
     audio_to_video_norm / video_to_audio_norm: one call each, the norm computed per call, and norm3
-    / audio_norm3).
-  * norm_out and audio_norm_out: an affine-free nn.LayerNorm (F.layer_norm in the activation dtype,
-    rounded), then * (1 + scale) + shift in the activation dtype (scale / shift [B, 1 or T, D] views
-    of the model's scale_shift_table + embedded_timestep), written inline in the model's forward:
-    norm_scale_shift(norm="layer"), eager numerics (that chain, op by op). The model's forward runs
-    as model_forward, diffusers 0.42.1's with those two lines through the site.
+    / audio_norm3). norm_out and audio_norm_out (LayerNorm then modulation) are written inline in
+    the model's forward, one call each per step: the model's code.
 
 CUDA-graph capture (graph_constants, graph_refusal; _graphs.py calls them): called without
 video_coords / audio_coords (as the bench does), the forward builds them each call in
@@ -45,15 +41,13 @@ from __future__ import annotations
 import inspect
 
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.transformers.transformer_ltx2 import (AudioVisualModelOutput, LTX2AudioVideoAttnProcessor,
-                                                            LTX2PerturbedAttnProcessor, LTX2VideoTransformerBlock,
-                                                            apply_interleaved_rotary_emb, apply_split_rotary_emb)
-from diffusers.utils import apply_lora_scale
+from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor,
+                                                            LTX2VideoTransformerBlock, apply_interleaved_rotary_emb,
+                                                            apply_split_rotary_emb)
 import torch
 
 from ._patching import Plan
-from ._sites import (CrossHeadQkNormRopeSite, GatedResidualSite, MappedSite, Mapping, OpCall, affine_free_layer_norm,
-                     op_options)
+from ._sites import CrossHeadQkNormRopeSite, GatedResidualSite, MappedSite, Mapping, OpCall, op_options
 from . import _common
 
 MODEL_CLASS = "LTX2VideoTransformer3DModel"
@@ -147,301 +141,6 @@ NORM_RMS_MEAN = Mapping(
 
 def norm_mapping() -> Mapping:
     return NORM_RMS_MEAN if adaln_mapping() is ADALN_RMS_MEAN else Mapping(why=ADALN_WHY)
-
-
-NORM_OUT_CHAIN = ("nn.LayerNorm without affine (F.layer_norm, rounded to the activation dtype), then * (1 + scale) "
-                  "+ shift in the activation dtype, scale / shift [B, 1 or T, D] from the model's scale_shift_table "
-                  "+ embedded_timestep (inline in the model's forward)")
-
-
-def _operand_fit(x, name, t) -> str:
-    """'' when t is a norm_scale_shift operand of x [B, S, D] in x's dtype: [B, 1 or S, D] with a unit
-    last stride and 16-byte aligned rows (a [B, T, 2, D] table's slice qualifies)."""
-    B, S, D = x.shape
-    if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.dim() != 3 or t.shape[0] != B \
-            or t.shape[1] not in (1, S) or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
-        return f"{name} is not {x.dtype} [batch, 1 or tokens, dim] on x's device"
-    if any(t.stride(i) % 4 for i in (0, 1) if t.shape[i] > 1):
-        return f"{name}'s rows are not 16-byte aligned"
-    return ""
-
-
-def _norm_out_fit(x, norm, scale, shift) -> str:
-    """'' when norm_scale_shift(norm="layer") takes the output norm's call: an affine-free
-    nn.LayerNorm over x's last dim, x contiguous (16-bit: D <= 8192; float32: 4096), the
-    operands of _operand_fit."""
-    why = affine_free_layer_norm(norm)
-    if why:
-        return why
-    if x.dim() != 3 or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        return f"x is {x.dtype} of rank {x.dim()}"
-    D = x.shape[-1]
-    if tuple(norm.normalized_shape) != (D,):
-        return "the norm's shape is not x's last dim"
-    top = 4096 if x.dtype == torch.float32 else 8192
-    if not 16 <= D <= top or D % 4:
-        return f"dim {D} (norm_scale_shift's rows: 16 <= D <= {top}, D % 4 == 0)"
-    if not x.is_contiguous():
-        return "x is not contiguous"
-    return _operand_fit(x, "scale", scale) or _operand_fit(x, "shift", shift)
-
-
-# norm_scale_shift's eager numerics with a LayerNorm (norm_scale_shift.md §2: aten's LayerNorm order,
-# the normalized row rounded, then rne(1 + scale), the product and the sum each rounded): the output
-# norm and its modulation in one call.
-NORM_OUT_LAYER = Mapping(
-    op="norm_scale_shift", options={"norm": "layer"},
-    fit=_norm_out_fit,
-    signature=lambda x, norm, scale, shift: (str(x.device), x.dtype, x.shape[-1], scale.shape[1] == 1,
-                                             shift.shape[1] == 1, float(norm.eps)),
-    call=lambda x, norm, scale, shift: OpCall("norm_scale_shift", (x, scale, shift),
-                                              dict(norm="layer", eps=float(norm.eps)), lambda out: out[0]))
-
-
-def norm_out_mapping() -> Mapping:
-    if op_options("norm_scale_shift").get("norm"):
-        return NORM_OUT_LAYER
-    return Mapping(why="this build of ditops has no norm_scale_shift op")
-
-
-# ---------------------------------------------------------------- the model's forward (norm_out, audio_norm_out)
-
-
-def _output_layers(self, norm_out, hidden_states, audio_hidden_states, embedded_timestep, audio_embedded_timestep):
-    """Step 6 of the model's forward with each output norm and its modulation through the site."""
-    scale_shift_values = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
-    shift, scale = scale_shift_values[:, :, 0], scale_shift_values[:, :, 1]
-    hidden_states = norm_out(adaln_chain, hidden_states, self.norm_out, scale, shift)
-    output = self.proj_out(hidden_states)
-
-    audio_scale_shift_values = self.audio_scale_shift_table[None, None] + audio_embedded_timestep[:, :, None]
-    audio_shift, audio_scale = audio_scale_shift_values[:, :, 0], audio_scale_shift_values[:, :, 1]
-    audio_hidden_states = norm_out(adaln_chain, audio_hidden_states, self.audio_norm_out, audio_scale, audio_shift)
-    audio_output = self.audio_proj_out(audio_hidden_states)
-    return output, audio_output
-
-
-def model_forward(norm_out: MappedSite):
-    """LTX2VideoTransformer3DModel.forward (diffusers 0.42.1): steps 1-5 are the model's lines, step 6
-    (the output layers) runs norm_out and audio_norm_out with their modulations through the site."""
-
-    @apply_lora_scale("attention_kwargs")
-    def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states,
-                timestep, audio_timestep=None, sigma=None, audio_sigma=None, encoder_attention_mask=None,
-                audio_encoder_attention_mask=None, num_frames=None, height=None, width=None, fps=24.0,
-                audio_num_frames=None, video_coords=None, audio_coords=None, isolate_modalities=False,
-                spatio_temporal_guidance_blocks=None, perturbation_mask=None, use_cross_timestep=False,
-                attention_kwargs=None, video_self_attention_mask=None, video_keyframes_mask=None, return_dict=True):
-        # Determine timestep for audio.
-        audio_timestep = audio_timestep if audio_timestep is not None else timestep
-        audio_sigma = audio_sigma if audio_sigma is not None else sigma
-
-        # convert encoder_attention_mask to a bias the same way we do for attention_mask
-        if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
-            encoder_attention_mask = (1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0
-            encoder_attention_mask = encoder_attention_mask.unsqueeze(1)
-
-        if audio_encoder_attention_mask is not None and audio_encoder_attention_mask.ndim == 2:
-            audio_encoder_attention_mask = (1 - audio_encoder_attention_mask.to(audio_hidden_states.dtype)) * -10000.0
-            audio_encoder_attention_mask = audio_encoder_attention_mask.unsqueeze(1)
-
-        # Convert video_self_attention_mask from multiplicative mask ([0, 1]) to additive bias form (0 / -10000)
-        # matching the encoder_attention_mask convention above. Shape is preserved: (B, T_v, T_v).
-        if video_self_attention_mask is not None:
-            video_self_attention_mask = (1 - video_self_attention_mask.to(hidden_states.dtype)) * -10000.0
-
-        batch_size = hidden_states.size(0)
-
-        # 1. Prepare RoPE positional embeddings
-        if video_coords is None:
-            video_coords = self.rope.prepare_video_coords(
-                batch_size, num_frames, height, width, hidden_states.device, fps=fps
-            )
-        if audio_coords is None:
-            audio_coords = self.audio_rope.prepare_audio_coords(
-                batch_size, audio_num_frames, audio_hidden_states.device
-            )
-
-        video_rotary_emb = self.rope(video_coords, device=hidden_states.device)
-        audio_rotary_emb = self.audio_rope(audio_coords, device=audio_hidden_states.device)
-
-        video_cross_attn_rotary_emb = self.cross_attn_rope(video_coords[:, 0:1, :], device=hidden_states.device)
-        audio_cross_attn_rotary_emb = self.cross_attn_audio_rope(
-            audio_coords[:, 0:1, :], device=audio_hidden_states.device
-        )
-
-        # 2. Patchify input projections
-        hidden_states = self.proj_in(hidden_states)
-        audio_hidden_states = self.audio_proj_in(audio_hidden_states)
-
-        # 2.1. Mark tokens whose latent encodes a single pixel frame (causal first frame, generated keyframe slots).
-        if self.config.use_keyframes_abs_pos_embedding and video_keyframes_mask is not None:
-            marker = (video_keyframes_mask > 0).to(dtype=hidden_states.dtype)
-            hidden_states = hidden_states + marker * self.keyframes_abs_pos_embedding.to(dtype=hidden_states.dtype)
-
-        # 3. Prepare timestep embeddings and modulation parameters
-        timestep_cross_attn_gate_scale_factor = (
-            self.config.cross_attn_timestep_scale_multiplier / self.config.timestep_scale_multiplier
-        )
-
-        # 3.1. Prepare global modality (video and audio) timestep embedding and modulation parameters
-        # temb is used in the transformer blocks (as expected), while embedded_timestep is used for the output layer
-        # modulation with scale_shift_table (and similarly for audio)
-        temb, embedded_timestep = self.time_embed(
-            timestep.flatten(),
-            batch_size=batch_size,
-            hidden_dtype=hidden_states.dtype,
-        )
-        temb = temb.view(batch_size, -1, temb.size(-1))
-        embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
-
-        temb_audio, audio_embedded_timestep = self.audio_time_embed(
-            audio_timestep.flatten(),
-            batch_size=batch_size,
-            hidden_dtype=audio_hidden_states.dtype,
-        )
-        temb_audio = temb_audio.view(batch_size, -1, temb_audio.size(-1))
-        audio_embedded_timestep = audio_embedded_timestep.view(batch_size, -1, audio_embedded_timestep.size(-1))
-
-        if self.prompt_modulation and self.config.use_prompt_adaln_single:
-            # LTX-2.3
-            temb_prompt, _ = self.prompt_adaln(
-                sigma.flatten(), batch_size=batch_size, hidden_dtype=hidden_states.dtype
-            )
-            temb_prompt_audio, _ = self.audio_prompt_adaln(
-                audio_sigma.flatten(), batch_size=batch_size, hidden_dtype=audio_hidden_states.dtype
-            )
-            temb_prompt = temb_prompt.view(batch_size, -1, temb_prompt.size(-1))
-            temb_prompt_audio = temb_prompt_audio.view(batch_size, -1, temb_prompt_audio.size(-1))
-        else:
-            temb_prompt = temb_prompt_audio = None
-
-        # 3.2. Prepare global modality cross attention modulation parameters
-        video_ca_timestep = audio_sigma.flatten() if use_cross_timestep else timestep.flatten()
-        video_cross_attn_scale_shift, _ = self.av_cross_attn_video_scale_shift(
-            video_ca_timestep,
-            batch_size=batch_size,
-            hidden_dtype=hidden_states.dtype,
-        )
-        video_cross_attn_a2v_gate, _ = self.av_cross_attn_video_a2v_gate(
-            video_ca_timestep * timestep_cross_attn_gate_scale_factor,
-            batch_size=batch_size,
-            hidden_dtype=hidden_states.dtype,
-        )
-        video_cross_attn_scale_shift = video_cross_attn_scale_shift.view(
-            batch_size, -1, video_cross_attn_scale_shift.shape[-1]
-        )
-        video_cross_attn_a2v_gate = video_cross_attn_a2v_gate.view(batch_size, -1, video_cross_attn_a2v_gate.shape[-1])
-
-        audio_ca_timestep = sigma.flatten() if use_cross_timestep else audio_timestep.flatten()
-        audio_cross_attn_scale_shift, _ = self.av_cross_attn_audio_scale_shift(
-            audio_ca_timestep,
-            batch_size=batch_size,
-            hidden_dtype=audio_hidden_states.dtype,
-        )
-        audio_cross_attn_v2a_gate, _ = self.av_cross_attn_audio_v2a_gate(
-            audio_ca_timestep * timestep_cross_attn_gate_scale_factor,
-            batch_size=batch_size,
-            hidden_dtype=audio_hidden_states.dtype,
-        )
-        audio_cross_attn_scale_shift = audio_cross_attn_scale_shift.view(
-            batch_size, -1, audio_cross_attn_scale_shift.shape[-1]
-        )
-        audio_cross_attn_v2a_gate = audio_cross_attn_v2a_gate.view(batch_size, -1, audio_cross_attn_v2a_gate.shape[-1])
-
-        # 4. Prepare prompt embeddings (LTX-2.0)
-        if self.config.use_prompt_embeddings:
-            encoder_hidden_states = self.caption_projection(encoder_hidden_states)
-            encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
-
-            audio_encoder_hidden_states = self.audio_caption_projection(audio_encoder_hidden_states)
-            audio_encoder_hidden_states = audio_encoder_hidden_states.view(
-                batch_size, -1, audio_hidden_states.size(-1)
-            )
-
-        # 5. Run transformer blocks
-        spatio_temporal_guidance_blocks = spatio_temporal_guidance_blocks or []
-        if len(spatio_temporal_guidance_blocks) > 0 and perturbation_mask is None:
-            # If STG is being used and perturbation_mask is not supplied, default to perturbing all batch elements.
-            perturbation_mask = torch.zeros((batch_size,))
-        if perturbation_mask is not None and perturbation_mask.ndim == 1:
-            perturbation_mask = perturbation_mask[:, None, None]  # unsqueeze to 3D to broadcast with hidden_states
-        all_perturbed = torch.all(perturbation_mask == 0) if perturbation_mask is not None else False
-        stg_blocks = set(spatio_temporal_guidance_blocks)
-
-        for block_idx, block in enumerate(self.transformer_blocks):
-            block_perturbation_mask = perturbation_mask if block_idx in stg_blocks else None
-            block_all_perturbed = all_perturbed if block_idx in stg_blocks else False
-
-            if torch.is_grad_enabled() and self.gradient_checkpointing:
-                hidden_states, audio_hidden_states = self._gradient_checkpointing_func(
-                    block,
-                    hidden_states,
-                    audio_hidden_states,
-                    encoder_hidden_states,
-                    audio_encoder_hidden_states,
-                    temb,
-                    temb_audio,
-                    video_cross_attn_scale_shift,
-                    audio_cross_attn_scale_shift,
-                    video_cross_attn_a2v_gate,
-                    audio_cross_attn_v2a_gate,
-                    temb_prompt,
-                    temb_prompt_audio,
-                    video_rotary_emb,
-                    audio_rotary_emb,
-                    video_cross_attn_rotary_emb,
-                    audio_cross_attn_rotary_emb,
-                    encoder_attention_mask,
-                    audio_encoder_attention_mask,
-                    video_self_attention_mask,  # self_attention_mask (video-only)
-                    None,  # audio_self_attention_mask
-                    None,  # a2v_cross_attention_mask
-                    None,  # v2a_cross_attention_mask
-                    not isolate_modalities,  # use_a2v_cross_attention
-                    not isolate_modalities,  # use_v2a_cross_attention
-                    block_perturbation_mask,
-                    block_all_perturbed,
-                )
-            else:
-                hidden_states, audio_hidden_states = block(
-                    hidden_states=hidden_states,
-                    audio_hidden_states=audio_hidden_states,
-                    encoder_hidden_states=encoder_hidden_states,
-                    audio_encoder_hidden_states=audio_encoder_hidden_states,
-                    temb=temb,
-                    temb_audio=temb_audio,
-                    temb_ca_scale_shift=video_cross_attn_scale_shift,
-                    temb_ca_audio_scale_shift=audio_cross_attn_scale_shift,
-                    temb_ca_gate=video_cross_attn_a2v_gate,
-                    temb_ca_audio_gate=audio_cross_attn_v2a_gate,
-                    temb_prompt=temb_prompt,
-                    temb_prompt_audio=temb_prompt_audio,
-                    video_rotary_emb=video_rotary_emb,
-                    audio_rotary_emb=audio_rotary_emb,
-                    ca_video_rotary_emb=video_cross_attn_rotary_emb,
-                    ca_audio_rotary_emb=audio_cross_attn_rotary_emb,
-                    encoder_attention_mask=encoder_attention_mask,
-                    audio_encoder_attention_mask=audio_encoder_attention_mask,
-                    self_attention_mask=video_self_attention_mask,
-                    audio_self_attention_mask=None,
-                    a2v_cross_attention_mask=None,
-                    v2a_cross_attention_mask=None,
-                    use_a2v_cross_attention=not isolate_modalities,
-                    use_v2a_cross_attention=not isolate_modalities,
-                    perturbation_mask=block_perturbation_mask,
-                    all_perturbed=block_all_perturbed,
-                )
-
-
-        # 6. Output layers (including unpatchification)
-        output, audio_output = _output_layers(self, norm_out, hidden_states, audio_hidden_states, embedded_timestep,
-                                              audio_embedded_timestep)
-        if not return_dict:
-            return (output, audio_output)
-        return AudioVisualModelOutput(sample=output, audio_sample=audio_output)
-
-    return forward
 
 
 # ---------------------------------------------------------------- CUDA-graph capture
@@ -800,7 +499,6 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     adaln = plan.add_site(MappedSite("adaln_modulate", mapping=adaln_mapping(), chain=ADALN_CHAIN))
     norm = plan.add_site(MappedSite("adaln_modulate (norm2, no modulation)", mapping=norm_mapping(), chain=NORM_CHAIN))
     residual = plan.add_site(_common.gated_residual_site())
-    norm_out = plan.add_site(MappedSite("adaln_modulate (norm_out)", mapping=norm_out_mapping(), chain=NORM_OUT_CHAIN))
 
     attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
                   ("audio_to_video_attn", qk_av, "video q, audio k"),
@@ -829,6 +527,5 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         gates += ["audio_attn2"] if block.audio_cross_attn_adaln else []
         residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
         plan.patch_forward(path, block, block_forward(residual, adaln, norm))
-    norm_out.places += [plan.prefix + n for n in ("norm_out", "audio_norm_out")]
-    if norm_out.op is not None:  # else the model's own forward stays
-        plan.patch_forward("", model, model_forward(norm_out))
+    # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
+    # per step) are the model's code: not places of the site.

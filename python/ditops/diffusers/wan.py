@@ -23,18 +23,15 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     residual then norm2 (affine), and attn2's plain residual add then norm3 with the modulation.
     The model rounds the new residual with .type_as and the norm reads that rounded value
     (.float() of it), which is what the op's residual_out and statistics are: one rounding each.
-  * norm_out: the same float32 adaLN chain, written inline in WanTransformer3DModel.forward (scale
-    and shift float32 chunks of the model's scale_shift_table + temb): the model's forward runs as
-    model_forward, diffusers 0.42.1's with that line through its site.
+norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
+the model's code.
 """
 from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
-from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
                                                            _get_added_kv_projections, _get_qkv_projections)
-from diffusers.utils import apply_lora_scale
 
 import ditops
 
@@ -58,8 +55,6 @@ RESIDUAL_NORM2_CHAIN = ("h = (h.float() + attn1_output * gate).type_as(h), then 
                         "value; both outputs")
 ADD_NORM3_CHAIN = ("h = h + attn2_output (16-bit add), then (norm3(h.float()) * (1 + scale) + shift).type_as(h): "
                    "the residual and the float32 adaLN chain of its value; both outputs")
-NORM_OUT_CHAIN = ("norm_out (FP32LayerNorm, no affine) of x.float() * (1 + scale) + shift, float32 scale/shift "
-                  "from the model's scale_shift_table + temb, then .type_as(x) (inline in the model's forward)")
 
 
 # ---------------------------------------------------------------- the float32 chains and their op mappings
@@ -442,77 +437,6 @@ def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite, re
     return forward
 
 
-# ---------------------------------------------------------------- the model's forward (norm_out)
-
-
-def model_forward(norm_out: MappedSite):
-    """WanTransformer3DModel.forward (diffusers 0.42.1) with norm_out and its modulation through the
-    site; every other line is the model's."""
-
-    @apply_lora_scale("attention_kwargs")
-    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
-                return_dict=True, attention_kwargs=None):
-        batch_size, num_channels, num_frames, height, width = hidden_states.shape
-        p_t, p_h, p_w = self.config.patch_size
-        post_patch_num_frames = num_frames // p_t
-        post_patch_height = height // p_h
-        post_patch_width = width // p_w
-
-        rotary_emb = self.rope(hidden_states)
-
-        hidden_states = self.patch_embedding(hidden_states)
-        hidden_states = hidden_states.flatten(2).transpose(1, 2)
-        hidden_states = hidden_states.contiguous()
-
-        # timestep shape: batch_size, or batch_size, seq_len (wan 2.2 ti2v)
-        if timestep.ndim == 2:
-            ts_seq_len = timestep.shape[1]
-            timestep = timestep.flatten()  # batch_size * seq_len
-        else:
-            ts_seq_len = None
-
-        temb, timestep_proj, encoder_hidden_states, encoder_hidden_states_image = self.condition_embedder(
-            timestep, encoder_hidden_states, encoder_hidden_states_image, timestep_seq_len=ts_seq_len)
-        if ts_seq_len is not None:
-            timestep_proj = timestep_proj.unflatten(2, (6, -1))  # batch_size, seq_len, 6, inner_dim
-        else:
-            timestep_proj = timestep_proj.unflatten(1, (6, -1))  # batch_size, 6, inner_dim
-
-        if encoder_hidden_states_image is not None:
-            encoder_hidden_states = torch.concat([encoder_hidden_states_image, encoder_hidden_states], dim=1)
-
-        if torch.is_grad_enabled() and self.gradient_checkpointing:
-            for block in self.blocks:
-                hidden_states = self._gradient_checkpointing_func(
-                    block, hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
-        else:
-            for block in self.blocks:
-                hidden_states = block(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
-
-        if temb.ndim == 3:  # batch_size, seq_len, inner_dim (wan 2.2 ti2v)
-            shift, scale = (self.scale_shift_table.unsqueeze(0).to(temb.device) + temb.unsqueeze(2)).chunk(2, dim=2)
-            shift = shift.squeeze(2)
-            scale = scale.squeeze(2)
-        else:  # batch_size, inner_dim
-            shift, scale = (self.scale_shift_table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)
-        shift = shift.to(hidden_states.device)
-        scale = scale.to(hidden_states.device)
-
-        hidden_states = norm_out(adaln_chain, hidden_states, self.norm_out, scale, shift)
-        hidden_states = self.proj_out(hidden_states)
-
-        hidden_states = hidden_states.reshape(
-            batch_size, post_patch_num_frames, post_patch_height, post_patch_width, p_t, p_h, p_w, -1)
-        hidden_states = hidden_states.permute(0, 7, 1, 4, 2, 5, 3, 6)
-        output = hidden_states.flatten(6, 7).flatten(4, 5).flatten(2, 3)
-
-        if not return_dict:
-            return (output,)
-        return Transformer2DModelOutput(sample=output)
-
-    return forward
-
-
 def plan(model, plan: Plan, probe: bool = False) -> None:
     qk_self = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (self-attn)", "interleaved",
                                                        QK_SELF_CHAIN))
@@ -527,7 +451,6 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         classes=("adaln_modulate", "gated_residual"), outputs=2))
     add_norm3 = plan.add_site(MappedSite("adaln_modulate (residual + norm3)", mapping=mapped["add_norm3"],
                                          chain=ADD_NORM3_CHAIN, outputs=2))
-    norm_out = plan.add_site(MappedSite("adaln_modulate (norm_out)", mapping=mapped["adaln"], chain=NORM_OUT_CHAIN))
     processors = {WanAttnProcessor: WanAttnProcessorDitops}
     for i, block in enumerate(model.blocks):
         path = f"blocks.{i}"
@@ -549,9 +472,3 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             residual.places.append(f"{at} (attn1)")
         residual.places.append(f"{at} (ffn)")
         plan.patch_forward(path, block, block_forward(adaln, norm2, residual, residual_norm2, add_norm3))
-    if type(model.norm_out).__name__ == "FP32LayerNorm":
-        norm_out.places.append(plan.prefix + "norm_out")
-        if norm_out.op is not None:  # else the model's own forward stays
-            plan.patch_forward("", model, model_forward(norm_out))
-    else:
-        norm_out.skipped.append((plan.prefix + "norm_out", f"norm_out is {type(model.norm_out).__name__}"))
