@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/enum_name.h"
 #include "core/implementation.h"
 #include "ditops/qknorm_rope.h"
 #include "ditops/registry.h"
@@ -187,6 +188,29 @@ TEST_F(RegistryTest, NamesParseRoundTrip) {
   EXPECT_FALSE(ditops::parse_quality("extra-high", &q));  // SGLang's former name: refused, not guessed
   EXPECT_EQ(ditops::feature_names(ditops::kFeatureNvrtc | ditops::kFeaturePdl), "nvrtc+pdl");
   EXPECT_EQ(ditops::feature_names(0), "");
+}
+
+// An enum with a gap and a value no enumerator names: enumerator_name reads the compiler's spelling
+// of each value (core/enum_name.h), so a value past its window (32) or unnamed is "?".
+enum class Sparse : uint8_t { first = 0, second = 1, fifth = 4, last = 31 };
+
+TEST(EnumeratorNames, SpelledAsDeclaredAndUnnamedValuesRefused) {
+  EXPECT_STREQ(ditops::provenance_name(Provenance::vendor), "vendor");
+  EXPECT_STREQ(ditops::quality_name(Quality::lossless), "lossless");
+  EXPECT_STREQ(ditops::enumerator_name(Sparse::fifth), "fifth");
+  EXPECT_STREQ(ditops::enumerator_name(Sparse::last), "last");
+  EXPECT_STREQ(ditops::enumerator_name(static_cast<Sparse>(2)), "?");   // no enumerator
+  EXPECT_STREQ(ditops::enumerator_name(static_cast<Sparse>(40)), "?");  // past the window
+  Sparse back = Sparse::first;
+  EXPECT_TRUE(ditops::parse_enumerator("fifth", &back));
+  EXPECT_EQ(back, Sparse::fifth);
+  EXPECT_FALSE(ditops::parse_enumerator("third", &back));
+  EXPECT_FALSE(ditops::parse_enumerator("?", &back));
+  EXPECT_EQ(back, Sparse::fifth);  // unchanged by a failed parse
+  static constexpr auto kTexts = ditops::enum_texts<Sparse>(
+      {{Sparse::first, "A"}, {Sparse::second, "B"}, {Sparse::fifth, "E"}, {Sparse::last, "Z"}});
+  EXPECT_STREQ(kTexts(Sparse::fifth), "E");
+  EXPECT_STREQ(kTexts(static_cast<Sparse>(2)), "?");
 }
 
 TEST_F(RegistryTest, CapabilityWindowsAndFeatures) {
