@@ -1306,33 +1306,11 @@ def test_gpu_patched_equals_unpatched(name, batch):
     for site in report.sites:
         if site.active and site.places:
             assert site.fused_calls > 0, site.name
-    assert not [w for w in caught if "ditops" in str(w.message)], [str(w.message) for w in caught]
-    dd.disable(model)
-    assert torch.equal(run(model, inputs), reference)
-
-
-@needs_cuda
-@pytest.mark.parametrize("name", ["wan", "wan_ti2v", "wan_fused_qkv"])
-@pytest.mark.parametrize("batch", [1, 2])
-def test_gpu_wan_residual_norm_sites_equal_the_model(name, batch):
-    """Issue 44's sites on CUDA, strict tier: Wan's residual + norm2 and residual + norm3, with
-    random norm weights, biases and modulation: each verified at first sight (torch.equal to the
-    model's chain) with a device implementation, at every place of two forwards, and the whole
-    output torch.equal to the unpatched model's."""
-    model, inputs, _ = GPU_MODELS[name](batch=batch)
-    model = model.to("cuda")
-    inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
-    reference = run(model, inputs)
-    report = dd.enable(model)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        first, second = run(model, inputs), run(model, inputs)
-    print(report)
-    assert torch.equal(first, reference) and torch.equal(second, reference)
-    for site_name in WAN_FUSED:
-        site = report[site_name]
-        assert_runs_verified(site, forwards=2)
-        assert not any(i.endswith(".reference") for i in site.implementations.values()), site.implementations
+    if name.startswith("wan"):  # issue 44's rows: residual + norm2 / norm3 in one call, on a device implementation
+        for site_name in WAN_FUSED:
+            site = report[site_name]
+            assert_runs_verified(site, forwards=2)
+            assert not any(i.endswith(".reference") for i in site.implementations.values()), site.implementations
     assert not [w for w in caught if "ditops" in str(w.message)], [str(w.message) for w in caught]
     dd.disable(model)
     assert torch.equal(run(model, inputs), reference)
