@@ -31,9 +31,13 @@ from ditops.diffusers import _sites, fp8  # noqa: E402
 
 
 from test_diffusers import TINY, assert_same, run, snapshot, tiny_flux, tiny_wan  # noqa: E402
+from test_diffusers_flux2 import tiny_flux2  # noqa: E402
+
+TINY = {**TINY, "flux2": lambda: (*tiny_flux2(), None)}  # the tiny models here: test_diffusers' and FLUX.2
 
 E4M3 = torch.float8_e4m3fn
-BLOCKS = {"flux": ("transformer_blocks", "single_transformer_blocks"), "qwen": ("transformer_blocks",),
+BLOCKS = {"flux": ("transformer_blocks", "single_transformer_blocks"),
+          "flux2": ("transformer_blocks", "single_transformer_blocks"), "qwen": ("transformer_blocks",),
           "wan": ("blocks",), "hunyuan": ("transformer_blocks", "single_transformer_blocks"),
           "ltx2": ("transformer_blocks",)}
 CUDA = torch.cuda.is_available()
@@ -417,7 +421,7 @@ def simulate_producers(monkeypatch, perturb):
 
 
 @pytest.mark.parametrize("perturb", [False, True], ids=["equal", "perturbed"])
-@pytest.mark.parametrize("name", ["flux", "wan", "hunyuan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "wan", "hunyuan"])
 def test_producers_run_only_where_first_sight_is_bit_equal(monkeypatch, name, perturb):
     model, inputs, _ = TINY[name]()
     expected = quiet(run, recipe_model(model, name), inputs)

@@ -16,6 +16,10 @@ FP8 directly, the mappings below make it a Rowwise pair once and pass the pair o
   * Wan: norm1 -> attn1's q, k, v and norm3 -> ffn: the float32 adaLN chain quantized per token in
     the same pass ("fp8_quant (adaLN)": norm_scale_shift(numerics="float32", rowwise_fp8=True), its
     bf16 y never written; where that does not fit, the adaLN site's value then the recipe);
+  * FLUX.2: the inline adaLN modulations quantized per token ("fp8_quant (adaLN)"): norm1 ->
+    to_q/to_k/to_v (or to_qkv), norm1_context -> add_q/k/v_proj (or to_added_qkv), norm2 -> ff,
+    norm2_context -> ff_context, the single blocks' norm -> to_qkv_mlp_proj; the SwiGLU outputs
+    (into linear_out and the single blocks' to_out) each linear's own quantization;
   * LTX-2: the FeedForwards and each linear's own quantization.
 
 A pair goes only where every consumer is an Fp8Linear and the attention runs a processor whose
@@ -262,8 +266,41 @@ def wan(ctx) -> None:
                 add_norm3.hand_back(fused)
 
 
+# ---------------------------------------------------------------- FLUX.2
+
+
+def flux2(ctx) -> None:
+    from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
+                                                                 Flux2SingleTransformerBlock, Flux2TransformerBlock)
+    from . import flux2 as model_code
+    adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
+    pair = ctx.adaln(adaln)
+    prefix = ctx.plan.prefix
+    for i, block in enumerate(ctx.model.transformer_blocks):
+        path = f"transformer_blocks.{i}"
+        if type(block) is not Flux2TransformerBlock:
+            continue
+        image, text = _projections(block.attn)
+        # the pair needs every consumer FP8: all the projections of both streams, or both FFs' linear_in
+        attn_pair = type(block.attn.processor) is Flux2AttnProcessor and bool(text) and ctx.fp8(*image, *text)
+        ff_pair = ctx.fp8(block.ff.linear_in, block.ff_context.linear_in)
+        if not (attn_pair or ff_pair):
+            continue
+        ctx.patch_forward(path, block, model_code.double_block_forward(pair if attn_pair else adaln, residual,
+                                                                       pair if ff_pair else adaln))
+        names = (("norm1", "norm1_context") if attn_pair else ()) + (("norm2", "norm2_context") if ff_pair else ())
+        pair.places += [f"{prefix}{path}.{n}" for n in names]
+    for i, block in enumerate(ctx.model.single_transformer_blocks):
+        path = f"single_transformer_blocks.{i}"
+        if type(block) is Flux2SingleTransformerBlock and \
+                type(block.attn.processor) is Flux2ParallelSelfAttnProcessor and ctx.fp8(block.attn.to_qkv_mlp_proj):
+            ctx.patch_forward(path, block, model_code.single_block_forward(pair, residual))
+            pair.places.append(f"{prefix}{path}.norm")
+
+
 MAPPINGS = {
     "FluxTransformer2DModel": flux,
+    "Flux2Transformer2DModel": flux2,
     "QwenImageTransformer2DModel": qwen,
     "HunyuanVideoTransformer3DModel": hunyuan,
     "WanTransformer3DModel": wan,

@@ -18,7 +18,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
 The KV-cache processors (Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor: Klein KV's
 pipeline installs them) run the model's code; their blocks' adaLN and residual sites still serve
 (a per-token modulation of the KV extract step falls back per call). The feed-forward's SwiGLU and
-the single block's cat(attn, mlp) run the model's code (the FP8 path's producers serve them).
+the single block's cat(attn, mlp) run the model's code (under FP8 the consuming linear quantizes
+them: no SwiGLU producer yet).
 """
 from __future__ import annotations
 
@@ -137,9 +138,11 @@ def modulate(site: LayerNormModulateSite, x, scale, shift, norm, scale_first: bo
     return site(x, rows(scale), rows(shift), norm, reference)
 
 
-def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite, ff_adaln=None):
     """Flux2TransformerBlock.forward with its four modulations and four gated residuals through the
-    sites."""
+    sites: adaln feeds the attention (norm1, norm1_context), ff_adaln (default: adaln) the
+    feed-forwards (norm2, norm2_context); the FP8 path passes its per-token e4m3 site for either."""
+    ff_adaln = ff_adaln or adaln
 
     def forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb=None,
                 joint_attention_kwargs=None):
@@ -155,11 +158,11 @@ def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSi
                                                      image_rotary_emb=image_rotary_emb, **joint_attention_kwargs)
 
         hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa)
-        norm_hidden_states = modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2, False)
+        norm_hidden_states = modulate(ff_adaln, hidden_states, scale_mlp, shift_mlp, self.norm2, False)
         hidden_states = _common.gated(residual, hidden_states, self.ff(norm_hidden_states), gate_mlp)
 
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output, c_gate_msa)
-        norm_encoder_hidden_states = modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
+        norm_encoder_hidden_states = modulate(ff_adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
                                               self.norm2_context, False)
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states,
                                               self.ff_context(norm_encoder_hidden_states), c_gate_mlp)

@@ -62,6 +62,7 @@ E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 # embedders, norm_out and proj_out stay bf16).
 BLOCK_LISTS = {
     "FluxTransformer2DModel": ("transformer_blocks", "single_transformer_blocks"),
+    "Flux2Transformer2DModel": ("transformer_blocks", "single_transformer_blocks"),
     "QwenImageTransformer2DModel": ("transformer_blocks",),
     "WanTransformer3DModel": ("blocks",),
     "HunyuanVideoTransformer3DModel": ("transformer_blocks", "single_transformer_blocks"),
