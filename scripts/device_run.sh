@@ -31,6 +31,9 @@
 #                                        C++ benchmarks of every op (read-roof fraction for GEMMs)
 #                                        and the host overhead; ends with bench/summary.py's table
 #                                        per op (tests, torch.equal, fastest us and roof fraction).
+#                                        ctest -j (cores - pytest workers) beside the workers
+#                                        (VERIFY_CTEST_JOBS, VERIFY_PYTEST_WORKERS; the CPU figures
+#                                        that decide the split end the tests' part of summary.txt).
 #                                        Target: 6 minutes with the build on an H200
 #                                        (docs/tuning/device_verify.md has the runs); it ends
 #                                        by VERIFY_DEADLINE_S (default 540 s) with the summary of
@@ -134,7 +137,7 @@ build-dev/ditops info | tee -a "$OUT/summary.txt"
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 1000 > "$TMP/clocks.csv" 2>/dev/null &
 CLOCKS_PID=$!
 clock_summary() {
-  kill $CLOCKS_PID 2>/dev/null
+  kill $CLOCKS_PID ${CPU_PID:-} 2>/dev/null
   python3 - "$TMP/clocks.csv" <<'PY' | tee -a "$OUT/summary.txt"
 import sys
 rows = []
@@ -157,10 +160,13 @@ trap clock_summary EXIT
 # bench/summary.py. --dist worksteal (xdist >= 3.2): with the default "load" two workers kept the
 # slow diffusers modules queued while six sat idle for the last 220 s (docs/tuning/device_verify.md).
 PYTEST_OPTS="--junitxml=$OUT/pytest.xml"
+PYTEST_WORKERS=1
 if python3 -c "import xdist, sys; sys.exit(tuple(map(int, xdist.__version__.split('.')[:2])) < (3, 2))" 2>/dev/null; then
-  PYTEST_OPTS="-n 8 --dist worksteal $PYTEST_OPTS"
+  PYTEST_WORKERS=${VERIFY_PYTEST_WORKERS:-8}
+  PYTEST_OPTS="-n $PYTEST_WORKERS --dist worksteal $PYTEST_OPTS"
 elif python3 -c "import xdist" 2>/dev/null; then
-  PYTEST_OPTS="-n 8 $PYTEST_OPTS"
+  PYTEST_WORKERS=${VERIFY_PYTEST_WORKERS:-8}
+  PYTEST_OPTS="-n $PYTEST_WORKERS $PYTEST_OPTS"
 fi
 if [ "$PHASE" = all ]; then
   echo "== tests (CPU + GPU + pytest tests/python)"
@@ -211,9 +217,21 @@ elif [ "$PHASE" = verify ]; then
   # the device tool's 10 minutes), so the summary of what ran always comes back: a cut ctest
   # reports "timed out" (rc 124), a check not started is named.
   TESTS_END=$((SCRIPT_START + ${VERIFY_DEADLINE_S:-540} - 90))
+  # One busy process per core: ctest's jobs (python_pytest's slot stands for the torch.equal checks
+  # beside it; its xdist workers are not counted by ctest) and the pytest workers. At 19999c5 ctest
+  # -j 12 beside 8 workers and the checks made about 20 on 16 cores; which share each side needs is
+  # decided by the CPU figures the summary prints (docs/tuning/device_verify.md).
+  CTEST_JOBS=${VERIFY_CTEST_JOBS:-$(( $(nproc) - PYTEST_WORKERS > 2 ? $(nproc) - PYTEST_WORKERS : 2 ))}
+  echo "ctest -j $CTEST_JOBS beside $PYTEST_WORKERS pytest worker(s) on $(nproc) cores" | tee -a "$OUT/summary.txt"
+  # The machine's CPU once a second while the tests run (/proc/stat: busy and idle jiffies, runnable threads).
+  ( for ((i = 0; i < 900; i++)); do
+      echo "$(awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6} /^procs_running/ {print $2}' /proc/stat | tr '\n' ' ')"
+      sleep 1
+    done > "$TMP/cpu.txt" ) &
+  CPU_PID=$!
   DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS -m 'not cpu_only'" \
     timeout -k 10 $(( TESTS_END - $(date +%s) > 30 ? TESTS_END - $(date +%s) : 30 )) \
-    ctest --test-dir build-dev -j 12 -E "$CPU_ONLY" --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
+    ctest --test-dir build-dev -j $CTEST_JOBS -E "$CPU_ONLY" --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
   CTEST_PID=$!
   mkdir -p "$OUT/torch"
   : > "$OUT/torch.txt"
@@ -235,8 +253,31 @@ elif [ "$PHASE" = verify ]; then
   TORCH_PID=$!
   wait $CTEST_PID
   CTEST_RC=$?
+  kill $CPU_PID 2>/dev/null
   echo "tests done at $(( $(date +%s) - SCRIPT_START )) s$( [ $CTEST_RC = 124 ] && echo ' (cut by VERIFY_DEADLINE_S: not every test ran)')" \
     | tee -a "$OUT/summary.txt"
+  # What decides the split of the cores: how busy they were, and the CPU seconds on each side.
+  python3 - "$TMP/cpu.txt" "$OUT/pytest_progress.log" "$(nproc)" <<'PY' | tee -a "$OUT/summary.txt"
+import os, re, sys
+rows = [list(map(int, line.split())) for line in open(sys.argv[1]) if len(line.split()) == 3]
+busy, runnable = [], []
+for (b0, i0, _), (b1, i1, r1) in zip(rows, rows[1:]):
+    if b1 + i1 > b0 + i0:
+        busy.append(100.0 * (b1 - b0) / (b1 + i1 - b0 - i0))
+        runnable.append(r1)
+if busy:
+    cpu_s = (rows[-1][0] - rows[0][0]) / os.sysconf("SC_CLK_TCK")
+    print(f"cpu while the tests ran ({len(busy)} samples, 1 s apart, {sys.argv[3]} cores): busy median "
+          f"{sorted(busy)[len(busy) // 2]:.0f} %, at least 95 % in {sum(b >= 95 for b in busy)}; runnable threads median "
+          f"{sorted(runnable)[len(runnable) // 2]}; {cpu_s:.0f} CPU-seconds in all")
+    if os.path.exists(sys.argv[2]):
+        wall = cpu = 0.0
+        for line in open(sys.argv[2]):
+            m = re.search(r" end ([0-9.]+)s cpu ([0-9.]+)s ", line)
+            if m:
+                wall, cpu = wall + float(m.group(1)), cpu + float(m.group(2))
+        print(f"pytest: {wall:.0f} test-seconds, {cpu:.0f} CPU-seconds of its workers ({100 * cpu / max(cpu_s, 1):.0f} % of the machine's)")
+PY
   grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
   grep -E "^[0-9]+: .*(differ|ulp|max)" "$OUT/ctest.log" | head -20
   wait $TORCH_PID

@@ -50,16 +50,21 @@ std::vector<int64_t> contiguous_strides(const std::vector<int64_t>& shape) {
   return s;
 }
 
-// Calls fn(element offset) for every element of a strided view, in index order.
-void for_each_element(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
-                      const std::function<void(int64_t)>& fn) {
+// Calls fn(element offset, count) for the runs of a strided view in index order: `count` elements
+// that follow each other in memory from that offset (a dense tensor is one run, a padded one a run
+// per row), so that comparisons and copies go a run at a time.
+void for_each_run(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
+                  const std::function<void(int64_t, int64_t)>& fn) {
   if (numel(shape) == 0) return;
-  std::vector<int64_t> index(shape.size(), 0);
+  int inner = static_cast<int>(shape.size());  // the trailing dims [inner, rank) make one run
+  int64_t run = 1;
+  while (inner > 0 && (shape[inner - 1] == 1 || strides[inner - 1] == run)) run *= shape[--inner];
+  std::vector<int64_t> index(inner, 0);
   for (;;) {
     int64_t at = 0;
-    for (size_t d = 0; d < shape.size(); ++d) at += index[d] * strides[d];
-    fn(at);
-    int d = static_cast<int>(shape.size()) - 1;
+    for (int d = 0; d < inner; ++d) at += index[d] * strides[d];
+    fn(at, run);
+    int d = inner - 1;
     for (; d >= 0; --d) {
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -76,10 +81,7 @@ class HostMemory : public Memory {
   void* allocate(size_t bytes) override { return std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256); }
   void release(void* data) override { std::free(data); }
   void upload(void* dst, const std::vector<uint8_t>& src) override { std::memcpy(dst, src.data(), src.size()); }
-  std::vector<uint8_t> download(const void* src, size_t bytes) override {
-    const auto* p = static_cast<const uint8_t*>(src);
-    return std::vector<uint8_t>(p, p + bytes);
-  }
+  void download(const void* src, uint8_t* dst, size_t bytes) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 };
 
@@ -96,10 +98,8 @@ class CudaMemory : public Memory {
   void upload(void* dst, const std::vector<uint8_t>& src) override {
     jit::check_cu(driver_.cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(dst), src.data(), src.size()), "h2d");
   }
-  std::vector<uint8_t> download(const void* src, size_t bytes) override {
-    std::vector<uint8_t> out(bytes);
-    jit::check_cu(driver_.cuMemcpyDtoH(out.data(), reinterpret_cast<CUdeviceptr>(src), bytes), "d2h");
-    return out;
+  void download(const void* src, uint8_t* dst, size_t bytes) override {
+    jit::check_cu(driver_.cuMemcpyDtoH(dst, reinterpret_cast<CUdeviceptr>(src), bytes), "d2h");
   }
   void synchronize() override { jit::check_cu(driver_.cuCtxSynchronize(), "cuCtxSynchronize"); }
 
@@ -374,26 +374,44 @@ struct Outcome {
   std::vector<std::vector<uint8_t>> buffers;  // after the run (guards included)
 };
 
-// Uploads `contents` into fresh buffers of `memory`, optionally asks explain about `impl` and
-// stops there when it is not the one chosen, runs with `backend` forced and downloads.
-Outcome execute(const Prepared& p, Memory& memory, std::optional<Provenance> backend, const std::string& impl,
-                const std::vector<std::vector<uint8_t>>& contents) {
-  Outcome out;
-  std::vector<void*> bases;
-  struct Release {
-    Memory& m;
-    std::vector<void*>& v;
-    ~Release() {
-      for (void* b : v) m.release(b);
+// A prepared case's buffers (guards included) on one memory, allocated once for every run of the
+// case: each run uploads its contents again.
+class Staging {
+ public:
+  Staging(Memory& memory, const Prepared& p) : memory_(memory) {
+    try {
+      for (const Buffer& b : p.buffers) bases_.push_back(memory.allocate(kGuard + b.body + kGuard));
+    } catch (...) {
+      release();
+      throw;
     }
-  } release{memory, bases};
-  for (const auto& bytes : contents) {
-    bases.push_back(memory.allocate(bytes.size()));
-    memory.upload(bases.back(), bytes);
   }
+  ~Staging() { release(); }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  Memory& memory() const { return memory_; }
+  void* base(size_t b) const { return bases_[b]; }
+
+ private:
+  void release() {
+    for (void* b : bases_) memory_.release(b);
+    bases_.clear();
+  }
+  Memory& memory_;
+  std::vector<void*> bases_;
+};
+
+// Optionally asks explain about `impl` and stops there (nothing uploaded) when it is not the one
+// chosen; else uploads `contents` into `at`'s buffers, runs with `backend` forced and downloads,
+// into the host buffers of `reuse` where given (a previous run's, taken from it).
+Outcome execute(const Prepared& p, Staging& at, std::optional<Provenance> backend, const std::string& impl,
+                const std::vector<std::vector<uint8_t>>& contents,
+                std::vector<std::vector<uint8_t>>* reuse = nullptr) {
+  Outcome out;
+  Memory& memory = at.memory();
   std::vector<void*> data;
   for (size_t t = 0; t < p.tensors.size(); ++t)
-    data.push_back(static_cast<uint8_t*>(bases[p.buffer_of[t]]) + kGuard +
+    data.push_back(static_cast<uint8_t*>(at.base(p.buffer_of[t])) + kGuard +
                    p.tensors[t].offset * dtype_size(p.tensors[t].dtype));
   GenericCall call = make_call(p, data, memory.device());
   call.dispatch.backend = backend;
@@ -405,33 +423,55 @@ Outcome execute(const Prepared& p, Memory& memory, std::optional<Provenance> bac
       out.chosen = report.chosen ? report.chosen->name : "";
       if (!out.candidate || !out.candidate->eligible || out.chosen != impl) return out;
     }
+    for (size_t b = 0; b < contents.size(); ++b) memory.upload(at.base(b), contents[b]);
     out.impl = ditops::call(p.op->name, call, nullptr);
     memory.synchronize();
   } catch (const std::exception& e) {
     out.error = e.what();
     if (out.error.empty()) out.error = "(an exception without a message)";
   }
-  for (size_t b = 0; b < contents.size(); ++b) out.buffers.push_back(memory.download(bases[b], contents[b].size()));
+  if (reuse) out.buffers = std::move(*reuse);
+  out.buffers.resize(contents.size());
+  for (size_t b = 0; b < contents.size(); ++b) {
+    out.buffers[b].resize(contents[b].size());
+    memory.download(at.base(b), out.buffers[b].data(), contents[b].size());
+  }
   return out;
+}
+
+// The same on buffers of its own (a related or unaliased case's run).
+Outcome execute(const Prepared& p, Memory& memory, std::optional<Provenance> backend, const std::string& impl,
+                const std::vector<std::vector<uint8_t>>& contents) {
+  Staging at(memory, p);
+  return execute(p, at, backend, impl, contents);
 }
 
 // ---------------------------------------------------------------- comparisons
 
-// Byte ranges of the written tensors, per buffer: the mask of what a run may change.
-std::vector<std::vector<bool>> written_mask(const Prepared& p) {
-  std::vector<std::vector<bool>> mask;
-  for (const auto& b : p.buffers) mask.emplace_back(b.initial.size(), false);
+// The byte ranges [first, last) of each buffer (guards included) that the written tensors cover,
+// sorted and merged: what a run may change.
+using Ranges = std::vector<std::vector<std::pair<size_t, size_t>>>;
+Ranges written_ranges(const Prepared& p) {
+  Ranges out(p.buffers.size());
   for (size_t t = 0; t < p.tensors.size(); ++t) {
     if (!p.written[t]) continue;
     const TensorCase& tc = p.tensors[t];
     const size_t es = dtype_size(tc.dtype);
-    auto& m = mask[p.buffer_of[t]];
-    for_each_element(tc.shape, tc.strides, [&](int64_t at) {
-      const size_t byte = kGuard + static_cast<size_t>(tc.offset + at) * es;
-      std::fill(m.begin() + byte, m.begin() + byte + es, true);
+    auto& r = out[p.buffer_of[t]];
+    for_each_run(tc.shape, tc.strides, [&](int64_t at, int64_t n) {
+      const size_t first = kGuard + static_cast<size_t>(tc.offset + at) * es;
+      r.emplace_back(first, first + static_cast<size_t>(n) * es);
     });
   }
-  return mask;
+  for (auto& r : out) {
+    std::sort(r.begin(), r.end());
+    std::vector<std::pair<size_t, size_t>> merged;
+    for (const auto& [first, last] : r)
+      if (!merged.empty() && first <= merged.back().second) merged.back().second = std::max(merged.back().second, last);
+      else merged.emplace_back(first, last);
+    r = std::move(merged);
+  }
+  return out;
 }
 
 std::string where_in(const Prepared& p, size_t b, size_t byte) {
@@ -442,14 +482,25 @@ std::string where_in(const Prepared& p, size_t b, size_t byte) {
   return owner + "'s buffer at byte " + std::to_string(byte - kGuard) + " (an input, padding or unwritten gap)";
 }
 
-// "" when every byte outside the written tensors equals `before`'s.
-// (mask nullptr: every byte).
-std::string unwritten_unchanged(const Prepared& p, const std::vector<std::vector<bool>>* mask,
-                                const std::vector<std::vector<uint8_t>>& before,
+// "" when every byte outside the written tensors (`written`; nullptr: none) equals `before`'s; else
+// where the first other byte is.
+std::string unwritten_unchanged(const Prepared& p, const Ranges* written, const std::vector<std::vector<uint8_t>>& before,
                                 const std::vector<std::vector<uint8_t>>& after) {
-  for (size_t b = 0; b < before.size(); ++b)
-    for (size_t i = 0; i < before[b].size(); ++i)
-      if (!(mask && (*mask)[b][i]) && before[b][i] != after[b][i]) return "wrote " + where_in(p, b, i);
+  for (size_t b = 0; b < before.size(); ++b) {
+    const uint8_t *x = before[b].data(), *y = after[b].data();
+    auto first_other = [&](size_t first, size_t last) -> std::string {
+      if (first >= last || std::memcmp(x + first, y + first, last - first) == 0) return "";
+      while (x[first] == y[first]) ++first;
+      return "wrote " + where_in(p, b, first);
+    };
+    size_t from = 0;
+    if (written)
+      for (const auto& [first, last] : (*written)[b]) {
+        if (auto w = first_other(from, first); !w.empty()) return w;
+        from = last;
+      }
+    if (auto w = first_other(from, before[b].size()); !w.empty()) return w;
+  }
   return "";
 }
 
@@ -467,7 +518,7 @@ std::string written_within(const OpCase& c, const Prepared& p, const std::vector
     const uint8_t* g = got[p.buffer_of[t]].data() + kGuard + tc.offset * es;
     int64_t count = 0, differ = 0, first = -1, worst_at = -1;
     double worst = 0, worst_want = 0, worst_got = 0;
-    for_each_element(tc.shape, tc.strides, [&](int64_t at) {
+    auto compare = [&](int64_t at) {
       ++count;
       if (std::memcmp(w + at * es, g + at * es, es) == 0) return;
       double distance = 0, a = 0, b = 0;
@@ -491,6 +542,11 @@ std::string written_within(const OpCase& c, const Prepared& p, const std::vector
         worst_want = a;
         worst_got = b;
       }
+    };
+    for_each_run(tc.shape, tc.strides, [&](int64_t at, int64_t n) {
+      if (std::memcmp(w + at * es, g + at * es, static_cast<size_t>(n) * es) == 0) count += n;  // equal bytes
+      else
+        for (int64_t i = at; i < at + n; ++i) compare(i);
     });
     if (differ == 0) continue;
     const bool too_far = tol.max_ulp == 0 || worst > tol.max_ulp;
@@ -515,14 +571,15 @@ std::vector<uint8_t> gather_written(const Prepared& p, const std::vector<std::ve
     const TensorCase& tc = p.tensors[t];
     const size_t es = dtype_size(tc.dtype);
     const uint8_t* base = buffers[p.buffer_of[t]].data() + kGuard + tc.offset * es;
-    for_each_element(tc.shape, tc.strides, [&](int64_t at) { out.insert(out.end(), base + at * es, base + at * es + es); });
+    for_each_run(tc.shape, tc.strides, [&](int64_t at, int64_t n) { out.insert(out.end(), base + at * es, base + (at + n) * es); });
   }
   return out;
 }
 
-std::vector<std::vector<uint8_t>> initial_contents(const Prepared& p) {
+// The buffers' contents before the call, moved out of `p` (no copy of a model-sized case).
+std::vector<std::vector<uint8_t>> take_initial(Prepared& p) {
   std::vector<std::vector<uint8_t>> out;
-  for (const auto& b : p.buffers) out.push_back(b.initial);
+  for (Buffer& b : p.buffers) out.push_back(std::move(b.initial));
   return out;
 }
 
@@ -535,14 +592,14 @@ std::string missing_fragments(const std::string& message, const std::vector<std:
 
 // The case with every view of a shared buffer given a copy of it of its own: the result of an
 // aliased call must equal this one's.
-Prepared prepare_unaliased(const OpCase& c, const Prepared& p) {
+Prepared prepare_unaliased(const OpCase& c, const Prepared& p, const std::vector<std::vector<uint8_t>>& before) {
   OpCase twin = c;
   twin.tensors = p.tensors;
   for (auto& t : twin.tensors) t.storage.clear();
   Prepared tp = prepare(twin);
   for (size_t t = 0; t < p.tensors.size(); ++t) {
     if (p.tensors[t].storage.empty()) continue;  // an owner: same name, same seed, same values
-    const auto& shared = p.buffers[p.buffer_of[t]].initial;
+    const auto& shared = before[p.buffer_of[t]];
     auto& own = tp.buffers[tp.buffer_of[t]].initial;
     std::copy_n(shared.begin(), std::min(shared.size(), own.size()) - kGuard, own.begin());
     tp.buffers[tp.buffer_of[t]].pure_output = false;
@@ -695,7 +752,7 @@ std::optional<TwinRun> run_twin(const OpCase& c, const Prepared& p, const std::v
         std::memcpy(dst + element_offset(to, i) * es, src + element_offset(from, i) * es, es);
     }
   }
-  r.run = execute(r.p, memory, backend, impl, initial_contents(r.p));
+  r.run = execute(r.p, memory, backend, impl, take_initial(r.p));
   return r;
 }
 
@@ -789,8 +846,8 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     fail(std::string("the case does not prepare: ") + e.what());
     return failures;
   }
-  const auto mask = written_mask(p);
-  const auto before = initial_contents(p);
+  const Ranges written = written_ranges(p);
+  const auto before = take_initial(p);
   auto host = host_memory();
   const std::string ref_name = c.op + ".reference";
   // The contents a second run starts from: pure outputs pre-filled differently. A large case runs
@@ -808,7 +865,9 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
   std::vector<std::pair<const Oracle*, std::vector<OracleIo::Slot>>> contract_bounds;
 
   // The reference and its invariants.
-  const Outcome ref = execute(p, *host, Provenance::reference, "", before);
+  std::optional<Staging> host_at;  // released before the device runs (a Wan-sized case's gigabytes)
+  host_at.emplace(*host, p);
+  const Outcome ref = execute(p, *host_at, Provenance::reference, "", before);
   const bool check = options.check_reference;
   if (!c.invalid.empty()) {
     if (check) {
@@ -833,10 +892,10 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     }
   } else {
     summary->impls[ref_name].ran++;
-    if (auto w = unwritten_unchanged(p, &mask, before, ref.buffers); !w.empty()) fail("the reference " + w);
+    if (auto w = unwritten_unchanged(p, &written, before, ref.buffers); !w.empty()) fail("the reference " + w);
     // Everything written: the result may not depend on the outputs' prior contents.
     if (any_pure && !c.large) {  // a large case's second reference run teaches nothing a small one does not
-      const Outcome again = execute(p, *host, Provenance::reference, "", other);
+      const Outcome again = execute(p, *host_at, Provenance::reference, "", other);
       if (!again.error.empty()) fail("the reference failed on other output contents: " + again.error);
       else if (auto d = written_within(c, p, ref.buffers, again.buffers, true); !d.empty())
         fail("outputs depend on their prior contents (not everything written?): " + d);
@@ -845,8 +904,8 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
     bool shares = false;
     for (const auto& t : p.tensors) shares = shares || !t.storage.empty();
     if (shares) {
-      const Prepared tp = prepare_unaliased(c, p);
-      const Outcome separate = execute(tp, *host, Provenance::reference, "", initial_contents(tp));
+      Prepared tp = prepare_unaliased(c, p, before);
+      const Outcome separate = execute(tp, *host, Provenance::reference, "", take_initial(tp));
       if (!separate.error.empty()) fail("the unaliased twin failed: " + separate.error);
       else if (gather_written(tp, separate.buffers) != gather_written(p, ref.buffers))
         fail("the aliased result differs from the same call on separate buffers");
@@ -886,14 +945,29 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
       }
   }
 
-  // Every other implementation against the reference, on the device.
+  // Every other implementation against the reference, on the device: the case's buffers there and
+  // the host buffers they come back into are the same for every implementation.
   if (!options.device) return failures;
+  host_at.reset();
   const Device device = options.device->device();
+  Staging device_at(*options.device, p);
+  std::vector<std::vector<uint8_t>> spare;  // the last run's host buffers
+  // The oracles are functions of the inputs and the written bytes: an implementation that wrote
+  // every byte the reference wrote gets each oracle's verdict on the reference's buffers, computed
+  // once per case; (oracle, on its own outputs) -> (mismatches, the oracle's error).
+  std::map<std::pair<const Oracle*, bool>, std::pair<std::string, std::string>> on_reference;
   for (const KernelSpec* spec : Registry::global().list(c.op)) {
     const bool covered = options.covers ? options.covers(*spec) : default_covers(*spec, device);
     if (!covered) continue;
     ImplTally& tally = summary->impls[spec->name];
-    Outcome run = execute(p, *options.device, spec->provenance, c.invalid.empty() ? spec->name : "", before);
+    Outcome run = execute(p, device_at, spec->provenance, c.invalid.empty() ? spec->name : "", before, &spare);
+    struct Recycle {  // the buffers go back to `spare` however this implementation's checks end
+      std::vector<std::vector<uint8_t>>& to;
+      Outcome& from;
+      ~Recycle() {
+        if (!from.buffers.empty()) to = std::move(from.buffers);
+      }
+    } recycle{spare, run};
     if (options.tamper && !run.impl.empty()) options.tamper(spec->name, run.buffers);
     const std::string who = spec->name + " on " + device_name(device);
     if (!c.invalid.empty()) {
@@ -934,29 +1008,44 @@ std::vector<std::string> run_case(const OpCase& c, const DriverOptions& options,
       continue;
     }
     tally.ran++;
-    if (auto w = unwritten_unchanged(p, &mask, before, run.buffers); !w.empty()) fail(who + " " + w);
+    if (auto w = unwritten_unchanged(p, &written, before, run.buffers); !w.empty()) fail(who + " " + w);
     if (auto d = written_within(c, p, ref.buffers, run.buffers, false, spec->name); !d.empty())
       fail(who + " against the reference: " + d);
+    std::optional<bool> as_reference;  // every byte the reference's (asked only where an oracle checks)
+    // (mismatches, error) of oracle `o` on this run's buffers: with `slots` its expectations from
+    // the reference's outputs, else from this run's own.
+    auto verdict = [&](const Oracle& o, const std::vector<OracleIo::Slot>* slots) {
+      if (!as_reference) as_reference = run.buffers == ref.buffers;
+      const std::pair key{&o, slots == nullptr};
+      if (*as_reference)
+        if (auto it = on_reference.find(key); it != on_reference.end()) return it->second;
+      std::pair<std::string, std::string> v;
+      try {
+        v.first = slots ? oracle_mismatches(o, p, *slots, run.buffers)
+                        : oracle_mismatches(o, p, oracle_expectations(o, c, p, before, run.buffers), run.buffers);
+      } catch (const std::exception& e) {
+        v.second = e.what();
+      }
+      if (*as_reference) on_reference[key] = v;
+      return v;
+    };
     // A tolerance widens the comparison with the reference only: every implementation is held to
     // the bounding oracles (the contract's bound), an implementation with a tolerance_for_impl too.
     for (const auto& [o, slots] : contract_bounds) {
       if (o->bounds_implementation && !o->bounds_implementation(spec->name)) continue;  // another bounds it
-      if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
-        fail(who + " against the oracle (" + o->name + "): " + m);
+      const auto [m, error] = verdict(*o, &slots);
+      if (!m.empty()) fail(who + " against the oracle (" + o->name + "): " + m);
+      if (!error.empty()) fail("the oracle (" + o->name + ") failed on " + who + ": " + error);
     }
     for (const Oracle* o : oracles(c.op)) {
       if (!o->on_own_outputs || !oracle_applies(*o, c)) continue;
-      try {
-        const auto slots = oracle_expectations(*o, c, p, before, run.buffers);
-        if (auto m = oracle_mismatches(*o, p, slots, run.buffers); !m.empty())
-          fail(who + " against the oracle on its own outputs (" + o->name + "): " + m);
-      } catch (const std::exception& e) {
-        fail("the oracle (" + o->name + ") failed on " + who + ": " + e.what());
-      }
+      const auto [m, error] = verdict(*o, nullptr);
+      if (!m.empty()) fail(who + " against the oracle on its own outputs (" + o->name + "): " + m);
+      if (!error.empty()) fail("the oracle (" + o->name + ") failed on " + who + ": " + error);
     }
     // Run to run: again on outputs pre-filled differently, the same bytes.
     if (c.run_twice && !c.large) {
-      Outcome again = execute(p, *options.device, spec->provenance, spec->name, other);
+      Outcome again = execute(p, device_at, spec->provenance, spec->name, other);
       if (options.tamper && !again.impl.empty()) options.tamper(spec->name + "#2", again.buffers);
       if (!again.error.empty()) fail(who + " failed on its second run: " + again.error);
       else if (auto d = written_within(c, p, run.buffers, again.buffers, true); !d.empty())

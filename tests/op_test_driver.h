@@ -199,7 +199,9 @@ class Memory {
   virtual void* allocate(size_t bytes) = 0;  // 256-byte aligned
   virtual void release(void* data) = 0;
   virtual void upload(void* dst, const std::vector<uint8_t>& src) = 0;
-  virtual std::vector<uint8_t> download(const void* src, size_t bytes) = 0;
+  // Into `dst`, `bytes` long: the caller keeps one host buffer for every run of a case (a Wan-sized
+  // case's buffers are gigabytes, and fresh pages cost the kernel's zeroing each time).
+  virtual void download(const void* src, uint8_t* dst, size_t bytes) = 0;
   virtual void synchronize() = 0;
 };
 std::unique_ptr<Memory> host_memory();

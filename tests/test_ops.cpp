@@ -159,6 +159,12 @@ OpCase small_case() {
   return {};
 }
 
+OpCase named(const std::string& op, const std::string& name) {
+  const OpCase* c = find_case(op, name);
+  if (!c) ADD_FAILURE() << op << "/" << name << ": the self-test's case is gone";
+  return c ? *c : OpCase{};
+}
+
 std::string joined(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += x + "\n";
@@ -180,14 +186,22 @@ TEST(ops_driver, catches_corrupted_results) {
       {"the guard after out", [](auto& b) { b[3][b[3].size() - 1] ^= 1; }, "the guard after out"},
       {"an input", [](auto& b) { b[1][300] ^= 1; }, "update's buffer"},
   };
-  for (const Corruption& k : corruptions) {
-    DriverOptions options;
-    options.device = host.get();
-    options.tamper = [&](const std::string&, std::vector<std::vector<uint8_t>>& buffers) { k.apply(buffers); };
-    Summary summary;
-    const std::vector<std::string> failures = run_case(c, options, &summary);
-    EXPECT_NE(joined(failures).find(k.reported), std::string::npos) << k.what << ":\n" << joined(failures);
-  }
+  // q in place, [9, 3, 64] bf16 with heads 88 elements apart: the comparisons go a head at a time.
+  const OpCase strided = named("qknorm_rope", "T9_Hq3_Hk2_D64_R64_bf16_cache_f32_pos_i64_padded_fp32_aten_headpad24_cachepad5_amp40_eps1e-06");
+  const std::vector<Corruption> strided_corruptions = {
+      {"q's element 194 (token 1, head 0)", [](auto& b) { b[0][256 + 549] ^= 0x40; }, "q: 1 of 1728 elements differ (first at index 194"},
+      {"the gap after q's first head", [](auto& b) { b[0][256 + 128] ^= 1; }, "q's buffer at byte 128 (an input, padding"},
+      {"the guard after q", [](auto& b) { b[0][b[0].size() - 1] ^= 1; }, "the guard after q"},
+  };
+  for (const auto& [variant, list] : {std::pair{c, &corruptions}, std::pair{strided, &strided_corruptions}})
+    for (const Corruption& k : *list) {
+      DriverOptions options;
+      options.device = host.get();
+      options.tamper = [&](const std::string&, std::vector<std::vector<uint8_t>>& buffers) { k.apply(buffers); };
+      Summary summary;
+      const std::vector<std::string> failures = run_case(variant, options, &summary);
+      EXPECT_NE(joined(failures).find(k.reported), std::string::npos) << variant.name << ", " << k.what << ":\n" << joined(failures);
+    }
 }
 
 // A case whose expectation is wrong fails: an invalid input the op accepts, a fragment the
@@ -207,12 +221,6 @@ TEST(ops_driver, wrong_expectations_fail) {
   c = small_case();
   c.unsupported = {{"residual_gate_add.reference", "anything"}};
   EXPECT_NE(joined(run_case(c, options, &summary)).find("the case says it is unsupported"), std::string::npos);
-}
-
-OpCase named(const std::string& op, const std::string& name) {
-  const OpCase* c = find_case(op, name);
-  if (!c) ADD_FAILURE() << op << "/" << name << ": the self-test's case is gone";
-  return c ? *c : OpCase{};
 }
 
 // An oracle catches a reference that is off by one bit in one element.
@@ -334,6 +342,34 @@ TEST(ops_driver, an_oracle_bounds_every_implementation) {
   EXPECT_NE(tolerant_failures.find("against the oracle (fp64 product within the contract's bound): out: 1 of 128"),
             std::string::npos)
       << tolerant_failures;
+}
+
+// An oracle that no output holds, for the next test's case alone.
+constexpr const char* kNeverHolds = "bf16_2x33x128_gate_2x33x1_oracle_never_holds";
+const OracleSet kNever("residual_gate_add", {.name = "never holds",
+                                             .expect = [](OracleIo& io) { io.expect(io.id("out"), 0, io.out(io.id("out"), 0) + 1); },
+                                             .bounds_implementations = true,
+                                             .on_own_outputs = true,
+                                             .applies = [](const OpCase& c) { return c.name == kNeverHolds; }});
+
+// An implementation that writes the reference's bytes takes the reference's oracle verdicts
+// (computed once per case), failures included; one that writes other bytes is checked on its own.
+TEST(ops_driver, an_implementation_with_the_references_bytes_takes_its_oracle_verdicts) {
+  const std::unique_ptr<Memory> host = host_memory();
+  OpCase c = small_case();
+  c.name = kNeverHolds;
+  DriverOptions options;
+  options.device = host.get();
+  Summary summary;
+  for (const bool differs : {false, true}) {
+    if (differs) options.tamper = [](const std::string&, std::vector<std::vector<uint8_t>>& b) { b[3][256 + 40] ^= 0x40; };
+    const std::string failures = joined(run_case(c, options, &summary));
+    EXPECT_NE(failures.find("the reference against the oracle (never holds): out: 1 of"), std::string::npos) << failures;
+    EXPECT_NE(failures.find("cpu against the oracle (never holds): out: 1 of"), std::string::npos) << failures;
+    EXPECT_NE(failures.find("cpu against the oracle on its own outputs (never holds): out: 1 of"), std::string::npos)
+        << failures;
+    EXPECT_EQ(failures.find("against the reference: out") != std::string::npos, differs) << failures;
+  }
 }
 
 // A second run that writes other bytes fails.

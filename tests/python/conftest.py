@@ -103,10 +103,12 @@ def cuda_or_skip():
     return torch
 
 
-# DITOPS_PYTEST_PROGRESS=FILE: one line per test as it starts and ends (worker, seconds), flushed at
-# once, so a run cut by its deadline still shows which test was running and how long each took.
+# DITOPS_PYTEST_PROGRESS=FILE: one line per test as it starts and ends (worker, seconds, and the CPU
+# seconds of the worker and the children it waited for: how much of the machine a test took),
+# flushed at once, so a run cut by its deadline still shows which test was running and how long each took.
 _PROGRESS = os.environ.get("DITOPS_PYTEST_PROGRESS")
 if _PROGRESS:
+    import resource as _resource
     import time as _time
 
     _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "main")
@@ -115,9 +117,12 @@ if _PROGRESS:
         with open(_PROGRESS, "a") as f:
             f.write(f"{_time.strftime('%H:%M:%S')} {_WORKER} {line}\n")
 
+    def _cpu_seconds():
+        return sum(u.ru_utime + u.ru_stime for u in map(_resource.getrusage, (_resource.RUSAGE_SELF, _resource.RUSAGE_CHILDREN)))
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        start = _time.perf_counter()
+        start, cpu = _time.perf_counter(), _cpu_seconds()
         _progress(f"start {item.nodeid}")
         yield
-        _progress(f"end {_time.perf_counter() - start:.1f}s {item.nodeid}")
+        _progress(f"end {_time.perf_counter() - start:.1f}s cpu {_cpu_seconds() - cpu:.1f}s {item.nodeid}")
