@@ -217,39 +217,27 @@ std::vector<OpCase> make() {
       add(s, CaseKind::strided);
     }
   }
-  // x and prefix as column slices of one [M, 3 * 128] projection (prefix columns 0..127, x 256..383).
-  {
+  // x and prefix as column slices of one buffer of `row` columns (prefix from column 0, x from
+  // `offset`): one [M, 3 * 128] projection (prefix columns 0..127, x 256..383); FLUX.2's single
+  // block in small, x the MLP columns 192..447 (gate then up) of a [M, 3 * 64 + 256]
+  // to_qkv_mlp_proj-like buffer, whose first 64 columns are the prefix here.
+  auto slices = [&](int64_t K, int64_t Kp, int64_t row, int64_t offset, const char* act, const char* what) {
     Rq s;
     s.lead = {9};
-    s.K = 128;
-    s.Kp = 128;
+    s.K = K;
+    s.Kp = Kp;
+    s.act = act;
     OpCase c = rq_case(s, CaseKind::view, seed++);
-    c.name += "_slices_of_one_projection";
-    c.tensors[1].shape = {9, 128};
-    c.tensors[1].strides = {384, 1};
-    c.tensors[0].strides = {384, 1};
+    c.name += what;
+    c.tensors[1].strides = {row, 1};
+    c.tensors[0].strides = {row, 1};
     c.tensors[0].storage = "prefix";
-    c.tensors[0].offset = 256;
+    c.tensors[0].offset = offset;
     std::swap(c.tensors[0], c.tensors[1]);  // the buffer's owner first
     out.push_back(c);
-  }
-  // FLUX.2's single block in small: x = the MLP columns 192..447 (gate then up) of a [M, 3 * 64 +
-  // 256] to_qkv_mlp_proj-like buffer, whose first 64 columns are the prefix here.
-  {
-    Rq s;
-    s.lead = {9};
-    s.K = 256;
-    s.Kp = 64;
-    s.act = "swiglu";
-    OpCase c = rq_case(s, CaseKind::view, seed++);
-    c.name += "_mlp_columns_of_one_projection";
-    c.tensors[1].strides = {448, 1};
-    c.tensors[0].strides = {448, 1};
-    c.tensors[0].storage = "prefix";
-    c.tensors[0].offset = 192;
-    std::swap(c.tensors[0], c.tensors[1]);  // the buffer's owner first
-    out.push_back(c);
-  }
+  };
+  slices(128, 128, 384, 256, "none", "_slices_of_one_projection");
+  slices(256, 64, 448, 192, "swiglu", "_mlp_columns_of_one_projection");
   // One row and one element: a [K] x; a [1, 1, 16] x.
   {
     Rq s;
