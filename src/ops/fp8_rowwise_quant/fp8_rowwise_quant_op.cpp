@@ -236,13 +236,14 @@ void register_fp8_rowwise_quant(Registry& registry) {
       "eager PyTorch on CUDA: ditops.eager.fp8_rowwise_quant_eager (fp8_rowwise_eager of torch.cat([prefix, act(x)], "
       "-1): torchao 0.18's float8 rowwise recipe, amax / 448.0 rounded to x's dtype, 1 for a zero scale, "
       "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh') "
-      "with gelu_contraction=fma (the other form is kept until a device run names eager's)";
+      "with gelu_contraction=fma (the other form is kept until a device run names eager's); act=swiglu: "
+      "F.silu(x[..., :K/2]) * x[..., K/2:] (ATen's silu: x / (1 + expf(-x)) in fp32, rounded; the product rounded)";
   add_jit<Kernels>(
       registry,
       {.sm_min = 89,  // cvt e4m3x2
        .contract = Contract::bit_exact(eager).verified(
            "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
-           "graph replay"),
+           "graph replay; act=swiglu (added after that run): compiled, not run on a GPU yet"),
        .description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte "
                       "store), the amax reduced over the CTA; NVRTC at first use"});
   add_reference<Kernels>(
@@ -251,7 +252,9 @@ void register_fp8_rowwise_quant(Registry& registry) {
                       "act=none: byte-equal (the same IEEE operations; a NaN scale's payload is unspecified); "
                       "act=gelu_tanh: tanh in double rounded to fp32 where CUDA's tanhf is within 2 ulp, so a "
                       "GELU value may differ by one ulp of the dtype, its e4m3 byte by one code, and the row's "
-                      "scale by one ulp of the dtype where that value is the row's amax")
+                      "scale by one ulp of the dtype where that value is the row's amax; act=swiglu: exp in double "
+                      "rounded to fp32 where CUDA's expf is within 2 ulp, so a silu value may differ by one ulp of the "
+                      "dtype, the product by two, its e4m3 byte by two codes and the row's scale by four ulps")
           .verified("on every CI run (CPU) by the op's tests against a float64 transcription"),
       "CPU reference: the recipe per row, each operation one IEEE binary32 operation");
 }
