@@ -355,10 +355,12 @@ def test_fp8_with_fused_wan_projections_and_producers_off():
     assert all("producers off" in s.why for s in report.sites if s.name.startswith("fp8_quant"))
 
 
-def test_compile_fullgraph_traces_the_fp8_forward():
+@pytest.mark.parametrize("name", ["flux", "flux2"])
+def test_compile_fullgraph_traces_the_fp8_forward(name):
     """torch.compile(fullgraph=True) through the Fp8Linears, Rowwise pairs and the sites (the
-    'eager' backend: the traced graph run eagerly on the CPU stand-in), equal to eager."""
-    model, inputs, _ = tiny_flux()
+    'eager' backend: the traced graph run eagerly on the CPU stand-in), equal to eager. FLUX.2:
+    its SwiGLU sites too (the single blocks' MLP columns as strided rows)."""
+    model, inputs, _ = TINY[name]()
     dd.enable(model, allow_cpu=True, fp8=True)
     eager = quiet(run, model, inputs)
     torch._dynamo.reset()

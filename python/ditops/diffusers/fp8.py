@@ -276,17 +276,14 @@ class Fp8QuantSite(Site):
         return Rowwise(q.view(torch.float8_e4m3fn), s)
 
 
-def _bf16_rows(name: str, x, strided_rows: bool = False) -> str:
-    """'' where x is rows the op takes: contiguous, or (strided_rows) last stride 1 with leading
-    dims that collapse into one row stride (a column slice of a fused projection)."""
+def _bf16_rows(name: str, x) -> str:
+    """'' where x is rows the op takes: last stride 1, the leading dims collapsing into one row
+    stride (a contiguous activation, or a column slice of a fused projection)."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or x.dim() < 2:
         return f"{name} is not a bfloat16 tensor of rank >= 2"
-    if strided_rows:
-        lead = [(n, st) for n, st in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]
-        if x.stride(-1) != 1 or any(a[1] != b[0] * b[1] for a, b in zip(lead, lead[1:])):
-            return f"{name}'s rows do not have one stride (last stride 1)"
-    elif not x.is_contiguous():
-        return f"{name} is not contiguous"
+    lead = [(n, st) for n, st in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]
+    if x.stride(-1) != 1 or any(a[1] != b[0] * b[1] for a, b in zip(lead, lead[1:])):
+        return f"{name}'s rows do not have one stride (last stride 1)"
     if x.numel() == 0:
         return f"{name} is empty"
     return ""
@@ -312,9 +309,9 @@ class RowwiseQuantSite(Fp8QuantSite):
 
     def _quantize(self, prefix, x) -> Rowwise:
         act = self.act
-        why = _bf16_rows("x", x, strided_rows=True)
+        why = _bf16_rows("x", x)
         if not why and prefix is not None:
-            why = _bf16_rows("prefix", prefix, strided_rows=True)
+            why = _bf16_rows("prefix", prefix)
             if not why and (prefix.shape[:-1] != x.shape[:-1] or prefix.device != x.device):
                 why = "prefix and x differ in their leading dims or device"
         if not why and act == "swiglu" and x.shape[-1] % 2:
