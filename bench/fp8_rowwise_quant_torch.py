@@ -7,13 +7,17 @@
      points, huge and tiny rows, Inf and NaN rows;
    * act=gelu_tanh with each gelu_contraction: which form is eager's F.gelu(x, approximate="tanh")
      (the check passes when one of them is byte-equal on every case, and prints both counts);
+   * act=swiglu (FLUX.2's F.silu(x[..., :N]) * x[..., N:]) at FLUX.2's sites, odd widths, a column
+     slice of the single block's fused projection, padded rows and special rows: byte-equal or a
+     MISMATCH (its bit_exact claim has not been on a device before);
    * torch.compile of the chain against eager (printed, not a failure: Inductor may round amax / 448
      differently).
 2. Graph capture: a captured call replayed on new inputs.
 3. Benchmark at the model shapes (FLUX.1 4608 + 512 tokens: attention output 3072, FF-down input
    gelu(12288), single block cat(3072, gelu(12288)); Wan 14B 32760 tokens at 5120 / gelu(13824); Qwen-Image
-   CFG 2 x 6912 x 3072): device copy of the same bytes, eager, torch.compile, ditops; byte model: the
-   row read once (2 bytes a value), e4m3 written once and 4 bytes of scale: rows * (3 (Kp + K) + 4).
+   CFG 2 x 6912 x 3072; FLUX.2 swiglu(36864) with and without the 6144 prefix): device copy of the same
+   bytes, eager, torch.compile, ditops; byte model: the row read once (2 bytes a value), e4m3 written
+   once and 4 bytes of scale: rows * (2 (Kp + K) + (Kp + N) + 4), N = K (K / 2 for swiglu).
 """
 import sys
 
@@ -32,9 +36,9 @@ class Ditops(DitopsLib):
                          x=x, prefix=prefix, out=out, out_scale=out_scale)
 
 
-def outputs(x, prefix):
+def outputs(x, prefix, act="none"):
     rows = x.numel() // x.shape[-1]
-    width = x.shape[-1] + (prefix.shape[-1] if prefix is not None else 0)
+    width = x.shape[-1] // (2 if act == "swiglu" else 1) + (prefix.shape[-1] if prefix is not None else 0)
     return (torch.empty(rows, width, device="cuda", dtype=torch.float8_e4m3fn),
             torch.empty(rows, 1, device="cuda", dtype=torch.float32))
 
@@ -88,7 +92,7 @@ def verify(dt, rows, meta):
         want = eager(x, prefix, act)
         gelu_cases += act == "gelu_tanh"
         for contraction in contractions:
-            out = outputs(x, prefix)
+            out = outputs(x, prefix, act)
             impl = dt.quant(x, prefix, *out, act=act, contraction=contraction)
             torch.cuda.synchronize()
             equal = same(out, want)
@@ -113,7 +117,11 @@ def verify(dt, rows, meta):
              ("qwen ff-down 2x6912x12288", (2, 6912), 12288, 0, "gelu_tanh"),
              ("flux2 single 4608x(6144+18432)", (1, 4608), 18432, 6144, "gelu_tanh"),
              ("odd 33x(3+3071)", (33,), 3071, 3, "gelu_tanh"), ("odd 7x5", (7,), 5, 0, "none"),
-             ("odd 9x(16+17)", (3, 3), 17, 16, "gelu_tanh"), ("odd 5x(24+0)", (5,), 1, 24, "none")]
+             ("odd 9x(16+17)", (3, 3), 17, 16, "gelu_tanh"), ("odd 5x(24+0)", (5,), 1, 24, "none"),
+             ("flux2 ff 4608x swiglu 36864", (1, 4608), 36864, 0, "swiglu"),
+             ("flux2 ff text 512x swiglu 36864", (1, 512), 36864, 0, "swiglu"),
+             ("flux2 single 4608x(6144+swiglu 36864)", (1, 4608), 36864, 6144, "swiglu"),
+             ("odd 33x(3+swiglu 6142)", (33,), 6142, 3, "swiglu"), ("odd 9x swiglu 34", (3, 3), 34, 0, "swiglu")]
     for name, lead, K, Kp, act in sites:
         for dtype in (torch.bfloat16, torch.float16) if lead[-1] <= 4608 else (torch.bfloat16,):
             x = rows_like(lead, K, dtype, gen)
@@ -129,10 +137,19 @@ def verify(dt, rows, meta):
         check(f"padded rows +{pad}", x, prefix, "none")
     for amp in (1e-30, 1e-3, 1e30):
         check(f"amplitude {amp}", rows_like((64,), 4096, torch.bfloat16, gen, amp), None, "none")
+    for pad in (8, 3):
+        x = rows_like((2, 300), 4096, torch.bfloat16, gen, pad=pad)
+        check(f"padded rows +{pad}", x, rows_like((2, 300), 1024, torch.bfloat16, gen), "swiglu")
+    # FLUX.2's single block: x = the MLP columns of the fused to_qkv_mlp_proj output (its row stride).
+    proj = rows_like((1, 4608), 3 * 6144 + 36864, torch.bfloat16, gen)
+    check("flux2 single, mlp columns of to_qkv_mlp_proj", proj[..., 3 * 6144:],
+          rows_like((1, 4608), 6144, torch.bfloat16, gen), "swiglu")
+    proj = None
     for dtype in (torch.bfloat16, torch.float16):
         x = special_rows(dtype)
         check(f"special rows {dtype}", x, None, "none")
         check(f"special rows {dtype}", x, None, "gelu_tanh")
+        check(f"special rows {dtype}", x, None, "swiglu")  # gate: columns 0-7, up: 8-15
     best = max(gelu_equal, key=gelu_equal.get)
     print(f"gelu_tanh: byte-equal to eager on {gelu_equal['fma']}/{gelu_cases} cases with gelu_contraction=fma, "
           f"{gelu_equal['mul_add']}/{gelu_cases} with mul_add: eager's form is {best if gelu_equal[best] == gelu_cases else 'neither'}")
@@ -178,7 +195,9 @@ BENCH = [("flux attn (1,4608) 3072", (1, 4608), 3072, 0, "none"),
          ("wan (1,32760) 5120", (1, 32760), 5120, 0, "none"),
          ("wan (1,32760) gelu 13824", (1, 32760), 13824, 0, "gelu_tanh"),
          ("qwen cfg (2,6912) 3072", (2, 6912), 3072, 0, "none"),
-         ("qwen cfg (2,6912) gelu 12288", (2, 6912), 12288, 0, "gelu_tanh")]
+         ("qwen cfg (2,6912) gelu 12288", (2, 6912), 12288, 0, "gelu_tanh"),
+         ("flux2 ff (1,4608) swiglu 36864", (1, 4608), 36864, 0, "swiglu"),
+         ("flux2 single (1,4608) 6144+swiglu 36864", (1, 4608), 36864, 6144, "swiglu")]
 
 
 def run_bench(dt, rows, meta):
@@ -193,12 +212,12 @@ def run_bench(dt, rows, meta):
         n_rows = 1
         for e in lead:
             n_rows *= e
-        nbytes = n_rows * (3 * (K + Kp) + 4)
+        nbytes = n_rows * (2 * (K + Kp) + (K // 2 if act == "swiglu" else K) + Kp + 4)
         sets = []
         for _ in range(rotation_count(nbytes)):
             x = rows_like(lead, K, torch.bfloat16, gen)
             t = dict(x=x, prefix=rows_like(lead, Kp, torch.bfloat16, gen) if Kp else None)
-            t["out"] = outputs(x, t["prefix"])
+            t["out"] = outputs(x, t["prefix"], act)
             t["src"], t["dst"] = copy_buffers(nbytes)
             sets.append(t)
         t0 = sets[0]

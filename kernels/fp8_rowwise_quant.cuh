@@ -1,24 +1,31 @@
 // Per-token dynamic e4m3 of the rows of cat([prefix, act(x)], -1), in one pass:
 //
-//   y        = cat([prefix, act(x)], -1)        act: none or GELU(tanh) rounded to T
+//   y        = cat([prefix, act(x)], -1)        act: none, GELU(tanh) rounded to T, or SwiGLU:
+//                                               silu(x[:N]) rounded to T, times x[N:], rounded to T
 //   out      = e4m3 rows of y, out_scale = s    the rowwise recipe of common/fp8_rowwise.cuh
 //
 // Numerics contract (docs/fp8_rowwise_quant.md): bit_exact against the eager chain on CUDA,
-// fp8_rowwise_eager(torch.cat([prefix, F.gelu(x, approximate="tanh")], -1)) (or act none).
+// fp8_rowwise_eager(torch.cat([prefix, F.gelu(x, approximate="tanh")], -1)) (or act none, or
+// F.silu(x[..., :N]) * x[..., N:] for swiglu).
 // * GELU(tanh) is ATen's GeluCUDAKernelImpl in fp32 (opmath): x_cube = (x * x) * x;
 //   inner = kBeta * (x + kKappa * x_cube) with kBeta = fp32(double(M_SQRT2 * M_2_SQRTPI) * 0.5),
 //   kKappa = fp32(0.044715); 0.5f * x * (1 + tanhf(inner)); rounded to T. nvcc contracts
 //   `x + kKappa * x_cube` into one fma when it builds PyTorch (--fmad=true): kGeluFma spells that
 //   fma out, !kGeluFma the product rounded, then the sum; the device run says which is eager's.
 //   tanhf is CUDA's (the same libdevice code PyTorch's kernel calls).
+// * SiLU is ATen's silu CUDA kernel in fp32 (opmath): x / (1 + expf(-x)), IEEE division, CUDA's
+//   expf (no fast math: PyTorch's build and our NVRTC flags), rounded to T; the product with the
+//   up half is ATen's mul of two T tensors: the fp32 product (exact for bf16 and f16 operands)
+//   rounded to T.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
 //   rows of normal s, div.rn on the others).
 //
-// Layout: a unit is 16 consecutive columns of the output row (Kp + K columns, prefix first). The
-// vector path (kVector: Kp % 16 == 0, K % 16 == 0, 16-byte aligned pointers and row strides) reads a
-// unit as two 16-byte loads of one source row and writes it as one 16-byte store; the scalar path
+// Layout: a unit is 16 consecutive columns of the output row (Kp + N columns, prefix first; N = K,
+// or K / 2 for swiglu). The vector path (kVector: Kp % 16 == 0, N % 16 == 0, 16-byte aligned
+// pointers and row strides) reads a unit as two 16-byte loads of one source row (swiglu: two of
+// the gate half, two of the up half at column + N) and writes it as one 16-byte store; the scalar path
 // reads and writes it element by element (any widths, strides, 2-byte alignment). CTA threads
 // (blockDim.x, a multiple of 32 chosen by the host) own units t, t + blockDim.x, ... (kSlots of
 // them); a CTA handles rows blockIdx.x, + gridDim.x, ...
@@ -28,22 +35,24 @@ namespace ditops {
 
 // Launch parameters. Plain data, shared by the host op (src/ops/fp8_rowwise_quant) and the kernel.
 struct Fp8RowwiseQuantParams {
-  const void* x;             // T rows of K, row stride x_row_stride (elements)
+  const void* x;             // T rows of K (2 N for swiglu), row stride x_row_stride (elements)
   const void* prefix;        // T rows of Kp, row stride prefix_row_stride; nullptr when Kp == 0
   void* out;                 // e4m3 [rows, Kp + K], contiguous
   float* out_scale;          // [rows] (the [rows, 1] output)
   long long rows;
   long long x_row_stride;
   long long prefix_row_stride;
-  int width;                 // K
+  int width;                 // N: the output columns of act(x) (K; K / 2 for swiglu)
+  int up_offset;             // swiglu: x's column of the up half (N); 0 otherwise
   int prefix_width;          // Kp
-  int units;                 // ceil((Kp + K) / 16)
+  int units;                 // ceil((Kp + N) / 16)
 };
 
 // The act codes of the kernel template (Fp8RowwiseAct on the host, with the GELU's contraction).
 constexpr int kFp8RowwiseActNone = 0;
 constexpr int kFp8RowwiseGeluFma = 1;     // x + kKappa * x_cube as one fma (nvcc's contraction)
 constexpr int kFp8RowwiseGeluMulAdd = 2;  // the product rounded, then the sum
+constexpr int kFp8RowwiseSwiglu = 3;      // silu(x[:N]) * x[N:], each step rounded to T
 
 }  // namespace ditops
 
@@ -70,10 +79,28 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
 }
 
-// A packed word of two T values through act, rounded back to T.
+// ATen's SiLU in fp32 (see the header comment), before the rounding to T.
+__device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
+
+// SwiGLU of two packed words (two gate values, the two up values of the same columns): silu(gate)
+// rounded to T, times up in fp32, rounded to T.
+template <typename T>
+__device__ __forceinline__ u32 swiglu_word(u32 gate, u32 up) {
+  T g0, g1, u0, u1;
+  g0.bits = static_cast<unsigned short>(gate);
+  g1.bits = static_cast<unsigned short>(gate >> 16);
+  const u32 act = pack2<T>(silu(to_float(g0)), silu(to_float(g1)));
+  g0.bits = static_cast<unsigned short>(act);
+  g1.bits = static_cast<unsigned short>(act >> 16);
+  u0.bits = static_cast<unsigned short>(up);
+  u1.bits = static_cast<unsigned short>(up >> 16);
+  return pack2<T>(__fmul_rn(to_float(g0), to_float(u0)), __fmul_rn(to_float(g1), to_float(u1)));
+}
+
+// A packed word of two T values through act, rounded back to T (not swiglu: swiglu_word).
 template <typename T, int kAct>
 __device__ __forceinline__ u32 act_word(u32 word) {
-  if constexpr (kAct == kFp8RowwiseActNone) {
+  if constexpr (kAct == kFp8RowwiseActNone || kAct == kFp8RowwiseSwiglu) {
     return word;
   } else {
     T lo, hi;
@@ -100,7 +127,14 @@ __device__ __forceinline__ Unit load_unit(const Fp8RowwiseQuantParams& p, const 
     const T* src = from_prefix ? prefix_row + 16 * unit : x_row + 16 * (unit - prefix_units);
     u.lo = load_word<16, true>(src);
     u.hi = load_word<16, true>(src + 8);
-    if (!from_prefix) {
+    if (kAct == kFp8RowwiseSwiglu && !from_prefix) {
+      const Word<16> up_lo = load_word<16, true>(src + p.up_offset), up_hi = load_word<16, true>(src + p.up_offset + 8);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        u.lo.w[i] = swiglu_word<T>(u.lo.w[i], up_lo.w[i]);
+        u.hi.w[i] = swiglu_word<T>(u.hi.w[i], up_hi.w[i]);
+      }
+    } else if (!from_prefix) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         u.lo.w[i] = act_word<T, kAct>(u.lo.w[i]);
@@ -108,28 +142,38 @@ __device__ __forceinline__ Unit load_unit(const Fp8RowwiseQuantParams& p, const 
       }
     }
   } else {
-    unsigned short v[16];
+    unsigned short v[16], up[16];
     bool is_x[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e) {
       const int col = 16 * unit + e;
       is_x[e] = col >= p.prefix_width;
       v[e] = 0;
-      if (col < p.prefix_width) v[e] = prefix_row[col].bits;
-      else if (col < p.prefix_width + p.width) v[e] = x_row[col - p.prefix_width].bits;
+      up[e] = 0;
+      if (col < p.prefix_width) {
+        v[e] = prefix_row[col].bits;
+      } else if (col < p.prefix_width + p.width) {
+        v[e] = x_row[col - p.prefix_width].bits;
+        if constexpr (kAct == kFp8RowwiseSwiglu) up[e] = x_row[col - p.prefix_width + p.up_offset].bits;
+      }
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       u32 word = static_cast<u32>(v[2 * i]) | (static_cast<u32>(v[2 * i + 1]) << 16);
+      u32 acted = word;
+      if constexpr (kAct == kFp8RowwiseSwiglu)
+        acted = swiglu_word<T>(word, static_cast<u32>(up[2 * i]) | (static_cast<u32>(up[2 * i + 1]) << 16));
+      else
+        acted = act_word<T, kAct>(word);
       // act on the x columns; a pair straddling the prefix boundary takes each half its own way.
       if (is_x[2 * i] && is_x[2 * i + 1]) {
-        word = act_word<T, kAct>(word);
+        word = acted;
       } else if (is_x[2 * i + 1]) {
-        word = (word & 0xFFFFu) | (act_word<T, kAct>(word) & 0xFFFF0000u);
+        word = (word & 0xFFFFu) | (acted & 0xFFFF0000u);
       }
       (i < 4 ? u.lo.w[i] : u.hi.w[i - 4]) = word;
     }
-    // Columns past the row: +0 again (act of +0 is +0 for GELU, but say so explicitly).
+    // Columns past the row: +0 again (act of +0 is +0 for GELU and SwiGLU, but say so explicitly).
 #pragma unroll
     for (int e = 0; e < 16; ++e)
       if (16 * unit + e >= p.prefix_width + p.width) {
@@ -170,7 +214,7 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
-// the 16-byte path. kAct: kFp8RowwiseActNone / GeluFma / GeluMulAdd. kPdl: griddepcontrol.wait
+// the 16-byte path. kAct: kFp8RowwiseActNone / GeluFma / GeluMulAdd / Swiglu. kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
 template <typename T, int kSlots, bool kVector, int kAct, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {

@@ -84,6 +84,16 @@ TEST(Fp8RowwiseQuantDescription, AllocRulesTakeThePrefixWidthWhereThereIsOne) {
   EXPECT_EQ(alloc_shape(op, out, call_of(op, {{"x", xv}})), (std::vector<int64_t>{6, 40}));
   EXPECT_EQ(alloc_shape(op, out, call_of(op, {{"x", xv}, {"prefix", pv}})), (std::vector<int64_t>{6, 64}));
   EXPECT_EQ(alloc_shape(op, scale, call_of(op, {{"x", xv}})), (std::vector<int64_t>{6, 1}));
+  // act=swiglu: x's 40 columns give 20 (is(act,swiglu) in the rule); the other choices keep 40.
+  const int act = op.option_index("act");
+  for (const auto& [choice, width] : std::vector<std::pair<std::string, int64_t>>{{"swiglu", 20}, {"gelu_tanh", 40}}) {
+    GenericCall c = call_of(op, {{"x", xv}});
+    c.options[act] = choice;
+    EXPECT_EQ(alloc_shape(op, out, c), (std::vector<int64_t>{6, width})) << choice;
+    c = call_of(op, {{"x", xv}, {"prefix", pv}});
+    c.options[act] = choice;
+    EXPECT_EQ(alloc_shape(op, out, c), (std::vector<int64_t>{6, width + 24})) << choice;
+  }
 }
 
 TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
@@ -110,6 +120,20 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
   EXPECT_FALSE(match(128, 24, 128, 0).aligned16);
   EXPECT_FALSE(match(128, 0, 128, 1).aligned16);  // x 2 bytes off
   EXPECT_EQ(match(128, 0, 136, 0).x_row_stride, 136);
+  // act=swiglu: the output's N = K / 2 columns of x must be whole units (the up half starts N on).
+  auto swiglu = [&](int64_t K, int64_t Kp) {
+    const TensorView xv = rows(x, K, K);
+    const TensorView pv = Kp ? rows(p, Kp, Kp) : TensorView{};
+    const TensorView ov = TensorView::contiguous(out, DType::f8e4m3fn, cpu, {8, K / 2 + Kp});
+    const TensorView sv = TensorView::contiguous(scale, DType::f32, cpu, {8, 1});
+    Fp8RowwiseQuantOptions o;
+    o.act = Fp8RowwiseAct::swiglu;
+    return match_fp8_rowwise_quant(xv, pv, ov, sv, o);
+  };
+  EXPECT_TRUE(swiglu(64, 16).aligned16);
+  EXPECT_EQ(swiglu(64, 16).act_width, 32);
+  EXPECT_FALSE(swiglu(48, 16).aligned16);  // N = 24
+  EXPECT_FALSE(swiglu(64, 8).aligned16);
 }
 
 }  // namespace

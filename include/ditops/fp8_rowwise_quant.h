@@ -1,8 +1,10 @@
 // Per-token (rowwise) dynamic FP8 e4m3 quantization of the rows of cat([prefix, act(x)], -1): the
 // FP8 producer of the attention output (act none), of FF-down's input gelu(FF-up output) (act
-// gelu_tanh) and of the FLUX single blocks' proj_out input cat(attn, gelu(mlp)) (prefix = attn):
+// gelu_tanh), of the FLUX single blocks' proj_out input cat(attn, gelu(mlp)) (prefix = attn) and
+// of FLUX.2's SwiGLU (act swiglu: linear_out's input, and the single blocks' cat(attn, swiglu(mlp))):
 //
-//   y          = cat([prefix, act(x)], -1) as rows of Kp + K values of x's dtype
+//   y          = cat([prefix, act(x)], -1) as rows of Kp + N values of x's dtype (N = K, or K / 2
+//                for swiglu)
 //   amax       = y.abs().amax(-1)
 //   out_scale  = float(T(amax * fp32(1 / 448))), 1 where that is 0 (our zero-row rule)
 //   out        = e4m3(clamp(float(y) / out_scale, -448, 448))
@@ -15,11 +17,14 @@
 //              (a [M, K] view with any row stride, a [B, S, K] activation, a column slice of a
 //              wider tensor)
 //   prefix     optional, x's leading dims and dtype, [..., Kp], its own row stride (same rule)
-//   out        [M, Kp + K] float8_e4m3fn, contiguous, M = the rows of x; overlapping no input
+//   out        [M, Kp + N] float8_e4m3fn, contiguous, M = the rows of x; overlapping no input
 //   out_scale  [M, 1] fp32, contiguous
-//   act        none, or gelu_tanh: F.gelu(x, approximate="tanh") rounded to x's dtype, as ATen's CUDA
-//              kernel computes it (gelu_contraction: how x + 0.044715 x^3 rounds, see below)
-// Kp + K >= 1. M == 0 is a no-op. The CUDA kernel holds a row in registers: Kp + K <= 32768
+//   act        none; gelu_tanh: F.gelu(x, approximate="tanh") rounded to x's dtype, as ATen's CUDA
+//              kernel computes it (gelu_contraction: how x + 0.044715 x^3 rounds, see below);
+//              swiglu (K even, N = K / 2): F.silu(x[..., :N]) * x[..., N:] as eager computes it on
+//              16-bit tensors: silu in fp32 as ATen's CUDA kernel, x / (1 + expf(-x)), rounded to
+//              the dtype, then the product in fp32 rounded to the dtype (FLUX.2's Flux2SwiGLU)
+// Kp + N >= 1. M == 0 is a no-op. The CUDA kernel holds a row in registers: Kp + N <= 32768
 // (wider rows are refused on CUDA with that reason; the CPU reference takes any width).
 #pragma once
 
@@ -32,7 +37,7 @@
 
 namespace ditops {
 
-enum class Fp8RowwiseAct : uint8_t { none, gelu_tanh };
+enum class Fp8RowwiseAct : uint8_t { none, gelu_tanh, swiglu };
 
 // How the GELU's x + kKappa * x^3 is rounded: fma, the contraction nvcc applies to ATen's
 // GeluCUDAKernelImpl when it builds PyTorch (--fmad=true, the default), or mul_add, the product
@@ -52,10 +57,11 @@ struct Fp8RowwiseQuantCall {
   TensorView x, prefix, out, out_scale;  // prefix: an empty TensorView when absent
   Fp8RowwiseQuantOptions options;
   int64_t rows = 0;          // M: the product of x's leading dims
-  int64_t width = 0;         // K
+  int64_t width = 0;         // K: x's columns
+  int64_t act_width = 0;     // N: the output columns act(x) gives (K, or K / 2 for swiglu)
   int64_t prefix_width = 0;  // Kp (0 without prefix)
   int64_t x_row_stride = 0, prefix_row_stride = 0;  // elements between rows
-  // Kp, K multiples of 16, x, prefix and out 16-byte aligned, row strides multiples of 8 elements.
+  // Kp, N multiples of 16, x, prefix and out 16-byte aligned, row strides multiples of 8 elements.
   bool aligned16 = false;
   Stream stream = nullptr;
 };
@@ -74,7 +80,8 @@ extern const OpFunction<Fp8RowwiseQuantCall, Fp8RowwiseQuantCall> match_fp8_roww
 DispatchReport explain_fp8_rowwise_quant(const Fp8RowwiseQuantCall& call);
 
 // The CPU reference (the portable oracle): runs on CPU views of a matched call. act=gelu_tanh
-// takes tanh in double rounded to fp32, where CUDA's tanhf is within 2 ulp of it.
+// takes tanh in double rounded to fp32, where CUDA's tanhf is within 2 ulp of it; act=swiglu exp
+// in double rounded to fp32, where CUDA's expf is within 2 ulp of it.
 void fp8_rowwise_quant_reference(const Fp8RowwiseQuantCall& call);
 
 }  // namespace ditops

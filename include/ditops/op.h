@@ -32,7 +32,8 @@ struct TensorSlot {
   //   like:x          x's shape, contiguous       strided:x   x's shape and strides
   //   E1,E2           extents from expressions of rows(x) (product of all but the last dim),
   //                   last(x), dim(x,i) (extent i), last_or_0(x) (last(x), 0 when the optional x is
-  //                   absent), integer options by name, integers, '+',
+  //                   absent), is(o,c) (1 where the choice option o is c, else 0),
+  //                   integer options by name, integers, '+',
   //                   '-', '*', '/', up128(e) (rounded up to 128)
   std::string alloc;
   std::string alloc_dtype;   // "" takes the dtype of the tensor `alloc` names

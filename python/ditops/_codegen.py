@@ -55,6 +55,7 @@ def _shape_expr(rule: str) -> tuple[str, str]:
     """An `alloc` rule's extents as a Python tuple expression, and the tensor it is placed like."""
     names = re.findall(r"(?:rows|last|dim)\((\w+)", rule)
     expr = re.sub(r"last_or_0\((\w+)\)", r"(\1.shape[-1] if \1 is not None else 0)", rule)
+    expr = re.sub(r"\bis\((\w+),\s*(\w+)\)", r"int(\1 == '\2')", expr)
     expr = re.sub(r"dim\((\w+),\s*(\d+)\)", r"\1.shape[\2]", expr)
     expr = re.sub(r"rows\((\w+)\)", r"_rows(\1)", expr)
     expr = re.sub(r"last\((\w+)\)", r"\1.shape[-1]", expr)

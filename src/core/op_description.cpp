@@ -169,7 +169,7 @@ DispatchReport explain(const std::string& op_name, const GenericCall& c, const D
 
 namespace {
 
-// expr := term (('*' | '/') term)*;  term := INT | rows(t) | last(t) | up128(expr) | '(' expr ')'
+// expr := term (('*' | '/') term)*;  term := INT | rows(t) | last(t) | up128(expr) | is(option,choice) | '(' expr ')'
 class ShapeExpr {
  public:
   ShapeExpr(const OpDescription* op, const GenericCall* call, const std::vector<std::pair<std::string, int64_t>>* dims,
@@ -271,6 +271,16 @@ class ShapeExpr {
       v = expr();
       if (v > std::numeric_limits<int64_t>::max() - 127) fail("up128 overflows int64");
       v = (v + 127) / 128 * 128;
+    } else if (w == "is") {  // is(option,choice): 1 where the choice option has that value (or default), else 0
+      const std::string option = word();
+      if (!eat(',')) fail("is(option, choice) needs a choice");
+      const std::string choice = word();
+      const int o = op_ ? op_->option_index(option) : -1;
+      if (o < 0 || op_->options[o].kind != OptionKind::choice) fail("no choice option '" + option + "'");
+      const OptionValue& given = call_->options[o];
+      const std::string* text = std::get_if<std::string>(&given);
+      if (!text && !std::holds_alternative<std::monostate>(given)) fail("option '" + option + "' is not a choice");
+      v = (text ? *text : op_->options[o].default_text) == choice ? 1 : 0;
     } else if (w == "last_or_0") {  // an optional tensor's last extent, 0 where it is absent
       const std::string tensor = word();
       const int i = op_ ? op_->tensor_index(tensor) : -1;

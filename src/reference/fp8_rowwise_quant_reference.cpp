@@ -1,7 +1,8 @@
 // CPU reference of fp8_rowwise_quant: the portable oracle every CUDA implementation is compared with.
 //
 // Per row (docs/fp8_rowwise_quant.md): the prefix's values, then act(x) rounded to the dtype
-// (reference/fp8_rowwise.h gelu_tanh: ATen's fp32 operations, tanh in double rounded to fp32), the
+// (reference/fp8_rowwise.h gelu_tanh: ATen's fp32 operations, tanh in double rounded to fp32;
+// swiglu: silu of the gate column rounded to the dtype, times the up column, rounded), the
 // max of their magnitude patterns (NaN propagating), the scale, and each value's e4m3 byte by the
 // IEEE division. Compiled without FP contraction: each operation is one IEEE binary32 operation.
 // Written per row and column, independently of the kernel's units.
@@ -19,8 +20,9 @@ namespace {
 
 void run_rows(const Fp8RowwiseQuantCall& c, int64_t first, int64_t last) {
   const DType dtype = c.x.dtype;
-  const int64_t Kp = c.prefix_width, K = c.width, W = Kp + K;
+  const int64_t Kp = c.prefix_width, W = Kp + c.act_width, up = c.width - c.act_width;
   const bool gelu = c.options.act == Fp8RowwiseAct::gelu_tanh;
+  const bool swiglu = c.options.act == Fp8RowwiseAct::swiglu;
   const bool fma = c.options.gelu_contraction == GeluContraction::fma;
   std::vector<uint16_t> y(static_cast<size_t>(W));
   uint8_t* out = static_cast<uint8_t*>(c.out.data);
@@ -32,6 +34,7 @@ void run_rows(const Fp8RowwiseQuantCall& c, int64_t first, int64_t last) {
     for (int64_t j = 0; j < W; ++j) {
       uint16_t v = j < Kp ? prefix[j] : x[j - Kp];
       if (j >= Kp && gelu) v = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(v, dtype), fma), dtype);
+      if (j >= Kp && swiglu) v = ref::swiglu(v, x[j - Kp + up], dtype);
       y[static_cast<size_t>(j)] = v;
       amax = std::max(amax, ref::magnitude_bits(v));
     }
@@ -47,7 +50,7 @@ void run_rows(const Fp8RowwiseQuantCall& c, int64_t first, int64_t last) {
 void fp8_rowwise_quant_reference(const Fp8RowwiseQuantCall& c) {
   for (const TensorView* t : {&c.x, &c.prefix, &c.out, &c.out_scale})
     if (t->data && t->device.kind != DeviceKind::cpu) throw Error("fp8_rowwise_quant reference: every tensor must be on the cpu");
-  const int64_t work = c.rows * (c.prefix_width + c.width);
+  const int64_t work = c.rows * (c.prefix_width + c.width);  // elements read
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   threads = static_cast<int>(std::min<int64_t>({threads, std::max<int64_t>(1, work / (1 << 18)), std::max<int64_t>(c.rows, 1)}));
   if (threads <= 1) {

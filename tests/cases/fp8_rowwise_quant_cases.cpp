@@ -6,10 +6,13 @@
 // subnormal range where fp32 then f16 rounding matters), an empty call, refusals and a row too wide
 // for the kernel. act=none is byte-equal to the reference; act=gelu_tanh allows the reference's
 // correctly rounded tanh against CUDA's tanhf (a GELU value one ulp away: one e4m3 code, and where
-// it is a row's amax its scale by one ulp of the dtype).
+// it is a row's amax its scale by one ulp of the dtype). act=swiglu (FLUX.2's FF and single blocks,
+// x = [gate | up], out N = K / 2 columns of it) allows the reference's exp against CUDA's expf: a
+// silu value one ulp away, the product two, so two e4m3 codes and the scale four ulps of the dtype.
 //
 // The oracles (below): the recipe in double, exactly, for act=none; for act=gelu_tanh, the GELU in
-// double within one e4m3 code and the scale within one ulp of the dtype.
+// double within one e4m3 code and the scale within one ulp of the dtype; for act=swiglu, SwiGLU in
+// double (each fp32 step rounded) within two codes and the scale within four ulps.
 #include <cmath>
 #include <string>
 #include <vector>
@@ -24,7 +27,7 @@ struct Rq {
   std::vector<int64_t> lead = {33};  // x's leading dims
   int64_t K = 3072, Kp = 0;
   DType dtype = DType::bf16;
-  const char* act = "none";
+  const char* act = "none";  // swiglu: K = 2 N, the output takes N columns of x
   const char* contraction = "fma";
   int64_t x_pad = 0, prefix_pad = 0;  // elements beyond each row (a row stride of its own)
   double amplitude = 2.0;
@@ -76,6 +79,9 @@ OpCase rq_case(const Rq& s, CaseKind kind, uint32_t seed) {
     c.tolerance = {1, 0.0, 0.05, 64};
     // One ulp of the dtype in the scale: 2^16 (bf16) or 2^13 (f16) fp32 ulps.
     c.tolerance_for = {{"out_scale", {s.dtype == DType::bf16 ? 65536.0 : 8192.0, 0.0, 0.05, 2}}};
+  } else if (std::string(s.act) == "swiglu") {
+    c.tolerance = {2, 0.0, 0.05, 64};
+    c.tolerance_for = {{"out_scale", {s.dtype == DType::bf16 ? 4 * 65536.0 : 4 * 8192.0, 0.0, 0.05, 2}}};
   }
   c.large = rows_of(s.lead) * (s.K + s.Kp) > (1 << 22);
   return c;
@@ -113,7 +119,13 @@ std::vector<OpCase> make() {
                                             {{2, 6912}, 3072, 0, "none"},          // Qwen-Image, CFG batch
                                             {{1, 512}, 3072, 0, "none"},           // FLUX.1 text tokens
                                             {{1, 512}, 12288, 3072, "gelu_tanh"},
-                                            {{1, 4608}, 18432, 6144, "gelu_tanh"}})  // FLUX.2 single block
+                                            {{1, 4608}, 18432, 6144, "gelu_tanh"},  // FLUX.2 single block, GELU
+                                            // FLUX.2's SwiGLU (H = 18432): the FF's linear_out input
+                                            // (image and text tokens), the single block's to_out input
+                                            // cat(attn, swiglu(mlp)) (prefix: the attention output)
+                                            {{1, 4608}, 36864, 0, "swiglu"},
+                                            {{1, 512}, 36864, 0, "swiglu"},
+                                            {{1, 4608}, 36864, 6144, "swiglu"}})
   {
     Rq s;
     s.lead = site.lead;
@@ -145,6 +157,17 @@ std::vector<OpCase> make() {
     s.contraction = "mul_add";
     add(s, CaseKind::model);
   }
+  // SwiGLU in f16, and at tiny widths (N = 1, 8, 17 with a 3-column prefix: the scalar path; 16
+  // beside a 16-column prefix: the vector path).
+  for (const auto& [K, Kp] : std::vector<std::pair<int64_t, int64_t>>{{6144, 0}, {2, 0}, {16, 0}, {34, 3}, {32, 16}}) {
+    Rq s;
+    s.lead = {2, 9};
+    s.K = K;
+    s.Kp = Kp;
+    s.dtype = K == 6144 ? DType::f16 : DType::bf16;
+    s.act = "swiglu";
+    add(s, K == 6144 ? CaseKind::model : CaseKind::odd);
+  }
   // Wide amplitudes: the clamp is never reached (|y / s| <= 448 by construction), small and huge rows.
   for (double amplitude : {1e-30, 1e-3, 1e30}) {
     Rq s;
@@ -169,6 +192,18 @@ std::vector<OpCase> make() {
         s.act = act;
         add(s, CaseKind::odd);
       }
+  // SwiGLU's odd widths (K even): N = 1, 17, 100, 3071, none beside a prefix, 16 beside 5 columns.
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const auto& [K, Kp] : std::vector<std::pair<int64_t, int64_t>>{{2, 0}, {34, 3}, {200, 16}, {6142, 1},
+                                                                         {0, 24}, {32, 5}, {96, 16}}) {
+      Rq s;
+      s.lead = {3, 5};
+      s.K = K;
+      s.Kp = Kp;
+      s.dtype = dt;
+      s.act = "swiglu";
+      add(s, CaseKind::odd);
+    }
   // Rows of their own stride: padded x and prefix rows ([M, K] and [B, S, K] views).
   for (const auto& [x_pad, prefix_pad] : std::vector<std::pair<int64_t, int64_t>>{{8, 0}, {0, 24}, {3, 5}, {64, 8}}) {
     Rq s;
@@ -177,25 +212,32 @@ std::vector<OpCase> make() {
     s.Kp = 128;
     s.x_pad = x_pad;
     s.prefix_pad = prefix_pad;
-    s.act = "gelu_tanh";
-    add(s, CaseKind::strided);
+    for (const char* act : {"gelu_tanh", "swiglu"}) {
+      s.act = act;
+      add(s, CaseKind::strided);
+    }
   }
-  // x and prefix as column slices of one [M, 3 * 128] projection (prefix columns 0..127, x 256..383).
-  {
+  // x and prefix as column slices of one buffer of `row` columns (prefix from column 0, x from
+  // `offset`): one [M, 3 * 128] projection (prefix columns 0..127, x 256..383); FLUX.2's single
+  // block in small, x the MLP columns 192..447 (gate then up) of a [M, 3 * 64 + 256]
+  // to_qkv_mlp_proj-like buffer, whose first 64 columns are the prefix here.
+  auto slices = [&](int64_t K, int64_t Kp, int64_t row, int64_t offset, const char* act, const char* what) {
     Rq s;
     s.lead = {9};
-    s.K = 128;
-    s.Kp = 128;
+    s.K = K;
+    s.Kp = Kp;
+    s.act = act;
     OpCase c = rq_case(s, CaseKind::view, seed++);
-    c.name += "_slices_of_one_projection";
-    c.tensors[1].shape = {9, 128};
-    c.tensors[1].strides = {384, 1};
-    c.tensors[0].strides = {384, 1};
+    c.name += what;
+    c.tensors[1].strides = {row, 1};
+    c.tensors[0].strides = {row, 1};
     c.tensors[0].storage = "prefix";
-    c.tensors[0].offset = 256;
+    c.tensors[0].offset = offset;
     std::swap(c.tensors[0], c.tensors[1]);  // the buffer's owner first
     out.push_back(c);
-  }
+  };
+  slices(128, 128, 384, 256, "none", "_slices_of_one_projection");
+  slices(256, 64, 448, 192, "swiglu", "_mlp_columns_of_one_projection");
   // One row and one element: a [K] x; a [1, 1, 16] x.
   {
     Rq s;
@@ -211,6 +253,7 @@ std::vector<OpCase> make() {
   out.push_back(bits_case("zero_rows", DType::bf16, 4, 32, {0x0000, 0x8000}, seed++));
   out.push_back(bits_case("zero_rows", DType::f16, 4, 32, {0x8000, 0x0000, 0x0000}, seed++));
   out.push_back(bits_case("zero_rows_gelu", DType::bf16, 2, 20, {0x8000}, seed++, "gelu_tanh"));
+  out.push_back(bits_case("zero_rows_swiglu", DType::bf16, 2, 40, {0x8000, 0x0000, 0x0000}, seed++, "swiglu"));
   // The scale's rounding points: bf16 amax 0x00E0 (amax / 448 is a tie that rounds to 0: scale 1),
   // 0x00E1 (the smallest amax with a nonzero scale), 0x01A8 and 0x020C (ties away from 0); f16 amax
   // whose fp32 product then f16 rounding in the subnormal range differs from one rounding of amax / 448
@@ -234,8 +277,19 @@ std::vector<OpCase> make() {
   out.push_back(bits_case("subnormal_rows", DType::bf16, 2, 16, {0x0001, 0x8002, 0x007F, 0x0040}, seed++));
   out.push_back(bits_case("subnormal_rows", DType::f16, 2, 16, {0x0001, 0x8002, 0x03FF, 0x0200}, seed++));
   out.push_back(bits_case("inf_row_gelu", DType::bf16, 1, 16, {0x7F80, 0x3F80, 0xFF80, 0xC120, 0x4120}, seed++, "gelu_tanh"));
+  // SwiGLU's edges (gate | up of 16 columns each, the patterns cycling across both halves): silu of
+  // +-Inf (Inf, NaN), of -100 (exp overflows: -0), Inf * 0 (NaN), products past the largest finite
+  // value (an Inf scale), subnormal gates; and rows without Inf or NaN: large and tiny magnitudes.
+  out.push_back(bits_case("swiglu_inf_nan", DType::bf16, 2, 32, {0x7F80, 0x0000, 0xFF80, 0x3F80, 0xC2C8, 0x7F80, 0x4120},
+                          seed++, "swiglu"));
+  out.push_back(bits_case("swiglu_finite_edges", DType::bf16, 3, 32,
+                          {0x42C8, 0xC2C8, 0x4120, 0xC120, 0x3F80, 0xBF80, 0x0000, 0x8000, 0x0001, 0x7F7F, 0x80FF},
+                          seed++, "swiglu"));
+  out.push_back(bits_case("swiglu_finite_edges", DType::f16, 3, 32,
+                          {0x5640, 0xD640, 0x4900, 0xC900, 0x3C00, 0xBC00, 0x0000, 0x8000, 0x0001, 0x7BFF, 0x83FF},
+                          seed++, "swiglu"));
   for (DType dt : {DType::bf16, DType::f16})
-    for (const char* act : {"none", "gelu_tanh"}) {
+    for (const char* act : {"none", "gelu_tanh", "swiglu"}) {
       Rq s;
       s.lead = {4, 6};
       s.K = 64;
@@ -257,6 +311,8 @@ std::vector<OpCase> make() {
     s.lead = {2, 0};
     s.Kp = 16;
     add(s, CaseKind::empty);
+    s.act = "swiglu";
+    add(s, CaseKind::empty);
   }
   // A row too wide for the kernel's registers: the CPU reference takes it, the jit refuses.
   {
@@ -266,6 +322,11 @@ std::vector<OpCase> make() {
     s.Kp = 16;
     OpCase c = rq_case(s, CaseKind::odd, seed++);
     c.unsupported = {{"fp8_rowwise_quant.jit", "wider than the kernel's 32768"}};
+    out.push_back(c);
+    s.K = 65536;  // swiglu: 16 + 32768 output columns
+    s.act = "swiglu";
+    c = rq_case(s, CaseKind::odd, seed++);
+    c.unsupported = {{"fp8_rowwise_quant.jit", "Kp + N = 32784 columns are wider than the kernel's 32768"}};
     out.push_back(c);
   }
   // Refusals.
@@ -304,6 +365,14 @@ std::vector<OpCase> make() {
     c.tensors.pop_back();
     c.tensors[0].shape = {2, 4, 0};
   });
+  invalid("swiglu_odd_K", {"x.shape[2] must be even for act=swiglu", "but is 63"}, [](OpCase& c) {
+    c.tensors[0].shape = {2, 4, 63};
+    c.options[0].second = "swiglu";
+  });
+  invalid("swiglu_out_width_wrong", {"out must be [M, Kp + K/2] (act=swiglu) = [8, 64]", "[8, 96]"}, [](OpCase& c) {
+    c.options[0].second = "swiglu";
+    c.tensors.push_back({"out", DType::f8e4m3fn, {8, 96}});
+  });
   {
     OpCase c = rq_case(small, CaseKind::aliased, seed++);
     c.name = "out_over_x";
@@ -337,7 +406,7 @@ using testing_oracle::round_f32;
 struct Rows {
   int x, prefix, out, scale;
   DType dtype;
-  int64_t rows, K, Kp;
+  int64_t rows, K, Kp;  // K: x's columns
 };
 
 Rows rows_of(const OracleIo& io) {
@@ -365,6 +434,13 @@ double gelu(double x, DType dtype, bool fma) {
   return round_dtype(round_f32(round_f32(0.5 * x) * round_f32(1.0 + round_f32(std::tanh(inner)))), dtype);
 }
 
+// F.silu(gate) * up in double: the fp32 steps of ATen's silu (exp in double rounded to fp32, its
+// sum, the division), rounded to the dtype, then the product rounded to the dtype.
+double swiglu(double gate, double up, DType dtype) {
+  const double silu = round_dtype(round_f32(gate / round_f32(1.0 + round_f32(std::exp(-gate)))), dtype);
+  return round_dtype(silu * up, dtype);
+}
+
 // One e4m3 code at |q| (the spacing of the e4m3 values there).
 double e4m3_step(double q) {
   const double a = std::fabs(q);
@@ -372,28 +448,35 @@ double e4m3_step(double q) {
   return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 3);
 }
 
-void rowwise_oracle(OracleIo& io, bool gelu_rows) {
+enum class Act { none, gelu, swiglu };
+
+void rowwise_oracle(OracleIo& io, Act act) {
   const Rows r = rows_of(io);
   const bool fma = io.option("gelu_contraction") == "fma";
   const double inv448 = round_f32(1.0 / 448.0);
-  std::vector<double> y(static_cast<size_t>(r.K + r.Kp));
+  const int64_t N = act == Act::swiglu ? r.K / 2 : r.K, W = r.Kp + N;
+  // Bounds in ulps of the dtype (scale) and e4m3 codes (bytes); act none: exact.
+  const int scale_ulps = act == Act::swiglu ? 4 : 1, codes = act == Act::swiglu ? 2 : 1;
+  std::vector<double> y(static_cast<size_t>(W));
   for (int64_t row = 0; row < r.rows; ++row) {
     double amax = 0;
     bool nan = false;
-    for (int64_t j = 0; j < r.Kp + r.K; ++j) {
+    for (int64_t j = 0; j < W; ++j) {
       double v = j < r.Kp ? io.in(r.prefix, row * r.Kp + j) : io.in(r.x, row * r.K + j - r.Kp);
-      if (j >= r.Kp && gelu_rows) v = gelu(v, r.dtype, fma);
+      if (j >= r.Kp && act == Act::gelu) v = gelu(v, r.dtype, fma);
+      if (j >= r.Kp && act == Act::swiglu) v = swiglu(v, io.in(r.x, row * r.K + j - r.Kp + N), r.dtype);
       y[static_cast<size_t>(j)] = v;
       nan = nan || std::isnan(v);
       amax = std::fmax(amax, std::fabs(v));
     }
     double s = nan ? NAN : round_dtype(round_f32(amax * inv448), r.dtype);
     if (s == 0) s = 1;
-    const double scale_bound = gelu_rows ? std::ldexp(std::fabs(s), r.dtype == DType::bf16 ? -7 : -10) : -1;
+    const double scale_bound =
+        act != Act::none ? scale_ulps * std::ldexp(std::fabs(s), r.dtype == DType::bf16 ? -7 : -10) : -1;
     io.expect(r.scale, row, s, scale_bound);
-    for (int64_t j = 0; j < r.Kp + r.K; ++j) {
+    for (int64_t j = 0; j < W; ++j) {
       const double q = round_e4m3_saturated(round_f32(y[static_cast<size_t>(j)] / s));
-      io.expect(r.out, row * (r.Kp + r.K) + j, q, gelu_rows ? e4m3_step(q) : -1);
+      io.expect(r.out, row * W + j, q, act != Act::none ? codes * e4m3_step(q) : -1);
     }
   }
 }
@@ -406,12 +489,16 @@ bool act_is(const OpCase& c, const std::string& act) {
 }
 
 const Oracle kExact{.name = "the rowwise recipe in double (act=none)",
-                    .expect = [](OracleIo& io) { rowwise_oracle(io, false); },
+                    .expect = [](OracleIo& io) { rowwise_oracle(io, Act::none); },
                     .applies = [](const OpCase& c) { return act_is(c, "none"); }};
 const Oracle kGelu{.name = "GELU(tanh) in double, then the recipe: one e4m3 code, the scale within one ulp",
-                   .expect = [](OracleIo& io) { rowwise_oracle(io, true); },
+                   .expect = [](OracleIo& io) { rowwise_oracle(io, Act::gelu); },
                    .applies = [](const OpCase& c) { return act_is(c, "gelu_tanh"); }};
-const OracleSet kOracles[] = {{"fp8_rowwise_quant", kExact}, {"fp8_rowwise_quant", kGelu}};
+const Oracle kSwiglu{.name = "SwiGLU in double, then the recipe: two e4m3 codes, the scale within four ulps",
+                     .expect = [](OracleIo& io) { rowwise_oracle(io, Act::swiglu); },
+                     .applies = [](const OpCase& c) { return act_is(c, "swiglu"); }};
+const OracleSet kOracles[] = {
+    {"fp8_rowwise_quant", kExact}, {"fp8_rowwise_quant", kGelu}, {"fp8_rowwise_quant", kSwiglu}};
 
 }  // namespace
 }  // namespace ditops::optest

@@ -355,10 +355,12 @@ def test_fp8_with_fused_wan_projections_and_producers_off():
     assert all("producers off" in s.why for s in report.sites if s.name.startswith("fp8_quant"))
 
 
-def test_compile_fullgraph_traces_the_fp8_forward():
+@pytest.mark.parametrize("name", ["flux", "flux2"])
+def test_compile_fullgraph_traces_the_fp8_forward(name):
     """torch.compile(fullgraph=True) through the Fp8Linears, Rowwise pairs and the sites (the
-    'eager' backend: the traced graph run eagerly on the CPU stand-in), equal to eager."""
-    model, inputs, _ = tiny_flux()
+    'eager' backend: the traced graph run eagerly on the CPU stand-in), equal to eager. FLUX.2:
+    its SwiGLU sites too (the single blocks' MLP columns as strided rows)."""
+    model, inputs, _ = TINY[name]()
     dd.enable(model, allow_cpu=True, fp8=True)
     eager = quiet(run, model, inputs)
     torch._dynamo.reset()
@@ -389,6 +391,9 @@ class SimulatedProducers:
 
     def fp8_rowwise_quant(self, x, prefix=None, act="none", quality=None):
         y = torch.nn.functional.gelu(x, approximate="tanh") if act == "gelu_tanh" else x
+        if act == "swiglu":  # FLUX.2: x = [a | b], silu(a) * b
+            a, b = x.split(x.shape[-1] // 2, dim=-1)
+            y = torch.nn.functional.silu(a) * b
         return self._out(y if prefix is None else torch.cat([prefix, y], -1))
 
     def layernorm_modulate_fp8_rowwise(self, x, scale, shift, eps=1e-6, quality=None):
@@ -431,6 +436,9 @@ def test_producers_run_only_where_first_sight_is_bit_equal(monkeypatch, name, pe
     assert producers and all(s.op is not None for s in producers)
     out = quiet(run, model, inputs)
     assert torch.equal(out, expected) and ops.calls > 0
+    if name == "flux2":  # the SwiGLU producers have places: the FFs' linear_out, the single blocks' to_out
+        names = {s.name for s in producers}
+        assert {"fp8_quant (swiglu ff)", "fp8_quant (cat attn + swiglu mlp)"} <= names, names
     for site in producers:
         if perturb:
             assert site.fused_calls == 0 and site.reasons, site.name
@@ -584,6 +592,22 @@ def test_gpu_fp8_forward_equals_the_plain_chain(name):
     # LTX-2 without video_coords copies a host tensor in its forward: its capture may be refused
     # (then every call ran eagerly, equal all the same)
     assert graphs is not None and (graphs.graphs >= 1 or name == "ltx2"), str(graphs)
+
+
+@gpu
+def test_gpu_flux2_fp8_forward_runs_the_swiglu_producers_and_equals_the_plain_chain():
+    model, inputs, _ = TINY["flux2"]()
+    model = model.cuda()
+    inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    expected = run(recipe_model(model, "flux2"), inputs)
+    report = dd.enable(model, fp8=True)
+    for _ in range(2):  # the first sight, then the verified op
+        assert torch.equal(quiet(run, model, inputs), expected)
+    sites = {s.name: s for s in report.sites}
+    for name in ("fp8_quant (swiglu ff)", "fp8_quant (cat attn + swiglu mlp)"):
+        site = sites[name]
+        assert site.places and site.op == "fp8_rowwise_quant", (name, site.why)
+        assert site.fused_calls > 0 and not site.reasons, (name, site.reasons, dict(site.unfit))
 
 
 @gpu

@@ -18,8 +18,10 @@ FP8 directly, the mappings below make it a Rowwise pair once and pass the pair o
     bf16 y never written; where that does not fit, the adaLN site's value then the recipe);
   * FLUX.2: the inline adaLN modulations quantized per token ("fp8_quant (adaLN)"): norm1 ->
     to_q/to_k/to_v (or to_qkv), norm1_context -> add_q/k/v_proj (or to_added_qkv), norm2 -> ff,
-    norm2_context -> ff_context, the single blocks' norm -> to_qkv_mlp_proj; the SwiGLU outputs
-    (into linear_out and the single blocks' to_out) each linear's own quantization;
+    norm2_context -> ff_context, the single blocks' norm -> to_qkv_mlp_proj; the feed-forwards'
+    SwiGLU of linear_in's output quantized in one pass into linear_out ("fp8_quant (swiglu ff)"),
+    the single blocks' cat(attn, swiglu(mlp)) -> to_out ("fp8_quant (cat attn + swiglu mlp)": the
+    MLP columns read where to_qkv_mlp_proj wrote them);
   * LTX-2: the FeedForwards and each linear's own quantization.
 
 A pair goes only where every consumer is an Fp8Linear and the attention runs a processor whose
@@ -269,6 +271,40 @@ def wan(ctx) -> None:
 # ---------------------------------------------------------------- FLUX.2
 
 
+def swiglu_feed_forward(swiglu_site):
+    """Flux2FeedForward.forward with linear_out fed by the SwiGLU of linear_in's output, quantized
+    in the same pass (linear_in takes the bf16 input or the adaLN pair as it is)."""
+
+    def forward(self, x):
+        return self.linear_out(swiglu_site(self.linear_in(x)))
+
+    return forward
+
+
+def _flux2_swiglu_sites(ctx, path, block) -> None:
+    """FLUX.2's SwiGLU producers of one block: its feed-forwards (double blocks) where linear_out is
+    FP8; the single block's cat(attn, swiglu(mlp)) where to_out is FP8 and the attention runs the
+    model's default processor (ditops's replacement of it takes the site)."""
+    from diffusers.models.transformers.transformer_flux2 import (Flux2FeedForward, Flux2ParallelSelfAttnProcessor,
+                                                                 Flux2SwiGLU)
+    from . import flux2 as model_code
+    prefix = ctx.plan.prefix
+    for name in ("ff", "ff_context"):
+        ff = getattr(block, name, None)
+        if type(ff) is Flux2FeedForward and type(ff.act_fn) is Flux2SwiGLU and ctx.fp8(ff.linear_out):
+            ctx.patch_forward(f"{path}.{name}", ff, swiglu_feed_forward(ctx.swiglu))
+            ctx.swiglu.places.append(f"{prefix}{path}.{name}.linear_out")
+    attn = getattr(block, "attn", None)
+    if attn is None or not hasattr(attn, "to_qkv_mlp_proj"):
+        return
+    if type(attn.processor) is Flux2ParallelSelfAttnProcessor and type(attn.mlp_act_fn) is Flux2SwiGLU and \
+            ctx.fp8(attn.to_out):
+        processor = model_code.Flux2ParallelSelfAttnProcessorDitops(attn.processor, ctx.site("qk_norm_rope"),
+                                                                    cat_quant=ctx.cat_swiglu)
+        ctx.plan.patch_processor(f"{path}.attn.processor", attn, processor)
+        ctx.cat_swiglu.places.append(f"{prefix}{path}.attn.to_out")
+
+
 def flux2(ctx) -> None:
     from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
                                                                  Flux2SingleTransformerBlock, Flux2TransformerBlock)
@@ -280,6 +316,7 @@ def flux2(ctx) -> None:
         path = f"transformer_blocks.{i}"
         if type(block) is not Flux2TransformerBlock:
             continue
+        _flux2_swiglu_sites(ctx, path, block)
         image, text = _projections(block.attn)
         # the pair needs every consumer FP8: all the projections of both streams, or both FFs' linear_in
         attn_pair = type(block.attn.processor) is Flux2AttnProcessor and bool(text) and ctx.fp8(*image, *text)
@@ -292,6 +329,8 @@ def flux2(ctx) -> None:
         pair.places += [f"{prefix}{path}.{n}" for n in names]
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
+        if type(block) is Flux2SingleTransformerBlock:
+            _flux2_swiglu_sites(ctx, path, block)
         if type(block) is Flux2SingleTransformerBlock and \
                 type(block.attn.processor) is Flux2ParallelSelfAttnProcessor and ctx.fp8(block.attn.to_qkv_mlp_proj):
             ctx.patch_forward(path, block, model_code.single_block_forward(pair, residual))

@@ -18,8 +18,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
 The KV-cache processors (Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor: Klein KV's
 pipeline installs them) run the model's code; their blocks' adaLN and residual sites still serve
 (a per-token modulation of the KV extract step falls back per call). The feed-forward's SwiGLU and
-the single block's cat(attn, mlp) run the model's code (under FP8 the consuming linear quantizes
-them: no SwiGLU producer yet).
+the single block's cat(attn, mlp) run the model's code in bf16; under FP8 (_fp8_models.flux2) the
+SwiGLU + quantize producer writes linear_out's and to_out's e4m3 input instead.
 """
 from __future__ import annotations
 
@@ -94,7 +94,12 @@ class Flux2AttnProcessorDitops(_common.ProcessorWrapper):
 class Flux2ParallelSelfAttnProcessorDitops(_common.ProcessorWrapper):
     """Flux2ParallelSelfAttnProcessor with the QK norm + RoPE through the qk site: q and k are
     chunks of to_qkv_mlp_proj's output (rows of 3 * inner + 2 * mlp elements), normalized and
-    rotated in place."""
+    rotated in place. cat_quant (the FP8 path, to_out an Fp8Linear): to_out takes
+    cat_quant(attention output, MLP columns), cat([attn, swiglu(mlp)]) as one Rowwise pair."""
+
+    def __init__(self, original, site, cat_quant=None):
+        super().__init__(original, site)
+        self.cat_quant = cat_quant
 
     def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
         hidden_states = attn.to_qkv_mlp_proj(hidden_states)
@@ -118,6 +123,8 @@ class Flux2ParallelSelfAttnProcessorDitops(_common.ProcessorWrapper):
                                               backend=self._attention_backend,
                                               parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        if self.cat_quant is not None:
+            return attn.to_out(self.cat_quant(hidden_states, mlp_hidden_states))
         mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
         hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
         return attn.to_out(hidden_states)

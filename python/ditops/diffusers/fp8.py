@@ -22,8 +22,9 @@ here the blocks' linears, minus Fp8Config.skip.
 
 Numeric contract: the FP8 forward equals, bit for bit, the model's own code with every block
 linear swapped for that chain (plain_chain() below; no producer, no site), on CUDA. The producer
-ops (one pass that already reads the row: the adaLN LayerNorm-modulate, GELU(tanh) of the FF-up
-output, FLUX's single-block cat(attn, gelu(mlp)), a linear's bf16 input) run where the op table
+ops (one pass that already reads the row: the adaLN LayerNorm-modulate, GELU(tanh) or FLUX.2's
+SwiGLU of the FF-up output, the single blocks' cat(attn, gelu(mlp)) or cat(attn, swiglu(mlp)), a
+linear's bf16 input) run where the op table
 lists them and their first sight per signature is bit-equal to the chain (the sites' mechanism,
 _sites.Site, always in the strict tier); otherwise the chain runs. So the numbers never depend on
 whether a producer ran. How far the chain moves the output from bf16 is measured in the bench
@@ -76,12 +77,21 @@ LORA_METHODS = ("load_lora_adapter", "add_adapter", "fuse_lora", "unfuse_lora", 
 # ---------------------------------------------------------------- the chain
 
 # The recipe's one copy, the producer ops' oracle (python/ditops/eager/fp8_rowwise.py).
-from ditops.eager.fp8_rowwise import fp8_rowwise_eager  # noqa: E402
+from ditops.eager.fp8_rowwise import fp8_rowwise_eager, swiglu  # noqa: E402
 
 
 def gelu_tanh(x):
     """diffusers' GELU(approximate="tanh") and nn.GELU(approximate="tanh"): one rounding."""
     return F.gelu(x, approximate="tanh")
+
+
+# fp8_rowwise_quant's act choices the producer sites use: the model's activation (eager) and how
+# the chain reads in a report. swiglu: FLUX.2's Flux2SwiGLU (x = [gate | up]).
+ACTS = {
+    "none": (lambda x: x, "{x}"),
+    "gelu_tanh": (gelu_tanh, "F.gelu({x}, approximate='tanh')"),
+    "swiglu": (swiglu, "F.silu({x}[..., :N]) * {x}[..., N:]"),
+}
 
 
 class Rowwise(NamedTuple):
@@ -267,80 +277,74 @@ class Fp8QuantSite(Site):
 
 
 def _bf16_rows(name: str, x) -> str:
+    """'' where x is rows the op takes: last stride 1, the leading dims collapsing into one row
+    stride (a contiguous activation, or a column slice of a fused projection)."""
     if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16 or x.dim() < 2:
         return f"{name} is not a bfloat16 tensor of rank >= 2"
-    if not x.is_contiguous():
-        return f"{name} is not contiguous"
+    lead = [(n, st) for n, st in zip(x.shape[:-1], x.stride()[:-1]) if n != 1]
+    if x.stride(-1) != 1 or any(a[1] != b[0] * b[1] for a, b in zip(lead, lead[1:])):
+        return f"{name}'s rows do not have one stride (last stride 1)"
     if x.numel() == 0:
         return f"{name} is empty"
     return ""
 
 
 class RowwiseQuantSite(Fp8QuantSite):
-    """act(x) quantized per row: fp8_rowwise_quant(x, act=act) or the chain fp8_rowwise_eager(act(x))."""
+    """act(x) quantized per row: fp8_rowwise_quant(x, act=act) or the chain fp8_rowwise_eager(act(x)).
+    act: a key of ACTS (swiglu: x = [gate | up], the pair has half of x's columns)."""
+
+    prefix = False  # CatActQuantSite: cat([prefix, act(x)], -1)
 
     def __init__(self, name: str, *, act: str, producers: bool):
-        why = producer_why_not("fp8_rowwise_quant", act) if producers else \
+        why = producer_why_not("fp8_rowwise_quant", act, prefix=self.prefix) if producers else \
             "producers off (Fp8Config(producers=False)): the chain runs"
-        chain = "fp8_rowwise_eager(x)" if act == "none" else "fp8_rowwise_eager(F.gelu(x, approximate='tanh'))"
-        super().__init__(name, op=None if why else "fp8_rowwise_quant", chain=chain, why=why,
-                         options={"act": act})
+        y = ACTS[act][1].format(x="mlp" if self.prefix else "x")
+        chain = f"fp8_rowwise_eager(torch.cat([attn, {y}], -1))" if self.prefix else f"fp8_rowwise_eager({y})"
+        options = {"act": act, "prefix": "attention output"} if self.prefix else {"act": act}
+        super().__init__(name, op=None if why else "fp8_rowwise_quant", chain=chain, why=why, options=options)
         self.act = act
 
     def __call__(self, x) -> Rowwise:
-        why = _bf16_rows("x", x)
-        sig = None if why else (str(x.device), x.shape[-1], self.act)
-        act = self.act
+        return self._quantize(None, x)
 
-        def flat():
-            return x.reshape(-1, x.shape[-1])
+    def _quantize(self, prefix, x) -> Rowwise:
+        act = self.act
+        why = _bf16_rows("x", x)
+        if not why and prefix is not None:
+            why = _bf16_rows("prefix", prefix)
+            if not why and (prefix.shape[:-1] != x.shape[:-1] or prefix.device != x.device):
+                why = "prefix and x differ in their leading dims or device"
+        if not why and act == "swiglu" and x.shape[-1] % 2:
+            why = f"x has {x.shape[-1]} columns (SwiGLU takes [gate | up]: an even count)"
+        sig = None if why else (str(x.device), x.shape[-1], x.stride(-2),
+                                None if prefix is None else (prefix.shape[-1], prefix.stride(-2)))
+
+        def flat(t):
+            return None if t is None else t.reshape(-1, t.shape[-1])
 
         def op_call():
-            q, s = ops.fp8_rowwise_quant(flat(), None, act=act, quality=self.quality)
-            return q.reshape(x.shape), s.reshape(*x.shape[:-1], 1)
+            q, s = ops.fp8_rowwise_quant(flat(x), flat(prefix), act=act, quality=self.quality)
+            return q.reshape(*x.shape[:-1], q.shape[-1]), s.reshape(*x.shape[:-1], 1)
 
         def chain():
-            return fp8_rowwise_eager(x if act == "none" else gelu_tanh(x))
+            y = ACTS[act][0](x)
+            return fp8_rowwise_eager(y if prefix is None else torch.cat([prefix, y], dim=-1))
 
         def explain():
-            return ditops.explain("fp8_rowwise_quant", flat(), None, act=act, quality=self.quality)
+            return ditops.explain("fp8_rowwise_quant", flat(x), flat(prefix), act=act, quality=self.quality)
 
         return self._produce(why, sig, x.device if isinstance(x, torch.Tensor) else None, op_call, chain, explain)
 
 
-class CatGeluQuantSite(Fp8QuantSite):
-    """cat([prefix, gelu_tanh(x)], -1) quantized per row (FLUX's and HunyuanVideo's single blocks:
-    attention output and MLP-up output into proj_out): fp8_rowwise_quant(x, prefix, act="gelu_tanh")
-    or the chain."""
+class CatActQuantSite(RowwiseQuantSite):
+    """cat([prefix, act(x)], -1) quantized per row (the single blocks: attention output and MLP-up
+    output into proj_out / to_out; FLUX's and HunyuanVideo's act gelu_tanh, FLUX.2's swiglu with x
+    a column slice of the fused projection): fp8_rowwise_quant(x, prefix, act=act) or the chain."""
 
-    def __init__(self, name: str, *, producers: bool):
-        why = producer_why_not("fp8_rowwise_quant", "gelu_tanh", prefix=True) if producers else \
-            "producers off (Fp8Config(producers=False)): the chain runs"
-        super().__init__(name, op=None if why else "fp8_rowwise_quant",
-                         chain="fp8_rowwise_eager(torch.cat([attn, F.gelu(mlp, approximate='tanh')], -1))",
-                         why=why, options={"act": "gelu_tanh", "prefix": "attention output"})
+    prefix = True
 
     def __call__(self, prefix, x) -> Rowwise:
-        why = _bf16_rows("x", x) or _bf16_rows("prefix", prefix)
-        if not why and (prefix.shape[:-1] != x.shape[:-1] or prefix.device != x.device):
-            why = "prefix and x differ in their leading dims or device"
-        sig = None if why else (str(x.device), prefix.shape[-1], x.shape[-1])
-        width = prefix.shape[-1] + x.shape[-1]
-
-        def flat(t):
-            return t.reshape(-1, t.shape[-1])
-
-        def op_call():
-            q, s = ops.fp8_rowwise_quant(flat(x), flat(prefix), act="gelu_tanh", quality=self.quality)
-            return q.reshape(*x.shape[:-1], width), s.reshape(*x.shape[:-1], 1)
-
-        def chain():
-            return fp8_rowwise_eager(torch.cat([prefix, gelu_tanh(x)], dim=-1))
-
-        def explain():
-            return ditops.explain("fp8_rowwise_quant", flat(x), flat(prefix), act="gelu_tanh", quality=self.quality)
-
-        return self._produce(why, sig, x.device, op_call, chain, explain)
+        return self._quantize(prefix, x)
 
 
 class LayerNormModulateFp8Site(Fp8QuantSite):
@@ -539,10 +543,12 @@ class Context:
         producers = config.producers
         self.linear_input = RowwiseQuantSite("fp8_quant (linear input)", act="none", producers=producers)
         self.gelu = RowwiseQuantSite("fp8_quant (gelu ff)", act="gelu_tanh", producers=producers)
-        self.cat_gelu = CatGeluQuantSite("fp8_quant (cat attn + gelu mlp)", producers=producers)
+        self.cat_gelu = CatActQuantSite("fp8_quant (cat attn + gelu mlp)", act="gelu_tanh", producers=producers)
+        self.swiglu = RowwiseQuantSite("fp8_quant (swiglu ff)", act="swiglu", producers=producers)
+        self.cat_swiglu = CatActQuantSite("fp8_quant (cat attn + swiglu mlp)", act="swiglu", producers=producers)
         self._adaln = None
         self._mapped = None
-        for site in (self.linear_input, self.gelu, self.cat_gelu):
+        for site in (self.linear_input, self.gelu, self.cat_gelu, self.swiglu, self.cat_swiglu):
             plan.add_site(site)
 
     def site(self, name: str):

@@ -23,10 +23,21 @@ def fp8_rowwise_eager(y):
     return q, s
 
 
+def swiglu(x):
+    """FLUX.2's SwiGLU of x [..., 2N] as eager PyTorch computes it: F.silu of the first N columns
+    (fp32 inside, rounded to x's dtype) times the last N (one more rounding)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def fp8_rowwise_quant_eager(x, prefix=None, act="none"):
-    """fp8_rowwise_quant's chain: fp8_rowwise_eager of cat([prefix, act(x)], -1) as [M, Kp + K] rows
-    (act "gelu_tanh": F.gelu(x, approximate="tanh")). Returns (out [M, Kp + K], out_scale [M, 1])."""
-    y = F.gelu(x, approximate="tanh") if act == "gelu_tanh" else x
+    """fp8_rowwise_quant's chain: fp8_rowwise_eager of cat([prefix, act(x)], -1) as [M, Kp + N] rows
+    (act "gelu_tanh": F.gelu(x, approximate="tanh"), N = K; "swiglu": swiglu(x), N = K / 2).
+    Returns (out [M, Kp + N], out_scale [M, 1])."""
+    if act == "swiglu":
+        y = swiglu(x)
+    else:
+        y = F.gelu(x, approximate="tanh") if act == "gelu_tanh" else x
     if prefix is not None:
         y = torch.cat([prefix, y], -1)
     return fp8_rowwise_eager(y.reshape(-1, y.shape[-1]))

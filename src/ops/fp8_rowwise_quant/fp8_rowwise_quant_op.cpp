@@ -35,21 +35,24 @@ OpBuilder<Fp8RowwiseQuantCall> describe() {
   using C = Fp8RowwiseQuantCall;
   using O = Fp8RowwiseQuantOptions;
   OpBuilder<C> b(kOp, "per-token dynamic e4m3 of cat([prefix, act(x)], -1) with its fp32 scales (torchao's rowwise recipe)",
-                 "x [..., K] bf16|f16 (rows of one stride), prefix [..., Kp] optional; out [M, Kp + K] e4m3fn, "
-                 "out_scale [M, 1] f32. include/ditops/fp8_rowwise_quant.h, docs/fp8_rowwise_quant.md");
+                 "x [..., K] bf16|f16 (rows of one stride), prefix [..., Kp] optional; out [M, Kp + N] e4m3fn "
+                 "(N = K, or K / 2 for act=swiglu), out_scale [M, 1] f32. include/ditops/fp8_rowwise_quant.h, "
+                 "docs/fp8_rowwise_quant.md");
   b.dims("M=4608,Kp=3072,K=12288");
   // x's and prefix's ranks, row strides and the outputs' extents are the op's own rules.
   b.tensor<&C::x>({.dtypes = "bf16|f16", .shape = "M,K", .own = "shape"});
   b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
+  // act=swiglu halves x's width: is(act,swiglu) is 1 for that choice, 0 otherwise.
   b.tensor<&C::out>({.role = TensorRole::out, .keyword = true, .dtypes = "f8e4m3fn", .shape = "M,Kp+K",
-                     .alloc = "rows(x),last(x)+last_or_0(prefix)", .alloc_dtype = "f8e4m3fn",
+                     .alloc = "rows(x),last(x)/(1+is(act,swiglu))+last_or_0(prefix)", .alloc_dtype = "f8e4m3fn",
                      .layout = "contiguous", .own = "shape"});
   b.tensor<&C::out_scale>({.role = TensorRole::out, .keyword = true, .dtypes = "f32", .shape = "M,1",
                            .alloc = "rows(x),1", .alloc_dtype = "f32",
                            .doc = "the per-row fp32 scales (out * out_scale ~ the row)", .layout = "contiguous",
                            .own = "shape"});
-  b.choice<&O::act>({Fp8RowwiseAct::none, Fp8RowwiseAct::gelu_tanh},
-                    "applied to x (not prefix) before the quantization: none, or F.gelu(x, approximate='tanh')");
+  b.choice<&O::act>({Fp8RowwiseAct::none, Fp8RowwiseAct::gelu_tanh, Fp8RowwiseAct::swiglu},
+                    "applied to x (not prefix) before the quantization: none, F.gelu(x, approximate='tanh'), or "
+                    "swiglu: F.silu(x[..., :K/2]) * x[..., K/2:] (K even; out gets K/2 columns of x)");
   b.choice<&O::gelu_contraction>(
       {GeluContraction::fma, GeluContraction::mul_add},
       "act=gelu_tanh: x + 0.044715 x^3 as one fma (nvcc's contraction of ATen's kernel) or rounded product, sum");
@@ -90,6 +93,13 @@ void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
   for (int d = 0; d + 1 < r; ++d) rows *= x.shape[d];
   call.rows = rows;
   call.width = x.shape[r - 1];
+  call.act_width = call.width;
+  if (call.options.act == Fp8RowwiseAct::swiglu) {
+    if (call.width % 2)
+      m.fail("x.shape[" + num(r - 1) + "] must be even for act=swiglu (F.silu(x[..., :K/2]) * x[..., K/2:]) but is " +
+             num(call.width));
+    call.act_width = call.width / 2;
+  }
   call.x_row_stride = row_stride(m, x, "x");
   const bool has_prefix = !slot_absent(call.prefix);
   if (has_prefix) {
@@ -104,17 +114,20 @@ void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
   } else {
     call.prefix = TensorView{};
   }
-  const int64_t W = call.prefix_width + call.width;
+  const int64_t W = call.prefix_width + call.act_width;
   if (W < 1) m.fail("x.shape[" + num(r - 1) + "] + prefix's width must be >= 1 (a row to quantize) but is 0");
-  if (out.rank != 2 || out.shape[0] != rows || out.shape[1] != W)
-    m.fail("out must be [M, Kp + K] = [" + num(rows) + ", " + num(W) + "] (M: the rows of x) but is " + out.describe());
+  if (out.rank != 2 || out.shape[0] != rows || out.shape[1] != W) {
+    const bool swiglu = call.options.act == Fp8RowwiseAct::swiglu;
+    m.fail(std::string("out must be [M, Kp + ") + (swiglu ? "K/2] (act=swiglu)" : "K]") + " = [" + num(rows) + ", " +
+           num(W) + "] (M: the rows of x) but is " + out.describe());
+  }
   if (out_scale.rank != 2 || out_scale.shape[0] != rows || out_scale.shape[1] != 1)
     m.fail("out_scale must be [M, 1] = [" + num(rows) + ", 1] but is " + out_scale.describe());
   m.require_disjoint(out, "out", out_scale, "out_scale");
   const auto rows_aligned = [&](const TensorView& t, int64_t stride) {
     return is_aligned(t.data, 16) && (rows <= 1 || (stride * 2) % 16 == 0);
   };
-  call.aligned16 = call.width % kUnitColumns == 0 && call.prefix_width % kUnitColumns == 0 &&
+  call.aligned16 = call.act_width % kUnitColumns == 0 && call.prefix_width % kUnitColumns == 0 &&
                    rows_aligned(x, call.x_row_stride) &&
                    (!has_prefix || rows_aligned(call.prefix, call.prefix_row_stride)) && is_aligned(out.data, 16);
 }
@@ -128,15 +141,15 @@ struct Fp8RowwiseQuantKey {
   bool pdl = true;
 
   std::string to_string() const {
-    static const char* acts[] = {"none", "gelu_fma", "gelu_mul_add"};
+    static const char* acts[] = {"none", "gelu_fma", "gelu_mul_add", "swiglu"};
     return std::string(dtype_name(dtype)) + ",slots=" + std::to_string(slots) + (vector ? ",vec16" : ",scalar") + "," +
            acts[act] + (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const { return pack_key({dtype, {slots, 16}, vector, {act, 3}, pdl}); }
+  uint64_t packed() const { return pack_key({dtype, {slots, 16}, vector, {act, 4}, pdl}); }
 };
 
 int64_t units_of(const Fp8RowwiseQuantCall& c) {
-  return (c.prefix_width + c.width + kUnitColumns - 1) / kUnitColumns;
+  return (c.prefix_width + c.act_width + kUnitColumns - 1) / kUnitColumns;
 }
 
 // Units per thread: the fewest slots that cover the row with at most kMaxThreads threads.
@@ -151,7 +164,8 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   k.dtype = c.x.dtype;
   k.slots = slots_for(units_of(c));
   k.vector = c.aligned16;
-  k.act = c.options.act == Fp8RowwiseAct::none ? kFp8RowwiseActNone
+  k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
+          : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
           : c.options.gelu_contraction == GeluContraction::fma ? kFp8RowwiseGeluFma
                                                                : kFp8RowwiseGeluMulAdd;
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
@@ -178,7 +192,8 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
   p.rows = c.rows;
   p.x_row_stride = c.x_row_stride;
   p.prefix_row_stride = c.prefix_row_stride;
-  p.width = static_cast<int>(c.width);
+  p.width = static_cast<int>(c.act_width);
+  p.up_offset = static_cast<int>(c.width - c.act_width);
   p.prefix_width = static_cast<int>(c.prefix_width);
   p.units = static_cast<int>(units_of(c));
   const int64_t threads = (p.units + k.slots - 1) / k.slots;
@@ -188,7 +203,8 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
 }
 
 // The compile test's keys: every slot bucket (bf16, vector, the GELU), both GELU forms and no act,
-// f16 and the scalar path, PDL off.
+// SwiGLU at slots 1, 6 (FLUX.2: 18432 and 6144 + 18432 columns) and 8, and on the scalar path; f16
+// and the scalar path, PDL off.
 std::vector<Fp8RowwiseQuantKey> variant_keys() {
   std::vector<Fp8RowwiseQuantKey> keys;
   for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGeluFma, true});
@@ -197,13 +213,15 @@ std::vector<Fp8RowwiseQuantKey> variant_keys() {
   for (int act : {kFp8RowwiseActNone, kFp8RowwiseGeluFma, kFp8RowwiseGeluMulAdd})
     keys.push_back({DType::f16, 2, act != kFp8RowwiseGeluFma, act, true});
   keys.push_back({DType::bf16, 8, false, kFp8RowwiseGeluFma, false});
+  for (int s : {1, 6, 8}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, true});
+  keys.push_back({DType::f16, 2, false, kFp8RowwiseSwiglu, false});
   keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false});
   return keys;
 }
 
 std::string refusal(const Fp8RowwiseQuantCall& c) {
   if (units_of(c) <= kMaxUnits) return "";
-  return "rows of Kp + K = " + num(c.prefix_width + c.width) + " columns are wider than the kernel's " +
+  return "rows of Kp + N = " + num(c.prefix_width + c.act_width) + " columns are wider than the kernel's " +
          num(kMaxUnits * kUnitColumns) + " (a row lives in registers)";
 }
 
@@ -218,13 +236,14 @@ void register_fp8_rowwise_quant(Registry& registry) {
       "eager PyTorch on CUDA: ditops.eager.fp8_rowwise_quant_eager (fp8_rowwise_eager of torch.cat([prefix, act(x)], "
       "-1): torchao 0.18's float8 rowwise recipe, amax / 448.0 rounded to x's dtype, 1 for a zero scale, "
       "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh') "
-      "with gelu_contraction=fma (the other form is kept until a device run names eager's)";
+      "with gelu_contraction=fma (the other form is kept until a device run names eager's); act=swiglu: "
+      "F.silu(x[..., :K/2]) * x[..., K/2:] (ATen's silu: x / (1 + expf(-x)) in fp32, rounded; the product rounded)";
   add_jit<Kernels>(
       registry,
       {.sm_min = 89,  // cvt e4m3x2
        .contract = Contract::bit_exact(eager).verified(
            "H200 (sm_90), scripts/device_run.sh verify at bf0f87e: torch.equal in 63 of 63 cases of bench/fp8_rowwise_quant_torch.py (act none and gelu_tanh) and in "
-           "graph replay"),
+           "graph replay; act=swiglu (added after that run): compiled, not run on a GPU yet"),
        .description = "a CTA per row holding it in registers (16 columns a unit: two 16-byte loads, one 16-byte "
                       "store), the amax reduced over the CTA; NVRTC at first use"});
   add_reference<Kernels>(
@@ -233,7 +252,9 @@ void register_fp8_rowwise_quant(Registry& registry) {
                       "act=none: byte-equal (the same IEEE operations; a NaN scale's payload is unspecified); "
                       "act=gelu_tanh: tanh in double rounded to fp32 where CUDA's tanhf is within 2 ulp, so a "
                       "GELU value may differ by one ulp of the dtype, its e4m3 byte by one code, and the row's "
-                      "scale by one ulp of the dtype where that value is the row's amax")
+                      "scale by one ulp of the dtype where that value is the row's amax; act=swiglu: exp in double "
+                      "rounded to fp32 where CUDA's expf is within 2 ulp, so a silu value may differ by one ulp of the "
+                      "dtype, the product by two, its e4m3 byte by two codes and the row's scale by four ulps")
           .verified("on every CI run (CPU) by the op's tests against a float64 transcription"),
       "CPU reference: the recipe per row, each operation one IEEE binary32 operation");
 }
