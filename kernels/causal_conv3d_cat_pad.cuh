@@ -31,9 +31,16 @@
 // whose source lies elsewhere) takes a per-window path that loads its own granules and stores
 // the bytes of out it holds, element by element at out's two ends.
 //
-// kAligned (the host's ccp_aligned: 16-byte rows, heads, runs and pointers, as channels-last
-// model shapes are): every window lies in one row's run or one row's zeros, so a window is one
-// load and one store with no shifts, masks or shuffles.
+// Three paths (kPath, the host's ccp_path):
+// - kCcpAligned (ccp_aligned: 16-byte rows, heads, runs and pointers, as channels-last model
+//   shapes are): every window lies in one row's run or one row's zeros, so a window is one load
+//   and one store with no shifts, masks or shuffles.
+// - kCcpParts (rows of 16 bytes or more, the NCTHW model shapes): the same windows, but each is
+//   its row A part and its row B part, each read from its own two aligned granules and shifted,
+//   with no ballot, shuffle or branch: every lane runs the same instructions whether its window
+//   meets a row end or not (the general path's divergent row-end code was most of the step where
+//   rows are short: 108-420-byte rows, 61-78 % of a copy on the H100).
+// - kCcpGeneral (everything else: rows under 16 bytes): the shuffle path described above.
 //
 // Index arithmetic: 32-bit with FastDivisors where out has fewer than 2^31 - 64 bytes, otherwise
 // (kIndex64) 64-bit with FastDivisor64s; no integer division in either loop.
@@ -101,6 +108,32 @@ inline bool ccp_aligned(const CausalConv3dCatPadParams& p) {
          p.run_bytes % 16 == 0;
 }
 
+// The kernels (template argument kPath), chosen per call by ccp_path.
+constexpr int kCcpGeneral = 0;
+constexpr int kCcpAligned = 1;
+constexpr int kCcpParts = 2;
+
+// Rows the parts kernel serves (unaligned calls): from 16 bytes (a window then meets two rows at
+// most) to below kCcpPartsMaxRowBytes. The bound is where the general kernel's warps stop meeting
+// a row end in most steps: on the H100 (ccp_tune.cu, 19999c5) it reached 66-78 % of a copy at
+// the 108-420-byte NCTHW rows and 90-93 % at 836 and 1284 bytes, where its straight path (about
+// 370 instructions a step, sm_90a) costs about what the parts kernel's does without row B and masks
+// (about 400). Not measured yet for the parts kernel: ccp_tune.cu prints both kernels at every NCTHW
+// case and bench/experiments/ccp_ab_run.sh ditops against ditops:base; move the bound where they cross.
+constexpr long long kCcpPartsMinRowBytes = 16;
+#ifndef DITOPS_CCP_PARTS_MAX_ROW_BYTES
+#define DITOPS_CCP_PARTS_MAX_ROW_BYTES 512
+#endif
+constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
+
+// The kernel of a call (ccp_finish_params done or not): aligned where ccp_aligned, else parts
+// where rows are kCcpPartsMinRowBytes to below kCcpPartsMaxRowBytes, else the general one.
+DITOPS_HOST_DEVICE
+inline int ccp_path(const CausalConv3dCatPadParams& p) {
+  if (ccp_aligned(p)) return kCcpAligned;
+  return p.row_bytes >= kCcpPartsMinRowBytes && p.row_bytes < kCcpPartsMaxRowBytes ? kCcpParts : kCcpGeneral;
+}
+
 // Windows per lane and step, all their loads issued before the first store: the general kernel
 // holds two granules per window in registers (63 registers at 2, the cap of 4 resident blocks of
 // 256 threads), the aligned one a single one (48 at 4: 5 blocks). Measurement: PLACEHOLDER
@@ -111,8 +144,20 @@ inline bool ccp_aligned(const CausalConv3dCatPadParams& p) {
 #ifndef DITOPS_CCP_UNROLL_ALIGNED
 #define DITOPS_CCP_UNROLL_ALIGNED 4
 #endif
+// The parts kernel holds four granules per window (two per row part): at 2 windows 78 registers
+// at 3 blocks of 256 (capped at 64 it spills 32-56 bytes; ptxas 13.0, sm_90a). Measurement: not
+// run yet (ccp_tune.cu's parts rows: 2 windows at 3 blocks, 1 at 4).
+#ifndef DITOPS_CCP_UNROLL_PARTS
+#define DITOPS_CCP_UNROLL_PARTS 2
+#endif
 constexpr int kCcpUnrollGeneral = DITOPS_CCP_UNROLL_GENERAL;
 constexpr int kCcpUnrollAligned = DITOPS_CCP_UNROLL_ALIGNED;
+constexpr int kCcpUnrollParts = DITOPS_CCP_UNROLL_PARTS;
+
+// Windows per lane and step of a kernel.
+DITOPS_HOST_DEVICE constexpr int ccp_unroll(int path) {
+  return path == kCcpAligned ? kCcpUnrollAligned : path == kCcpParts ? kCcpUnrollParts : kCcpUnrollGeneral;
+}
 
 // Which steps a warp takes: 0, one contiguous range (its frame pair changes about once per
 // frame); 1, the steps of its block's turn in a grid-stride walk (the grid's warps on
@@ -349,6 +394,22 @@ __device__ __forceinline__ u32 pack_share(unsigned s, int lo, int hi) {
   return s | (static_cast<u32>(lo) << 8) | (static_cast<u32>(hi) << 16);
 }
 
+// The sizes a step of the general or parts kernel works with, in its index type: row, out, head
+// and run bytes, the zeros a row adds (gap), and the frame pair's second frame and end (rows).
+template <bool kIndex64>
+struct StepGeometry {
+  typename IndexOf<kIndex64>::type row_bytes, out_bytes, head, run_bytes, gap, split, pair_end;
+};
+template <bool kIndex64>
+__device__ __forceinline__ StepGeometry<kIndex64> step_geometry(const CausalConv3dCatPadParams& p,
+                                                                const FramePair<kIndex64>& fp) {
+  using I = typename IndexOf<kIndex64>::type;
+  const I row_bytes = static_cast<I>(p.row_bytes), run_bytes = static_cast<I>(p.run_bytes);
+  const I split = fp.row0 + static_cast<I>(p.rows_out);
+  return {row_bytes,          static_cast<I>(p.out_bytes), static_cast<I>(p.head_bytes), run_bytes,
+          row_bytes - run_bytes, split,                    split + static_cast<I>(p.rows_out)};
+}
+
 // One step of the general kernel: windows first + 32 u + lane, u < kCcpUnrollGeneral, all in
 // rows of the frame pair `fp` except where a frame is shorter than the step.
 //
@@ -365,9 +426,7 @@ __device__ __forceinline__ void general_step(const CausalConv3dCatPadParams& p, 
                                              typename IndexOf<kIndex64>::type first, int lane, unsigned char* out16) {
   using I = typename IndexOf<kIndex64>::type;
   constexpr int kU = kCcpUnrollGeneral;
-  const I row_bytes = static_cast<I>(p.row_bytes), out_bytes = static_cast<I>(p.out_bytes);
-  const I head = static_cast<I>(p.head_bytes), run_bytes = static_cast<I>(p.run_bytes), gap = row_bytes - run_bytes;
-  const I split = fp.row0 + static_cast<I>(p.rows_out), pair_end = split + static_cast<I>(p.rows_out);
+  const auto [row_bytes, out_bytes, head, run_bytes, gap, split, pair_end] = step_geometry<kIndex64>(p, fp);
   u64 ga[kU];
   Shares sh[kU];
   bool active[kU], straight[kU], need0[kU], need1[kU], second_from_next[kU];
@@ -447,6 +506,71 @@ __device__ __forceinline__ void general_step(const CausalConv3dCatPadParams& p, 
     }
 }
 
+// One step of the parts kernel (rows of 16 bytes or more): windows first + 32 u + lane, u <
+// kCcpUnrollParts. Window q meets row A (its first byte's row r) and at most row B (r + 1); each
+// row's part is bytes [lo, hi) of the window, read from the two aligned granules that cover them
+// (row_part), shifted and masked, and the two parts ORed: no shuffle and no per-lane branch, so
+// every lane of a warp runs the same instructions; a warp skips row B's loads and shift, or the
+// masks, only where none of its windows needs them (two votes). A granule a part does not
+// read comes from ccp_zero_granule (loads without predicates, as in the general kernel). Neighbour
+// lanes load the same granules (the second of one is the first of the next): L1 serves the repeat,
+// DRAM sees each once. Windows outside out, or whose row B lies past the frame pair, take
+// window_by_rows after the step's stores.
+template <int kBytes, bool kIndex64>
+__device__ __forceinline__ void parts_step(const CausalConv3dCatPadParams& p, const FramePair<kIndex64>& fp,
+                                           typename IndexOf<kIndex64>::type first, int lane, unsigned char* out16) {
+  using I = typename IndexOf<kIndex64>::type;
+  constexpr int kU = kCcpUnrollParts;
+  const auto [row_bytes, out_bytes, head, run_bytes, gap, split, pair_end] = step_geometry<kIndex64>(p, fp);
+  Word<16> a0[kU], a1[kU], b0[kU], b1[kU];
+  u32 sh_a[kU], sh_b[kU];
+  bool fast[kU], warp_b[kU], warp_mask[kU];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const I w = first + 32 * u + lane;
+    const bool active = w < static_cast<I>(p.windows);
+    const I q = 16 * (active ? w : first) - p.out_phase;
+    const I r = quotient<kIndex64>(q > 0 ? q : 0, p.row_bytes_div, p.row_bytes_div64);
+    const I run_a = r * row_bytes + head;  // row A's run, out offset
+    const RowPart a = row_part<kIndex64>(fp, split, r, q, run_a, run_bytes, gap);
+    const RowPart b = row_part<kIndex64>(fp, split, r + 1, q, run_a + row_bytes, run_bytes, gap);
+    // Inside out, row A in the pair, and row B in it too or not meeting the window.
+    fast[u] = active && q >= 0 && q + 16 <= out_bytes && r < pair_end &&
+              (r + 1 < pair_end || (r + 1) * row_bytes >= q + 16);
+    // Warp-uniform: whether any window of the warp has a row B part, or a row A part short of the
+    // whole window (long rows: most warps neither, so they skip row B and the masks).
+    warp_b[u] = __any_sync(0xffffffffu, fast[u] && b.lo < b.hi);
+    warp_mask[u] = __any_sync(0xffffffffu, fast[u] && (a.lo > 0 || a.hi < 16));
+    sh_a[u] = pack_share(a.s, a.lo, a.hi);
+    sh_b[u] = pack_share(b.s, b.lo, b.hi);
+    a0[u] = load_or_zero(reinterpret_cast<const void*>(a.g), fast[u] && reads_first(a));
+    a1[u] = load_or_zero(reinterpret_cast<const void*>(a.g + 16), fast[u] && reads_second(a));
+    if (warp_b[u]) {
+      b0[u] = load_or_zero(reinterpret_cast<const void*>(b.g), fast[u] && reads_first(b));
+      b1[u] = load_or_zero(reinterpret_cast<const void*>(b.g + 16), fast[u] && reads_second(b));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (!fast[u]) continue;
+    const u32 pa = sh_a[u], pb = sh_b[u];
+    Word<16> v = shifted<kBytes>(a0[u], a1[u], pa & 15);
+    if (warp_mask[u]) keep_bytes(v, (pa >> 8) & 0xff, (pa >> 16) & 0xff);
+    if (warp_b[u]) {
+      Word<16> c = shifted<kBytes>(b0[u], b1[u], pb & 15);
+      keep_bytes(c, (pb >> 8) & 0xff, (pb >> 16) & 0xff);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v.w[i] |= c.w[i];
+    }
+    store_word<16>(out16 + 16 * (first + 32 * u + lane), v);
+  }
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    const I w = first + 32 * u + lane;
+    if (w < static_cast<I>(p.windows) && !fast[u]) window_by_rows<kBytes, kIndex64>(p, 16 * w - p.out_phase, out16 + 16 * w);
+  }
+}
+
 // One step of the aligned kernel: windows first + 32 u + lane, each in one row's run or zeros.
 template <bool kIndex64>
 __device__ __forceinline__ void aligned_step(const CausalConv3dCatPadParams& p, const FramePair<kIndex64>& fp,
@@ -482,15 +606,17 @@ __device__ __forceinline__ void aligned_step(const CausalConv3dCatPadParams& p, 
 
 }  // namespace ccp_detail
 
-// The kernel body: kBytes the element size (2 or 4; the op copies bits), kAligned for
-// ccp_aligned calls, kIndex64 for outs of kCcpIndex32Bytes or more. Any grid of whole warps:
-// each warp takes steps of kUnroll x 32 windows in kCcpStepOrder's order.
-template <int kBytes, bool kAligned, bool kPdl, bool kIndex64>
+// The kernel body: kBytes the element size (2 or 4; the op copies bits), kPath the kernel
+// (ccp_path: kCcpGeneral, kCcpAligned or kCcpParts), kIndex64 for outs of kCcpIndex32Bytes or
+// more. Any grid of whole warps: each warp takes steps of ccp_unroll(kPath) x 32 windows in
+// kCcpStepOrder's order.
+template <int kBytes, int kPath, bool kPdl, bool kIndex64>
 __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
   using namespace ccp_detail;
   using I = typename IndexOf<kIndex64>::type;
   static_assert(kBytes == 2 || kBytes == 4, "2- or 4-byte elements");
-  constexpr int kStep = 32 * (kAligned ? kCcpUnrollAligned : kCcpUnrollGeneral);
+  static_assert(kPath == kCcpGeneral || kPath == kCcpAligned || kPath == kCcpParts, "a kernel of ccp_path");
+  constexpr int kStep = 32 * ccp_unroll(kPath);
   const int lane = static_cast<int>(threadIdx.x & 31);
   const I warp = static_cast<I>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
   const I warps = static_cast<I>((gridDim.x * blockDim.x) >> 5);
@@ -519,7 +645,8 @@ __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
       frame_pair<kIndex64>(p, quotient<kIndex64>(r0, p.rows_out_div, p.rows_out_div64), fp);
       held = true;
     }
-    if constexpr (kAligned) aligned_step<kIndex64>(p, fp, first, lane, out16);
+    if constexpr (kPath == kCcpAligned) aligned_step<kIndex64>(p, fp, first, lane, out16);
+    else if constexpr (kPath == kCcpParts) parts_step<kBytes, kIndex64>(p, fp, first, lane, out16);
     else general_step<kBytes, kIndex64>(p, fp, first, lane, out16);
   }
   if constexpr (kPdl) pdl_launch_dependents();

@@ -373,8 +373,9 @@ CausalConv3dCatPadParams params_for(const Case& c, const void* x, const void* ca
 }
 
 // What picks the kernel: ccp_aligned where rows, heads, runs and pointers lie on 16 bytes (the
-// channels-last model shapes), the 64-bit kernel from 2^31 - 64 bytes of out; the derived fields
-// of the row model (out's phase and its windows).
+// channels-last model shapes), else parts where rows are 16 to 511 bytes, else general (ccp_path);
+// the 64-bit kernel from 2^31 - 64 bytes of out; the derived fields of the row model (out's phase
+// and its windows).
 TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
   alignas(16) static unsigned char buf[64];
   const Case cl{{1, 192, 2, 360, 640}, 2, 1, 1, 1, 1, 2, 0, DType::bf16, true};
@@ -385,6 +386,15 @@ TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
   EXPECT_FALSE(ccp_aligned(params_for(nc, buf, buf, buf, false)));  // rows of 1284 bytes
   const Case copy{{1, 16, 1, 8, 64}, 0, 8, 8, 0, 0, 0, 0};
   EXPECT_TRUE(ccp_aligned(params_for(copy, buf, buf, buf, false)));  // NCTHW rows of 160, heads of 16 bytes
+  EXPECT_EQ(ccp_path(params_for(cl, buf, buf + 16, buf + 32, false)), kCcpAligned);
+  EXPECT_EQ(ccp_path(params_for(cl, buf, buf + 16, buf + 34, false)), kCcpGeneral);  // rows of 246 KB, off 16 bytes
+  EXPECT_EQ(ccp_path(params_for(nc, buf, buf, buf, false)), kCcpGeneral);            // rows of 1284 bytes
+  const Case vae{{1, 1024, 2, 60, 104}, 2, 1, 1, 1, 1, 2, 0};  // rows of 212 bytes
+  EXPECT_EQ(ccp_path(params_for(vae, buf, buf, buf, false)), kCcpParts);
+  const Case row16{{1, 2, 1, 3, 6}, 0, 1, 1, 0, 0, 0, 0};  // NCTHW rows of 8 elements: 16 bytes
+  EXPECT_EQ(ccp_path(params_for(row16, buf, buf, buf + 2, false)), kCcpParts);
+  const Case row14{{1, 2, 1, 3, 5}, 0, 1, 1, 0, 0, 0, 0};  // 14 bytes: a window may meet three rows
+  EXPECT_EQ(ccp_path(params_for(row14, buf, buf, buf, false)), kCcpGeneral);
   const CausalConv3dCatPadParams p = params_for(nc, buf, buf, buf + 6, false);
   EXPECT_EQ(p.out_bytes, int64_t{192} * 4 * 362 * 642 * 2);
   EXPECT_EQ(p.out_phase, 6);
@@ -423,11 +433,12 @@ TEST(CausalConv3dCatPadJit, FastDivision64EqualsIntegerDivisionBelowTwoToThe63) 
   EXPECT_GT(checked, 100000);
 }
 
-// Both kernels at both index widths launched directly on grids of 1 and 3 blocks (each warp then
+// Every kernel at both index widths launched directly on grids of 1 and 3 blocks (each warp then
 // takes several steps, frame pairs change inside a warp's range): NCTHW rows of 9 + 3 elements
-// (every phase, the general kernel) and channels-last rows of 16-byte units (the aligned one),
-// parameters from params_for. The op launches the 64-bit kernels only from 2^31 - 64 bytes.
-TEST_F(CausalConv3dCatPadGpu, BothKernelsAndIndexWidthsOnGridsThatLoop) {
+// (every phase; ccp_path's parts kernel, and the general one) and channels-last rows of 16-byte
+// units (the aligned one), parameters from params_for. The op launches the 64-bit kernels only
+// from 2^31 - 64 bytes.
+TEST_F(CausalConv3dCatPadGpu, EveryKernelAndIndexWidthOnGridsThatLoop) {
   const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1}, {{2, 8, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1, DType::bf16, true}};
   for (const Case& c : cases) {
     std::mt19937 rng(3000);
@@ -437,25 +448,25 @@ TEST_F(CausalConv3dCatPadGpu, BothKernelsAndIndexWidthsOnGridsThatLoop) {
     cache.randomize(rng);
     const std::vector<uint8_t> want = reference_bytes(c, x, &cache, 0);
     const DeviceTensor dx(x, true), dc(cache, true);
-    for (bool index64 : {false, true})
-      for (unsigned grid : {1u, 3u}) {
-        DeviceTensor dout(out_like, false);
-        const CausalConv3dCatPadParams p =
-            params_for(c, dx.view(x).data, dc.view(cache).data, dout.view(out_like).data, index64);
-        const bool aligned = ccp_aligned(p);
-        EXPECT_EQ(aligned, c.channels_last) << c.describe();
-        KernelRequest r;
-        r.header = "causal_conv3d_cat_pad.cuh";
-        r.function = "ditops::causal_conv3d_cat_pad";
-        r.template_args = std::string("2, ") + (aligned ? "true" : "false") + ", false, " + (index64 ? "true" : "false");
-        r.params_type = "ditops::CausalConv3dCatPadParams";
-        r.template_key = std::string("test:") + (aligned ? "aligned" : "general") + (index64 ? "64" : "32");
-        const jit::LoadedKernel& kernel = jit::jit_kernel(r, 0);
-        jit::launch(kernel, grid, 256, &p, sizeof p, nullptr, false);
-        check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
-        EXPECT_EQ(dout.compare(want, 2), "") << c.describe() << (index64 ? ", 64" : ", 32") << "-bit indices, grid "
-                                             << grid;
-      }
+    for (int path : c.channels_last ? std::vector<int>{kCcpAligned} : std::vector<int>{kCcpParts, kCcpGeneral})
+      for (bool index64 : {false, true})
+        for (unsigned grid : {1u, 3u}) {
+          DeviceTensor dout(out_like, false);
+          const CausalConv3dCatPadParams p =
+              params_for(c, dx.view(x).data, dc.view(cache).data, dout.view(out_like).data, index64);
+          EXPECT_EQ(ccp_path(p), c.channels_last ? kCcpAligned : kCcpParts) << c.describe();
+          KernelRequest r;
+          r.header = "causal_conv3d_cat_pad.cuh";
+          r.function = "ditops::causal_conv3d_cat_pad";
+          r.template_args = "2, " + std::to_string(path) + ", false, " + (index64 ? "true" : "false");
+          r.params_type = "ditops::CausalConv3dCatPadParams";
+          r.template_key = "test:path" + std::to_string(path) + (index64 ? ",64" : ",32");
+          const jit::LoadedKernel& kernel = jit::jit_kernel(r, 0);
+          jit::launch(kernel, grid, 256, &p, sizeof p, nullptr, false);
+          check_cu(jit::require_cuda_driver().cuCtxSynchronize(), "sync");
+          EXPECT_EQ(dout.compare(want, 2), "") << c.describe() << ", path " << path << (index64 ? ", 64" : ", 32")
+                                               << "-bit indices, grid " << grid;
+        }
   }
 }
 

@@ -5,9 +5,13 @@
 //   -DDITOPS_CCP_UNROLL_GENERAL=N  windows per lane and step of the general kernel
 //   -DDITOPS_CCP_UNROLL_ALIGNED=N  the same for the aligned kernel
 //   -DDITOPS_CCP_STEP_ORDER=0|1    a contiguous range of steps per warp, or a grid-stride walk
+//   -DDITOPS_CCP_UNROLL_PARTS=N    the same for the parts kernel
 //   -DCCP_TUNE_MIN_BLOCKS_GENERAL=N  the general kernel's __launch_bounds__ minimum blocks
+//   -DCCP_TUNE_MIN_BLOCKS_PARTS=N    the parts kernel's
 // The kernels are declared as the op's JIT wrapper declares them (256 threads, minimum resident
-// blocks 4 general / 5 aligned), the grid as the op launches it (src/ops/causal_conv3d_cat_pad).
+// blocks 4 general / 5 aligned / 3 parts). Each unaligned case with rows of 16
+// bytes or more runs both the parts and the general kernel (their A/B in one process), each on
+// the resident grid and on one step per warp (the op launches general resident, the others one-step).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,11 +29,26 @@ using ditops::CausalConv3dCatPadParams;
 #ifndef CCP_TUNE_MIN_BLOCKS_GENERAL
 #define CCP_TUNE_MIN_BLOCKS_GENERAL 4
 #endif
+#ifndef CCP_TUNE_MIN_BLOCKS_PARTS
+#define CCP_TUNE_MIN_BLOCKS_PARTS 3
+#endif
 
-template <int kBytes, bool kAligned>
-__global__ void __launch_bounds__(256, kAligned ? 5 : CCP_TUNE_MIN_BLOCKS_GENERAL)
+template <int kBytes, int kPath>
+__global__ void __launch_bounds__(256, kPath == ditops::kCcpAligned ? 5
+                                       : kPath == ditops::kCcpParts ? CCP_TUNE_MIN_BLOCKS_PARTS
+                                                                    : CCP_TUNE_MIN_BLOCKS_GENERAL)
     ccp_variant(const __grid_constant__ CausalConv3dCatPadParams p) {
-  ditops::causal_conv3d_cat_pad<kBytes, kAligned, false, false>(p);
+  ditops::causal_conv3d_cat_pad<kBytes, kPath, false, false>(p);
+}
+
+template <int kBytes>
+const void* variant_for(int path) {
+  return path == ditops::kCcpAligned ? (const void*)ccp_variant<kBytes, ditops::kCcpAligned>
+         : path == ditops::kCcpParts ? (const void*)ccp_variant<kBytes, ditops::kCcpParts>
+                                     : (const void*)ccp_variant<kBytes, ditops::kCcpGeneral>;
+}
+const char* path_name(int path) {
+  return path == ditops::kCcpAligned ? "aligned" : path == ditops::kCcpParts ? "parts" : "general";
 }
 
 // The reference: one thread per output element, its source by plain 64-bit index arithmetic.
@@ -93,7 +112,9 @@ int main() {
                         {"C512 T4 120x208 ct2 bf16", {1, 512, 4, 120, 208, 2, 2, false}},
                         {"C1024 T2 60x104 ct2 bf16", {1, 1024, 2, 60, 104, 2, 2, false}},
                         {"C1024 T2 60x104 ct2 fp32 channels_last", {1, 1024, 2, 60, 104, 2, 4, true}},
-                        {"C1024 T1 30x52 ct1 bf16", {1, 1024, 1, 30, 52, 1, 2, false}}};
+                        {"C1024 T1 30x52 ct1 bf16", {1, 1024, 1, 30, 52, 1, 2, false}},
+                        {"C1024 T1 30x52 ct1 fp32", {1, 1024, 1, 30, 52, 1, 4, false}},
+                        {"C512 T4 120x208 ct2 fp32", {1, 512, 4, 120, 208, 2, 4, false}}};
   const size_t fb = 256u << 20;
   void* flush;
   CHECK(cudaMalloc(&flush, fb));
@@ -101,8 +122,9 @@ int main() {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   unsigned long long* diff;
   CHECK(cudaMalloc(&diff, 8));
-  std::printf("variant: unroll general %d (min blocks %d), aligned %d, step order %d\n", DITOPS_CCP_UNROLL_GENERAL,
-              CCP_TUNE_MIN_BLOCKS_GENERAL, DITOPS_CCP_UNROLL_ALIGNED, DITOPS_CCP_STEP_ORDER);
+  std::printf("variant: unroll general %d (min blocks %d), aligned %d, parts %d (min blocks %d), step order %d\n",
+              DITOPS_CCP_UNROLL_GENERAL, CCP_TUNE_MIN_BLOCKS_GENERAL, DITOPS_CCP_UNROLL_ALIGNED, DITOPS_CCP_UNROLL_PARTS,
+              CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_STEP_ORDER);
   std::printf("%-40s %-8s %4s %6s %-9s %9s %9s %6s %s\n", "case", "kernel", "regs", "blocks", "grid", "us", "copy us",
               "copy%", "bytes differing from the reference");
   for (const Case& c : cases) {
@@ -130,35 +152,37 @@ int main() {
     p.rows_out = Ho, p.frames_out = To, p.src_rows = s.H, p.x_frames = s.T, p.cache_frames = s.ct;
     p.frame_offset = 0, p.row_offset = 1;
     ditops::ccp_finish_params(p, (s.cl ? s.B : s.B * s.C) * To * Ho, false);
-    const bool aligned = ditops::ccp_aligned(p);
-    const void* fn = s.es == 2 ? (aligned ? (const void*)ccp_variant<2, true> : (const void*)ccp_variant<2, false>)
-                               : (aligned ? (const void*)ccp_variant<4, true> : (const void*)ccp_variant<4, false>);
-    cudaFuncAttributes attr;
-    CHECK(cudaFuncGetAttributes(&attr, fn));
-    int per_sm = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0));
-    const long long step = 32 * (aligned ? ditops::kCcpUnrollAligned : ditops::kCcpUnrollGeneral);
-    const long long cover = ((p.windows + step - 1) / step + 7) / 8;
-    // The op's grid (at most the resident blocks, warps looping over steps) and one step per warp.
-    unsigned grid = (unsigned)std::max(1LL, std::min(cover, (long long)per_sm * sms));
-    auto run = [&] {
-      void* args[] = {&p};
-      CHECK(cudaLaunchKernel(fn, grid, 256, args, 0, 0));
-    };
+    const int picked = ditops::ccp_path(p);
     const float copy = median_us([&] { copy_words<<<sms * 8, 256>>>((const uint4*)src, (uint4*)dst, half / 16); }, flush, fb);
-    const unsigned resident = grid;
-    for (unsigned g : {resident, (unsigned)cover}) {
-      if (g == (unsigned)cover && cover == (long long)resident) continue;
-      grid = g;
-      CHECK(cudaMemset(out, 0xA5, ob));
-      run();
-      CHECK(cudaMemset(diff, 0, 8));
-      count_differences<<<1024, 256>>>(out, want, ob, diff);
-      unsigned long long d = 0;
-      CHECK(cudaMemcpy(&d, diff, 8, cudaMemcpyDeviceToHost));
-      const float us = median_us(run, flush, fb);
-      std::printf("%-40s %-8s %4d %6u %-9s %9.2f %9.2f %5.1f%% %llu\n", c.name, aligned ? "aligned" : "general",
-                  attr.numRegs, grid, g == resident ? "resident" : "one-step", us, copy, 100.0 * copy / us, d);
+    // Unaligned rows of 16 bytes or more: both unaligned kernels, whatever kCcpPartsMaxRowBytes says.
+    const bool both = picked != ditops::kCcpAligned && p.row_bytes >= ditops::kCcpPartsMinRowBytes;
+    for (int path : {ditops::kCcpParts, ditops::kCcpGeneral, ditops::kCcpAligned}) {
+      if (both ? path == ditops::kCcpAligned : path != picked) continue;
+      const void* fn = s.es == 2 ? variant_for<2>(path) : variant_for<4>(path);
+      cudaFuncAttributes attr;
+      CHECK(cudaFuncGetAttributes(&attr, fn));
+      int per_sm = 0;
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0));
+      const long long step = 32 * ditops::ccp_unroll(path);
+      const long long cover = ((p.windows + step - 1) / step + 7) / 8;
+      // The resident grid (at most the resident blocks, warps looping over steps) and one step per warp.
+      const unsigned resident = (unsigned)std::max(1LL, std::min(cover, (long long)per_sm * sms));
+      for (unsigned grid : {resident, (unsigned)cover}) {
+        if (grid == (unsigned)cover && cover == (long long)resident) continue;
+        auto run = [&] {
+          void* args[] = {&p};
+          CHECK(cudaLaunchKernel(fn, grid, 256, args, 0, 0));
+        };
+        CHECK(cudaMemset(out, 0xA5, ob));
+        run();
+        CHECK(cudaMemset(diff, 0, 8));
+        count_differences<<<1024, 256>>>(out, want, ob, diff);
+        unsigned long long d = 0;
+        CHECK(cudaMemcpy(&d, diff, 8, cudaMemcpyDeviceToHost));
+        const float us = median_us(run, flush, fb);
+        std::printf("%-40s %-8s %4d %6u %-9s %9.2f %9.2f %5.1f%% %llu\n", c.name, path_name(path), attr.numRegs, grid,
+                    grid == resident ? "resident" : "one-step", us, copy, 100.0 * copy / us, d);
+      }
     }
     CHECK(cudaFree(x));
     CHECK(cudaFree(cache));

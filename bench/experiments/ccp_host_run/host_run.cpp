@@ -2,8 +2,9 @@
 // not part of the library or of ctest): each warp of a grid as 32 threads (shim.h), every load
 // checked to be aligned and to meet x or cache, every 16-byte store to lie in out, and out against
 // a cat-then-pad reference, byte for byte, with each byte of out stored at most once by a 16-byte
-// store and nothing outside out written. Both kernels (the row model picks), both index widths,
-// grids of 1 x 32 and 3 x 64 threads. Prints one line per run and the loads against the source
+// store and nothing outside out written. Every kernel (the one ccp_path picks, and for unaligned
+// rows of 16 bytes or more the other of parts and general too), both index widths, grids of 1 x 32
+// and 3 x 64 threads. Prints one line per run and the loads against the source
 // granules. Built by run.sh.
 #include <atomic>
 #include <cstdio>
@@ -45,7 +46,7 @@ struct Case {
   int offset;  // elements every pointer lies past 16 bytes
 };
 
-template <int kBytes, bool kAligned, bool kIndex64>
+template <int kBytes, int kPath, bool kIndex64>
 void launch(const CausalConv3dCatPadParams& p, unsigned grid, unsigned block) {
   gridDim.x = grid;
   blockDim.x = block;
@@ -60,15 +61,18 @@ void launch(const CausalConv3dCatPadParams& p, unsigned grid, unsigned block) {
           host_run::lane = l;
           threadIdx.x = w * 32 + l;
           blockIdx.x = b;
-          causal_conv3d_cat_pad<kBytes, kAligned, false, kIndex64>(p);
+          causal_conv3d_cat_pad<kBytes, kPath, false, kIndex64>(p);
         });
       for (auto& t : lanes) t.join();
     }
 }
 
-// "" or what went wrong.
-std::string run(const Case& c, bool index64, unsigned grid, unsigned block, std::mt19937& rng, bool* aligned_out,
-                long long* loads, long long* granules) {
+const char* path_name(int path) { return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : "general"; }
+
+// "" or what went wrong; *path_out the kernel run: ccp_path's, or where `other` the other of parts
+// and general (-1 where ccp_path picks neither or rows are under 16 bytes: nothing run).
+std::string run(const Case& c, bool index64, bool other, unsigned grid, unsigned block, std::mt19937& rng,
+                int* path_out, long long* loads, long long* granules) {
   const long long ct = c.ct < 0 ? 0 : c.ct;
   const long long To = c.T + c.dl + c.dr, Ho = c.H + c.ht + c.hb, Wo = c.W + c.wl + c.wr;
   const long long nx = c.B * c.C * c.T * c.H * c.W, nc = c.B * c.C * ct * c.H * c.W, no = c.B * c.C * To * Ho * Wo;
@@ -109,24 +113,32 @@ std::string run(const Case& c, bool index64, unsigned grid, unsigned block, std:
   p.rows_out = Ho, p.frames_out = To, p.src_rows = c.H, p.x_frames = c.T, p.cache_frames = ct;
   p.frame_offset = c.dl - ct, p.row_offset = c.ht;
   ccp_finish_params(p, (c.channels_last ? c.B : c.B * c.C) * To * Ho, index64);
-  const bool aligned = ccp_aligned(p);
-  *aligned_out = aligned;
+  int path = ccp_path(p);
+  if (other && (path == kCcpAligned || p.row_bytes < kCcpPartsMinRowBytes)) {
+    *path_out = -1;
+    return "";
+  }
+  if (other) path = path == kCcpParts ? kCcpGeneral : kCcpParts;
+  *path_out = path;
   std::vector<std::atomic<int>> stores(no * es);
   host_run::x_begin = x, host_run::x_end = x + nx * es;
   host_run::cache_begin = p.cache ? cache : nullptr, host_run::cache_end = cache + nc * es;
   host_run::out_begin = out, host_run::out_end = out + no * es;
   host_run::stores = &stores;
   host_run::loads = 0;
-  auto go = [&](auto bytes, auto al) {
+  auto go = [&](auto bytes) {
     constexpr int kB = decltype(bytes)::value;
-    constexpr bool kA = decltype(al)::value;
-    if (index64) launch<kB, kA, true>(p, grid, block);
-    else launch<kB, kA, false>(p, grid, block);
+    auto with = [&](auto k) {
+      constexpr int kP = decltype(k)::value;
+      if (index64) launch<kB, kP, true>(p, grid, block);
+      else launch<kB, kP, false>(p, grid, block);
+    };
+    if (path == kCcpAligned) with(std::integral_constant<int, kCcpAligned>{});
+    else if (path == kCcpParts) with(std::integral_constant<int, kCcpParts>{});
+    else with(std::integral_constant<int, kCcpGeneral>{});
   };
-  using B2 = std::integral_constant<int, 2>;
-  using B4 = std::integral_constant<int, 4>;
-  if (es == 2) aligned ? go(B2{}, std::true_type{}) : go(B2{}, std::false_type{});
-  else aligned ? go(B4{}, std::true_type{}) : go(B4{}, std::false_type{});
+  if (es == 2) go(std::integral_constant<int, 2>{});
+  else go(std::integral_constant<int, 4>{});
   *loads = host_run::loads;
   *granules = (nx * es + 15) / 16 + (nc * es + 15) / 16;
   for (long long i = 0; i < no * es; ++i)
@@ -169,19 +181,21 @@ int main() {
   std::mt19937 rng(1);
   int runs = 0, failures = 0;
   for (const Case& c : cases)
-    for (bool index64 : {false, true})
-      for (auto [grid, block] : {std::pair{3u, 64u}, std::pair{1u, 32u}}) {
-        bool aligned = false;
-        long long loads = 0, granules = 0;
-        const std::string why = run(c, index64, grid, block, rng, &aligned, &loads, &granules);
-        ++runs;
-        failures += !why.empty();
-        std::printf("%s [%lld,%lld,%lld,%lld,%lld] ct%lld pad(%lld,%lld,%lld,%lld,%lld,%lld) %d-byte off %d %s%s grid %ux%u: "
-                    "%s (%lld loads, %lld source granules)\n",
-                    c.channels_last ? "channels-last" : "NCTHW", c.B, c.C, c.T, c.H, c.W, c.ct, c.wl, c.wr, c.ht, c.hb,
-                    c.dl, c.dr, c.es, c.offset, aligned ? "aligned" : "general", index64 ? " index64" : "", grid, block,
-                    why.empty() ? "ok" : why.c_str(), loads, granules);
-      }
+    for (bool other : {false, true})
+      for (bool index64 : {false, true})
+        for (auto [grid, block] : {std::pair{3u, 64u}, std::pair{1u, 32u}}) {
+          int path = -1;
+          long long loads = 0, granules = 0;
+          const std::string why = run(c, index64, other, grid, block, rng, &path, &loads, &granules);
+          if (path < 0) continue;
+          ++runs;
+          failures += !why.empty();
+          std::printf("%s [%lld,%lld,%lld,%lld,%lld] ct%lld pad(%lld,%lld,%lld,%lld,%lld,%lld) %d-byte off %d %s%s grid %ux%u: "
+                      "%s (%lld loads, %lld source granules)\n",
+                      c.channels_last ? "channels-last" : "NCTHW", c.B, c.C, c.T, c.H, c.W, c.ct, c.wl, c.wr, c.ht, c.hb,
+                      c.dl, c.dr, c.es, c.offset, path_name(path), index64 ? " index64" : "", grid, block,
+                      why.empty() ? "ok" : why.c_str(), loads, granules);
+        }
   std::printf("%d runs, %d failures\n", runs, failures);
   return failures != 0;
 }

@@ -44,6 +44,7 @@ inline unsigned __ballot_sync(unsigned, int pred) {
   host_run::warp->meet->arrive_and_wait();
   return r;
 }
+inline bool __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
   return static_cast<unsigned>(((static_cast<uint64_t>(hi) << 32) | lo) >> (s & 31));
 }

@@ -204,22 +204,26 @@ namespace {
 constexpr int kCcpThreads = 256;
 // Resident blocks of 256 threads per SM each kernel is compiled for (its register cap: 64 and 51
 // per thread): the general kernel's loads of a step are 32 bytes per thread in flight, so 1024
-// threads per SM keep 32 KB of loads in flight; the aligned kernel's 64 bytes at 1280.
+// threads per SM keep 32 KB of loads in flight; the aligned kernel's 64 bytes at 1280; the parts
+// kernel's up to 128 bytes (four granules per window, two windows) at 768 (78 registers; at 64 it
+// spills).
 constexpr int kCcpMinBlocksGeneral = 4;
 constexpr int kCcpMinBlocksAligned = 5;
+constexpr int kCcpMinBlocksParts = 3;
 
 struct CcpKernelKey {
-  int elem_bytes = 2;    // 2 (bf16, f16) or 4 (f32): the kernel copies bits
-  bool aligned = false;  // ccp_aligned: every window one load or none, no shifts
-  bool index64 = false;  // ccp_index64: out of 2^31 - 64 bytes or more
+  int elem_bytes = 2;        // 2 (bf16, f16) or 4 (f32): the kernel copies bits
+  int path = kCcpGeneral;    // ccp_path: general, aligned (one load per window) or parts
+  bool index64 = false;      // ccp_index64: out of 2^31 - 64 bytes or more
   bool pdl = true;
 
-  // "2-byte,general,index32,pdl"
+  // "2-byte,parts,index32,pdl"
   std::string to_string() const {
-    return std::to_string(elem_bytes) + "-byte" + (aligned ? ",aligned" : ",general") +
-           (index64 ? ",index64" : ",index32") + (pdl ? ",pdl" : ",nopdl");
+    return std::to_string(elem_bytes) + "-byte," + path_name() + (index64 ? ",index64" : ",index32") +
+           (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const { return pack_key({{elem_bytes, 5}, aligned, index64, pdl}); }
+  const char* path_name() const { return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : "general"; }
+  uint64_t packed() const { return pack_key({{elem_bytes, 5}, {path, 3}, index64, pdl}); }
 };
 
 // The row model of kernels/causal_conv3d_cat_pad.cuh with the call's pointers, and its number of
@@ -252,7 +256,7 @@ CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) 
   const CausalConv3dCatPadParams p = row_model(c, &rows);
   CcpKernelKey key;
   key.elem_bytes = static_cast<int>(dtype_size(c.out.dtype));
-  key.aligned = ccp_aligned(p);
+  key.path = ccp_path(p);
   key.index64 = ccp_index64(rows * p.row_bytes);
   key.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return key;
@@ -261,18 +265,23 @@ CcpKernelKey key_for(const CausalConv3dCatPadCall& c, const DeviceInfo& device) 
 KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
   return {.header = "causal_conv3d_cat_pad.cuh",
           .function = "ditops::causal_conv3d_cat_pad",
-          .template_args = jit::kernel_args(key.elem_bytes, key.aligned, key.pdl, key.index64),
+          .template_args = jit::kernel_args(key.elem_bytes, key.path, key.pdl, key.index64),
           .params_type = "ditops::CausalConv3dCatPadParams",
           .max_threads = kCcpThreads,
-          .min_blocks = key.index64 ? 0 : key.aligned ? kCcpMinBlocksAligned : kCcpMinBlocksGeneral,  // 64-bit: would spill
+          .min_blocks = key.index64                   ? 0  // 64-bit: would spill
+                        : key.path == kCcpAligned ? kCcpMinBlocksAligned
+                        : key.path == kCcpParts   ? kCcpMinBlocksParts
+                                                  : kCcpMinBlocksGeneral,
           .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
-// Keys covering every code path: both element sizes, both kernels, both index widths, with and
-// without PDL.
+// Keys covering every code path: both element sizes, the three kernels, both index widths, with
+// and without PDL.
 std::vector<CcpKernelKey> ccp_variant_keys() {
-  return {{2, false, false, true}, {2, true, true, false}, {4, false, true, false}, {4, true, false, true},
-          {2, false, true, true}, {4, true, true, false}};
+  return {{2, kCcpGeneral, false, true}, {2, kCcpAligned, true, false}, {4, kCcpGeneral, true, false},
+          {4, kCcpAligned, false, true}, {2, kCcpGeneral, true, true},  {4, kCcpAligned, true, false},
+          {2, kCcpParts, false, true},   {4, kCcpParts, false, false},  {2, kCcpParts, true, false},
+          {4, kCcpParts, true, true}};
 }
 
 void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKernelKey& key,
@@ -280,13 +289,16 @@ void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKern
   int64_t rows = 0;
   CausalConv3dCatPadParams p = row_model(c, &rows);
   ccp_finish_params(p, rows, key.index64);
-  // Each warp takes a contiguous range of steps (32 x unroll windows): as many warps as steps,
-  // at most the resident grid.
-  const int64_t step = 32 * (key.aligned ? kCcpUnrollAligned : kCcpUnrollGeneral);
+  // Each warp takes a contiguous range of steps (32 x unroll windows). The aligned and parts
+  // kernels launch one step per warp (ccp_tune.cu on the H100: the aligned kernel 240.9 us one-step
+  // against 262.0 us resident at SGLang's channels-last point, 75.2 against 80.7 at C1024 fp32;
+  // parts: not run yet, the same table decides); the general kernel at most the resident grid
+  // (one-step was within +-3 % of it, either way).
+  const int64_t step = 32 * ccp_unroll(key.path);
   const int64_t warps = (p.windows + step - 1) / step;
   const int64_t cover = (warps + kCcpThreads / 32 - 1) / (kCcpThreads / 32);
   const int64_t resident = std::max<int64_t>(1, static_cast<int64_t>(kernel.blocks_per_sm) * kernel.multiprocessors);
-  const int64_t grid = std::max<int64_t>(1, std::min(cover, resident));
+  const int64_t grid = std::clamp<int64_t>(key.path == kCcpGeneral ? std::min(cover, resident) : cover, 1, 0x7fffffff);
   jit::launch(kernel, static_cast<unsigned>(grid), kCcpThreads, &p, sizeof p, static_cast<CUstream>(c.stream), key.pdl);
 }
 
