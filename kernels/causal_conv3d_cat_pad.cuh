@@ -31,15 +31,21 @@
 // whose source lies elsewhere) takes a per-window path that loads its own granules and stores
 // the bytes of out it holds, element by element at out's two ends.
 //
-// Three paths (kPath, the host's ccp_path):
+// Four paths (kPath, the host's ccp_path):
 // - kCcpAligned (ccp_aligned: 16-byte rows, heads, runs and pointers, as channels-last model
 //   shapes are): every window lies in one row's run or one row's zeros, so a window is one load
 //   and one store with no shifts, masks or shuffles.
-// - kCcpParts (rows of 16 bytes or more, the NCTHW model shapes): the same windows, but each is
+// - kCcpParts (rows of 16 to 511 bytes the chunks kernel does not take): the same windows, each
 //   its row A part and its row B part, each read from its own two aligned granules and shifted,
 //   with no ballot, shuffle or branch: every lane runs the same instructions whether its window
 //   meets a row end or not (the general path's divergent row-end code was most of the step where
 //   rows are short: 108-420-byte rows, 61-78 % of a copy on the H100).
+// - kCcpChunks (rows of 16 x kCcpUnrollChunks + gap to 511 bytes whose pads add 4 or 8 bytes:
+//   the NCTHW model shapes, W padded by 1 and 1): a lane takes kCcpUnrollChunks consecutive
+//   windows (a chunk), which meet one band of zeros at most (a row's tail and the next row's
+//   head), so its row arithmetic is done once per chunk and both rows' bytes are one source
+//   stream, the second row's `gap` bytes behind the first's: loaded as aligned granules, shifted
+//   once in registers, and each word taken from the stream at one of two word offsets and masked.
 // - kCcpGeneral (everything else: rows under 16 bytes): the shuffle path described above.
 //
 // Index arithmetic: 32-bit with FastDivisors where out has fewer than 2^31 - 64 bytes, otherwise
@@ -112,6 +118,7 @@ inline bool ccp_aligned(const CausalConv3dCatPadParams& p) {
 constexpr int kCcpGeneral = 0;
 constexpr int kCcpAligned = 1;
 constexpr int kCcpParts = 2;
+constexpr int kCcpChunks = 3;
 
 // Rows the parts kernel serves (unaligned calls): from 16 bytes (a window then meets two rows at
 // most) to below kCcpPartsMaxRowBytes. The bound is where the general kernel's warps stop meeting
@@ -125,14 +132,6 @@ constexpr long long kCcpPartsMinRowBytes = 16;
 #define DITOPS_CCP_PARTS_MAX_ROW_BYTES 512
 #endif
 constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
-
-// The kernel of a call (ccp_finish_params done or not): aligned where ccp_aligned, else parts
-// where rows are kCcpPartsMinRowBytes to below kCcpPartsMaxRowBytes, else the general one.
-DITOPS_HOST_DEVICE
-inline int ccp_path(const CausalConv3dCatPadParams& p) {
-  if (ccp_aligned(p)) return kCcpAligned;
-  return p.row_bytes >= kCcpPartsMinRowBytes && p.row_bytes < kCcpPartsMaxRowBytes ? kCcpParts : kCcpGeneral;
-}
 
 // Windows per lane and step, all their loads issued before the first store: the general kernel
 // holds two granules per window in registers (63 registers at 2, the cap of 4 resident blocks of
@@ -150,13 +149,44 @@ inline int ccp_path(const CausalConv3dCatPadParams& p) {
 #ifndef DITOPS_CCP_UNROLL_PARTS
 #define DITOPS_CCP_UNROLL_PARTS 2
 #endif
+// The chunks kernel's windows per lane (a chunk: 64 bytes at 4) and its register count: 4 windows
+// hold six granules and the shifted stream (ptxas, sm_90a: see the op's kCcpMinBlocksChunks).
+// Measurement: not run yet (ccp_tune.cu's chunks rows; 2 is the other build).
+#ifndef DITOPS_CCP_UNROLL_CHUNKS
+#define DITOPS_CCP_UNROLL_CHUNKS 4
+#endif
 constexpr int kCcpUnrollGeneral = DITOPS_CCP_UNROLL_GENERAL;
 constexpr int kCcpUnrollAligned = DITOPS_CCP_UNROLL_ALIGNED;
 constexpr int kCcpUnrollParts = DITOPS_CCP_UNROLL_PARTS;
+constexpr int kCcpUnrollChunks = DITOPS_CCP_UNROLL_CHUNKS;
 
 // Windows per lane and step of a kernel.
 DITOPS_HOST_DEVICE constexpr int ccp_unroll(int path) {
-  return path == kCcpAligned ? kCcpUnrollAligned : path == kCcpParts ? kCcpUnrollParts : kCcpUnrollGeneral;
+  return path == kCcpAligned  ? kCcpUnrollAligned
+         : path == kCcpParts  ? kCcpUnrollParts
+         : path == kCcpChunks ? kCcpUnrollChunks
+                              : kCcpUnrollGeneral;
+}
+
+// Whether the chunks kernel serves an unaligned call: its pads add 4 or 8 bytes to a row (the
+// second row of a chunk reads the stream 1 or 2 words behind the first), and a chunk's windows
+// plus that gap fit in a row's run, so a chunk meets one band of zeros at most.
+DITOPS_HOST_DEVICE
+inline bool ccp_chunks_fit(const CausalConv3dCatPadParams& p) {
+  const long long gap = p.row_bytes - p.run_bytes;
+  return (gap == 4 || gap == 8) && p.run_bytes >= 16LL * kCcpUnrollChunks;
+}
+
+// The kernel of a call (ccp_finish_params done or not): aligned where ccp_aligned; else, where
+// rows are kCcpPartsMinRowBytes to below kCcpPartsMaxRowBytes, chunks where ccp_chunks_fit (the
+// NCTHW model shapes) and parts otherwise; else the general one. Chunks over parts: by the
+// instruction count (about 2 warp instructions per window against 9-12, docs/tuning); the
+// measurement that decides it is ccp_tune.cu's chunks, parts and general rows at every NCTHW case.
+DITOPS_HOST_DEVICE
+inline int ccp_path(const CausalConv3dCatPadParams& p) {
+  if (ccp_aligned(p)) return kCcpAligned;
+  if (p.row_bytes < kCcpPartsMinRowBytes || p.row_bytes >= kCcpPartsMaxRowBytes) return kCcpGeneral;
+  return ccp_chunks_fit(p) ? kCcpChunks : kCcpParts;
 }
 
 // Which steps a warp takes: 0, one contiguous range (its frame pair changes about once per
@@ -198,15 +228,13 @@ __device__ __forceinline__ typename IndexOf<kIndex64>::type quotient(typename In
   else return static_cast<int>(fast_quotient(static_cast<unsigned>(n), d32));
 }
 
-// The source row of out row r, or NULL for a zero row (no source frame or row, or W = 0).
+// The source row of out row (n, t, h), or NULL for a zero row (no source frame or row, or W = 0).
 template <bool kIndex64>
-__device__ __forceinline__ const unsigned char* source_row(const CausalConv3dCatPadParams& p,
-                                                           typename IndexOf<kIndex64>::type r) {
+__device__ __forceinline__ const unsigned char* source_of(const CausalConv3dCatPadParams& p,
+                                                          typename IndexOf<kIndex64>::type n,
+                                                          typename IndexOf<kIndex64>::type t,
+                                                          typename IndexOf<kIndex64>::type h) {
   using I = typename IndexOf<kIndex64>::type;
-  const I th = quotient<kIndex64>(r, p.rows_out_div, p.rows_out_div64);
-  const I h = r - th * static_cast<I>(p.rows_out);
-  const I n = quotient<kIndex64>(th, p.frames_out_div, p.frames_out_div64);
-  const I t = th - n * static_cast<I>(p.frames_out);
   const I st = t - static_cast<I>(p.frame_offset), ih = h - static_cast<I>(p.row_offset);
   const I ct = static_cast<I>(p.cache_frames), tx = static_cast<I>(p.x_frames);
   if (st < 0 || st >= ct + tx || ih < 0 || ih >= static_cast<I>(p.src_rows) || p.run_bytes == 0) return nullptr;
@@ -214,6 +242,34 @@ __device__ __forceinline__ const unsigned char* source_row(const CausalConv3dCat
   const unsigned char* base = static_cast<const unsigned char*>(from_cache ? p.cache : p.x);
   const I row = (n * (from_cache ? ct : tx) + (from_cache ? st : st - ct)) * static_cast<I>(p.src_rows) + ih;
   return base + row * static_cast<I>(p.run_bytes);  // within x or cache: below 2^31 in the 32-bit kernel
+}
+
+// The source row of out row r, or NULL for a zero row.
+template <bool kIndex64>
+__device__ __forceinline__ const unsigned char* source_row(const CausalConv3dCatPadParams& p,
+                                                           typename IndexOf<kIndex64>::type r) {
+  using I = typename IndexOf<kIndex64>::type;
+  const I th = quotient<kIndex64>(r, p.rows_out_div, p.rows_out_div64);
+  const I h = r - th * static_cast<I>(p.rows_out);
+  const I n = quotient<kIndex64>(th, p.frames_out_div, p.frames_out_div64);
+  return source_of<kIndex64>(p, n, th - n * static_cast<I>(p.frames_out), h);
+}
+
+// The source rows of out rows r - 1 (NULL where r = 0) and r, from one decomposition of r.
+template <bool kIndex64>
+__device__ __forceinline__ void source_rows_to(const CausalConv3dCatPadParams& p, typename IndexOf<kIndex64>::type r,
+                                               const unsigned char*& before, const unsigned char*& at) {
+  using I = typename IndexOf<kIndex64>::type;
+  const I rows_out = static_cast<I>(p.rows_out), frames_out = static_cast<I>(p.frames_out);
+  const I th = quotient<kIndex64>(r, p.rows_out_div, p.rows_out_div64);
+  const I h = r - th * rows_out;
+  const I n = quotient<kIndex64>(th, p.frames_out_div, p.frames_out_div64);
+  const I t = th - n * frames_out;
+  at = source_of<kIndex64>(p, n, t, h);
+  // Row r - 1: the row above, or the last row of the frame before (of the sample before).
+  const I hb = h > 0 ? h - 1 : rows_out - 1, tb = h > 0 ? t : t > 0 ? t - 1 : frames_out - 1;
+  const I nb = h > 0 || t > 0 ? n : n - 1;
+  before = r > 0 ? source_of<kIndex64>(p, nb, tb, hb) : nullptr;
 }
 
 __device__ __forceinline__ Word<16> zero_word() {
@@ -571,6 +627,96 @@ __device__ __forceinline__ void parts_step(const CausalConv3dCatPadParams& p, co
   }
 }
 
+// One chunk of the chunks kernel (ccp_chunks_fit): windows w0 .. w0 + kCcpUnrollChunks - 1, out
+// offsets q0 .. q0 + 16 U. Row A is the row whose run holds the chunk's first byte or ends before
+// it (r = floor((q0 - head) / row)), row B the next: chunk bytes [0, da) are row A's run, [da, db)
+// zeros (A's tail, B's head), [db, 16 U) row B's run (run_bytes >= 16 U: B's run outlasts the
+// chunk). Where both rows have sources and B's continues A's (rows of one frame), byte x of the
+// chunk is source byte a + x (row A) or a + x - gap (row B): one stream from a - gap, loaded as
+// U + 2 aligned granules (those it uses; ccp_zero_granule for the rest), funnel-shifted once by
+// the stream's phase, and each word taken at one of two word offsets (gap is 4 or 8 bytes) and
+// masked to its row. A zero row masks its share to nothing. Chunks meeting out's ends, or whose
+// rows B and A have unrelated sources (a frame or tensor boundary with no padding row between),
+// take window_by_rows per window.
+template <int kBytes, bool kIndex64>
+__device__ __forceinline__ void chunks_step(const CausalConv3dCatPadParams& p, typename IndexOf<kIndex64>::type first,
+                                            int lane, unsigned char* out16) {
+  using I = typename IndexOf<kIndex64>::type;
+  constexpr int kU = kCcpUnrollChunks, kG = kU + 2, kWords = 4 * kG;
+  const I row_bytes = static_cast<I>(p.row_bytes), head = static_cast<I>(p.head_bytes);
+  const I run_bytes = static_cast<I>(p.run_bytes), gap = row_bytes - run_bytes;
+  const I w0 = first + kU * lane;
+  if (w0 >= static_cast<I>(p.windows)) return;
+  const I q0 = 16 * w0 - p.out_phase;
+  bool fast = q0 >= 0 && q0 + 16 * kU <= static_cast<I>(p.out_bytes);
+  const I ra = quotient<kIndex64>((fast ? q0 : 0) - head + row_bytes, p.row_bytes_div, p.row_bytes_div64) - 1;
+  const I run_a = ra * row_bytes + head;  // out offset of row A's run
+  const unsigned char *src_a, *src_b;
+  source_rows_to<kIndex64>(p, ra + 1, src_a, src_b);
+  if (run_a - head + row_bytes >= static_cast<I>(p.out_bytes)) src_b = nullptr;  // no row B
+  // Chunk offsets where row A's run ends and row B's starts, clamped to [0, 16 U] (none: da = 0,
+  // db = 16 U; db > 0 by the choice of row A).
+  const I end_a = run_a + run_bytes - q0, start_b = run_a + row_bytes - q0;
+  const int da = src_a && end_a > 0 ? static_cast<int>(end_a < 16 * kU ? end_a : 16 * kU) : 0;
+  const int db = src_b && start_b < 16 * kU ? static_cast<int>(start_b) : 16 * kU;
+  // The stream's byte for chunk offset x of row A (a + x); row B's is a + x - gap.
+  u64 a = src_a ? reinterpret_cast<u64>(src_a) + static_cast<u64>(static_cast<long long>(q0 - run_a))
+                : reinterpret_cast<u64>(src_b) + static_cast<u64>(static_cast<long long>(q0 - run_a - row_bytes + gap));
+  if (src_a && src_b && src_b != src_a + run_bytes && db < 16 * kU) fast = false;
+  if (!fast) {
+#pragma unroll 1
+    for (int u = 0; u < kU; ++u) {
+      const I w = w0 + u;
+      if (w < static_cast<I>(p.windows)) window_by_rows<kBytes, kIndex64>(p, 16 * w - p.out_phase, out16 + 16 * w);
+    }
+    return;
+  }
+  // The stream's bytes used, [lo, hi) from `from` plus its phase s (none: hi = 0); granule k, at
+  // g + 16 k, is bytes [16 k, 16 k + 16) of it and is loaded where it meets them.
+  const u64 from = a - static_cast<u64>(static_cast<long long>(gap));
+  const unsigned s = static_cast<unsigned>(from & 15);
+  const u64 g = from - s;
+  const int lo = (da > 0 ? static_cast<int>(gap) : db) + static_cast<int>(s);
+  const int hi = db < 16 * kU ? 16 * kU + static_cast<int>(s) : da > 0 ? static_cast<int>(gap) + da + static_cast<int>(s) : 0;
+  u32 wd[kWords];
+#pragma unroll
+  for (int k = 0; k < kG; ++k) {
+    const Word<16> v = load_or_zero(reinterpret_cast<const void*>(g + 16 * k), 16 * k < hi && 16 * k + 16 > lo);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wd[4 * k + i] = v.w[i];
+  }
+  // The stream from `from` in words: y[k] is bytes [4 k, 4 k + 4) of it.
+  constexpr int kY = 4 * kU + 2;
+  u32 y[kY];
+  {
+    u32 x[kY + 1];
+#pragma unroll
+    for (int k = 0; k < kY + 1; ++k) {
+      const u32 lo_w = (s & 8) ? wd[k + 2] : wd[k], hi_w = (s & 8) ? wd[k + 3] : wd[k + 1];
+      x[k] = kBytes == 4 ? lo_w : __funnelshift_r(lo_w, hi_w, (s & 3) * 8);
+    }
+#pragma unroll
+    for (int k = 0; k < kY; ++k) y[k] = (s & 4) ? x[k + 1] : x[k];
+  }
+  const bool gap8 = gap == 8;
+  unsigned char* const dst = out16 + 16 * w0;
+  const int bits_a = 8 * da, bits_b = 8 * db;
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    Word<16> v;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int k = 4 * u + i;
+      const u32 from_a = gap8 ? y[k + 2] : y[k + 1], from_b = y[k];
+      const int na = bits_a - 32 * k, nb = bits_b - 32 * k;  // bits of the word before A's end, B's start
+      // ~0 << n, n clamped to [0, 32]: the word's bytes from A's end on, from B's start on.
+      const u32 past_a = __funnelshift_lc(0u, ~0u, na > 0 ? na : 0), past_b = __funnelshift_lc(0u, ~0u, nb > 0 ? nb : 0);
+      v.w[i] = (from_a & ~past_a) | (from_b & past_b);
+    }
+    store_word<16>(dst + 16 * u, v);
+  }
+}
+
 // One step of the aligned kernel: windows first + 32 u + lane, each in one row's run or zeros.
 template <bool kIndex64>
 __device__ __forceinline__ void aligned_step(const CausalConv3dCatPadParams& p, const FramePair<kIndex64>& fp,
@@ -607,7 +753,7 @@ __device__ __forceinline__ void aligned_step(const CausalConv3dCatPadParams& p, 
 }  // namespace ccp_detail
 
 // The kernel body: kBytes the element size (2 or 4; the op copies bits), kPath the kernel
-// (ccp_path: kCcpGeneral, kCcpAligned or kCcpParts), kIndex64 for outs of kCcpIndex32Bytes or
+// (ccp_path: kCcpGeneral, kCcpAligned, kCcpParts or kCcpChunks), kIndex64 for outs of kCcpIndex32Bytes or
 // more. Any grid of whole warps: each warp takes steps of ccp_unroll(kPath) x 32 windows in
 // kCcpStepOrder's order.
 template <int kBytes, int kPath, bool kPdl, bool kIndex64>
@@ -615,7 +761,8 @@ __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
   using namespace ccp_detail;
   using I = typename IndexOf<kIndex64>::type;
   static_assert(kBytes == 2 || kBytes == 4, "2- or 4-byte elements");
-  static_assert(kPath == kCcpGeneral || kPath == kCcpAligned || kPath == kCcpParts, "a kernel of ccp_path");
+  static_assert(kPath == kCcpGeneral || kPath == kCcpAligned || kPath == kCcpParts || kPath == kCcpChunks,
+                "a kernel of ccp_path");
   constexpr int kStep = 32 * ccp_unroll(kPath);
   const int lane = static_cast<int>(threadIdx.x & 31);
   const I warp = static_cast<I>((blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -638,6 +785,10 @@ __device__ void causal_conv3d_cat_pad(const CausalConv3dCatPadParams& p) {
   bool held = false;
   if constexpr (kPdl) pdl_wait();  // out may still be read, and x / cache written, by the grid before
   for (I step = begin; step < end; step += stride) {
+    if constexpr (kPath == kCcpChunks) {  // its own row arithmetic, once per chunk
+      chunks_step<kBytes, kIndex64>(p, step * kStep, lane, out16);
+      continue;
+    }
     const I first = step * kStep;
     const I q0 = 16 * first - p.out_phase;
     const I r0 = quotient<kIndex64>(q0 > 0 ? q0 : 0, p.row_bytes_div, p.row_bytes_div64);

@@ -373,7 +373,9 @@ CausalConv3dCatPadParams params_for(const Case& c, const void* x, const void* ca
 }
 
 // What picks the kernel: ccp_aligned where rows, heads, runs and pointers lie on 16 bytes (the
-// channels-last model shapes), else parts where rows are 16 to 511 bytes, else general (ccp_path);
+// channels-last model shapes), else, where rows are 16 to 511 bytes, chunks where the pads add 4 or
+// 8 bytes and runs are 16 x kCcpUnrollChunks bytes or more (ccp_chunks_fit), parts otherwise;
+// else general (ccp_path);
 // the 64-bit kernel from 2^31 - 64 bytes of out; the derived fields of the row model (out's phase
 // and its windows).
 TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
@@ -390,7 +392,13 @@ TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
   EXPECT_EQ(ccp_path(params_for(cl, buf, buf + 16, buf + 34, false)), kCcpGeneral);  // rows of 246 KB, off 16 bytes
   EXPECT_EQ(ccp_path(params_for(nc, buf, buf, buf, false)), kCcpGeneral);            // rows of 1284 bytes
   const Case vae{{1, 1024, 2, 60, 104}, 2, 1, 1, 1, 1, 2, 0};  // rows of 212 bytes
-  EXPECT_EQ(ccp_path(params_for(vae, buf, buf, buf, false)), kCcpParts);
+  EXPECT_EQ(ccp_path(params_for(vae, buf, buf, buf, false)), kCcpChunks);
+  const Case vae_f32{{1, 1024, 2, 30, 52}, 1, 1, 1, 1, 1, 1, 0, DType::f32};  // rows of 216 bytes, pads of 8
+  EXPECT_EQ(ccp_path(params_for(vae_f32, buf, buf, buf, false)), kCcpChunks);
+  const Case pads12{{1, 4, 2, 6, 104}, 2, 1, 2, 1, 1, 2, 0};  // pads adding 6 bytes
+  EXPECT_EQ(ccp_path(params_for(pads12, buf, buf, buf, false)), kCcpParts);
+  const Case short_run{{1, 4, 2, 6, 8 * kCcpUnrollChunks - 1}, 2, 1, 1, 1, 1, 2, 0};  // runs under a chunk
+  EXPECT_EQ(ccp_path(params_for(short_run, buf, buf, buf, false)), kCcpParts);
   const Case row16{{1, 2, 1, 3, 6}, 0, 1, 1, 0, 0, 0, 0};  // NCTHW rows of 8 elements: 16 bytes
   EXPECT_EQ(ccp_path(params_for(row16, buf, buf, buf + 2, false)), kCcpParts);
   const Case row14{{1, 2, 1, 3, 5}, 0, 1, 1, 0, 0, 0, 0};  // 14 bytes: a window may meet three rows
@@ -435,12 +443,16 @@ TEST(CausalConv3dCatPadJit, FastDivision64EqualsIntegerDivisionBelowTwoToThe63) 
 
 // Every kernel at both index widths launched directly on grids of 1 and 3 blocks (each warp then
 // takes several steps, frame pairs change inside a warp's range): NCTHW rows of 9 + 3 elements
-// (every phase; ccp_path's parts kernel, and the general one) and channels-last rows of 16-byte
-// units (the aligned one), parameters from params_for. The op launches the 64-bit kernels only
-// from 2^31 - 64 bytes.
+// (every phase; ccp_path's parts kernel, and the general one), NCTHW rows of 40 + 2 elements
+// (ccp_path's chunks kernel, and the other two) and channels-last rows of 16-byte units (the
+// aligned one), parameters from params_for. The op launches the 64-bit kernels only from 2^31 - 64
+// bytes.
 TEST_F(CausalConv3dCatPadGpu, EveryKernelAndIndexWidthOnGridsThatLoop) {
-  const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1}, {{2, 8, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1, DType::bf16, true}};
+  const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1},
+                        {{2, 3, 3, 5, 40}, 2, 1, 1, 1, 1, 3, 1},
+                        {{2, 8, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1, DType::bf16, true}};
   for (const Case& c : cases) {
+    const bool chunks = c.x[4] == 40;
     std::mt19937 rng(3000);
     HostTensor x(c.dtype, c.x, c.channels_last), cache(c.dtype, c.cache_shape(), c.channels_last),
         out_like(c.dtype, c.out_shape(), c.channels_last);
@@ -448,13 +460,16 @@ TEST_F(CausalConv3dCatPadGpu, EveryKernelAndIndexWidthOnGridsThatLoop) {
     cache.randomize(rng);
     const std::vector<uint8_t> want = reference_bytes(c, x, &cache, 0);
     const DeviceTensor dx(x, true), dc(cache, true);
-    for (int path : c.channels_last ? std::vector<int>{kCcpAligned} : std::vector<int>{kCcpParts, kCcpGeneral})
+    const std::vector<int> paths = c.channels_last ? std::vector<int>{kCcpAligned}
+                                   : chunks        ? std::vector<int>{kCcpChunks, kCcpParts, kCcpGeneral}
+                                                   : std::vector<int>{kCcpParts, kCcpGeneral};
+    for (int path : paths)
       for (bool index64 : {false, true})
         for (unsigned grid : {1u, 3u}) {
           DeviceTensor dout(out_like, false);
           const CausalConv3dCatPadParams p =
               params_for(c, dx.view(x).data, dc.view(cache).data, dout.view(out_like).data, index64);
-          EXPECT_EQ(ccp_path(p), c.channels_last ? kCcpAligned : kCcpParts) << c.describe();
+          EXPECT_EQ(ccp_path(p), c.channels_last ? kCcpAligned : chunks ? kCcpChunks : kCcpParts) << c.describe();
           KernelRequest r;
           r.header = "causal_conv3d_cat_pad.cuh";
           r.function = "ditops::causal_conv3d_cat_pad";

@@ -6,11 +6,14 @@
 //   -DDITOPS_CCP_UNROLL_ALIGNED=N  the same for the aligned kernel
 //   -DDITOPS_CCP_STEP_ORDER=0|1    a contiguous range of steps per warp, or a grid-stride walk
 //   -DDITOPS_CCP_UNROLL_PARTS=N    the same for the parts kernel
+//   -DDITOPS_CCP_UNROLL_CHUNKS=N   windows per lane (a chunk) of the chunks kernel
 //   -DCCP_TUNE_MIN_BLOCKS_GENERAL=N  the general kernel's __launch_bounds__ minimum blocks
 //   -DCCP_TUNE_MIN_BLOCKS_PARTS=N    the parts kernel's
+//   -DCCP_TUNE_MIN_BLOCKS_CHUNKS=N   the chunks kernel's
 // The kernels are declared as the op's JIT wrapper declares them (256 threads, minimum resident
-// blocks 4 general / 5 aligned / 3 parts). Each unaligned case with rows of 16
-// bytes or more runs both the parts and the general kernel (their A/B in one process), each on
+// blocks 4 general / 5 aligned / 3 parts / 4 chunks). Each unaligned case with rows of 16
+// bytes or more runs the parts and the general kernel, and the chunks kernel where
+// ccp_chunks_fit (the NCTHW cases), whichever ccp_path picks (their A/B in one process), each on
 // the resident grid and on one step per warp (the op launches general resident, the others one-step).
 #include <cuda_runtime.h>
 
@@ -32,10 +35,14 @@ using ditops::CausalConv3dCatPadParams;
 #ifndef CCP_TUNE_MIN_BLOCKS_PARTS
 #define CCP_TUNE_MIN_BLOCKS_PARTS 3
 #endif
+#ifndef CCP_TUNE_MIN_BLOCKS_CHUNKS
+#define CCP_TUNE_MIN_BLOCKS_CHUNKS 4
+#endif
 
 template <int kBytes, int kPath>
 __global__ void __launch_bounds__(256, kPath == ditops::kCcpAligned ? 5
                                        : kPath == ditops::kCcpParts ? CCP_TUNE_MIN_BLOCKS_PARTS
+                                       : kPath == ditops::kCcpChunks ? CCP_TUNE_MIN_BLOCKS_CHUNKS
                                                                     : CCP_TUNE_MIN_BLOCKS_GENERAL)
     ccp_variant(const __grid_constant__ CausalConv3dCatPadParams p) {
   ditops::causal_conv3d_cat_pad<kBytes, kPath, false, false>(p);
@@ -45,10 +52,14 @@ template <int kBytes>
 const void* variant_for(int path) {
   return path == ditops::kCcpAligned ? (const void*)ccp_variant<kBytes, ditops::kCcpAligned>
          : path == ditops::kCcpParts ? (const void*)ccp_variant<kBytes, ditops::kCcpParts>
+         : path == ditops::kCcpChunks ? (const void*)ccp_variant<kBytes, ditops::kCcpChunks>
                                      : (const void*)ccp_variant<kBytes, ditops::kCcpGeneral>;
 }
 const char* path_name(int path) {
-  return path == ditops::kCcpAligned ? "aligned" : path == ditops::kCcpParts ? "parts" : "general";
+  return path == ditops::kCcpAligned  ? "aligned"
+         : path == ditops::kCcpParts  ? "parts"
+         : path == ditops::kCcpChunks ? "chunks"
+                                      : "general";
 }
 
 // The reference: one thread per output element, its source by plain 64-bit index arithmetic.
@@ -122,9 +133,10 @@ int main() {
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   unsigned long long* diff;
   CHECK(cudaMalloc(&diff, 8));
-  std::printf("variant: unroll general %d (min blocks %d), aligned %d, parts %d (min blocks %d), step order %d\n",
+  std::printf("variant: unroll general %d (min blocks %d), aligned %d, parts %d (min blocks %d), chunks %d (min blocks "
+              "%d), step order %d\n",
               DITOPS_CCP_UNROLL_GENERAL, CCP_TUNE_MIN_BLOCKS_GENERAL, DITOPS_CCP_UNROLL_ALIGNED, DITOPS_CCP_UNROLL_PARTS,
-              CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_STEP_ORDER);
+              CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_UNROLL_CHUNKS, CCP_TUNE_MIN_BLOCKS_CHUNKS, DITOPS_CCP_STEP_ORDER);
   std::printf("%-40s %-8s %4s %6s %-9s %9s %9s %6s %s\n", "case", "kernel", "regs", "blocks", "grid", "us", "copy us",
               "copy%", "bytes differing from the reference");
   for (const Case& c : cases) {
@@ -154,10 +166,13 @@ int main() {
     ditops::ccp_finish_params(p, (s.cl ? s.B : s.B * s.C) * To * Ho, false);
     const int picked = ditops::ccp_path(p);
     const float copy = median_us([&] { copy_words<<<sms * 8, 256>>>((const uint4*)src, (uint4*)dst, half / 16); }, flush, fb);
-    // Unaligned rows of 16 bytes or more: both unaligned kernels, whatever kCcpPartsMaxRowBytes says.
+    // Unaligned rows of 16 bytes or more: every unaligned kernel that serves them (chunks where
+    // ccp_chunks_fit), whatever kCcpPartsMaxRowBytes says.
     const bool both = picked != ditops::kCcpAligned && p.row_bytes >= ditops::kCcpPartsMinRowBytes;
-    for (int path : {ditops::kCcpParts, ditops::kCcpGeneral, ditops::kCcpAligned}) {
-      if (both ? path == ditops::kCcpAligned : path != picked) continue;
+    for (int path : {ditops::kCcpChunks, ditops::kCcpParts, ditops::kCcpGeneral, ditops::kCcpAligned}) {
+      if (both ? path == ditops::kCcpAligned || (path == ditops::kCcpChunks && !ditops::ccp_chunks_fit(p))
+               : path != picked)
+        continue;
       const void* fn = s.es == 2 ? variant_for<2>(path) : variant_for<4>(path);
       cudaFuncAttributes attr;
       CHECK(cudaFuncGetAttributes(&attr, fn));

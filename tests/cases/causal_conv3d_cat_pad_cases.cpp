@@ -145,7 +145,9 @@ std::vector<OpCase> make() {
   // The kernels' own paths on every dtype and layout: rows on 16 bytes in frames shorter than a
   // warp's step (the aligned kernel's rows past its frame pair); frames back to back without
   // padding rows, so a window's second row takes its source from another frame or from x after
-  // the cache (the general kernel's per-window path); rows under 16 bytes (windows over 3 rows).
+  // the cache (the general kernel's per-window path); rows under 16 bytes (windows over 3 rows);
+  // NCTHW pads adding 2 elements to runs of 40 (the chunks kernel), frames back to back (its
+  // per-window path where a chunk's two rows come from different frames) and pads (2, 0).
   for (DType dt : {DType::bf16, DType::f16, DType::f32})
     for (bool cl : {false, true}) {
       const CaseKind layout = cl ? CaseKind::strided : CaseKind::odd;
@@ -153,6 +155,8 @@ std::vector<OpCase> make() {
       add({{2, cl ? w16 : 5, 3, 1, cl ? 1 : w16}, 1, {0, 0, 0, 0, 2, 1}, dt, cl}, layout);
       add({{1, 4, 3, 6, 13}, 2, {1, 2, 0, 0, 2, 0}, dt, cl}, layout);
       add({{2, 3, 2, 5, 3}, 1, {0, 1, 0, 0, 1, 1}, dt, cl}, layout);
+      add({{1, 3, 3, 5, 40}, 2, {1, 1, 0, 0, 2, 0}, dt, cl}, layout);
+      add({{2, 2, 2, 4, 40}, 1, {2, 0, 1, 0, 1, 1}, dt, cl}, layout);
     }
   // The shapes at full size without PDL (large: where a device compares them).
   for (size_t i = 0, n = out.size(); i < n; ++i)

@@ -3,7 +3,8 @@
 // checked to be aligned and to meet x or cache, every 16-byte store to lie in out, and out against
 // a cat-then-pad reference, byte for byte, with each byte of out stored at most once by a 16-byte
 // store and nothing outside out written. Every kernel (the one ccp_path picks, and for unaligned
-// rows of 16 bytes or more the other of parts and general too), both index widths, grids of 1 x 32
+// rows of 16 bytes or more the others of parts, general and chunks that serve the call too), both
+// index widths, grids of 1 x 32
 // and 3 x 64 threads. Prints one line per run and the loads against the source
 // granules. Built by run.sh.
 #include <atomic>
@@ -67,11 +68,14 @@ void launch(const CausalConv3dCatPadParams& p, unsigned grid, unsigned block) {
     }
 }
 
-const char* path_name(int path) { return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : "general"; }
+const char* path_name(int path) {
+  return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : path == kCcpChunks ? "chunks" : "general";
+}
 
-// "" or what went wrong; *path_out the kernel run: ccp_path's, or where `other` the other of parts
-// and general (-1 where ccp_path picks neither or rows are under 16 bytes: nothing run).
-std::string run(const Case& c, bool index64, bool other, unsigned grid, unsigned block, std::mt19937& rng,
+// "" or what went wrong; *path_out the kernel run: ccp_path's where `other` < 0, else `other`
+// (parts, general or chunks), -1 where that is ccp_path's own, the call is aligned or its rows are
+// under 16 bytes, or (chunks) ccp_chunks_fit fails: nothing run.
+std::string run(const Case& c, bool index64, int other, unsigned grid, unsigned block, std::mt19937& rng,
                 int* path_out, long long* loads, long long* granules) {
   const long long ct = c.ct < 0 ? 0 : c.ct;
   const long long To = c.T + c.dl + c.dr, Ho = c.H + c.ht + c.hb, Wo = c.W + c.wl + c.wr;
@@ -114,11 +118,12 @@ std::string run(const Case& c, bool index64, bool other, unsigned grid, unsigned
   p.frame_offset = c.dl - ct, p.row_offset = c.ht;
   ccp_finish_params(p, (c.channels_last ? c.B : c.B * c.C) * To * Ho, index64);
   int path = ccp_path(p);
-  if (other && (path == kCcpAligned || p.row_bytes < kCcpPartsMinRowBytes)) {
+  if (other >= 0 && (other == path || path == kCcpAligned || p.row_bytes < kCcpPartsMinRowBytes ||
+                     (other == kCcpChunks && !ccp_chunks_fit(p)))) {
     *path_out = -1;
     return "";
   }
-  if (other) path = path == kCcpParts ? kCcpGeneral : kCcpParts;
+  if (other >= 0) path = other;
   *path_out = path;
   std::vector<std::atomic<int>> stores(no * es);
   host_run::x_begin = x, host_run::x_end = x + nx * es;
@@ -135,6 +140,7 @@ std::string run(const Case& c, bool index64, bool other, unsigned grid, unsigned
     };
     if (path == kCcpAligned) with(std::integral_constant<int, kCcpAligned>{});
     else if (path == kCcpParts) with(std::integral_constant<int, kCcpParts>{});
+    else if (path == kCcpChunks) with(std::integral_constant<int, kCcpChunks>{});
     else with(std::integral_constant<int, kCcpGeneral>{});
   };
   if (es == 2) go(std::integral_constant<int, 2>{});
@@ -169,7 +175,12 @@ int main() {
                  {2, cl ? w16 : 5, 3, 1, cl ? 1 : w16, 1, 0, 0, 0, 0, 2, 1},  // 16-byte rows, frames of a row
                  {1, 4, 3, 6, 13, 2, 1, 2, 0, 0, 2, 0},  // frames back to back
                  {2, 3, 2, 5, 3, 1, 0, 1, 0, 0, 1, 1},   // rows under 16 bytes
-                 {1, 8, 3, 40, 9, 2, 1, 1, 1, 1, 3, 1}}) {
+                 {1, 8, 3, 40, 9, 2, 1, 1, 1, 1, 3, 1},
+                 // The chunks kernel: runs of 64 bytes and more, pads adding 4 or 8 bytes.
+                 {1, 3, 2, 5, 64 / es, 1, 1, 1, 0, 0, 1, 0},   // runs of one chunk, frames back to back
+                 {2, 3, 3, 4, 40, 2, 2, 0, 0, 1, 2, 1},        // pads (2, 0)
+                 {1, 3, 2, 7, 33, 1, 0, 2, 1, 0, 1, 0},        // pads (0, 2), odd W
+                 {1, 2, 2, 3, 52 / (es / 2), -1, 1, 1, 1, 1, 1, 1}}) {  // no cache
           Case v = s;
           v.es = es, v.channels_last = cl, v.offset = off;
           cases.push_back(v);
@@ -181,7 +192,7 @@ int main() {
   std::mt19937 rng(1);
   int runs = 0, failures = 0;
   for (const Case& c : cases)
-    for (bool other : {false, true})
+    for (int other : {-1, kCcpParts, kCcpGeneral, kCcpChunks})
       for (bool index64 : {false, true})
         for (auto [grid, block] : {std::pair{3u, 64u}, std::pair{1u, 32u}}) {
           int path = -1;

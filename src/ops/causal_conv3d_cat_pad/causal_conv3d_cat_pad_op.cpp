@@ -206,14 +206,16 @@ constexpr int kCcpThreads = 256;
 // per thread): the general kernel's loads of a step are 32 bytes per thread in flight, so 1024
 // threads per SM keep 32 KB of loads in flight; the aligned kernel's 64 bytes at 1280; the parts
 // kernel's up to 128 bytes (four granules per window, two windows) at 768 (78 registers; at 64 it
-// spills).
+// spills); the chunks kernel's 96 bytes (six granules a lane) at 1024 (56 registers at 4 windows a
+// lane, ptxas 13.0 sm_90a; 63 at 8).
 constexpr int kCcpMinBlocksGeneral = 4;
 constexpr int kCcpMinBlocksAligned = 5;
 constexpr int kCcpMinBlocksParts = 3;
+constexpr int kCcpMinBlocksChunks = 4;
 
 struct CcpKernelKey {
   int elem_bytes = 2;        // 2 (bf16, f16) or 4 (f32): the kernel copies bits
-  int path = kCcpGeneral;    // ccp_path: general, aligned (one load per window) or parts
+  int path = kCcpGeneral;    // ccp_path: general, aligned (one load per window), parts or chunks
   bool index64 = false;      // ccp_index64: out of 2^31 - 64 bytes or more
   bool pdl = true;
 
@@ -222,8 +224,10 @@ struct CcpKernelKey {
     return std::to_string(elem_bytes) + "-byte," + path_name() + (index64 ? ",index64" : ",index32") +
            (pdl ? ",pdl" : ",nopdl");
   }
-  const char* path_name() const { return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : "general"; }
-  uint64_t packed() const { return pack_key({{elem_bytes, 5}, {path, 3}, index64, pdl}); }
+  const char* path_name() const {
+    return path == kCcpAligned ? "aligned" : path == kCcpParts ? "parts" : path == kCcpChunks ? "chunks" : "general";
+  }
+  uint64_t packed() const { return pack_key({{elem_bytes, 5}, {path, 4}, index64, pdl}); }
 };
 
 // The row model of kernels/causal_conv3d_cat_pad.cuh with the call's pointers, and its number of
@@ -271,17 +275,19 @@ KernelRequest ccp_kernel_request(const CcpKernelKey& key) {
           .min_blocks = key.index64                   ? 0  // 64-bit: would spill
                         : key.path == kCcpAligned ? kCcpMinBlocksAligned
                         : key.path == kCcpParts   ? kCcpMinBlocksParts
+                        : key.path == kCcpChunks  ? kCcpMinBlocksChunks
                                                   : kCcpMinBlocksGeneral,
           .template_key = std::string(kOp) + ":" + key.to_string()};
 }
 
-// Keys covering every code path: both element sizes, the three kernels, both index widths, with
+// Keys covering every code path: both element sizes, the four kernels, both index widths, with
 // and without PDL.
 std::vector<CcpKernelKey> ccp_variant_keys() {
   return {{2, kCcpGeneral, false, true}, {2, kCcpAligned, true, false}, {4, kCcpGeneral, true, false},
           {4, kCcpAligned, false, true}, {2, kCcpGeneral, true, true},  {4, kCcpAligned, true, false},
           {2, kCcpParts, false, true},   {4, kCcpParts, false, false},  {2, kCcpParts, true, false},
-          {4, kCcpParts, true, true}};
+          {4, kCcpParts, true, true},    {2, kCcpChunks, false, true}, {4, kCcpChunks, false, false},
+          {2, kCcpChunks, true, false},  {4, kCcpChunks, true, true}};
 }
 
 void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKernelKey& key,
@@ -289,11 +295,11 @@ void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKern
   int64_t rows = 0;
   CausalConv3dCatPadParams p = row_model(c, &rows);
   ccp_finish_params(p, rows, key.index64);
-  // Each warp takes a contiguous range of steps (32 x unroll windows). The aligned and parts
-  // kernels launch one step per warp (ccp_tune.cu on the H100: the aligned kernel 240.9 us one-step
-  // against 262.0 us resident at SGLang's channels-last point, 75.2 against 80.7 at C1024 fp32;
-  // parts: not run yet, the same table decides); the general kernel at most the resident grid
-  // (one-step was within +-3 % of it, either way).
+  // Each warp takes a contiguous range of steps (32 x unroll windows). The aligned, parts and
+  // chunks kernels launch one step per warp (ccp_tune.cu on the H100: the aligned kernel 240.9 us
+  // one-step against 262.0 us resident at SGLang's channels-last point, 75.2 against 80.7 at C1024
+  // fp32; parts and chunks: not run yet, the same table decides); the general kernel at most the
+  // resident grid (one-step was within +-3 % of it, either way).
   const int64_t step = 32 * ccp_unroll(key.path);
   const int64_t warps = (p.windows + step - 1) / step;
   const int64_t cover = (warps + kCcpThreads / 32 - 1) / (kCcpThreads / 32);
