@@ -281,33 +281,11 @@ def swiglu_feed_forward(swiglu_site):
     return forward
 
 
-def _flux2_swiglu_sites(ctx, path, block) -> None:
-    """FLUX.2's SwiGLU producers of one block: its feed-forwards (double blocks) where linear_out is
-    FP8; the single block's cat(attn, swiglu(mlp)) where to_out is FP8 and the attention runs the
-    model's default processor (ditops's replacement of it takes the site)."""
-    from diffusers.models.transformers.transformer_flux2 import (Flux2FeedForward, Flux2ParallelSelfAttnProcessor,
-                                                                 Flux2SwiGLU)
-    from . import flux2 as model_code
-    prefix = ctx.plan.prefix
-    for name in ("ff", "ff_context"):
-        ff = getattr(block, name, None)
-        if type(ff) is Flux2FeedForward and type(ff.act_fn) is Flux2SwiGLU and ctx.fp8(ff.linear_out):
-            ctx.patch_forward(f"{path}.{name}", ff, swiglu_feed_forward(ctx.swiglu))
-            ctx.swiglu.places.append(f"{prefix}{path}.{name}.linear_out")
-    attn = getattr(block, "attn", None)
-    if attn is None or not hasattr(attn, "to_qkv_mlp_proj"):
-        return
-    if type(attn.processor) is Flux2ParallelSelfAttnProcessor and type(attn.mlp_act_fn) is Flux2SwiGLU and \
-            ctx.fp8(attn.to_out):
-        processor = model_code.Flux2ParallelSelfAttnProcessorDitops(attn.processor, ctx.site("qk_norm_rope"),
-                                                                    cat_quant=ctx.cat_swiglu)
-        ctx.plan.patch_processor(f"{path}.attn.processor", attn, processor)
-        ctx.cat_swiglu.places.append(f"{prefix}{path}.attn.to_out")
-
-
 def flux2(ctx) -> None:
-    from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2ParallelSelfAttnProcessor,
-                                                                 Flux2SingleTransformerBlock, Flux2TransformerBlock)
+    from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2FeedForward,
+                                                                 Flux2ParallelSelfAttnProcessor,
+                                                                 Flux2SingleTransformerBlock, Flux2SwiGLU,
+                                                                 Flux2TransformerBlock)
     from . import flux2 as model_code
     adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
     pair = ctx.adaln(adaln)
@@ -316,7 +294,11 @@ def flux2(ctx) -> None:
         path = f"transformer_blocks.{i}"
         if type(block) is not Flux2TransformerBlock:
             continue
-        _flux2_swiglu_sites(ctx, path, block)
+        for name in ("ff", "ff_context"):  # SwiGLU quantized into linear_out where that is FP8
+            ff = getattr(block, name)
+            if type(ff) is Flux2FeedForward and type(ff.act_fn) is Flux2SwiGLU and ctx.fp8(ff.linear_out):
+                ctx.patch_forward(f"{path}.{name}", ff, swiglu_feed_forward(ctx.swiglu))
+                ctx.swiglu.places.append(f"{prefix}{path}.{name}.linear_out")
         image, text = _projections(block.attn)
         # the pair needs every consumer FP8: all the projections of both streams, or both FFs' linear_in
         attn_pair = type(block.attn.processor) is Flux2AttnProcessor and bool(text) and ctx.fp8(*image, *text)
@@ -329,10 +311,16 @@ def flux2(ctx) -> None:
         pair.places += [f"{prefix}{path}.{n}" for n in names]
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
-        if type(block) is Flux2SingleTransformerBlock:
-            _flux2_swiglu_sites(ctx, path, block)
-        if type(block) is Flux2SingleTransformerBlock and \
-                type(block.attn.processor) is Flux2ParallelSelfAttnProcessor and ctx.fp8(block.attn.to_qkv_mlp_proj):
+        attn = block.attn
+        if type(block) is not Flux2SingleTransformerBlock or type(attn.processor) is not Flux2ParallelSelfAttnProcessor:
+            continue
+        if type(attn.mlp_act_fn) is Flux2SwiGLU and ctx.fp8(attn.to_out):
+            # cat(attn, swiglu(mlp)) quantized into to_out: ditops's processor with the site
+            processor = model_code.Flux2ParallelSelfAttnProcessorDitops(attn.processor, ctx.site("qk_norm_rope"),
+                                                                        cat_quant=ctx.cat_swiglu)
+            ctx.plan.patch_processor(f"{path}.attn.processor", attn, processor)
+            ctx.cat_swiglu.places.append(f"{prefix}{path}.attn.to_out")
+        if ctx.fp8(attn.to_qkv_mlp_proj):
             ctx.patch_forward(path, block, model_code.single_block_forward(pair, residual))
             pair.places.append(f"{prefix}{path}.norm")
 
