@@ -105,7 +105,7 @@ DRIVER_WEIGHT = {"qknorm_rope": 8.0, "norm_scale_shift": 6.0, "fp8_linear": 4.0,
 # Kernels that are not ditops' code: cuBLASLt's (fp8_linear.cublaslt calls it). Their reports are
 # counted apart: on the H200 racecheck reported 324 shared-memory hazards, every one inside
 # cuBLASLt's warp-specialized nvjet_sm90_* FP8 GEMMs (memcheck clean there), none in a ditops kernel
-# (bench/results/h200/runs/sanitize-bf0f87e.txt).
+# (bench/results/h200/sanitize/verdicts-bf0f87e.json: the vendor_kernels of each job).
 VENDOR_KERNEL = re.compile(r"^(nvjet_|sm90_xmma|sm80_xmma|cutlass|cublas)")
 # The kernel each reported error is in: "... access at KERNEL+0x..." (racecheck), "at KERNEL+0x..."
 # (memcheck's "Invalid __global__ read ... at KERNEL+0x10").
