@@ -136,14 +136,14 @@ ADALN_FLOAT32 = Mapping(
                                               lambda out: out[0]))
 
 
-def _output_index(op: str, name: str) -> int:
-    """Where the torch op returns output `name` (its schema's outputs: every non-caller output)."""
-    entry = next(e for e in ditops.op_table() if e["name"] == op)
-    return [t["name"] for t in entry["tensors"] if t["role"] == "out" and t["present"] != "caller"].index(name)
+# Where the torch op returns each output (residual_out, y, fp8_rowwise, fp8_scale): read once, since
+# the op table does not change and a forward traced by dynamo must not deep-copy it.
+_NSS_OUTPUTS = {t["name"]: i for e in ditops.op_table() if e["name"] == "norm_scale_shift"
+                for i, t in enumerate(t for t in e["tensors"] if t["role"] == "out" and t["present"] != "caller")}
 
 
 def _fp8_adaln_call(x, norm, scale, shift):
-    q, s = _output_index("norm_scale_shift", "fp8_rowwise"), _output_index("norm_scale_shift", "fp8_scale")
+    q, s = _NSS_OUTPUTS["fp8_rowwise"], _NSS_OUTPUTS["fp8_scale"]  # module constants: a traced forward reads no op table
     return OpCall("norm_scale_shift", (x, scale, shift),
                   dict(norm="layer", eps=float(norm.eps), numerics="float32", rowwise_fp8=True),
                   lambda out: (out[q], out[s]))
@@ -253,12 +253,6 @@ def _residual_rows_fit(x, update) -> str:
     if update.shape != x.shape or not update.is_contiguous() or update.device != x.device:
         return "update is not a contiguous tensor of x's shape on x's device"
     return ""
-
-
-# Where the torch op returns residual_out and y (read once: the op table does not change, and a
-# traced forward reads the constants).
-_NSS_OUTPUTS = {t["name"]: i for e in ditops.op_table() if e["name"] == "norm_scale_shift"
-                for i, t in enumerate(t for t in e["tensors"] if t["role"] == "out" and t["present"] != "caller")}
 
 
 def _output_pair(out):
