@@ -277,6 +277,17 @@ if busy:
             if m:
                 wall, cpu = wall + float(m.group(1)), cpu + float(m.group(2))
         print(f"pytest: {wall:.0f} test-seconds, {cpu:.0f} CPU-seconds of its workers ({100 * cpu / max(cpu_s, 1):.0f} % of the machine's)")
+if os.path.exists(sys.argv[2]):  # the outcomes, also where a cut run wrote no pytest.xml
+    ended, failed, started = {}, [], set()
+    for line in open(sys.argv[2]):
+        m = re.search(r" end [0-9.]+s cpu [0-9.]+s (passed|failed|skipped|unknown) (\S+)", line)
+        if m:
+            ended[m.group(1)] = ended.get(m.group(1), 0) + 1
+            failed += [m.group(2)] if m.group(1) == "failed" else []
+        elif " start " in line:
+            started.add(line.split(" start ", 1)[1].strip())
+    print("pytest tests ended: " + (", ".join(f"{n} {k}" for k, n in sorted(ended.items())) or "none") +
+          f" of {len(started)} started" + "".join(f"\npytest FAILED {t}" for t in failed[:20]))
 PY
   grep -E "tests passed|Failed|\*\*\*Exception|Timeout" "$OUT/ctest.log" | tail -25
   grep -E "^[0-9]+: .*(differ|ulp|max)" "$OUT/ctest.log" | head -20

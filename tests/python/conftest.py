@@ -116,9 +116,10 @@ def cuda_or_skip():
     return torch
 
 
-# DITOPS_PYTEST_PROGRESS=FILE: one line per test as it starts and ends (worker, seconds, and the CPU
-# seconds of the worker and the children it waited for: how much of the machine a test took),
-# flushed at once, so a run cut by its deadline still shows which test was running and how long each took.
+# DITOPS_PYTEST_PROGRESS=FILE: one line per test as it starts and ends (worker, seconds, the CPU
+# seconds of the worker and the children it waited for: how much of the machine a test took, and
+# the outcome), flushed at once, so a run cut by its deadline still shows which test was running,
+# how long each took and which failed (its JUnit XML is written only at the end).
 _PROGRESS = os.environ.get("DITOPS_PYTEST_PROGRESS")
 if _PROGRESS:
     import resource as _resource
@@ -133,9 +134,18 @@ if _PROGRESS:
     def _cpu_seconds():
         return sum(u.ru_utime + u.ru_stime for u in map(_resource.getrusage, (_resource.RUSAGE_SELF, _resource.RUSAGE_CHILDREN)))
 
+    _OUTCOME = {}  # nodeid -> "passed" / "failed" / "skipped" (a failed setup or teardown fails the test)
+
+    def pytest_runtest_logreport(report):
+        if report.failed:
+            _OUTCOME[report.nodeid] = "failed"
+        elif report.when == "call" or report.skipped:
+            _OUTCOME.setdefault(report.nodeid, report.outcome)
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
         start, cpu = _time.perf_counter(), _cpu_seconds()
         _progress(f"start {item.nodeid}")
         yield
-        _progress(f"end {_time.perf_counter() - start:.1f}s cpu {_cpu_seconds() - cpu:.1f}s {item.nodeid}")
+        outcome = _OUTCOME.pop(item.nodeid, "unknown")
+        _progress(f"end {_time.perf_counter() - start:.1f}s cpu {_cpu_seconds() - cpu:.1f}s {outcome} {item.nodeid}")
