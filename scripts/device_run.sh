@@ -33,7 +33,8 @@
 #                                        per op (tests, torch.equal, fastest us and roof fraction).
 #                                        ctest -j (cores - pytest workers) beside the workers
 #                                        (VERIFY_CTEST_JOBS, VERIFY_PYTEST_WORKERS; the CPU figures
-#                                        that decide the split end the tests' part of summary.txt).
+#                                        that decide the split end the tests' part of summary.txt),
+#                                        each torch process on VERIFY_TORCH_THREADS (default 1) CPU threads.
 #                                        Target: 6 minutes with the build on an H200
 #                                        (docs/tuning/device_verify.md has the runs); it ends
 #                                        by VERIFY_DEADLINE_S (default 540 s) with the summary of
@@ -229,6 +230,11 @@ elif [ "$PHASE" = verify ]; then
       sleep 1
     done > "$TMP/cpu.txt" ) &
   CPU_PID=$!
+  # One CPU thread per torch process while the tests run (pytest's workers, the checks; the C++
+  # references use std::thread, not OpenMP): at 2670cc6 the CPU tests of the diffusers modules took
+  # 35-52 s (95-146 CPU-s) each there against 0.3-0.4 s on a 2-core machine, a torch process per
+  # worker spinning 16 OpenMP threads on 16 busy cores (docs/tuning/device_verify.md).
+  export OMP_NUM_THREADS=${VERIFY_TORCH_THREADS:-1} OPENBLAS_NUM_THREADS=${VERIFY_TORCH_THREADS:-1} MKL_NUM_THREADS=${VERIFY_TORCH_THREADS:-1}
   DITOPS_PYTEST_PROGRESS=$OUT/pytest_progress.log PYTEST_ADDOPTS="$PYTEST_OPTS -m 'not cpu_only'" \
     timeout -k 10 $(( TESTS_END - $(date +%s) > 30 ? TESTS_END - $(date +%s) : 30 )) \
     ctest --test-dir build-dev -j $CTEST_JOBS -E "$CPU_ONLY" --output-on-failure --timeout 900 > "$OUT/ctest.log" 2>&1 &
@@ -293,6 +299,7 @@ PY
   grep -E "^[0-9]+: .*(differ|ulp|max)" "$OUT/ctest.log" | head -20
   wait $TORCH_PID
   PY_RC=$?
+  unset OMP_NUM_THREADS OPENBLAS_NUM_THREADS MKL_NUM_THREADS
   for op in $OPS; do
     echo "---- $op: $(sed -n "/^---- $op\$/,/^---- /p" "$OUT/torch.txt" | grep -v '^MISMATCH' | grep -E 'PASS|FAIL|Traceback|rror' | tail -3 | tr '\n' ' ')"
     echo "mismatch lines: $(sed -n "/^---- $op\$/,/^---- /p" "$OUT/torch.txt" | grep -c '^MISMATCH')"
