@@ -451,8 +451,8 @@ TEST(CausalConv3dCatPadJit, FastDivision64EqualsIntegerDivisionBelowTwoToThe63) 
 // takes several steps, frame pairs change inside a warp's range): NCTHW rows of 9 + 3 elements
 // (every phase; ccp_path's parts kernel, and the general one), NCTHW rows of 40 + 2 and of
 // 640 + 2 elements (SGLang's width: ccp_path's chunks kernel, and the other two) and
-// channels-last rows of 16-byte units (the aligned one), parameters from params_for. The op launches the 64-bit kernels only from 2^31 - 64
-// bytes.
+// channels-last rows of 16-byte units (the aligned one), parameters from params_for. The op
+// launches the 64-bit kernels only from 2^31 - 64 bytes.
 TEST_F(CausalConv3dCatPadGpu, EveryKernelAndIndexWidthOnGridsThatLoop) {
   const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1},
                         {{2, 3, 3, 5, 40}, 2, 1, 1, 1, 1, 3, 1},
