@@ -40,13 +40,14 @@
 //   with no ballot, shuffle or branch: every lane runs the same instructions whether its window
 //   meets a row end or not (the general path's divergent row-end code was most of the step where
 //   rows are short: 108-420-byte rows, 61-78 % of a copy on the H100).
-// - kCcpChunks (rows of 16 x kCcpUnrollChunks + gap to 511 bytes whose pads add 4 or 8 bytes:
-//   the NCTHW model shapes, W padded by 1 and 1): a lane takes kCcpUnrollChunks consecutive
+// - kCcpChunks (rows of any length from 16 x kCcpUnrollChunks + gap bytes whose pads add 4 or 8
+//   bytes: the NCTHW model shapes, W padded by 1 and 1): a lane takes kCcpUnrollChunks consecutive
 //   windows (a chunk), which meet one band of zeros at most (a row's tail and the next row's
 //   head), so its row arithmetic is done once per chunk and both rows' bytes are one source
 //   stream, the second row's `gap` bytes behind the first's: loaded as aligned granules, shifted
 //   once in registers, and each word taken from the stream at one of two word offsets and masked.
-// - kCcpGeneral (everything else: rows under 16 bytes): the shuffle path described above.
+// - kCcpGeneral (everything else: rows under 16 bytes, and rows of 512 bytes or more the chunks
+//   kernel does not take): the shuffle path described above.
 //
 // Index arithmetic: 32-bit with FastDivisors where out has fewer than 2^31 - 64 bytes, otherwise
 // (kIndex64) 64-bit with FastDivisor64s; no integer division in either loop.
@@ -122,11 +123,10 @@ constexpr int kCcpChunks = 3;
 
 // Rows the parts kernel serves (unaligned calls): from 16 bytes (a window then meets two rows at
 // most) to below kCcpPartsMaxRowBytes. The bound is where the general kernel's warps stop meeting
-// a row end in most steps: on the H100 (ccp_tune.cu, 19999c5) it reached 66-78 % of a copy at
-// the 108-420-byte NCTHW rows and 90-93 % at 836 and 1284 bytes, where its straight path (about
-// 370 instructions a step, sm_90a) costs about what the parts kernel's does without row B and masks
-// (about 400). Not measured yet for the parts kernel: ccp_tune.cu prints both kernels at every NCTHW
-// case and bench/experiments/ccp_ab_run.sh ditops against ditops:base; move the bound where they cross.
+// a row end in most steps. Measured (ccp_tune.cu, H100, 2670cc6; parts one-step, general
+// resident, as the op launches them): parts faster at 108-216-byte rows (12.26 against 13.34 us
+// at C1024 30x52 bf16), general faster from 420 bytes (143.7 against 148.7 us at C512 120x208
+// bf16). Only calls the chunks kernel does not fit reach this bound (no model shape does).
 constexpr long long kCcpPartsMinRowBytes = 16;
 #ifndef DITOPS_CCP_PARTS_MAX_ROW_BYTES
 #define DITOPS_CCP_PARTS_MAX_ROW_BYTES 512
@@ -135,8 +135,10 @@ constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
 
 // Windows per lane and step, all their loads issued before the first store: the general kernel
 // holds two granules per window in registers (63 registers at 2, the cap of 4 resident blocks of
-// 256 threads), the aligned one a single one (48 at 4: 5 blocks). Measurement: PLACEHOLDER
-// (bench/experiments/ccp_tune.cu on the H200, docs/causal_conv3d_cat_pad.md).
+// 256 threads), the aligned one a single one (48 at 4: 5 blocks). Measured (ccp_tune.cu, H100,
+// 2670cc6): general one window at 5 blocks was 3-8 % slower than 2 at 4 at every NCTHW case
+// (resident grid; SGLang bf16 284.9 against 269.5 us); aligned 2 and 4 within 0.3 % one-step
+// (238.7 and 238.9 us at SGLang's channels-last point).
 #ifndef DITOPS_CCP_UNROLL_GENERAL
 #define DITOPS_CCP_UNROLL_GENERAL 2  // bench/experiments/ccp_tune.cu builds other values
 #endif
@@ -144,16 +146,18 @@ constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
 #define DITOPS_CCP_UNROLL_ALIGNED 4
 #endif
 // The parts kernel holds four granules per window (two per row part): at 2 windows 78 registers
-// at 3 blocks of 256 (capped at 64 it spills 32-56 bytes; ptxas 13.0, sm_90a). Measurement: not
-// run yet (ccp_tune.cu's parts rows: 2 windows at 3 blocks, 1 at 4).
+// at 3 blocks of 256 (capped at 64 it spills 32-56 bytes; ptxas 13.0, sm_90a). Measured
+// (ccp_tune.cu, H100, 2670cc6, the one-step grid the op launches): 2 windows 71-84 % of a copy
+// at the NCTHW cases, 1 window 69-82 %; no NCTHW model shape takes it now (chunks fits them all).
 #ifndef DITOPS_CCP_UNROLL_PARTS
 #define DITOPS_CCP_UNROLL_PARTS 2
 #endif
-// The chunks kernel's windows per lane (a chunk: 64 bytes at 4) and its register count: 4 windows
-// hold six granules and the shifted stream (ptxas, sm_90a: see the op's kCcpMinBlocksChunks).
-// Measurement: not run yet (ccp_tune.cu's chunks rows; 2 is the other build).
+// The chunks kernel's windows per lane (a chunk: 32 bytes at 2; registers: the op's
+// kCcpMinBlocksChunks). Chosen from ccp_tune.cu's one-step rows (H100, 2670cc6; not yet run as
+// the library's default): 2 windows 87-103 % of a copy at every NCTHW case, 4 windows 83-99 %,
+// 6 and 8 windows 43-64 % (a lane's stores 16 x U bytes apart).
 #ifndef DITOPS_CCP_UNROLL_CHUNKS
-#define DITOPS_CCP_UNROLL_CHUNKS 4
+#define DITOPS_CCP_UNROLL_CHUNKS 2
 #endif
 constexpr int kCcpUnrollGeneral = DITOPS_CCP_UNROLL_GENERAL;
 constexpr int kCcpUnrollAligned = DITOPS_CCP_UNROLL_ALIGNED;
@@ -177,22 +181,25 @@ inline bool ccp_chunks_fit(const CausalConv3dCatPadParams& p) {
   return (gap == 4 || gap == 8) && p.run_bytes >= 16LL * kCcpUnrollChunks;
 }
 
-// The kernel of a call (ccp_finish_params done or not): aligned where ccp_aligned; else, where
-// rows are kCcpPartsMinRowBytes to below kCcpPartsMaxRowBytes, chunks where ccp_chunks_fit (the
-// NCTHW model shapes) and parts otherwise; else the general one. Chunks over parts: by the
-// instruction count (about 2 warp instructions per window against 9-12, docs/tuning); the
-// measurement that decides it is ccp_tune.cu's chunks, parts and general rows at every NCTHW case.
+// The kernel of a call (ccp_finish_params done or not): aligned where ccp_aligned; else chunks
+// where ccp_chunks_fit (the NCTHW model shapes, rows of any length); else parts where rows are
+// kCcpPartsMinRowBytes to below kCcpPartsMaxRowBytes, the general one otherwise. Chunks wherever
+// it fits: at 2 windows a lane, one-step, it was the fastest kernel at every NCTHW case of
+// ccp_tune.cu (H100, 2670cc6), 1280- and 2560-byte runs included (SGLang bf16: 243.3 us, the
+// general kernel 269.5 on the resident grid it launches, a copy 248.7).
 DITOPS_HOST_DEVICE
 inline int ccp_path(const CausalConv3dCatPadParams& p) {
   if (ccp_aligned(p)) return kCcpAligned;
+  if (ccp_chunks_fit(p)) return kCcpChunks;
   if (p.row_bytes < kCcpPartsMinRowBytes || p.row_bytes >= kCcpPartsMaxRowBytes) return kCcpGeneral;
-  return ccp_chunks_fit(p) ? kCcpChunks : kCcpParts;
+  return kCcpParts;
 }
 
 // Which steps a warp takes: 0, one contiguous range (its frame pair changes about once per
 // frame); 1, the steps of its block's turn in a grid-stride walk (the grid's warps on
 // neighbouring memory at a time, a frame pair per step where frames are shorter than the walk's
-// stride). Measurement: PLACEHOLDER (bench/experiments/ccp_tune.cu).
+// stride). Measured (ccp_tune.cu, H100, 2670cc6, the general kernel on its resident grid): order 1
+// took 7 % less to 7 % more time than order 0 at the NCTHW cases, no better on balance.
 #ifndef DITOPS_CCP_STEP_ORDER
 #define DITOPS_CCP_STEP_ORDER 0
 #endif

@@ -373,9 +373,9 @@ CausalConv3dCatPadParams params_for(const Case& c, const void* x, const void* ca
 }
 
 // What picks the kernel: ccp_aligned where rows, heads, runs and pointers lie on 16 bytes (the
-// channels-last model shapes), else, where rows are 16 to 511 bytes, chunks where the pads add 4 or
-// 8 bytes and runs are 16 x kCcpUnrollChunks bytes or more (ccp_chunks_fit), parts otherwise;
-// else general (ccp_path);
+// channels-last model shapes), else chunks where the pads add 4 or 8 bytes and runs are
+// 16 x kCcpUnrollChunks bytes or more (ccp_chunks_fit), rows of any length; else parts where rows
+// are 16 to 511 bytes, general otherwise (ccp_path);
 // the 64-bit kernel from 2^31 - 64 bytes of out; the derived fields of the row model (out's phase
 // and its windows).
 TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
@@ -390,7 +390,13 @@ TEST(CausalConv3dCatPadJit, RowModelPicksTheKernel) {
   EXPECT_TRUE(ccp_aligned(params_for(copy, buf, buf, buf, false)));  // NCTHW rows of 160, heads of 16 bytes
   EXPECT_EQ(ccp_path(params_for(cl, buf, buf + 16, buf + 32, false)), kCcpAligned);
   EXPECT_EQ(ccp_path(params_for(cl, buf, buf + 16, buf + 34, false)), kCcpGeneral);  // rows of 246 KB, off 16 bytes
-  EXPECT_EQ(ccp_path(params_for(nc, buf, buf, buf, false)), kCcpGeneral);            // rows of 1284 bytes
+  EXPECT_EQ(ccp_path(params_for(nc, buf, buf, buf, false)), kCcpChunks);             // rows of 1284 bytes
+  const Case nc_f32{{1, 192, 2, 360, 640}, 2, 1, 1, 1, 1, 2, 0, DType::f32};             // rows of 2568 bytes
+  EXPECT_EQ(ccp_path(params_for(nc_f32, buf, buf, buf + 4, false)), kCcpChunks);
+  const Case long_pads6{{1, 4, 2, 6, 640}, 2, 1, 2, 1, 1, 2, 0};  // rows of 1286 bytes, pads adding 6 bytes
+  EXPECT_EQ(ccp_path(params_for(long_pads6, buf, buf, buf, false)), kCcpGeneral);
+  const Case long_pads16{{1, 4, 2, 6, 640}, 2, 4, 4, 1, 1, 2, 0};  // rows of 1296 bytes, pads adding 16 bytes
+  EXPECT_EQ(ccp_path(params_for(long_pads16, buf, buf, buf, false)), kCcpGeneral);
   const Case vae{{1, 1024, 2, 60, 104}, 2, 1, 1, 1, 1, 2, 0};  // rows of 212 bytes
   EXPECT_EQ(ccp_path(params_for(vae, buf, buf, buf, false)), kCcpChunks);
   const Case vae_f32{{1, 1024, 2, 30, 52}, 1, 1, 1, 1, 1, 1, 0, DType::f32};  // rows of 216 bytes, pads of 8
@@ -443,16 +449,17 @@ TEST(CausalConv3dCatPadJit, FastDivision64EqualsIntegerDivisionBelowTwoToThe63) 
 
 // Every kernel at both index widths launched directly on grids of 1 and 3 blocks (each warp then
 // takes several steps, frame pairs change inside a warp's range): NCTHW rows of 9 + 3 elements
-// (every phase; ccp_path's parts kernel, and the general one), NCTHW rows of 40 + 2 elements
-// (ccp_path's chunks kernel, and the other two) and channels-last rows of 16-byte units (the
-// aligned one), parameters from params_for. The op launches the 64-bit kernels only from 2^31 - 64
-// bytes.
+// (every phase; ccp_path's parts kernel, and the general one), NCTHW rows of 40 + 2 and of
+// 640 + 2 elements (SGLang's width: ccp_path's chunks kernel, and the other two) and
+// channels-last rows of 16-byte units (the aligned one), parameters from params_for. The op
+// launches the 64-bit kernels only from 2^31 - 64 bytes.
 TEST_F(CausalConv3dCatPadGpu, EveryKernelAndIndexWidthOnGridsThatLoop) {
   const Case cases[] = {{{2, 3, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1},
                         {{2, 3, 3, 5, 40}, 2, 1, 1, 1, 1, 3, 1},
+                        {{1, 2, 2, 3, 640}, 2, 1, 1, 1, 1, 2, 0},
                         {{2, 8, 3, 5, 9}, 2, 1, 2, 1, 1, 3, 1, DType::bf16, true}};
   for (const Case& c : cases) {
-    const bool chunks = c.x[4] == 40;
+    const bool chunks = c.x[4] == 40 || c.x[4] == 640;
     std::mt19937 rng(3000);
     HostTensor x(c.dtype, c.x, c.channels_last), cache(c.dtype, c.cache_shape(), c.channels_last),
         out_like(c.dtype, c.out_shape(), c.channels_last);

@@ -147,7 +147,10 @@ std::vector<OpCase> make() {
   // padding rows, so a window's second row takes its source from another frame or from x after
   // the cache (the general kernel's per-window path); rows under 16 bytes (windows over 3 rows);
   // NCTHW pads adding 2 elements to runs of 40 (the chunks kernel), frames back to back (its
-  // per-window path where a chunk's two rows come from different frames) and pads (2, 0).
+  // per-window path where a chunk's two rows come from different frames) and pads (2, 0); runs of
+  // 640 (SGLang's width: the chunks kernel at 1284- and 2568-byte rows) with pads (1, 1), frames
+  // back to back, no cache and pointers off 16 bytes, and with pads adding 3 elements (the general
+  // kernel at long rows).
   for (DType dt : {DType::bf16, DType::f16, DType::f32})
     for (bool cl : {false, true}) {
       const CaseKind layout = cl ? CaseKind::strided : CaseKind::odd;
@@ -157,6 +160,10 @@ std::vector<OpCase> make() {
       add({{2, 3, 2, 5, 3}, 1, {0, 1, 0, 0, 1, 1}, dt, cl}, layout);
       add({{1, 3, 3, 5, 40}, 2, {1, 1, 0, 0, 2, 0}, dt, cl}, layout);
       add({{2, 2, 2, 4, 40}, 1, {2, 0, 1, 0, 1, 1}, dt, cl}, layout);
+      add({{1, 2, 2, 3, 640}, 2, {1, 1, 1, 1, 2, 0}, dt, cl}, layout);
+      add({{2, 2, 2, 3, 640}, 1, {1, 1, 0, 0, 1, 1}, dt, cl}, layout);
+      add({{1, 3, 2, 2, 640}, -1, {1, 1, 1, 1, 1, 0}, dt, cl, 3}, CaseKind::misaligned);
+      add({{1, 2, 2, 3, 640}, 1, {1, 2, 1, 0, 2, 0}, dt, cl}, layout);
     }
   // The shapes at full size without PDL (large: where a device compares them).
   for (size_t i = 0, n = out.size(); i < n; ++i)

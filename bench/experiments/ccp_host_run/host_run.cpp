@@ -7,6 +7,7 @@
 // index widths, grids of 1 x 32
 // and 3 x 64 threads. Prints one line per run and the loads against the source
 // granules. Built by run.sh.
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstring>
@@ -45,6 +46,7 @@ struct Case {
   int es;
   bool channels_last;
   int offset;  // elements every pointer lies past 16 bytes
+  int x_offset = -1, cache_offset = -1;  // x's and cache's own (-1: offset)
 };
 
 template <int kBytes, int kPath, bool kIndex64>
@@ -87,8 +89,8 @@ std::string run(const Case& c, bool index64, int other, unsigned grid, unsigned 
   auto on16 = [](std::vector<unsigned char>& v) {
     return v.data() + (16 - (reinterpret_cast<uintptr_t>(v.data()) & 15)) % 16 + 16;
   };
-  unsigned char* x = on16(xs) + c.offset * es;
-  unsigned char* cache = on16(cs) + c.offset * es;
+  unsigned char* x = on16(xs) + (c.x_offset < 0 ? c.offset : c.x_offset) * es;
+  unsigned char* cache = on16(cs) + (c.cache_offset < 0 ? c.offset : c.cache_offset) * es;
   unsigned char* out = on16(os) + c.offset * es;
   auto at = [&](long long b, long long ch, long long t, long long h, long long w, long long T_, long long H_,
                 long long W_) {  // storage offset in elements
@@ -186,6 +188,13 @@ int main() {
           cases.push_back(v);
         }
       }
+  // Long NCTHW rows (W = 640, pads 1 and 1: runs of 1280 and 2560 bytes, the chunks kernel at
+  // SGLang's width), out, x and cache each at its own phase, no cache or 0 to 2 cache frames.
+  for (int es : {2, 4})
+    for (long long ct : {-1LL, 0LL, 1LL, 2LL})
+      for (auto [o, xo, co] : {std::array{0, 0, 0}, std::array{0, 1, 3}, std::array{1, 0, 2}, std::array{3, 2, 0},
+                               std::array{2, 3, 1}})
+        cases.push_back({1, 2, 2, 3, 640, ct, 1, 1, 1, 1, ct < 0 ? 1 : ct + (o & 1), 0, es, false, o, xo, co});
   cases.push_back({1, 3, 0, 3, 5, 2, 1, 1, 1, 1, 3, 1, 2, false, 0});  // T = 0
   cases.push_back({1, 3, 2, 0, 5, 1, 1, 1, 1, 1, 1, 0, 2, false, 0});  // H = 0
   cases.push_back({1, 3, 2, 4, 0, 1, 1, 1, 1, 1, 1, 0, 2, false, 0});  // W = 0
@@ -202,10 +211,12 @@ int main() {
           ++runs;
           failures += !why.empty();
           std::printf("%s [%lld,%lld,%lld,%lld,%lld] ct%lld pad(%lld,%lld,%lld,%lld,%lld,%lld) %d-byte off %d %s%s grid %ux%u: "
-                      "%s (%lld loads, %lld source granules)\n",
+                      "%s (%lld loads, %lld source granules)%s\n",
                       c.channels_last ? "channels-last" : "NCTHW", c.B, c.C, c.T, c.H, c.W, c.ct, c.wl, c.wr, c.ht, c.hb,
                       c.dl, c.dr, c.es, c.offset, path_name(path), index64 ? " index64" : "", grid, block,
-                      why.empty() ? "ok" : why.c_str(), loads, granules);
+                      why.empty() ? "ok" : why.c_str(), loads, granules,
+                      c.x_offset < 0 ? "" : (" x off " + std::to_string(c.x_offset) + " cache off " +
+                                             std::to_string(c.cache_offset)).c_str());
         }
   std::printf("%d runs, %d failures\n", runs, failures);
   return failures != 0;

@@ -206,8 +206,8 @@ constexpr int kCcpThreads = 256;
 // per thread): the general kernel's loads of a step are 32 bytes per thread in flight, so 1024
 // threads per SM keep 32 KB of loads in flight; the aligned kernel's 64 bytes at 1280; the parts
 // kernel's up to 128 bytes (four granules per window, two windows) at 768 (78 registers; at 64 it
-// spills); the chunks kernel's 96 bytes (six granules a lane) at 1024 (56 registers at 4 windows a
-// lane, ptxas 13.0 sm_90a; 63 at 8).
+// spills); the chunks kernel's 64 bytes (four granules a lane at 2 windows) at 1024 (56 registers
+// at 2 windows a lane, 2- and 4-byte, no spills: ptxas 13.0 -v, sm_90a).
 constexpr int kCcpMinBlocksGeneral = 4;
 constexpr int kCcpMinBlocksAligned = 5;
 constexpr int kCcpMinBlocksParts = 3;
@@ -296,10 +296,10 @@ void launch_causal_conv3d_cat_pad(const CausalConv3dCatPadCall& c, const CcpKern
   CausalConv3dCatPadParams p = row_model(c, &rows);
   ccp_finish_params(p, rows, key.index64);
   // Each warp takes a contiguous range of steps (32 x unroll windows). The aligned, parts and
-  // chunks kernels launch one step per warp (ccp_tune.cu on the H100: the aligned kernel 240.9 us
-  // one-step against 262.0 us resident at SGLang's channels-last point, 75.2 against 80.7 at C1024
-  // fp32; parts and chunks: not run yet, the same table decides); the general kernel at most the
-  // resident grid (one-step was within +-3 % of it, either way).
+  // chunks kernels launch one step per warp, the general kernel at most the resident grid
+  // (ccp_tune.cu, H100, 2670cc6: chunks at 2 windows 243.3 us one-step against 267.6 resident at
+  // SGLang's bf16 point; aligned 238.9 against 257.5 at its channels-last point; the general
+  // kernel one-step from 7 % faster to 4 % slower than resident across the NCTHW cases).
   const int64_t step = 32 * ccp_unroll(key.path);
   const int64_t warps = (p.windows + step - 1) / step;
   const int64_t cover = (warps + kCcpThreads / 32 - 1) / (kCcpThreads / 32);
