@@ -526,6 +526,23 @@ def test_lora_after_enable_raises_saying_how():
 # ---------------------------------------------------------------- the bench's FP8 pieces (CPU)
 
 
+def test_bench_top_kernels_per_category_per_forward():
+    """The profile's kernel list: per category, largest first, us and launches per forward, at most
+    per_class rows each (the record's kernels_top)."""
+    from ditops.diffusers import bench
+    by_name = {"ditops::qknorm_rope<1>": ["ditops", 300.0, 6], "ditops::residual_gate_add<2>": ["ditops", 900.0, 6],
+               "elementwise_kernel<silu>": ["glue", 120.0, 3], "elementwise_kernel<mul>": ["glue", 60.0, 3],
+               "nvjet_hsh_256x128": ["gemm", 3000.0, 9], "flash_fwd": ["attention", 600.0, 3],
+               "ditops::token_cat_fp8<3>": ["ditops", 30.0, 3]}
+    top = bench.top_kernels(by_name, iters=3, per_class=2)
+    assert [(t["class"], t["name"]) for t in top] == [
+        ("ditops", "ditops::residual_gate_add<2>"), ("ditops", "ditops::qknorm_rope<1>"),
+        ("glue", "elementwise_kernel<silu>"), ("glue", "elementwise_kernel<mul>"),
+        ("gemm", "nvjet_hsh_256x128"), ("attention", "flash_fwd")]
+    assert (top[0]["us"], top[0]["calls"]) == (300.0, 2.0) and top[4]["us"] == 1000.0
+    assert len(bench.top_kernels({"k" * 500: ["glue", 1.0, 1]}, 1)[0]["name"]) == 160
+
+
 def test_bench_fp8_arguments_and_quality_loop():
     from ditops.diffusers import bench
     args = bench.parse_args(["--fp8", "--variants", "torchao+compile,eager,fp8"])

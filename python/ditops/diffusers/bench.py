@@ -320,13 +320,29 @@ def kernel_shares(torch, fn, iters):
             fn()
         torch.cuda.synchronize()
     totals = {"gemm": 0.0, "attention": 0.0, "ditops": 0.0, "glue": 0.0}
+    by_name = {}  # kernel name -> [category, us, launches]
     for evt in prof.events():
         if getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
         us = evt.time_range.elapsed_us()
         kind = next((k for k, pattern in KERNEL_CLASSES if pattern.search(evt.name)), "glue")
         totals[kind] += us
-    return {k: v / iters for k, v in totals.items()}
+        entry = by_name.setdefault(evt.name, [kind, 0.0, 0])
+        entry[1] += us
+        entry[2] += 1
+    return {k: v / iters for k, v in totals.items()}, top_kernels(by_name, iters)
+
+
+def top_kernels(by_name, iters, per_class=8, name_chars=160):
+    """The kernels that take the most time per forward in each category: [{class, name, us, calls}],
+    us and calls per forward (which producer or glue kernel a next change should go after)."""
+    rows = sorted(((kind, name, us / iters, calls / iters) for name, (kind, us, calls) in by_name.items()),
+                  key=lambda r: -r[2])
+    out = []
+    for kind in ("ditops", "glue", "gemm", "attention"):
+        out += [{"class": k, "name": n[:name_chars], "us": round(us, 1), "calls": round(c, 2)}
+                for k, n, us, c in rows if k == kind][:per_class]
+    return out
 
 
 def graph_memory(torch, call):
@@ -503,8 +519,9 @@ def main(argv=None) -> int:
             memory[variant]["one_more_graph"] = graph_memory(torch, capture_another)
         outputs[variant] = fn()
         median, times = time_forward(torch, fn, args.iters, args.warmup)
-        shares = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else None
-        results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares}
+        shares, top = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else (None, None)
+        results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares,
+                            "kernels_top": top}
         if is_fp8 or fp8_wanted:
             peaks[variant] = {"allocated_after_setup_mib": after_setup / (1 << 20),
                               "setup_peak_mib": setup_peak / (1 << 20),
@@ -578,6 +595,11 @@ def main(argv=None) -> int:
             print(f"  {variant:>18}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
                   f"{k['glue']:9.1f} ({100 * k['glue'] / total:4.1f} % glue, "
                   f"{100 * k['ditops'] / total:4.1f} % ditops)")
+        for variant, r in results.items():  # where the ditops and glue time goes, kernel by kernel
+            rows = [t for t in r["kernels_top"] if t["class"] in ("ditops", "glue")]
+            print(f"\n  [{variant}] ditops and glue kernels, us per forward (launches):")
+            for t in rows:
+                print(f"    {t['class']:>6} {t['us']:9.1f} ({t['calls']:g})  {t['name']}")
     for variant, m in memory.items():
         print(f"\n  [{variant}] memory, MiB reserved / allocated / on the device: "
               + "; ".join(f"{what.replace('_', ' ')} +{d['reserved_mib']:.1f} / +{d['allocated_mib']:.1f} / "
@@ -605,6 +627,7 @@ def main(argv=None) -> int:
         }
         records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
                         min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
+                        kernels_top=r["kernels_top"],
                         output=next((c for c in checks if c["variant"] == variant), None),
                         outputs=[c for c in checks if c["variant"] == variant],
                         report=reports[variant].as_dict() if variant in reports else None,
