@@ -23,12 +23,13 @@ from test_diffusers import Perturbing  # noqa: E402
 
 STRICT, CLOSE = "exact", "high"
 OPS = {"qk_norm_rope (dual-stream)": "joint_qknorm_rope", "qk_norm_rope": "qknorm_rope",
-       "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"}
+       "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+       "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu"}
 
 
 def counts(L, N):
     return {"qk_norm_rope (dual-stream)": L, "qk_norm_rope": N, "adaln_modulate": 4 * L + N + 1,
-            "gated_residual": 4 * L + N}
+            "gated_residual": 4 * L + N, "swiglu (ff)": 2 * L, "swiglu (single block cat)": N}
 
 
 def randomize(model, seed=0):
@@ -287,7 +288,7 @@ def test_kv_cache_processors_stay_the_model_code():
 
 def test_compile_fullgraph_traces_the_ops():
     """After one eager call verified the signatures, the whole tiny forward traces with fullgraph=True
-    (a recording backend: no inductor compile) and the graph holds the four ops."""
+    (a recording backend: no inductor compile) and the graph holds the five ops."""
     model, inputs = tiny_flux2()
     dd.enable(model, CLOSE, allow_cpu=True)
     eager = run(model, inputs)
@@ -306,7 +307,7 @@ def test_compile_fullgraph_traces_the_ops():
     assert torch.equal(compiled, eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
     assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope",
-                    "ditops.residual_gate_add"], targets
+                    "ditops.residual_gate_add", "ditops.swiglu"], targets
 
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
@@ -365,7 +366,8 @@ def test_gpu_compile_fullgraph_runs_the_ops():
         torch._dynamo.reset()
     print(f"flux2: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
     assert sorted({t for t in targets if t.startswith("ditops.")}) == [
-        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"]
+        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add",
+        "ditops.swiglu"]
     assert torch.equal(out, again)
     assert torch.isfinite(out).all()
 
