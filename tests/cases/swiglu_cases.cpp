@@ -6,9 +6,9 @@
 // fp32 where CUDA's expf is within 2 ulp of it: a silu value may be one ulp of the dtype away, the
 // product two (f32: a few ulps).
 //
-// The oracle (below): the fp32 steps in double, each rounded (exp in double rounded to fp32), silu
-// rounded to the dtype, the product rounded to the dtype: the reference's value exactly.
-#include <cmath>
+// The oracle (below): testing_oracle::swiglu, the fp32 steps in double, each rounded (exp in double
+// rounded to fp32), silu rounded to the dtype, the product rounded to the dtype: the reference's
+// value exactly.
 #include <string>
 #include <vector>
 
@@ -27,24 +27,6 @@ struct Sg {
   bool out_like_x = false;              // out [..., N] with x's leading dims
 };
 
-int64_t rows_of(const std::vector<int64_t>& lead) {
-  int64_t r = 1;
-  for (int64_t e : lead) r *= e;
-  return r;
-}
-
-// Strides of rows `row` elements apart, the leading dims collapsing into one row stride.
-std::vector<int64_t> row_strides(const std::vector<int64_t>& lead, int64_t row) {
-  std::vector<int64_t> s(lead.size() + 1);
-  s.back() = 1;
-  int64_t stride = row;
-  for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
-    s[d] = stride;
-    stride *= lead[d];
-  }
-  return s;
-}
-
 OpCase sg_case(const Sg& s, CaseKind kind, uint32_t seed) {
   OpCase c{.op = "swiglu", .kind = kind, .seed = seed};
   std::string lead;
@@ -60,7 +42,7 @@ OpCase sg_case(const Sg& s, CaseKind kind, uint32_t seed) {
   x.fill = Fill::normal(3.0);
   c.tensors = {x};
   {
-    std::vector<int64_t> os = s.out_like_x ? s.lead : std::vector<int64_t>{rows_of(s.lead)};
+    std::vector<int64_t> os = s.out_like_x ? s.lead : std::vector<int64_t>{numel(s.lead)};
     os.push_back(s.N);
     const std::vector<int64_t> lead_of_out(os.begin(), os.end() - 1);
     TensorCase out{"out", s.dtype, os, s.out_row ? row_strides(lead_of_out, s.out_row) : std::vector<int64_t>{}};
@@ -68,7 +50,7 @@ OpCase sg_case(const Sg& s, CaseKind kind, uint32_t seed) {
     c.tensors.push_back(out);
   }
   c.tolerance = {s.dtype == DType::f32 ? 4.0 : 2.0, 0.0, 0.05, 64};
-  c.large = rows_of(s.lead) * 2 * s.N > (int64_t{1} << 22);
+  c.large = numel(s.lead) * 2 * s.N > (int64_t{1} << 22);
   return c;
 }
 
@@ -228,21 +210,14 @@ std::vector<OpCase> make() {
 
 const CaseSet kCases("swiglu", make);
 
-using testing_oracle::round_dtype;
-using testing_oracle::round_f32;
-
-// F.silu(gate) * up in double: the fp32 steps of ATen's silu (exp in double rounded to fp32, its
-// sum, the division), rounded to the dtype, then the product rounded to the dtype.
+// SwiGLU in double (testing_oracle::swiglu): the reference's value exactly.
 void swiglu_oracle(OracleIo& io) {
   const int x = io.id("x"), out = io.id("out");
   const DType dtype = io.dtype(x);
   const int64_t K = io.shape(x).back(), N = K / 2, rows = K ? io.numel(x) / K : 0;
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < N; ++j) {
-      const double g = io.in(x, r * K + j), u = io.in(x, r * K + N + j);
-      const double silu = round_dtype(round_f32(g / testing_oracle::round_f32_sum(1.0, round_f32(std::exp(-g)))), dtype);
-      io.expect(out, r * N + j, round_dtype(silu * u, dtype));
-    }
+    for (int64_t j = 0; j < N; ++j)
+      io.expect(out, r * N + j, testing_oracle::swiglu(io.in(x, r * K + j), io.in(x, r * K + N + j), dtype));
 }
 
 const Oracle kSwiglu{.name = "SwiGLU in double, each fp32 step rounded as the reference's",
