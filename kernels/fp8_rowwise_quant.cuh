@@ -13,10 +13,8 @@
 //   `x + kKappa * x_cube` into one fma when it builds PyTorch (--fmad=true): kGeluFma spells that
 //   fma out, !kGeluFma the product rounded, then the sum; the device run says which is eager's.
 //   tanhf is CUDA's (the same libdevice code PyTorch's kernel calls).
-// * SiLU is ATen's silu CUDA kernel in fp32 (opmath): x / (1 + expf(-x)), IEEE division, CUDA's
-//   expf (no fast math: PyTorch's build and our NVRTC flags), rounded to T; the product with the
-//   up half is ATen's mul of two T tensors: the fp32 product (exact for bf16 and f16 operands)
-//   rounded to T.
+// * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
+//   up half in fp32, rounded to T.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
@@ -60,6 +58,7 @@ constexpr int kFp8RowwiseSwiglu = 3;      // silu(x[:N]) * x[N:], each step roun
 
 #include "common/fp8_rowwise.cuh"
 #include "common/memory.cuh"
+#include "common/swiglu.cuh"
 #include "common/types.cuh"
 
 namespace ditops {
@@ -77,24 +76,6 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   const float sum = kFma ? __fmaf_rn(kKappa, x_cube, x) : __fadd_rn(x, __fmul_rn(kKappa, x_cube));
   const float inner = __fmul_rn(kBeta, sum);
   return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
-// ATen's SiLU in fp32 (see the header comment), before the rounding to T.
-__device__ __forceinline__ float silu(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
-
-// SwiGLU of two packed words (two gate values, the two up values of the same columns): silu(gate)
-// rounded to T, times up in fp32, rounded to T.
-template <typename T>
-__device__ __forceinline__ u32 swiglu_word(u32 gate, u32 up) {
-  T g0, g1, u0, u1;
-  g0.bits = static_cast<unsigned short>(gate);
-  g1.bits = static_cast<unsigned short>(gate >> 16);
-  const u32 act = pack2<T>(silu(to_float(g0)), silu(to_float(g1)));
-  g0.bits = static_cast<unsigned short>(act);
-  g1.bits = static_cast<unsigned short>(act >> 16);
-  u0.bits = static_cast<unsigned short>(up);
-  u1.bits = static_cast<unsigned short>(up >> 16);
-  return pack2<T>(__fmul_rn(to_float(g0), to_float(u0)), __fmul_rn(to_float(g1), to_float(u1)));
 }
 
 // A packed word of two T values through act, rounded back to T (not swiglu: swiglu_word).

@@ -784,6 +784,17 @@ int64_t numel(const std::vector<int64_t>& shape) {
   return n;
 }
 
+std::vector<int64_t> row_strides(const std::vector<int64_t>& lead, int64_t row) {
+  std::vector<int64_t> s(lead.size() + 1);
+  s.back() = 1;
+  int64_t stride = row;
+  for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
+    s[d] = stride;
+    stride *= lead[d];
+  }
+  return s;
+}
+
 const char* case_kind_name(CaseKind kind) {
   switch (kind) {
     case CaseKind::model: return "model";

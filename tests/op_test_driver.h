@@ -44,6 +44,9 @@ struct Fill {
 // integer dtype: 0, 1, -1 and its extremes).
 std::vector<uint64_t> special_patterns(DType dtype);
 int64_t numel(const std::vector<int64_t>& shape);  // the elements of a shape
+// The strides of a [lead..., W] tensor whose rows are `row` elements apart, its leading dims
+// collapsing into one row stride (a padded row, a column slice of a wider buffer).
+std::vector<int64_t> row_strides(const std::vector<int64_t>& lead, int64_t row);
 
 // One tensor of a case. A tensor the case leaves out is absent, except outputs that a binding
 // would produce (the op table's `present` rule): the driver adds those, contiguous, shaped by

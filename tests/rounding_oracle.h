@@ -49,6 +49,14 @@ inline double round_f32_sum(double a, double b) {
   return round_f32(midpoint ? std::nextafter(s, lost > 0 ? INFINITY : -INFINITY) : s);
 }
 
+// F.silu(gate) * up in double (the swiglu op's oracle, and fp8_rowwise_quant's act=swiglu): the fp32
+// steps of ATen's silu (exp in double rounded to fp32, its sum, the division), rounded to the dtype,
+// then the product (exact in double) rounded to the dtype; f32: no rounding between the steps.
+inline double swiglu(double gate, double up, DType dtype) {
+  const double silu = round_dtype(round_f32(gate / round_f32_sum(1.0, round_f32(std::exp(-gate)))), dtype);
+  return round_dtype(silu * up, dtype);
+}
+
 // The e4m3fn value a static fp8 quantization stores for fp32 product p: NaN stays NaN, the rest
 // clamped to +-448 and rounded to 4 significant bits (subnormals from 2^-6 down, in steps of 2^-9).
 inline double round_e4m3_saturated(double p) {

@@ -112,16 +112,4 @@ __device__ __forceinline__ void e4m3x8_of_words(const u32 (&w)[4], float s, floa
   *hi = e4m3x2_of_word<T, kExact>(w[2], s, r) | (e4m3x2_of_word<T, kExact>(w[3], s, r) << 16);
 }
 
-// Two fp32 values rounded to T (RNE) and packed (lo in bits 0..15).
-template <typename T>
-__device__ __forceinline__ u32 pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
-  return bf16x2_from_floats(lo, hi);
-}
-template <>
-__device__ __forceinline__ u32 pack2<f16>(float lo, float hi) {
-  return f16x2_from_floats(lo, hi);
-}
-
 }  // namespace ditops::kernel

@@ -131,4 +131,16 @@ __device__ __forceinline__ u32 add_rn_f16x2(u32 a, u32 b) {
   return out;
 }
 
+// Two fp32 values rounded to T (RNE) and packed (lo in bits 0..15).
+template <typename T>
+__device__ __forceinline__ u32 pack2(float lo, float hi);
+template <>
+__device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
+  return bf16x2_from_floats(lo, hi);
+}
+template <>
+__device__ __forceinline__ u32 pack2<f16>(float lo, float hi) {
+  return f16x2_from_floats(lo, hi);
+}
+
 }  // namespace ditops::kernel

@@ -52,15 +52,17 @@ inline float gelu_tanh(float x, bool fma) {
   return (0.5f * x) * (1.0f + th);
 }
 
-// F.silu(gate) * up of two 16-bit values as eager computes it (kernels/fp8_rowwise_quant.cuh):
-// ATen's silu in fp32, x / (1 + exp(-x)), rounded to the dtype, then the fp32 product (exact for
-// 16-bit operands) rounded to the dtype. exp is taken in double and rounded to fp32 (CUDA's expf
-// is within 2 ulp of that).
+// F.silu(x) in fp32 as ATen's CUDA kernel computes it (kernels/common/swiglu.cuh), x / (1 + exp(-x)),
+// before the rounding to the dtype. exp is taken in double and rounded to fp32 (CUDA's expf is
+// within 2 ulp of that).
+inline float silu(float x) { return x / (1.0f + static_cast<float>(std::exp(-static_cast<double>(x)))); }
+
+// F.silu(gate) * up of two 16-bit values as eager computes it (the swiglu op, fp8_rowwise_quant's
+// act=swiglu): silu rounded to the dtype, then the fp32 product (exact for 16-bit operands) rounded
+// to the dtype.
 inline uint16_t swiglu(uint16_t gate, uint16_t up, DType dtype) {
-  const float g = act_bits_to_float(gate, dtype);
-  const float e = static_cast<float>(std::exp(-static_cast<double>(g)));
-  const float silu = act_bits_to_float(float_to_act_bits(g / (1.0f + e), dtype), dtype);
-  return float_to_act_bits(silu * act_bits_to_float(up, dtype), dtype);
+  const float silu_t = act_bits_to_float(float_to_act_bits(silu(act_bits_to_float(gate, dtype)), dtype), dtype);
+  return float_to_act_bits(silu_t * act_bits_to_float(up, dtype), dtype);
 }
 
 }  // namespace ditops::ref

@@ -41,15 +41,7 @@ std::vector<int64_t> shape_of(const std::vector<int64_t>& lead, int64_t w) {
 
 // Strides of rows padded by `pad` elements (leading dims collapsing into one row stride).
 std::vector<int64_t> padded_strides(const std::vector<int64_t>& lead, int64_t w, int64_t pad) {
-  if (pad == 0) return {};
-  std::vector<int64_t> s(lead.size() + 1);
-  s.back() = 1;
-  int64_t stride = w + pad;
-  for (int d = static_cast<int>(lead.size()) - 1; d >= 0; --d) {
-    s[d] = stride;
-    stride *= lead[d];
-  }
-  return s;
+  return pad == 0 ? std::vector<int64_t>{} : row_strides(lead, w + pad);
 }
 
 int64_t rows_of(const std::vector<int64_t>& lead) {
@@ -401,6 +393,7 @@ const CaseSet kCases("fp8_rowwise_quant", make);
 using testing_oracle::round_dtype;
 using testing_oracle::round_e4m3_saturated;
 using testing_oracle::round_f32;
+using testing_oracle::swiglu;
 
 // The case's rows as the op sees them: prefix columns, then x's (by logical index).
 struct Rows {
@@ -432,13 +425,6 @@ double gelu(double x, DType dtype, bool fma) {
   const double sum = fma ? round_f32(std::fma(kappa, cube, x)) : round_f32(x + round_f32(kappa * cube));
   const double inner = round_f32(beta * sum);
   return round_dtype(round_f32(round_f32(0.5 * x) * round_f32(1.0 + round_f32(std::tanh(inner)))), dtype);
-}
-
-// F.silu(gate) * up in double: the fp32 steps of ATen's silu (exp in double rounded to fp32, its
-// sum, the division), rounded to the dtype, then the product rounded to the dtype.
-double swiglu(double gate, double up, DType dtype) {
-  const double silu = round_dtype(round_f32(gate / round_f32(1.0 + round_f32(std::exp(-gate)))), dtype);
-  return round_dtype(silu * up, dtype);
 }
 
 // One e4m3 code at |q| (the spacing of the e4m3 values there).

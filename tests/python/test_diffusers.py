@@ -246,7 +246,12 @@ class Perturbing:
             if self.fail:
                 raise ditops.Error(f"{name}: simulated launch failure")
             out = real(*args, **kwargs)
-            first = args[0] if out is None else (out[0] if isinstance(out, (tuple, list)) else out)
+            if out is None:  # an in-place op: its first written tensor (qknorm_rope's q, swiglu's out)
+                tensors = [t for t in next(o for o in ditops.op_table() if o["name"] == name)["tensors"]
+                           if not t["keyword"] and t["role"] != "out"]  # the positional ones
+                first = args[next(i for i, t in enumerate(tensors) if t["role"] == "inout")]
+            else:
+                first = out[0] if isinstance(out, (tuple, list)) else out
             first[(0,) * first.dim()] = float("nan")
             return out
         return op

@@ -23,12 +23,13 @@ from test_diffusers import Perturbing  # noqa: E402
 
 STRICT, CLOSE = "exact", "high"
 OPS = {"qk_norm_rope (dual-stream)": "joint_qknorm_rope", "qk_norm_rope": "qknorm_rope",
-       "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"}
+       "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+       "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu"}
 
 
 def counts(L, N):
     return {"qk_norm_rope (dual-stream)": L, "qk_norm_rope": N, "adaln_modulate": 4 * L + N + 1,
-            "gated_residual": 4 * L + N}
+            "gated_residual": 4 * L + N, "swiglu (ff)": 2 * L, "swiglu (single block cat)": N}
 
 
 def randomize(model, seed=0):
@@ -264,6 +265,44 @@ def test_single_stream_q_and_k_are_strided_chunks_taken_in_place():
         assert not torch.equal(after[..., :2 * inner], before[..., :2 * inner])  # q and k, normalized in place
 
 
+def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(monkeypatch):
+    """The feed-forwards' act runs swiglu on linear_in's output; the single blocks' act reads the MLP
+    columns of to_qkv_mlp_proj's output as they are (a column slice, no copy) and writes the mlp
+    columns of the [B, S, D + H] buffer to_out reads, the attention output copied beside them: the
+    processor's torch.cat is gone."""
+    model, inputs = tiny_flux2()
+    attn = model.single_transformer_blocks[0].attn
+    seen = []
+
+    class Recording:
+        def __getattr__(self, name):
+            op = getattr(torch.ops.ditops, name)
+
+            def call(*args, **kwargs):
+                if name == "swiglu":
+                    x, out = args[:2]
+                    seen.append((x.shape, x.stride(), out.shape, out.stride(), out.storage_offset(),
+                                 out.untyped_storage().nbytes() // out.element_size()))
+                return op(*args, **kwargs)
+            return call
+
+    monkeypatch.setattr(_sites, "ops", Recording())
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    assert torch.isfinite(run(model, inputs)).all()
+    assert report["swiglu (ff)"].fused_calls == 4 and report["swiglu (single block cat)"].fused_calls == 2
+    D, H = attn.inner_dim, attn.mlp_hidden_dim
+    row = 3 * D + 2 * H
+    ff = [c for c in seen if c[1][-2] == c[0][-1]]  # contiguous x: the feed-forwards
+    single = [c for c in seen if c[1][-2] == row]
+    assert len(ff) == 4 and len(single) == 2  # one forward: each place once
+    for x_shape, x_stride, out_shape, out_stride, offset, elements in single:
+        assert x_shape[-1] == 2 * H and out_shape[-1] == H
+        assert out_stride[-2] == D + H and offset == D  # the cat buffer's mlp columns
+        assert elements == x_shape[0] * x_shape[1] * (D + H)  # the whole buffer, nothing else
+    assert report["swiglu (single block cat)"].places == [
+        "single_transformer_blocks.0.attn (cat attn + swiglu mlp)", "single_transformer_blocks.1.attn (cat attn + swiglu mlp)"]
+
+
 def test_kv_cache_processors_stay_the_model_code():
     """Klein KV's processors (its pipeline installs them) are left as they are, listed under the QK
     sites; the blocks' adaLN and residual sites still serve."""
@@ -287,7 +326,7 @@ def test_kv_cache_processors_stay_the_model_code():
 
 def test_compile_fullgraph_traces_the_ops():
     """After one eager call verified the signatures, the whole tiny forward traces with fullgraph=True
-    (a recording backend: no inductor compile) and the graph holds the four ops."""
+    (a recording backend: no inductor compile) and the graph holds the five ops."""
     model, inputs = tiny_flux2()
     dd.enable(model, CLOSE, allow_cpu=True)
     eager = run(model, inputs)
@@ -306,7 +345,7 @@ def test_compile_fullgraph_traces_the_ops():
     assert torch.equal(compiled, eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
     assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope",
-                    "ditops.residual_gate_add"], targets
+                    "ditops.residual_gate_add", "ditops.swiglu"], targets
 
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
@@ -365,7 +404,8 @@ def test_gpu_compile_fullgraph_runs_the_ops():
         torch._dynamo.reset()
     print(f"flux2: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
     assert sorted({t for t in targets if t.startswith("ditops.")}) == [
-        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"]
+        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add",
+        "ditops.swiglu"]
     assert torch.equal(out, again)
     assert torch.isfinite(out).all()
 

@@ -281,6 +281,12 @@ def swiglu_feed_forward(swiglu_site):
     return forward
 
 
+def _moved(site, place: str) -> None:
+    """place leaves the bf16 site: an FP8 producer serves it now."""
+    if place in site.places:
+        site.places.remove(place)
+
+
 def flux2(ctx) -> None:
     from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2FeedForward,
                                                                  Flux2ParallelSelfAttnProcessor,
@@ -288,6 +294,7 @@ def flux2(ctx) -> None:
                                                                  Flux2TransformerBlock)
     from . import flux2 as model_code
     adaln, residual = ctx.site("adaln_modulate"), ctx.site("gated_residual")
+    bf16_ff, bf16_cat = ctx.site("swiglu (ff)"), ctx.site("swiglu (single block cat)")
     pair = ctx.adaln(adaln)
     prefix = ctx.plan.prefix
     for i, block in enumerate(ctx.model.transformer_blocks):
@@ -299,6 +306,7 @@ def flux2(ctx) -> None:
             if type(ff) is Flux2FeedForward and type(ff.act_fn) is Flux2SwiGLU and ctx.fp8(ff.linear_out):
                 ctx.patch_forward(f"{path}.{name}", ff, swiglu_feed_forward(ctx.swiglu))
                 ctx.swiglu.places.append(f"{prefix}{path}.{name}.linear_out")
+                _moved(bf16_ff, f"{prefix}{path}.{name}.act_fn")  # the producer replaces the bf16 act
         image, text = _projections(block.attn)
         # the pair needs every consumer FP8: all the projections of both streams, or both FFs' linear_in
         attn_pair = type(block.attn.processor) is Flux2AttnProcessor and bool(text) and ctx.fp8(*image, *text)
@@ -320,6 +328,7 @@ def flux2(ctx) -> None:
                                                                         cat_quant=ctx.cat_swiglu)
             ctx.plan.patch_processor(f"{path}.attn.processor", attn, processor)
             ctx.cat_swiglu.places.append(f"{prefix}{path}.attn.to_out")
+            _moved(bf16_cat, f"{prefix}{path}.attn (cat attn + swiglu mlp)")
         if ctx.fp8(attn.to_qkv_mlp_proj):
             ctx.patch_forward(path, block, model_code.single_block_forward(pair, residual))
             pair.places.append(f"{prefix}{path}.norm")

@@ -15,25 +15,33 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     (AdaLayerNormContinuous): layernorm_modulate.
   * gated residuals: residual + gate * update, four per double block, one per single block:
     residual_gate_add.
+  * SwiGLU (Flux2SwiGLU: F.silu(x[..., :N]) * x[..., N:], nn.SiLU then the product): the
+    feed-forward's act between linear_in and linear_out, and the single block's mlp_act_fn, whose
+    output the processor concatenates after the attention output (torch.cat([attn, act(mlp)], -1))
+    for to_out: swiglu, there written straight into the columns [D, D + N) of the concatenation's
+    buffer (the attention output copied into [0, D)), so neither the silu / mul intermediates nor
+    the cat's second pass over the mlp columns remain.
 The KV-cache processors (Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor: Klein KV's
 pipeline installs them) run the model's code; their blocks' adaLN and residual sites still serve
-(a per-token modulation of the KV extract step falls back per call). The feed-forward's SwiGLU and
-the single block's cat(attn, mlp) run the model's code in bf16; under FP8 (_fp8_models.flux2) the
-SwiGLU + quantize producer writes linear_out's and to_out's e4m3 input instead.
+(a per-token modulation of the KV extract step falls back per call). Under FP8 (_fp8_models.flux2)
+the SwiGLU + quantize producer writes linear_out's and to_out's e4m3 input instead of the SwiGLU
+sites.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
-from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2Modulation,
+from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2FeedForward, Flux2Modulation,
                                                              Flux2ParallelSelfAttnProcessor,
-                                                             Flux2SingleTransformerBlock, Flux2TransformerBlock,
-                                                             _get_qkv_projections)
+                                                             Flux2SingleTransformerBlock, Flux2SwiGLU,
+                                                             Flux2TransformerBlock, _get_qkv_projections)
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite
+from ._sites import GatedResidualSite, LayerNormModulateSite, MappedSite, Mapping, OpCall
 from . import _common
 from .flux import joint_qk
 
@@ -97,9 +105,10 @@ class Flux2ParallelSelfAttnProcessorDitops(_common.ProcessorWrapper):
     rotated in place. cat_quant (the FP8 path, to_out an Fp8Linear): to_out takes
     cat_quant(attention output, MLP columns), cat([attn, swiglu(mlp)]) as one Rowwise pair."""
 
-    def __init__(self, original, site, cat_quant=None):
+    def __init__(self, original, site, cat_quant=None, cat_act=None):
         super().__init__(original, site)
         self.cat_quant = cat_quant
+        self.cat_act = cat_act  # the bf16 path: the SwiGLU site writing into the cat's buffer
 
     def __call__(self, attn, hidden_states, attention_mask=None, image_rotary_emb=None):
         hidden_states = attn.to_qkv_mlp_proj(hidden_states)
@@ -125,9 +134,77 @@ class Flux2ParallelSelfAttnProcessorDitops(_common.ProcessorWrapper):
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         if self.cat_quant is not None:
             return attn.to_out(self.cat_quant(hidden_states, mlp_hidden_states))
+        if self.cat_act is not None:
+            return attn.to_out(self.cat_act(lambda a, m: torch.cat([a, attn.mlp_act_fn(m)], dim=-1),
+                                            hidden_states, mlp_hidden_states))
         mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
         hidden_states = torch.cat([hidden_states, mlp_hidden_states], dim=-1)
         return attn.to_out(hidden_states)
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+SWIGLU_CHAIN = "Flux2SwiGLU: nn.SiLU of x[..., :N] (rounded to the dtype) times x[..., N:] (rounded)"
+
+
+def swiglu_fit(x) -> str:
+    """'' when x [..., 2N] is what the swiglu op takes (the op checks the rest: rows of one stride)."""
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"x is {x.dtype}"
+    if x.dim() < 1 or x.shape[-1] % 2:
+        return f"x's last dim {x.shape[-1] if x.dim() else None} is not even"
+    if x.stride(-1) != 1:
+        return f"x's last stride is {x.stride(-1)}, not 1"
+    return ""
+
+
+def cat_swiglu_fit(attn_out, mlp) -> str:
+    why = swiglu_fit(mlp)
+    if why:
+        return why
+    if attn_out.dtype != mlp.dtype or attn_out.device != mlp.device:
+        return f"attention output {attn_out.dtype} on {attn_out.device}, mlp {mlp.dtype} on {mlp.device}"
+    if attn_out.shape[:-1] != mlp.shape[:-1]:
+        return f"attention output {tuple(attn_out.shape)} and mlp {tuple(mlp.shape)} differ in their rows"
+    return ""
+
+
+def cat_swiglu_call(attn_out, mlp) -> OpCall:
+    """swiglu(mlp) into the columns [D, D + N) of the [..., D + N] buffer the processor's cat would
+    allocate; the attention output is copied into [0, D) after the op (explain copies nothing)."""
+    D, N = attn_out.shape[-1], mlp.shape[-1] // 2
+    cat = attn_out.new_empty(*attn_out.shape[:-1], D + N)
+
+    def output(_):
+        cat[..., :D].copy_(attn_out)
+        return cat
+
+    return OpCall("swiglu", (mlp, cat[..., D:]), {}, output)
+
+
+def _swiglu_call(x) -> OpCall:
+    out = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
+    return OpCall("swiglu", (x, out), {}, lambda _: out)
+
+
+# The feed-forward's act: linear_in's output [B, S, 2N] -> [B, S, N] for linear_out.
+SWIGLU_FF = Mapping(op="swiglu", fit=swiglu_fit,
+                    signature=lambda x: (str(x.device), x.dtype, x.shape[-1], x.is_contiguous()),
+                    call=_swiglu_call)
+# The single block's act into the cat: x the mlp columns of to_qkv_mlp_proj's output (a row stride
+# of 3 inner + 2 mlp), out the cat buffer's mlp columns.
+SWIGLU_CAT = Mapping(op="swiglu", fit=cat_swiglu_fit,
+                     signature=lambda a, m: (str(m.device), m.dtype, a.shape[-1], m.shape[-1], m.stride()),
+                     call=cat_swiglu_call)
+
+
+def swiglu_ff_forward(site: MappedSite):
+    """Flux2FeedForward.forward with its act through the site (linear_in and linear_out the model's)."""
+
+    def forward(self, x):
+        return self.linear_out(site(self.act_fn, self.linear_in(x)))
+
+    return forward
 
 
 def modulate(site: LayerNormModulateSite, x, scale, shift, norm, scale_first: bool):
@@ -215,6 +292,12 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         chain=QK_CHAIN + "; q and k: chunks of to_qkv_mlp_proj's output, read and written in place"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    swiglu = plan.add_site(MappedSite("swiglu (ff)", mapping=SWIGLU_FF,
+                                      chain="Flux2FeedForward: linear_in, act_fn (" + SWIGLU_CHAIN + "), linear_out"))
+    cat = plan.add_site(MappedSite(
+        "swiglu (single block cat)", mapping=SWIGLU_CAT,
+        chain="Flux2ParallelSelfAttnProcessor: torch.cat([attention output, mlp_act_fn(mlp)], -1) before to_out, "
+              "mlp the column slice of to_qkv_mlp_proj's output, mlp_act_fn " + SWIGLU_CHAIN))
 
     for path, block in doubles:
         if type(block) is not Flux2TransformerBlock:
@@ -225,12 +308,33 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm1", "norm1_context", "norm2", "norm2_context")]
         residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn", "ff", "context attn", "context ff")]
         plan.patch_forward(path, block, double_block_forward(adaln, residual))
+        for name in ("ff", "ff_context"):
+            ff = getattr(block, name)
+            if type(ff) is not Flux2FeedForward or type(ff.act_fn) is not Flux2SwiGLU:
+                swiglu.skipped.append((plan.prefix + f"{path}.{name}", f"{type(ff).__name__} with "
+                                       f"{type(getattr(ff, 'act_fn', None)).__name__}, not Flux2FeedForward with Flux2SwiGLU"))
+                continue
+            swiglu.places.append(plan.prefix + f"{path}.{name}.act_fn")
+            if swiglu.op is not None:
+                plan.patch_forward(f"{path}.{name}", ff, swiglu_ff_forward(swiglu))
     for path, block in singles:
         if type(block) is not Flux2SingleTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not Flux2SingleTransformerBlock")
             continue
+        # the cat site rides on ditops's processor (installed where the qk site's op is mapped and the
+        # attention runs the model's processor)
+        swiglu_act = type(block.attn.mlp_act_fn) is Flux2SwiGLU
+        processor = functools.partial(Flux2ParallelSelfAttnProcessorDitops, cat_act=cat if swiglu_act else None)
         _common.patch_processor(plan, qk, f"{path}.attn", block.attn, Flux2ParallelSelfAttnProcessor,
-                                Flux2ParallelSelfAttnProcessorDitops, ("joint",))
+                                processor, ("joint",))
+        if not swiglu_act:
+            cat.skipped.append((plan.prefix + f"{path}.attn", f"mlp_act_fn is {type(block.attn.mlp_act_fn).__name__}, "
+                                                              "not Flux2SwiGLU"))
+        elif qk.op is None or type(block.attn.processor) is not Flux2ParallelSelfAttnProcessor:
+            cat.skipped.append((plan.prefix + f"{path}.attn", "ditops's processor is not installed there "
+                                                              "(the qk_norm_rope site's)"))
+        else:
+            cat.places.append(plan.prefix + f"{path}.attn (cat attn + swiglu mlp)")
         adaln.places.append(plan.prefix + f"{path}.norm")
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
         plan.patch_forward(path, block, single_block_forward(adaln, residual))

@@ -77,7 +77,8 @@ LORA_METHODS = ("load_lora_adapter", "add_adapter", "fuse_lora", "unfuse_lora", 
 # ---------------------------------------------------------------- the chain
 
 # The recipe's one copy, the producer ops' oracle (python/ditops/eager/fp8_rowwise.py).
-from ditops.eager.fp8_rowwise import fp8_rowwise_eager, swiglu  # noqa: E402
+from ditops.eager.fp8_rowwise import fp8_rowwise_eager  # noqa: E402
+from ditops.eager.swiglu import swiglu  # noqa: E402
 
 
 def gelu_tanh(x):

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ._registry import oracle
+from .swiglu import swiglu
 
 
 def fp8_rowwise_eager(y):
@@ -21,13 +22,6 @@ def fp8_rowwise_eager(y):
     s = s.masked_fill(s == 0, 1.0)
     q = (y.to(torch.float32) / s).clamp(-448, 448).to(torch.float8_e4m3fn)
     return q, s
-
-
-def swiglu(x):
-    """FLUX.2's SwiGLU of x [..., 2N] as eager PyTorch computes it: F.silu of the first N columns
-    (fp32 inside, rounded to x's dtype) times the last N (one more rounding)."""
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def fp8_rowwise_quant_eager(x, prefix=None, act="none"):

@@ -15,6 +15,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/fp8_rowwise_quant.cuh"
+#include "ops/common/rows.h"
 
 namespace ditops {
 
@@ -61,30 +62,6 @@ OpBuilder<Fp8RowwiseQuantCall> describe() {
   return b;
 }
 
-// The stride between the rows of t ([..., W], last stride 1): its leading dims must collapse into
-// one row index. Extent-1 dims take any stride.
-int64_t row_stride(const Matcher& m, const TensorView& t, const std::string& name) {
-  const int r = t.rank;
-  m.require_nonnegative_strides(t, name);
-  if (t.numel() == 0) return 0;  // an empty view's strides are arbitrary
-  if (t.shape[r - 1] > 1 && t.strides[r - 1] != 1)
-    m.fail(name + ".stride(" + num(r - 1) + ") must be 1 but is " + num(t.strides[r - 1]));
-  int64_t stride = -1, next = 0;
-  for (int d = r - 2; d >= 0; --d) {
-    if (t.shape[d] == 1) continue;
-    if (stride < 0) {
-      stride = t.strides[d];
-      next = stride * t.shape[d];
-    } else if (t.strides[d] != next) {
-      m.fail(name + ".stride(" + num(d) + ") must be " + num(next) +
-             " (the leading dims collapse into one row stride) but is " + num(t.strides[d]));
-    } else {
-      next *= t.shape[d];
-    }
-  }
-  return stride < 0 ? t.shape[r - 1] : stride;
-}
-
 void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
   const TensorView &x = call.x, &out = call.out, &out_scale = call.out_scale;
   if (x.rank < 1) m.fail("x must have rank >= 1 ([..., K]) but has rank 0");
@@ -100,7 +77,7 @@ void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
              num(call.width));
     call.act_width = call.width / 2;
   }
-  call.x_row_stride = row_stride(m, x, "x");
+  call.x_row_stride = collapsed_row_stride(m, x, "x");
   const bool has_prefix = !slot_absent(call.prefix);
   if (has_prefix) {
     const TensorView& prefix = call.prefix;
@@ -110,7 +87,7 @@ void complete(Fp8RowwiseQuantCall& call, Matcher& m) {
         m.fail("prefix.shape[" + num(d) + "] must equal x.shape[" + num(d) + "]=" + num(x.shape[d]) + " but is " +
                num(prefix.shape[d]));
     call.prefix_width = prefix.shape[r - 1];
-    call.prefix_row_stride = row_stride(m, prefix, "prefix");
+    call.prefix_row_stride = collapsed_row_stride(m, prefix, "prefix");
   } else {
     call.prefix = TensorView{};
   }
