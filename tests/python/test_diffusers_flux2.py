@@ -286,9 +286,11 @@ def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(
                 return op(*args, **kwargs)
             return call
 
+    reference = run(model, inputs)
     monkeypatch.setattr(_sites, "ops", Recording())
     report = dd.enable(model, CLOSE, allow_cpu=True)
-    assert torch.isfinite(run(model, inputs)).all()
+    out = run(model, inputs)  # the close tier's bound against the unpatched model, as the reference-backend test's
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
     assert report["swiglu (ff)"].fused_calls == 4 and report["swiglu (single block cat)"].fused_calls == 2
     D, H = attn.inner_dim, attn.mlp_hidden_dim
     row = 3 * D + 2 * H

@@ -359,9 +359,9 @@ def test_fp8_with_fused_wan_projections_and_producers_off():
 def test_compile_fullgraph_traces_the_fp8_forward(name):
     """torch.compile(fullgraph=True) through the Fp8Linears, Rowwise pairs and the sites (the
     'eager' backend: the traced graph run eagerly on the CPU stand-in), equal to eager, for every
-    model with an FP8 mapping (Wan's adaLN site once read the op table inside the forward: dynamo
-    failed on its deepcopy, the H100 fp8+compile run of 2026-12-06). FLUX.2: its SwiGLU sites too
-    (the single blocks' MLP columns as strided rows)."""
+    model with an FP8 mapping (a site that reads the op table inside the forward fails here: dynamo
+    cannot trace its deepcopy). FLUX.2: its SwiGLU sites too (the single blocks' MLP columns as
+    strided rows)."""
     model, inputs, _ = TINY[name]()
     dd.enable(model, allow_cpu=True, fp8=True)
     eager = quiet(run, model, inputs)
