@@ -49,7 +49,9 @@ OpCase sg_case(const Sg& s, CaseKind kind, uint32_t seed) {
     out.offset = s.out_offset;
     c.tensors.push_back(out);
   }
-  c.tolerance = {s.dtype == DType::f32 ? 4.0 : 2.0, 0.0, 0.05, 64};
+  // f32 keeps expf's ulps where bf16/f16 round most of them away: on an H100, 11.6 % and 11.9 % of
+  // two f32 cases' elements differed from the reference, all within 4 ulp
+  c.tolerance = {s.dtype == DType::f32 ? 4.0 : 2.0, 0.0, s.dtype == DType::f32 ? 0.2 : 0.05, 64};
   c.large = numel(s.lead) * 2 * s.N > (int64_t{1} << 22);
   return c;
 }

@@ -607,8 +607,9 @@ def test_gpu_captured_equals_eager(name, with_ditops):
 @needs_cuda
 def test_gpu_failed_capture_leaves_cuda_usable(monkeypatch):
     """A forward that syncs (a .item() on a CUDA tensor) at batch 1 cannot be captured: one
-    warning, the eager values, no graph; the CUDA generator still works, and the same model then
-    captures its batch-2 signature."""
+    warning, the eager values, no whole-forward graph; the CUDA generator still works, and the
+    model's batch-2 signature then runs through its repeated blocks' graphs (the regional fallback
+    holds for every signature once a whole capture failed), equal to eager."""
     model, inputs, _ = tiny_flux()
     model, inputs = model.to("cuda"), to_cuda(inputs)
     two = to_cuda(bigger("flux", inputs))
@@ -632,10 +633,12 @@ def test_gpu_failed_capture_leaves_cuda_usable(monkeypatch):
     a = torch.randn(64, device="cuda")  # raised 'Offset increment outside graph capture' if left in capture mode
     torch.cuda.manual_seed(0)
     assert torch.equal(a, torch.randn(64, device="cuda"))
+    region_graphs, regional_calls = state.region_graphs, state.regional_calls
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert all(torch.equal(run(model, two), reference_two) for _ in range(3))
-    assert state.graphs == 1 and state.replays == 1
+    assert state.graphs == 0 and state.region_graphs > region_graphs and state.regional_calls > regional_calls
+    assert sum(r.replays for r in state.regions) > 0
     dd.release(model)
 
 
