@@ -63,13 +63,13 @@ def make_build(tmp):
     return tmp / "build", fake
 
 
-def run_script(tmp, build, fake, budget, slots, tools="memcheck"):
+def run_script(tmp, build, fake, budget, slots, tools="memcheck", extra=()):
     out = tmp / "out"
     env = {**os.environ, "FAKE_MARKS": str(tmp / "marks")}
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, SCRIPT, "--build", str(build), "--out", str(out), "--budget-s", str(budget),
                            "--slots", str(slots), "--tools", tools, "--sanitizer", str(fake), "--min-job-s", "1",
-                           "--grace-s", "1"], env=env, capture_output=True, text=True, timeout=120)
+                           "--grace-s", "1", *extra], env=env, capture_output=True, text=True, timeout=120)
     return proc, time.monotonic() - t0, {(v["tool"], v["job"]): v for v in json.load(open(out / "verdicts.json"))}
 
 
@@ -104,6 +104,16 @@ def test_no_more_jobs_at_once_than_slots_and_unstarted_jobs_say_so(tmp_path):
     assert len(verdicts) == 8
     assert any(v["verdict"].startswith("not started") for v in verdicts.values()), proc.stdout
     assert wall < 4 + 1 + 5 + 3
+
+
+def test_a_filter_runs_only_the_binaries_it_selects_a_test_of(tmp_path):
+    """--filter: a binary none of whose tests the filter selects gets no job (gtest would exit
+    nonzero on it, a "not clean" verdict for a test that never ran)."""
+    build, fake = make_build(tmp_path)
+    proc, _, verdicts = run_script(tmp_path, build, fake, budget=20, slots=2, extra=("--filter", "*Gpu.b-Faulty*"))
+    assert set(verdicts) == {("memcheck", "test_clean_gpu"), ("memcheck", "test_mixed")}, proc.stdout
+    assert all(v["clean"] for v in verdicts.values())
+    assert proc.returncode == 0
 
 
 def _verdict_of(tmp_path, log_text, rc):
