@@ -543,6 +543,22 @@ def test_bench_top_kernels_per_category_per_forward():
     assert len(bench.top_kernels({"k" * 500: ["glue", 1.0, 1]}, 1)[0]["name"]) == 160
 
 
+def test_bench_kernel_gaps_are_the_idle_time_between_the_kernels_union():
+    """kernel_gaps: idle time per forward between the union of kernel spans (overlapping kernels,
+    e.g. a PDL launch's early start, leave no gap), each gap put on the categories around it."""
+    from ditops.diffusers import bench
+    spans = [(0, 10, "gemm"), (12, 20, "glue"), (15, 30, "ditops"),  # glue inside ditops' span: no gap
+             (33, 40, "gemm"), (40, 45, "attention"),                # touching: no gap
+             (50, 60, "glue"), (61, 70, "gemm")]                     # second forward
+    gaps = bench.kernel_gaps(spans, iters=2)
+    # gaps: 10->12 (gemm -> glue) 2, 30->33 (ditops -> gemm) 3, 45->50 (attention -> glue) 5, 60->61 (glue -> gemm) 1
+    assert gaps["idle_us"] == (2 + 3 + 5 + 1) / 2 and gaps["kernels"] == 3.5
+    assert [(p["between"], p["us"], p["gaps"]) for p in gaps["largest"]] == [
+        ("attention -> glue", 2.5, 0.5), ("ditops -> gemm", 1.5, 0.5), ("gemm -> glue", 1.0, 0.5),
+        ("glue -> gemm", 0.5, 0.5)]
+    assert bench.kernel_gaps([], 1) == {"idle_us": 0.0, "kernels": 0.0, "largest": []}
+
+
 def test_bench_fp8_arguments_and_quality_loop():
     from ditops.diffusers import bench
     args = bench.parse_args(["--fp8", "--variants", "torchao+compile,eager,fp8"])

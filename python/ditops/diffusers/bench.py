@@ -311,7 +311,8 @@ def time_forward(torch, fn, iters, warmup):
 
 
 def kernel_shares(torch, fn, iters):
-    """CUDA kernel time per forward (us) by category, from torch.profiler."""
+    """CUDA kernel time per forward (us) by category, the top kernels of each, and the idle time
+    between kernels (kernel_gaps), from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -321,6 +322,7 @@ def kernel_shares(torch, fn, iters):
         torch.cuda.synchronize()
     totals = {"gemm": 0.0, "attention": 0.0, "ditops": 0.0, "glue": 0.0}
     by_name = {}  # kernel name -> [category, us, launches]
+    spans = []
     for evt in prof.events():
         if getattr(evt, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
@@ -330,7 +332,28 @@ def kernel_shares(torch, fn, iters):
         entry = by_name.setdefault(evt.name, [kind, 0.0, 0])
         entry[1] += us
         entry[2] += 1
-    return {k: v / iters for k, v in totals.items()}, top_kernels(by_name, iters)
+        spans.append((evt.time_range.start, evt.time_range.end, kind))
+    return {k: v / iters for k, v in totals.items()}, top_kernels(by_name, iters), kernel_gaps(spans, iters)
+
+
+def kernel_gaps(spans, iters, top=6):
+    """The device's idle time between kernels per forward (us): the gaps between the union of the
+    kernels' [start, end) spans, each put on the pair of categories around it (the kernel that
+    ended last before it, the one that starts it), the largest pairs first; and the kernels per
+    forward. Where a forward's time not in kernel time goes (launch gaps, graph node overheads)."""
+    idle, pairs, end, before = 0.0, {}, None, None
+    for start, stop, kind in sorted(spans):
+        if end is not None and start > end:
+            gap = start - end
+            idle += gap
+            pair = pairs.setdefault(f"{before} -> {kind}", [0.0, 0])
+            pair[0] += gap
+            pair[1] += 1
+        if end is None or stop >= end:
+            end, before = stop, kind
+    ranked = sorted(pairs.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"idle_us": round(idle / iters, 1), "kernels": round(len(spans) / iters, 2),
+            "largest": [{"between": k, "us": round(us / iters, 1), "gaps": round(n / iters, 2)} for k, (us, n) in ranked]}
 
 
 def top_kernels(by_name, iters, per_class=8, name_chars=160):
@@ -519,9 +542,9 @@ def main(argv=None) -> int:
             memory[variant]["one_more_graph"] = graph_memory(torch, capture_another)
         outputs[variant] = fn()
         median, times = time_forward(torch, fn, args.iters, args.warmup)
-        shares, top = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else (None, None)
+        shares, top, gaps = kernel_shares(torch, fn, args.profile_iters) if args.profile_iters else (None,) * 3
         results[variant] = {"ms": median, "min_ms": min(times), "max_ms": max(times), "kernels_us": shares,
-                            "kernels_top": top}
+                            "kernels_top": top, "kernel_gaps": gaps}
         if is_fp8 or fp8_wanted:
             peaks[variant] = {"allocated_after_setup_mib": after_setup / (1 << 20),
                               "setup_peak_mib": setup_peak / (1 << 20),
@@ -595,6 +618,11 @@ def main(argv=None) -> int:
             print(f"  {variant:>18}: {k['gemm']:9.1f} / {k['attention']:9.1f} / {k['ditops']:9.1f} / "
                   f"{k['glue']:9.1f} ({100 * k['glue'] / total:4.1f} % glue, "
                   f"{100 * k['ditops'] / total:4.1f} % ditops)")
+        print("\n  idle between kernels per forward (us, kernels per forward; the largest gaps by the categories around them):")
+        for variant, r in results.items():
+            g = r["kernel_gaps"]
+            print(f"  {variant:>18}: {g['idle_us']:9.1f} ({g['kernels']:g} kernels); "
+                  + ", ".join(f"{p['between']} {p['us']:.1f} ({p['gaps']:g})" for p in g["largest"][:4]))
         for variant, r in results.items():  # where the ditops and glue time goes, kernel by kernel
             rows = [t for t in r["kernels_top"] if t["class"] in ("ditops", "glue")]
             print(f"\n  [{variant}] ditops and glue kernels, us per forward (launches):")
@@ -627,7 +655,7 @@ def main(argv=None) -> int:
         }
         records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
                         min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
-                        kernels_top=r["kernels_top"],
+                        kernels_top=r["kernels_top"], kernel_gaps=r["kernel_gaps"],
                         output=next((c for c in checks if c["variant"] == variant), None),
                         outputs=[c for c in checks if c["variant"] == variant],
                         report=reports[variant].as_dict() if variant in reports else None,
