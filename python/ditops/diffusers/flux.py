@@ -170,7 +170,7 @@ def _rope_widths(axes_dim) -> str:
     """'' when every width is what rope_tables takes (even, positive, at most four of them)."""
     if not 1 <= len(axes_dim) <= ROPE_MAX_AXES:
         return f"{len(axes_dim)} axes (rope_tables takes 1 to {ROPE_MAX_AXES})"
-    bad = [d for d in axes_dim if not isinstance(d, int) or d <= 0 or d % 2]
+    bad = [d for d in axes_dim if int(d) != d or d <= 0 or d % 2]
     return f"axes_dim {list(axes_dim)}: {bad} not even positive widths" if bad else ""
 
 
@@ -182,8 +182,11 @@ def rope_tables_mapping(module, axes_from_ids: bool) -> Mapping:
     if not op_options("rope_tables"):
         return Mapping(why="this build of ditops has no rope_tables op")
 
-    def axes(ids):
-        return list(module.axes_dim[:ids.shape[-1]]) if axes_from_ids else list(module.axes_dim)
+    def widths_of(ids):
+        return list(module.axes_dim[:ids.shape[-1]] if axes_from_ids else module.axes_dim)
+
+    def axes(ids):  # after fit: even positive integers
+        return [int(d) for d in widths_of(ids)]
 
     def fit(ids):
         if ids.dim() != 2:
@@ -192,9 +195,10 @@ def rope_tables_mapping(module, axes_from_ids: bool) -> Mapping:
             return f"ids on {ids.device.type}: the model's frequencies are float32 there"
         if axes_from_ids and ids.shape[-1] > len(module.axes_dim):
             return f"ids has {ids.shape[-1]} columns, axes_dim {len(module.axes_dim)} widths"
-        if ids.shape[-1] < len(axes(ids)):
-            return f"ids has {ids.shape[-1]} columns for {len(axes(ids))} axes"
-        return _rope_widths(axes(ids))
+        widths = widths_of(ids)
+        if ids.shape[-1] < len(widths):
+            return f"ids has {ids.shape[-1]} columns for {len(widths)} axes"
+        return _rope_widths(widths)
 
     def call(ids):
         pos = ids.float()
@@ -205,8 +209,10 @@ def rope_tables_mapping(module, axes_from_ids: bool) -> Mapping:
         options["theta"] = float(module.theta)
         return OpCall("rope_tables", (pos, cos, sin), options, lambda _: (cos, sin))
 
-    return Mapping(op="rope_tables", fit=fit, signature=lambda ids: (str(ids.device), ids.dtype, tuple(ids.shape)),
-                   call=call)
+    def signature(ids):  # the module's widths and theta too: attributes a caller may change
+        return str(ids.device), ids.dtype, tuple(ids.shape), tuple(widths_of(ids)), float(module.theta)
+
+    return Mapping(op="rope_tables", fit=fit, signature=signature, call=call)
 
 
 def rope_tables_forward(site: MappedSite, cls):
