@@ -1,5 +1,5 @@
-// rope_tables' cases: FLUX.1's joint ids (512 text rows of zeros, then (0, h, w) over a 64 x 72
-// latent grid; axes 16, 56, 56; theta 10000) and FLUX.2's image ids ((0, h, w, 0) over 64 x 64) and
+// rope_tables' cases: FLUX.1's joint ids (512 text rows of zeros, then (0, h, w) over a 64 x 64 or
+// 64 x 72 latent grid; axes 16, 56, 56; theta 10000) and FLUX.2's image ids ((0, h, w, 0) over 64 x 64) and
 // text ids ((0, 0, 0, l) for 512 tokens; axes 32 x 4; theta 2000), at full size (large: where a
 // device compares them) and scaled down for the CPU; odd sizes (one row, 7 rows, one axis, more id
 // columns than axes); ids of any strides (a column slice of a wider tensor, column-major); large and
@@ -104,8 +104,9 @@ Options with(Options o, const std::string& name, const std::string& value) {
 std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
-  // FLUX.1-dev at 1024 x 1152 (a 64 x 72 latent grid, 4608 image tokens) after 512 text tokens: the
-  // joint ids; then scaled down (8 text rows, every 7th h and w).
+  // FLUX.1-dev at 1024 x 1024 (a 64 x 64 latent grid: 4608 joint rows) and 1024 x 1152 (64 x 72, 4608
+  // image tokens) after 512 text tokens: the joint ids; then scaled down (8 text rows, every 7th h and w).
+  out.push_back(ids_case("flux1_joint_4608", CaseKind::model, flux1_ids(512, 64, 64, 1), kFlux1, seed++));
   out.push_back(ids_case("flux1_joint_5120", CaseKind::model, flux1_ids(512, 64, 72, 1), kFlux1, seed++));
   out.push_back(ids_case("flux1_joint_scaled", CaseKind::model, flux1_ids(8, 64, 72, 7), kFlux1, seed++));
   // FLUX.2 at 1024 x 1024 (64 x 64): image ids and 512 text ids, each its own call as the model makes
