@@ -58,7 +58,7 @@ def tiny_flux(dtype=torch.bfloat16, batch=1):
     cfg = model.config
     L, N = cfg.num_layers, cfg.num_single_layers
     counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1,
-              "gated_residual": 4 * L + N}
+              "gated_residual": 4 * L + N, "rope_tables (pos_embed)": 1}
     return model, inputs, counts
 
 
@@ -167,7 +167,8 @@ TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_h
 # checks that the table declares the options these mappings need).
 OPS = {
     "flux": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
-             "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+             "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+             "rope_tables (pos_embed)": "rope_tables"},
     "qwen": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
@@ -389,12 +390,18 @@ def _modulation_bound(b, args, kwargs, index=0):
     return 2 * _ulp(b.dtype, torch.ones((), dtype=torch.float64)) * (y.abs() + b.double().abs())
 
 
+def _rope_tables_bound(b, args, kwargs, index=0):
+    """The C library's double pow, cos and sin against CPU PyTorch's (both within an ulp of a double):
+    one float32 ulp of the table value, compared at 2^-10 below it (rope_tables.reference's contract)."""
+    return _ulp(torch.float32, b.double().abs().clamp_min(2.0 ** -10))
+
+
 # The bound each op's CPU reference keeps to the model's chain on the CPU, whatever its contract's
 # oracle (eager PyTorch on CUDA, or the documented order).
 # joint_qknorm_rope: qknorm_rope's per-head routine on the joint rows (its v a copy, well inside).
 CONTRACT_BOUNDS = {"residual_gate_add": _equal_bound, "qknorm_rope": _qk_bound, "cross_head_qknorm_rope": _qk_bound,
                    "joint_qknorm_rope": _qk_bound, "layernorm_modulate": _modulation_bound,
-                   "norm_scale_shift": _modulation_bound}
+                   "norm_scale_shift": _modulation_bound, "rope_tables": _rope_tables_bound}
 
 
 # ---------------------------------------------------------------- plan and report
@@ -1278,6 +1285,81 @@ def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
     assert ours == sorted(["ditops.cross_head_qknorm_rope", *others]), targets
 
 
+# ---------------------------------------------------------------- FLUX.1's RoPE tables (pos_embed)
+
+
+def flux1_joint_ids(text, H, W):
+    """FLUX.1's joint ids: `text` rows of zeros, then (0, h, w) over an H x W latent grid."""
+    grid = torch.meshgrid(torch.zeros(1), torch.arange(float(H)), torch.arange(float(W)), indexing="ij")
+    return torch.cat([torch.zeros(text, 3), torch.stack(grid, -1).reshape(-1, 3)])
+
+
+def test_flux_rope_tables_site_at_pos_embed():
+    """FLUX.1's pos_embed (FluxPosEmbed) is the rope_tables site: planned with the module's chain and
+    patched by enable. Close tier (the op's CPU reference): the tables within a float32 ulp of the
+    module's own forward (2^-10 below it) and the model's output within the CPU tests' bound of the
+    unpatched one. Exact tier: on the CPU the reference is close, so the site is unfit and the
+    module's own code runs (the output is the unpatched one)."""
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+    site = dd.plan(model)["rope_tables (pos_embed)"]
+    assert site.op == "rope_tables" and site.places == ["pos_embed (txt_ids + img_ids)"]
+    assert "FluxPosEmbed.forward" in site.chain and "float64" in site.chain
+    ids = flux1_joint_ids(8, 9, 11)
+    ids[3:6, 1] = torch.tensor([1e4, -1e4, -77.5])  # large and negative positions
+    cls = type(model.pos_embed)
+    want = cls.forward(model.pos_embed, ids)
+
+    report = dd.enable(model, CLOSE, allow_cpu=True, sites=["rope_tables"])
+    assert "forward" in model.pos_embed.__dict__
+    got = model.pos_embed(ids)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32 and a.shape == b.shape
+        assert bool(((a.double() - b.double()).abs() <= _rope_tables_bound(b, (), {})).all())
+    out = run(model, inputs)
+    rope = report["rope_tables (pos_embed)"]
+    assert rope.fused_calls == 2 and not rope.reasons and not rope.unfit  # the ids above, then the model's
+    diff = float((out.float() - reference.float()).abs().max())
+    print(f"flux rope_tables high: max |patched - unpatched| = {diff:.3g}")
+    assert diff <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+    assert "forward" not in model.pos_embed.__dict__
+
+    report = dd.enable(model, STRICT, allow_cpu=True, sites=["rope_tables"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = run(model, inputs)
+    rope = report["rope_tables (pos_embed)"]
+    assert rope.fused_calls == 0 and rope.unfit, (rope.fused_calls, rope.unfit)
+    assert all("not bit_exact" in why for why in rope.unfit.values()), rope.unfit
+    assert torch.equal(out, reference)
+    dd.disable(model)
+
+
+def test_flux_rope_tables_site_leaves_other_pos_embeds_to_the_model():
+    """A pos_embed that is not FluxPosEmbed itself, or ids of more columns than axes_dim, run the
+    model's code (the site says why)."""
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+
+    class OtherPosEmbed(type(model.pos_embed)):
+        pass
+
+    original = model.pos_embed
+    model.pos_embed = OtherPosEmbed(theta=original.theta, axes_dim=original.axes_dim)
+    site = dd.plan(model)["rope_tables (pos_embed)"]
+    assert site.op is None and "OtherPosEmbed" in site.why
+    model.pos_embed = original
+    report = dd.enable(model, CLOSE, allow_cpu=True, sites=["rope_tables"])
+    wide = torch.zeros(4, 4)
+    with pytest.warns(RuntimeWarning, match="runs the model's code for a call"):
+        with pytest.raises(IndexError):  # the model's own code: FluxPosEmbed has 3 widths for 4 columns
+            model.pos_embed(wide)
+    assert any("4 columns" in why for why in report["rope_tables (pos_embed)"].fallbacks)
+    dd.disable(model)
+    assert torch.equal(run(model, inputs), reference)
+
+
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
 
 needs_cuda = needs_cuda_mark(torch)
@@ -1384,3 +1466,38 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     differ = int((out != eager).sum())
     print(f"{name}: compiled (inductor) vs eager: {differ} of {out.numel()} elements differ, "
           f"max |difference| {float((out.float() - eager.float()).abs().max()):.3g}")
+
+
+@needs_cuda
+def test_gpu_flux_rope_tables_equal_the_module():
+    """FLUX.1's real axes (16, 56, 56; theta 10000) on a one-block model of 128-wide heads: the patched
+    pos_embed's tables torch.equal to FluxPosEmbed.forward's for the 1024 x 1024 joint ids (512 text
+    rows, a 64 x 64 grid), a 64 x 72 grid and large and negative positions, and the whole model
+    torch.equal to the unpatched one (the site verified at first sight, then run)."""
+    model = diffusers.FluxTransformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=1,
+        joint_attention_dim=32, pooled_projection_dim=16, axes_dims_rope=(16, 56, 56))
+    model = randomize(model).to(torch.bfloat16).to("cuda")
+    gen = torch.Generator().manual_seed(2)
+    inputs = dict(hidden_states=torch.randn(1, 16, 8, generator=gen).to(torch.bfloat16),
+                  encoder_hidden_states=torch.randn(1, 8, 32, generator=gen).to(torch.bfloat16),
+                  pooled_projections=torch.randn(1, 16, generator=gen).to(torch.bfloat16),
+                  timestep=torch.full((1,), 0.5).to(torch.bfloat16), img_ids=flux1_joint_ids(0, 4, 4),
+                  txt_ids=torch.zeros(8, 3), return_dict=False)
+    inputs = {k: v.to("cuda") if torch.is_tensor(v) else v for k, v in inputs.items()}
+    reference = run(model, inputs)
+    cls = type(model.pos_embed)
+    large = flux1_joint_ids(4, 3, 3)
+    large[:, 1] = torch.linspace(-1e5, 1e5, large.shape[0])
+    tables = [flux1_joint_ids(512, 64, 64), flux1_joint_ids(512, 64, 72), large]
+    report = dd.enable(model, sites=["rope_tables"])
+    for ids in tables:
+        ids = ids.to("cuda")
+        got, want = model.pos_embed(ids), cls.forward(model.pos_embed, ids)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        half = ids.to(torch.bfloat16)  # a pipeline's ids: ids.float() inside, as the module converts them
+        assert torch.equal(model.pos_embed(half)[0], cls.forward(model.pos_embed, half)[0])
+    assert torch.equal(run(model, inputs), reference) and torch.equal(run(model, inputs), reference)
+    rope = report["rope_tables (pos_embed)"]
+    assert not rope.reasons and not rope.unfit and rope.fused_calls == 2 * len(tables) + 2, (rope.reasons, rope.unfit)
+    dd.disable(model)

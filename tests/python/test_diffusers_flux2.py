@@ -24,12 +24,13 @@ from test_diffusers import Perturbing  # noqa: E402
 STRICT, CLOSE = "exact", "high"
 OPS = {"qk_norm_rope (dual-stream)": "joint_qknorm_rope", "qk_norm_rope": "qknorm_rope",
        "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
-       "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu"}
+       "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu", "rope_tables (pos_embed)": "rope_tables"}
 
 
 def counts(L, N):
     return {"qk_norm_rope (dual-stream)": L, "qk_norm_rope": N, "adaln_modulate": 4 * L + N + 1,
-            "gated_residual": 4 * L + N, "swiglu (ff)": 2 * L, "swiglu (single block cat)": N}
+            "gated_residual": 4 * L + N, "swiglu (ff)": 2 * L, "swiglu (single block cat)": N,
+            "rope_tables (pos_embed)": 2}  # the image ids' and the text ids' tables
 
 
 def randomize(model, seed=0):
@@ -305,6 +306,46 @@ def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(
         "single_transformer_blocks.0.attn (cat attn + swiglu mlp)", "single_transformer_blocks.1.attn (cat attn + swiglu mlp)"]
 
 
+def test_rope_tables_site_builds_the_image_and_text_tables():
+    """Flux2PosEmbed (model.pos_embed, called for the image ids and the text ids) is the rope_tables
+    site over its axes_dim. Close tier (the op's CPU reference): the tables within a float32 ulp of
+    the module's own forward (2^-10 below it), the model's output within the CPU tests' bound of the
+    unpatched one. Exact tier: on the CPU the reference is close, so the site is unfit and the
+    module's own code runs (the output is the unpatched one)."""
+    model, inputs = tiny_flux2()
+    reference = run(model, inputs)
+    site = dd.plan(model)["rope_tables (pos_embed)"]
+    assert site.op == "rope_tables" and site.places == ["pos_embed (img_ids)", "pos_embed (txt_ids)"]
+    assert "Flux2PosEmbed.forward" in site.chain
+    cls = type(model.pos_embed)
+    ids_list = [ids((1, 5, 7, 1)), ids((1, 1, 1, 300)), torch.tensor([[1e4, -1e4, -3.5, 65535.0]] * 3),
+                torch.randn(6, 5) * 100]  # the last: more columns than axes (the first four are read)
+    report = dd.enable(model, CLOSE, allow_cpu=True, sites=["rope_tables"])
+    for x in ids_list:
+        got, want = model.pos_embed(x), cls.forward(model.pos_embed, x)
+        for a, b in zip(got, want):
+            assert a.dtype == torch.float32 and a.shape == b.shape
+            ulp = torch.ldexp(torch.ones_like(b, dtype=torch.float64),
+                              torch.frexp(b.double().abs().clamp_min(2.0 ** -10))[1] - 24)
+            assert bool(((a.double() - b.double()).abs() <= ulp).all())
+    out = run(model, inputs)
+    rope = report["rope_tables (pos_embed)"]
+    assert rope.fused_calls == len(ids_list) + 2 and not rope.reasons and not rope.unfit
+    diff = float((out.float() - reference.float()).abs().max())
+    print(f"flux2 rope_tables high: max |patched - unpatched| = {diff:.3g}")
+    assert diff <= 0.05 * float(reference.float().abs().max())
+    dd.disable(model)
+
+    report = dd.enable(model, STRICT, allow_cpu=True, sites=["rope_tables"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = run(model, inputs)
+    rope = report["rope_tables (pos_embed)"]
+    assert rope.fused_calls == 0 and len(rope.unfit) == 2  # the image and the text signatures
+    assert all("not bit_exact" in why for why in rope.unfit.values()), rope.unfit
+    assert torch.equal(out, reference)
+
+
 def test_kv_cache_processors_stay_the_model_code():
     """Klein KV's processors (its pipeline installs them) are left as they are, listed under the QK
     sites; the blocks' adaLN and residual sites still serve."""
@@ -328,7 +369,7 @@ def test_kv_cache_processors_stay_the_model_code():
 
 def test_compile_fullgraph_traces_the_ops():
     """After one eager call verified the signatures, the whole tiny forward traces with fullgraph=True
-    (a recording backend: no inductor compile) and the graph holds the five ops."""
+    (a recording backend: no inductor compile) and the graph holds the six ops."""
     model, inputs = tiny_flux2()
     dd.enable(model, CLOSE, allow_cpu=True)
     eager = run(model, inputs)
@@ -347,7 +388,7 @@ def test_compile_fullgraph_traces_the_ops():
     assert torch.equal(compiled, eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
     assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope",
-                    "ditops.residual_gate_add", "ditops.swiglu"], targets
+                    "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"], targets
 
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
@@ -407,7 +448,7 @@ def test_gpu_compile_fullgraph_runs_the_ops():
     print(f"flux2: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
     assert sorted({t for t in targets if t.startswith("ditops.")}) == [
         "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add",
-        "ditops.swiglu"]
+        "ditops.rope_tables", "ditops.swiglu"]
     assert torch.equal(out, again)
     assert torch.isfinite(out).all()
 
@@ -430,4 +471,33 @@ def test_gpu_captured_equals_eager(with_ditops):
     assert not [str(w.message) for w in caught if "ditops" in str(w.message)]
     assert all(torch.equal(a, b) for a, b in zip(outs, reference))
     assert (state.graphs, state.captures, state.replays) == (1, 1, 2)  # eager, capture, 2 replays
+    dd.disable(model)
+
+
+@needs_cuda
+def test_gpu_rope_tables_equal_the_module():
+    """FLUX.2's real axes (32 x 4; theta 2000) on a one-block model of 128-wide heads: the patched
+    pos_embed's tables torch.equal to Flux2PosEmbed.forward's for the 64 x 64 image ids, 512 text ids
+    and large and negative positions, and the whole model torch.equal to the unpatched one."""
+    model = diffusers.Flux2Transformer2DModel(
+        patch_size=1, in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=128, num_attention_heads=1,
+        joint_attention_dim=32, timestep_guidance_channels=32, axes_dims_rope=(32, 32, 32, 32))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = randomize(model).to(torch.bfloat16)
+    _, inputs = tiny_flux2()
+    model, inputs = on_cuda(model, inputs)
+    reference = run(model, inputs)
+    cls = type(model.pos_embed)
+    tables = [ids((1, 64, 64, 1)), ids((1, 1, 1, 512)),
+              torch.stack([torch.linspace(-1e5, 1e5, 40), torch.linspace(1e4, -1e4, 40),
+                           torch.arange(40.0) - 20.5, -torch.arange(40.0)], -1)]
+    report = dd.enable(model, sites=["rope_tables"])
+    for x in tables:
+        x = x.to("cuda")
+        got, want = model.pos_embed(x), cls.forward(model.pos_embed, x)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(run(model, inputs), reference) and torch.equal(run(model, inputs), reference)
+    rope = report["rope_tables (pos_embed)"]
+    assert not rope.reasons and not rope.unfit and rope.fused_calls == len(tables) + 4, (rope.reasons, rope.unfit)
     dd.disable(model)

@@ -12,18 +12,22 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     layernorm_modulate.
   * gated residuals: residual + gate * update (four per double block, one per single block):
     residual_gate_add.
+  * RoPE tables: FluxPosEmbed (model.pos_embed) builds the float32 cos/sin tables of the joint ids
+    [txt; img] with diffusers' get_1d_rotary_pos_embed per column of ids (float64 frequencies,
+    about 13 small kernels per axis): one rope_tables call (rope_tables_mapping, shared with FLUX.2).
 """
 from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
-from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, FluxSingleTransformerBlock,
-                                                            FluxTransformerBlock, _get_qkv_projections)
+from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, FluxPosEmbed,
+                                                            FluxSingleTransformerBlock, FluxTransformerBlock,
+                                                            _get_qkv_projections)
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite
+from ._sites import GatedResidualSite, LayerNormModulateSite, MappedSite, Mapping, OpCall, op_options
 from . import _common
 
 MODEL_CLASS = "FluxTransformer2DModel"
@@ -150,6 +154,92 @@ def single_block_forward(residual: GatedResidualSite):
     return forward
 
 
+# ---------------------------------------------------------------- RoPE tables (FLUX.1 and FLUX.2)
+
+ROPE_MAX_AXES = 4  # rope_tables' axes_dim0..axes_dim3
+
+
+def rope_chain(cls_name: str, axes: str) -> str:
+    return (f"{cls_name}.forward: for each axis a of {axes}, diffusers' get_1d_rotary_pos_embed(axes_dim[a], "
+            "ids.float()[:, a], theta, use_real, repeat_interleave_real, float64 frequencies): "
+            "1.0 / theta ** (arange(0, d, 2, float64) / d), torch.outer with the positions, cos and sin in float64, "
+            "each value twice, .float(); torch.cat over the axes")
+
+
+def _rope_widths(axes_dim) -> str:
+    """'' when every width is what rope_tables takes (even, positive, at most four of them)."""
+    if not 1 <= len(axes_dim) <= ROPE_MAX_AXES:
+        return f"{len(axes_dim)} axes (rope_tables takes 1 to {ROPE_MAX_AXES})"
+    bad = [d for d in axes_dim if int(d) != d or d <= 0 or d % 2]
+    return f"axes_dim {list(axes_dim)}: {bad} not even positive widths" if bad else ""
+
+
+def rope_tables_mapping(module, axes_from_ids: bool) -> Mapping:
+    """The pos_embed module's forward(ids) as one rope_tables call: its axes the module's axes_dim (FLUX.2)
+    or the first ids.shape[-1] of them (FLUX.1, whose forward loops over ids' columns), its theta the
+    module's, read at each call; ids.float() (a no-op for float32 ids) as the model converts them,
+    cos and sin allocated here and written by the op."""
+    if not op_options("rope_tables"):
+        return Mapping(why="this build of ditops has no rope_tables op")
+
+    def widths_of(ids):
+        return list(module.axes_dim[:ids.shape[-1]] if axes_from_ids else module.axes_dim)
+
+    def axes(ids):  # after fit: even positive integers
+        return [int(d) for d in widths_of(ids)]
+
+    def fit(ids):
+        if ids.dim() != 2:
+            return f"ids has {ids.dim()} dims, not [S, A]"
+        if ids.device.type not in ("cpu", "cuda"):
+            return f"ids on {ids.device.type}: the model's frequencies are float32 there"
+        if axes_from_ids and ids.shape[-1] > len(module.axes_dim):
+            return f"ids has {ids.shape[-1]} columns, axes_dim {len(module.axes_dim)} widths"
+        widths = widths_of(ids)
+        if ids.shape[-1] < len(widths):
+            return f"ids has {ids.shape[-1]} columns for {len(widths)} axes"
+        return _rope_widths(widths)
+
+    def call(ids):
+        pos = ids.float()
+        widths = axes(ids)
+        cos = torch.empty(pos.shape[0], sum(widths), dtype=torch.float32, device=pos.device)
+        sin = torch.empty_like(cos)
+        options = {f"axes_dim{a}": (widths[a] if a < len(widths) else 0) for a in range(ROPE_MAX_AXES)}
+        options["theta"] = float(module.theta)
+        return OpCall("rope_tables", (pos, cos, sin), options, lambda _: (cos, sin))
+
+    def signature(ids):  # the module's widths and theta too: attributes a caller may change
+        return str(ids.device), ids.dtype, tuple(ids.shape), tuple(widths_of(ids)), float(module.theta)
+
+    return Mapping(op="rope_tables", fit=fit, signature=signature, call=call)
+
+
+def rope_tables_forward(site: MappedSite, cls):
+    """cls.forward(ids) (FluxPosEmbed / Flux2PosEmbed) through the site: (cos, sin)."""
+
+    def forward(self, ids):
+        return site(lambda i: cls.forward(self, i), ids)
+
+    return forward
+
+
+def patch_pos_embed(plan: Plan, model, cls, places, axes_from_ids: bool) -> None:
+    """The rope_tables site at model.pos_embed (its places: the forward's calls of it), patched where
+    the module is cls itself."""
+    module = getattr(model, "pos_embed", None)
+    if type(module) is cls:
+        why = "" if axes_from_ids else _rope_widths(module.axes_dim)
+        mapping = Mapping(why=why) if why else rope_tables_mapping(module, axes_from_ids)
+    else:
+        mapping = Mapping(why=f"pos_embed is {type(module).__name__}, not {cls.__name__}")
+    site = plan.add_site(MappedSite("rope_tables (pos_embed)", mapping=mapping, outputs=2,
+                                    chain=rope_chain(cls.__name__, "ids' columns" if axes_from_ids else "axes_dim")))
+    site.places += [plan.prefix + f"pos_embed ({p})" for p in places]
+    if site.op is not None:
+        plan.patch_forward("pos_embed", module, rope_tables_forward(site, cls))
+
+
 def plan(model, plan: Plan, probe: bool = False) -> None:
     doubles = [(f"transformer_blocks.{i}", b) for i, b in enumerate(model.transformer_blocks)]
     singles = [(f"single_transformer_blocks.{i}", b) for i, b in enumerate(model.single_transformer_blocks)]
@@ -187,3 +277,4 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
         plan.patch_forward(path, block, single_block_forward(residual))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
+    patch_pos_embed(plan, model, FluxPosEmbed, ["txt_ids + img_ids"], axes_from_ids=True)

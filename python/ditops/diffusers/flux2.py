@@ -21,6 +21,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     for to_out: swiglu, there written straight into the columns [D, D + N) of the concatenation's
     buffer (the attention output copied into [0, D)), so neither the silu / mul intermediates nor
     the cat's second pass over the mlp columns remain.
+  * RoPE tables: Flux2PosEmbed (model.pos_embed, called for the image ids and the text ids) builds
+    the float32 cos/sin tables over its axes_dim with diffusers' get_1d_rotary_pos_embed per axis
+    (float64 frequencies, about 13 small kernels per axis): one rope_tables call each
+    (flux.rope_tables_mapping).
 The KV-cache processors (Flux2KVAttnProcessor, Flux2KVParallelSelfAttnProcessor: Klein KV's
 pipeline installs them) run the model's code; their blocks' adaLN and residual sites still serve
 (a per-token modulation of the KV extract step falls back per call). Under FP8 (_fp8_models.flux2)
@@ -35,7 +39,7 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor, Flux2FeedForward, Flux2Modulation,
-                                                             Flux2ParallelSelfAttnProcessor,
+                                                             Flux2ParallelSelfAttnProcessor, Flux2PosEmbed,
                                                              Flux2SingleTransformerBlock, Flux2SwiGLU,
                                                              Flux2TransformerBlock, _get_qkv_projections)
 
@@ -43,7 +47,7 @@ from ._joint_qk import joint_qk_site
 from ._patching import Plan
 from ._sites import GatedResidualSite, LayerNormModulateSite, MappedSite, Mapping, OpCall
 from . import _common
-from .flux import joint_qk
+from .flux import joint_qk, patch_pos_embed
 
 MODEL_CLASS = "Flux2Transformer2DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_flux2"
@@ -339,3 +343,4 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
         plan.patch_forward(path, block, single_block_forward(adaln, residual))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
+    patch_pos_embed(plan, model, Flux2PosEmbed, ["img_ids", "txt_ids"], axes_from_ids=False)
