@@ -1453,8 +1453,9 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     changes is the glue: inductor fuses the model's own code into its kernels with other
     reductions and roundings, so the output is eager's neither with nor without ditops (FLUX.1-dev
     at full depth: 235767 elements differ from eager, H200 report at bda4c1e; Wan 14B width, 2
-    blocks: compile + ditops differs from compile by up to 0.0156, bench/results/h200/models/wan.json).
-    The measured difference from eager is printed."""
+    blocks: compile + ditops differs from compile by up to 0.0156, bench/results/h200/models/wan.json);
+    it stays within the close tier's bound of eager (5 % of its largest magnitude), and the measured
+    difference is printed."""
     from torch._inductor.compile_fx import compile_fx
     model, inputs = _cuda_tiny(name)
     dd.enable(model)
@@ -1462,10 +1463,12 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     out, again, ours = _compiled_output(model, inputs, compile_fx)
     assert ours == sorted({"ditops." + op for op in OPS[name].values() if op}), ours
     assert torch.equal(out, again)
-    assert torch.isfinite(out).all()
     differ = int((out != eager).sum())
-    print(f"{name}: compiled (inductor) vs eager: {differ} of {out.numel()} elements differ, "
-          f"max |difference| {float((out.float() - eager.float()).abs().max()):.3g}")
+    diff = float((out.float() - eager.float()).abs().max())
+    print(f"{name}: compiled (inductor) vs eager: {differ} of {out.numel()} elements differ, max |difference| {diff:.3g}")
+    # inductor's roundings of the glue, not a different computation: within the close tier's bound
+    # of the eager forward (the unpatched model's bytes, test_gpu_compile_fullgraph_equals_eager)
+    assert diff <= 0.05 * float(eager.float().abs().max())
 
 
 @needs_cuda

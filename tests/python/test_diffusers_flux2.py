@@ -427,7 +427,8 @@ def test_gpu_patched_equals_unpatched(variant, batch):
 def test_gpu_compile_fullgraph_runs_the_ops():
     """Under inductor (fullgraph) the sites stay the ditops custom ops in the graph inductor
     compiles, and the compiled forward gives the same bytes call after call; inductor fuses the
-    model's own glue with other roundings, so its output is not eager's (printed)."""
+    model's own glue with other roundings, so its output is not eager's but within the close tier's
+    bound of it (5 % of its largest magnitude; the difference printed)."""
     from torch._inductor.compile_fx import compile_fx
     model, inputs = on_cuda(*tiny_flux2())
     dd.enable(model)
@@ -445,12 +446,13 @@ def test_gpu_compile_fullgraph_runs_the_ops():
             out, again = (compiled(**inputs)[0] for _ in range(2))
     finally:
         torch._dynamo.reset()
-    print(f"flux2: max |compiled - eager| = {float((out.float() - eager.float()).abs().max()):.3g}")
+    diff = float((out.float() - eager.float()).abs().max())
+    print(f"flux2: max |compiled - eager| = {diff:.3g}")
     assert sorted({t for t in targets if t.startswith("ditops.")}) == [
         "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add",
         "ditops.rope_tables", "ditops.swiglu"]
     assert torch.equal(out, again)
-    assert torch.isfinite(out).all()
+    assert diff <= 0.05 * float(eager.float().abs().max())  # the close tier's bound of eager (the model's bytes)
 
 
 @needs_cuda
