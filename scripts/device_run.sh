@@ -383,6 +383,7 @@ elif [ "$PHASE" = ops ]; then
     grep -v '^MISMATCH' "$OUT/torch.txt" | sed -n "/^---- $op/,\$p" | tail -40
     merge_json "$OUT/bench_cpp.json" "$TMP"/cpp_*.json
     merge_json "$OUT/torch.json" "$TMP"/torch_*.json
+    cp "$TMP/torch_${op}_checks.json" "$OUT/" 2>/dev/null  # the torch.equal records, for bench/results/<device>/checks/
   done
   echo "== summary: ops ctest rc=$CTEST_RC python rc=$PY_RC commit=$COMMIT date=$DATE" | tee -a "$OUT/summary.txt"
 elif [ "$PHASE" = ab ]; then

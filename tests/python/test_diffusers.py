@@ -1452,23 +1452,24 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     custom ops (opaque to inductor), and the compiled forward is deterministic. What compile
     changes is the glue: inductor fuses the model's own code into its kernels with other
     reductions and roundings, so the output is eager's neither with nor without ditops (FLUX.1-dev
-    at full depth: 235767 elements differ from eager, H200 report at bda4c1e; Wan 14B width, 2
-    blocks: compile + ditops differs from compile by up to 0.0156, bench/results/h200/models/wan.json);
-    it stays within the close tier's bound of eager (5 % of its largest magnitude), and the measured
-    difference is printed."""
+    at full depth: 235767 elements differ from eager, H200 report at bda4c1e). The tiny random
+    models amplify those roundings (tiny FLUX.2 in bf16: compile alone is 40 % of the output's norm
+    from eager, in float32 1e-6), so the bound is compile's own: with ditops the compiled output is
+    no further from eager than twice the unpatched model's compiled output is (or 5 % of eager's
+    largest magnitude, the close tier's bound, where that is larger); both differences printed."""
     from torch._inductor.compile_fx import compile_fx
     model, inputs = _cuda_tiny(name)
-    dd.enable(model)
     eager = run(model, inputs)
+    plain, _, _ = _compiled_output(model, inputs, compile_fx)
+    dd.enable(model)
+    assert torch.equal(run(model, inputs), eager)  # the warm-up: first sight runs outside tracing
     out, again, ours = _compiled_output(model, inputs, compile_fx)
     assert ours == sorted({"ditops." + op for op in OPS[name].values() if op}), ours
     assert torch.equal(out, again)
-    differ = int((out != eager).sum())
-    diff = float((out.float() - eager.float()).abs().max())
-    print(f"{name}: compiled (inductor) vs eager: {differ} of {out.numel()} elements differ, max |difference| {diff:.3g}")
-    # inductor's roundings of the glue, not a different computation: within the close tier's bound
-    # of the eager forward (the unpatched model's bytes, test_gpu_compile_fullgraph_equals_eager)
-    assert diff <= 0.05 * float(eager.float().abs().max())
+    diff, plain_diff = (float((o.float() - eager.float()).abs().max()) for o in (out, plain))
+    print(f"{name}: max |compiled - eager| with ditops {diff:.3g} ({int((out != eager).sum())} of {out.numel()} "
+          f"elements differ), without {plain_diff:.3g}")
+    assert diff <= max(2 * plain_diff, 0.05 * float(eager.float().abs().max()))
 
 
 @needs_cuda

@@ -426,33 +426,41 @@ def test_gpu_patched_equals_unpatched(variant, batch):
 @needs_cuda
 def test_gpu_compile_fullgraph_runs_the_ops():
     """Under inductor (fullgraph) the sites stay the ditops custom ops in the graph inductor
-    compiles, and the compiled forward gives the same bytes call after call; inductor fuses the
-    model's own glue with other roundings, so its output is not eager's but within the close tier's
-    bound of it (5 % of its largest magnitude; the difference printed)."""
+    compiles, and the compiled forward gives the same bytes call after call. Inductor fuses the
+    model's own glue with other roundings, which this tiny random model amplifies (compile alone,
+    bf16: 1.27 from eager at a largest magnitude of 3.2, 40 % of the norm; float32: 4e-6), so the
+    bound is compile's own: with ditops no further from eager than twice the unpatched model's
+    compiled output (or the close tier's 5 % of eager's largest magnitude where that is larger)."""
     from torch._inductor.compile_fx import compile_fx
     model, inputs = on_cuda(*tiny_flux2())
-    dd.enable(model)
-    eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
-    targets = []
+    eager = run(model, inputs)
 
-    def recording(gm, example_inputs):
-        targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
-        return compile_fx(gm, example_inputs)
+    def compiled_twice():
+        targets = []
 
-    torch._dynamo.reset()
-    try:
-        with torch.no_grad():
-            compiled = torch.compile(model, fullgraph=True, backend=recording)
-            out, again = (compiled(**inputs)[0] for _ in range(2))
-    finally:
+        def recording(gm, example_inputs):
+            targets.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+            return compile_fx(gm, example_inputs)
+
         torch._dynamo.reset()
-    diff = float((out.float() - eager.float()).abs().max())
-    print(f"flux2: max |compiled - eager| = {diff:.3g}")
-    assert sorted({t for t in targets if t.startswith("ditops.")}) == [
-        "ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add",
-        "ditops.rope_tables", "ditops.swiglu"]
+        try:
+            with torch.no_grad():
+                compiled = torch.compile(model, fullgraph=True, backend=recording)
+                out, again = (compiled(**inputs)[0] for _ in range(2))
+        finally:
+            torch._dynamo.reset()
+        return out, again, sorted({t for t in targets if t.startswith("ditops.")})
+
+    plain, _, _ = compiled_twice()
+    dd.enable(model)
+    assert torch.equal(run(model, inputs), eager)  # the warm-up: first sight runs outside tracing
+    out, again, ours = compiled_twice()
+    diff, plain_diff = (float((o.float() - eager.float()).abs().max()) for o in (out, plain))
+    print(f"flux2: max |compiled - eager| with ditops {diff:.3g}, without {plain_diff:.3g}")
+    assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope",
+                    "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"]
     assert torch.equal(out, again)
-    assert diff <= 0.05 * float(eager.float().abs().max())  # the close tier's bound of eager (the model's bytes)
+    assert diff <= max(2 * plain_diff, 0.05 * float(eager.float().abs().max()))
 
 
 @needs_cuda

@@ -193,7 +193,9 @@ void register_rope_tables(Registry& registry) {
       "eager PyTorch on CUDA: diffusers' FluxPosEmbed / Flux2PosEmbed chain (ditops.eager.rope_tables: "
       "arange(0, d, 2, float64) / d, theta ** it, 1.0 / it, torch.outer with the float32 positions, cos and sin "
       "in float64, repeat_interleave(2), .float(), cat over the axes)";
-  add_jit<Kernels>(registry, {.contract = Contract::bit_exact(eager).unverified("compiled, not run on a GPU yet"),
+  add_jit<Kernels>(registry, {.contract = Contract::bit_exact(eager).verified(
+                                  "H100 (sm_90) at 98b332f: torch.equal to the eager chain in 30 of 30 calls "
+                                  "(FLUX.1 joint 4608, FLUX.2 image 4096 and text 512), graph replays equal"),
                               .description = "a thread per (row, rotary pair): CUDA's double pow, cos and sin, "
                                              "each value stored twice in cos and in sin; NVRTC at first use"});
   add_reference<Kernels>(
