@@ -19,6 +19,7 @@ import ditops  # noqa: E402
 import ditops.diffusers as dd  # noqa: E402
 from ditops.diffusers import _common, _sites, qwenimage  # noqa: E402
 from ditops.diffusers.bench import cast_like_from_pretrained  # noqa: E402
+from ditops.diffusers._patching import only_ditops_hooks  # noqa: E402
 
 
 HEAD_DIM = 64  # qknorm_rope's smallest head dim
@@ -100,8 +101,9 @@ def tiny_wan(dtype=torch.bfloat16, batch=1, per_token_timestep=False, fused_qkv=
                   encoder_hidden_states=torch.randn(batch, 8, 32, generator=gen).to(dtype), return_dict=False)
     L = model.config.num_layers
     # norm2 and norm3 each with the residual before it in one call: norm2's own site and the attn1
-    # residual have no place left (they serve those places where the fused sites do not run)
-    counts = {"qk_norm_rope (self-attn)": L, "qk_norm_rope (text cross-attn)": L, "adaln_modulate": L,
+    # residual have no place left (they serve those places where the fused sites do not run);
+    # adaln_modulate: each block's norm1 and the model's norm_out
+    counts = {"qk_norm_rope (self-attn)": L, "qk_norm_rope (text cross-attn)": L, "adaln_modulate": L + 1,
               "adaln_modulate (norm2)": 0, "gated_residual": L, "adaln_modulate (residual + norm2)": L,
               "adaln_modulate (residual + norm3)": L}
     return model, inputs, counts
@@ -1003,7 +1005,9 @@ def test_wan_residual_norm_sites_equal_the_model(form, monkeypatch):
         warnings.simplefilter("ignore", RuntimeWarning)  # the QK sites: a close CPU reference, unfit
         first, second = run(model, inputs), run(model, inputs)
     assert torch.equal(first, reference) and torch.equal(second, reference)
-    assert "forward" not in model.__dict__  # the blocks' forwards are replaced, not the model's
+    assert only_ditops_hooks(model)  # the model's forward through ditops's hook (norm_out), as the blocks'
+    adaln = report["adaln_modulate"]
+    assert adaln.places[-1] == "norm_out" and adaln.fused_calls == 2 * len(adaln.places)  # norm_out's too
     for name in WAN_FUSED:
         assert_runs_verified(report[name], forwards=2)
         assert len(report[name].places) == counts[name]
@@ -1028,6 +1032,7 @@ def test_wan_residual_norm_sites_equal_the_model(form, monkeypatch):
     assert kw.get("gate") is None and args[1].dtype == torch.float32  # the add, then the modulation
     dd.disable(model)
     assert "forward" not in model.__dict__ and "_diffusers_hook" not in model.__dict__
+    assert "forward" not in model.__dict__ and "_diffusers_hook" not in model.__dict__
     assert torch.equal(run(model, inputs), reference)
 
 
@@ -1044,7 +1049,7 @@ def test_wan_fused_sites_need_their_classes_and_hand_their_places_back(monkeypat
     assert fused.classes == ("adaln_modulate", "gated_residual") and not fused.active and fused.places == []
     assert len(report["adaln_modulate (norm2)"].places) == L and len(report["gated_residual"].places) == 2 * L
     assert len(report["adaln_modulate (residual + norm3)"].places) == L and report["adaln_modulate"].places == [
-        "blocks.0.norm1", "blocks.1.norm1"]
+        "blocks.0.norm1", "blocks.1.norm1", "norm_out"]
     report = dd.enable(model, STRICT, allow_cpu=True, sites=["adaln_modulate"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -1055,7 +1060,7 @@ def test_wan_fused_sites_need_their_classes_and_hand_their_places_back(monkeypat
     dd.disable(model)
 
     report = dd.plan(model, sites=["gated_residual"])
-    assert not report["adaln_modulate (residual + norm3)"].places and len(report["adaln_modulate"].places) == 2 * L
+    assert not report["adaln_modulate (residual + norm3)"].places and len(report["adaln_modulate"].places) == 2 * L + 1
 
     monkeypatch.setattr(wan, "_residual_form", lambda: False)  # an op table without the residual form
     report = dd.enable(model, STRICT, allow_cpu=True)
@@ -1065,7 +1070,7 @@ def test_wan_fused_sites_need_their_classes_and_hand_their_places_back(monkeypat
     for name in WAN_FUSED:
         assert report[name].op is None and "residual form" in report[name].why and not report[name].places
     assert {n: report[n].fused_calls for n in ("adaln_modulate", "adaln_modulate (norm2)", "gated_residual")} == {
-        "adaln_modulate": 2 * L, "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
+        "adaln_modulate": 2 * L + 1, "adaln_modulate (norm2)": L, "gated_residual": 2 * L}
 
 
 def test_wan_residual_norm_mappings_fit_wans_tensors():

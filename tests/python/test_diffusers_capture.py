@@ -482,6 +482,46 @@ def test_enable_after_capture_forgets_the_graphs(standin):
     dd.disable(model)
 
 
+@pytest.mark.parametrize("order", ["enable_with_graph", "capture_then_enable", "enable_then_capture"])
+def test_a_model_whose_own_forward_enable_patches_is_captured_through_the_hook(standin, order):
+    """Wan: enable patches the model's own forward (norm_out's modulation, through ditops's diffusers
+    hook). The capture wraps that hook in every order of capture and enable: a capture made before
+    steps aside while enable patches and stays the same object; capture after enable is not refused
+    as a replaced forward; every forward (eager, capture, replays) runs the sites at norm_out too;
+    disable restores the model exactly."""
+    model, inputs, _ = TINY["wan"]()
+    before = snapshot(model)
+    steps = [varied(inputs, i) for i in range(4)]
+    reference = [run(model, s) for s in steps]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # CPU: the close references are unfit
+        if order == "enable_with_graph":
+            report = dd.enable(model, allow_cpu=True, cuda_graph=True)
+            state = report.graphs["WanTransformer3DModel"]
+        elif order == "capture_then_enable":
+            state = dd.capture(model)["WanTransformer3DModel"]
+            report = dd.enable(model, allow_cpu=True, cuda_graph=True)
+            assert report.graphs["WanTransformer3DModel"] is state
+        else:
+            report = dd.enable(model, allow_cpu=True)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no "forward is already replaced"
+                state = dd.capture(model)["WanTransformer3DModel"]
+        assert dd.captured(model) is state and state.original is model._diffusers_hook.hooks["ditops.diffusers"].wrapper
+        outs = [run(model, s) for s in steps]
+    assert all(torch.equal(got, want) for got, want in zip(outs, reference))
+    assert (state.eager_calls, state.captures, state.replays) == (1, 1, 2)
+    # norm_out ran in every forward the blocks ran (eager, the stand-in's warm-up and capture, replays):
+    # adaLN's calls per place equal those of the ffn's gated residual, which the blocks make
+    adaln, residual = report["adaln_modulate"], report["gated_residual"]
+    assert adaln.places[-1] == "norm_out"
+    calls = [(s.fused_calls + s.model_calls) / len(s.places) for s in (adaln, residual)]
+    assert calls[0] == calls[1] >= 5, calls
+    dd.disable(model)
+    assert dd.captured(model) is None
+    assert_same(before, snapshot(model))
+
+
 def test_pipeline_parts_and_install_refusals(standin):
     model, inputs, _ = small_flux()
     second, _, _ = small_flux()

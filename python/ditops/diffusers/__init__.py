@@ -347,6 +347,11 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
                                   allow_cpu=allow_cpu, fp8=fp8)
     for _, model in parts:
         _graphs.forget(model)  # a capture's regions leave the blocks' forwards before the plan changes them
+    # A capture made before steps aside while the plan patches (a model's own forward, Wan's, goes
+    # through ditops's hook) and then wraps the forward as it is.
+    lifted = [state for state in (_graphs.captured(model) for _, model in parts) if state is not None]
+    for state in lifted:
+        state.lift()
     done = []
     try:
         for plan_ in plans:
@@ -356,6 +361,9 @@ def _enable(model_or_pipeline, quality, sites, probe, allow_cpu, cuda_graph, max
         for plan_ in reversed(done):
             plan_.restore()
         raise
+    finally:
+        for state in lifted:
+            state.reseat()
     report.patched = True
     for (_, model), plan_ in zip(parts, plans):
         invalidate_registry_caches(model)

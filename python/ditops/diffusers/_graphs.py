@@ -444,7 +444,7 @@ class CapturedForward:
         self.name = name or type(model).__name__
         self.max_graphs = int(max_graphs)
         self.backend = backend
-        # A region's original is the block's forward as it is (enable's diffusers hook, if any).
+        # A region's or a model's original is its forward as it is (enable's diffusers hook, if any).
         self.original = original or type(model).forward.__get__(model, type(model))
         self._previous = model.__dict__.get("forward")  # what uninstall puts back
         self._graph_refusal, self._graph_constants = _model_hooks(model)
@@ -476,6 +476,23 @@ class CapturedForward:
     # ------------------------------------------------------------ install / release
     def install(self):
         self.model.forward = self.installed
+
+    def lift(self):
+        """Takes the capture off the model (its forward is what it was before the capture) while
+        enable or disable changes the model's code underneath; reseat puts it back."""
+        if self.model.__dict__.get("forward") is self.installed:
+            if self._previous is None:
+                del self.model.forward
+            else:
+                self.model.forward = self._previous
+
+    def reseat(self):
+        """The capture back on the model, over its forward as it is now: the class's, or ditops's
+        hook where enable patched the model's own forward (e.g. Wan's norm_out)."""
+        own = self.model.__dict__.get("forward")
+        self.original = own if own is not None else type(self.model).forward.__get__(self.model, type(self.model))
+        self._previous = own
+        self.install()
 
     def uninstall(self) -> str:
         with self._lock:
@@ -924,7 +941,7 @@ def _install_locked(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureR
             report.parts[name] = existing
             continue
         own = model.__dict__.get("forward")
-        if own is not None:
+        if own is not None and not only_ditops_hooks(model):
             why = (f"its forward is already replaced by {_describe_forward(model)}; a capture would hide "
                    "it, so the model runs as it is")
             report.refused[name] = why
@@ -937,7 +954,8 @@ def _install_locked(model_or_pipeline, max_graphs: int, reuse: bool) -> CaptureR
                           f"ditops.diffusers tests ({', '.join(SUPPORTED_MODELS)}); it is captured on the "
                           "assumption that its forward depends on its arguments and weights only",
                           RuntimeWarning, stacklevel=4)
-        state = CapturedForward(model, name, max_graphs, BACKEND)
+        # Over ditops's hook where enable patched the model's own forward (the hook chain runs).
+        state = CapturedForward(model, name, max_graphs, BACKEND, original=model.__dict__.get("forward"))
         state.install()
         report.parts[name] = state
     return report

@@ -234,7 +234,9 @@ class Plan:
         return site
 
     def patch_forward(self, path, module, forward):
-        self.patches.append(_ForwardPatch(self.prefix + path, module, forward))
+        """path '': the model's own forward."""
+        path = self.prefix + path if path else (self.prefix.rstrip(".") or type(module).__name__)
+        self.patches.append(_ForwardPatch(path, module, forward))
 
     def patch_processor(self, path, attn, processor):
         self.patches.append(_ProcessorPatch(self.prefix + path, attn, processor))

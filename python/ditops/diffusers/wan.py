@@ -23,13 +23,18 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     residual then norm2 (affine), and attn2's plain residual add then norm3 with the modulation.
     The model rounds the new residual with .type_as and the norm reads that rounded value
     (.float() of it), which is what the op's residual_out and statistics are: one rounding each.
-norm_out's modulation is written inline in WanTransformer3DModel.forward (one call per forward):
-the model's code.
+  * norm_out's modulation, written inline in WanTransformer3DModel.forward (once per forward: about
+    0.3 ms at 4608 tokens of Wan 14B's width on an H100, 3 % of the 2-block bench): the model's
+    forward through ditops's hook (model_forward, the same steps in the same order), with norm_out
+    a place of the adaLN site (the blocks' chain with the model-level table's chunks). Gradient
+    checkpointing runs the model's own forward.
 """
 from __future__ import annotations
 
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+from diffusers.utils import apply_lora_scale
 from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, WanTransformerBlock,
                                                            _get_added_kv_projections, _get_qkv_projections)
 
@@ -431,6 +436,49 @@ def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite, re
     return forward
 
 
+# ---------------------------------------------------------------- the model
+
+
+def model_forward(adaln: MappedSite):
+    """WanTransformer3DModel.forward (diffusers 0.42.1) with norm_out's modulation through the
+    adaLN site: the patch embedding, the condition embedder and the blocks as the model calls
+    them, then norm_out and proj_out and the unpatchify."""
+
+    @apply_lora_scale("attention_kwargs")
+    def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+                return_dict=True, attention_kwargs=None):
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            return type(self).forward.__wrapped__(self, hidden_states, timestep, encoder_hidden_states,
+                                                  encoder_hidden_states_image, return_dict, attention_kwargs)
+        batch, _, frames, height, width = hidden_states.shape
+        p_t, p_h, p_w = self.config.patch_size
+        grid = (frames // p_t, height // p_h, width // p_w)
+        rotary_emb = self.rope(hidden_states)
+        hidden_states = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+        per_token = timestep.ndim == 2  # Wan 2.2 TI2V: a timestep per token
+        temb, timestep_proj, encoder_hidden_states, encoder_hidden_states_image = self.condition_embedder(
+            timestep.flatten() if per_token else timestep, encoder_hidden_states, encoder_hidden_states_image,
+            timestep_seq_len=timestep.shape[1] if per_token else None)
+        timestep_proj = timestep_proj.unflatten(2 if per_token else 1, (6, -1))
+        if encoder_hidden_states_image is not None:
+            encoder_hidden_states = torch.concat([encoder_hidden_states_image, encoder_hidden_states], dim=1)
+        for block in self.blocks:
+            hidden_states = block(hidden_states, encoder_hidden_states, timestep_proj, rotary_emb)
+
+        if temb.ndim == 3:
+            shift, scale = (self.scale_shift_table.unsqueeze(0).to(temb.device) + temb.unsqueeze(2)).chunk(2, dim=2)
+            shift, scale = shift.squeeze(2), scale.squeeze(2)
+        else:
+            shift, scale = (self.scale_shift_table.to(temb.device) + temb.unsqueeze(1)).chunk(2, dim=1)
+        shift, scale = shift.to(hidden_states.device), scale.to(hidden_states.device)
+        hidden_states = self.proj_out(adaln(adaln_chain, hidden_states, self.norm_out, scale, shift))
+        hidden_states = hidden_states.reshape(batch, *grid, p_t, p_h, p_w, -1)
+        output = hidden_states.permute(0, 7, 1, 4, 2, 5, 3, 6).flatten(6, 7).flatten(4, 5).flatten(2, 3)
+        return Transformer2DModelOutput(sample=output) if return_dict else (output,)
+
+    return forward
+
+
 def plan(model, plan: Plan, probe: bool = False) -> None:
     qk_self = plan.add_site(_common.cross_head_qk_site("qk_norm_rope (self-attn)", "interleaved",
                                                        QK_SELF_CHAIN))
@@ -466,3 +514,6 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             residual.places.append(f"{at} (attn1)")
         residual.places.append(f"{at} (ffn)")
         plan.patch_forward(path, block, block_forward(adaln, norm2, residual, residual_norm2, add_norm3))
+    if type(model.norm_out).__name__ == "FP32LayerNorm":
+        adaln.places.append(plan.prefix + "norm_out")
+        plan.patch_forward("", model, model_forward(adaln))
