@@ -1,7 +1,9 @@
 #include "core/device.h"
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace ditops {
 
@@ -11,9 +13,16 @@ namespace {
 thread_local const DeviceInfo* t_simulated = nullptr;  // SimulatedDeviceScope
 MachineQuery g_machine;  // installed by src/jit at load time, read after
 
+// DITOPS_PDL=0: launch without programmatic dependent launch (an A/B of its effect on the kernels
+// around ours, e.g. a cuBLAS GEMM that triggers its dependents early). Read once per device.
+bool pdl_allowed() {
+  const char* v = std::getenv("DITOPS_PDL");
+  return !(v && (std::string(v) == "0" || std::string(v) == "off"));
+}
+
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;
-  if (sm >= 90) features |= kFeaturePdl;
+  if (sm >= 90 && pdl_allowed()) features |= kFeaturePdl;
   if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
   if (g_machine.nvrtc && g_machine.nvrtc()) features |= kFeatureNvrtc;
   return features;
