@@ -29,6 +29,7 @@ import torch
 
 import ditops as _ditops
 from . import Error, NoImplementation, _ENV_STREAM, _call, _codegen
+from ._gate import Gate
 from .eager import fallback_outputs, qknorm_rope_eager
 
 _qknorm_rope_explain = _ditops._EXPLAIN["qknorm_rope"]
@@ -182,51 +183,8 @@ def fused_qknorm_rope_enabled() -> bool:
     return os.environ.get(KILL_SWITCH, "1").strip().lower() not in _FALSY
 
 
-class BitExactGate:
-    """Once-per-signature verification of a bit_exact fused path against its eager chain.
-
-    A signature is the tuple of everything that selects a different kernel (dtypes, head dim,
-    rope dim, pairing, cache layout, head counts, device). States: unverified -> verified (the
-    outputs were torch.equal) or disabled (they were not, or the fused call failed). Several
-    threads may check one signature at once: disabled wins (a signature one thread found unequal
-    never becomes verified) and warns once."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.verified: set = set()
-        self.disabled: dict = {}  # signature -> why
-        self._lock = threading.Lock()
-
-    def state(self, sig) -> str:
-        if sig in self.disabled:
-            return "disabled"
-        return "verified" if sig in self.verified else "unverified"
-
-    def verify(self, sig) -> bool:
-        """Marks sig verified unless it is disabled; whether it now is verified."""
-        with self._lock:
-            if sig in self.disabled:
-                return False
-            self.verified.add(sig)
-            return True
-
-    def disable(self, sig, why: str) -> None:
-        with self._lock:
-            first = sig not in self.disabled
-            if first:
-                self.disabled[sig] = why
-            self.verified.discard(sig)
-        if first:
-            warnings.warn(f"ditops: disabling the fused {self.name} path for {sig}: {why}; "
-                          "using the eager chain", RuntimeWarning, stacklevel=3)
-
-    def reset(self) -> None:
-        with self._lock:
-            self.verified.clear()
-            self.disabled.clear()
-
-
-_QKNORM_ROPE_GATE = BitExactGate("qknorm_rope")
+# The self-check's per-signature states (ditops._gate: the mechanism the diffusers sites use too).
+_QKNORM_ROPE_GATE = Gate()
 # signature -> "" when a CUDA implementation would run it, else the dispatcher's reason.
 _QKNORM_ROPE_CAPABLE: dict = {}
 
@@ -237,6 +195,11 @@ def reset_gates() -> None:
     _QKNORM_ROPE_GATE.reset()
     _QKNORM_ROPE_CAPABLE.clear()
     _FALLBACK_WARNED.clear()
+
+
+def _disable_qknorm_rope(sig, why: str) -> None:
+    _QKNORM_ROPE_GATE.disable(sig, why, f"ditops: disabling the fused qknorm_rope path for {sig}: {why}; "
+                              "using the eager chain", stacklevel=3)  # apply_qk_norm_rope's caller
 
 
 def _tracing_or_capturing(device: torch.device) -> bool:
@@ -352,7 +315,7 @@ def qk_norm_rope_gate(q, k, q_weight, k_weight, cos_sin_cache, positions=None, *
                          (norm_order, norm_weight_rounding))
         state = _QKNORM_ROPE_GATE.state(sig)
         if state == "disabled":
-            return "disabled by the self-check: " + _QKNORM_ROPE_GATE.disabled[sig]
+            return "disabled by the self-check: " + _QKNORM_ROPE_GATE.reasons[sig]
         if state == "unverified" and _tracing_or_capturing(dev):
             return "not yet verified (the self-check never runs while tracing or capturing)"
     # 4. capability
@@ -432,7 +395,7 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
     try:
         fused()
     except Error as e:
-        _QKNORM_ROPE_GATE.disable(sig, f"the fused call failed: {e}")
+        _disable_qknorm_rope(sig, f"the fused call failed: {e}")
         return ref_q.view(q.shape), ref_k.view(k.shape)
     if torch.equal(q3, ref_q) and torch.equal(k3, ref_k):
         if not _QKNORM_ROPE_GATE.verify(sig):  # another thread's check of sig differed meanwhile
@@ -440,8 +403,8 @@ def apply_qk_norm_rope(q, k, q_weight, k_weight, cos_sin_cache, positions=None, 
             k3.copy_(ref_k)
     else:
         differ = int((q3 != ref_q).sum()) + int((k3 != ref_k).sum())
-        _QKNORM_ROPE_GATE.disable(sig, f"{differ} of {q3.numel() + k3.numel()} elements differ "
-                                       "from the eager chain")
+        _disable_qknorm_rope(sig, f"{differ} of {q3.numel() + k3.numel()} elements differ "
+                                  "from the eager chain")
         # Keep the in-place contract: q and k hold the eager chain's values.
         q3.copy_(ref_q)
         k3.copy_(ref_k)

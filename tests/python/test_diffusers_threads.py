@@ -247,17 +247,20 @@ def test_a_disabled_signature_stays_disabled(monkeypatch):
     assert got is ref and site.states[sig] == _sites.DISABLED
     assert site.fused_calls == 0 and site.model_calls == 2
 
-    gate = dt.BitExactGate("op")
-    with pytest.warns(RuntimeWarning, match="disabling the fused op path"):
-        gate.disable("sig", "differ")
-    assert not gate.verify("sig") and gate.state("sig") == "disabled"
-    assert gate.verify("other") and gate.state("other") == "verified"
-    with pytest.warns(RuntimeWarning):
-        gate.disable("other", "a later check differed")
-    assert gate.state("other") == "disabled" and "other" not in gate.verified
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        gate.disable("other", "again")  # warned once per signature
+    gate = dt._QKNORM_ROPE_GATE  # ditops.torch's self-check: the same mechanism (ditops._gate)
+    try:
+        with pytest.warns(RuntimeWarning, match="disabling the fused qknorm_rope path"):
+            dt._disable_qknorm_rope("sig", "differ")
+        assert not gate.verify("sig") and gate.state("sig") == "disabled"
+        assert gate.verify("other") and gate.state("other") == "verified"
+        with pytest.warns(RuntimeWarning):
+            dt._disable_qknorm_rope("other", "a later check differed")
+        assert gate.state("other") == "disabled" and gate.reasons["other"] == "a later check differed"
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            dt._disable_qknorm_rope("other", "again")  # warned once per signature
+    finally:
+        dt.reset_gates()
 
 
 def test_enable_from_two_threads_patches_once(monkeypatch):

@@ -193,7 +193,7 @@ def test_self_check_verifies_on_the_device():
     rq, rk = qknorm_rope_eager(q, k, wq, wk, cache, pos, 128, True, 1e-6)
     qo, ko = dt.apply_qk_norm_rope(q, k, wq, wk, cache, pos, eps=1e-6, is_neox=True)
     sig = dt._signature(q, k, cache, pos.dtype, 128, True, False)
-    assert dt._QKNORM_ROPE_GATE.state(sig) == "verified", dt._QKNORM_ROPE_GATE.disabled
+    assert dt._QKNORM_ROPE_GATE.state(sig) == "verified", dt._QKNORM_ROPE_GATE.reasons
     assert qo is q and torch.equal(q, rq) and torch.equal(k, rk)
 
 

@@ -36,15 +36,15 @@ import torch
 
 import ditops
 from ditops import Error
+# Signature states: verified (the op runs), disabled (first sight failed: warned), unfit (the
+# dispatcher has no implementation for it that may run here), unverified (not seen yet). Kept by
+# ditops._gate, the mechanism ditops.torch's self-check shares; callers read them as _sites.*.
+from ditops._gate import DISABLED, UNFIT, UNVERIFIED, VERIFIED, Gate  # noqa: F401
 from ditops.torch import _token_rows, _tracing_or_capturing
 
 # The custom ops the sites call (a module attribute: tests substitute a namespace that perturbs
 # or fails them to drive the fallback paths).
 ops = torch.ops.ditops
-
-# Signature states: verified (the op runs), disabled (first sight failed: warned), unfit (the
-# dispatcher has no implementation for it that may run here), unverified (not seen yet).
-VERIFIED, DISABLED, UNFIT, UNVERIFIED = "verified", "disabled", "unfit", "unverified"
 
 # The core's tiers (docs/quality.md): exact, the default, admits only bit_exact implementations.
 TIERS = ("exact", "lossless", "high")
@@ -116,16 +116,19 @@ class Site:
         self.selected = True
         self.quality = None               # the tier passed to the op (enable sets it)
         self.exact = True                 # first sight requires torch.equal
-        self.states: dict = {}            # signature -> VERIFIED / DISABLED / UNFIT
-        self.reasons: dict = {}           # disabled signature -> why
-        self.unfit: dict = {}             # unfit signature -> why
+        self.gate = Gate()                # states, reasons (disabled), unfit: first sight's results
         self.differences: dict = {}       # signature -> (differing elements, max |difference|)
         self.implementations: dict = {}   # signature -> the implementation the dispatcher chose
         self.fused_calls = 0
         self.model_calls = 0
         self.fallbacks: Counter = Counter()   # reason -> calls that ran the model's code
         self._warned: set = set()
-        self._lock = threading.Lock()          # the counters and states above
+        self._lock = self.gate.lock            # the counters above and the gate's states
+
+    # the gate's dicts under the names the report and callers read
+    states = property(lambda self: self.gate.states)    # signature -> VERIFIED / DISABLED / UNFIT
+    reasons = property(lambda self: self.gate.reasons)  # disabled signature -> why
+    unfit = property(lambda self: self.gate.unfit)      # unfit signature -> why
 
     # ------------------------------------------------------------ description
     @property
@@ -178,9 +181,7 @@ class Site:
     def reset(self) -> None:
         """Forget the first-sight results and the counters."""
         with self._lock:
-            self.states.clear()
-            self.reasons.clear()
-            self.unfit.clear()
+            self.gate.reset()
             self.differences.clear()
             self.implementations.clear()
             self.fused_calls = self.model_calls = 0
@@ -206,15 +207,9 @@ class Site:
 
     def _disable(self, sig, why: str) -> None:
         """sig disabled for good (one warning), its call counted as the model's."""
-        with self._lock:
-            first = self.states.get(sig) != DISABLED
-            if first:
-                self.states[sig] = DISABLED
-                self.reasons[sig] = why
-            self.model_calls += 1
-        if first:
-            warnings.warn(f"ditops.diffusers: disabling {self.op} at {self.name} for {sig}: {why}; "
-                          "the model's code runs there", RuntimeWarning, stacklevel=4)
+        self._count_model_call()  # before the warning, which may raise (warnings as errors)
+        self.gate.disable(sig, why, f"ditops.diffusers: disabling {self.op} at {self.name} for {sig}: "
+                          f"{why}; the model's code runs there", stacklevel=4)  # the site's caller
 
     def run(self, why_not: str, sig, device, fused, reference, explain):
         """Outputs (a tuple of tensors) of the op or of the model's chain, as decided above.
@@ -227,7 +222,7 @@ class Site:
         if why_not:
             self._fall_back(why_not)
             return reference()
-        state = self.states.get(sig, UNVERIFIED)
+        state = self.gate.state(sig)
         if state == VERIFIED:
             if torch.compiler.is_compiling() or _tracing_or_capturing(device):
                 return fused()
@@ -265,10 +260,7 @@ class Site:
                 # chain is the better fallback in the bit-exact tier
                 why = f"{report.chosen} would run, whose contract is {_contract(report.chosen)}, not bit_exact"
         if why:
-            with self._lock:
-                if self.states.get(sig) != DISABLED:
-                    self.states[sig] = UNFIT
-                    self.unfit[sig] = why
+            self.gate.mark_unfit(sig, why)
             self._fall_back(why)
             return reference()
         with self._lock:
@@ -298,15 +290,12 @@ class Site:
             self._disable(sig, f"{differing} of {total} elements differ from the model's chain "
                                f"(max |difference| {largest:.3g})")
             return ref
+        if not self.gate.verify(sig):  # another thread's first sight of it differed
+            self._count_model_call()
+            return ref
         with self._lock:
-            if self.states.get(sig) == DISABLED:  # another thread's first sight of it differed
-                self.model_calls += 1
-                verified = False
-            else:
-                self.states[sig] = VERIFIED
-                self.fused_calls += 1
-                verified = True
-        return out if verified else ref
+            self.fused_calls += 1
+        return out
 
 
 # ---------------------------------------------------------------- per-head QK RMSNorm + RoPE
