@@ -15,6 +15,7 @@
 #                quality loop (at 2670cc6 on the H100 without torchao: 57 s; with it at e59a09c: 283 s)
 #   flux, wan    issue 44's 2-block benches at the bench's shapes (4608 tokens; Wan at 14B widths), the
 #                six bf16 variants (at e59a09c on the H100: 70 and 45 s)
+#   qwen, ltx2, hunyuan  the other models' 2-block benches at the bench's shapes (issue 44)
 #   wan32k       Wan 14B widths, 2 blocks, 32760 tokens, bf16 only: eager, compile, eager + ditops + graph
 #   wan_full     Wan 14B widths at full depth (40 blocks), 4608 tokens, regional compile, bf16 only
 # Uses build-dev (scripts/device_run.sh's build) when it has the Python module, else builds the module
@@ -74,6 +75,9 @@ declare -A CMD=(
   [flux2_fp8]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 8 --variants eager,compile,fp8chain,fp8,fp8+graph,fp8+compile,torchao+compile"
   [flux]="$B --model flux --blocks 2"
   [wan]="$B --model wan --blocks 2"
+  [qwen]="$B --model qwen --blocks 2"
+  [ltx2]="$B --model ltx2 --blocks 2"
+  [hunyuan]="$B --model hunyuan --blocks 2"
   [wan32k]="$B --model wan --blocks 2 --tokens 32760 --iters 10 --variants eager,compile,eager+ditops+graph"
   [wan_full]="$B --model wan --full-depth --iters 5 --profile-iters 1 --variants eager,compile,eager+ditops+graph"
 )
