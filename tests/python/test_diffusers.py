@@ -158,8 +158,10 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
                   pooled_projections=torch.randn(batch, 16, generator=gen).to(dtype),
                   guidance=torch.full((batch,), 3.5).to(dtype), return_dict=False)
     L, N = model.config.num_layers, model.config.num_single_layers
-    counts = {"qk_norm_rope": L, "qk_norm_rope (text stream)": L, "qk_norm_rope (single blocks)": N,
-              "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
+    # the double blocks' QK of both streams in one dual-stream call: the per-stream sites serve them
+    # only where that site is not mapped
+    counts = {"qk_norm_rope": 0, "qk_norm_rope (text stream)": 0, "qk_norm_rope (single blocks)": N,
+              "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
     return model, inputs, counts
 
 
@@ -179,7 +181,7 @@ OPS = {
             "gated_residual": "residual_gate_add", "adaln_modulate (residual + norm2)": "norm_scale_shift",
             "adaln_modulate (residual + norm3)": "norm_scale_shift"},
     "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
-                "qk_norm_rope (single blocks)": "qknorm_rope",
+                "qk_norm_rope (single blocks)": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",

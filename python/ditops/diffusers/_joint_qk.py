@@ -1,5 +1,5 @@
 """The dual-stream QK site: per-stream QK norm + RoPE and the joint [text; image] q, k, v of a double
-block's attention in one joint_qknorm_rope call (FLUX.1, FLUX.2), where the model normalizes each
+block's attention in one joint_qknorm_rope call (FLUX.1, FLUX.2, HunyuanVideo), where the model normalizes each
 stream, concatenates q, k and v, and rotates the joint rows. The op writes fresh joint buffers, so
 the model's three torch.cat calls disappear; its values are the chain's (qknorm_rope's numerics per
 head, docs/joint_qknorm_rope.md), and the first-sight check decides as at every site."""
@@ -53,20 +53,25 @@ class JointQkNormRopeSite(Site):
         self.rounding = rounding  # what the model's norms do: "once" / "twice"
         self.rope = RopeTable()
 
-    def __call__(self, streams, norms, freqs, reference):
+    def __call__(self, streams, norms, freqs, reference, rotate_stream2: bool = True):
         """streams: (q1, k1, v1, q2, k2, v2) [B, S, H, D], stream 1 first in the joint rows; norms:
-        (norm of q1, of k1, of q2, of k2); freqs: the model's (cos, sin) [S1 + S2, D]; reference():
-        the model's (q, k, v). Returns the joint (q, k, v) [B, S1 + S2, H, D]."""
-        why = self._fit(streams, norms, freqs)
+        (norm of q1, of k1, of q2, of k2); freqs: the model's (cos, sin) [S1 + S2, D], or [S1, D]
+        with rotate_stream2 False (HunyuanVideo: [latent; text], the text rows not rotated: they sit
+        on an identity row of the cache, cos 1 and sin 0); reference(): the model's (q, k, v).
+        Returns the joint (q, k, v) [B, S1 + S2, H, D]."""
+        why = self._fit(streams, norms, freqs, rotate_stream2)
         q1, q2 = streams[0], streams[3]
-        sig = None if why else (str(q1.device), q1.dtype, q1.shape[-1], q1.shape[2], self.rounding)
+        sig = None if why else (str(q1.device), q1.dtype, q1.shape[-1], q1.shape[2], self.rounding, rotate_stream2)
         options = {"norm_weight_rounding": self.rounding} if self.rounding else {}
         if self.rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
             options["norm_order"] = "aten_mean"
 
         def arguments():
-            J = q1.shape[1] + q2.shape[1]
-            cache, positions = self.rope.get(freqs, "full_width", 0, J, 1, q1.device)
+            if rotate_stream2:
+                cache, positions = self.rope.get(freqs, "full_width", 0, q1.shape[1] + q2.shape[1], 1, q1.device)
+            else:
+                cache, positions = self.rope.get(freqs, "full_width", 0, q1.shape[1], 1, q1.device,
+                                                 identity=q2.shape[1], head_dim=q1.shape[-1])
             return ((*streams, *(n.weight for n in norms), cache, positions),
                     dict(is_neox=False, eps=norm_eps(norms[0]), rope_dim=q1.shape[-1], cache_full_width=True,
                          rounding="rounded", quality=self.quality, **options))
@@ -82,7 +87,7 @@ class JointQkNormRopeSite(Site):
         return self.run(why, sig, q1.device, fused, reference, explain)
 
     @staticmethod
-    def _fit(streams, norms, freqs) -> str:
+    def _fit(streams, norms, freqs, rotate_stream2: bool = True) -> str:
         if len(streams) != 6 or any(t.dim() != 4 for t in streams):
             return "q, k, v of both streams must be [batch, tokens, heads, head_dim]"
         q1, k1, v1, q2, k2, v2 = streams
@@ -112,8 +117,10 @@ class JointQkNormRopeSite(Site):
         cos, sin = freqs
         if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.shape != sin.shape:
             return "cos/sin are not float32 of one shape"
-        if cos.dim() != 2 or cos.shape != (S1 + q2.shape[1], D):
-            return "cos/sin are not [text + image tokens, head_dim]"
+        rows = S1 + q2.shape[1] if rotate_stream2 else S1
+        if cos.dim() != 2 or cos.shape != (rows, D):
+            return ("cos/sin are not [both streams' tokens, head_dim]" if rotate_stream2
+                    else "cos/sin are not [the first stream's tokens, head_dim]")
         if cos.device != q1.device or sin.device != q1.device:
             return "rotary tensors on another device"
         return ""

@@ -12,6 +12,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * adaLN: AdaLayerNormZero (norm1, norm1_context), the inline norm2 / norm2_context
     modulation, AdaLayerNormZeroSingle, norm_out: layernorm_modulate.
   * gated residuals: four per double block, one per single block: residual_gate_add.
+  * The double blocks' QK of both streams in one joint_qknorm_rope call where the op fits the
+    norms (the dual-stream site): each stream's norm, the latent rows' RoPE (the text rows on the
+    cache's identity row) and the joint [latent; text] q, k, v written at once, without the three
+    torch.cat calls; else the two sites above.
 The token-replace (I2V) block classes and the text token refiner are left to the model's code.
 """
 from __future__ import annotations
@@ -23,6 +27,9 @@ from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_hunyuan_video import (
     HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
 
+from diffusers.models.embeddings import apply_rotary_emb
+
+from ._joint_qk import joint_qk_site
 from ._patching import Plan
 from ._sites import GatedResidualSite, LayerNormModulateSite
 from . import _common
@@ -82,6 +89,34 @@ class HunyuanVideoAttnProcessorDitops(_common.ProcessorWrapper):
         key = torch.cat([key, encoder_key], dim=1)
         value = torch.cat([value, encoder_value], dim=1)
 
+        return _attend(self, attn, query, key, value, attention_mask, encoder_hidden_states.shape[1])
+
+
+class HunyuanVideoDualAttnProcessorDitops(_common.ProcessorWrapper):
+    """HunyuanVideoAttnProcessor2_0 of a double block with the QK norms of both streams, the RoPE of
+    the latent rows and the joint [latent; text] q, k, v in one joint_qknorm_rope call (the text
+    rows on the cache's identity row): the model's three torch.cat calls disappear."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None,
+                 image_rotary_emb=None):
+        if (attn.add_q_proj is None or encoder_hidden_states is None or image_rotary_emb is None
+                or any(getattr(attn, n) is None for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k"))
+                or image_rotary_emb[0].shape[0] != hidden_states.shape[1]):
+            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+        streams = tuple(proj(x).unflatten(2, (attn.heads, -1)) for proj, x in (
+            (attn.to_q, hidden_states), (attn.to_k, hidden_states), (attn.to_v, hidden_states),
+            (attn.add_q_proj, encoder_hidden_states), (attn.add_k_proj, encoder_hidden_states),
+            (attn.add_v_proj, encoder_hidden_states)))
+        norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
+
+        def reference():  # steps 2 to 4 of the model's processor
+            q, k, v, eq, ek, ev = streams
+            q = apply_rotary_emb(attn.norm_q(q), image_rotary_emb, sequence_dim=1)
+            k = apply_rotary_emb(attn.norm_k(k), image_rotary_emb, sequence_dim=1)
+            return (torch.cat([q, attn.norm_added_q(eq)], dim=1), torch.cat([k, attn.norm_added_k(ek)], dim=1),
+                    torch.cat([v, ev], dim=1))
+
+        query, key, value = self.site(streams, norms, image_rotary_emb, reference, rotate_stream2=False)
         return _attend(self, attn, query, key, value, attention_mask, encoder_hidden_states.shape[1])
 
 
@@ -177,6 +212,11 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
               " of the latent tokens only",
         note="one qknorm_rope call over the latent and text rows, the text rows on the cache's identity row "
              "(the first sight compares it with the model's norm of all rows)"))
+    dual = plan.add_site(joint_qk_site(
+        "qk_norm_rope (dual-stream)", [(f"{p}.attn", b.attn) for p, b in doubles
+                                       if type(b) is HunyuanVideoTransformerBlock],
+        chain="diffusers RMSNorm per head of each stream (two roundings), " + rope_chain + " of the latent "
+              "q and k, then torch.cat([latent, text], dim=1) of q, k and v"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
 
@@ -184,10 +224,15 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         if type(block) is not HunyuanVideoTransformerBlock:
             plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")
             continue
-        text_site = qk_text if qk_text.op is not None else None
-        qk_text.places.append(plan.prefix + f"{path}.attn (text)")
-        _common.patch_processor(plan, qk, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
-                                functools.partial(HunyuanVideoAttnProcessorDitops, text_site=text_site), ("latent",))
+        if dual.op is not None:  # both streams' QK and the joint q, k, v in one call
+            _common.patch_processor(plan, dual, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
+                                    HunyuanVideoDualAttnProcessorDitops, ("latent + text",))
+        else:  # the two streams' sites, where the dual-stream op does not fit the norms
+            text_site = qk_text if qk_text.op is not None else None
+            qk_text.places.append(plan.prefix + f"{path}.attn (text)")
+            _common.patch_processor(plan, qk, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
+                                    functools.partial(HunyuanVideoAttnProcessorDitops, text_site=text_site),
+                                    ("latent",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
         adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]
