@@ -147,6 +147,11 @@ def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSi
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
                 *args, **kwargs):
+        # The patch embedding leaves the latent stream [B, T, D] stored as [B, D, T], and the model's
+        # elementwise ops keep that layout, so each norm (aten's and the site alike) copies it to rows.
+        # One copy in the first block serves every later norm and residual (their values do not
+        # depend on the layout); the single blocks' cat makes the stream contiguous in the model too.
+        hidden_states = hidden_states.contiguous()
         norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
         norm_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
             encoder_hidden_states, emb=temb)
