@@ -37,9 +37,9 @@ import torch
 import ditops
 from ditops import Error
 # Signature states: verified (the op runs), disabled (first sight failed: warned), unfit (the
-# dispatcher has no implementation for it that may run here), unverified (not seen yet). Kept by
-# ditops._gate, the mechanism ditops.torch's self-check shares; callers read them as _sites.*.
-from ditops._gate import DISABLED, UNFIT, UNVERIFIED, VERIFIED, Gate  # noqa: F401
+# dispatcher has no implementation for it that may run here); one not seen yet is unverified.
+# Kept by ditops._gate, the mechanism ditops.torch's self-check shares; read as _sites.*.
+from ditops._gate import DISABLED, UNFIT, VERIFIED, Gate  # noqa: F401
 from ditops.torch import _token_rows, _tracing_or_capturing
 
 # The custom ops the sites call (a module attribute: tests substitute a namespace that perturbs
