@@ -135,12 +135,15 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
         inputs.update(sigma=torch.full((batch,), 0.5), spatio_temporal_guidance_blocks=[0],
                       perturbation_mask=torch.tensor(mask).to(dtype))
     L = model.config.num_layers
-    gates = 6 + (2 if variant == "gated_stg" else 0)
+    # per block and stream: norm1 and the v2a modulation alone, the feed-forward's residual alone;
+    # the other residuals with the norm after them (gated, or the text cross-attention's plain add
+    # without cross_attn_mod)
+    mod = variant == "gated_stg"
     counts = {"qk_norm_rope (video self-attn)": L, "qk_norm_rope (audio self-attn)": L,
               "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
-              "adaln_modulate": (8 + (2 if variant == "gated_stg" else 0)) * L,
-              "adaln_modulate (norm2, no modulation)": (0 if variant == "gated_stg" else 2) * L,
-              "gated_residual": gates * L}
+              "adaln_modulate": 4 * L, "adaln_modulate (norm2, no modulation)": 0, "gated_residual": 2 * L,
+              "adaln_modulate (gated residual + norm)": (6 if mod else 4) * L,
+              "adaln_modulate (residual + norm)": (0 if mod else 2) * L}
     return model, inputs, counts
 
 
@@ -188,7 +191,8 @@ OPS = {
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
              "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2, no modulation)": "norm_scale_shift",
-             "gated_residual": "residual_gate_add"},
+             "gated_residual": "residual_gate_add", "adaln_modulate (gated residual + norm)": "norm_scale_shift",
+             "adaln_modulate (residual + norm)": "norm_scale_shift"},
 }
 
 
@@ -373,10 +377,10 @@ def _modulation_bound(b, args, kwargs, index=0):
     dtype (as in _qk_bound), carried through the modulation and its roundings: |d| <= 2 ulp-units
     of (|norm(x) * (1 + scale)| + |out|) (layernorm_modulate's contract: 2^-6 for bfloat16). With a
     residual (norm_scale_shift's residual form) the norm is of v = residual + x * gate, and the new
-    residual itself (output 1) is an elementwise chain: equal."""
+    residual itself (index 0: the sites' pairs are (residual_out, y)) is an elementwise chain: equal."""
     x, scale = args[0].double(), args[1]
     if kwargs.get("residual") is not None:
-        if index == 1:
+        if index == 0:
             return 0.0
         gate = kwargs.get("gate")
         x = kwargs["residual"].double() + x * (gate.double() if gate is not None else 1.0)
@@ -1370,6 +1374,52 @@ def test_flux_rope_tables_site_leaves_other_pos_embeds_to_the_model():
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)
 
 needs_cuda = needs_cuda_mark(torch)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
+def test_single_block_gelu_is_written_into_proj_outs_input(device):
+    """_common.cat_attention_and_gelu (FLUX.1 / HunyuanVideo single blocks) equals the model's two
+    cats byte for byte. On CUDA: the GELU through aten's gelu.out into the buffer's strided columns
+    (the non-vectorized kernel where the chain's is vectorized: the same function per element), the
+    attention parts copied into their rows, and no cat at all. On the CPU (whose strided GELU
+    rounds a row's tail differently), another activation, or a part the cat would promote: the
+    model's cats."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(3)
+    rows, width, mlp_width = (300, 256, 1024) if device == "cuda" else (12, 8, 40)
+    mlp = (torch.randn(2, rows, mlp_width, generator=g) * 3).to(device, torch.bfloat16)
+    text = rows // 4
+    parts = [torch.randn(2, rows - text, width, generator=g).to(device, torch.bfloat16),
+             torch.randn(2, text, width, generator=g).to(device, torch.bfloat16)]
+    for attn_parts in (parts, [torch.cat(parts, dim=1)]):
+        for act in (torch.nn.GELU(approximate="tanh"), torch.nn.GELU()):
+            chain = torch.cat([torch.cat(attn_parts, dim=1), act(mlp)], dim=2)
+            with Ops() as ops:
+                out = _common.cat_attention_and_gelu(attn_parts, mlp, act)
+            assert torch.equal(out, chain) and out.is_contiguous()
+            if device == "cuda":
+                assert "aten.gelu.out" in ops.names and not [n for n in ops.names if "cat" in n], ops.names
+            else:
+                assert "aten.cat.default" in ops.names and "aten.gelu.out" not in ops.names, ops.names
+    silu = torch.nn.SiLU()
+    with Ops() as ops:
+        out = _common.cat_attention_and_gelu(parts, mlp, silu)
+    assert torch.equal(out, torch.cat([torch.cat(parts, dim=1), silu(mlp)], dim=2))
+    assert "aten.cat.default" in ops.names
+    wide = [p.float() for p in parts]  # the cat promotes to float32: the model's code
+    gelu = torch.nn.GELU(approximate="tanh")
+    out = _common.cat_attention_and_gelu(wide, mlp, gelu)
+    assert out.dtype == torch.float32 and torch.equal(out, torch.cat([torch.cat(wide, dim=1), gelu(mlp)], dim=2))
 
 
 # The GPU test's models: every tiny model, and the forms whose chains differ in layout or tables.

@@ -12,8 +12,21 @@ from diffusers.models.embeddings import apply_rotary_emb
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
 from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb_qwen
 
+import ditops
+
 from ._sites import (CrossHeadQkNormRopeSite, GatedResidualSite, LayerNormModulateSite, QkNormRopeSite,
                      affine_free_layer_norm, cross_head_norm, op_options, rms_norm_rounding)
+
+
+# Where the torch op norm_scale_shift returns each output (residual_out, y, fp8_rowwise, fp8_scale):
+# read once, since the op table does not change and a forward traced by dynamo must not deep-copy it.
+NSS_OUTPUTS = {t["name"]: i for e in ditops.op_table() if e["name"] == "norm_scale_shift"
+               for i, t in enumerate(t for t in e["tensors"] if t["role"] == "out" and t["present"] != "caller")}
+
+
+def residual_out_and_y(out):
+    """(residual_out, y) of a norm_scale_shift call with a residual."""
+    return out[NSS_OUTPUTS["residual_out"]], out[NSS_OUTPUTS["y"]]
 
 
 # ---------------------------------------------------------------- site constructors
@@ -159,6 +172,33 @@ def gated(site: GatedResidualSite, residual, update, gate):
 
 
 # ---------------------------------------------------------------- shared module patches
+
+def cat_attention_and_gelu(attn_parts, mlp, act):
+    """torch.cat([torch.cat(attn_parts, dim=1), act(mlp)], dim=2): a single block's proj_out input
+    (FLUX.1, HunyuanVideo). With act an nn.GELU the GELU writes straight into the buffer's last
+    columns and each attention part is copied into its rows of the first columns, so the cats'
+    second pass over the MLP columns (four fifths of the buffer) is gone. CUDA only: aten's CUDA
+    elementwise kernels apply one function to each element whatever the output's strides (the
+    strided columns take the non-vectorized kernel); its CPU loops do not (a row's scalar tail
+    rounds tanh differently from the vector body: 1 element in 960 of a bf16 GELU differed).
+    Anything else (the CPU, another activation, dtypes or shapes the cat would promote or refuse, a
+    trace by torch.compile, whose inductor fuses the cats itself) is the model's code."""
+    D = attn_parts[0].shape[-1]
+    fits = (type(act) is torch.nn.GELU and mlp.is_cuda and not torch.compiler.is_compiling() and mlp.dim() == 3
+            and sum(p.shape[1] for p in attn_parts) == mlp.shape[1]
+            and all(p.dim() == 3 and p.shape[0] == mlp.shape[0] and p.shape[-1] == D and p.dtype == mlp.dtype
+                    and p.device == mlp.device for p in attn_parts))
+    if not fits:
+        attn = attn_parts[0] if len(attn_parts) == 1 else torch.cat(attn_parts, dim=1)
+        return torch.cat([attn, act(mlp)], dim=2)
+    out = mlp.new_empty(*mlp.shape[:-1], D + mlp.shape[-1])
+    torch.ops.aten.gelu.out(mlp, approximate=act.approximate, out=out[..., D:])
+    row = 0
+    for part in attn_parts:
+        out[:, row:row + part.shape[1], :D].copy_(part)
+        row += part.shape[1]
+    return out
+
 
 def patch_processor(plan, site, path, attn, default_cls, ours_cls, streams):
     """Count the attention's QK streams as places; install ours_cls when the site's op is mapped

@@ -25,6 +25,12 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     audio_to_video_norm / video_to_audio_norm: one call each, the norm computed per call, and norm3
     / audio_norm3). norm_out and audio_norm_out (LayerNorm then modulation) are written inline in
     the model's forward, one call each per step: the model's code.
+  * A residual and the norm after it in one pass (norm_scale_shift's residual form, the same mean
+    order: the new residual and the norm of its rounded value, both outputs): attn1's gated
+    residual with norm2, the text cross-attention's residual (a plain add without cross_attn_mod)
+    with the first a2v modulation, the a2v / v2a residual with norm3, per stream. The feed-forward's
+    residual ends the block: its own site. Where the fused sites do not run, their places go back to
+    the residual and norm sites above.
 
 CUDA-graph capture (graph_constants, graph_refusal; _graphs.py calls them): called without
 video_coords / audio_coords (as the bench does), the forward builds them each call in
@@ -90,17 +96,18 @@ def _norm_fit(x, norm) -> str:
     return ""
 
 
+def _operand_fit(x, name, t) -> str:
+    """'' when t is a modulation operand of x: x's dtype, [B, 1 or T, D], unit last stride, x's device."""
+    B, S, D = x.shape
+    if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.dim() != 3 or t.shape[0] != B \
+            or t.shape[1] not in (1, S) or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
+        return f"{name} is not {x.dtype} [batch, 1 or tokens, dim] on x's device"
+    return ""
+
+
 def _adaln_fit(x, norm, scale, shift) -> str:
     """_norm_fit, and scale / shift of x's dtype [B, 1 or T, D]."""
-    why = _norm_fit(x, norm)
-    if why:
-        return why
-    B, S, D = x.shape
-    for name, t in (("scale", scale), ("shift", shift)):
-        if not isinstance(t, torch.Tensor) or t.dtype != x.dtype or t.dim() != 3 or t.shape[0] != B \
-                or t.shape[1] not in (1, S) or t.shape[2] != D or t.stride(-1) != 1 or t.device != x.device:
-            return f"{name} is not {x.dtype} [batch, 1 or tokens, dim] on x's device"
-    return ""
+    return _norm_fit(x, norm) or _operand_fit(x, "scale", scale) or _operand_fit(x, "shift", shift)
 
 
 # norm_scale_shift with diffusers' RMSNorm order (norm_order="aten_mean"): the norm and the
@@ -141,6 +148,53 @@ NORM_RMS_MEAN = Mapping(
 
 def norm_mapping() -> Mapping:
     return NORM_RMS_MEAN if adaln_mapping() is ADALN_RMS_MEAN else Mapping(why=ADALN_WHY)
+
+
+# ---------------------------------------------------------------- a residual and the next norm in one pass
+
+RESIDUAL_NORM_CHAIN = ("x + update * gate in the activation dtype (the product rounded, then the sum), then the next "
+                       "norm as above (modulated or not): (the new residual, the norm's output)")
+ADD_NORM_CHAIN = ("x + update in the activation dtype (the text cross-attention's residual without cross_attn_mod), "
+                  "then the next modulated norm as above: (the new residual, the norm's output)")
+
+
+def residual_norm_chain(x, update, gate, norm, scale, shift):
+    """A residual (gated, or a plain add where gate is None), then the next norm of the new value,
+    modulated where scale is given: (new residual, the norm's output)."""
+    x = x + update if gate is None else x + update * gate
+    return x, (norm_chain(x, norm) if scale is None else adaln_chain(x, norm, scale, shift))
+
+
+def _residual_norm_fit(x, update, gate, norm, scale, shift) -> str:
+    """_norm_fit / _adaln_fit of the residual x, update of x's shape, dtype and device with unit last
+    stride, and gate (where given) a [B, 1 or T, D] operand as scale is."""
+    why = _norm_fit(x, norm) if scale is None else _adaln_fit(x, norm, scale, shift)
+    if why:
+        return why
+    if not isinstance(update, torch.Tensor) or update.shape != x.shape or update.dtype != x.dtype \
+            or update.device != x.device or update.stride(-1) != 1:
+        return "update is not x's shape and dtype on x's device with a unit last stride"
+    return "" if gate is None else _operand_fit(x, "gate", gate)
+
+
+# norm_scale_shift's residual form with the mean order: residual_out = rne(x + rne(update * gate))
+# (or rne(x + update)), y = the norm of residual_out (modulated or not), eager's roundings.
+RESIDUAL_NORM_RMS_MEAN = Mapping(
+    op="norm_scale_shift", options={"norm": "rms", "norm_order": "aten_mean", "residual": "gated or add"},
+    fit=_residual_norm_fit,
+    signature=lambda x, update, gate, norm, scale, shift: (
+        str(x.device), x.dtype, x.shape[-1], None if gate is None else gate.shape[1] == 1,
+        None if scale is None else (scale.shape[1] == 1, shift.shape[1] == 1), float(norm.eps)),
+    call=lambda x, update, gate, norm, scale, shift: OpCall(
+        "norm_scale_shift", (update, scale, shift),
+        dict(residual=x, gate=gate, norm="rms", eps=float(norm.eps), norm_order="aten_mean"),
+        _common.residual_out_and_y))
+
+
+def residual_norm_mapping() -> Mapping:
+    if adaln_mapping() is ADALN_RMS_MEAN:
+        return RESIDUAL_NORM_RMS_MEAN
+    return Mapping(why=ADALN_WHY)
 
 
 # ---------------------------------------------------------------- CUDA-graph capture
@@ -340,20 +394,53 @@ VIDEO = dict(table="scale_shift_table", norm1="norm1", attn1="attn1", norm2="nor
 AUDIO = {k: ("audio_" + v if k != "text_q_adaln" else "audio_cross_attn_adaln") for k, v in VIDEO.items()}
 
 
+class _BlockSites:
+    """The block's sites as the sub-blocks call them. A stream between sub-blocks is a state (x,
+    update, gate): x plus a residual not yet added (update None: settled), so the next norm can
+    add it in the same call (residual_norm / add_norm, where those sites run)."""
+
+    def __init__(self, residual, adaln, norm, residual_norm, add_norm):
+        self.residual, self.adaln, self.norm = residual, adaln, norm
+        self.residual_norm, self.add_norm = residual_norm, add_norm
+
+    def gated(self, x, update, gate):
+        return _common.gated(self.residual, x, update, gate)
+
+    def modulated(self, x, norm, scale, shift):
+        return self.adaln(adaln_chain, x, norm, scale, shift)
+
+    def settle(self, stream):
+        """The stream's value with its residual added (the gated residual site, or the model's add)."""
+        x, update, gate = stream
+        if update is None:
+            return x
+        return x + update if gate is None else self.gated(x, update, gate)
+
+    def normed(self, stream, norm, scale, shift):
+        """(the stream's settled value, its norm, modulated where scale is given): one call of the
+        residual + norm site where a residual is pending and that site runs, else settle, then the
+        norm's site."""
+        x, update, gate = stream
+        fused = self.residual_norm if gate is not None else self.add_norm
+        if update is not None and fused.active:
+            return fused(residual_norm_chain, x, update, gate, norm, scale, shift)
+        x = self.settle(stream)
+        return x, (self.norm(norm_chain, x, norm) if scale is None else self.modulated(x, norm, scale, shift))
+
+
 def _self_attention(block, sites, names, x, temb, batch_size, rotary, mask, perturbation_mask, all_perturbed):
-    """Sub-block 1 of one stream: its modulation rows, the modulated norm1, attn1 and the gated
-    residual. Returns (x, (shift, scale, gate) of the feed-forward, (shift, scale, gate) of the text
-    query or None)."""
-    modulated, gated = sites
+    """Sub-block 1 of one stream: its modulation rows, the modulated norm1 and attn1. Returns (the
+    stream with attn1's gated residual pending, the feed-forward's (shift, scale, gate), the text
+    query's (shift, scale, gate) or None)."""
     params = block.get_mod_params(getattr(block, names["table"]), temb, batch_size)
     shift_msa, scale_msa, gate_msa = params[:3]
     text_q = params[6:9] if getattr(block, names["text_q_adaln"]) else None
-    args = {"hidden_states": modulated(x, getattr(block, names["norm1"]), scale_msa, shift_msa),
+    args = {"hidden_states": sites.modulated(x, getattr(block, names["norm1"]), scale_msa, shift_msa),
             "encoder_hidden_states": None, "query_rotary_emb": rotary, "attention_mask": mask}
     if block.perturbed_attn:
         args["perturbation_mask"] = perturbation_mask
         args["all_perturbed"] = all_perturbed
-    return gated(x, getattr(block, names["attn1"])(**args), gate_msa), params[3:6], text_q
+    return (x, getattr(block, names["attn1"])(**args), gate_msa), params[3:6], text_q
 
 
 def _text_kv(block, names, temb_prompt, like, batch_size):
@@ -364,37 +451,40 @@ def _text_kv(block, names, temb_prompt, like, batch_size):
     return table[None, None].to(device=like.device, dtype=like.dtype).unbind(dim=2)
 
 
-def _text_cross_attention(block, sites, names, x, text_q, context, text_kv, mask, normed_site):
-    """Sub-block 2 of one stream: norm2 (modulated where the query has its own adaLN, else through
-    the plain norm site), the text keys modulated where cross_attn_adaln, attn2 and the residual
-    (gated where modulated)."""
-    modulated, gated = sites
+def _text_cross_attention(block, sites, names, stream, text_q, context, text_kv, mask):
+    """Sub-block 2 of one stream: attn1's residual and norm2 (modulated where the query has its own
+    adaLN), the text keys modulated where cross_attn_adaln, attn2. Returns the stream with attn2's
+    residual pending (gated where modulated, else a plain add)."""
     norm = getattr(block, names["norm2"])
-    normed = normed_site(norm_chain, x, norm) if text_q is None else modulated(x, norm, text_q[1], text_q[0])
+    scale, shift = (None, None) if text_q is None else (text_q[1], text_q[0])
+    x, normed = sites.normed(stream, norm, scale, shift)
     if block.cross_attn_adaln:
         context = context * (1 + text_kv[1]) + text_kv[0]
     out = getattr(block, names["attn2"])(normed, encoder_hidden_states=context, query_rotary_emb=None,
                                          attention_mask=mask)
-    return x + out if text_q is None else gated(x, out, text_q[2])
+    return x, out, None if text_q is None else text_q[2]
 
 
 def _av_cross_attention(block, sites, fused, video, audio, batch_size, temb_ca_scale_shift, temb_ca_audio_scale_shift,
                         temb_ca_gate, temb_ca_audio_gate, ca_video_rotary_emb, ca_audio_rotary_emb, a2v_mask, v2a_mask,
                         use_a2v, use_v2a):
-    """Sub-block 3: audio-to-video and video-to-audio cross-attention. With the site mapped (fused)
-    each modulation is one call (the norm computed per call, of the states before the a2v residual,
-    as the model's norms are); otherwise the norms once."""
-    modulated, gated = sites
+    """Sub-block 3: audio-to-video and video-to-audio cross-attention, on the streams as states.
+    With the adaLN site mapped (fused) each modulation is one call (the norm computed per call, of
+    the states before the a2v residual, as the model's norms are), the first one of each stream
+    adding its pending residual; otherwise the streams settle and the norms run once. Returns the
+    streams with the a2v / v2a residuals pending."""
     video_in, audio_in = video, audio
     normed_video = normed_audio = None
     if not fused:
-        normed_video = block.audio_to_video_norm(video)
-        normed_audio = block.video_to_audio_norm(audio)
+        video_in = video = (sites.settle(video), None, None)
+        audio_in = audio = (sites.settle(audio), None, None)
+        normed_video = block.audio_to_video_norm(video[0])
+        normed_audio = block.video_to_audio_norm(audio[0])
 
-    def modulated_ca(x, norm, normed, scale, shift):
+    def modulated_ca(stream, norm, normed, scale, shift):
         if fused:
-            return modulated(x, norm, scale.squeeze(2), shift.squeeze(2))
-        return normed * (1 + scale.squeeze(2)) + shift.squeeze(2)
+            return sites.normed(stream, norm, scale.squeeze(2), shift.squeeze(2))
+        return stream[0], normed * (1 + scale.squeeze(2)) + shift.squeeze(2)
 
     def rows(table, temb_scale_shift, temb_gate):
         scale_shift = block.get_mod_params(table[:4, :], temb_scale_shift, batch_size)
@@ -406,42 +496,42 @@ def _av_cross_attention(block, sites, fused, video, audio, batch_size, temb_ca_s
     (audio_a2v_scale, audio_a2v_shift, audio_v2a_scale, audio_v2a_shift), v2a_gate = rows(
         block.audio_a2v_cross_attn_scale_shift_table, temb_ca_audio_scale_shift, temb_ca_audio_gate)
 
-    def modulated_pair(video_scale, video_shift, audio_scale, audio_shift):  # the video stream's first
+    def modulated_pair(video_scale, video_shift, audio_scale, audio_shift):
+        """Both streams' modulations of their values before the a2v residual: ((video value, its
+        modulation), (audio value, its modulation)), the video stream's first."""
         return (modulated_ca(video_in, block.audio_to_video_norm, normed_video, video_scale, video_shift),
                 modulated_ca(audio_in, block.video_to_audio_norm, normed_audio, audio_scale, audio_shift))
 
     if use_a2v:
-        v, a = modulated_pair(video_a2v_scale, video_a2v_shift, audio_a2v_scale, audio_a2v_shift)
-        video = gated(video, block.audio_to_video_attn(v, encoder_hidden_states=a, query_rotary_emb=ca_video_rotary_emb,
-                                                       key_rotary_emb=ca_audio_rotary_emb, attention_mask=a2v_mask),
-                      a2v_gate)
+        (x, v), (y, a) = modulated_pair(video_a2v_scale, video_a2v_shift, audio_a2v_scale, audio_a2v_shift)
+        video_in, audio_in = (x, None, None), (y, None, None)
+        audio = audio_in
+        video = (x, block.audio_to_video_attn(v, encoder_hidden_states=a, query_rotary_emb=ca_video_rotary_emb,
+                                              key_rotary_emb=ca_audio_rotary_emb, attention_mask=a2v_mask), a2v_gate)
     if use_v2a:
-        v, a = modulated_pair(video_v2a_scale, video_v2a_shift, audio_v2a_scale, audio_v2a_shift)
-        audio = gated(audio, block.video_to_audio_attn(a, encoder_hidden_states=v, query_rotary_emb=ca_audio_rotary_emb,
-                                                       key_rotary_emb=ca_video_rotary_emb, attention_mask=v2a_mask),
-                      v2a_gate)
+        (x, v), (y, a) = modulated_pair(video_v2a_scale, video_v2a_shift, audio_v2a_scale, audio_v2a_shift)
+        if not use_a2v:
+            video = (x, None, None)
+        audio = (y, block.video_to_audio_attn(a, encoder_hidden_states=v, query_rotary_emb=ca_audio_rotary_emb,
+                                              key_rotary_emb=ca_video_rotary_emb, attention_mask=v2a_mask), v2a_gate)
     return video, audio
 
 
-def _feed_forward(block, sites, names, x, mlp):
-    """Sub-block 4 of one stream: the modulated norm3, the feed-forward and the gated residual."""
-    modulated, gated = sites
+def _feed_forward(block, sites, names, stream, mlp):
+    """Sub-block 4 of one stream: the pending residual and the modulated norm3, the feed-forward and
+    its gated residual (added here: the block's output)."""
     shift, scale, gate = mlp
-    return gated(x, getattr(block, names["ff"])(modulated(x, getattr(block, names["norm3"]), scale, shift)), gate)
+    x, normed = sites.normed(stream, getattr(block, names["norm3"]), scale, shift)
+    return sites.gated(x, getattr(block, names["ff"])(normed), gate)
 
 
-def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSite):
+def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSite, residual_norm: MappedSite,
+                  add_norm: MappedSite):
     """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the gated residuals and the norms'
     modulations through the sites (the QK sites are in the attentions' processors), sub-block by
-    sub-block in the model's order, each stream through the same code."""
-
-    def gated(x, update, gate):
-        return _common.gated(residual, x, update, gate)
-
-    def modulated(x, norm, scale, shift):
-        return adaln(adaln_chain, x, norm, scale, shift)
-
-    sites = (modulated, gated)
+    sub-block in the model's order, each stream through the same code; each residual but the
+    feed-forward's added by the next norm's call where the residual + norm sites run."""
+    sites = _BlockSites(residual, adaln, norm, residual_norm, add_norm)
 
     def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
                 temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
@@ -452,10 +542,10 @@ def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSi
                 use_v2a_cross_attention=True, perturbation_mask=None, all_perturbed=None):
         batch_size = hidden_states.size(0)
         # 1. Video and audio self-attention
-        hidden_states, video_mlp, video_text_q = _self_attention(
+        video, video_mlp, video_text_q = _self_attention(
             self, sites, VIDEO, hidden_states, temb, batch_size, video_rotary_emb, self_attention_mask,
             perturbation_mask, all_perturbed)
-        audio_hidden_states, audio_mlp, audio_text_q = _self_attention(
+        audio, audio_mlp, audio_text_q = _self_attention(
             self, sites, AUDIO, audio_hidden_states, temb_audio, batch_size, audio_rotary_emb,
             audio_self_attention_mask, perturbation_mask, all_perturbed)
         # 2. Video and audio cross-attention with the text
@@ -463,22 +553,19 @@ def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSi
         if self.cross_attn_adaln:
             video_kv = _text_kv(self, VIDEO, temb_prompt, hidden_states, batch_size)
             audio_kv = _text_kv(self, AUDIO, temb_prompt_audio, audio_hidden_states, batch_size)
-        hidden_states = _text_cross_attention(self, sites, VIDEO, hidden_states, video_text_q, encoder_hidden_states,
-                                              video_kv, encoder_attention_mask, norm)
-        audio_hidden_states = _text_cross_attention(self, sites, AUDIO, audio_hidden_states, audio_text_q,
-                                                    audio_encoder_hidden_states, audio_kv,
-                                                    audio_encoder_attention_mask, norm)
+        video = _text_cross_attention(self, sites, VIDEO, video, video_text_q, encoder_hidden_states, video_kv,
+                                      encoder_attention_mask)
+        audio = _text_cross_attention(self, sites, AUDIO, audio, audio_text_q, audio_encoder_hidden_states, audio_kv,
+                                      audio_encoder_attention_mask)
         # 3. Audio-to-video and video-to-audio cross-attention
         if use_a2v_cross_attention or use_v2a_cross_attention:
-            hidden_states, audio_hidden_states = _av_cross_attention(
-                self, sites, adaln.op is not None, hidden_states, audio_hidden_states, batch_size,
+            video, audio = _av_cross_attention(
+                self, sites, adaln.op is not None, video, audio, batch_size,
                 temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
                 ca_video_rotary_emb, ca_audio_rotary_emb, a2v_cross_attention_mask, v2a_cross_attention_mask,
                 use_a2v_cross_attention, use_v2a_cross_attention)
         # 4. Feed-forward
-        hidden_states = _feed_forward(self, sites, VIDEO, hidden_states, video_mlp)
-        audio_hidden_states = _feed_forward(self, sites, AUDIO, audio_hidden_states, audio_mlp)
-        return hidden_states, audio_hidden_states
+        return _feed_forward(self, sites, VIDEO, video, video_mlp), _feed_forward(self, sites, AUDIO, audio, audio_mlp)
 
     return forward
 
@@ -499,6 +586,11 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     adaln = plan.add_site(MappedSite("adaln_modulate", mapping=adaln_mapping(), chain=ADALN_CHAIN))
     norm = plan.add_site(MappedSite("adaln_modulate (norm2, no modulation)", mapping=norm_mapping(), chain=NORM_CHAIN))
     residual = plan.add_site(_common.gated_residual_site())
+    residual_norm = plan.add_site(MappedSite(
+        "adaln_modulate (gated residual + norm)", mapping=residual_norm_mapping(), chain=RESIDUAL_NORM_CHAIN,
+        classes=("adaln_modulate", "gated_residual"), outputs=2))
+    add_norm = plan.add_site(MappedSite("adaln_modulate (residual + norm)", mapping=residual_norm_mapping(),
+                                        chain=ADD_NORM_CHAIN, outputs=2))
 
     attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
                   ("audio_to_video_attn", qk_av, "video q, audio k"),
@@ -513,19 +605,27 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             attn = getattr(block, name)
             _common.patch_cross_head_processor(plan, site, f"{path}.{name}", attn, PROCESSORS, stream,
                                                (attn.inner_dim, attn.inner_kv_dim))
-        norms = ["norm1", "audio_norm1"]
-        norms += ["norm2"] if block.video_cross_attn_adaln else []
-        norms += ["audio_norm2"] if block.audio_cross_attn_adaln else []
-        norms += [f"{n} ({d})" for d in ("a2v", "v2a") for n in ("audio_to_video_norm", "video_to_audio_norm")]
-        norms += ["norm3", "audio_norm3"]
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in norms]
-        norm.places += [plan.prefix + f"{path}.{n}" for n, modulated in (("norm2", block.video_cross_attn_adaln),
-                                                                         ("audio_norm2", block.audio_cross_attn_adaln))
-                        if not modulated]
-        gates = ["attn1", "audio_attn1", "audio_to_video_attn", "video_to_audio_attn", "ff", "audio_ff"]
-        gates += ["attn2"] if block.video_cross_attn_adaln else []
-        gates += ["audio_attn2"] if block.audio_cross_attn_adaln else []
-        residual.places += [plan.prefix + f"{path} ({n})" for n in gates]
-        plan.patch_forward(path, block, block_forward(residual, adaln, norm))
+        at = plan.prefix + path
+        adaln.places += [f"{at}.{n}" for n in ("norm1", "audio_norm1", "audio_to_video_norm (v2a)",
+                                               "video_to_audio_norm (v2a)")]
+        residual.places += [f"{at} (ff)", f"{at} (audio_ff)"]
+        # Each residual but the feed-forward's and the norm after it: one call of a fused site, whose
+        # places go back to the two sites where it does not run. (The first a2v modulation of each
+        # stream takes the text cross-attention's residual; without a2v, the v2a one or norm3 does.)
+        for names, a2v_norm, a2v_attn in ((VIDEO, "audio_to_video_norm", "audio_to_video_attn"),
+                                          (AUDIO, "video_to_audio_norm", "video_to_audio_attn")):
+            norm2, attn1, attn2 = names["norm2"], names["attn1"], names["attn2"]
+            if getattr(block, names["text_q_adaln"]):
+                residual_norm.fuse(f"{at}.{norm2} (+ {attn1} residual)",
+                                   [(residual, f"{at} ({attn1})"), (adaln, f"{at}.{norm2}")])
+                residual_norm.fuse(f"{at}.{a2v_norm} (a2v) (+ {attn2} residual)",
+                                   [(residual, f"{at} ({attn2})"), (adaln, f"{at}.{a2v_norm} (a2v)")])
+            else:
+                residual_norm.fuse(f"{at}.{norm2} (+ {attn1} residual)",
+                                   [(residual, f"{at} ({attn1})"), (norm, f"{at}.{norm2}")])
+                add_norm.fuse(f"{at}.{a2v_norm} (a2v) (+ {attn2} residual)", [(adaln, f"{at}.{a2v_norm} (a2v)")])
+            residual_norm.fuse(f"{at}.{names['norm3']} (+ {a2v_attn} residual)",
+                               [(residual, f"{at} ({a2v_attn})"), (adaln, f"{at}.{names['norm3']}")])
+        plan.patch_forward(path, block, block_forward(residual, adaln, norm, residual_norm, add_norm))
     # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
     # per step) are the model's code: not places of the site.

@@ -141,14 +141,9 @@ ADALN_FLOAT32 = Mapping(
                                               lambda out: out[0]))
 
 
-# Where the torch op returns each output (residual_out, y, fp8_rowwise, fp8_scale): read once, since
-# the op table does not change and a forward traced by dynamo must not deep-copy it.
-_NSS_OUTPUTS = {t["name"]: i for e in ditops.op_table() if e["name"] == "norm_scale_shift"
-                for i, t in enumerate(t for t in e["tensors"] if t["role"] == "out" and t["present"] != "caller")}
-
-
 def _fp8_adaln_call(x, norm, scale, shift):
-    q, s = _NSS_OUTPUTS["fp8_rowwise"], _NSS_OUTPUTS["fp8_scale"]  # module constants: a traced forward reads no op table
+    outputs = _common.NSS_OUTPUTS  # a module constant: a traced forward reads no op table
+    q, s = outputs["fp8_rowwise"], outputs["fp8_scale"]
     return OpCall("norm_scale_shift", (x, scale, shift),
                   dict(norm="layer", eps=float(norm.eps), numerics="float32", rowwise_fp8=True),
                   lambda out: (out[q], out[s]))
@@ -260,11 +255,6 @@ def _residual_rows_fit(x, update) -> str:
     return ""
 
 
-def _output_pair(out):
-    """(residual_out, y) of a norm_scale_shift call with a residual."""
-    return out[_NSS_OUTPUTS["residual_out"]], out[_NSS_OUTPUTS["y"]]
-
-
 # The gated residual after attn1 and norm2 in one pass: norm_scale_shift(numerics="float32") with the
 # residual form (x = attn1's output, residual = h, the float32 gate chunk in place, norm2's float32
 # weight and bias): residual_out = rne(float(h) + float(update) * gate), y = rne(LayerNorm(residual_out)
@@ -279,7 +269,7 @@ RESIDUAL_NORM2_FLOAT32 = Mapping(
     call=lambda x, update, gate, norm: OpCall("norm_scale_shift", (update, None, None),
                                               dict(residual=x, gate=gate, weight=norm.weight, bias=norm.bias,
                                                    norm="layer", eps=float(norm.eps), numerics="float32"),
-                                              _output_pair))
+                                              _common.residual_out_and_y))
 
 # The residual add after attn2 and norm3 with its modulation in one pass: the residual form without a
 # gate (rne(float(h) + float(update)): the 16-bit add), then ADALN_FLOAT32's chain of that value.
@@ -292,7 +282,7 @@ ADD_NORM3_FLOAT32 = Mapping(
     call=lambda x, update, norm, scale, shift: OpCall("norm_scale_shift", (update, scale, shift),
                                                       dict(residual=x, norm="layer", eps=float(norm.eps),
                                                            numerics="float32"),
-                                                      _output_pair))
+                                                      _common.residual_out_and_y))
 
 
 def _residual_form() -> bool:
