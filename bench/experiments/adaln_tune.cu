@@ -26,9 +26,10 @@ using ditops::LayerNormModulateParams;
 using ditops::NormScaleShiftParams;
 using ditops::kernel::bf16;
 
-template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven>
+// kRowwise: the layernorm_modulate_fp8_rowwise body (e4m3 bytes and a scale per row).
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven, bool kRowwise>
 __global__ void __launch_bounds__(128, kMinBlocks) lnm_variant(const __grid_constant__ LayerNormModulateParams p) {
-  ditops::layernorm_modulate_body<kSlots, true, true, false, false, false, true, kEven, kPrefetch>(p);
+  ditops::layernorm_modulate_body<kSlots, true, true, kRowwise, false, false, true, kEven, kPrefetch, kRowwise>(p);
 }
 
 // The bf16 bits of a finite float, rounded to nearest even (host inputs of the cases).
@@ -108,14 +109,15 @@ struct Case {
 
 struct Buffers {
   void *x, *out, *scale, *shift;
+  float* row_scales;  // the rowwise variants' per-row scales
 };
 
-std::vector<unsigned short> g_reference;  // output of the first variant of the case
+std::vector<unsigned char> g_reference;  // output bytes of the first variant of the case (rowwise: + scales)
 
-template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven = true>
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven = true, bool kRowwise = false>
 void run_variant(const char* label, const Case& c, const std::vector<Buffers>& sets, bool persistent,
                  double copy_cold, double copy_rot) {
-  auto kernel = lnm_variant<kSlots, kPrefetch, kMinBlocks, kEven>;
+  auto kernel = lnm_variant<kSlots, kPrefetch, kMinBlocks, kEven, kRowwise>;
   int per_sm = 0, sms = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -142,20 +144,25 @@ void run_variant(const char* label, const Case& c, const std::vector<Buffers>& s
     p.shift_row_stride = 6 * c.dim;
     p.n_vec = c.dim / 4;
     p.eps = 1e-6f;
+    if (kRowwise) p.out_scale = b.row_scales;
     return p;
   };
   const LayerNormModulateParams p0 = params(sets[0]);
-  CHECK(cudaMemset(sets[0].out, 0xff, rows * c.dim * 2));
+  const size_t out_bytes = rows * c.dim * (kRowwise ? 1 : 2);
+  CHECK(cudaMemset(sets[0].out, 0xff, out_bytes));
   kernel<<<grid, 128>>>(p0);
   CHECK(cudaDeviceSynchronize());
-  std::vector<unsigned short> out(rows * c.dim);
-  CHECK(cudaMemcpy(out.data(), sets[0].out, out.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<unsigned char> out(out_bytes + (kRowwise ? rows * 4 : 0));
+  CHECK(cudaMemcpy(out.data(), sets[0].out, out_bytes, cudaMemcpyDeviceToHost));
+  if (kRowwise) CHECK(cudaMemcpy(out.data() + out_bytes, sets[0].row_scales, rows * 4, cudaMemcpyDeviceToHost));
   std::vector<LayerNormModulateParams> ps;
   for (const Buffers& b : sets) ps.push_back(params(b));
   report(label, kernel, per_sm, grid, p0, ps, out, g_reference, copy_cold, copy_rot);
 }
 
-template <int kSlots>
+// kRowwise: the fp8_rowwise body's variants, against a copy of the bytes it moves (2 read + 1
+// written per element: a copy of 1.5 bytes per element).
+template <int kSlots, bool kRowwise = false>
 void run_case(const Case& c) {
   const long long rows = c.batch * c.seq;
   const size_t xbytes = rows * c.dim * 2;
@@ -170,6 +177,7 @@ void run_case(const Case& c) {
   for (auto& s : sets) {
     CHECK(cudaMalloc(&s.x, xbytes));
     CHECK(cudaMalloc(&s.out, xbytes));
+    CHECK(cudaMalloc(&s.row_scales, rows * 4));
     void* mod;
     CHECK(cudaMalloc(&mod, hm.size() * 2));
     CHECK(cudaMemcpy(s.x, hx.data(), xbytes, cudaMemcpyHostToDevice));
@@ -177,10 +185,29 @@ void run_case(const Case& c) {
     s.scale = static_cast<char*>(mod) + 2 * c.dim;  // chunk 1 scale, chunk 0 shift (as FLUX)
     s.shift = mod;
   }
-  const double copy_cold = median_us([&] { CHECK(cudaMemcpyAsync(sets[0].out, sets[0].x, xbytes, cudaMemcpyDeviceToDevice)); });
-  const double copy_rot = rotated_us(nsets, [&](int i) { CHECK(cudaMemcpyAsync(sets[i].out, sets[i].x, xbytes, cudaMemcpyDeviceToDevice)); });
-  std::printf("%s: copy cold %.2f us, rotated %.2f us (%d sets)\n", c.name, copy_cold, copy_rot, nsets);
+  const size_t copied = kRowwise ? xbytes / 4 * 3 : xbytes;
+  const double copy_cold = median_us([&] { CHECK(cudaMemcpyAsync(sets[0].out, sets[0].x, copied, cudaMemcpyDeviceToDevice)); });
+  const double copy_rot = rotated_us(nsets, [&](int i) { CHECK(cudaMemcpyAsync(sets[i].out, sets[i].x, copied, cudaMemcpyDeviceToDevice)); });
+  std::printf("%s%s: copy of %zu bytes cold %.2f us, rotated %.2f us (%d sets)\n", c.name, kRowwise ? " fp8_rowwise" : "",
+              copied, copy_cold, copy_rot, nsets);
   g_reference.clear();
+  if constexpr (kRowwise) {  // the library: persistent, prefetch up to 10 slots, 6 CTAs per SM up to 6 slots
+    run_variant<kSlots, kSlots <= 10, (kSlots <= 6 ? 6 : 1), true, true>("library schedule", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 1, true, true>("one row per CTA", c, sets, false, copy_cold, copy_rot);
+    run_variant<kSlots, false, 1, true, true>("persistent", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 6, true, true>("persistent mb6", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 8, true, true>("persistent mb8", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, true, 4, true, true>("persistent+prefetch mb4", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, true, 5, true, true>("persistent+prefetch mb5", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, true, 8, true, true>("persistent+prefetch mb8", c, sets, true, copy_cold, copy_rot);
+    for (auto& s : sets) {
+      cudaFree(s.x);
+      cudaFree(s.out);
+      cudaFree(s.shift);
+      cudaFree(s.row_scales);
+    }
+    return;
+  }
   run_variant<kSlots, false, 1, false>("one row per CTA, general", c, sets, false, copy_cold, copy_rot);
   run_variant<kSlots, false, 1>("one row per CTA", c, sets, false, copy_cold, copy_rot);
   run_variant<kSlots, false, 1>("persistent", c, sets, true, copy_cold, copy_rot);
@@ -193,6 +220,7 @@ void run_case(const Case& c) {
     cudaFree(s.x);
     cudaFree(s.out);
     cudaFree(s.shift);
+    cudaFree(s.row_scales);
   }
 }
 
@@ -926,7 +954,8 @@ void run_rga_odd_tokens_cases() {
 
 int main(int argc, char** argv) {
   CHECK(cudaMalloc(&g_flush, kFlushBytes));
-  // all (default) | qk | rga | rga_tiny | rga_odd | rga_rect | rga_cold | lnm | nss | nssflux | nss512 | nssfp4 | profile | split
+  // all (default) | qk | rga | rga_tiny | rga_odd | rga_rect | rga_cold | lnm | lnmrow | nss | nssflux | nss512 | nssfp4 |
+  // profile | split
   // (nss*: -DDITOPS_TUNE_NSS)
   const std::string only = argc > 1 ? argv[1] : "";
   const bool all = only.empty();
@@ -940,6 +969,13 @@ int main(int argc, char** argv) {
   if (only == "rga_rect") {
     run_rga_rect_case<bf16>("SANA (1,32760,2240) bf16", 32760, 2240);
     run_rga_rect_case<ditops::kernel::f16>("SANA (1,32760,2240) fp16", 32760, 2240);
+  }
+  if (only == "lnmrow") {  // layernorm_modulate_fp8_rowwise's schedules
+    run_case<6>(flux);  // the bf16 body beside it, same shapes
+    run_case<6, true>(flux);
+    run_case<6, true>(qwen);
+    run_case<10, true>(wan);
+    run_case<6, true>(tokens512);
   }
   if (all || only == "lnm") {
     run_case<6>(flux);
