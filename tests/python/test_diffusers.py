@@ -588,7 +588,7 @@ def test_calls_that_do_not_fit_fall_back_per_call():
     assert qk.fused_calls == 0 and sum(qk.fallbacks.values()) == len(qk.places)
     assert adaln.fused_calls == 0 and sum(adaln.fallbacks.values()) == len(adaln.places)
     assert residual.fused_calls == len(residual.places) and not residual.fallbacks
-    assert any("float32" in why for why in qk.fallbacks)
+    assert any("q.dtype must be bf16 or f16 but is f32" in why for why in qk.fallbacks)  # the op's matcher
 
 
 def test_decisions_are_made_once_per_signature(monkeypatch):
@@ -691,8 +691,20 @@ def _cross_head_call(**change):
     return call
 
 
+def _cross_head_decision(q, k, norm_q, norm_k, rope, head_dim, tables):
+    """Why the cross-head site runs the model's code for one call: its mapping's fit, else the op's
+    matcher at first sight ('' where the op runs, in a close tier)."""
+    site = _sites.MappedSite("qk_norm_rope (test)", mapping=_sites.cross_head_qk_mapping(rope), chain="the norms",
+                             outputs=2)
+    site.quality, site.exact = CLOSE, False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        site(lambda q, k, *_: (q.clone(), k.clone()), q, k, norm_q, norm_k, rope, head_dim, tables, "")
+    return next(iter(site.fallbacks), "")
+
+
 def test_cross_head_site_names_why_a_call_does_not_fit():
-    fit = _sites.CrossHeadQkNormRopeSite._fit
+    fit = _cross_head_decision
     assert fit(**_cross_head_call()) == ""
     no_weight = torch.nn.RMSNorm(128, eps=1e-6, elementwise_affine=False)
     assert fit(**_cross_head_call(norm_q=no_weight, norm_k=no_weight)) == ""  # LTX-2's configurable norms
@@ -709,14 +721,17 @@ def test_cross_head_site_names_why_a_call_does_not_fit():
         "not torch.nn.RMSNorm": dict(norm_q=diffusers.models.normalization.RMSNorm(128, eps=1e-6)),
         "8-byte aligned": dict(q=torch.randn(2 * 6 * 128 + 1).bfloat16()[1:].view(2, 6, 128)),
         "rows overlap": dict(q=torch.randn(128).bfloat16().expand(2, 6, 128)),
-        "other tokens": dict(k=text_k),
-        "rotary tables are torch.bfloat16": dict(tables=tuple(t.bfloat16() if t is not None else None
-                                                             for t in base["tables"])),
-        "rotary tables are (1, 6, 1, 16)": dict(tables=(torch.zeros(1, 6, 1, 16), torch.zeros(1, 6, 1, 16),
-                                                        None, None)),
-        "head_dim 48": dict(head_dim=48),
-        "differ in batch": dict(k=torch.randn(1, 6, 128).bfloat16()),
-        "float16 or bfloat16": dict(q=base["q"].float(), k=base["k"].float()),
+        # the op's matcher, at first sight
+        "k has 9 tokens and q 6": dict(k=text_k),
+        "q_cos.dtype must be f32 but is bf16": dict(tables=tuple(t.bfloat16() if t is not None else None
+                                                                for t in base["tables"])),
+        "q_cos.shape[3] must be 32 (head_dim / 2) but is 16": dict(tables=(torch.zeros(1, 6, 1, 16),
+                                                                           torch.zeros(1, 6, 1, 16), None, None)),
+        "multiple of head_dim=48": dict(head_dim=48),
+        "k.shape[0] must equal B=2": dict(k=torch.randn(1, 6, 128).bfloat16()),
+        "q.dtype must be bf16 or f16 but is f32": dict(q=base["q"].float(), k=base["k"].float(),
+                                                       norm_q=torch.nn.RMSNorm(128, eps=1e-6),
+                                                       norm_k=torch.nn.RMSNorm(128, eps=1e-6)),
     }
     for expected, change in cases.items():
         why = fit(**_cross_head_call(**change))
@@ -739,8 +754,8 @@ def test_wan_cross_head_falls_back_per_call_with_reasons(monkeypatch):
     with pytest.warns(RuntimeWarning, match="runs the model's code for a call"):
         out = run(model, inputs)
     self_qk, cross_qk = report["qk_norm_rope (self-attn)"], report["qk_norm_rope (text cross-attn)"]
-    assert self_qk.fused_calls == 0 and list(self_qk.fallbacks) == ["q's rotary tables are torch.bfloat16/"
-                                                                    "torch.bfloat16 (the op takes float32)"]
+    assert self_qk.fused_calls == 0 and list(self_qk.fallbacks) == [  # the op's matcher, at first sight
+        "the op refuses it: cross_head_qknorm_rope: q_cos.dtype must be f32 but is bf16"]
     assert cross_qk.fused_calls == len(cross_qk.places)
     assert_calls_within_contracts(calls, out, reference)
     dd.disable(model)

@@ -14,8 +14,9 @@ from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb
 
 import ditops
 
-from ._sites import (CrossHeadQkNormRopeSite, GatedResidualSite, LayerNormModulateSite, QkNormRopeSite,
-                     affine_free_layer_norm, cross_head_norm, op_options, rms_norm_rounding)
+from ._sites import (MappedSite, Mapping, affine_free_layer_norm, cross_head_norm, cross_head_qk_mapping,
+                     layernorm_modulate_mapping, op_options, qk_norm_rope_mapping, residual_gate_add_mapping,
+                     rms_norm_rounding)
 
 
 # Where the torch op norm_scale_shift returns each output (residual_out, y, fp8_rowwise, fp8_scale):
@@ -40,7 +41,7 @@ class ProcessorWrapper:
     set_attention_backend and context parallelism set _attention_backend / _parallel_config on the
     installed processor; they are forwarded to the replaced one, so both always agree."""
 
-    def __init__(self, original, site: QkNormRopeSite):
+    def __init__(self, original, site: MappedSite):
         self.original = original
         self.site = site
 
@@ -62,12 +63,12 @@ class ProcessorWrapper:
 
 
 def adaln_site(name="adaln_modulate"):
-    return LayerNormModulateSite(name, op="layernorm_modulate", chain=ADALN_CHAIN)
+    return MappedSite(name, mapping=layernorm_modulate_mapping(), chain=ADALN_CHAIN)
 
 
 def gated_residual_site(name="gated_residual", chain="residual + update * gate in the activation dtype "
                         "(the product rounded, then the sum)"):
-    return GatedResidualSite(name, op="residual_gate_add", chain=chain)
+    return MappedSite(name, mapping=residual_gate_add_mapping(), chain=chain)
 
 
 def qk_site(name, attentions, *, chain, note="", probe=False, probe_reason=""):
@@ -83,92 +84,97 @@ def qk_site(name, attentions, *, chain, note="", probe=False, probe_reason=""):
                 if rounding is None:
                     whys.append(f"{path}.{attr}: {why}")
                 roundings.add(rounding)
-    site = QkNormRopeSite(name, op=None, chain=chain, note=note)
-    if not roundings:
-        site.why = "the model has no attention of this kind"
-        return site
-    if whys:
-        site.why = "; ".join(sorted(set(whys))[:3])
-        return site
-    if len(roundings) > 1:
-        site.why = "the model mixes norms that round once and twice"
-        return site
-    (rounding,) = roundings
-    site.rounding = rounding
     choices = op_options("qknorm_rope").get("norm_weight_rounding")
-    if choices is None and rounding == "twice":
-        site.why = ("the model's norm is diffusers' RMSNorm, which rounds twice ((x * rsqrt(mean(x^2) + eps))"
-                    ".to(dtype) * weight); qknorm_rope in this build rounds once (F.rms_norm) and has no "
-                    "norm_weight_rounding option")
-        return site
-    if choices is not None and rounding not in choices:
-        site.why = f"qknorm_rope's norm_weight_rounding has no choice {rounding!r} ({choices})"
-        return site
-    if probe_reason and not probe:
-        site.why = probe_reason + " (enable(..., probe=True) tries it under the first-sight check)"
-        return site
-    site.op = "qknorm_rope"
-    if choices is not None:
-        site.options["norm_weight_rounding"] = rounding
+    rounding = next(iter(roundings)) if len(roundings) == 1 else None
+    if not roundings:
+        why = "the model has no attention of this kind"
+    elif whys:
+        why = "; ".join(sorted(set(whys))[:3])
+    elif len(roundings) > 1:
+        why = "the model mixes norms that round once and twice"
+    elif choices is None and rounding == "twice":
+        why = ("the model's norm is diffusers' RMSNorm, which rounds twice ((x * rsqrt(mean(x^2) + eps))"
+               ".to(dtype) * weight); qknorm_rope in this build rounds once (F.rms_norm) and has no "
+               "norm_weight_rounding option")
+    elif choices is not None and rounding not in choices:
+        why = f"qknorm_rope's norm_weight_rounding has no choice {rounding!r} ({choices})"
+    elif probe_reason and not probe:
+        why = probe_reason + " (enable(..., probe=True) tries it under the first-sight check)"
+    else:
+        why = ""
+    if why:
+        return MappedSite(name, mapping=Mapping(why=why), chain=chain, note=note, outputs=2)
     if probe_reason:
-        site.note = (site.note + "; " if site.note else "") + "probed: " + probe_reason
-    return site
+        note = (note + "; " if note else "") + "probed: " + probe_reason
+    options = {} if choices is None else {"norm_weight_rounding": rounding}
+    return MappedSite(name, mapping=qk_norm_rope_mapping(rounding, options), chain=chain, note=note, outputs=2)
 
 
 def cross_head_qk_site(name, rope, chain):
     """The cross-head QK norm (+ RoPE) site of Wan / LTX-2: cross_head_qknorm_rope, where this build
     has it."""
     if not op_options("cross_head_qknorm_rope"):
-        return CrossHeadQkNormRopeSite(name, op=None, chain=chain,
-                                       why="this build of ditops has no cross_head_qknorm_rope op")
-    return CrossHeadQkNormRopeSite(name, op="cross_head_qknorm_rope", chain=chain, options={"rope": rope})
+        mapping = Mapping(why="this build of ditops has no cross_head_qknorm_rope op")
+    else:
+        mapping = cross_head_qk_mapping(rope)
+    return MappedSite(name, mapping=mapping, chain=chain, outputs=2)
 
 
 # ---------------------------------------------------------------- the chains at call time
 
-def qk(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, start: int, layout="full_width", rows=None):
+def qk_chain(q, k, norm_q, norm_k, freqs, layout, start, rows, identity):
+    """The model's per-head QK norm + RoPE (the qk site's chain, its arguments those of
+    qk_norm_rope_mapping's call)."""
+    if identity:  # the last `identity` tokens normalized, not rotated; freqs None: none rotated
+        nq, nk = norm_q(q), norm_k(k)
+        if freqs is None:
+            return nq, nk
+        return (torch.cat([apply_rotary_emb(nq[:, :-identity], freqs, sequence_dim=1), nq[:, -identity:]], dim=1),
+                torch.cat([apply_rotary_emb(nk[:, :-identity], freqs, sequence_dim=1), nk[:, -identity:]], dim=1))
+    if layout == "full_width":
+        tokens = q.shape[1]
+        table = (freqs[0][start:start + tokens], freqs[1][start:start + tokens])
+        return (apply_rotary_emb(norm_q(q), table, sequence_dim=1),
+                apply_rotary_emb(norm_k(k), table, sequence_dim=1))
+    return (apply_rotary_emb_qwen(norm_q(q), freqs, use_real=False),
+            apply_rotary_emb_qwen(norm_k(k), freqs, use_real=False))
+
+
+def qk(site: MappedSite, q, k, norm_q, norm_k, freqs, start: int, layout="full_width", rows=None):
     """(q, k) normalized per head and rotated with rows [start, start + tokens) of freqs (rows:
     how many the model's chain expects, default start + tokens).
 
     full_width: freqs = (cos, sin) [rows, head_dim] float32, diffusers' apply_rotary_emb with
     interleaved pairs; complex: freqs complex64 [tokens, head_dim / 2], Qwen-Image's
     apply_rotary_emb_qwen(use_real=False)."""
-
-    def reference():
-        if layout == "full_width":
-            tokens = q.shape[1]
-            rows = (freqs[0][start:start + tokens], freqs[1][start:start + tokens])
-            return (apply_rotary_emb(norm_q(q), rows, sequence_dim=1),
-                    apply_rotary_emb(norm_k(k), rows, sequence_dim=1))
-        return (apply_rotary_emb_qwen(norm_q(q), freqs, use_real=False),
-                apply_rotary_emb_qwen(norm_k(k), freqs, use_real=False))
-
-    return site(q, k, norm_q, norm_k, freqs, layout, start, reference, rows)
+    return site(qk_chain, q, k, norm_q, norm_k, freqs, layout, start, rows, 0)
 
 
-def qk_with_unrotated_tail(site: QkNormRopeSite, q, k, norm_q, norm_k, freqs, identity: int):
+def qk_with_unrotated_tail(site: MappedSite, q, k, norm_q, norm_k, freqs, identity: int):
     """(q, k) normalized per head over all their tokens, the first ones rotated with freqs (cos,
     sin) [tokens - identity, head_dim] and the last `identity` left unrotated (HunyuanVideo's
     single blocks: latent then text tokens); freqs None: no token rotated (its text stream)."""
-
-    def reference():
-        nq, nk = norm_q(q), norm_k(k)
-        if freqs is None:
-            return nq, nk
-        return (torch.cat([apply_rotary_emb(nq[:, :-identity], freqs, sequence_dim=1), nq[:, -identity:]], dim=1),
-                torch.cat([apply_rotary_emb(nk[:, :-identity], freqs, sequence_dim=1), nk[:, -identity:]], dim=1))
-
-    return site(q, k, norm_q, norm_k, freqs, "full_width", 0, reference, None, identity)
+    return site(qk_chain, q, k, norm_q, norm_k, freqs, "full_width", 0, None, identity)
 
 
-def modulate(site: LayerNormModulateSite, x, scale, shift, norm):
+def modulate_chain(x, scale, shift, norm):
+    """The model's adaLN modulation: norm(x) * (1 + scale[:, None]) + shift[:, None]."""
+    return norm(x) * (1 + scale[:, None]) + shift[:, None]
+
+
+def modulate(site: MappedSite, x, scale, shift, norm):
     """norm(x) * (1 + scale[:, None]) + shift[:, None]; scale, shift [B, D]."""
-    return site(x, scale, shift, norm, lambda: norm(x) * (1 + scale[:, None]) + shift[:, None])
+    return site(modulate_chain, x, scale, shift, norm)
 
 
-def gated(site: GatedResidualSite, residual, update, gate):
+def gated_chain(residual, update, gate):
+    """The model's gated residual (the site's chain)."""
+    return residual + update * gate
+
+
+def gated(site: MappedSite, residual, update, gate):
     """residual + update * gate."""
-    return site(residual, update, gate, lambda: residual + update * gate)
+    return site(gated_chain, residual, update, gate)
 
 
 # ---------------------------------------------------------------- shared module patches

@@ -1,13 +1,16 @@
 """The sites ditops serves in a diffusers transformer, and the per-call decision at each.
 
 A site class (QK norm + RoPE, adaLN LayerNorm-modulate, gated residual, ...) is one `Site` per
-enabled model: its static description (the op that runs there, its options, the model's chain it
+enabled model, a `MappedSite` whose `Mapping` states its op call beside the model's chain: its
+static description (the op that runs there, its options, the model's chain it
 must reproduce, or why the model's code runs instead), the places it serves, and its state. Each
 call decides, in order:
 
   1. the site is active (an op is mapped and the site was selected), else the model's code;
-  2. the call's tensors fit the op (dtype, shapes, strides, device), else the model's code for
-     this call only (counted, one warning per reason);
+  2. the call fits the mapping (what its signature and op call need, and the model's chain's own
+     rules: the mapping's fit), else the model's code for this call only (counted, one warning per
+     reason); what only the op's matcher decides (dtypes, shapes, strides) it decides at 4, once
+     per signature;
   3. the signature's state: verified -> the op; disabled -> the model's code; unverified -> the
      first-sight check, never while tracing (torch.compile) or capturing a CUDA graph: there an
      unverified signature takes the model's code, so run one eager call before compiling;
@@ -390,101 +393,82 @@ def norm_eps(norm) -> float:
     return float(norm.eps)
 
 
-class QkNormRopeSite(Site):
-    """Per-head RMSNorm of q and k, then RoPE, as one in-place qknorm_rope call per stream."""
+def qk_norm_rope_mapping(rounding: str, options: dict) -> Mapping:
+    """Per-head RMSNorm of q and k, then RoPE, as one in-place qknorm_rope call per stream.
 
-    def __init__(self, *args, rounding: str | None = None, **kw):
-        super().__init__(*args, **kw)
-        self.rounding = rounding          # what the model's norm does: "once" / "twice"
-        self.rope = RopeTable()
+    The site is called as site(chain, q, k, norm_q, norm_k, freqs, layout, start, rows, identity):
+    q, k [B, S, H, D] (new tensors the op may write), their norm modules, the model's rotary
+    tensors (layout full_width: (cos, sin) [rows, D] float32; complex: complex64 [rows, D / 2]),
+    the stream's first row in them and the number of rows the model's chain expects in them (None:
+    start + S). identity: the last tokens of each batch element are normalized and not rotated (an
+    identity row of the cache: HunyuanVideo's text tokens; freqs None: all of them). rounding: what
+    the model's norms do ("once" / "twice"); options: the site's op options."""
+    rope = RopeTable()  # the site's rotary cache, per thread
+    extra = {"norm_weight_rounding": rounding} if "norm_weight_rounding" in options else {}
+    if rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
+        extra["norm_order"] = "aten_mean"
 
-    def __call__(self, q, k, norm_q, norm_k, freqs, layout: str, start: int, reference, rows=None, identity=0):
-        """q, k [B, S, H, D] (new tensors the op may write), their norm modules, the model's rotary
-        tensors, the stream's first row in them and the number of rows the model's chain expects
-        in them (default start + S). identity: the last tokens of each batch element are normalized
-        and not rotated (an identity row of the cache: HunyuanVideo's text tokens; freqs None: all
-        of them). Returns the normalized and rotated (q, k)."""
-        why = self._fit(q, k, norm_q, norm_k, freqs, layout, start, rows, identity)
-        B, S, Hq, D = q.shape if q.dim() == 4 else (0, 0, 0, 0)
-        Hk = k.shape[2] if k.dim() == 4 else 0
-        sig = None if why else (str(q.device), q.dtype, D, Hq, Hk, layout, self.rounding, bool(identity),
-                                freqs is None)
-        extra = {"norm_weight_rounding": self.rounding} if "norm_weight_rounding" in self.options else {}
-        if self.rounding == "twice":  # diffusers' RMSNorm sums squares as x.float().pow(2).mean(-1)
-            extra["norm_order"] = "aten_mean"
-        if layout == "complex":  # Qwen-Image's complex64 product
-            extra["rope_product"] = "complex"
-        eps = None if why else norm_eps(norm_q)
-
-        def views():
-            return q.view(B * S, Hq, D), k.view(B * S, Hk, D)
-
-        def table():
-            return self.rope.get(freqs, layout, start, S - identity, B, q.device, identity, D)
-
-        def fused():
-            cache, positions = table()
-            q3, k3 = views()
-            ops.qknorm_rope(q3, k3, norm_q.weight, norm_k.weight, cache, positions,
-                                         is_neox=False, eps=eps, rope_dim=D,
-                                         cache_full_width=layout == "full_width", rounding="rounded",
-                                         quality=self.quality, **extra)
-            return q, k
-
-        def explain():
-            cache, positions = table()
-            q3, k3 = views()
-            return ditops.explain("qknorm_rope", q3, k3, norm_q.weight, norm_k.weight, cache, positions,
-                                  is_neox=False, eps=eps, rope_dim=D,
-                                  cache_full_width=layout == "full_width", rounding="rounded",
-                                  quality=self.quality, **extra)
-
-        return self.run(why, sig, q.device, fused, reference, explain)
-
-    def _fit(self, q, k, norm_q, norm_k, freqs, layout, start, rows_expected, identity=0) -> str:
+    def fit(q, k, norm_q, norm_k, freqs, layout, start, rows_expected, identity) -> str:
+        # what the views, the cache and one eps need; dtypes, weights and strides are the matcher's
         if q.dim() != 4 or k.dim() != 4:
             return "q and k must be [batch, tokens, heads, head_dim]"
-        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
-            return f"q/k are {q.dtype}/{k.dtype} (the op takes float16 or bfloat16)"
         D = q.shape[-1]
         if k.shape[-1] != D or q.shape[:2] != k.shape[:2]:
             return "q and k differ in batch, tokens or head_dim"
-        wq, wk = norm_q.weight, norm_k.weight
-        if wq.dtype != q.dtype or wk.dtype != q.dtype:
-            return f"norm weights are {wq.dtype}/{wk.dtype}, activations {q.dtype}"
-        if wq.shape != (D,) or wk.shape != (D,) or not (wq.is_contiguous() and wk.is_contiguous()):
-            return "norm weights are not contiguous [head_dim]"
         if norm_eps(norm_q) != norm_eps(norm_k):
             return "q and k norms have different eps"
-        if q.stride(-1) != 1 or k.stride(-1) != 1 or (q.shape[2] > 1 and k.shape[2] > 1
-                                                       and q.stride(2) != k.stride(2)):
-            return "q/k strides (unit last stride and one head stride needed)"
         if not (_token_rows(q) and _token_rows(k)):
             return "q or k batch and token dims do not flatten without a copy"
-        if any(t.device != q.device for t in (k, wq, wk)):
+        if any(t.device != q.device for t in (k, norm_q.weight, norm_k.weight)):
             return "tensors on different devices"
+        if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+            return "autograd records q or k (the op writes them in place and has no backward)"
         if identity and (layout != "full_width" or not 0 < identity <= q.shape[1]):
             return "identity rows need the full-width layout and at most the tokens"
         if freqs is None:
             return "" if identity == q.shape[1] else "no rotary tensors for the rotated tokens"
         parts = tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
         if layout == "full_width":
+            if len(parts) != 2:
+                return "the rotary embedding is not (cos, sin)"
             cos, sin = parts
-            if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.shape != sin.shape:
-                return "cos/sin are not float32 of one shape"
+            if cos.shape != sin.shape:
+                return "cos/sin are not of one shape"
             if cos.dim() != 2 or cos.shape[1] != D:
                 return "cos/sin are not [positions, head_dim]"
             rows = cos.shape[0]
         else:
             (f,) = parts
-            if f.dtype != torch.complex64 or f.dim() != 2 or f.shape[1] * 2 != D:
-                return "rotary frequencies are not complex64 [positions, head_dim / 2]"
+            if not f.is_complex() or f.dim() != 2 or f.shape[1] * 2 != D:
+                return "rotary frequencies are not complex [positions, head_dim / 2]"
             rows = f.shape[0]
-        if parts[0].device != q.device:
+        if any(p.device != q.device for p in parts):
             return "rotary tensors on another device"
+        # the positions the op reads are the rows the model's chain takes
         if rows != (start + q.shape[1] - identity if rows_expected is None else rows_expected):
             return "the rotary rows do not match the tokens"
         return ""
+
+    def signature(q, k, norm_q, norm_k, freqs, layout, start, rows_expected, identity):
+        wq, wk = norm_q.weight, norm_k.weight
+        heads = q.shape[2] > 1 and k.shape[2] > 1
+        parts = () if freqs is None else tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
+        return (str(q.device), q.dtype, k.dtype, q.shape[-1], q.shape[2], k.shape[2], layout, rounding,
+                bool(identity), freqs is None, tuple(p.dtype for p in parts),
+                (wq.dtype, tuple(wq.shape), wq.is_contiguous()), (wk.dtype, tuple(wk.shape), wk.is_contiguous()),
+                q.stride(-1) == 1, k.stride(-1) == 1, not heads or q.stride(2) == k.stride(2), float(norm_q.eps))
+
+    def call(q, k, norm_q, norm_k, freqs, layout, start, rows_expected, identity):
+        B, S, Hq, D = q.shape
+        cache, positions = rope.get(freqs, layout, start, S - identity, B, q.device, identity, D)
+        kwargs = dict(is_neox=False, eps=norm_eps(norm_q), rope_dim=D, cache_full_width=layout == "full_width",
+                      rounding="rounded", **extra)
+        if layout == "complex":  # Qwen-Image's complex64 product
+            kwargs["rope_product"] = "complex"
+        return OpCall("qknorm_rope", (q.view(B * S, Hq, D), k.view(B * S, k.shape[2], D), norm_q.weight,
+                                      norm_k.weight, cache, positions), kwargs, lambda _: (q, k))
+
+    return Mapping(op="qknorm_rope", options=dict(options), fit=fit, signature=signature, call=call)
 
 
 # ---------------------------------------------------------------- adaLN LayerNorm-modulate
@@ -500,38 +484,38 @@ def affine_free_layer_norm(norm) -> str:
     return ""
 
 
-class LayerNormModulateSite(Site):
-    """norm(x) * (1 + scale[:, None]) + shift[:, None] with an affine-free LayerNorm."""
+def _layernorm_modulate_fit(x, scale, shift, norm) -> str:
+    # the chain's own rules (an affine-free LayerNorm over x's last dim, one dtype: a mixed one
+    # promotes); shapes, dtypes and strides are the matcher's
+    if x.dim() < 1:
+        return "x is a scalar"
+    if scale.dtype != x.dtype or shift.dtype != x.dtype:
+        return f"mixed dtypes ({x.dtype}, {scale.dtype}, {shift.dtype}: the chain promotes)"
+    if scale.device != x.device or shift.device != x.device:
+        return "tensors on different devices"
+    if tuple(norm.normalized_shape) != (x.shape[-1],):
+        return "the norm's shape is not x's last dim"
+    return affine_free_layer_norm(norm)
 
-    def __call__(self, x, scale, shift, norm, reference):
-        why = self._fit(x, scale, shift, norm)
-        sig = None if why else (str(x.device), x.dtype, x.shape[-1], float(norm.eps))
 
-        def rows():
-            # A residual stream left transposed by a patch embedding: aten's layer_norm copies it
-            # to rows first as well, so the values are the same.
-            return x if x.stride(-1) == 1 else x.contiguous()
+def _layernorm_modulate_signature(x, scale, shift, norm):
+    rows = (x.shape[0], x.shape[-1])
+    return (str(x.device), x.dtype, x.dim(), x.shape[-1], float(norm.eps),
+            tuple(scale.shape) == rows, scale.stride(-1) == 1, tuple(shift.shape) == rows, shift.stride(-1) == 1)
 
-        def fused():
-            return (ops.layernorm_modulate(rows(), scale, shift, eps=float(norm.eps), quality=self.quality),)
 
-        def explain():
-            return ditops.explain("layernorm_modulate", rows(), scale, shift, eps=float(norm.eps),
-                                  quality=self.quality)
+def _rows(x):
+    # A residual stream left transposed by a patch embedding: aten's layer_norm copies it to rows
+    # first as well, so the values are the same.
+    return x if x.stride(-1) == 1 else x.contiguous()
 
-        return self.run(why, sig, x.device, fused, lambda: (reference(),), explain)[0]
 
-    @staticmethod
-    def _fit(x, scale, shift, norm) -> str:
-        if x.dim() != 3 or x.dtype != torch.bfloat16:
-            return f"x is {x.dtype} of rank {x.dim()} (the op takes bfloat16 [batch, tokens, dim])"
-        B, _, D = x.shape
-        for name, t in (("scale", scale), ("shift", shift)):
-            if t.dtype != x.dtype or t.shape != (B, D) or t.stride(-1) != 1 or t.device != x.device:
-                return f"{name} is not {x.dtype} [batch, dim] with a unit last stride on x's device"
-        if tuple(norm.normalized_shape) != (D,):
-            return "the norm's shape is not x's last dim"
-        return affine_free_layer_norm(norm)
+def layernorm_modulate_mapping() -> Mapping:
+    """norm(x) * (1 + scale[:, None]) + shift[:, None] with an affine-free LayerNorm, called as
+    site(chain, x, scale, shift, norm): x [B, T, D], scale and shift [B, D]."""
+    return Mapping(op="layernorm_modulate", fit=_layernorm_modulate_fit, signature=_layernorm_modulate_signature,
+                   call=lambda x, scale, shift, norm: OpCall("layernorm_modulate", (_rows(x), scale, shift),
+                                                             dict(eps=float(norm.eps)), lambda out: out))
 
 
 # ---------------------------------------------------------------- gated residual
@@ -544,44 +528,33 @@ def _transposed(x) -> bool:
         x.stride(0) == x.shape[1] * x.shape[2]
 
 
-class GatedResidualSite(Site):
-    """residual + update * gate, the product rounded to the dtype before the sum."""
+def _residual_gate_add_fit(residual, update, gate) -> str:
+    # one dtype: a mixed chain promotes (Wan's float32 gate is another chain, wan.py's mapping);
+    # ranks, shapes, broadcasts and layouts are the matcher's
+    if update.dtype != residual.dtype or gate.dtype != residual.dtype:
+        return f"mixed dtypes ({residual.dtype}, {update.dtype}, {gate.dtype})"
+    if update.device != residual.device or gate.device != residual.device:
+        return "tensors on different devices"
+    return ""
 
-    def __call__(self, residual, update, gate, reference):
-        why = self._fit(residual, update, gate)
-        sig = None if why else (str(residual.device), residual.dtype, residual.dim(),
-                                tuple(n == 1 for n in gate.shape[:-1]), not residual.is_contiguous())
 
-        def fused():
-            # A [B, 1, D] gate sliced from the modulation rows is strided; the op takes a dense
-            # gate, and B * D elements are a negligible copy.
-            return (ops.residual_gate_add(residual, update, gate.contiguous(),
-                                                        quality=self.quality),)
+def _residual_gate_add_signature(residual, update, gate):
+    # the layout and broadcast classes the matcher decides on
+    layout = "contiguous" if residual.is_contiguous() else "transposed" if _transposed(residual) else "strided"
+    return (str(residual.device), residual.dtype, residual.dim(), tuple(update.shape) == tuple(residual.shape),
+            update.is_contiguous(), layout, gate.dim(),
+            tuple((g == 1, g == r) for g, r in zip(gate.shape, residual.shape)))
 
-        def explain():
-            return ditops.explain("residual_gate_add", residual, update, gate.contiguous(),
-                                  quality=self.quality)
 
-        return self.run(why, sig, residual.device, fused, lambda: (reference(),), explain)[0]
-
-    @staticmethod
-    def _fit(residual, update, gate) -> str:
-        if residual.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            return f"residual is {residual.dtype}"
-        if update.dtype != residual.dtype or gate.dtype != residual.dtype:
-            return f"mixed dtypes ({residual.dtype}, {update.dtype}, {gate.dtype})"
-        if update.shape != residual.shape or gate.dim() != residual.dim() or residual.dim() < 2:
-            return "update or gate shape does not match residual"
-        if gate.shape[-1] != residual.shape[-1] or any(
-                g not in (1, r) for g, r in zip(gate.shape, residual.shape)):
-            return "gate does not broadcast over residual"
-        if not update.is_contiguous():
-            return "update is not contiguous"
-        if not (residual.is_contiguous() or _transposed(residual)):
-            return "residual is neither contiguous nor [B, T, D] stored as [B, D, T]"
-        if update.device != residual.device or gate.device != residual.device:
-            return "tensors on different devices"
-        return ""
+def residual_gate_add_mapping() -> Mapping:
+    """residual + update * gate, the product rounded to the dtype before the sum, called as
+    site(chain, residual, update, gate)."""
+    # A [B, 1, D] gate sliced from the modulation rows is strided; the op takes a dense gate, and
+    # B * D elements are a negligible copy.
+    return Mapping(op="residual_gate_add", fit=_residual_gate_add_fit, signature=_residual_gate_add_signature,
+                   call=lambda residual, update, gate: OpCall("residual_gate_add",
+                                                              (residual, update, gate.contiguous()), {},
+                                                              lambda out: out))
 
 
 # ---------------------------------------------------------------- cross-head QK RMSNorm + RoPE
@@ -619,50 +592,37 @@ def _row_layout(x, name: str) -> str:
     return ""
 
 
-class CrossHeadQkNormRopeSite(Site):
+def _table_class(t, want):
+    """What the matcher reads of one rotary table against its [1|B, S, 1|H, D/2]: None when absent."""
+    if t is None:
+        return None
+    if t.dim() != len(want):
+        return (t.dtype, t.dim())
+    return (t.dtype, tuple((n == 1, n == w) for n, w in zip(t.shape, want)))
+
+
+def cross_head_qk_mapping(form: str) -> Mapping:
     """RMSNorm of q and k over the whole projected row (all heads: torch.nn.RMSNorm(heads *
     head_dim), Wan's and LTX-2's rms_norm_across_heads), then RoPE per head, as one in-place
     cross_head_qknorm_rope call. Its CUDA kernel is bit_exact against that eager chain where the
     norm runs PyTorch's fused row kernel (16-bit rows, a weight in their dtype or none, 8-byte
-    aligned rows, N % 4 == 0): every other call runs the model's code."""
+    aligned rows, N % 4 == 0): every other call runs the model's code.
 
-    def __call__(self, q, k, norm_q, norm_k, rope: str, head_dim: int, tables, reference, why: str = ""):
-        """q [B, S, Nq], k [B, Sk, Nk]: the projections, tensors nothing else reads (the op writes
-        them); their norm modules; the RoPE form (interleaved, split, none), the width of the
-        heads it rotates within, and the tables as the op reads them, (q_cos, q_sin, k_cos, k_sin)
-        ([1|B, tokens, 1|heads, head_dim/2] float32 views; k's None: k takes q's; all None for
-        rope none). reference(): the model's (q, k). why: the model module's reason this call
-        does not map (its tables are not the op's). Returns the normalized and rotated (q, k)."""
-        why = why or self._fit(q, k, norm_q, norm_k, rope, head_dim, tables)
-        sig = None if why else (str(q.device), q.dtype, q.shape[-1], k.shape[-1], head_dim, rope,
-                                norm_q.weight is not None, norm_k.weight is not None, float(norm_q.eps))
+    The site is called as site(chain, q, k, norm_q, norm_k, rope, head_dim, tables, unmapped): q
+    [B, S, Nq], k [B, Sk, Nk]: the projections, tensors nothing else reads (the op writes them);
+    their norm modules; the RoPE form (interleaved, split, none), the width of the heads it rotates
+    within, and the tables as the op reads them, (q_cos, q_sin, k_cos, k_sin) ([1|B, tokens,
+    1|heads, head_dim/2] float32 views; k's None: k takes q's; all None for rope none). unmapped:
+    the model module's reason this call does not map (its tables are not the op's), or ''."""
 
-        def arguments():
-            return ((q, k, norm_q.weight, norm_k.weight) + tuple(tables),
-                    dict(head_dim=head_dim, eps=float(norm_q.eps), rope=rope, rounding="rounded",
-                         quality=self.quality))
-
-        def fused():
-            args, kwargs = arguments()
-            ops.cross_head_qknorm_rope(*args, **kwargs)
-            return q, k
-
-        def explain():
-            args, kwargs = arguments()
-            return ditops.explain("cross_head_qknorm_rope", *args, **kwargs)
-
-        return self.run(why, sig, q.device, fused, reference, explain)
-
-    @staticmethod
-    def _fit(q, k, norm_q, norm_k, rope, head_dim, tables) -> str:
+    def fit(q, k, norm_q, norm_k, rope, head_dim, tables, unmapped) -> str:
+        # the chain's own rules (the norms PyTorch runs as one row kernel, one eps) and what the
+        # call needs; dtypes, widths, head_dim and the tables' shapes are the matcher's
+        if unmapped:
+            return unmapped
         if q.dim() != 3 or k.dim() != 3:
             return "q and k must be [batch, tokens, heads * head_dim]"
-        if q.dtype not in (torch.float16, torch.bfloat16) or k.dtype != q.dtype:
-            return f"q/k are {q.dtype}/{k.dtype} (the op takes float16 or bfloat16)"
-        (B, S, Nq), (Bk, Sk, Nk) = q.shape, k.shape
-        if Bk != B:
-            return f"q and k differ in batch ({B}, {Bk})"
-        why = cross_head_norm(norm_q, Nq) or cross_head_norm(norm_k, Nk)
+        why = cross_head_norm(norm_q, q.shape[-1]) or cross_head_norm(norm_k, k.shape[-1])
         if why:
             return why
         if float(norm_q.eps) != float(norm_k.eps):
@@ -673,41 +633,33 @@ class CrossHeadQkNormRopeSite(Site):
             if w.dtype != q.dtype:
                 # PyTorch decomposes RMSNorm with a weight of another dtype (pow, mean, rsqrt, mul)
                 return f"norm weight is {w.dtype} with {q.dtype} activations (PyTorch's decomposed RMSNorm)"
-            if not w.is_contiguous() or w.device != q.device:
-                return "norm weight is not contiguous on q's device"
-        if head_dim % 8 or not 8 <= head_dim <= 512 or Nq % head_dim or Nk % head_dim:
-            return f"head_dim {head_dim} (a multiple of 8 up to 512 that divides {Nq} and {Nk})"
-        if Nq > 8192 or Nk > 8192:
-            return f"rows of {max(Nq, Nk)} elements (the op's rows stop at 8192)"
+            if w.device != q.device:
+                return "norm weight is not on q's device"
         why = _row_layout(q, "q") or _row_layout(k, "k")
         if why:
             return why
-        if k.device != q.device:
-            return "q and k on different devices"
+        if k.device != q.device or any(t is not None and t.device != q.device for t in tables):
+            return "q, k and the rotary tables on different devices"
         if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
             return "autograd records q or k (the op writes them in place and has no backward)"
-        if rope not in ("interleaved", "split", "none"):
-            return f"RoPE form {rope!r}"
-        q_cos, q_sin, k_cos, k_sin = tables
-        if rope == "none":
-            return "" if all(t is None for t in tables) else "rotary tables given with rope none"
-        if k_cos is None and (k_sin is not None or Sk != S):
-            return "k takes q's rotary tables but has other tokens"
-        for name, cos, sin, x in (("q", q_cos, q_sin, q), ("k", k_cos, k_sin, k)):
-            if cos is None and name == "k":
-                continue
-            if cos is None or sin is None:
-                return f"{name} has no rotary tables"
-            heads = x.shape[2] // head_dim
-            if cos.dtype != torch.float32 or sin.dtype != torch.float32:
-                return f"{name}'s rotary tables are {cos.dtype}/{sin.dtype} (the op takes float32)"
-            if cos.dim() != 4 or cos.shape != sin.shape or cos.shape[0] not in (1, B) or cos.shape[1] != x.shape[1] \
-                    or cos.shape[2] not in (1, heads) or cos.shape[3] != head_dim // 2:
-                return (f"{name}'s rotary tables are {tuple(cos.shape)}, not [1|{B}, {x.shape[1]}, 1|{heads}, "
-                        f"{head_dim // 2}]")
-            if cos.device != q.device or sin.device != q.device:
-                return f"{name}'s rotary tables on another device"
         return ""
+
+    def signature(q, k, norm_q, norm_k, rope, head_dim, tables, unmapped):
+        (B, S, Nq), (Bk, Sk, Nk) = q.shape, k.shape
+        q_cos, q_sin, k_cos, k_sin = tables
+        half = head_dim // 2
+        q_want, k_want = (B, S, Nq // max(head_dim, 1), half), (B, Sk, Nk // max(head_dim, 1), half)
+        return (str(q.device), q.dtype, k.dtype, Nq, Nk, B == Bk, S == Sk, head_dim, rope, float(norm_q.eps),
+                tuple(None if w is None else (w.dtype, w.is_contiguous()) for w in (norm_q.weight, norm_k.weight)),
+                _table_class(q_cos, q_want), _table_class(q_sin, q_want),
+                _table_class(k_cos, k_want), _table_class(k_sin, k_want))
+
+    def call(q, k, norm_q, norm_k, rope, head_dim, tables, unmapped):
+        return OpCall("cross_head_qknorm_rope", (q, k, norm_q.weight, norm_k.weight) + tuple(tables),
+                      dict(head_dim=head_dim, eps=float(norm_q.eps), rope=rope, rounding="rounded"),
+                      lambda _: (q, k))
+
+    return Mapping(op="cross_head_qknorm_rope", options={"rope": form}, fit=fit, signature=signature, call=call)
 
 
 # ---------------------------------------------------------------- a site with its op mapping beside the chain

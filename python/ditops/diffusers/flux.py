@@ -27,7 +27,7 @@ from diffusers.models.transformers.transformer_flux import (FluxAttnProcessor, F
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, MappedSite, Mapping, OpCall, op_options
+from ._sites import MappedSite, Mapping, OpCall, op_options
 from . import _common
 
 MODEL_CLASS = "FluxTransformer2DModel"
@@ -89,17 +89,16 @@ def joint_qk(site, streams, norms, freqs):
     """The joint (q, k, v) of a double block: [text; image] rows, through the dual-stream site; the
     model's chain (norms, concatenation, RoPE of the whole) is its reference."""
 
-    def reference():
-        q1, k1, v1, q2, k2, v2 = streams
+    def chain(q1, k1, v1, q2, k2, v2, norms, freqs, rotate_stream2):
         query = torch.cat([norms[0](q1), norms[2](q2)], dim=1)
         key = torch.cat([norms[1](k1), norms[3](k2)], dim=1)
         value = torch.cat([v1, v2], dim=1)
         return (apply_rotary_emb(query, freqs, sequence_dim=1), apply_rotary_emb(key, freqs, sequence_dim=1), value)
 
-    return site(streams, norms, freqs, reference)
+    return site(chain, *streams, norms, freqs, True)
 
 
-def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+def double_block_forward(adaln: MappedSite, residual: MappedSite):
     """FluxTransformerBlock.forward with the norm2 modulations and the four gated residuals
     through the sites (norm1 / norm1_context are patched modules of their own)."""
 
@@ -133,7 +132,7 @@ def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSi
     return forward
 
 
-def single_block_forward(residual: GatedResidualSite):
+def single_block_forward(residual: MappedSite):
     """FluxSingleTransformerBlock.forward with its gated residual through the site, the MLP's GELU
     written into proj_out's input (_common.cat_attention_and_gelu)."""
 

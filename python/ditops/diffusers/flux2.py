@@ -45,7 +45,7 @@ from diffusers.models.transformers.transformer_flux2 import (Flux2AttnProcessor,
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, MappedSite, Mapping, OpCall
+from ._sites import MappedSite, Mapping, OpCall
 from . import _common
 from .flux import joint_qk, patch_pos_embed
 
@@ -211,22 +211,21 @@ def swiglu_ff_forward(site: MappedSite):
     return forward
 
 
-def modulate(site: LayerNormModulateSite, x, scale, shift, norm, scale_first: bool):
+def modulate(site: MappedSite, x, scale, shift, norm, scale_first: bool):
     """The blocks' inline modulation, written as the model writes it: (1 + scale) * norm(x) + shift
     (scale_first) or norm(x) * (1 + scale) + shift. scale, shift: [B, 1, D] chunks of the model-level
     modulation; the site takes their [B, D] rows (a per-token [B, S, D] modulation does not fit it)."""
-    if scale_first:
-        reference = lambda: (1 + scale) * norm(x) + shift  # noqa: E731
-    else:
-        reference = lambda: norm(x) * (1 + scale) + shift  # noqa: E731
+
+    def chain(x, scale_rows, shift_rows, norm):  # the model's own [B, 1, D] scale and shift
+        return (1 + scale) * norm(x) + shift if scale_first else norm(x) * (1 + scale) + shift
 
     def rows(t):
         return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 else t
 
-    return site(x, rows(scale), rows(shift), norm, reference)
+    return site(chain, x, rows(scale), rows(shift), norm)
 
 
-def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite, ff_adaln=None):
+def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None):
     """Flux2TransformerBlock.forward with its four modulations and four gated residuals through the
     sites: adaln feeds the attention (norm1, norm1_context), ff_adaln (default: adaln) the
     feed-forwards (norm2, norm2_context); the FP8 path passes its per-token e4m3 site for either."""
@@ -261,7 +260,7 @@ def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSi
     return forward
 
 
-def single_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+def single_block_forward(adaln: MappedSite, residual: MappedSite):
     """Flux2SingleTransformerBlock.forward with its modulation and gated residual through the sites."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,

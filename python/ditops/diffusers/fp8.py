@@ -52,7 +52,7 @@ import ditops
 from ditops import Error
 
 from . import _sites
-from ._sites import LayerNormModulateSite, MappedSite, Mapping, Site
+from ._sites import MappedSite, Mapping, OpCall, Site
 
 # The custom ops the producer sites call (a module attribute: tests substitute a namespace).
 ops = torch.ops.ditops
@@ -348,42 +348,26 @@ class CatActQuantSite(RowwiseQuantSite):
         return self._quantize(prefix, x)
 
 
-class LayerNormModulateFp8Site(Fp8QuantSite):
+def layernorm_modulate_fp8_mapping() -> Mapping:
     """The adaLN modulation quantized per token: layernorm_modulate_fp8_rowwise(x, scale, shift,
-    eps), whose bf16 value is never written, or the chain: the bf16 site's value (layernorm_modulate
-    or the model's code, itself equal to the model's chain) then fp8_rowwise_eager. Called as the
-    bf16 site is (_common.modulate), so the model modules' forwards take it in its place."""
+    eps), whose bf16 value is never written, with the bf16 site's fit and signature
+    (_common.modulate's arguments); op None where this build does not list it."""
+    op = "layernorm_modulate_fp8_rowwise"
+    why = producer_why_not(op)
+    if why:
+        return Mapping(why=why)
 
-    def __init__(self, name: str, bf16: LayerNormModulateSite, *, producers: bool):
-        op = "layernorm_modulate_fp8_rowwise"
-        why = producer_why_not(op) if producers else "producers off (Fp8Config(producers=False)): the chain runs"
-        super().__init__(name, op=None if why else op, chain=f"fp8_rowwise_eager({bf16.name}: {bf16.chain})",
-                         why=why)
-        self.bf16 = bf16
+    def call(x, scale, shift, norm):
+        # x's rows as the bf16 site passes them (aten copies a transposed stream too)
+        return OpCall(op, (x if x.stride(-1) == 1 else x.contiguous(), scale, shift), dict(eps=float(norm.eps)),
+                      lambda out: (out[0].reshape(x.shape), out[1].reshape(*x.shape[:-1], 1)))
 
-    def __call__(self, x, scale, shift, norm, reference) -> Rowwise:
-        why = LayerNormModulateSite._fit(x, scale, shift, norm)
-        sig = None if why else (str(x.device), x.dtype, x.shape[-1], float(norm.eps))
-
-        def rows():
-            return x if x.stride(-1) == 1 else x.contiguous()  # as the bf16 site: aten copies too
-
-        def op_call():
-            q, s = ops.layernorm_modulate_fp8_rowwise(rows(), scale, shift, eps=float(norm.eps), quality=self.quality)
-            return q.reshape(x.shape), s.reshape(*x.shape[:-1], 1)
-
-        def chain():
-            return fp8_rowwise_eager(self.bf16(x, scale, shift, norm, reference))
-
-        def explain():
-            return ditops.explain("layernorm_modulate_fp8_rowwise", rows(), scale, shift, eps=float(norm.eps),
-                                  quality=self.quality)
-
-        return self._produce(why, sig, x.device, op_call, chain, explain)
+    bf16 = _sites.layernorm_modulate_mapping()
+    return Mapping(op=op, fit=bf16.fit, signature=bf16.signature, call=call)
 
 
 class MappedFp8Site(Fp8QuantSite):
-    """A mapped site (Wan's adaLN: MappedSite(chain, *tensors)) whose 16-bit output feeds FP8
+    """A mapped site (an adaLN site: MappedSite(chain, *tensors)) whose 16-bit output feeds FP8
     linears only, as a Rowwise pair: `mapping`'s op call with the per-token e4m3 output
     (norm_scale_shift(..., rowwise_fp8=True): y never written) where this build lists it, else the
     chain: the bf16 site's value (its own op or the model's code, equal to the model's chain) then
@@ -547,7 +531,6 @@ class Context:
         self.cat_gelu = CatActQuantSite("fp8_quant (cat attn + gelu mlp)", act="gelu_tanh", producers=producers)
         self.swiglu = RowwiseQuantSite("fp8_quant (swiglu ff)", act="swiglu", producers=producers)
         self.cat_swiglu = CatActQuantSite("fp8_quant (cat attn + swiglu mlp)", act="swiglu", producers=producers)
-        self._adaln = None
         self._mapped = None
         for site in (self.linear_input, self.gelu, self.cat_gelu, self.swiglu, self.cat_swiglu):
             plan.add_site(site)
@@ -556,11 +539,9 @@ class Context:
         """The sites plan's site of that name (the bf16 sites the FP8 forwards call)."""
         return next(s for s in self.plan.sites if s.name == name)
 
-    def adaln(self, bf16: LayerNormModulateSite) -> LayerNormModulateFp8Site:
-        if self._adaln is None:
-            self._adaln = self.plan.add_site(LayerNormModulateFp8Site("fp8_quant (adaLN)", bf16,
-                                                                      producers=self.config.producers))
-        return self._adaln
+    def adaln(self, bf16: MappedSite) -> MappedFp8Site:
+        """bf16's (layernorm_modulate's) output as a Rowwise pair: layernorm_modulate_fp8_rowwise or the chain."""
+        return self.mapped_fp8(bf16, layernorm_modulate_fp8_mapping())
 
     def mapped_fp8(self, bf16: MappedSite, mapping: Mapping) -> MappedFp8Site:
         """bf16's output as a Rowwise pair for all its consumers (one site object per model):

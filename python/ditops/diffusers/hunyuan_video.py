@@ -31,7 +31,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite
+from ._sites import MappedSite
 from . import _common
 
 MODEL_CLASS = "HunyuanVideoTransformer3DModel"
@@ -109,14 +109,13 @@ class HunyuanVideoDualAttnProcessorDitops(_common.ProcessorWrapper):
             (attn.add_v_proj, encoder_hidden_states)))
         norms = (attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k)
 
-        def reference():  # steps 2 to 4 of the model's processor
-            q, k, v, eq, ek, ev = streams
-            q = apply_rotary_emb(attn.norm_q(q), image_rotary_emb, sequence_dim=1)
-            k = apply_rotary_emb(attn.norm_k(k), image_rotary_emb, sequence_dim=1)
-            return (torch.cat([q, attn.norm_added_q(eq)], dim=1), torch.cat([k, attn.norm_added_k(ek)], dim=1),
+        def chain(q, k, v, eq, ek, ev, norms, freqs, rotate_stream2):  # steps 2 to 4 of the model's processor
+            q = apply_rotary_emb(norms[0](q), freqs, sequence_dim=1)
+            k = apply_rotary_emb(norms[1](k), freqs, sequence_dim=1)
+            return (torch.cat([q, norms[2](eq)], dim=1), torch.cat([k, norms[3](ek)], dim=1),
                     torch.cat([v, ev], dim=1))
 
-        query, key, value = self.site(streams, norms, image_rotary_emb, reference, rotate_stream2=False)
+        query, key, value = self.site(chain, *streams, norms, image_rotary_emb, False)
         return _attend(self, attn, query, key, value, attention_mask, encoder_hidden_states.shape[1])
 
 
@@ -141,7 +140,7 @@ class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
         return _attend(self, attn, query, key, value, attention_mask, text_len)
 
 
-def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+def double_block_forward(adaln: MappedSite, residual: MappedSite):
     """HunyuanVideoTransformerBlock.forward with the norm2 modulations and the four gated
     residuals through the sites."""
 
@@ -174,7 +173,7 @@ def double_block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSi
     return forward
 
 
-def single_block_forward(residual: GatedResidualSite):
+def single_block_forward(residual: MappedSite):
     """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site, the
     MLP's GELU and both attention outputs written into proj_out's input (one buffer, no cats:
     _common.cat_attention_and_gelu)."""

@@ -53,7 +53,7 @@ from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnPr
 import torch
 
 from ._patching import Plan
-from ._sites import CrossHeadQkNormRopeSite, GatedResidualSite, MappedSite, Mapping, OpCall, op_options
+from ._sites import MappedSite, Mapping, OpCall, op_options
 from . import _common
 
 MODEL_CLASS = "LTX2VideoTransformer3DModel"
@@ -292,12 +292,12 @@ def _tables(attn, query, key, query_rotary_emb, key_rotary_emb):
     return "none", attn.head_dim, none, f"rope_type {rope!r} (the model rotates nothing then; not mapped)"
 
 
-def qk(site: CrossHeadQkNormRopeSite, attn, query, key, query_rotary_emb, key_rotary_emb):
+def qk(site: MappedSite, attn, query, key, query_rotary_emb, key_rotary_emb):
     """(query, key) [B, T, N] after the norms and the model's RoPE, or cross_head_qknorm_rope in
     place on the projections."""
 
-    def reference():
-        q, k = attn.norm_q(query), attn.norm_k(key)
+    def chain(query, key, norm_q, norm_k, rope, head_dim, tables, unmapped):
+        q, k = norm_q(query), norm_k(key)
         if query_rotary_emb is not None:
             key_emb = key_rotary_emb if key_rotary_emb is not None else query_rotary_emb
             if attn.rope_type == "interleaved":
@@ -309,7 +309,7 @@ def qk(site: CrossHeadQkNormRopeSite, attn, query, key, query_rotary_emb, key_ro
         return q, k
 
     rope, head_dim, tables, why = _tables(attn, query, key, query_rotary_emb, key_rotary_emb)
-    return site(query, key, attn.norm_q, attn.norm_k, rope, head_dim, tables, reference, why=why)
+    return site(chain, query, key, attn.norm_q, attn.norm_k, rope, head_dim, tables, why)
 
 
 def _attention(self, attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
@@ -525,7 +525,7 @@ def _feed_forward(block, sites, names, stream, mlp):
     return sites.gated(x, getattr(block, names["ff"])(normed), gate)
 
 
-def block_forward(residual: GatedResidualSite, adaln: MappedSite, norm: MappedSite, residual_norm: MappedSite,
+def block_forward(residual: MappedSite, adaln: MappedSite, norm: MappedSite, residual_norm: MappedSite,
                   add_norm: MappedSite):
     """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the gated residuals and the norms'
     modulations through the sites (the QK sites are in the attentions' processors), sub-block by

@@ -21,7 +21,7 @@ from diffusers.models.transformers.transformer_qwenimage import (QwenDoubleStrea
                                                                  QwenImageTransformerBlock)
 
 from ._patching import Plan
-from ._sites import GatedResidualSite, LayerNormModulateSite, op_options
+from ._sites import MappedSite, op_options
 from . import _common
 
 MODEL_CLASS = "QwenImageTransformer2DModel"
@@ -84,7 +84,7 @@ class QwenDoubleStreamAttnProcessorDitops(_common.ProcessorWrapper):
         return img_attn_output, txt_attn_output
 
 
-def block_forward(adaln: LayerNormModulateSite, residual: GatedResidualSite):
+def block_forward(adaln: MappedSite, residual: MappedSite):
     """QwenImageTransformerBlock.forward with the four modulations and the four gated residuals
     through the sites."""
 

@@ -41,7 +41,7 @@ from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, Wan
 import ditops
 
 from ._patching import Plan
-from ._sites import CrossHeadQkNormRopeSite, MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
+from ._sites import MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
 from . import _common
 
 MODEL_CLASS = "WanTransformer3DModel"
@@ -319,13 +319,13 @@ def wan_rope(x, freqs_cos, freqs_sin):
     return out.type_as(x)
 
 
-def qk(site: CrossHeadQkNormRopeSite, attn, query, key, rotary_emb):
+def qk(site: MappedSite, attn, query, key, rotary_emb):
     """(query, key) [B, S, N] after the norms and, with rotary_emb, RoPE per head: the model's
     order, or cross_head_qknorm_rope in place on the projections."""
     heads = attn.heads
 
-    def reference():
-        q, k = attn.norm_q(query), attn.norm_k(key)
+    def chain(query, key, norm_q, norm_k, rope, head_dim, tables, unmapped):
+        q, k = norm_q(query), norm_k(key)
         if rotary_emb is None:
             return q, k
         return (wan_rope(q.unflatten(2, (heads, -1)), *rotary_emb).flatten(2),
@@ -333,11 +333,11 @@ def qk(site: CrossHeadQkNormRopeSite, attn, query, key, rotary_emb):
 
     head_dim = query.shape[-1] // heads
     if rotary_emb is None:
-        return site(query, key, attn.norm_q, attn.norm_k, "none", head_dim, (None,) * 4, reference)
+        return site(chain, query, key, attn.norm_q, attn.norm_k, "none", head_dim, (None,) * 4, "")
     freqs_cos, freqs_sin = rotary_emb
     # k takes q's tables (self-attention: the same tokens)
     tables = (freqs_cos[..., 0::2], freqs_sin[..., 1::2], None, None)
-    return site(query, key, attn.norm_q, attn.norm_k, "interleaved", head_dim, tables, reference)
+    return site(chain, query, key, attn.norm_q, attn.norm_k, "interleaved", head_dim, tables, "")
 
 
 class WanAttnProcessorDitops(_common.ProcessorWrapper):
