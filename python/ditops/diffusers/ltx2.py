@@ -44,6 +44,7 @@ host in each guided block (if all_perturbed:), a sync no graph holds: refused.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -180,7 +181,7 @@ def _residual_norm_fit(x, update, gate, norm, scale, shift) -> str:
 # norm_scale_shift's residual form with the mean order: residual_out = rne(x + rne(update * gate))
 # (or rne(x + update)), y = the norm of residual_out (modulated or not), eager's roundings.
 RESIDUAL_NORM_RMS_MEAN = Mapping(
-    op="norm_scale_shift", options={"norm": "rms", "norm_order": "aten_mean", "residual": "gated or add"},
+    op="norm_scale_shift", options={"norm": "rms", "norm_order": "aten_mean", "residual": "gated"},
     fit=_residual_norm_fit,
     signature=lambda x, update, gate, norm, scale, shift: (
         str(x.device), x.dtype, x.shape[-1], None if gate is None else gate.shape[1] == 1,
@@ -191,9 +192,14 @@ RESIDUAL_NORM_RMS_MEAN = Mapping(
         _common.residual_out_and_y))
 
 
-def residual_norm_mapping() -> Mapping:
+# The same call with gate None: residual_out = rne(x + update), the text cross-attention's plain add.
+ADD_NORM_RMS_MEAN = dataclasses.replace(RESIDUAL_NORM_RMS_MEAN, options={**RESIDUAL_NORM_RMS_MEAN.options,
+                                                                         "residual": "add"})
+
+
+def residual_norm_mapping(gated: bool = True) -> Mapping:
     if adaln_mapping() is ADALN_RMS_MEAN:
-        return RESIDUAL_NORM_RMS_MEAN
+        return RESIDUAL_NORM_RMS_MEAN if gated else ADD_NORM_RMS_MEAN
     return Mapping(why=ADALN_WHY)
 
 
@@ -589,8 +595,8 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
     residual_norm = plan.add_site(MappedSite(
         "adaln_modulate (gated residual + norm)", mapping=residual_norm_mapping(), chain=RESIDUAL_NORM_CHAIN,
         classes=("adaln_modulate", "gated_residual"), outputs=2))
-    add_norm = plan.add_site(MappedSite("adaln_modulate (residual + norm)", mapping=residual_norm_mapping(),
-                                        chain=ADD_NORM_CHAIN, outputs=2))
+    add_norm = plan.add_site(MappedSite("adaln_modulate (residual + norm)",
+                                        mapping=residual_norm_mapping(gated=False), chain=ADD_NORM_CHAIN, outputs=2))
 
     attentions = (("attn1", qk_video, "video"), ("audio_attn1", qk_audio, "audio"),
                   ("audio_to_video_attn", qk_av, "video q, audio k"),
