@@ -1391,52 +1391,6 @@ def test_flux_rope_tables_site_leaves_other_pos_embeds_to_the_model():
 needs_cuda = needs_cuda_mark(torch)
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=needs_cuda)])
-def test_single_block_gelu_is_written_into_proj_outs_input(device):
-    """_common.cat_attention_and_gelu (FLUX.1 / HunyuanVideo single blocks) equals the model's two
-    cats byte for byte. On CUDA: the GELU through aten's gelu.out into the buffer's strided columns
-    (the non-vectorized kernel where the chain's is vectorized: the same function per element), the
-    attention parts copied into their rows, and no cat at all. On the CPU (whose strided GELU
-    rounds a row's tail differently), another activation, or a part the cat would promote: the
-    model's cats."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Ops(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    g = torch.Generator().manual_seed(3)
-    rows, width, mlp_width = (300, 256, 1024) if device == "cuda" else (12, 8, 40)
-    mlp = (torch.randn(2, rows, mlp_width, generator=g) * 3).to(device, torch.bfloat16)
-    text = rows // 4
-    parts = [torch.randn(2, rows - text, width, generator=g).to(device, torch.bfloat16),
-             torch.randn(2, text, width, generator=g).to(device, torch.bfloat16)]
-    for attn_parts in (parts, [torch.cat(parts, dim=1)]):
-        for act in (torch.nn.GELU(approximate="tanh"), torch.nn.GELU()):
-            chain = torch.cat([torch.cat(attn_parts, dim=1), act(mlp)], dim=2)
-            with Ops() as ops:
-                out = _common.cat_attention_and_gelu(attn_parts, mlp, act)
-            assert torch.equal(out, chain) and out.is_contiguous()
-            if device == "cuda":
-                assert "aten.gelu.out" in ops.names and not [n for n in ops.names if "cat" in n], ops.names
-            else:
-                assert "aten.cat.default" in ops.names and "aten.gelu.out" not in ops.names, ops.names
-    silu = torch.nn.SiLU()
-    with Ops() as ops:
-        out = _common.cat_attention_and_gelu(parts, mlp, silu)
-    assert torch.equal(out, torch.cat([torch.cat(parts, dim=1), silu(mlp)], dim=2))
-    assert "aten.cat.default" in ops.names
-    wide = [p.float() for p in parts]  # the cat promotes to float32: the model's code
-    gelu = torch.nn.GELU(approximate="tanh")
-    out = _common.cat_attention_and_gelu(wide, mlp, gelu)
-    assert out.dtype == torch.float32 and torch.equal(out, torch.cat([torch.cat(wide, dim=1), gelu(mlp)], dim=2))
-
-
 # The GPU test's models: every tiny model, and the forms whose chains differ in layout or tables.
 GPU_MODELS = dict(TINY, **{
     "wan_ti2v": lambda batch: tiny_wan(batch=batch, per_token_timestep=True),

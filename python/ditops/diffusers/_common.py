@@ -179,33 +179,6 @@ def gated(site: MappedSite, residual, update, gate):
 
 # ---------------------------------------------------------------- shared module patches
 
-def cat_attention_and_gelu(attn_parts, mlp, act):
-    """torch.cat([torch.cat(attn_parts, dim=1), act(mlp)], dim=2): a single block's proj_out input
-    (FLUX.1, HunyuanVideo). With act an nn.GELU the GELU writes straight into the buffer's last
-    columns and each attention part is copied into its rows of the first columns, so the cats'
-    second pass over the MLP columns (four fifths of the buffer) is gone. CUDA only: aten's CUDA
-    elementwise kernels apply one function to each element whatever the output's strides (the
-    strided columns take the non-vectorized kernel); its CPU loops do not (a row's scalar tail
-    rounds tanh differently from the vector body: 1 element in 960 of a bf16 GELU differed).
-    Anything else (the CPU, another activation, dtypes or shapes the cat would promote or refuse, a
-    trace by torch.compile, whose inductor fuses the cats itself) is the model's code."""
-    D = attn_parts[0].shape[-1]
-    fits = (type(act) is torch.nn.GELU and mlp.is_cuda and not torch.compiler.is_compiling() and mlp.dim() == 3
-            and sum(p.shape[1] for p in attn_parts) == mlp.shape[1]
-            and all(p.dim() == 3 and p.shape[0] == mlp.shape[0] and p.shape[-1] == D and p.dtype == mlp.dtype
-                    and p.device == mlp.device for p in attn_parts))
-    if not fits:
-        attn = attn_parts[0] if len(attn_parts) == 1 else torch.cat(attn_parts, dim=1)
-        return torch.cat([attn, act(mlp)], dim=2)
-    out = mlp.new_empty(*mlp.shape[:-1], D + mlp.shape[-1])
-    torch.ops.aten.gelu.out(mlp, approximate=act.approximate, out=out[..., D:])
-    row = 0
-    for part in attn_parts:
-        out[:, row:row + part.shape[1], :D].copy_(part)
-        row += part.shape[1]
-    return out
-
-
 def patch_processor(plan, site, path, attn, default_cls, ours_cls, streams):
     """Count the attention's QK streams as places; install ours_cls when the site's op is mapped
     and the attention runs the model's default processor (an IP-adapter or user processor is

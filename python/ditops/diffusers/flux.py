@@ -133,8 +133,7 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
 
 
 def single_block_forward(residual: MappedSite):
-    """FluxSingleTransformerBlock.forward with its gated residual through the site, the MLP's GELU
-    written into proj_out's input (_common.cat_attention_and_gelu)."""
+    """FluxSingleTransformerBlock.forward with its gated residual through the site."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 joint_attention_kwargs=None):
@@ -142,10 +141,10 @@ def single_block_forward(residual: MappedSite):
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_hidden = self.proj_mlp(norm_hidden)
+        mlp_hidden = self.act_mlp(self.proj_mlp(norm_hidden))
         attn_output = self.attn(hidden_states=norm_hidden, image_rotary_emb=image_rotary_emb,
                                 **(joint_attention_kwargs or {}))
-        update = self.proj_out(_common.cat_attention_and_gelu([attn_output], mlp_hidden, self.act_mlp))
+        update = self.proj_out(torch.cat([attn_output, mlp_hidden], dim=2))
         hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
         if hidden_states.dtype == torch.float16:
             hidden_states = hidden_states.clip(-65504, 65504)

@@ -174,9 +174,7 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
 
 
 def single_block_forward(residual: MappedSite):
-    """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site, the
-    MLP's GELU and both attention outputs written into proj_out's input (one buffer, no cats:
-    _common.cat_attention_and_gelu)."""
+    """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
                 *args, **kwargs):
@@ -184,12 +182,12 @@ def single_block_forward(residual: MappedSite):
         hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_hidden = self.proj_mlp(norm_hidden)
+        mlp_hidden = self.act_mlp(self.proj_mlp(norm_hidden))
         attn_output, context_attn_output = self.attn(
             hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
             attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-        update = self.proj_out(_common.cat_attention_and_gelu([attn_output, context_attn_output], mlp_hidden,
-                                                              self.act_mlp))
+        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        update = self.proj_out(torch.cat([attn_output, mlp_hidden], dim=2))
         hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
         return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
 
