@@ -10,25 +10,17 @@ single-block widths (attention 3072 columns, MLP 12288), times in one run, buffe
 and checks that both give the same bytes on every buffer set. docs/tuning/single_block_cat.md has
 the numbers (the direct form lost: the strided GELU takes twice the vectorized one's time).
 
-    python3 bench/experiments/gelu_into_cat.py [ROWS ...]     (default 4608 5120)
+    PYTHONPATH=BUILD/python python3 bench/experiments/gelu_into_cat.py [ROWS ...]     (default 4608 5120)
 """
 import sys
 
 import torch
 
 
-def timed(fn, iters=50):
-    times = []
-    for _ in range(5):
-        fn()
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0)
-    return sorted(times)[len(times) // 2]
+def timed(fn):
+    """Median us of fn() over 50 calls (the model bench's CUDA-event timing)."""
+    from ditops.diffusers.bench import time_forward
+    return time_forward(torch, fn, 50, 5)[0] * 1000.0
 
 
 def main():
