@@ -227,7 +227,7 @@ class Site:
             return reference()
         state = self.gate.state(sig)
         if state == VERIFIED:
-            if torch.compiler.is_compiling() or _tracing_or_capturing(device):
+            if _tracing_or_capturing(device):  # torch.compile's trace too
                 return fused()
             try:
                 out = fused()
@@ -332,7 +332,7 @@ class RopeTable:
         """(cache, positions [batch * (tokens + identity)]): each batch element's tokens at rows
         [start, start + tokens), then `identity` tokens at an appended identity row (cos 1, sin 0:
         the rotation leaves them as they are; full_width only; freqs None: that row alone)."""
-        keep = not (torch.compiler.is_compiling() or _tracing_or_capturing(device))
+        keep = not _tracing_or_capturing(device)  # neither traced nor captured
         parts = () if freqs is None else tuple(freqs) if isinstance(freqs, (tuple, list)) else (freqs,)
         slot_name = "slot_identity" if identity else "slot"
         slot = getattr(self._local, slot_name, None) if keep else None

@@ -359,7 +359,7 @@ def layernorm_modulate_fp8_mapping() -> Mapping:
 
     def call(x, scale, shift, norm):
         # x's rows as the bf16 site passes them (aten copies a transposed stream too)
-        return OpCall(op, (x if x.stride(-1) == 1 else x.contiguous(), scale, shift), dict(eps=float(norm.eps)),
+        return OpCall(op, (_sites._rows(x), scale, shift), dict(eps=float(norm.eps)),
                       lambda out: (out[0].reshape(x.shape), out[1].reshape(*x.shape[:-1], 1)))
 
     bf16 = _sites.layernorm_modulate_mapping()
