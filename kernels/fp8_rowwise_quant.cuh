@@ -7,12 +7,9 @@
 // Numerics contract (docs/fp8_rowwise_quant.md): bit_exact against the eager chain on CUDA,
 // fp8_rowwise_eager(torch.cat([prefix, F.gelu(x, approximate="tanh")], -1)) (or act none, or
 // F.silu(x[..., :N]) * x[..., N:] for swiglu).
-// * GELU(tanh) is ATen's GeluCUDAKernelImpl in fp32 (opmath): x_cube = (x * x) * x;
-//   inner = kBeta * (x + kKappa * x_cube) with kBeta = fp32(double(M_SQRT2 * M_2_SQRTPI) * 0.5),
-//   kKappa = fp32(0.044715); 0.5f * x * (1 + tanhf(inner)); rounded to T. nvcc contracts
-//   `x + kKappa * x_cube` into one fma when it builds PyTorch (--fmad=true): kGeluFma spells that
-//   fma out, !kGeluFma the product rounded, then the sum; the device run says which is eager's.
-//   tanhf is CUDA's (the same libdevice code PyTorch's kernel calls).
+// * GELU(tanh) is common/gelu.cuh's (the gelu_tanh op's): ATen's GeluCUDAKernelImpl in fp32,
+//   rounded to T; kFp8RowwiseGeluFma spells out nvcc's contraction of `x + kKappa * x_cube` (eager's,
+//   torch.equal on the H200), kFp8RowwiseGeluMulAdd the product rounded, then the sum.
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
@@ -57,6 +54,7 @@ constexpr int kFp8RowwiseSwiglu = 3;      // silu(x[:N]) * x[N:], each step roun
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
 #include "common/fp8_rowwise.cuh"
+#include "common/gelu.cuh"
 #include "common/memory.cuh"
 #include "common/swiglu.cuh"
 #include "common/types.cuh"
@@ -67,28 +65,13 @@ namespace frq_detail {
 
 using namespace ditops::kernel;
 
-// ATen's GELU(tanh) in fp32 (see the header comment), before the rounding to T.
-template <bool kFma>
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = static_cast<float>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
-  constexpr float kKappa = static_cast<float>(0.044715);
-  const float x_cube = __fmul_rn(__fmul_rn(x, x), x);
-  const float sum = kFma ? __fmaf_rn(kKappa, x_cube, x) : __fadd_rn(x, __fmul_rn(kKappa, x_cube));
-  const float inner = __fmul_rn(kBeta, sum);
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
 // A packed word of two T values through act, rounded back to T (not swiglu: swiglu_word).
 template <typename T, int kAct>
 __device__ __forceinline__ u32 act_word(u32 word) {
   if constexpr (kAct == kFp8RowwiseActNone || kAct == kFp8RowwiseSwiglu) {
     return word;
   } else {
-    T lo, hi;
-    lo.bits = static_cast<unsigned short>(word);
-    hi.bits = static_cast<unsigned short>(word >> 16);
-    constexpr bool kFma = kAct == kFp8RowwiseGeluFma;
-    return pack2<T>(gelu_tanh<kFma>(to_float(lo)), gelu_tanh<kFma>(to_float(hi)));
+    return gelu_tanh_word<T, kAct == kFp8RowwiseGeluFma>(word);
   }
 }
 

@@ -57,6 +57,17 @@ inline double swiglu(double gate, double up, DType dtype) {
   return round_dtype(silu * up, dtype);
 }
 
+// F.gelu(x, approximate="tanh") in double (the gelu_tanh op's oracle, and fp8_rowwise_quant's
+// act=gelu_tanh): the fp32 steps of ATen's kernel, each rounded to fp32 (the fma as one rounding of
+// the double fma), tanh in double; then the dtype.
+inline double gelu_tanh(double x, DType dtype, bool fma) {
+  const double beta = round_f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5), kappa = round_f32(0.044715);
+  const double cube = round_f32(round_f32(x * x) * x);
+  const double sum = fma ? round_f32(std::fma(kappa, cube, x)) : round_f32(x + round_f32(kappa * cube));
+  const double inner = round_f32(beta * sum);
+  return round_dtype(round_f32(round_f32(0.5 * x) * round_f32(1.0 + round_f32(std::tanh(inner)))), dtype);
+}
+
 // The e4m3fn value a static fp8 quantization stores for fp32 product p: NaN stays NaN, the rest
 // clamped to +-448 and rounded to 4 significant bits (subnormals from 2^-6 down, in steps of 2^-9).
 inline double round_e4m3_saturated(double p) {

@@ -39,8 +39,8 @@ inline uint8_t fp8_rowwise_e4m3(float y, float s) {
   return std::isnan(q) ? uint8_t{0x7F} : float_to_e4m3_satfinite(q);
 }
 
-// F.gelu(x, approximate="tanh") in fp32 as ATen's CUDA kernel computes it (kernels/
-// fp8_rowwise_quant.cuh), before the rounding to the dtype; `fma`: x + kKappa * x^3 as one fma.
+// F.gelu(x, approximate="tanh") in fp32 as ATen's CUDA kernel computes it (kernels/common/gelu.cuh:
+// the gelu_tanh op, fp8_rowwise_quant's act=gelu_tanh), before the rounding to the dtype; `fma`: x + kKappa * x^3 as one fma.
 // tanh is taken in double and rounded to fp32 (CUDA's tanhf is within 2 ulp of that).
 inline float gelu_tanh(float x, bool fma) {
   const float beta = static_cast<float>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);

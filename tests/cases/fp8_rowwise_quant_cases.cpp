@@ -393,6 +393,7 @@ const CaseSet kCases("fp8_rowwise_quant", make);
 using testing_oracle::round_dtype;
 using testing_oracle::round_e4m3_saturated;
 using testing_oracle::round_f32;
+using testing_oracle::gelu_tanh;
 using testing_oracle::swiglu;
 
 // The case's rows as the op sees them: prefix columns, then x's (by logical index).
@@ -417,16 +418,6 @@ Rows rows_of(const OracleIo& io) {
   return r;
 }
 
-// GELU(tanh) in double: the fp32 steps of ATen's kernel, each rounded to fp32 (the fma as one
-// rounding of the double fma), tanh in double; then the dtype.
-double gelu(double x, DType dtype, bool fma) {
-  const double beta = round_f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5), kappa = round_f32(0.044715);
-  const double cube = round_f32(round_f32(x * x) * x);
-  const double sum = fma ? round_f32(std::fma(kappa, cube, x)) : round_f32(x + round_f32(kappa * cube));
-  const double inner = round_f32(beta * sum);
-  return round_dtype(round_f32(round_f32(0.5 * x) * round_f32(1.0 + round_f32(std::tanh(inner)))), dtype);
-}
-
 // One e4m3 code at |q| (the spacing of the e4m3 values there).
 double e4m3_step(double q) {
   const double a = std::fabs(q);
@@ -449,7 +440,7 @@ void rowwise_oracle(OracleIo& io, Act act) {
     bool nan = false;
     for (int64_t j = 0; j < W; ++j) {
       double v = j < r.Kp ? io.in(r.prefix, row * r.Kp + j) : io.in(r.x, row * r.K + j - r.Kp);
-      if (j >= r.Kp && act == Act::gelu) v = gelu(v, r.dtype, fma);
+      if (j >= r.Kp && act == Act::gelu) v = gelu_tanh(v, r.dtype, fma);
       if (j >= r.Kp && act == Act::swiglu) v = swiglu(v, io.in(r.x, row * r.K + j - r.Kp + N), r.dtype);
       y[static_cast<size_t>(j)] = v;
       nan = nan || std::isnan(v);

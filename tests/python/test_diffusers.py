@@ -59,7 +59,7 @@ def tiny_flux(dtype=torch.bfloat16, batch=1):
     cfg = model.config
     L, N = cfg.num_layers, cfg.num_single_layers
     counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1,
-              "gated_residual": 4 * L + N, "rope_tables (pos_embed)": 1}
+              "gated_residual": 4 * L + N, "gelu_tanh (single block cat)": N, "rope_tables (pos_embed)": 1}
     return model, inputs, counts
 
 
@@ -164,7 +164,8 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
     # the double blocks' QK of both streams in one dual-stream call: the per-stream sites serve them
     # only where that site is not mapped
     counts = {"qk_norm_rope": 0, "qk_norm_rope (text stream)": 0, "qk_norm_rope (single blocks)": N,
-              "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N}
+              "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N,
+              "gelu_tanh (single block cat)": N}
     return model, inputs, counts
 
 
@@ -175,7 +176,7 @@ TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_h
 OPS = {
     "flux": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
              "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
-             "rope_tables (pos_embed)": "rope_tables"},
+             "gelu_tanh (single block cat)": "gelu_tanh", "rope_tables (pos_embed)": "rope_tables"},
     "qwen": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
              "gated_residual": "residual_gate_add"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
@@ -185,7 +186,8 @@ OPS = {
             "adaln_modulate (residual + norm3)": "norm_scale_shift"},
     "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
                 "qk_norm_rope (single blocks)": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
-                "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add"},
+                "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+                "gelu_tanh (single block cat)": "gelu_tanh"},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
@@ -404,12 +406,24 @@ def _rope_tables_bound(b, args, kwargs, index=0):
     return _ulp(torch.float32, b.double().abs().clamp_min(2.0 ** -10))
 
 
+def _gelu_tanh_bound(b, args, kwargs, index=0):
+    """CPU PyTorch's tanh against the reference's (double rounded to fp32; each within a few fp32
+    ulps): one ulp of the dtype at the value, plus 0.5 |x| times 16 fp32 ulps of 1 where 1 + tanh
+    cancels. b: the single block's cat buffer [..., D + N], x (args[0]) its last N columns' input;
+    the first D columns are a copy."""
+    x = args[0].double().abs()
+    slack = torch.zeros(b.shape, dtype=torch.float64)
+    slack[..., b.shape[-1] - x.shape[-1]:] = 0.5 * x.reshape(*b.shape[:-1], x.shape[-1]) * 2.0 ** -19
+    return _ulp(b.dtype, b.double().abs()) + slack
+
+
 # The bound each op's CPU reference keeps to the model's chain on the CPU, whatever its contract's
 # oracle (eager PyTorch on CUDA, or the documented order).
 # joint_qknorm_rope: qknorm_rope's per-head routine on the joint rows (its v a copy, well inside).
 CONTRACT_BOUNDS = {"residual_gate_add": _equal_bound, "qknorm_rope": _qk_bound, "cross_head_qknorm_rope": _qk_bound,
                    "joint_qknorm_rope": _qk_bound, "layernorm_modulate": _modulation_bound,
-                   "norm_scale_shift": _modulation_bound, "rope_tables": _rope_tables_bound}
+                   "norm_scale_shift": _modulation_bound, "rope_tables": _rope_tables_bound,
+                   "gelu_tanh": _gelu_tanh_bound}
 
 
 # ---------------------------------------------------------------- plan and report
@@ -1282,7 +1296,7 @@ def test_verified_sites_compile_fullgraph_into_the_ops():
     torch._dynamo.reset()
     assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
     ours = sorted(t for t in targets if t.startswith("ditops."))
-    assert ours == ["ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"], targets
+    assert ours == ["ditops.gelu_tanh", "ditops.layernorm_modulate", "ditops.qknorm_rope", "ditops.residual_gate_add"], targets
 
 
 @pytest.mark.parametrize("name", ["wan", "ltx2"])

@@ -14,7 +14,7 @@ from diffusers.models.transformers.transformer_qwenimage import apply_rotary_emb
 
 import ditops
 
-from ._sites import (MappedSite, Mapping, affine_free_layer_norm, cross_head_norm, cross_head_qk_mapping,
+from ._sites import (MappedSite, Mapping, OpCall, affine_free_layer_norm, cross_head_norm, cross_head_qk_mapping,
                      layernorm_modulate_mapping, op_options, qk_norm_rope_mapping, residual_gate_add_mapping,
                      rms_norm_rounding)
 
@@ -60,6 +60,52 @@ class ProcessorWrapper:
     @_parallel_config.setter
     def _parallel_config(self, value):
         self.original._parallel_config = value
+
+
+# ---------------------------------------------------------------- activations into a cat buffer
+
+# Input columns per output column of each activation op: swiglu reads [gate | up].
+ACT_INPUT_COLUMNS = {"swiglu": 2, "gelu_tanh": 1}
+
+
+def act_fit(op: str, x) -> str:
+    """'' when x is what the activation op takes (the op checks the rest: rows of one stride)."""
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"x is {x.dtype}"
+    if x.dim() < 1 or x.shape[-1] % ACT_INPUT_COLUMNS[op]:
+        return f"x's last dim {x.shape[-1] if x.dim() else None} is not even"
+    if x.stride(-1) != 1:
+        return f"x's last stride is {x.stride(-1)}, not 1"
+    return ""
+
+
+def cat_act_mapping(op: str) -> Mapping:
+    """torch.cat([attention output, act(mlp)], -1) before the single block's output projection: the
+    op writes act(mlp) into the columns [D, D + N) of the [..., D + N] buffer the cat would allocate,
+    and the attention output is copied into [0, D) after it (explain copies nothing)."""
+
+    def fit(attn_out, mlp) -> str:
+        why = act_fit(op, mlp)
+        if why:
+            return why
+        if attn_out.dtype != mlp.dtype or attn_out.device != mlp.device:
+            return f"attention output {attn_out.dtype} on {attn_out.device}, mlp {mlp.dtype} on {mlp.device}"
+        if attn_out.shape[:-1] != mlp.shape[:-1]:
+            return f"attention output {tuple(attn_out.shape)} and mlp {tuple(mlp.shape)} differ in their rows"
+        return ""
+
+    def call(attn_out, mlp) -> OpCall:
+        D, N = attn_out.shape[-1], mlp.shape[-1] // ACT_INPUT_COLUMNS[op]
+        cat = attn_out.new_empty(*attn_out.shape[:-1], D + N)
+
+        def output(_):
+            cat[..., :D].copy_(attn_out)
+            return cat
+
+        return OpCall(op, (mlp, cat[..., D:]), {}, output)
+
+    return Mapping(op=op, fit=fit, signature=lambda a, m: (str(m.device), m.dtype, a.shape[-1], m.shape[-1], m.stride()),
+                   call=call)
 
 
 def adaln_site(name="adaln_modulate"):

@@ -117,26 +117,10 @@ def _projections(attn):
 # ---------------------------------------------------------------- FLUX.1
 
 
-def single_block_forward(residual, cat):
-    """FluxSingleTransformerBlock.forward (flux.single_block_forward's sites) with proj_out fed
-    by cat(attention output, GELU(tanh) of proj_mlp) quantized in one pass."""
-
-    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                joint_attention_kwargs=None):
-        text_len = encoder_hidden_states.shape[1]
-        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
-        skip = hidden_states
-        norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_up = self.proj_mlp(norm_hidden)
-        attn_output = self.attn(hidden_states=norm_hidden, image_rotary_emb=image_rotary_emb,
-                                **(joint_attention_kwargs or {}))
-        update = self.proj_out(cat(attn_output, mlp_up))
-        hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
-        if hidden_states.dtype == torch.float16:
-            hidden_states = hidden_states.clip(-65504, 65504)
-        return hidden_states[:, :text_len], hidden_states[:, text_len:]
-
-    return forward
+def _cat_quant(site):
+    """The single blocks' cat(block, attention output, proj_mlp output) of flux.single_block_forward:
+    cat(attention output, GELU(tanh) of proj_mlp) quantized in one pass for the FP8 proj_out."""
+    return lambda block, attn_output, mlp_up: site(attn_output, mlp_up)
 
 
 def flux(ctx) -> None:
@@ -165,8 +149,9 @@ def flux(ctx) -> None:
             image, _ = _projections(block.attn)
             _adaln_to_pair(ctx, pair, f"{path}.norm", block.norm, image + [block.proj_mlp])
         if ctx.fp8(block.proj_out):
-            ctx.patch_forward(path, block, single_block_forward(residual, ctx.cat_gelu))
+            ctx.patch_forward(path, block, model_code.single_block_forward(residual, _cat_quant(ctx.cat_gelu)))
             ctx.cat_gelu.places.append(f"{prefix}{path}.proj_out")
+            _moved(ctx.site("gelu_tanh (single block cat)"), f"{prefix}{path} (cat attn + gelu mlp)")
 
 
 # ---------------------------------------------------------------- Qwen-Image
@@ -193,28 +178,6 @@ def qwen(ctx) -> None:
 # ---------------------------------------------------------------- HunyuanVideo
 
 
-def hunyuan_single_block_forward(residual, cat):
-    """HunyuanVideoSingleTransformerBlock.forward (hunyuan_video.single_block_forward's site) with
-    proj_out fed by cat(attention output, GELU(tanh) of proj_mlp) quantized in one pass."""
-
-    def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
-                *args, **kwargs):
-        text_len = encoder_hidden_states.shape[1]
-        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-        skip = hidden_states
-        norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_up = self.proj_mlp(norm_hidden)
-        attn_output, context_attn_output = self.attn(
-            hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
-            attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
-        update = self.proj_out(cat(attn_output, mlp_up))
-        hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
-        return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
-
-    return forward
-
-
 def hunyuan(ctx) -> None:
     from diffusers.models.transformers.transformer_hunyuan_video import (
         HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
@@ -237,8 +200,9 @@ def hunyuan(ctx) -> None:
         path = f"single_transformer_blocks.{i}"
         if type(block) is HunyuanVideoSingleTransformerBlock and _is_gelu_tanh(block.act_mlp) and \
                 ctx.fp8(block.proj_out):
-            ctx.patch_forward(path, block, hunyuan_single_block_forward(residual, ctx.cat_gelu))
+            ctx.patch_forward(path, block, model_code.single_block_forward(residual, _cat_quant(ctx.cat_gelu)))
             ctx.cat_gelu.places.append(f"{prefix}{path}.proj_out")
+            _moved(ctx.site("gelu_tanh (single block cat)"), f"{prefix}{path} (cat attn + gelu mlp)")
 
 
 # ---------------------------------------------------------------- Wan

@@ -18,6 +18,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.embeddings import apply_rotary_emb
@@ -132,8 +134,29 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
     return forward
 
 
-def single_block_forward(residual: MappedSite):
-    """FluxSingleTransformerBlock.forward with its gated residual through the site."""
+def model_cat(block, attn_output, mlp_up):
+    """The single block's own torch.cat([attn, act_mlp(mlp)], dim=2) before proj_out."""
+    return torch.cat([attn_output, block.act_mlp(mlp_up)], dim=2)
+
+
+def gelu_cat(site: MappedSite):
+    """model_cat through the gelu_tanh site (act_mlp nn.GELU(approximate='tanh'))."""
+    return lambda block, attn_output, mlp_up: site(functools.partial(model_cat, block), attn_output, mlp_up)
+
+
+def single_block_cat(plan: Plan, site: MappedSite, path: str, block):
+    """The single block's cat: through the site where act_mlp is GELU(tanh), else the model's."""
+    if type(block.act_mlp) is torch.nn.GELU and block.act_mlp.approximate == "tanh":
+        site.places.append(plan.prefix + f"{path} (cat attn + gelu mlp)")
+        return gelu_cat(site)
+    site.skipped.append((plan.prefix + f"{path}.act_mlp", f"{block.act_mlp!r} is not nn.GELU(approximate='tanh')"))
+    return model_cat
+
+
+def single_block_forward(residual: MappedSite, cat):
+    """FluxSingleTransformerBlock.forward with its gated residual through the site and proj_out's
+    input from cat(block, attention output, proj_mlp output) (gelu_cat, or the FP8 path's producer).
+    The activation runs after the attention instead of before it: elementwise, the same values."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 joint_attention_kwargs=None):
@@ -141,16 +164,25 @@ def single_block_forward(residual: MappedSite):
         hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_hidden = self.act_mlp(self.proj_mlp(norm_hidden))
+        mlp_up = self.proj_mlp(norm_hidden)
         attn_output = self.attn(hidden_states=norm_hidden, image_rotary_emb=image_rotary_emb,
                                 **(joint_attention_kwargs or {}))
-        update = self.proj_out(torch.cat([attn_output, mlp_hidden], dim=2))
+        update = self.proj_out(cat(self, attn_output, mlp_up))
         hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
         if hidden_states.dtype == torch.float16:
             hidden_states = hidden_states.clip(-65504, 65504)
         return hidden_states[:, :text_len], hidden_states[:, text_len:]
 
     return forward
+
+
+GELU_CAT_CHAIN = ("torch.cat([attention output, act_mlp(proj_mlp output)], dim=2) before proj_out, act_mlp "
+                  "nn.GELU(approximate='tanh') (F.gelu in fp32, rounded to the dtype)")
+
+
+def gelu_cat_site():
+    return MappedSite("gelu_tanh (single block cat)", mapping=_common.cat_act_mapping("gelu_tanh"),
+                      chain=GELU_CAT_CHAIN)
 
 
 # ---------------------------------------------------------------- RoPE tables (FLUX.1 and FLUX.2)
@@ -254,6 +286,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
               "interleaved pairs, float32 cos/sin, (x.float() * cos + x_rot.float() * sin).to(dtype)"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    gelu = plan.add_site(gelu_cat_site())
 
     for path, block in doubles:
         if type(block) is not FluxTransformerBlock:
@@ -274,6 +307,6 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                                 FluxAttnProcessorDitops, ("joint",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm", block.norm)
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
-        plan.patch_forward(path, block, single_block_forward(residual))
+        plan.patch_forward(path, block, single_block_forward(residual, single_block_cat(plan, gelu, path, block)))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
     patch_pos_embed(plan, model, FluxPosEmbed, ["txt_ids + img_ids"], axes_from_ids=True)

@@ -153,37 +153,7 @@ SWIGLU_CHAIN = "Flux2SwiGLU: nn.SiLU of x[..., :N] (rounded to the dtype) times 
 
 def swiglu_fit(x) -> str:
     """'' when x [..., 2N] is what the swiglu op takes (the op checks the rest: rows of one stride)."""
-    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"x is {x.dtype}"
-    if x.dim() < 1 or x.shape[-1] % 2:
-        return f"x's last dim {x.shape[-1] if x.dim() else None} is not even"
-    if x.stride(-1) != 1:
-        return f"x's last stride is {x.stride(-1)}, not 1"
-    return ""
-
-
-def cat_swiglu_fit(attn_out, mlp) -> str:
-    why = swiglu_fit(mlp)
-    if why:
-        return why
-    if attn_out.dtype != mlp.dtype or attn_out.device != mlp.device:
-        return f"attention output {attn_out.dtype} on {attn_out.device}, mlp {mlp.dtype} on {mlp.device}"
-    if attn_out.shape[:-1] != mlp.shape[:-1]:
-        return f"attention output {tuple(attn_out.shape)} and mlp {tuple(mlp.shape)} differ in their rows"
-    return ""
-
-
-def cat_swiglu_call(attn_out, mlp) -> OpCall:
-    """swiglu(mlp) into the columns [D, D + N) of the [..., D + N] buffer the processor's cat would
-    allocate; the attention output is copied into [0, D) after the op (explain copies nothing)."""
-    D, N = attn_out.shape[-1], mlp.shape[-1] // 2
-    cat = attn_out.new_empty(*attn_out.shape[:-1], D + N)
-
-    def output(_):
-        cat[..., :D].copy_(attn_out)
-        return cat
-
-    return OpCall("swiglu", (mlp, cat[..., D:]), {}, output)
+    return _common.act_fit("swiglu", x)
 
 
 def _swiglu_call(x) -> OpCall:
@@ -197,9 +167,7 @@ SWIGLU_FF = Mapping(op="swiglu", fit=swiglu_fit,
                     call=_swiglu_call)
 # The single block's act into the cat: x the mlp columns of to_qkv_mlp_proj's output (a row stride
 # of 3 inner + 2 mlp), out the cat buffer's mlp columns.
-SWIGLU_CAT = Mapping(op="swiglu", fit=cat_swiglu_fit,
-                     signature=lambda a, m: (str(m.device), m.dtype, a.shape[-1], m.shape[-1], m.stride()),
-                     call=cat_swiglu_call)
+SWIGLU_CAT = _common.cat_act_mapping("swiglu")
 
 
 def swiglu_ff_forward(site: MappedSite):

@@ -32,7 +32,7 @@ from diffusers.models.embeddings import apply_rotary_emb
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
 from ._sites import MappedSite
-from . import _common
+from . import _common, flux
 
 MODEL_CLASS = "HunyuanVideoTransformer3DModel"
 DIFFUSERS_MODULE = "diffusers.models.transformers.transformer_hunyuan_video"
@@ -173,8 +173,10 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
     return forward
 
 
-def single_block_forward(residual: MappedSite):
-    """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site."""
+def single_block_forward(residual: MappedSite, cat):
+    """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site and
+    proj_out's input from cat(block, attention output, proj_mlp output) (flux.gelu_cat, or the FP8
+    path's producer). The activation runs after the attention: elementwise, the same values."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
                 *args, **kwargs):
@@ -182,12 +184,12 @@ def single_block_forward(residual: MappedSite):
         hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
-        mlp_hidden = self.act_mlp(self.proj_mlp(norm_hidden))
+        mlp_up = self.proj_mlp(norm_hidden)
         attn_output, context_attn_output = self.attn(
             hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
             attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
         attn_output = torch.cat([attn_output, context_attn_output], dim=1)
-        update = self.proj_out(torch.cat([attn_output, mlp_hidden], dim=2))
+        update = self.proj_out(cat(self, attn_output, mlp_up))
         hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
         return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
 
@@ -223,6 +225,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
               "q and k, then torch.cat([latent, text], dim=1) of q, k and v"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    gelu = plan.add_site(flux.gelu_cat_site())
 
     for path, block in doubles:
         if type(block) is not HunyuanVideoTransformerBlock:
@@ -250,5 +253,5 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                                 HunyuanVideoSingleAttnProcessorDitops, ("latent + text",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm", block.norm)
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
-        plan.patch_forward(path, block, single_block_forward(residual))
+        plan.patch_forward(path, block, single_block_forward(residual, flux.single_block_cat(plan, gelu, path, block)))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)

@@ -48,41 +48,18 @@ OpBuilder<SwigluCall> describe() {
 }
 
 void complete(SwigluCall& call, Matcher& m) {
-  const TensorView &x = call.x, &out = call.out;
+  const TensorView& x = call.x;
   if (x.rank < 1) m.fail("x must have rank >= 1 ([..., 2N]) but has rank 0");
   const int r = x.rank;
-  int64_t rows = 1;
-  for (int d = 0; d + 1 < r; ++d) rows *= x.shape[d];
-  call.rows = rows;
   const int64_t K = x.shape[r - 1];
   if (K % 2)
     m.fail("x.shape[" + num(r - 1) + "] must be even (F.silu(x[..., :N]) * x[..., N:], N = K / 2) but is " + num(K));
   call.width = K / 2;
-  call.x_row_stride = collapsed_row_stride(m, x, "x");
-  // out: x's leading dims and N columns, or [M, N].
-  const auto expected = [&] {
-    std::string s = "[";
-    for (int d = 0; d + 1 < r; ++d) s += num(x.shape[d]) + ", ";
-    return s + num(call.width) + "]";
-  };
-  bool same_lead = out.rank == r;
-  for (int d = 0; same_lead && d + 1 < r; ++d) same_lead = out.shape[d] == x.shape[d];
-  const bool two_d = out.rank == 2 && out.shape[0] == rows;
-  if (!same_lead && !two_d)
-    m.fail("out must be " + expected() + " (x's leading dims) or [M, N] = [" + num(rows) + ", " + num(call.width) +
-           "] but is " + out.describe());
-  if (out.shape[out.rank - 1] != call.width)
-    m.fail("out.shape[" + num(out.rank - 1) + "] must equal N=" + num(call.width) + " (x.shape[" + num(r - 1) +
-           "]=" + num(K) + " / 2) but is " + num(out.shape[out.rank - 1]));
-  call.out_row_stride = collapsed_row_stride(m, out, "out");
-  if (rows > 1 && call.width > 0 && call.out_row_stride < call.width)
-    m.fail("out's row stride must be >= N=" + num(call.width) + " (rows may not overlap) but is " +
-           num(call.out_row_stride));
-  const int64_t elems = 16 / static_cast<int64_t>(dtype_size(x.dtype));
-  const auto rows_aligned = [&](const TensorView& t, int64_t stride) {
-    return is_aligned(t.data, 16) && (rows <= 1 || stride % elems == 0);
-  };
-  call.aligned16 = call.width % elems == 0 && rows_aligned(x, call.x_row_stride) && rows_aligned(out, call.out_row_stride);
+  const ActRows a = match_act_rows(m, x, call.out, call.width, "x.shape[" + num(r - 1) + "]=" + num(K) + " / 2");
+  call.rows = a.rows;
+  call.x_row_stride = a.x_row_stride;
+  call.out_row_stride = a.out_row_stride;
+  call.aligned16 = a.aligned16;
 }
 
 // The template key: exactly the kernel's template parameters.

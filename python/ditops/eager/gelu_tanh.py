@@ -1,0 +1,15 @@
+"""gelu_tanh's eager chain: F.gelu(x, approximate="tanh") (FLUX.1's and HunyuanVideo's
+"gelu-approximate"; also what fp8_rowwise_quant's act="gelu_tanh" quantizes)."""
+from __future__ import annotations
+
+import torch.nn.functional as F
+
+from ._registry import eager
+
+
+@eager("gelu_tanh")
+def gelu_tanh_eager(x, out=None):
+    """The op's chain: F.gelu(x, approximate="tanh") (fp32 inside, rounded to x's dtype), in out's
+    shape where the call passes one ([M, N] beside a [..., N] x)."""
+    y = F.gelu(x, approximate="tanh")
+    return y if out is None else y.reshape(out.shape)
