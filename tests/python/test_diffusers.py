@@ -1269,6 +1269,50 @@ def test_unsupported_errors_are_value_errors():
     assert issubclass(dd.UnsupportedError, ValueError) and issubclass(dd.UnsupportedError, ditops.Error)
 
 
+# ---------------------------------------------------------------- the single blocks' joint stream
+
+
+def test_joint_rows_reuses_a_split_buffer_and_copies_otherwise():
+    """A single block's streams that are the two halves of one buffer (the previous single block's
+    split output) join without a copy; any other pair is torch.cat's fresh tensor, equal either way."""
+    joint = torch.randn(2, 7, 16).bfloat16()
+    text, image = joint[:, :3], joint[:, 3:]
+    got = _common.joint_rows(text, image)
+    assert got.data_ptr() == joint.data_ptr() and got.stride() == joint.stride() and torch.equal(got, joint)
+    for first, second in [(text.clone(), image), (image, text),  # not one buffer; the wrong order
+                          (joint[:, :3, :8], joint[:, 3:, :8]),   # column slices: rows not adjacent
+                          (joint[:1, :3], joint[1:, 3:])]:        # different batches
+        want = torch.cat([first, second], dim=1) if first.shape[0] == second.shape[0] else None
+        if want is None:
+            with pytest.raises(RuntimeError):
+                _common.joint_rows(first, second)
+            continue
+        got = _common.joint_rows(first, second)
+        assert torch.equal(got, want) and got.data_ptr() != joint.data_ptr()
+
+
+def test_flux_single_blocks_pass_the_joint_stream_without_a_copy(monkeypatch):
+    """Between FLUX.1's single blocks the streams stay one buffer: torch.cat joins the streams only
+    at the first single block (and the forward equals the unpatched model's)."""
+    model, inputs, _ = tiny_flux()
+    reference = run(model, inputs)
+    dd.enable(model, allow_cpu=True)
+    joined = []
+    real = _common.joint_rows
+
+    def counting(first, second):
+        out = real(first, second)
+        joined.append(out.data_ptr() in (first.data_ptr(), second.data_ptr()))
+        return out
+
+    monkeypatch.setattr(_common, "joint_rows", counting)
+    try:
+        assert torch.equal(run(model, inputs), reference)
+    finally:
+        dd.disable(model)
+    assert joined == [False] + [True] * (model.config.num_single_layers - 1), joined
+
+
 # ---------------------------------------------------------------- torch.compile
 
 

@@ -62,6 +62,27 @@ class ProcessorWrapper:
         self.original._parallel_config = value
 
 
+# ---------------------------------------------------------------- the single blocks' joint stream
+
+
+def joint_rows(first, second):
+    """torch.cat([first, second], dim=1) of a single block's two streams. Where they are the two
+    halves of one contiguous [B, S1 + S2, D] buffer (the previous single block returned them as
+    views of its output), that buffer itself: the values the cat would copy, without the copy.
+    Traced by torch.compile: the cat (inductor plans the copies itself)."""
+    if not torch.compiler.is_compiling() and first.dim() == 3 and second.dim() == 3 and \
+            first.dtype == second.dtype and first.device == second.device and \
+            first.shape[0] == second.shape[0] and first.shape[2] == second.shape[2]:
+        B, S1, D = first.shape
+        S = S1 + second.shape[1]
+        stride = (S * D, D, 1)
+        if first.stride() == stride and second.stride() == stride and \
+                first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr() and \
+                second.storage_offset() == first.storage_offset() + S1 * D:
+            return first.as_strided((B, S, D), stride, first.storage_offset())
+    return torch.cat([first, second], dim=1)
+
+
 # ---------------------------------------------------------------- activations into a cat buffer
 
 # Input columns per output column of each activation op: swiglu reads [gate | up].

@@ -156,12 +156,13 @@ def single_block_cat(plan: Plan, site: MappedSite, path: str, block):
 def single_block_forward(residual: MappedSite, cat):
     """FluxSingleTransformerBlock.forward with its gated residual through the site and proj_out's
     input from cat(block, attention output, proj_mlp output) (gelu_cat, or the FP8 path's producer).
-    The activation runs after the attention instead of before it: elementwise, the same values."""
+    The activation runs after the attention instead of before it: elementwise, the same values. The
+    streams' cat is _common.joint_rows: no copy where the previous single block's output is split."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 joint_attention_kwargs=None):
         text_len = encoder_hidden_states.shape[1]
-        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        hidden_states = _common.joint_rows(encoder_hidden_states, hidden_states)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
         mlp_up = self.proj_mlp(norm_hidden)

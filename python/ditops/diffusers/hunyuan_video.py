@@ -176,12 +176,13 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
 def single_block_forward(residual: MappedSite, cat):
     """HunyuanVideoSingleTransformerBlock.forward with its gated residual through the site and
     proj_out's input from cat(block, attention output, proj_mlp output) (flux.gelu_cat, or the FP8
-    path's producer). The activation runs after the attention: elementwise, the same values."""
+    path's producer). The activation runs after the attention: elementwise, the same values. The
+    streams' cat is _common.joint_rows (no copy of a previous single block's split output)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, image_rotary_emb=None,
                 *args, **kwargs):
         text_len = encoder_hidden_states.shape[1]
-        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        hidden_states = _common.joint_rows(hidden_states, encoder_hidden_states)
         skip = hidden_states
         norm_hidden, gate = self.norm(hidden_states, emb=temb)
         mlp_up = self.proj_mlp(norm_hidden)
