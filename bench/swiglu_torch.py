@@ -9,161 +9,44 @@
 2. Benchmark at the FLUX.2 shapes: device copy of the same bytes, eager (silu + mul), torch.compile
    of it, ditops, each timed cold (ditops as a one-kernel CUDA graph), rotated (buffer sets over 3x
    the L2 in one CUDA graph) and cold alone in a CUDA graph, medians; byte model: x read once
-   (2N values), out written once (N values): 3 * rows * N * itemsize bytes.
+   (2N values), out written once (N values): 3 * rows * N * itemsize bytes. bench/act_rows_bench.py
+   runs them.
 """
 import sys
 
 import torch
-from torch_bench_common import (DitopsLib, allow_recompiles, case_selected, copy_buffers, copy_impl,
-                                graph_on_side_stream, load_eager, measure, report, report_header, rotation_count,
-                                script_main, shape_str)
+from act_rows_bench import ActBench, graph_replay, run_bench, verify
+from torch_bench_common import DitopsLib, load_eager, script_main
 
-
-class Ditops(DitopsLib):
-    def swiglu(self, x, out, stream=None, pdl=True):
-        return self.call("swiglu", stream, dict(use_pdl=pdl, backend="jit"), x=x, out=out)
-
-
-_eager = load_eager()
-eager = _eager.swiglu
-
-
-def make_x(M, N, dtype, gen, row=None, col=0, offset=0):
-    """x [M, 2N]: a view of rows `row` elements apart from column `col` of its buffer, `offset`
-    elements into it (off 16-byte alignment for odd offsets)."""
-    row = row or 2 * N
-    base = torch.empty(M * row + offset, device="cuda", dtype=dtype)
-    buf = base[offset:].view(M, row)
-    buf.copy_(torch.randn(M, row, device="cuda", generator=gen) * 3)
-    return buf[:, col:col + 2 * N]
-
-
-def same(a, b, nan_equal=False):
-    if nan_equal:
-        return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(
-            torch.nan_to_num(a, nan=0.0).contiguous().view(torch.uint8),
-            torch.nan_to_num(b, nan=0.0).contiguous().view(torch.uint8))
-    return torch.equal(a, b)
-
-
-# (label, M, N, dtype, x row, x column, out row, out column, storage offset)
-CASES = [("flux2 ff image", 4608, 18432, torch.bfloat16, None, 0, None, 0, 0),
-         ("flux2 ff text", 512, 18432, torch.bfloat16, None, 0, None, 0, 0),
-         ("flux2 single block", 5120, 18432, torch.bfloat16, 3 * 6144 + 2 * 18432, 3 * 6144, 6144 + 18432, 6144, 0),
-         ("klein ff", 4608, 9216, torch.bfloat16, None, 0, None, 0, 0),
-         ("klein single block", 4608, 9216, torch.bfloat16, 3 * 3072 + 2 * 9216, 3 * 3072, 3072 + 9216, 3072, 0),
-         ("f16", 1024, 18432, torch.float16, None, 0, None, 0, 0),
-         ("f32", 1024, 4608, torch.float32, None, 0, None, 0, 0),
-         ("odd width", 33, 3071, torch.bfloat16, None, 0, None, 0, 0),
-         ("odd width f16", 7, 17, torch.float16, None, 0, None, 0, 0),
-         ("misaligned", 127, 18432, torch.bfloat16, None, 0, None, 0, 1),
-         ("one row", 1, 18432, torch.bfloat16, None, 0, None, 0, 0)]
-
-
-def run_case(dt, M, N, dtype, gen, x_row, x_col, out_row, out_col, offset, x=None):
-    x = make_x(M, N, dtype, gen, x_row, x_col, offset) if x is None else x
-    out_row = out_row or N
-    buf = torch.randn(M, out_row, device="cuda", generator=gen).to(dtype)
-    before = buf.clone()
-    out = buf[:, out_col:out_col + N]
-    impl = dt.swiglu(x, out)
-    torch.cuda.synchronize()
-    untouched = torch.equal(buf[:, :out_col], before[:, :out_col]) and torch.equal(
-        buf[:, out_col + N:], before[:, out_col + N:])
-    return impl, x, out, untouched
-
-
-def verify(dt, rows, meta):
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(1)
-    ok, n = True, 0
-    for label, M, N, dtype, x_row, x_col, out_row, out_col, offset in CASES:
-        impl, x, out, untouched = run_case(dt, M, N, dtype, gen, x_row, x_col, out_row, out_col, offset)
-        equal = same(out, eager(x)) and untouched
-        n += 1
-        ok = ok and equal
-        if not equal:
-            print(f"MISMATCH {impl} {label} {(M, N)} {dtype}: "
-                  f"{(out != eager(x)).sum().item()} elements, other columns untouched: {untouched}", flush=True)
-        rows.append(dict(kind="verify", op="swiglu", impl=impl, case=label, shape=[M, 2 * N], dtype=str(dtype),
-                         storage_offset=offset, oracle="eager", torch_equal=equal))
-    # Special values of each dtype in gate and up (NaN patterns compared as NaN).
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        x = make_x(6, 64, dtype, gen)
-        fin = torch.finfo(dtype)
-        specials = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), fin.max, -fin.max, fin.tiny,
-                                 fin.tiny / 4, -100.0, 100.0, 88.0, -88.0, 1.0, -1.0], device="cuda").to(dtype)
-        x.view(-1)[: 5 * specials.numel(): 5] = specials
-        x.view(-1)[64: 64 + 3 * specials.numel(): 3] = specials
-        impl, x, out, untouched = run_case(dt, 6, 64, dtype, gen, None, 0, None, 0, 0, x=x)
-        equal = same(out, eager(x), nan_equal=True) and untouched
-        n += 1
-        ok = ok and equal
-        if not equal:
-            print(f"MISMATCH special values {impl} {dtype}", flush=True)
-        rows.append(dict(kind="verify", op="swiglu", impl=impl, case="special values", shape=[6, 128],
-                         dtype=str(dtype), storage_offset=0, oracle="eager", torch_equal=equal))
-    print(f"verification: {sum(r['torch_equal'] for r in rows if r.get('op') == 'swiglu')}/{n} runs torch.equal")
-    return ok
-
-
-def graph_replay(dt, rows, meta):
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(3)
-    M, N, D = 4608 + 512, 18432, 6144
-    x = make_x(M, N, torch.bfloat16, gen, 3 * D + 2 * N, 3 * D)
-    cat = torch.zeros(M, D + N, device="cuda", dtype=torch.bfloat16)
-    out = cat[:, D:]
-    dt.swiglu(x, out)  # resolve outside the capture
-    graph = graph_on_side_stream(lambda stream: dt.swiglu(x, out, stream=stream))
-    results = {}
-    for trial in range(3):
-        x.copy_(torch.randn(M, 2 * N, device="cuda", generator=gen).to(torch.bfloat16) * 3)
-        graph.replay()
-        torch.cuda.synchronize()
-        results[f"replay_{trial}_equal"] = same(out, eager(x))
-    print("graph replay:", results)
-    rows.append(dict(kind="graph", op="swiglu", **results))
-    return all(results.values())
-
-
-BENCH = [("flux2 ff (4608) 2x18432", 4608, 18432, None, 0, None, 0),
-         ("flux2 ff text (512) 2x18432", 512, 18432, None, 0, None, 0),
-         ("flux2 single (5120) cat", 5120, 18432, 3 * 6144 + 2 * 18432, 3 * 6144, 6144 + 18432, 6144),
-         ("flux2 ff (16384) 2x18432", 16384, 18432, None, 0, None, 0),
-         ("klein ff (4608) 2x9216", 4608, 9216, None, 0, None, 0)]
-
-
-def run_bench(dt, rows, meta):
-    allow_recompiles()
-    compiled = torch.compile(eager, dynamic=False)
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(2)
-    report_header(30)
-    for name, M, N, x_row, x_col, out_row, out_col in BENCH:
-        if not case_selected(name):
-            continue
-        nbytes = 3 * M * N * 2
-        sets = []
-        for _ in range(rotation_count(nbytes)):
-            t = dict(x=make_x(M, N, torch.bfloat16, gen, x_row, x_col))
-            t["out"] = torch.empty(M, out_row or N, device="cuda", dtype=torch.bfloat16)[:, out_col:out_col + N]
-            t["src"], t["dst"] = copy_buffers(nbytes)
-            sets.append(t)
-        t0 = sets[0]
-        dt.swiglu(t0["x"], t0["out"])
-        graph = graph_on_side_stream(lambda s: dt.swiglu(t0["x"], t0["out"], stream=s))
-        impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"]),
-                 ("torch_eager", lambda: eager(t0["x"]), [lambda t=t: eager(t["x"]) for t in sets]),
-                 ("torch_compile", lambda: compiled(t0["x"]), [lambda t=t: compiled(t["x"]) for t in sets]),
-                 ("ditops:jit", graph.replay, [lambda t=t: dt.swiglu(t["x"], t["out"]) for t in sets])]
-        report(measure(impls), rows, meta, "swiglu", name, shape_str((M, 2 * N)), nbytes, 30)
-        sets = t0 = graph = None  # release before the next case allocates
-        torch.cuda.empty_cache()
+D, H = 6144, 18432  # FLUX.2-dev: inner dim, mlp width
+SPEC = ActBench(
+    op="swiglu", x_columns=2, eager=load_eager().swiglu,
+    # (label, M, N, dtype, x row, x column, out row, out column, storage offset)
+    cases=[("flux2 ff image", 4608, H, torch.bfloat16, None, 0, None, 0, 0),
+           ("flux2 ff text", 512, H, torch.bfloat16, None, 0, None, 0, 0),
+           ("flux2 single block", 5120, H, torch.bfloat16, 3 * D + 2 * H, 3 * D, D + H, D, 0),
+           ("klein ff", 4608, 9216, torch.bfloat16, None, 0, None, 0, 0),
+           ("klein single block", 4608, 9216, torch.bfloat16, 3 * 3072 + 2 * 9216, 3 * 3072, 3072 + 9216, 3072, 0),
+           ("f16", 1024, H, torch.float16, None, 0, None, 0, 0),
+           ("f32", 1024, 4608, torch.float32, None, 0, None, 0, 0),
+           ("odd width", 33, 3071, torch.bfloat16, None, 0, None, 0, 0),
+           ("odd width f16", 7, 17, torch.float16, None, 0, None, 0, 0),
+           ("misaligned", 127, H, torch.bfloat16, None, 0, None, 0, 1),
+           ("one row", 1, H, torch.bfloat16, None, 0, None, 0, 0)],
+    bench=[("flux2 ff (4608) 2x18432", 4608, H, None, 0, None, 0),
+           ("flux2 ff text (512) 2x18432", 512, H, None, 0, None, 0),
+           ("flux2 single (5120) cat", 5120, H, 3 * D + 2 * H, 3 * D, D + H, D),
+           ("flux2 ff (16384) 2x18432", 16384, H, None, 0, None, 0),
+           ("klein ff (4608) 2x9216", 4608, 9216, None, 0, None, 0)],
+    specials=[0.0, -0.0, float("inf"), -float("inf"), float("nan"), "max", "-max", "tiny", "tiny/4", -100.0, 100.0,
+              88.0, -88.0, 1.0, -1.0],
+    graph=(4608 + 512, H, 3 * D + 2 * H, 3 * D, D + H, D))
 
 
 def main():
-    return script_main(Ditops, [("VERIFY", verify), ("GRAPH", graph_replay)], run_bench)
+    return script_main(DitopsLib, [("VERIFY", lambda dt, rows, meta: verify(dt, SPEC, rows)),
+                                   ("GRAPH", lambda dt, rows, meta: graph_replay(dt, SPEC, rows))],
+                       lambda dt, rows, meta: run_bench(dt, SPEC, rows, meta))
 
 
 if __name__ == "__main__":

@@ -5,9 +5,9 @@ Python FP8 path quantizes a bf16 activation with."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from ._registry import oracle
+from .gelu_tanh import gelu_tanh
 from .swiglu import swiglu
 
 
@@ -26,12 +26,12 @@ def fp8_rowwise_eager(y):
 
 def fp8_rowwise_quant_eager(x, prefix=None, act="none"):
     """fp8_rowwise_quant's chain: fp8_rowwise_eager of cat([prefix, act(x)], -1) as [M, Kp + N] rows
-    (act "gelu_tanh": F.gelu(x, approximate="tanh"), N = K; "swiglu": swiglu(x), N = K / 2).
+    (act "gelu_tanh": gelu_tanh(x), F.gelu(x, approximate="tanh"), N = K; "swiglu": swiglu(x), N = K / 2).
     Returns (out [M, Kp + N], out_scale [M, 1])."""
     if act == "swiglu":
         y = swiglu(x)
     else:
-        y = F.gelu(x, approximate="tanh") if act == "gelu_tanh" else x
+        y = gelu_tanh(x) if act == "gelu_tanh" else x
     if prefix is not None:
         y = torch.cat([prefix, y], -1)
     return fp8_rowwise_eager(y.reshape(-1, y.shape[-1]))

@@ -1,7 +1,6 @@
-// gelu_tanh: the description, argument matching, the kernel key, its request and launch, the
+// gelu_tanh: the description, argument matching, the kernel functions (src/ops/common/act_rows: key, request, launch), the
 // registry entries (the jit implementation, the CPU reference) and the reference. The kernel is
 // kernels/gelu_tanh.cuh, the numerics common/gelu.cuh's (shared with fp8_rowwise_quant's act=gelu_tanh).
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -11,10 +10,7 @@
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/gelu_tanh.h"
-#include "jit/cuda_driver.h"
-#include "jit/jit.h"
-#include "jit/kernel_family.h"
-#include "kernels/gelu_tanh.cuh"
+#include "ops/common/act_rows.h"
 #include "ops/common/rows.h"
 #include "reference/fp8_rowwise.h"
 
@@ -23,8 +19,6 @@ namespace ditops {
 namespace {
 
 constexpr const char* kOp = "gelu_tanh";
-constexpr int kMaxThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;  // CTAs; more pieces loop (the kernel's grid stride)
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -58,61 +52,12 @@ void complete(GeluTanhCall& call, Matcher& m) {
   call.aligned16 = a.aligned16;
 }
 
-// The template key: exactly the kernel's template parameters.
-struct GeluTanhKey {
-  DType dtype = DType::bf16;
-  bool vector = true;
-  bool pdl = true;
-
-  std::string to_string() const {
-    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (pdl ? ",pdl" : ",nopdl");
-  }
-  uint64_t packed() const { return pack_key({dtype, vector, pdl}); }
-};
-
-GeluTanhKey key_for(const GeluTanhCall& c, const DeviceInfo& device) {
-  return {.dtype = c.x.dtype, .vector = c.aligned16, .pdl = c.options.use_pdl && (device.features & kFeaturePdl)};
-}
-
-KernelRequest request_for(const GeluTanhKey& k) {
-  return {.header = "gelu_tanh.cuh",
-          .function = "ditops::gelu_tanh_body",
-          .template_args = jit::kernel_args(k.dtype, k.vector, k.pdl),
-          .params_type = "ditops::GeluTanhParams",
-          .max_threads = kMaxThreads,
-          .template_key = std::string(kOp) + ":" + k.to_string()};
-}
-
-// A CTA per piece of a row: up to kMaxThreads units (16 bytes each on the vector path), the threads
-// rounded up to a warp: swiglu's schedule (95-99.9 % of a copy at FLUX.2's widths, H100).
-void launch(const GeluTanhCall& c, const GeluTanhKey& k, const jit::LoadedKernel& kernel) {
-  GeluTanhParams p{};
-  p.x = c.x.data;
-  p.out = c.out.data;
-  p.rows = c.rows;
-  p.x_row_stride = c.x_row_stride;
-  p.out_row_stride = c.out_row_stride;
-  p.units = k.vector ? c.width / (16 / static_cast<int64_t>(dtype_size(k.dtype))) : c.width;
-  const long long threads = std::min<long long>(kMaxThreads, (p.units + 31) / 32 * 32);
-  p.blocks_per_row = (p.units + threads - 1) / threads;
-  p.blocks = c.rows * p.blocks_per_row;
-  const unsigned grid = static_cast<unsigned>(std::min<long long>(p.blocks, kMaxGrid));
-  jit::launch(kernel, grid, static_cast<unsigned>(threads), &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
-}
-
-// The compile test's keys: every dtype on both paths, and one without PDL.
-std::vector<GeluTanhKey> variant_keys() {
-  std::vector<GeluTanhKey> keys;
-  for (DType dt : {DType::bf16, DType::f16, DType::f32})
-    for (bool vector : {true, false}) keys.push_back({dt, vector, true});
-  keys.push_back({DType::bf16, true, false});
-  return keys;
-}
-
-constexpr KernelFunctions<GeluTanhCall, GeluTanhKey> kKernels{
-    .key = key_for, .request = request_for, .launch = launch,
-    .nothing_to_do = [](const GeluTanhCall& c) { return c.rows == 0 || c.width == 0; },
-    .variant_keys = variant_keys};
+constexpr KernelFunctions<GeluTanhCall, ActRowsKey> kKernels{
+    .key = act_rows_key<GeluTanhCall>,
+    .request = [](const ActRowsKey& k) { return act_rows_request(kOp, k); },
+    .launch = act_rows_launch<GeluTanhCall>,
+    .nothing_to_do = act_rows_nothing_to_do<GeluTanhCall>,
+    .variant_keys = act_rows_variant_keys};
 using Kernels = OpKernels<describe, kKernels>;
 
 void register_gelu_tanh(Registry& registry) {

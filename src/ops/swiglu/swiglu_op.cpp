@@ -1,9 +1,7 @@
-// swiglu: the description, argument matching, the kernel key, its request and launch, the registry
+// swiglu: the description, argument matching, the kernel functions (src/ops/common/act_rows: key, request, launch), the registry
 // entries (the jit implementation, the CPU reference) and the reference. The kernel is
 // kernels/swiglu.cuh, the numerics common/swiglu.cuh's (shared with fp8_rowwise_quant's act=swiglu).
-#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -12,10 +10,7 @@
 #include "core/matcher.h"
 #include "core/op_builder.h"
 #include "ditops/swiglu.h"
-#include "jit/cuda_driver.h"
-#include "jit/jit.h"
-#include "jit/kernel_family.h"
-#include "kernels/swiglu.cuh"
+#include "ops/common/act_rows.h"
 #include "ops/common/rows.h"
 #include "reference/fp8_rowwise.h"
 
@@ -24,8 +19,6 @@ namespace ditops {
 namespace {
 
 constexpr const char* kOp = "swiglu";
-constexpr int kMaxThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;  // CTAs; more pieces loop (the kernel's grid stride)
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -62,62 +55,12 @@ void complete(SwigluCall& call, Matcher& m) {
   call.aligned16 = a.aligned16;
 }
 
-// The template key: exactly the kernel's template parameters.
-struct SwigluKey {
-  DType dtype = DType::bf16;
-  bool vector = true;
-  bool pdl = true;
-
-  std::string to_string() const {
-    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (pdl ? ",pdl" : ",nopdl");
-  }
-  uint64_t packed() const { return pack_key({dtype, vector, pdl}); }
-};
-
-SwigluKey key_for(const SwigluCall& c, const DeviceInfo& device) {
-  return {.dtype = c.x.dtype, .vector = c.aligned16, .pdl = c.options.use_pdl && (device.features & kFeaturePdl)};
-}
-
-KernelRequest request_for(const SwigluKey& k) {
-  return {.header = "swiglu.cuh",
-          .function = "ditops::swiglu_body",
-          .template_args = jit::kernel_args(k.dtype, k.vector, k.pdl),
-          .params_type = "ditops::SwigluParams",
-          .max_threads = kMaxThreads,
-          .template_key = std::string(kOp) + ":" + k.to_string()};
-}
-
-// A CTA per piece of a row: up to kMaxThreads units (16 bytes each on the vector path), the threads
-// rounded up to a warp. Not tuned yet (no device run).
-void launch(const SwigluCall& c, const SwigluKey& k, const jit::LoadedKernel& kernel) {
-  SwigluParams p{};
-  p.x = c.x.data;
-  p.out = c.out.data;
-  p.rows = c.rows;
-  p.x_row_stride = c.x_row_stride;
-  p.out_row_stride = c.out_row_stride;
-  p.width = c.width;
-  p.units = k.vector ? c.width / (16 / static_cast<int64_t>(dtype_size(k.dtype))) : c.width;
-  const long long threads = std::min<long long>(kMaxThreads, (p.units + 31) / 32 * 32);
-  p.blocks_per_row = (p.units + threads - 1) / threads;
-  p.blocks = c.rows * p.blocks_per_row;
-  const unsigned grid = static_cast<unsigned>(std::min<long long>(p.blocks, kMaxGrid));
-  jit::launch(kernel, grid, static_cast<unsigned>(threads), &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
-}
-
-// The compile test's keys: every dtype on both paths, and one without PDL.
-std::vector<SwigluKey> variant_keys() {
-  std::vector<SwigluKey> keys;
-  for (DType dt : {DType::bf16, DType::f16, DType::f32})
-    for (bool vector : {true, false}) keys.push_back({dt, vector, true});
-  keys.push_back({DType::bf16, true, false});
-  return keys;
-}
-
-constexpr KernelFunctions<SwigluCall, SwigluKey> kKernels{
-    .key = key_for, .request = request_for, .launch = launch,
-    .nothing_to_do = [](const SwigluCall& c) { return c.rows == 0 || c.width == 0; },
-    .variant_keys = variant_keys};
+constexpr KernelFunctions<SwigluCall, ActRowsKey> kKernels{
+    .key = act_rows_key<SwigluCall>,
+    .request = [](const ActRowsKey& k) { return act_rows_request(kOp, k); },
+    .launch = act_rows_launch<SwigluCall>,
+    .nothing_to_do = act_rows_nothing_to_do<SwigluCall>,
+    .variant_keys = act_rows_variant_keys};
 using Kernels = OpKernels<describe, kKernels>;
 
 void register_swiglu(Registry& registry) {

@@ -1,0 +1,67 @@
+// What the activation ops share on the host (swiglu, gelu_tanh): out = act(x) row by row into the
+// caller's out (kernels/common/act_rows.cuh's walk). The row rules (match_act_rows) are in rows.h.
+// Each op's call struct has the members read here: x, out, options.use_pdl, rows, width,
+// x_row_stride, out_row_stride, aligned16, stream.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/implementation.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "jit/kernel_family.h"
+#include "kernels/common/act_rows.cuh"
+
+namespace ditops {
+
+// The template key of <op>_body<T, kVector, kPdl>: exactly the kernel's template parameters.
+struct ActRowsKey {
+  DType dtype = DType::bf16;
+  bool vector = true;
+  bool pdl = true;
+
+  std::string to_string() const {
+    return std::string(dtype_name(dtype)) + (vector ? ",vec16" : ",scalar") + (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const { return pack_key({dtype, vector, pdl}); }
+};
+
+// The kernel <op>.cuh's ditops::<op>_body.
+KernelRequest act_rows_request(const std::string& op, const ActRowsKey& key);
+
+// The compile test's keys: every dtype on both paths, and one without PDL.
+std::vector<ActRowsKey> act_rows_variant_keys();
+
+// A CTA per piece of a row, up to this many units (16 bytes each on the vector path), the threads
+// rounded up to a warp: swiglu at 95-99.9 % of a device copy at FLUX.2's widths (H100, 1db554a).
+constexpr int kActRowsMaxThreads = 256;
+
+void act_rows_launch(const ActRowsParams& params, DType dtype, bool vector, bool pdl, Stream stream,
+                     const jit::LoadedKernel& kernel);
+
+template <class Call>
+ActRowsKey act_rows_key(const Call& c, const DeviceInfo& device) {
+  return {.dtype = c.x.dtype, .vector = c.aligned16, .pdl = c.options.use_pdl && (device.features & kFeaturePdl)};
+}
+
+template <class Call>
+void act_rows_launch(const Call& c, const ActRowsKey& k, const jit::LoadedKernel& kernel) {
+  ActRowsParams p{};
+  p.x = c.x.data;
+  p.out = c.out.data;
+  p.rows = c.rows;
+  p.x_row_stride = c.x_row_stride;
+  p.out_row_stride = c.out_row_stride;
+  p.width = c.width;
+  act_rows_launch(p, k.dtype, k.vector, k.pdl, c.stream, kernel);
+}
+
+template <class Call>
+bool act_rows_nothing_to_do(const Call& c) {
+  return c.rows == 0 || c.width == 0;
+}
+
+}  // namespace ditops
