@@ -143,7 +143,9 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
               "qk_norm_rope (a2v/v2a cross-attn)": 2 * L, "qk_norm_rope (text cross-attn)": 2 * L,
               "adaln_modulate": 4 * L, "adaln_modulate (norm2, no modulation)": 0, "gated_residual": 2 * L,
               "adaln_modulate (gated residual + norm)": (6 if mod else 4) * L,
-              "adaln_modulate (residual + norm)": (0 if mod else 2) * L}
+              "adaln_modulate (residual + norm)": (0 if mod else 2) * L,
+              "rope_tables (rope)": 1, "rope_tables (audio_rope)": 1, "rope_tables (cross_attn_rope)": 1,
+              "rope_tables (cross_attn_audio_rope)": 1}
     return model, inputs, counts
 
 
@@ -194,7 +196,9 @@ OPS = {
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
              "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2, no modulation)": "norm_scale_shift",
              "gated_residual": "residual_gate_add", "adaln_modulate (gated residual + norm)": "norm_scale_shift",
-             "adaln_modulate (residual + norm)": "norm_scale_shift"},
+             "adaln_modulate (residual + norm)": "norm_scale_shift",
+             **{f"rope_tables ({m})": "fractional_rope_tables"
+                for m in ("rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope")}},
 }
 
 
@@ -417,13 +421,19 @@ def _gelu_tanh_bound(b, args, kwargs, index=0):
     return _ulp(b.dtype, b.double().abs()) + slack
 
 
+def _fractional_rope_tables_bound(b, args, kwargs, index=0):
+    """The reference's cos and sin (double, rounded) against CPU PyTorch's float32 ones (each within
+    an ulp): two float32 ulps of the table value, compared at 2^-10 below it."""
+    return 2 * _ulp(torch.float32, b.double().abs().clamp_min(2.0 ** -10))
+
+
 # The bound each op's CPU reference keeps to the model's chain on the CPU, whatever its contract's
 # oracle (eager PyTorch on CUDA, or the documented order).
 # joint_qknorm_rope: qknorm_rope's per-head routine on the joint rows (its v a copy, well inside).
 CONTRACT_BOUNDS = {"residual_gate_add": _equal_bound, "qknorm_rope": _qk_bound, "cross_head_qknorm_rope": _qk_bound,
                    "joint_qknorm_rope": _qk_bound, "layernorm_modulate": _modulation_bound,
                    "norm_scale_shift": _modulation_bound, "rope_tables": _rope_tables_bound,
-                   "gelu_tanh": _gelu_tanh_bound}
+                   "gelu_tanh": _gelu_tanh_bound, "fractional_rope_tables": _fractional_rope_tables_bound}
 
 
 # ---------------------------------------------------------------- plan and report
@@ -1366,6 +1376,8 @@ def test_cross_head_sites_compile_fullgraph_into_the_ops(name):
     assert torch.equal(torch.cat([o.flatten() for o in compiled]), eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
     others = ["ditops.norm_scale_shift", "ditops.residual_gate_add"]
+    if name == "ltx2":  # the rope modules' tables
+        others.append("ditops.fractional_rope_tables")
     assert ours == sorted(["ditops.cross_head_qknorm_rope", *others]), targets
 
 

@@ -576,6 +576,114 @@ def block_forward(residual: MappedSite, adaln: MappedSite, norm: MappedSite, res
     return forward
 
 
+# ---------------------------------------------------------------- RoPE tables (the rope modules)
+
+ROPE_MODULES = ("rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope")
+ROPE_TABLES_CHAIN = ("LTX2AudioVideoRotaryPosEmbed.forward: the bounds' midpoint (start + end) / 2.0, "
+                     "/ max_positions[a] per axis, torch.stack, theta ** linspace(0, 1, F, float64) * pi / 2.0 as "
+                     "float32, (grid * 2 - 1) * freqs, transpose and flatten, cos and sin in float32, the padding "
+                     "(ones, zeros) in front; split: reshaped to [B, H, T, D/2] per head")
+
+
+def _max_positions(module) -> tuple:
+    return ((module.base_num_frames, module.base_height, module.base_width) if module.modality == "video"
+            else (module.base_num_frames,))
+
+
+def rope_tables_mapping(module) -> Mapping:
+    """The rope module's forward(coords) as one fractional_rope_tables call: its frequencies computed
+    once per (count, device) by the module's own torch operations (ditops.eager.fractional_rope_tables.
+    module_freqs; not during a capture or a trace, whose tensors hold no values yet), cos and sin
+    allocated here and written by the op, the split tables reshaped per head as the module does."""
+    if not op_options("fractional_rope_tables"):
+        return Mapping(why="this build of ditops has no fractional_rope_tables op")
+    from ditops.eager.fractional_rope_tables import module_freqs
+    cached = {}
+
+    def shape_of(coords):
+        axes = coords.shape[1]
+        frequencies = module.dim // (2 * axes)
+        width = module.dim // 2 if module.rope_type == "split" else module.dim
+        return axes, frequencies, width
+
+    def fit(coords):
+        if coords.dtype != torch.float32 or coords.device.type not in ("cpu", "cuda"):
+            return f"coords {coords.dtype} on {coords.device.type}, not float32 on cpu or cuda"
+        if coords.dim() not in (3, 4) or (coords.dim() == 4 and coords.shape[-1] != 2):
+            return f"coords {tuple(coords.shape)}, not [B, A, P, 2] or [B, A, P]"
+        if module.rope_type not in ("split", "interleaved") or module.modality not in ("video", "audio"):
+            return f"rope_type {module.rope_type!r}, modality {module.modality!r}"
+        axes, frequencies, width = shape_of(coords)
+        if not 1 <= axes <= len(_max_positions(module)) or frequencies < 1:
+            return f"{axes} position axes for dim {module.dim} ({module.modality})"
+        if module.rope_type == "split" and width % module.num_attention_heads:
+            return f"{width} columns do not split into {module.num_attention_heads} heads"
+        return ""
+
+    def freqs_for(frequencies, device):
+        if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            return module_freqs(module.theta, frequencies, module.double_precision, device)
+        key = (frequencies, str(device), float(module.theta), bool(module.double_precision))
+        if key not in cached:
+            cached[key] = module_freqs(module.theta, frequencies, module.double_precision, device)
+        return cached[key]
+
+    def call(coords):
+        axes, frequencies, width = shape_of(coords)
+        batch, positions = coords.shape[0], coords.shape[2]
+        cos = torch.empty(batch, positions, width, dtype=torch.float32, device=coords.device)
+        sin = torch.empty_like(cos)
+        bases = list(_max_positions(module)) + [1, 1]
+        options = {f"max_pos{a}": int(bases[a]) for a in range(3)}
+        options["layout"] = module.rope_type
+
+        def output(_):
+            if module.rope_type == "split":
+                heads = module.num_attention_heads
+                return (cos.reshape(batch, positions, heads, -1).swapaxes(1, 2),
+                        sin.reshape(batch, positions, heads, -1).swapaxes(1, 2))
+            return cos, sin
+
+        return OpCall("fractional_rope_tables", (coords, freqs_for(frequencies, coords.device), cos, sin), options,
+                      output)
+
+    def signature(coords):  # the module's attributes too: a caller may change them
+        return (str(coords.device), tuple(coords.shape), coords.stride(), module.dim, module.rope_type,
+                module.modality, _max_positions(module), float(module.theta), bool(module.double_precision),
+                module.num_attention_heads)
+
+    return Mapping(op="fractional_rope_tables", fit=fit, signature=signature, call=call)
+
+
+def rope_forward(site: MappedSite, cls):
+    """cls.forward(coords, device) through the site: (cos, sin). Coords on another device than the
+    tables' (the module moves its grid there) run the module's code."""
+
+    def forward(self, coords, device=None):
+        if device is not None and torch.device(device) != coords.device:
+            return cls.forward(self, coords, device)
+        return site(lambda c: cls.forward(self, c, device), coords)
+
+    return forward
+
+
+def patch_rope_modules(plan: Plan, model) -> None:
+    """One site per rope module (each its own mapping: its dim, modality and bases), one class."""
+    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
+    for name in ROPE_MODULES:
+        module = getattr(model, name, None)
+        if module is None:
+            continue
+        if type(module) is LTX2AudioVideoRotaryPosEmbed:
+            mapping = rope_tables_mapping(module)
+        else:
+            mapping = Mapping(why=f"{name} is {type(module).__name__}, not LTX2AudioVideoRotaryPosEmbed")
+        site = plan.add_site(MappedSite(f"rope_tables ({name})", mapping=mapping, outputs=2, chain=ROPE_TABLES_CHAIN))
+        site.places.append(plan.prefix + name)
+        if site.op is not None:
+            plan.patch_forward(name, module, rope_forward(site, type(module)))
+
+
 def plan(model, plan: Plan, probe: bool = False) -> None:
     rope = model.config.rope_type
     rope_chain = ROPE_CHAINS.get(rope, f"rope_type {rope!r}")
@@ -635,3 +743,4 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         plan.patch_forward(path, block, block_forward(residual, adaln, norm, residual_norm, add_norm))
     # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
     # per step) are the model's code: not places of the site.
+    patch_rope_modules(plan, model)
