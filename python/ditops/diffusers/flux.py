@@ -15,6 +15,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
   * RoPE tables: FluxPosEmbed (model.pos_embed) builds the float32 cos/sin tables of the joint ids
     [txt; img] with diffusers' get_1d_rotary_pos_embed per column of ids (float64 frequencies,
     about 13 small kernels per axis): one rope_tables call (rope_tables_mapping, shared with FLUX.2).
+  * The single blocks' torch.cat([attn, act_mlp(mlp)], dim=2) before proj_out, act_mlp GELU(tanh):
+    gelu_tanh writes the mlp columns of the cat buffer, the attention output is copied into the
+    rest (gelu_cat; HunyuanVideo's single blocks too). Between single blocks the two streams stay one
+    buffer (_common.joint_rows: the next block's torch.cat of the previous one's split is that buffer).
 """
 from __future__ import annotations
 

@@ -16,6 +16,8 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     norms (the dual-stream site): each stream's norm, the latent rows' RoPE (the text rows on the
     cache's identity row) and the joint [latent; text] q, k, v written at once, without the three
     torch.cat calls; else the two sites above.
+  * The single blocks' torch.cat([attn, act_mlp(mlp)], dim=2): gelu_tanh into the cat buffer
+    (flux.gelu_cat); their streams' cat without a copy between single blocks (_common.joint_rows).
 The token-replace (I2V) block classes and the text token refiner are left to the model's code.
 """
 from __future__ import annotations

@@ -31,6 +31,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     with the first a2v modulation, the a2v / v2a residual with norm3, per stream. The feed-forward's
     residual ends the block: its own site. Where the fused sites do not run, their places go back to
     the residual and norm sites above.
+  * RoPE tables: the four LTX2AudioVideoRotaryPosEmbed modules (rope, audio_rope, cross_attn_rope,
+    cross_attn_audio_rope) build float32 cos/sin tables of fractional positions in about 20
+    kernels each: one fractional_rope_tables call, their float64 frequencies computed once per
+    module, count and device by the module's own operations.
 
 CUDA-graph capture (graph_constants, graph_refusal; _graphs.py calls them): called without
 video_coords / audio_coords (as the bench does), the forward builds them each call in
