@@ -1323,6 +1323,30 @@ def test_flux_single_blocks_pass_the_joint_stream_without_a_copy(monkeypatch):
     assert joined == [False] + [True] * (model.config.num_single_layers - 1), joined
 
 
+def test_hunyuan_single_blocks_join_their_token_halves_without_a_copy(monkeypatch):
+    """HunyuanVideo's single blocks concatenate two adjacent halves of one buffer three times (the
+    streams from the previous single block, the norm output's halves in the attention, the attention
+    output's halves after it): only the first block's stream join copies."""
+    model, inputs, _ = tiny_hunyuan()
+    reference = run(model, inputs)
+    dd.enable(model, allow_cpu=True)
+    joined = []
+    real = _common.joint_rows
+
+    def counting(first, second):
+        out = real(first, second)
+        joined.append(out.data_ptr() in (first.data_ptr(), second.data_ptr()))
+        return out
+
+    monkeypatch.setattr(_common, "joint_rows", counting)
+    try:
+        assert torch.equal(run(model, inputs), reference)
+    finally:
+        dd.disable(model)
+    N = model.config.num_single_layers
+    assert joined == [False, True, True] + [True, True, True] * (N - 1), joined
+
+
 # ---------------------------------------------------------------- torch.compile
 
 

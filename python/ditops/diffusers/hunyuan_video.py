@@ -17,7 +17,9 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     cache's identity row) and the joint [latent; text] q, k, v written at once, without the three
     torch.cat calls; else the two sites above.
   * The single blocks' torch.cat([attn, act_mlp(mlp)], dim=2): gelu_tanh into the cat buffer
-    (flux.gelu_cat); their streams' cat without a copy between single blocks (_common.joint_rows).
+    (flux.gelu_cat). Their three token cats of two adjacent halves of one buffer (the streams from
+    the previous single block, the norm output's halves in the attention, the attention output's
+    halves after it) are that buffer (_common.joint_rows: no copy).
 The token-replace (I2V) block classes and the text token refiner are left to the model's code.
 """
 from __future__ import annotations
@@ -133,7 +135,7 @@ class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
                 or image_rotary_emb[0].shape[0] != hidden_states.shape[1] or encoder_hidden_states.shape[1] == 0):
             return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
         text_len = encoder_hidden_states.shape[1]
-        hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+        hidden_states = _common.joint_rows(hidden_states, encoder_hidden_states)  # the block's norm output again
         query = attn.to_q(hidden_states).unflatten(2, (attn.heads, -1))
         key = attn.to_k(hidden_states).unflatten(2, (attn.heads, -1))
         value = attn.to_v(hidden_states).unflatten(2, (attn.heads, -1))
@@ -191,7 +193,7 @@ def single_block_forward(residual: MappedSite, cat):
         attn_output, context_attn_output = self.attn(
             hidden_states=norm_hidden[:, :-text_len, :], encoder_hidden_states=norm_hidden[:, -text_len:, :],
             attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
-        attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+        attn_output = _common.joint_rows(attn_output, context_attn_output)  # the attention's output again
         update = self.proj_out(cat(self, attn_output, mlp_up))
         hidden_states = _common.gated(residual, skip, update, gate.unsqueeze(1))
         return hidden_states[:, :-text_len, :], hidden_states[:, -text_len:, :]
