@@ -62,14 +62,15 @@ class ProcessorWrapper:
         self.original._parallel_config = value
 
 
-# ---------------------------------------------------------------- the single blocks' joint stream
+# ---------------------------------------------------------------- token ranges joined without a copy
 
 
 def joint_rows(first, second):
-    """torch.cat([first, second], dim=1) of a single block's two streams. Where they are the two
-    halves of one contiguous [B, S1 + S2, D] buffer (the previous single block returned them as
-    views of its output), that buffer itself: the values the cat would copy, without the copy.
-    Traced by torch.compile: the cat (inductor plans the copies itself)."""
+    """torch.cat([first, second], dim=1) of two token ranges (a single block's two streams, or the
+    halves of its norm or attention output). Where they are the two halves of one contiguous
+    [B, S1 + S2, D] buffer (a previous step returned them as views of it), that buffer itself: the
+    values the cat would copy, without the copy. The caller only reads it. Traced by torch.compile:
+    the cat (inductor plans the copies itself)."""
     if not torch.compiler.is_compiling() and first.dim() == 3 and second.dim() == 3 and \
             first.dtype == second.dtype and first.device == second.device and \
             first.shape[0] == second.shape[0] and first.shape[2] == second.shape[2]:
