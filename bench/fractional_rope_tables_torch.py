@@ -85,15 +85,15 @@ def run(dt, coords, dim, bases, layout, pdl=True):
     return impl, freqs, width, cos, sin
 
 
-def module_tables(coords, dim, layout):
-    """The diffusers module's own forward (None where diffusers does not import)."""
+def module_tables(coords, dim, bases, layout):
+    """The diffusers module's own forward (None where diffusers does not import); its modality is the
+    one whose base sizes the case uses."""
     try:
         from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoRotaryPosEmbed
     except ImportError:
         return None
-    modality = "video" if coords.shape[1] == 3 or dim != 2048 else "audio"
-    heads = 32
-    module = LTX2AudioVideoRotaryPosEmbed(dim=dim, modality=modality, rope_type=layout, num_attention_heads=heads)
+    modality = "video" if bases == VIDEO_BASES else "audio"
+    module = LTX2AudioVideoRotaryPosEmbed(dim=dim, modality=modality, rope_type=layout, num_attention_heads=32)
     return module(coords)
 
 
@@ -114,7 +114,7 @@ def verify(dt, rows, meta):
             rows.append(dict(kind="verify", op="fractional_rope_tables", impl=impl, case=label + ("" if pdl else " nopdl"),
                              shape=list(coords.shape), dim=dim, layout=layout, oracle="eager", torch_equal=equal))
         if label.startswith("ltx2 video 6144") or label.startswith("ltx2 audio"):
-            module = module_tables(coords, dim, layout)
+            module = module_tables(coords, dim, bases, layout)
             if module is not None:
                 B, P = cos.shape[:2]
                 got = (cos.reshape(B, P, 32, -1).swapaxes(1, 2), sin.reshape(B, P, 32, -1).swapaxes(1, 2))

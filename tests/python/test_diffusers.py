@@ -1301,10 +1301,13 @@ def test_joint_rows_reuses_a_split_buffer_and_copies_otherwise():
         assert torch.equal(got, want) and got.data_ptr() != joint.data_ptr()
 
 
-def test_flux_single_blocks_pass_the_joint_stream_without_a_copy(monkeypatch):
-    """Between FLUX.1's single blocks the streams stay one buffer: torch.cat joins the streams only
-    at the first single block (and the forward equals the unpatched model's)."""
-    model, inputs, _ = tiny_flux()
+@pytest.mark.parametrize("name", ["flux", "hunyuan"])
+def test_single_blocks_join_token_halves_without_a_copy(monkeypatch, name):
+    """Each of two adjacent halves of one buffer that a single block concatenates is that buffer:
+    FLUX.1's streams from the previous single block (one join a block); HunyuanVideo's streams, the
+    norm output's halves in the attention and the attention output's halves after it (three). Only
+    the first single block's stream join copies, and the forward equals the unpatched model's."""
+    model, inputs, _ = TINY[name]()
     reference = run(model, inputs)
     dd.enable(model, allow_cpu=True)
     joined = []
@@ -1320,31 +1323,8 @@ def test_flux_single_blocks_pass_the_joint_stream_without_a_copy(monkeypatch):
         assert torch.equal(run(model, inputs), reference)
     finally:
         dd.disable(model)
-    assert joined == [False] + [True] * (model.config.num_single_layers - 1), joined
-
-
-def test_hunyuan_single_blocks_join_their_token_halves_without_a_copy(monkeypatch):
-    """HunyuanVideo's single blocks concatenate two adjacent halves of one buffer three times (the
-    streams from the previous single block, the norm output's halves in the attention, the attention
-    output's halves after it): only the first block's stream join copies."""
-    model, inputs, _ = tiny_hunyuan()
-    reference = run(model, inputs)
-    dd.enable(model, allow_cpu=True)
-    joined = []
-    real = _common.joint_rows
-
-    def counting(first, second):
-        out = real(first, second)
-        joined.append(out.data_ptr() in (first.data_ptr(), second.data_ptr()))
-        return out
-
-    monkeypatch.setattr(_common, "joint_rows", counting)
-    try:
-        assert torch.equal(run(model, inputs), reference)
-    finally:
-        dd.disable(model)
-    N = model.config.num_single_layers
-    assert joined == [False, True, True] + [True, True, True] * (N - 1), joined
+    joins = {"flux": 1, "hunyuan": 3}[name] * model.config.num_single_layers
+    assert joined == [False] + [True] * (joins - 1), joined
 
 
 # ---------------------------------------------------------------- torch.compile

@@ -625,12 +625,14 @@ def rope_tables_mapping(module) -> Mapping:
         return ""
 
     def freqs_for(frequencies, device):
-        if torch.compiler.is_compiling() or (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-            return module_freqs(module.theta, frequencies, module.double_precision, device)
         key = (frequencies, str(device), float(module.theta), bool(module.double_precision))
-        if key not in cached:
-            cached[key] = module_freqs(module.theta, frequencies, module.double_precision, device)
-        return cached[key]
+        if key in cached:
+            return cached[key]
+        freqs = module_freqs(module.theta, frequencies, module.double_precision, device)
+        # kept only when computed eagerly: a trace's or a capture's tensors hold no values yet
+        if not torch.compiler.is_compiling() and not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            cached[key] = freqs
+        return freqs
 
     def call(coords):
         axes, frequencies, width = shape_of(coords)

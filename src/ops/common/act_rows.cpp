@@ -1,5 +1,7 @@
 #include "ops/common/act_rows.h"
 
+#include <algorithm>
+
 namespace ditops {
 
 namespace {

@@ -4,7 +4,6 @@
 // x_row_stride, out_row_stride, aligned16, stream.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
