@@ -67,6 +67,18 @@ inline OpCase bits_case(const Op& op, const std::string& name, DType dtype, int6
   return c;
 }
 
+// A feed-forward's act of width N on 4608 image and 512 text tokens ([1, S, K] x, [1, S, N] out), at
+// full size (large: where a device compares them), and on 33 rows.
+inline void add_feed_forward_cases(std::vector<OpCase>& out, const Op& op, int64_t N, uint32_t& seed) {
+  for (const std::vector<int64_t>& lead : {std::vector<int64_t>{1, 4608}, {1, 512}, {33}}) {
+    Shape s;
+    s.lead = lead;
+    s.N = N;
+    s.out_like_x = lead.size() > 1;
+    out.push_back(make_case(op, s, CaseKind::model, seed++));
+  }
+}
+
 // After the op's model cases: f16 and f32 at a smaller width (a [B, S, C N] activation), odd widths
 // (the scalar path: N not a multiple of 16 bytes; N = 8 / 4: one vector a row), rows of their own
 // stride (padded x rows, padded out rows, both, an odd pad), one row (a [C N] x and a [N] out).

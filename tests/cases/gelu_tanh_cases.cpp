@@ -33,15 +33,8 @@ const act_rows::Op kOp{.name = "gelu_tanh", .x_columns = 1, .tolerance = toleran
 std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
-  // FLUX.1-dev and HunyuanVideo (D = 3072, N = 12288): the feed-forward's act on image and text
-  // tokens, at full size (large: where a device compares them) and at 33 rows.
-  for (const std::vector<int64_t>& lead : {std::vector<int64_t>{1, 4608}, {1, 512}, {33}}) {
-    Shape s;
-    s.lead = lead;
-    s.N = 12288;
-    s.out_like_x = lead.size() > 1;
-    out.push_back(make_case(kOp, s, CaseKind::model, seed++));
-  }
+  // FLUX.1-dev and HunyuanVideo (D = 3072, N = 12288): the feed-forward's act on image and text tokens.
+  act_rows::add_feed_forward_cases(out, kOp, 12288, seed);
   // The single block: x proj_mlp's [M, N] output, out the columns [D, D + N) of the [M, D + N] cat
   // buffer (the attention output's columns left as they are); and x the mlp columns of a wider
   // projection (a row stride of 3D + N, as a fused QKV + mlp projection's).

@@ -34,15 +34,8 @@ const act_rows::Op kOp{.name = "swiglu", .x_columns = 2, .tolerance = tolerance}
 std::vector<OpCase> make() {
   std::vector<OpCase> out;
   uint32_t seed = 1;
-  // FLUX.2-dev (D = 6144, H = 18432): the feed-forward's act on image and text tokens, at full size
-  // (large: where a device compares them) and at 33 rows.
-  for (const std::vector<int64_t>& lead : {std::vector<int64_t>{1, 4608}, {1, 512}, {33}}) {
-    Shape s;
-    s.lead = lead;
-    s.N = 18432;
-    s.out_like_x = lead.size() > 1;
-    out.push_back(make_case(kOp, s, CaseKind::model, seed++));
-  }
+  // FLUX.2-dev (D = 6144, H = 18432): the feed-forward's act on image and text tokens.
+  act_rows::add_feed_forward_cases(out, kOp, 18432, seed);
   // The single block: x the mlp columns [3D, 3D + 2H) of to_qkv_mlp_proj's [M, 3D + 2H] output, out
   // the columns [D, D + H) of the [M, D + H] cat buffer (the attention output's columns left as they are).
   for (int64_t M : {int64_t{4608 + 512}, int64_t{9}}) {
