@@ -6,8 +6,9 @@
 // Layout: rows of x (row stride x_row_stride; an act reads its columns of one row), of the prefix
 // (prefix_width values, row stride prefix_row_stride) and of out (prefix_width + width values, row
 // stride out_row_stride). A unit is kElems consecutive output columns of one row (the first
-// prefix_units copy the prefix, the rest act on x): 16 bytes on the vector path (kVector: width a multiple of kElems, 16-byte aligned pointers and
-// row strides), one element on the scalar path. Each input byte is read once (a streaming load:
+// prefix_units copy the prefix, the rest act on x): 16 bytes on the vector path (kVector: width and
+// prefix_width multiples of kElems, 16-byte aligned pointers and row strides), one element on the
+// scalar path. Each input byte is read once (a streaming load:
 // nothing reads x again), each output byte written once. A CTA's blockDim.x threads take one unit
 // each of a piece of one row: a row is blocks_per_row pieces, CTA b takes piece b (row
 // b / blocks_per_row), then b + gridDim.x, ... (the grid is capped by the host). No reduction: the

@@ -34,6 +34,7 @@ ActRows match_act_rows(const Matcher& m, const TensorView& x, const TensorView& 
   for (int d = 0; d + 1 < r; ++d) a.rows *= x.shape[d];
   a.x_row_stride = collapsed_row_stride(m, x, "x");
   // A tensor of x's rows: x's leading dims or [M, columns].
+  const bool has_prefix = !(prefix.rank == 0 && prefix.data == nullptr);
   const auto rows_like_x = [&](const TensorView& t, const std::string& name, int64_t columns) {
     std::string expected = "[";
     for (int d = 0; d + 1 < r; ++d) expected += num(x.shape[d]) + ", ";
@@ -42,10 +43,10 @@ ActRows match_act_rows(const Matcher& m, const TensorView& x, const TensorView& 
     for (int d = 0; same_lead && d + 1 < r; ++d) same_lead = t.shape[d] == x.shape[d];
     const bool two_d = t.rank == 2 && t.shape[0] == a.rows;
     if (!same_lead && !two_d)
-      m.fail(name + " must be " + expected + " (x's leading dims) or [M, " + (name == "out" ? "N" : "Kp") + "] = [" +
-             num(a.rows) + ", " + num(columns) + "] but is " + t.describe());
+      m.fail(name + " must be " + expected + " (x's leading dims) or [M, " +
+             (name != "out" ? "Kp" : has_prefix ? "Kp + N" : "N") + "] = [" + num(a.rows) + ", " + num(columns) +
+             "] but is " + t.describe());
   };
-  const bool has_prefix = !(prefix.rank == 0 && prefix.data == nullptr);
   if (has_prefix) {
     if (prefix.rank < 1) m.fail("prefix must have rank >= 1 ([..., Kp]) but has rank 0");
     a.prefix_width = prefix.shape[prefix.rank - 1];
