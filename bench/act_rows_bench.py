@@ -18,6 +18,8 @@ class ActBench:
     bench: list     # (name, M, N, x row, x column, out row, out column)
     specials: list  # values written into x (NaN patterns compared as NaN)
     graph: tuple    # (M, N, x row, x column, out row, out column) of the graph replay
+    # (label, M, N, Kp): out = cat([prefix, act(x)], -1), the whole [M, Kp + N] buffer in one call
+    prefix_cases: tuple = ()
 
 
 def make_x(spec, M, N, dtype, gen, row=None, col=0, offset=0):
@@ -39,8 +41,14 @@ def same(a, b, nan_equal=False):
     return torch.equal(a, b)
 
 
-def call(dt, spec, x, out, stream=None, pdl=True):
-    return dt.call(spec.op, stream, dict(use_pdl=pdl, backend="jit"), x=x, out=out)
+def call(dt, spec, x, out, stream=None, pdl=True, prefix=None):
+    tensors = dict(x=x, out=out) if prefix is None else dict(x=x, out=out, prefix=prefix)
+    return dt.call(spec.op, stream, dict(use_pdl=pdl, backend="jit"), **tensors)
+
+
+def eager_cat(spec, x, prefix):
+    """The single block's chain: torch.cat([prefix, act(x)], -1)."""
+    return torch.cat([prefix, spec.eager(x)], dim=-1)
 
 
 def run_case(dt, spec, M, N, dtype, gen, x_row, x_col, out_row, out_col, offset, x=None):
@@ -73,6 +81,19 @@ def verify(dt, spec, rows):
                   f"{(out != spec.eager(x)).sum().item()} elements, other columns untouched: {untouched}", flush=True)
         rows.append(dict(kind="verify", op=spec.op, impl=impl, case=label, shape=[M, spec.x_columns * N],
                          dtype=str(dtype), storage_offset=offset, oracle="eager", torch_equal=equal))
+    for label, M, N, Kp in spec.prefix_cases:
+        x = make_x(spec, M, N, torch.bfloat16, gen)
+        prefix = torch.randn(M, Kp, device="cuda", generator=gen).to(torch.bfloat16)
+        out = torch.empty(M, Kp + N, device="cuda", dtype=torch.bfloat16)
+        impl = call(dt, spec, x, out, prefix=prefix)
+        torch.cuda.synchronize()
+        equal = same(out, eager_cat(spec, x, prefix))
+        n += 1
+        ok = ok and equal
+        if not equal:
+            print(f"MISMATCH {impl} {label} (prefix {Kp})", flush=True)
+        rows.append(dict(kind="verify", op=spec.op, impl=impl, case=label, shape=[M, spec.x_columns * N],
+                         prefix=Kp, dtype="torch.bfloat16", storage_offset=0, oracle="eager", torch_equal=equal))
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x = make_x(spec, 6, 64, dtype, gen)
         fin = torch.finfo(dtype)
@@ -142,4 +163,31 @@ def run_bench(dt, spec, rows, meta):
                  ("ditops:jit", graph.replay, [lambda t=t: call(dt, spec, t["x"], t["out"]) for t in sets])]
         report(measure(impls), rows, meta, spec.op, name, shape_str((M, spec.x_columns * N)), nbytes, 30)
         sets = t0 = graph = None  # release before the next case allocates
+        torch.cuda.empty_cache()
+    # The whole cat buffer: prefix and act(x) in one call beside eager's and compile's torch.cat of them.
+    compiled_cat = torch.compile(lambda x, p: eager_cat(spec, x, p), dynamic=False)
+    for label, M, N, Kp in spec.prefix_cases:
+        name = f"{label} (whole cat)"
+        if not case_selected(name):
+            continue
+        nbytes = (spec.x_columns * M * N + M * Kp + M * (Kp + N)) * 2
+        sets = []
+        for _ in range(rotation_count(nbytes)):
+            t = dict(x=make_x(spec, M, N, torch.bfloat16, gen),
+                     prefix=torch.randn(M, Kp, device="cuda", generator=gen).to(torch.bfloat16),
+                     out=torch.empty(M, Kp + N, device="cuda", dtype=torch.bfloat16))
+            t["src"], t["dst"] = copy_buffers(nbytes)
+            sets.append(t)
+        t0 = sets[0]
+        call(dt, spec, t0["x"], t0["out"], prefix=t0["prefix"])
+        graph = graph_on_side_stream(lambda s: call(dt, spec, t0["x"], t0["out"], stream=s, prefix=t0["prefix"]))
+        impls = [copy_impl(sets, lambda t: t["src"], lambda t: t["dst"]),
+                 ("torch_eager", lambda: eager_cat(spec, t0["x"], t0["prefix"]),
+                  [lambda t=t: eager_cat(spec, t["x"], t["prefix"]) for t in sets]),
+                 ("torch_compile", lambda: compiled_cat(t0["x"], t0["prefix"]),
+                  [lambda t=t: compiled_cat(t["x"], t["prefix"]) for t in sets]),
+                 ("ditops:jit", graph.replay,
+                  [lambda t=t: call(dt, spec, t["x"], t["out"], prefix=t["prefix"]) for t in sets])]
+        report(measure(impls), rows, meta, spec.op, name, shape_str((M, spec.x_columns * N)), nbytes, 30)
+        sets = t0 = graph = None
         torch.cuda.empty_cache()

@@ -41,7 +41,9 @@ SPEC = ActBench(
            ("hunyuan single (32760) cat", 32760, N, None, 0, D + N, D)],
     specials=[0.0, -0.0, float("inf"), -float("inf"), float("nan"), "max", "-max", "tiny", "tiny/4", -100.0, 100.0,
               -5.0, -4.0, -6.5, -10.0, 1.0, -1.0],
-    graph=(4608 + 512, N, None, 0, D + N, D))
+    graph=(4608 + 512, N, None, 0, D + N, D),
+    prefix_cases=[("flux single (5120)", 5120, N, D), ("hunyuan single (32760)", 32760, N, D),
+                  ("odd prefix", 33, N, 3)])
 
 
 def main():

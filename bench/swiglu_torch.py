@@ -40,7 +40,8 @@ SPEC = ActBench(
            ("klein ff (4608) 2x9216", 4608, 9216, None, 0, None, 0)],
     specials=[0.0, -0.0, float("inf"), -float("inf"), float("nan"), "max", "-max", "tiny", "tiny/4", -100.0, 100.0,
               88.0, -88.0, 1.0, -1.0],
-    graph=(4608 + 512, H, 3 * D + 2 * H, 3 * D, D + H, D))
+    graph=(4608 + 512, H, 3 * D + 2 * H, 3 * D, D + H, D),
+    prefix_cases=[("flux2 single (5120)", 5120, H, D), ("odd prefix", 33, H, 3)])
 
 
 def main():

@@ -14,6 +14,9 @@
 //        leading dims collapsing into one row stride >= N (a column slice of a wider buffer: the
 //        columns [D, D + N) of a [M, D + N] cat buffer); overlapping no byte of x. The caller's
 //        tensor, written in place (never read): the op allocates nothing
+//   prefix  optional: x's dtype, [..., Kp] with x's leading dims or [M, Kp], its own row stride;
+//        then out is [..., Kp + N] = cat([prefix, act(x)], -1) (the single block's whole cat
+//        buffer: the attention output's columns copied in the same pass)
 // Errors (ditops::Error naming the tensor, the dimension, the expected and the actual value,
 // before anything is written): an odd last dim of x, out's width != N, out's leading dims not x's,
 // out's dtype not x's, rows that do not collapse or overlap, out overlapping x. M == 0 or N == 0
@@ -37,12 +40,13 @@ struct SwigluOptions {
 // The call as every implementation sees it: the tensors in call order, the options, and what
 // matching derives from them.
 struct SwigluCall {
-  TensorView x, out;
+  TensorView x, out, prefix;  // prefix: an empty TensorView when absent
   SwigluOptions options;
   int64_t rows = 0;   // M: the product of x's leading dims
   int64_t width = 0;  // N: out's columns (x has 2N)
-  int64_t x_row_stride = 0, out_row_stride = 0;  // elements between rows
-  // N a multiple of 16 bytes of elements, x and out 16-byte aligned, row strides multiples of 16 bytes.
+  int64_t prefix_width = 0;  // Kp: out's leading columns copied from prefix (0 without)
+  int64_t x_row_stride = 0, out_row_stride = 0, prefix_row_stride = 0;  // elements between rows
+  // N and Kp multiples of 16 bytes of elements, x, out (and prefix) 16-byte aligned, row strides multiples of 16 bytes.
   bool aligned16 = false;
   Stream stream = nullptr;
 };

@@ -19,8 +19,10 @@ struct Shape {
   int64_t N = 0;                     // out's columns
   DType dtype = DType::bf16;
   int64_t x_row = 0, x_offset = 0;      // x's row stride (0: C N) and its first column in its buffer
-  int64_t out_row = 0, out_offset = 0;  // the same for out (0: N, contiguous [M, N] or [..., N])
-  bool out_like_x = false;              // out [..., N] with x's leading dims
+  int64_t out_row = 0, out_offset = 0;  // the same for out (0: Kp + N, contiguous [M, ...] or [..., ...])
+  bool out_like_x = false;              // out [..., Kp + N] with x's leading dims
+  int64_t prefix = 0;                   // Kp: a prefix [M, Kp] (0: none), row stride prefix_row (0: Kp)
+  int64_t prefix_row = 0;
 };
 
 struct Op {
@@ -36,7 +38,8 @@ inline OpCase make_case(const Op& op, const Shape& s, CaseKind kind, uint32_t se
   c.name = std::string(dtype_name(s.dtype)) + "_" + lead + "_N" + std::to_string(s.N) +
            (s.x_row ? "_xrow" + std::to_string(s.x_row) + "@" + std::to_string(s.x_offset) : "") +
            (s.out_row ? "_outrow" + std::to_string(s.out_row) + "@" + std::to_string(s.out_offset) : "") +
-           (s.out_like_x ? "_out_like_x" : "");
+           (s.out_like_x ? "_out_like_x" : "") + (s.prefix ? "_prefix" + std::to_string(s.prefix) : "") +
+           (s.prefix_row ? "@row" + std::to_string(s.prefix_row) : "");
   std::vector<int64_t> xs = s.lead;
   xs.push_back(op.x_columns * s.N);
   TensorCase x{"x", s.dtype, xs, s.x_row ? row_strides(s.lead, s.x_row) : std::vector<int64_t>{}};
@@ -44,11 +47,18 @@ inline OpCase make_case(const Op& op, const Shape& s, CaseKind kind, uint32_t se
   x.fill = Fill::normal(3.0);
   c.tensors = {x};
   std::vector<int64_t> os = s.out_like_x ? s.lead : std::vector<int64_t>{numel(s.lead)};
-  os.push_back(s.N);
+  os.push_back(s.prefix + s.N);
   const std::vector<int64_t> lead_of_out(os.begin(), os.end() - 1);
   TensorCase out{"out", s.dtype, os, s.out_row ? row_strides(lead_of_out, s.out_row) : std::vector<int64_t>{}};
   out.offset = s.out_offset;
   c.tensors.push_back(out);
+  if (s.prefix) {
+    const std::vector<int64_t> lead_of_prefix = {numel(s.lead)};
+    TensorCase prefix{"prefix", s.dtype, {numel(s.lead), s.prefix},
+                      s.prefix_row ? row_strides(lead_of_prefix, s.prefix_row) : std::vector<int64_t>{}};
+    prefix.fill = Fill::special(2.0, 5);  // a copy: every value, special ones included, moves as it is
+    c.tensors.push_back(prefix);
+  }
   c.tolerance = op.tolerance(s.dtype);
   c.large = numel(s.lead) * op.x_columns * s.N > (int64_t{1} << 22);
   return c;
@@ -115,6 +125,16 @@ inline void add_shape_cases(std::vector<OpCase>& out, const Op& op, uint32_t& se
   one.N = 100;
   one.out_like_x = true;
   add(one, CaseKind::odd);
+  // A prefix (the single block's attention output, out the whole cat buffer): aligned widths, an odd
+  // one (the scalar path), a prefix of its own row stride, one row.
+  for (const auto& [Kp, prefix_row] : std::vector<std::pair<int64_t, int64_t>>{{64, 0}, {3, 0}, {32, 48}}) {
+    Shape s;
+    s.lead = {5};
+    s.N = 128;
+    s.prefix = Kp;
+    s.prefix_row = prefix_row;
+    add(s, prefix_row ? CaseKind::strided : CaseKind::odd);
+  }
 }
 
 // The refusal shape of the shared rules: x [2, 4, 32 C], out [2, 4, 32].
@@ -177,16 +197,44 @@ inline void add_closing_cases(std::vector<OpCase>& out, const Op& op, uint32_t& 
               [K](OpCase& c) { c.tensors[0].strides = {1000, K, 1}; });
   add_refusal(out, op, seed, "out_rows_overlap", {"out's row stride must be >= N=32 (rows may not overlap) but is 16"},
               [](OpCase& c) { c.tensors[1].strides = {64, 16, 1}; });
+  Shape with_prefix = refusal_shape();
+  with_prefix.prefix = 16;
+  const auto add_prefix_refusal = [&](const std::string& name, std::vector<std::string> fragments, auto edit) {
+    OpCase c = make_case(op, with_prefix, CaseKind::invalid, seed++);
+    c.name = name;
+    edit(c);
+    c.invalid = std::move(fragments);
+    out.push_back(c);
+  };
+  add_prefix_refusal("prefix_rows_wrong", {"prefix must be [2, 4, 16] (x's leading dims) or [M, Kp] = [8, 16] but is"},
+                     [](OpCase& c) { c.tensors[2].shape = {9, 16}; });
+  add_prefix_refusal("out_without_prefix_columns", {"must equal Kp + N=48 (prefix's 16 + ", "but is 32"},
+                     [](OpCase& c) { c.tensors[1].shape = {2, 4, 32}; });
+  add_prefix_refusal("prefix_dtype_differs", {"prefix.dtype must be bf16", "f16"},
+                     [](OpCase& c) { c.tensors[2].dtype = DType::f16; });
   OpCase over = make_case(op, refusal_shape(), CaseKind::aliased, seed++);
   over.name = "out_over_x";
   over.tensors[1].storage = "x";
   over.invalid = {"x overlaps out in memory"};
   out.push_back(over);
   Variants v;
-  v.misalign = {"x", "out"};
+  v.misalign = {"x", "out", "prefix"};
   v.pad_rows = {"x", "out"};
   v.options = {{{{"use_pdl", "false"}}, "nopdl"}};
   add_variants(out, v);
+}
+
+// The oracles' walk: out's prefix columns the prefix's bits exactly, then act(x row's first index,
+// column j) for each of the N act columns.
+template <typename Act>
+void expect_rows(OracleIo& io, int64_t x_columns, Act act) {
+  const int x = io.id("x"), out = io.id("out"), prefix = io.id("prefix");
+  const int64_t K = io.shape(x).back(), N = K / x_columns, rows = K ? io.numel(x) / K : 0;
+  const int64_t Kp = prefix >= 0 ? io.shape(prefix).back() : 0, W = Kp + N;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < Kp; ++j) io.expect_bits(out, r * W + j, io.bits(prefix, r * Kp + j));
+    for (int64_t j = 0; j < N; ++j) io.expect(out, r * W + Kp + j, act(r * K, j));
+  }
 }
 
 }  // namespace ditops::optest::act_rows

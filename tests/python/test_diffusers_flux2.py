@@ -271,8 +271,8 @@ def test_single_stream_q_and_k_are_strided_chunks_taken_in_place():
 
 def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(monkeypatch):
     """The feed-forwards' act runs swiglu on linear_in's output; the single blocks' act reads the MLP
-    columns of to_qkv_mlp_proj's output as they are (a column slice, no copy) and writes the mlp
-    columns of the [B, S, D + H] buffer to_out reads, the attention output copied beside them: the
+    columns of to_qkv_mlp_proj's output as they are (a column slice, no copy) and writes the whole
+    [B, S, D + H] buffer to_out reads, the attention output (its prefix) in the same pass: the
     processor's torch.cat is gone."""
     model, inputs = tiny_flux2()
     attn = model.single_transformer_blocks[0].attn
@@ -285,8 +285,10 @@ def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(
             def call(*args, **kwargs):
                 if name == "swiglu":
                     x, out = args[:2]
+                    prefix = args[2] if len(args) > 2 else kwargs.get("prefix")
                     seen.append((x.shape, x.stride(), out.shape, out.stride(), out.storage_offset(),
-                                 out.untyped_storage().nbytes() // out.element_size()))
+                                 out.untyped_storage().nbytes() // out.element_size(),
+                                 None if prefix is None else prefix.shape))
                 return op(*args, **kwargs)
             return call
 
@@ -298,12 +300,12 @@ def test_swiglu_sites_take_the_feed_forward_act_and_write_the_single_blocks_cat(
     assert report["swiglu (ff)"].fused_calls == 4 and report["swiglu (single block cat)"].fused_calls == 2
     D, H = attn.inner_dim, attn.mlp_hidden_dim
     row = 3 * D + 2 * H
-    ff = [c for c in seen if c[1][-2] == c[0][-1]]  # contiguous x: the feed-forwards
+    ff = [c for c in seen if c[1][-2] == c[0][-1] and c[-1] is None]  # contiguous x: the feed-forwards
     single = [c for c in seen if c[1][-2] == row]
     assert len(ff) == 4 and len(single) == 2  # one forward: each place once
-    for x_shape, x_stride, out_shape, out_stride, offset, elements in single:
-        assert x_shape[-1] == 2 * H and out_shape[-1] == H
-        assert out_stride[-2] == D + H and offset == D  # the cat buffer's mlp columns
+    for x_shape, x_stride, out_shape, out_stride, offset, elements, prefix_shape in single:
+        assert x_shape[-1] == 2 * H and out_shape[-1] == D + H and prefix_shape[-1] == D
+        assert out_stride[-2] == D + H and offset == 0  # the whole cat buffer, the attention output first
         assert elements == x_shape[0] * x_shape[1] * (D + H)  # the whole buffer, nothing else
     assert report["swiglu (single block cat)"].places == [
         "single_transformer_blocks.0.attn (cat attn + swiglu mlp)", "single_transformer_blocks.1.attn (cat attn + swiglu mlp)"]

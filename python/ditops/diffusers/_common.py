@@ -103,8 +103,8 @@ def act_fit(op: str, x) -> str:
 
 def cat_act_mapping(op: str) -> Mapping:
     """torch.cat([attention output, act(mlp)], -1) before the single block's output projection: the
-    op writes act(mlp) into the columns [D, D + N) of the [..., D + N] buffer the cat would allocate,
-    and the attention output is copied into [0, D) after it (explain copies nothing)."""
+    op writes the [..., D + N] buffer the cat would allocate in one pass, the attention output (its
+    prefix) into the columns [0, D) and act(mlp) into [D, D + N)."""
 
     def fit(attn_out, mlp) -> str:
         why = act_fit(op, mlp)
@@ -114,19 +114,17 @@ def cat_act_mapping(op: str) -> Mapping:
             return f"attention output {attn_out.dtype} on {attn_out.device}, mlp {mlp.dtype} on {mlp.device}"
         if attn_out.shape[:-1] != mlp.shape[:-1]:
             return f"attention output {tuple(attn_out.shape)} and mlp {tuple(mlp.shape)} differ in their rows"
+        if attn_out.dim() < 1 or attn_out.stride(-1) != 1:
+            return "the attention output's last stride is not 1"
         return ""
 
     def call(attn_out, mlp) -> OpCall:
         D, N = attn_out.shape[-1], mlp.shape[-1] // ACT_INPUT_COLUMNS[op]
         cat = attn_out.new_empty(*attn_out.shape[:-1], D + N)
+        return OpCall(op, (mlp, cat, attn_out), {}, lambda _: cat)
 
-        def output(_):
-            cat[..., :D].copy_(attn_out)
-            return cat
-
-        return OpCall(op, (mlp, cat[..., D:]), {}, output)
-
-    return Mapping(op=op, fit=fit, signature=lambda a, m: (str(m.device), m.dtype, a.shape[-1], m.shape[-1], m.stride()),
+    return Mapping(op=op, fit=fit, signature=lambda a, m: (str(m.device), m.dtype, a.shape[-1], m.shape[-1], m.stride(),
+                                                        a.stride()),
                    call=call)
 
 

@@ -2,6 +2,7 @@
 fp8_rowwise_quant's act="swiglu" quantizes)."""
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 
 from ._registry import eager
@@ -15,8 +16,11 @@ def swiglu(x):
 
 
 @eager("swiglu")
-def swiglu_eager(x, out=None):
-    """The op's chain: swiglu(x), in out's shape where the call passes one ([M, N] beside a
-    [..., 2N] x)."""
+def swiglu_eager(x, out=None, prefix=None):
+    """The op's chain: swiglu(x), after the prefix's columns where the call passes one
+    (torch.cat([prefix, swiglu(x)], -1)), in out's shape where the call passes one ([M, ...] beside
+    a [..., 2N] x)."""
     y = swiglu(x)
+    if prefix is not None:
+        y = torch.cat([prefix.reshape(*y.shape[:-1], prefix.shape[-1]), y], dim=-1)
     return y if out is None else y.reshape(out.shape)

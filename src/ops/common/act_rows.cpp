@@ -28,7 +28,9 @@ std::vector<ActRowsKey> act_rows_variant_keys() {
 void act_rows_launch(const ActRowsParams& params, DType dtype, bool vector, bool pdl, Stream stream,
                      const jit::LoadedKernel& kernel) {
   ActRowsParams p = params;
-  p.units = vector ? p.width / (16 / static_cast<int64_t>(dtype_size(dtype))) : p.width;
+  const int64_t elems = vector ? 16 / static_cast<int64_t>(dtype_size(dtype)) : 1;
+  p.prefix_units = p.prefix_width / elems;
+  p.units = p.prefix_units + p.width / elems;
   const long long threads = std::min<long long>(kActRowsMaxThreads, (p.units + 31) / 32 * 32);
   p.blocks_per_row = (p.units + threads - 1) / threads;
   p.blocks = p.rows * p.blocks_per_row;

@@ -1,7 +1,7 @@
 // What the activation ops share on the host (swiglu, gelu_tanh): out = act(x) row by row into the
 // caller's out (kernels/common/act_rows.cuh's walk). The row rules (match_act_rows) are in rows.h.
-// Each op's call struct has the members read here: x, out, options.use_pdl, rows, width,
-// x_row_stride, out_row_stride, aligned16, stream.
+// Each op's call struct has the members read here: x, out, prefix, options.use_pdl, rows, width,
+// prefix_width, x_row_stride, out_row_stride, prefix_row_stride, aligned16, stream.
 #pragma once
 
 #include <cstdint>
@@ -50,17 +50,20 @@ template <class Call>
 void act_rows_launch(const Call& c, const ActRowsKey& k, const jit::LoadedKernel& kernel) {
   ActRowsParams p{};
   p.x = c.x.data;
+  p.prefix = c.prefix_width ? c.prefix.data : nullptr;
   p.out = c.out.data;
   p.rows = c.rows;
   p.x_row_stride = c.x_row_stride;
+  p.prefix_row_stride = c.prefix_row_stride;
   p.out_row_stride = c.out_row_stride;
   p.width = c.width;
+  p.prefix_width = c.prefix_width;
   act_rows_launch(p, k.dtype, k.vector, k.pdl, c.stream, kernel);
 }
 
 template <class Call>
 bool act_rows_nothing_to_do(const Call& c) {
-  return c.rows == 0 || c.width == 0;
+  return c.rows == 0 || c.width + c.prefix_width == 0;
 }
 
 }  // namespace ditops

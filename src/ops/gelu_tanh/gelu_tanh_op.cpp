@@ -29,12 +29,15 @@ OpBuilder<GeluTanhCall> describe() {
   using C = GeluTanhCall;
   OpBuilder<C> b(kOp, "out = F.gelu(x, approximate='tanh') (FLUX.1's and HunyuanVideo's GELU), rounded as eager",
                  "x [..., N] bf16|f16|f32 (rows of one stride); out [..., N] (x's leading dims) or [M, N], rows of "
-                 "one stride >= N (a column slice of a cat buffer). include/ditops/gelu_tanh.h, docs/gelu_tanh.md");
+                 "one stride >= N (a column slice of a cat buffer); prefix [..., Kp] optional: out [..., Kp + N] = "
+                 "cat([prefix, gelu(x)], -1). include/ditops/gelu_tanh.h, docs/gelu_tanh.md");
   b.dims("M=4608,N=12288");
   // x's and out's ranks, extents and row strides are the op's own rules.
   b.tensor<&C::x>({.dtypes = "bf16|f16|f32", .shape = "M,N", .own = "shape"});
   // out is the caller's (a column slice of a cat buffer): written, never read.
   b.tensor<&C::out>({.role = TensorRole::inout, .dtypes = "=x", .shape = "M,N", .own = "shape"});
+  // prefix (the attention output): out = cat([prefix, act(x)], -1), its columns copied in the same pass.
+  b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
   b.pdl_option<&GeluTanhOptions::use_pdl>();
   b.complete(complete);
   return b;
@@ -45,10 +48,12 @@ void complete(GeluTanhCall& call, Matcher& m) {
   if (x.rank < 1) m.fail("x must have rank >= 1 ([..., N]) but has rank 0");
   const int r = x.rank;
   call.width = x.shape[r - 1];
-  const ActRows a = match_act_rows(m, x, call.out, call.width, "x.shape[" + num(r - 1) + "]");
+  const ActRows a = match_act_rows(m, x, call.out, call.prefix, call.width, "x.shape[" + num(r - 1) + "]");
   call.rows = a.rows;
+  call.prefix_width = a.prefix_width;
   call.x_row_stride = a.x_row_stride;
   call.out_row_stride = a.out_row_stride;
+  call.prefix_row_stride = a.prefix_row_stride;
   call.aligned16 = a.aligned16;
 }
 
@@ -86,17 +91,23 @@ void register_gelu_tanh(Registry& registry) {
 // The CPU oracle: per row and column, ref::gelu_tanh with the fma (tanh in double rounded to fp32),
 // rounded to the dtype as eager does (f32: no rounding).
 void gelu_tanh_reference(const GeluTanhCall& c) {
-  for (const TensorView* t : {&c.x, &c.out})
+  for (const TensorView* t : {&c.x, &c.out, &c.prefix})
     if (t->data && t->device.kind != DeviceKind::cpu) throw Error("gelu_tanh reference: every tensor must be on the cpu");
   const int64_t N = c.width;
   for (int64_t r = 0; r < c.rows; ++r) {
     if (c.x.dtype == DType::f32) {
       const float* x = static_cast<const float*>(c.x.data) + r * c.x_row_stride;
       float* out = static_cast<float*>(c.out.data) + r * c.out_row_stride;
+      const float* prefix = static_cast<const float*>(c.prefix.data) + r * c.prefix_row_stride;
+      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
+      out += c.prefix_width;
       for (int64_t j = 0; j < N; ++j) out[j] = ref::gelu_tanh(x[j], true);
     } else {
       const uint16_t* x = static_cast<const uint16_t*>(c.x.data) + r * c.x_row_stride;
       uint16_t* out = static_cast<uint16_t*>(c.out.data) + r * c.out_row_stride;
+      const uint16_t* prefix = static_cast<const uint16_t*>(c.prefix.data) + r * c.prefix_row_stride;
+      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
+      out += c.prefix_width;
       for (int64_t j = 0; j < N; ++j)
         out[j] = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(x[j], c.x.dtype), true), c.x.dtype);
     }

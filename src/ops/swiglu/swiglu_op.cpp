@@ -29,12 +29,15 @@ OpBuilder<SwigluCall> describe() {
   using C = SwigluCall;
   OpBuilder<C> b(kOp, "out = F.silu(x[..., :N]) * x[..., N:] (FLUX.2's SwiGLU), each step rounded as eager",
                  "x [..., K] bf16|f16|f32 (K = 2N, rows of one stride); out [..., N] (x's leading dims) or [M, N], "
-                 "rows of one stride >= N (a column slice of a cat buffer). include/ditops/swiglu.h, docs/swiglu.md");
+                 "rows of one stride >= N (a column slice of a cat buffer); prefix [..., Kp] optional: out [..., Kp + N] = "
+                 "cat([prefix, act(x)], -1). include/ditops/swiglu.h, docs/swiglu.md");
   b.dims("M=4608,K=36864");
   // x's and out's ranks, extents and row strides are the op's own rules.
   b.tensor<&C::x>({.dtypes = "bf16|f16|f32", .shape = "M,K", .own = "shape"});
   // out is the caller's (a column slice of a cat buffer): written, never read.
   b.tensor<&C::out>({.role = TensorRole::inout, .dtypes = "=x", .shape = "M,K/2", .own = "shape"});
+  // prefix (the attention output): out = cat([prefix, act(x)], -1), its columns copied in the same pass.
+  b.tensor<&C::prefix>({.optional = true, .dtypes = "=x", .shape = "M,Kp", .own = "shape"});
   b.pdl_option<&SwigluOptions::use_pdl>();
   b.complete(complete);
   return b;
@@ -48,10 +51,12 @@ void complete(SwigluCall& call, Matcher& m) {
   if (K % 2)
     m.fail("x.shape[" + num(r - 1) + "] must be even (F.silu(x[..., :N]) * x[..., N:], N = K / 2) but is " + num(K));
   call.width = K / 2;
-  const ActRows a = match_act_rows(m, x, call.out, call.width, "x.shape[" + num(r - 1) + "]=" + num(K) + " / 2");
+  const ActRows a = match_act_rows(m, x, call.out, call.prefix, call.width, "x.shape[" + num(r - 1) + "]=" + num(K) + " / 2");
   call.rows = a.rows;
+  call.prefix_width = a.prefix_width;
   call.x_row_stride = a.x_row_stride;
   call.out_row_stride = a.out_row_stride;
+  call.prefix_row_stride = a.prefix_row_stride;
   call.aligned16 = a.aligned16;
 }
 
@@ -89,17 +94,23 @@ void register_swiglu(Registry& registry) {
 // The CPU oracle: per row and column, ref::silu (exp in double rounded to fp32) and the product,
 // rounded to the dtype at each step as eager does (f32: no rounding in between).
 void swiglu_reference(const SwigluCall& c) {
-  for (const TensorView* t : {&c.x, &c.out})
+  for (const TensorView* t : {&c.x, &c.out, &c.prefix})
     if (t->data && t->device.kind != DeviceKind::cpu) throw Error("swiglu reference: every tensor must be on the cpu");
   const int64_t N = c.width;
   for (int64_t r = 0; r < c.rows; ++r) {
     if (c.x.dtype == DType::f32) {
       const float* x = static_cast<const float*>(c.x.data) + r * c.x_row_stride;
       float* out = static_cast<float*>(c.out.data) + r * c.out_row_stride;
+      const float* prefix = static_cast<const float*>(c.prefix.data) + r * c.prefix_row_stride;
+      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
+      out += c.prefix_width;
       for (int64_t j = 0; j < N; ++j) out[j] = ref::silu(x[j]) * x[j + N];
     } else {
       const uint16_t* x = static_cast<const uint16_t*>(c.x.data) + r * c.x_row_stride;
       uint16_t* out = static_cast<uint16_t*>(c.out.data) + r * c.out_row_stride;
+      const uint16_t* prefix = static_cast<const uint16_t*>(c.prefix.data) + r * c.prefix_row_stride;
+      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
+      out += c.prefix_width;
       for (int64_t j = 0; j < N; ++j) out[j] = ref::swiglu(x[j], x[j + N], c.x.dtype);
     }
   }
