@@ -24,7 +24,7 @@ namespace {
 
 constexpr const char* kOp = "fractional_rope_tables";
 constexpr int kThreads = 256;
-constexpr int64_t kMaxGrid = int64_t{1} << 20;  // CTAs; more units loop (the kernel's grid stride)
+constexpr int64_t kMaxRowBlocks = int64_t{1} << 20;  // CTAs; more rows loop (the kernel's row stride)
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -103,21 +103,31 @@ void complete(FractionalRopeTablesCall& call, Matcher& m) {
 
 // The template key: exactly the kernel's template parameters.
 struct FractionalRopeTablesKey {
+  int axes = 3;
+  bool interleaved = false;
   bool vector = true;
   bool pdl = true;
 
-  std::string to_string() const { return std::string(vector ? "vec16" : "scalar") + (pdl ? ",pdl" : ",nopdl"); }
-  uint64_t packed() const { return pack_key({vector, pdl}); }
+  std::string to_string() const {
+    return "A" + std::to_string(axes) + (interleaved ? ",interleaved" : ",split") + (vector ? ",vec16" : ",scalar") +
+           (pdl ? ",pdl" : ",nopdl");
+  }
+  uint64_t packed() const {
+    return pack_key({{static_cast<uint64_t>(axes), kFractionalRopeMaxAxes + 1}, interleaved, vector, pdl});
+  }
 };
 
 FractionalRopeTablesKey key_for(const FractionalRopeTablesCall& c, const DeviceInfo& device) {
-  return {.vector = c.aligned16, .pdl = c.options.use_pdl && (device.features & kFeaturePdl)};
+  return {.axes = static_cast<int>(c.axes),
+          .interleaved = c.options.layout == FractionalRopeLayout::interleaved,
+          .vector = c.aligned16,
+          .pdl = c.options.use_pdl && (device.features & kFeaturePdl)};
 }
 
 KernelRequest request_for(const FractionalRopeTablesKey& k) {
   return {.header = "fractional_rope_tables.cuh",
           .function = "ditops::fractional_rope_tables_body",
-          .template_args = jit::kernel_args(k.vector, k.pdl),
+          .template_args = jit::kernel_args(k.axes, k.interleaved, k.vector, k.pdl),
           .params_type = "ditops::FractionalRopeTablesParams",
           .max_threads = kThreads,
           .template_key = std::string(kOp) + ":" + k.to_string()};
@@ -131,16 +141,12 @@ FractionalRopeTablesParams params_of(const FractionalRopeTablesCall& c) {
   p.sin = static_cast<float*>(c.sin.data);
   p.positions = c.positions;
   p.rows = c.batch * c.positions;
-  p.width = c.width;
-  p.pad = c.pad;
-  p.units_per_row = (c.width + 3) / 4;
-  p.units = p.rows * p.units_per_row;
+  p.width = static_cast<int>(c.width);
+  p.pad = static_cast<int>(c.pad);
   p.stride_b = c.stride_b;
   p.stride_a = c.stride_a;
   p.stride_p = c.stride_p;
   p.stride_e = c.stride_e;
-  p.axes = static_cast<int>(c.axes);
-  p.interleaved = c.options.layout == FractionalRopeLayout::interleaved;
   p.bounds = c.bounds;
   const int64_t max_pos[kFractionalRopeMaxAxes] = {c.options.max_pos0, c.options.max_pos1, c.options.max_pos2};
   // eager divides by the CPU scalar max_pos as a product with its fp32 reciprocal, computed on the host
@@ -148,17 +154,24 @@ FractionalRopeTablesParams params_of(const FractionalRopeTablesCall& c) {
   return p;
 }
 
-// A thread per 4 columns of a row, 256 to a CTA: 52 % of a device copy at LTX-2's video tables on
-// an H100 (75 us against compile's 47; the 64-bit index arithmetic per element: branch
-// fractional-rope-walk restructures it, not yet run on a device).
+// A thread per 4 columns, a row's columns over column_blocks CTAs of up to kThreads threads (rounded
+// up to a warp), rows over row_blocks, with a row stride past kMaxRowBlocks. Not yet run on a device;
+// the walk before it (a unit per thread, 64-bit divisions per element) ran at 52 % of a copy on an H100.
 void launch(const FractionalRopeTablesCall& c, const FractionalRopeTablesKey& k, const jit::LoadedKernel& kernel) {
-  const FractionalRopeTablesParams p = params_of(c);
-  const unsigned grid = static_cast<unsigned>(std::min<long long>((p.units + kThreads - 1) / kThreads, kMaxGrid));
-  jit::launch(kernel, grid, kThreads, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
+  FractionalRopeTablesParams p = params_of(c);
+  const long long units = (c.width + 3) / 4;
+  const long long threads = std::min<long long>(kThreads, (units + 31) / 32 * 32);
+  p.column_blocks = static_cast<int>((units + threads - 1) / threads);
+  p.row_blocks = static_cast<int>(std::min<long long>(p.rows, kMaxRowBlocks / p.column_blocks));
+  const unsigned grid = static_cast<unsigned>(p.row_blocks) * static_cast<unsigned>(p.column_blocks);
+  jit::launch(kernel, grid, static_cast<unsigned>(threads), &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
 }
 
-// The compile test's keys: both store paths, with and without PDL.
-std::vector<FractionalRopeTablesKey> variant_keys() { return {{true, true}, {false, true}, {true, false}}; }
+// The compile test's keys: each axis count, both layouts, both store paths, and one without PDL.
+std::vector<FractionalRopeTablesKey> variant_keys() {
+  return {{3, false, true, true}, {1, false, true, true}, {2, false, false, true},
+          {3, true, true, true},  {1, true, false, true}, {3, false, true, false}};
+}
 
 constexpr KernelFunctions<FractionalRopeTablesCall, FractionalRopeTablesKey> kKernels{
     .key = key_for, .request = request_for, .launch = launch,
@@ -176,7 +189,8 @@ void register_fractional_rope_tables(Registry& registry) {
                         "H100 (sm_90) at 18174c5: torch.equal in 18 of 18 runs of bench/fractional_rope_tables_torch.py "
                         "(and to the diffusers module's forward at LTX-2's video and audio shapes) and in graph "
                         "replay, the driver's cases on the GPU, and the LTX-2 GPU tests of "
-                        "tests/python/test_diffusers.py; not yet on the H200"),
+                        "tests/python/test_diffusers.py; not yet on the H200 (that run was the walk before this "
+                        "one: the same arithmetic per element; this walk is not yet run)"),
                     .description = "a thread per 4 columns of a row: the position's fp32 steps, cosf and sinf; "
                                    "NVRTC at first use"});
   add_reference<Kernels>(
@@ -196,14 +210,15 @@ void fractional_rope_tables_reference(const FractionalRopeTablesCall& c) {
     if (t->data && t->device.kind != DeviceKind::cpu)
       throw Error("fractional_rope_tables reference: every tensor must be on the cpu");
   const FractionalRopeTablesParams p = params_of(c);
+  const bool interleaved = c.options.layout == FractionalRopeLayout::interleaved;
   for (long long row = 0; row < p.rows; ++row) {
     const long long b = row / p.positions, pos = row - b * p.positions;
     for (long long j = 0; j < p.width; ++j) {
       float cv = 1.0f, sv = 0.0f;
       if (j >= p.pad) {
-        const long long jj = p.interleaved ? (j - p.pad) / 2 : j - p.pad;
-        const long long k = jj / p.axes;
-        const int a = static_cast<int>(jj - k * p.axes);
+        const long long jj = interleaved ? (j - p.pad) / 2 : j - p.pad;
+        const long long k = jj / c.axes;
+        const int a = static_cast<int>(jj - k * c.axes);
         const float* cp = p.coords + b * p.stride_b + a * p.stride_a + pos * p.stride_p;
         const float mid = p.bounds ? (cp[0] + cp[p.stride_e]) * 0.5f : cp[0];
         const float v = (mid * p.inv_max[a]) * 2.0f - 1.0f;
