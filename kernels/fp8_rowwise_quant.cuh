@@ -8,8 +8,8 @@
 // fp8_rowwise_eager(torch.cat([prefix, F.gelu(x, approximate="tanh")], -1)) (or act none, or
 // F.silu(x[..., :N]) * x[..., N:] for swiglu).
 // * GELU(tanh) is common/gelu.cuh's (the gelu_tanh op's): ATen's GeluCUDAKernelImpl in fp32,
-//   rounded to T; kFp8RowwiseGeluFma spells out nvcc's contraction of `x + kKappa * x_cube` (eager's,
-//   torch.equal on the H200), kFp8RowwiseGeluMulAdd the product rounded, then the sum.
+//   rounded to T, with nvcc's contraction of `x + kKappa * x_cube` into one fma (eager's: read from
+//   PyTorch's SASS, docs/gelu_tanh.md).
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
@@ -43,11 +43,10 @@ struct Fp8RowwiseQuantParams {
   int units;                 // ceil((Kp + N) / 16)
 };
 
-// The act codes of the kernel template (Fp8RowwiseAct on the host, with the GELU's contraction).
+// The act codes of the kernel template (Fp8RowwiseAct on the host).
 constexpr int kFp8RowwiseActNone = 0;
-constexpr int kFp8RowwiseGeluFma = 1;     // x + kKappa * x_cube as one fma (nvcc's contraction)
-constexpr int kFp8RowwiseGeluMulAdd = 2;  // the product rounded, then the sum
-constexpr int kFp8RowwiseSwiglu = 3;      // silu(x[:N]) * x[N:], each step rounded to T
+constexpr int kFp8RowwiseGelu = 1;    // GELU(tanh), rounded to T
+constexpr int kFp8RowwiseSwiglu = 2;  // silu(x[:N]) * x[N:], each step rounded to T
 
 }  // namespace ditops
 
@@ -71,7 +70,7 @@ __device__ __forceinline__ u32 act_word(u32 word) {
   if constexpr (kAct == kFp8RowwiseActNone || kAct == kFp8RowwiseSwiglu) {
     return word;
   } else {
-    return gelu_tanh_word<T, kAct == kFp8RowwiseGeluFma>(word);
+    return gelu_tanh_word<T>(word);
   }
 }
 
@@ -178,7 +177,7 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
-// the 16-byte path. kAct: kFp8RowwiseActNone / GeluFma / GeluMulAdd / Swiglu. kPdl: griddepcontrol.wait
+// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
 template <typename T, int kSlots, bool kVector, int kAct, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {

@@ -29,15 +29,15 @@ struct GeluTanhAct {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       if constexpr (sizeof(T) == 2)
-        w.w[i] = gelu_tanh_word<T, true>(w.w[i]);
+        w.w[i] = gelu_tanh_word<T>(w.w[i]);
       else
-        w.w[i] = __float_as_uint(gelu_tanh<true>(__uint_as_float(w.w[i])));
+        w.w[i] = __float_as_uint(gelu_tanh(__uint_as_float(w.w[i])));
     }
     return w;
   }
   template <typename T>
   static __device__ __forceinline__ T scalar(const T* x, long long) {
-    return from_float<T>(gelu_tanh<true>(to_float(*x)));
+    return from_float<T>(gelu_tanh(to_float(*x)));
   }
 };
 

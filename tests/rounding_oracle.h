@@ -58,13 +58,12 @@ inline double swiglu(double gate, double up, DType dtype) {
 }
 
 // F.gelu(x, approximate="tanh") in double (the gelu_tanh op's oracle, and fp8_rowwise_quant's
-// act=gelu_tanh): the fp32 steps of ATen's kernel, each rounded to fp32 (the fma as one rounding of
-// the double fma), tanh in double; then the dtype.
-inline double gelu_tanh(double x, DType dtype, bool fma) {
+// act=gelu_tanh): the fp32 steps of ATen's kernel, each rounded to fp32 (nvcc's fma of x + kappa x^3
+// as one rounding of the double fma), tanh in double; then the dtype.
+inline double gelu_tanh(double x, DType dtype) {
   const double beta = round_f32(1.41421356237309504880 * 1.12837916709551257390 * 0.5), kappa = round_f32(0.044715);
   const double cube = round_f32(round_f32(x * x) * x);
-  const double sum = fma ? round_f32(std::fma(kappa, cube, x)) : round_f32(x + round_f32(kappa * cube));
-  const double inner = round_f32(beta * sum);
+  const double inner = round_f32(beta * round_f32(std::fma(kappa, cube, x)));
   return round_dtype(round_f32(round_f32(0.5 * x) * round_f32(1.0 + round_f32(std::tanh(inner)))), dtype);
 }
 

@@ -20,7 +20,7 @@
 //   out        [M, Kp + N] float8_e4m3fn, contiguous, M = the rows of x; overlapping no input
 //   out_scale  [M, 1] fp32, contiguous
 //   act        none; gelu_tanh: F.gelu(x, approximate="tanh") rounded to x's dtype, as ATen's CUDA
-//              kernel computes it (gelu_contraction: how x + 0.044715 x^3 rounds, see below);
+//              kernel computes it (x + 0.044715 x^3 as one fma: nvcc's contraction in PyTorch's build);
 //              swiglu (K even, N = K / 2): F.silu(x[..., :N]) * x[..., N:] as eager computes it on
 //              16-bit tensors: silu in fp32 as ATen's CUDA kernel, x / (1 + expf(-x)), rounded to
 //              the dtype, then the product in fp32 rounded to the dtype (FLUX.2's Flux2SwiGLU)
@@ -39,14 +39,8 @@ namespace ditops {
 
 enum class Fp8RowwiseAct : uint8_t { none, gelu_tanh, swiglu };
 
-// How the GELU's x + kKappa * x^3 is rounded: fma, the contraction nvcc applies to ATen's
-// GeluCUDAKernelImpl when it builds PyTorch (--fmad=true, the default), or mul_add, the product
-// rounded and then the sum. Both are kept until a device run shows which one is eager's bytes.
-enum class GeluContraction : uint8_t { fma, mul_add };
-
 struct Fp8RowwiseQuantOptions {
   Fp8RowwiseAct act = Fp8RowwiseAct::none;
-  GeluContraction gelu_contraction = GeluContraction::fma;
   bool use_pdl = true;  // programmatic dependent launch where the device has it
   DispatchOptions dispatch;
 };

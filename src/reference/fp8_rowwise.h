@@ -40,14 +40,13 @@ inline uint8_t fp8_rowwise_e4m3(float y, float s) {
 }
 
 // F.gelu(x, approximate="tanh") in fp32 as ATen's CUDA kernel computes it (kernels/common/gelu.cuh:
-// the gelu_tanh op, fp8_rowwise_quant's act=gelu_tanh), before the rounding to the dtype; `fma`: x + kKappa * x^3 as one fma.
+// the gelu_tanh op, fp8_rowwise_quant's act=gelu_tanh), before the rounding to the dtype, x + kKappa * x^3 as one fma.
 // tanh is taken in double and rounded to fp32 (CUDA's tanhf is within 2 ulp of that).
-inline float gelu_tanh(float x, bool fma) {
+inline float gelu_tanh(float x) {
   const float beta = static_cast<float>(1.41421356237309504880 * 1.12837916709551257390 * 0.5);
   const float kappa = static_cast<float>(0.044715);
   const float x_cube = (x * x) * x;
-  const float sum = fma ? std::fma(kappa, x_cube, x) : x + kappa * x_cube;
-  const float inner = beta * sum;
+  const float inner = beta * std::fma(kappa, x_cube, x);
   const float th = static_cast<float>(std::tanh(static_cast<double>(inner)));
   return (0.5f * x) * (1.0f + th);
 }

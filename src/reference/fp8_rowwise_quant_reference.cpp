@@ -23,7 +23,6 @@ void run_rows(const Fp8RowwiseQuantCall& c, int64_t first, int64_t last) {
   const int64_t Kp = c.prefix_width, W = Kp + c.act_width, up = c.width - c.act_width;
   const bool gelu = c.options.act == Fp8RowwiseAct::gelu_tanh;
   const bool swiglu = c.options.act == Fp8RowwiseAct::swiglu;
-  const bool fma = c.options.gelu_contraction == GeluContraction::fma;
   std::vector<uint16_t> y(static_cast<size_t>(W));
   uint8_t* out = static_cast<uint8_t*>(c.out.data);
   float* out_scale = static_cast<float*>(c.out_scale.data);
@@ -33,7 +32,7 @@ void run_rows(const Fp8RowwiseQuantCall& c, int64_t first, int64_t last) {
     uint16_t amax = 0;
     for (int64_t j = 0; j < W; ++j) {
       uint16_t v = j < Kp ? prefix[j] : x[j - Kp];
-      if (j >= Kp && gelu) v = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(v, dtype), fma), dtype);
+      if (j >= Kp && gelu) v = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(v, dtype)), dtype);
       if (j >= Kp && swiglu) v = ref::swiglu(v, x[j - Kp + up], dtype);
       y[static_cast<size_t>(j)] = v;
       amax = std::max(amax, ref::magnitude_bits(v));

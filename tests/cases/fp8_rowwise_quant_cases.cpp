@@ -28,7 +28,6 @@ struct Rq {
   int64_t K = 3072, Kp = 0;
   DType dtype = DType::bf16;
   const char* act = "none";  // swiglu: K = 2 N, the output takes N columns of x
-  const char* contraction = "fma";
   int64_t x_pad = 0, prefix_pad = 0;  // elements beyond each row (a row stride of its own)
   double amplitude = 2.0;
 };
@@ -56,7 +55,6 @@ OpCase rq_case(const Rq& s, CaseKind kind, uint32_t seed) {
   for (int64_t e : s.lead) lead += (lead.empty() ? "" : "x") + std::to_string(e);
   c.name = std::string(dtype_name(s.dtype)) + "_" + lead + "_K" + std::to_string(s.K) +
            (s.Kp ? "_Kp" + std::to_string(s.Kp) : "") + "_" + s.act +
-           (std::string(s.act) == "gelu_tanh" ? std::string("_") + s.contraction : "") +
            (s.x_pad ? "_xpad" + std::to_string(s.x_pad) : "") + (s.prefix_pad ? "_ppad" + std::to_string(s.prefix_pad) : "");
   TensorCase x{"x", s.dtype, shape_of(s.lead, s.K), padded_strides(s.lead, s.K, s.x_pad)};
   x.fill = Fill::normal(s.amplitude);
@@ -66,7 +64,7 @@ OpCase rq_case(const Rq& s, CaseKind kind, uint32_t seed) {
     p.fill = Fill::normal(s.amplitude / 2);
     c.tensors.push_back(p);
   }
-  c.options = {{"act", s.act}, {"gelu_contraction", s.contraction}};
+  c.options = {{"act", s.act}};
   if (std::string(s.act) == "gelu_tanh") {
     c.tolerance = {1, 0.0, 0.05, 64};
     // One ulp of the dtype in the scale: 2^16 (bf16) or 2^13 (f16) fp32 ulps.
@@ -140,15 +138,6 @@ std::vector<OpCase> make() {
       s.act = act;
       add(s, CaseKind::model);
     }
-  // The other GELU form (a device run tells which one is eager's).
-  for (int64_t Kp : {int64_t{0}, int64_t{3072}}) {
-    Rq s;
-    s.K = 12288;
-    s.Kp = Kp;
-    s.act = "gelu_tanh";
-    s.contraction = "mul_add";
-    add(s, CaseKind::model);
-  }
   // SwiGLU in f16, and at tiny widths (N = 1, 8, 17 with a 3-column prefix: the scalar path; 16
   // beside a 16-column prefix: the vector path).
   for (const auto& [K, Kp] : std::vector<std::pair<int64_t, int64_t>>{{6144, 0}, {2, 0}, {16, 0}, {34, 3}, {32, 16}}) {
@@ -429,7 +418,6 @@ enum class Act { none, gelu, swiglu };
 
 void rowwise_oracle(OracleIo& io, Act act) {
   const Rows r = rows_of(io);
-  const bool fma = io.option("gelu_contraction") == "fma";
   const double inv448 = round_f32(1.0 / 448.0);
   const int64_t N = act == Act::swiglu ? r.K / 2 : r.K, W = r.Kp + N;
   // Bounds in ulps of the dtype (scale) and e4m3 codes (bytes); act none: exact.
@@ -440,7 +428,7 @@ void rowwise_oracle(OracleIo& io, Act act) {
     bool nan = false;
     for (int64_t j = 0; j < W; ++j) {
       double v = j < r.Kp ? io.in(r.prefix, row * r.Kp + j) : io.in(r.x, row * r.K + j - r.Kp);
-      if (j >= r.Kp && act == Act::gelu) v = gelu_tanh(v, r.dtype, fma);
+      if (j >= r.Kp && act == Act::gelu) v = gelu_tanh(v, r.dtype);
       if (j >= r.Kp && act == Act::swiglu) v = swiglu(v, io.in(r.x, row * r.K + j - r.Kp + N), r.dtype);
       y[static_cast<size_t>(j)] = v;
       nan = nan || std::isnan(v);

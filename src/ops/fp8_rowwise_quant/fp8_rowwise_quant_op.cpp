@@ -54,9 +54,6 @@ OpBuilder<Fp8RowwiseQuantCall> describe() {
   b.choice<&O::act>({Fp8RowwiseAct::none, Fp8RowwiseAct::gelu_tanh, Fp8RowwiseAct::swiglu},
                     "applied to x (not prefix) before the quantization: none, F.gelu(x, approximate='tanh'), or "
                     "swiglu: F.silu(x[..., :K/2]) * x[..., K/2:] (K even; out gets K/2 columns of x)");
-  b.choice<&O::gelu_contraction>(
-      {GeluContraction::fma, GeluContraction::mul_add},
-      "act=gelu_tanh: x + 0.044715 x^3 as one fma (nvcc's contraction of ATen's kernel) or rounded product, sum");
   b.pdl_option<&O::use_pdl>();
   b.complete(complete);
   return b;
@@ -118,7 +115,7 @@ struct Fp8RowwiseQuantKey {
   bool pdl = true;
 
   std::string to_string() const {
-    static const char* acts[] = {"none", "gelu_fma", "gelu_mul_add", "swiglu"};
+    static const char* acts[] = {"none", "gelu", "swiglu"};
     return std::string(dtype_name(dtype)) + ",slots=" + std::to_string(slots) + (vector ? ",vec16" : ",scalar") + "," +
            acts[act] + (pdl ? ",pdl" : ",nopdl");
   }
@@ -143,8 +140,7 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   k.vector = c.aligned16;
   k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
           : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
-          : c.options.gelu_contraction == GeluContraction::fma ? kFp8RowwiseGeluFma
-                                                               : kFp8RowwiseGeluMulAdd;
+                                                   : kFp8RowwiseGelu;
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
 }
@@ -179,17 +175,15 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
   jit::launch(kernel, grid, block, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
 }
 
-// The compile test's keys: every slot bucket (bf16, vector, the GELU), both GELU forms and no act,
-// SwiGLU at slots 1, 6 (FLUX.2: 18432 and 6144 + 18432 columns) and 8, and on the scalar path; f16
-// and the scalar path, PDL off.
+// The compile test's keys: every slot bucket (bf16, vector, the GELU), no act, SwiGLU at slots 1, 6
+// (FLUX.2: 18432 and 6144 + 18432 columns) and 8, and on the scalar path; f16 and the scalar path,
+// PDL off.
 std::vector<Fp8RowwiseQuantKey> variant_keys() {
   std::vector<Fp8RowwiseQuantKey> keys;
-  for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGeluFma, true});
+  for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true});
   keys.push_back({DType::bf16, 3, true, kFp8RowwiseActNone, true});
-  keys.push_back({DType::bf16, 3, true, kFp8RowwiseGeluMulAdd, true});
-  for (int act : {kFp8RowwiseActNone, kFp8RowwiseGeluFma, kFp8RowwiseGeluMulAdd})
-    keys.push_back({DType::f16, 2, act != kFp8RowwiseGeluFma, act, true});
-  keys.push_back({DType::bf16, 8, false, kFp8RowwiseGeluFma, false});
+  for (int act : {kFp8RowwiseActNone, kFp8RowwiseGelu}) keys.push_back({DType::f16, 2, act != kFp8RowwiseGelu, act, true});
+  keys.push_back({DType::bf16, 8, false, kFp8RowwiseGelu, false});
   for (int s : {1, 6, 8}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, true});
   keys.push_back({DType::f16, 2, false, kFp8RowwiseSwiglu, false});
   keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false});
@@ -212,8 +206,8 @@ void register_fp8_rowwise_quant(Registry& registry) {
   const std::string eager =
       "eager PyTorch on CUDA: ditops.eager.fp8_rowwise_quant_eager (fp8_rowwise_eager of torch.cat([prefix, act(x)], "
       "-1): torchao 0.18's float8 rowwise recipe, amax / 448.0 rounded to x's dtype, 1 for a zero scale, "
-      "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh') "
-      "with gelu_contraction=fma (the other form is kept until a device run names eager's); act=swiglu: "
+      "(y.float() / s).clamp(-448, 448).to(torch.float8_e4m3fn)); act=gelu_tanh: F.gelu(x, approximate='tanh'); "
+      "act=swiglu: "
       "F.silu(x[..., :K/2]) * x[..., K/2:] (ATen's silu: x / (1 + expf(-x)) in fp32, rounded; the product rounded)";
   add_jit<Kernels>(
       registry,

@@ -101,7 +101,7 @@ void gelu_tanh_reference(const GeluTanhCall& c) {
       const float* prefix = static_cast<const float*>(c.prefix.data) + r * c.prefix_row_stride;
       for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
       out += c.prefix_width;
-      for (int64_t j = 0; j < N; ++j) out[j] = ref::gelu_tanh(x[j], true);
+      for (int64_t j = 0; j < N; ++j) out[j] = ref::gelu_tanh(x[j]);
     } else {
       const uint16_t* x = static_cast<const uint16_t*>(c.x.data) + r * c.x_row_stride;
       uint16_t* out = static_cast<uint16_t*>(c.out.data) + r * c.out_row_stride;
@@ -109,7 +109,7 @@ void gelu_tanh_reference(const GeluTanhCall& c) {
       for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
       out += c.prefix_width;
       for (int64_t j = 0; j < N; ++j)
-        out[j] = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(x[j], c.x.dtype), true), c.x.dtype);
+        out[j] = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(x[j], c.x.dtype)), c.x.dtype);
     }
   }
 }
