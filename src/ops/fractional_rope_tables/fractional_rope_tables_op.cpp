@@ -186,13 +186,12 @@ void register_fractional_rope_tables(Registry& registry) {
       "transpose, cos and sin in fp32, the padding's cat)";
   add_jit<Kernels>(registry,
                    {.contract = Contract::bit_exact(eager).verified(
-                        "H100 (sm_90) at 18174c5: torch.equal in 18 of 18 runs of bench/fractional_rope_tables_torch.py "
-                        "(and to the diffusers module's forward at LTX-2's video and audio shapes) and in graph "
-                        "replay, the driver's cases on the GPU, and the LTX-2 GPU tests of "
-                        "tests/python/test_diffusers.py; not yet on the H200 (that run was the walk before this "
-                        "one: the same arithmetic per element; this walk is not yet run)"),
-                    .description = "a thread per 4 columns of a row: the position's fp32 steps, cosf and sinf; "
-                                   "NVRTC at first use"});
+                        "H100 (sm_90) at 7d62f24 (this row walk; the walk before it at 18174c5 too): torch.equal in "
+                        "18 of 18 runs of bench/fractional_rope_tables_torch.py (and to the diffusers module's "
+                        "forward at LTX-2's video and audio shapes) and in graph replay, the driver's cases on the "
+                        "GPU, and the LTX-2 GPU tests of tests/python/test_diffusers.py; not yet on the H200"),
+                    .description = "a thread per 4 columns of a row, a CTA walking a row block: the axes' fp32 values "
+                                   "once per row, cosf and sinf; NVRTC at first use"});
   add_reference<Kernels>(
       registry, fractional_rope_tables_reference,
       Contract::close(eager,
