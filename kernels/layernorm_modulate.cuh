@@ -290,16 +290,22 @@ __device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p
 // kCta true: a CTA per row at a time, looping over rows blockIdx.x, + gridDim.x, ... (the host
 // sizes the grid to the resident CTAs, every CTA the same number of rows). bf16(1 + scale) and
 // shift stay in registers while the batch does not change (rows of one batch share them);
-// kPrefetch loads the next row's x before the current row's statistics. kEven: every thread owns
-// kSlots vectors (n_vec == kSlots * threads per row), so counts fold to constants. Measured on
-// the H200: see the host's launch (layernorm_modulate_op.cpp).
+// kPrefetch loads the next row's x before the current row's statistics. kStages > 0 (kCta,
+// kAligned; instead of kPrefetch): x arrives through a ring of kStages rows in shared memory by
+// cp.async, kStages - 1 rows ahead while a row is computed, without the registers of a prefetched
+// row (an experiment of bench/experiments/adaln_tune.cu: rows in flight per SM against registers).
+// kEven: every thread owns kSlots vectors (n_vec == kSlots * threads per row), so counts fold to
+// constants. Measured on the H200: see the host's launch (layernorm_modulate_op.cpp).
 template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned,
-          bool kEven = false, bool kPrefetch = false, bool kRowwise = false>
+          bool kEven = false, bool kPrefetch = false, bool kRowwise = false, int kStages = 0>
 __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   static_assert(!kRowwise || kFp8, "the rowwise output is e4m3 (kFp8 addresses its rows)");
+  static_assert(kStages == 0 || (kCta && kAligned && !kPrefetch && kStages >= 2),
+                "the staged ring: a CTA per row, 8-byte aligned rows, instead of the register prefetch");
   using namespace lnm_detail;
   constexpr int kStride = kCta ? kThreads : 32;  // vectors between a thread's slots
   constexpr bool kPipelined = kCta && kPrefetch;  // a warp-mapped grid covers every row once
+  constexpr bool kStaged = kStages > 0;
   const int lane = threadIdx.x & 31;
   const int t = kCta ? static_cast<int>(threadIdx.x) : lane;  // this thread's first vector
   const long long first = kCta ? static_cast<long long>(blockIdx.x)
@@ -312,17 +318,43 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   if constexpr (kPdl) pdl_wait();
   float inv = 1.0f;
   if constexpr (kFp8 && !kRowwise) inv = fp8_inverse<kDivFull>(p.input_scale);
-  Vec4 xv[kSlots], next[kSlots], op[kSlots], sh[kSlots];
+  Vec4 xv[kSlots], next[kPipelined ? kSlots : 1], op[kSlots], sh[kSlots];
+  // kStaged: this thread's vectors of ring row `stage` at ring[stage][j][t] (its own words only:
+  // a thread reads back what its own cp.async wrote, so no barrier guards the ring).
+  __shared__ Vec4 ring[kStaged ? kStages : 1][kStaged ? kSlots : 1][kStaged ? kThreads : 1];
+  // One commit group per ring row, empty past the last row, so that "all but the kStages - 1
+  // newest groups complete" always means this row's.
+  const auto stage_row = [&](long long r, int stage) {
+    if (r < p.rows) {
+      const bf16* x = place<kFp8>(p, r).x;
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j)
+        if (kEven || t + kStride * j < n_vec)
+          copy_async<8>(shared_address(&ring[stage][j][t]), x + 4 * (t + kStride * j));
+    }
+    copy_async_commit();
+  };
   long long modulation_batch = -1;
   RowPlace at = place<kFp8>(p, first);
-  if (first < p.rows) load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
-  int parity = 0;
+  if constexpr (kStaged) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) stage_row(first + s * step, s);
+  } else {
+    if (first < p.rows) load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
+  }
+  int parity = 0, stage = 0;
   for (long long row = first; row < p.rows; row += step) {  // uniform per warp (and per CTA when kCta)
     const long long following = row + step;
     RowPlace next_at;
     if constexpr (kPipelined) {
       next_at = place<kFp8>(p, following);
       if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, next);
+    }
+    if constexpr (kStaged) {
+      copy_async_wait<kStages - 1>();
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j)
+        if (kEven || t + kStride * j < n_vec) xv[j] = ring[stage][j][t];
     }
     if (at.b != modulation_batch) {
       load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.b, t, op, sh);
@@ -337,6 +369,10 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     } else {
       st = aten_row_stats_warp<kSlots>(get_vec, n_vec, lane, p.eps);
     }
+    if constexpr (kStaged) {  // the statistics consumed xv: the ring row is free for a later one
+      stage_row(row + kStages * step, stage);
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+    }
     if (p.stats && t == 0) {
       p.stats[2 * row] = st.mean;
       p.stats[2 * row + 1] = st.rstd;
@@ -347,7 +383,9 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     else
       finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
     if (following < p.rows) {
-      if constexpr (kPipelined) {
+      if constexpr (kStaged) {
+        at = place<kFp8>(p, following);
+      } else if constexpr (kPipelined) {
         at = next_at;
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) xv[j] = next[j];

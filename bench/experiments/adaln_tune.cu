@@ -26,10 +26,11 @@ using ditops::LayerNormModulateParams;
 using ditops::NormScaleShiftParams;
 using ditops::kernel::bf16;
 
-// kRowwise: the layernorm_modulate_fp8_rowwise body (e4m3 bytes and a scale per row).
-template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven, bool kRowwise>
+// kRowwise: the layernorm_modulate_fp8_rowwise body (e4m3 bytes and a scale per row). kStages: x
+// through the body's shared-memory ring of that many rows (0: registers, kPrefetch as given).
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven, bool kRowwise, int kStages>
 __global__ void __launch_bounds__(128, kMinBlocks) lnm_variant(const __grid_constant__ LayerNormModulateParams p) {
-  ditops::layernorm_modulate_body<kSlots, true, true, kRowwise, false, false, true, kEven, kPrefetch, kRowwise>(p);
+  ditops::layernorm_modulate_body<kSlots, true, true, kRowwise, false, false, true, kEven, kPrefetch, kRowwise, kStages>(p);
 }
 
 // The bf16 bits of a finite float, rounded to nearest even (host inputs of the cases).
@@ -114,10 +115,10 @@ struct Buffers {
 
 std::vector<unsigned char> g_reference;  // output bytes of the first variant of the case (rowwise: + scales)
 
-template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven = true, bool kRowwise = false>
+template <int kSlots, bool kPrefetch, int kMinBlocks, bool kEven = true, bool kRowwise = false, int kStages = 0>
 void run_variant(const char* label, const Case& c, const std::vector<Buffers>& sets, bool persistent,
                  double copy_cold, double copy_rot) {
-  auto kernel = lnm_variant<kSlots, kPrefetch, kMinBlocks, kEven, kRowwise>;
+  auto kernel = lnm_variant<kSlots, kPrefetch, kMinBlocks, kEven, kRowwise, kStages>;
   int per_sm = 0, sms = 0;
   CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -200,6 +201,13 @@ void run_case(const Case& c) {
     run_variant<kSlots, true, 4, true, true>("persistent+prefetch mb4", c, sets, true, copy_cold, copy_rot);
     run_variant<kSlots, true, 5, true, true>("persistent+prefetch mb5", c, sets, true, copy_cold, copy_rot);
     run_variant<kSlots, true, 8, true, true>("persistent+prefetch mb8", c, sets, true, copy_cold, copy_rot);
+    // The shared-memory ring (kStages rows, kStages - 1 ahead of the one computed): rows in flight
+    // per SM without a prefetched row's registers.
+    run_variant<kSlots, false, 6, true, true, 2>("ring2 mb6", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 6, true, true, 3>("ring3 mb6", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 8, true, true, 3>("ring3 mb8", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 6, true, true, 4>("ring4 mb6", c, sets, true, copy_cold, copy_rot);
+    run_variant<kSlots, false, 4, true, true, 4>("ring4 mb4", c, sets, true, copy_cold, copy_rot);
     for (auto& s : sets) {
       cudaFree(s.x);
       cudaFree(s.out);
