@@ -1,10 +1,20 @@
 """Shared helpers for the Python package tests (run by ctest as python_pytest, or directly:
 PYTHONPATH=<build>/python python -m pytest tests/python)."""
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 import numpy as np
 import pytest
+
+# Inductor's FX graph cache keys a graph on the op names it calls, not on their schemas
+# (pytorch/pytorch#187319): a graph cached by an earlier build calls a changed op with its old
+# arguments. The tests compile into a cache of their own, per session, unless the caller names one.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ditops-tests-inductor-")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 # ditops.eager and the bench share one eager chain; tests import the package as installed or
 # from the build tree (PYTHONPATH), never from the source tree, which has no compiled module.
