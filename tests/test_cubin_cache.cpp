@@ -36,7 +36,7 @@ KernelRequest small_request() {
 // The cubin NVRTC gives for small_request(), compiled once per test binary outside the cache.
 const std::vector<uint8_t>& fresh_cubin() {
   static const std::vector<uint8_t> cubin = jit::nvrtc_compile(
-      jit::wrapper_source(small_request(), "ditops_entry"), "ditops_jit_entry.cu", kArch, jit::embedded_sources());
+      jit::wrapper_source(small_request(), jit::jit_entry_name(small_request())), "ditops_jit_entry.cu", kArch, jit::embedded_sources());
   return cubin;
 }
 
@@ -105,6 +105,28 @@ struct ChildReport {
   uint64_t cubin_hash = 0;
   uint64_t cubin_size = 0;
 };
+
+// The JIT names each entry after its op, so that a profiler's kernel list tells the ops apart; the
+// loader asks the module for that name (module_loader.cpp), so the cubin must hold it.
+TEST(JitEntryName, IsTheOpOfTheTemplateKey) {
+  KernelRequest r;
+  r.template_key = "fp8_rowwise_quant:bf16,slots=6,vec16,gelu,pdl";
+  EXPECT_EQ(jit::jit_entry_name(r), "ditops_fp8_rowwise_quant");
+  r.template_key = "layernorm_modulate:fp8_rowwise,slots=6,cta";
+  EXPECT_EQ(jit::jit_entry_name(r), "ditops_layernorm_modulate");
+  r.template_key = "odd-op.v2";  // no ':': the whole key, every other character an underscore
+  EXPECT_EQ(jit::jit_entry_name(r), "ditops_odd_op_v2");
+  r.template_key = "";
+  EXPECT_EQ(jit::jit_entry_name(r), "ditops_entry");
+  EXPECT_EQ(jit::jit_entry_name(small_request()), "ditops_qknorm_rope");
+}
+
+TEST_F(CubinCache, TheCubinHoldsTheEntryTheLoaderAsksFor) {
+  const auto cubin = jit::get_cubin(small_request(), kArch);
+  const std::string bytes(cubin.begin(), cubin.end()), name = jit::jit_entry_name(small_request());
+  EXPECT_NE(bytes.find(name + '\0'), std::string::npos) << name << " is not a symbol of the cubin";
+  EXPECT_EQ(bytes.find(std::string("ditops_entry") + '\0'), std::string::npos);
+}
 
 TEST_F(CubinCache, FourColdProcessesCompileOneKeyOnce) {
   constexpr int kProcesses = 4;

@@ -253,7 +253,7 @@ std::vector<std::string> directory_names(const std::string& dir) {
 }  // namespace
 
 std::string cache_key(const KernelRequest& r, const std::string& arch) {
-  return "ditops-jit-v1|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
+  return "ditops-jit-v2|" + jit_entry_name(r) + "|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
          r.params_type + "|" + std::to_string(r.max_threads) + "," + std::to_string(r.min_blocks) + "|" + arch + "|nvrtc" +
          std::to_string(nvrtc_version()) + "|src" + hex64(embedded_sources_hash());
 }
@@ -292,7 +292,7 @@ std::vector<uint8_t> get_cubin(const KernelRequest& request, const std::string& 
       corrupt = false;
       first = EntryRead::hit;
     } else {
-      cubin = nvrtc_compile(wrapper_source(request, "ditops_entry"), "ditops_jit_entry.cu", arch,
+      cubin = nvrtc_compile(wrapper_source(request, jit_entry_name(request)), "ditops_jit_entry.cu", arch,
                             embedded_sources());
       if (std::string why = write_entry(path, key, cubin); !why.empty())
         warn_once("jit-cache-publish:" + path,

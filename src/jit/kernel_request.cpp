@@ -1,5 +1,7 @@
 #include "jit/kernel_request.h"
 
+#include <cctype>
+
 namespace ditops {
 
 void throw_key_digit_error(int digit, uint64_t value, uint64_t bound) {
@@ -31,6 +33,14 @@ std::string wrapper_entry(const KernelRequest& r, const std::string& entry_name)
   return "extern \"C\" __global__ void __launch_bounds__(" + bounds + ") " +
          entry_name + "(const __grid_constant__ " + r.params_type + " params) {\n  " + r.function +
          "<" + r.template_args + ">(params);\n}\n";
+}
+
+std::string jit_entry_name(const KernelRequest& r) {
+  const std::string op = r.template_key.substr(0, r.template_key.find(':'));
+  if (op.empty()) return "ditops_entry";
+  std::string name = "ditops_";
+  for (char c : op) name += (std::isalnum(static_cast<unsigned char>(c)) || c == '_') ? c : '_';
+  return name;
 }
 
 std::string wrapper_source(const KernelRequest& r, const std::string& entry_name) {

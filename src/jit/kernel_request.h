@@ -93,6 +93,11 @@ constexpr uint64_t pack_key(std::initializer_list<KeyDigit> digits) {
 
 namespace jit {
 
+// The JIT's name for `request`'s entry: "ditops_" and the op its template key starts with
+// ("fp8_rowwise_quant:..." -> ditops_fp8_rowwise_quant), so that a profiler's kernel list tells the
+// ops apart; "ditops_entry" for a request without a key.
+std::string jit_entry_name(const KernelRequest& request);
+
 // Source of the wrapper translation unit for `request`, with its entry named `entry_name`.
 std::string wrapper_source(const KernelRequest& request, const std::string& entry_name);
 // Only the entry definition (no #include), for concatenating several entries into one unit.

@@ -78,7 +78,7 @@ const LoadedKernel& jit_kernel(const KernelRequest& request, int device_index) {
   CUmodule module;
   check_cu(d.cuModuleLoadData(&module, cubin.data()), "cuModuleLoadData (jit cubin)");
   CUfunction function;
-  check_cu(d.cuModuleGetFunction(&function, module, "ditops_entry"), "cuModuleGetFunction");
+  check_cu(d.cuModuleGetFunction(&function, module, jit_entry_name(request).c_str()), "cuModuleGetFunction");
   auto loaded = finish_load(function, request.max_threads, device_index);
   std::lock_guard<std::mutex> lock(c.mutex);
   return *c.loaded.emplace(slot, std::move(loaded)).first->second;
