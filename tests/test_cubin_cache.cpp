@@ -199,6 +199,7 @@ TEST_F(CubinCache, FourColdProcessesCompileOneKeyOnce) {
   ASSERT_EQ(listed.size(), 1u);
   EXPECT_EQ(listed[0].path, jit::cache_entry_path(request, kArch));
   EXPECT_EQ(listed[0].arch, kArch);
+  EXPECT_EQ(listed[0].kernel.rfind(small_request().function + "<", 0), 0u) << listed[0].kernel;
   EXPECT_EQ(listed[0].problem, "");
 }
 

@@ -252,8 +252,11 @@ std::vector<std::string> directory_names(const std::string& dir) {
 
 }  // namespace
 
+// The key's first field: v2 added the entry's name (ditops_<op>) after it.
+constexpr const char* kKeyFormat = "ditops-jit-v2";
+
 std::string cache_key(const KernelRequest& r, const std::string& arch) {
-  return "ditops-jit-v2|" + jit_entry_name(r) + "|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
+  return std::string(kKeyFormat) + "|" + jit_entry_name(r) + "|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
          r.params_type + "|" + std::to_string(r.max_threads) + "," + std::to_string(r.min_blocks) + "|" + arch + "|nvrtc" +
          std::to_string(nvrtc_version()) + "|src" + hex64(embedded_sources_hash());
 }
@@ -349,7 +352,7 @@ std::vector<CacheEntryInfo> list_cache_entries() {
     } else if (!parse_entry(blob, &key, nullptr)) {
       info.problem = "corrupt or truncated (rebuilt on next use)";
     } else {
-      // "ditops-jit-v1|header|function<args>|params|threads|arch|nvrtcN|srcH"
+      // "ditops-jit-v2|entry|header|function<args>|params|threads|arch|nvrtcN|srcH" (v1: no entry)
       std::vector<std::string> fields;
       for (size_t begin = 0;;) {
         const size_t bar = key.find('|', begin);
@@ -357,11 +360,13 @@ std::vector<CacheEntryInfo> list_cache_entries() {
         if (bar == std::string::npos) break;
         begin = bar + 1;
       }
-      if (fields.size() >= 8) {
-        info.kernel = fields[2];
+      const bool current_format = fields[0] == kKeyFormat;
+      if (fields.size() >= (current_format ? 9u : 8u)) {
+        info.kernel = fields[current_format ? 3 : 2];
         info.arch = fields[fields.size() - 3];
       }
-      if (!has_suffix(key, current_tail)) info.problem = "stale (another NVRTC or other kernel sources)";
+      if (!current_format) info.problem = "stale (an earlier key format)";
+      else if (!has_suffix(key, current_tail)) info.problem = "stale (another NVRTC or other kernel sources)";
     }
     entries.push_back(info);
   }
