@@ -256,9 +256,10 @@ std::vector<std::string> directory_names(const std::string& dir) {
 constexpr const char* kKeyFormat = "ditops-jit-v2";
 
 std::string cache_key(const KernelRequest& r, const std::string& arch) {
-  return std::string(kKeyFormat) + "|" + jit_entry_name(r) + "|" + r.header + "|" + r.function + "<" + r.template_args + ">|" +
-         r.params_type + "|" + std::to_string(r.max_threads) + "," + std::to_string(r.min_blocks) + "|" + arch + "|nvrtc" +
-         std::to_string(nvrtc_version()) + "|src" + hex64(embedded_sources_hash());
+  return std::string(kKeyFormat) + "|" + jit_entry_name(r) + "|" + r.header + "|" + r.function + "<" +
+         r.template_args + ">|" + r.params_type + "|" + std::to_string(r.max_threads) + "," +
+         std::to_string(r.min_blocks) + "|" + arch + "|nvrtc" + std::to_string(nvrtc_version()) + "|src" +
+         hex64(embedded_sources_hash());
 }
 
 std::string cache_directory() { return config().cache_dir + "/cubin"; }
