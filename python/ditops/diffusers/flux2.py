@@ -151,19 +151,14 @@ class Flux2ParallelSelfAttnProcessorDitops(_common.ProcessorWrapper):
 SWIGLU_CHAIN = "Flux2SwiGLU: nn.SiLU of x[..., :N] (rounded to the dtype) times x[..., N:] (rounded)"
 
 
-def swiglu_fit(x) -> str:
-    """'' when x [..., 2N] is what the swiglu op takes (the op checks the rest: rows of one stride)."""
-    return _common.act_fit("swiglu", x)
-
-
 def _swiglu_call(x) -> OpCall:
     out = x.new_empty(*x.shape[:-1], x.shape[-1] // 2)
     return OpCall("swiglu", (x, out), {}, lambda _: out)
 
 
 # The feed-forward's act: linear_in's output [B, S, 2N] -> [B, S, N] for linear_out.
-SWIGLU_FF = Mapping(op="swiglu", fit=swiglu_fit,
-                    signature=lambda x: (str(x.device), x.dtype, x.shape[-1], x.is_contiguous()),
+SWIGLU_FF = Mapping(op="swiglu", fit=functools.partial(_common.act_fit, "swiglu"),
+                    signature=lambda x: (str(x.device), x.dtype, x.shape[-1], x.stride(-1), x.is_contiguous()),
                     call=_swiglu_call)
 # The single block's act into the cat: x the mlp columns of to_qkv_mlp_proj's output (a row stride
 # of 3 inner + 2 mlp), out the cat buffer's mlp columns.
