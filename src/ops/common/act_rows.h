@@ -13,6 +13,7 @@
 #include "jit/jit.h"
 #include "jit/kernel_family.h"
 #include "kernels/common/act_rows.cuh"
+#include "ops/common/rows.h"
 
 namespace ditops {
 
@@ -59,6 +60,18 @@ void act_rows_launch(const Call& c, const ActRowsKey& k, const jit::LoadedKernel
   p.width = c.width;
   p.prefix_width = c.prefix_width;
   act_rows_launch(p, k.dtype, k.vector, k.pdl, c.stream, kernel);
+}
+
+// The act ops' matching of x, out and prefix (match_act_rows) into the call's fields; call.width set.
+template <class Call>
+void complete_act_rows(Call& call, const Matcher& m, const std::string& n_rule) {
+  const ActRows a = match_act_rows(m, call.x, call.out, call.prefix, call.width, n_rule);
+  call.rows = a.rows;
+  call.prefix_width = a.prefix_width;
+  call.x_row_stride = a.x_row_stride;
+  call.out_row_stride = a.out_row_stride;
+  call.prefix_row_stride = a.prefix_row_stride;
+  call.aligned16 = a.aligned16;
 }
 
 template <class Call>

@@ -11,7 +11,6 @@
 #include "core/op_builder.h"
 #include "ditops/gelu_tanh.h"
 #include "ops/common/act_rows.h"
-#include "ops/common/rows.h"
 #include "reference/fp8_rowwise.h"
 
 namespace ditops {
@@ -48,13 +47,7 @@ void complete(GeluTanhCall& call, Matcher& m) {
   if (x.rank < 1) m.fail("x must have rank >= 1 ([..., N]) but has rank 0");
   const int r = x.rank;
   call.width = x.shape[r - 1];
-  const ActRows a = match_act_rows(m, x, call.out, call.prefix, call.width, "x.shape[" + num(r - 1) + "]");
-  call.rows = a.rows;
-  call.prefix_width = a.prefix_width;
-  call.x_row_stride = a.x_row_stride;
-  call.out_row_stride = a.out_row_stride;
-  call.prefix_row_stride = a.prefix_row_stride;
-  call.aligned16 = a.aligned16;
+  complete_act_rows(call, m, "x.shape[" + num(r - 1) + "]");
 }
 
 constexpr KernelFunctions<GeluTanhCall, ActRowsKey> kKernels{

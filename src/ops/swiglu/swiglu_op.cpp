@@ -11,7 +11,6 @@
 #include "core/op_builder.h"
 #include "ditops/swiglu.h"
 #include "ops/common/act_rows.h"
-#include "ops/common/rows.h"
 #include "reference/fp8_rowwise.h"
 
 namespace ditops {
@@ -51,13 +50,7 @@ void complete(SwigluCall& call, Matcher& m) {
   if (K % 2)
     m.fail("x.shape[" + num(r - 1) + "] must be even (F.silu(x[..., :N]) * x[..., N:], N = K / 2) but is " + num(K));
   call.width = K / 2;
-  const ActRows a = match_act_rows(m, x, call.out, call.prefix, call.width, "x.shape[" + num(r - 1) + "]=" + num(K) + " / 2");
-  call.rows = a.rows;
-  call.prefix_width = a.prefix_width;
-  call.x_row_stride = a.x_row_stride;
-  call.out_row_stride = a.out_row_stride;
-  call.prefix_row_stride = a.prefix_row_stride;
-  call.aligned16 = a.aligned16;
+  complete_act_rows(call, m, "x.shape[" + num(r - 1) + "]=" + num(K) + " / 2");
 }
 
 constexpr KernelFunctions<SwigluCall, ActRowsKey> kKernels{
