@@ -105,7 +105,7 @@ def tiny_wan(dtype=torch.bfloat16, batch=1, per_token_timestep=False, fused_qkv=
     # adaln_modulate: each block's norm1 and the model's norm_out
     counts = {"qk_norm_rope (self-attn)": L, "qk_norm_rope (text cross-attn)": L, "adaln_modulate": L + 1,
               "adaln_modulate (norm2)": 0, "gated_residual": L, "adaln_modulate (residual + norm2)": L,
-              "adaln_modulate (residual + norm3)": L}
+              "adaln_modulate (residual + norm3)": L, "conv_layout (patch embedding)": 1}
     return model, inputs, counts
 
 
@@ -167,11 +167,19 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
     # only where that site is not mapped
     counts = {"qk_norm_rope": 0, "qk_norm_rope (text stream)": 0, "qk_norm_rope (single blocks)": N,
               "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N,
-              "gelu_tanh (single block cat)": N}
+              "gelu_tanh (single block cat)": N, "conv_layout (patch embedding)": 1}
     return model, inputs, counts
 
 
 TINY = {"flux": tiny_flux, "qwen": tiny_qwen, "wan": tiny_wan, "hunyuan": tiny_hunyuan, "ltx2": tiny_ltx2}
+
+# The layout sites run torch's own ops (no ditops op): what the report names.
+CONV_LAYOUT = "torch Conv3d on channels-last-3d input"
+
+
+def op_sites(report):
+    """The report's sites that call a ditops op (not the layout sites, which serve CUDA only)."""
+    return [s for s in report.sites if not isinstance(s, _sites.LayoutSite)]
 
 # The op each site class runs: fixed here, not read from the op table under test (the test below
 # checks that the table declares the options these mappings need).
@@ -185,11 +193,11 @@ OPS = {
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
             "gated_residual": "residual_gate_add", "adaln_modulate (residual + norm2)": "norm_scale_shift",
-            "adaln_modulate (residual + norm3)": "norm_scale_shift"},
+            "adaln_modulate (residual + norm3)": "norm_scale_shift", "conv_layout (patch embedding)": CONV_LAYOUT},
     "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
                 "qk_norm_rope (single blocks)": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
-                "gelu_tanh (single block cat)": "gelu_tanh"},
+                "gelu_tanh (single block cat)": "gelu_tanh", "conv_layout (patch embedding)": CONV_LAYOUT},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (a2v/v2a cross-attn)": "cross_head_qknorm_rope",
@@ -540,12 +548,12 @@ def test_cpu_reference_backend_against_the_unpatched_model(tiny, monkeypatch):
             out = run(model, inputs)
         dd.disable(model)
         diff = float((out.float() - reference.float()).abs().max())
-        fused = {s.name: s.fused_calls for s in report.sites if s.active}
+        fused = {s.name: s.fused_calls for s in op_sites(report) if s.active}
         print(f"{name} {quality}: max |patched - unpatched| = {diff:.3g}, fused calls {fused}")
         calls.check()
         if calls.all_equal():
             assert torch.equal(out, reference)
-        for site in (s for s in report.sites if s.active and s.places):  # placeless: a fused site serves them
+        for site in (s for s in op_sites(report) if s.active and s.places):  # placeless: a fused site serves them
             contract = contracts[f"{site.op}.reference"]
             if quality == CLOSE:
                 assert site.fused_calls > 0 and not site.reasons and not site.unfit, site.name
@@ -570,6 +578,43 @@ def test_cpu_reference_backend_against_the_unpatched_model(tiny, monkeypatch):
                     assert _sites._contract(site.implementations[sig]) == "bit_exact"
 
 
+def test_layout_site_checks_at_first_sight_and_serves_its_devices_only():
+    """A layout site runs torch's ops in another layout where its first sight found them equal,
+    the model's chain (with one warning) where not, and the model's chain without a check or a
+    warning on devices it does not serve."""
+    x = torch.randn(2, 3, 4, 6, 6, dtype=torch.float64)
+    conv = torch.nn.Conv3d(3, 5, kernel_size=(1, 2, 2), stride=(1, 2, 2)).double()
+    rows = _sites.patch_tokens_channels_last(x, conv)
+    chain = _sites.patch_tokens_chain(x, conv)
+    assert rows.shape == chain.shape == (2, 4 * 3 * 3, 5) and rows.is_contiguous() and not chain.is_contiguous()
+    torch.testing.assert_close(rows, chain)  # the token order: the CPU's kernels need not agree in bits
+
+    def sig(t):
+        return (t.dtype, tuple(t.shape))
+
+    t = torch.arange(12.0)
+    site = _sites.LayoutSite("conv_layout (test)", runs="doubling by addition", chain="x * 2", device_types=("cpu",))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for _ in range(2):
+            assert torch.equal(site(lambda v: v * 2, lambda v: v + v, sig, t), t * 2)
+    assert site.states == {sig(t): _sites.VERIFIED} and site.fused_calls == 2 and site.model_calls == 0
+    assert site.implementations == {sig(t): "doubling by addition"}
+
+    wrong = _sites.LayoutSite("conv_layout (test)", runs="off by one", chain="x * 2", device_types=("cpu",))
+    with pytest.warns(RuntimeWarning, match="disabling off by one at conv_layout"):
+        assert torch.equal(wrong(lambda v: v * 2, lambda v: v * 2 + 1, sig, t), t * 2)
+    assert torch.equal(wrong(lambda v: v * 2, lambda v: v * 2 + 1, sig, t), t * 2)
+    assert wrong.states == {sig(t): _sites.DISABLED} and wrong.fused_calls == 0 and wrong.model_calls == 2
+    assert "12 of 12 elements differ" in wrong.reasons[sig(t)]
+
+    cuda_only = _sites.LayoutSite("conv_layout (test)", runs="never here", chain="x * 2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert torch.equal(cuda_only(lambda v: v * 2, lambda v: 1 / 0, sig, t), t * 2)
+    assert cuda_only.states == {} and cuda_only.model_calls == 1 and not cuda_only.fallbacks
+
+
 @pytest.mark.parametrize("fail", [False, True], ids=["mismatch", "op_error"])
 def test_first_sight_failure_falls_back_to_the_model_values(tiny, monkeypatch, fail):
     name, model, inputs, _, reference = tiny
@@ -579,7 +624,7 @@ def test_first_sight_failure_falls_back_to_the_model_values(tiny, monkeypatch, f
     # layernorm_modulate's reference is close and the strict tier would not call it)
     monkeypatch.setattr(_sites, "_contract", lambda implementation: "bit_exact")
     report = dd.enable(model, allow_cpu=True)
-    active = [s for s in report.sites if s.active and s.places]
+    active = [s for s in op_sites(report) if s.active and s.places]
     with pytest.warns(RuntimeWarning, match="disabling") as caught:
         out = run(model, inputs)
     assert torch.equal(out, reference)
@@ -815,7 +860,7 @@ def test_wan_forms_run_the_op_on_the_cpu_reference(per_token_timestep, fused_qkv
     calls = SiteCalls(monkeypatch)
     report = dd.enable(model, CLOSE, allow_cpu=True)
     out = run(model, inputs)
-    for site in report.sites:
+    for site in op_sites(report):
         if site.active:
             assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
     assert_calls_within_contracts(calls, out, reference)
@@ -841,7 +886,7 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant, monkeypa
     expected = "LTX2PerturbedAttnProcessorDitops" if variant else "LTX2AttnProcessorDitops"
     assert type(model.transformer_blocks[0].attn1.processor).__name__ == expected
     out = run(model, inputs)
-    for site in report.sites:
+    for site in op_sites(report):
         if site.active:
             assert site.fused_calls == len(site.places) and not site.fallbacks, site.name
     assert_calls_within_contracts(calls, out, reference)

@@ -55,7 +55,8 @@ SUPPORTED_MODELS = {
 }
 
 # The site classes enable(sites=...) selects from.
-SITE_CLASSES = ("qk_norm_rope", "adaln_modulate", "gated_residual", "swiglu", "gelu_tanh", "rope_tables")
+SITE_CLASSES = ("qk_norm_rope", "adaln_modulate", "gated_residual", "swiglu", "gelu_tanh", "rope_tables",
+                "conv_layout")
 
 
 class UnsupportedError(Error):

@@ -251,11 +251,13 @@ class Site:
     def _first_sight(self, sig, fused, reference, explain):
         why = ""
         try:
-            report = explain()
+            report = explain() if explain is not None else None  # None: torch's own ops (LayoutSite)
         except (Error, TypeError, RuntimeError) as e:  # the op (of this build) refuses the call
             why = f"the op refuses it: {e}"
         else:
-            if report.chosen is None:
+            if report is None:
+                pass
+            elif report.chosen is None:
                 why = "no implementation takes it: " + "; ".join(
                     f"{c['name']}: {c['reason']}" for c in report.candidates)
             elif self.exact and _contract(report.chosen) != "bit_exact":
@@ -267,7 +269,7 @@ class Site:
             self._fall_back(why)
             return reference()
         with self._lock:
-            self.implementations[sig] = report.chosen
+            self.implementations[sig] = report.chosen if report is not None else self.op
         ref = reference()
         try:
             out = fused()
@@ -725,3 +727,58 @@ class MappedSite(Site):
 
         out = self.run(why, sig, tensors[0].device, fused, reference, explain)
         return out[0] if one else out
+
+
+# ---------------------------------------------------------------- layouts of the model's own ops
+
+class LayoutSite(Site):
+    """A site where the model's own torch ops run on operands in another memory layout and no
+    ditops kernel runs: e.g. the patch embedding's Conv3d on channels-last input, whose output is
+    already the token rows the blocks read, where the model's channels-first output is transposed
+    and copied. Whether cuDNN's engine for the other layout gives the same values is not promised,
+    so the first sight of each signature compares both with torch.equal, as for an op. Serves the
+    device types it names (CUDA: on the CPU the layouts choose other kernels and save nothing);
+    elsewhere the model's code runs, counted, without a warning."""
+
+    def __init__(self, name: str, *, runs: str, chain: str, note: str = "", classes=None,
+                 device_types=("cuda",)):
+        super().__init__(name, op=runs, chain=chain, note=note, classes=classes)
+        self.device_types = tuple(device_types)
+
+    def __call__(self, chain, layout, signature, *tensors):
+        """chain(*tensors): the model's output; layout(*tensors): the same ops in the other layout;
+        signature(*tensors): the first-sight key. tensors[0] is a tensor on the call's device."""
+        device = tensors[0].device
+        if self.active and device.type not in self.device_types:
+            if not torch.compiler.is_compiling():
+                self._count_model_call()
+            return chain(*tensors)
+        sig = signature(*tensors) if self.active else None
+        return self.run("", sig, device, lambda: (layout(*tensors),), lambda: (chain(*tensors),), None)[0]
+
+
+def patch_tokens_chain(x, conv):
+    """The models' patch embedding: Conv3d, then [B, C, T, H, W] -> [B, T*H*W, C] as a view."""
+    return conv(x).flatten(2).transpose(1, 2)
+
+
+def patch_tokens_channels_last(x, conv):
+    """The same convolution on channels-last-3d input: cuDNN writes [B, T, H, W, C] (its NHWC
+    engine without the layout conversions around it), so the token view is already rows."""
+    return conv(x.contiguous(memory_format=torch.channels_last_3d)).flatten(2).transpose(1, 2).contiguous()
+
+
+def patch_embedding_site(name="conv_layout (patch embedding)"):
+    return LayoutSite(
+        name, runs="torch Conv3d on channels-last-3d input",
+        chain="Conv3d on the model's channels-first latents, flatten(2).transpose(1, 2), copied to rows by the "
+              "first norm (or .contiguous())",
+        note="cuDNN's engine for either layout decides the values: the first sight compares them")
+
+
+def patch_tokens(site: LayoutSite, conv, x):
+    """conv's token rows [B, N, C] through site: channels-last where its first sight verified it."""
+    return site(patch_tokens_chain, patch_tokens_channels_last,
+                lambda x_, conv_: (str(x_.device), x_.dtype, tuple(x_.shape), x_.stride(), conv_.weight.dtype,
+                                   tuple(conv_.weight.shape), conv_.bias is not None),
+                x, conv)

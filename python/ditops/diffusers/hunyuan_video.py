@@ -29,13 +29,14 @@ import functools
 import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_hunyuan_video import (
-    HunyuanVideoAttnProcessor2_0, HunyuanVideoSingleTransformerBlock, HunyuanVideoTransformerBlock)
+    HunyuanVideoAttnProcessor2_0, HunyuanVideoPatchEmbed, HunyuanVideoSingleTransformerBlock,
+    HunyuanVideoTransformerBlock)
 
 from diffusers.models.embeddings import apply_rotary_emb
 
 from ._joint_qk import joint_qk_site
 from ._patching import Plan
-from ._sites import MappedSite
+from ._sites import LayoutSite, MappedSite, patch_embedding_site, patch_tokens
 from . import _common, flux
 
 MODEL_CLASS = "HunyuanVideoTransformer3DModel"
@@ -144,16 +145,26 @@ class HunyuanVideoSingleAttnProcessorDitops(_common.ProcessorWrapper):
         return _attend(self, attn, query, key, value, attention_mask, text_len)
 
 
+def patch_embed_forward(site: LayoutSite):
+    """HunyuanVideoPatchEmbed.forward with its token rows through the layout site."""
+
+    def forward(self, hidden_states):
+        return patch_tokens(site, self.proj, hidden_states)
+
+    return forward
+
+
 def double_block_forward(adaln: MappedSite, residual: MappedSite):
     """HunyuanVideoTransformerBlock.forward with the norm2 modulations and the four gated
     residuals through the sites."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
                 *args, **kwargs):
-        # The patch embedding leaves the latent stream [B, T, D] stored as [B, D, T], and the model's
-        # elementwise ops keep that layout, so each norm (aten's and the site alike) copies it to rows.
-        # One copy in the first block serves every later norm and residual (their values do not
-        # depend on the layout); the single blocks' cat makes the stream contiguous in the model too.
+        # The model's patch embedding leaves the latent stream [B, T, D] stored as [B, D, T] (the
+        # layout site's channels-last one does not), and the model's elementwise ops keep that layout,
+        # so each norm (aten's and the site alike) would copy it to rows. One copy in the first block
+        # serves every later norm and residual (their values do not depend on the layout); the single
+        # blocks' cat makes the stream contiguous in the model too.
         hidden_states = hidden_states.contiguous()
         norm_hidden, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.norm1(hidden_states, emb=temb)
         norm_context, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = self.norm1_context(
@@ -260,3 +271,10 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         residual.places.append(plan.prefix + f"{path} (attn + mlp)")
         plan.patch_forward(path, block, single_block_forward(residual, flux.single_block_cat(plan, gelu, path, block)))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
+    patch = plan.add_site(patch_embedding_site())
+    if type(model.x_embedder) is HunyuanVideoPatchEmbed:
+        patch.places.append(plan.prefix + "x_embedder")
+        plan.patch_forward("x_embedder", model.x_embedder, patch_embed_forward(patch))
+    else:
+        patch.skipped.append((plan.prefix + "x_embedder", f"{type(model.x_embedder).__name__} is not "
+                              "HunyuanVideoPatchEmbed"))

@@ -41,7 +41,8 @@ from diffusers.models.transformers.transformer_wan import (WanAttnProcessor, Wan
 import ditops
 
 from ._patching import Plan
-from ._sites import MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes
+from ._sites import (LayoutSite, MappedSite, Mapping, OpCall, op_options, op_tensor_dtypes, patch_embedding_site,
+                     patch_tokens)
 from . import _common
 
 MODEL_CLASS = "WanTransformer3DModel"
@@ -429,10 +430,11 @@ def block_forward(adaln: MappedSite, norm2: MappedSite, residual: MappedSite, re
 # ---------------------------------------------------------------- the model
 
 
-def model_forward(adaln: MappedSite):
-    """WanTransformer3DModel.forward (diffusers 0.42.1) with norm_out's modulation through the
-    adaLN site: the patch embedding, the condition embedder and the blocks as the model calls
-    them, then norm_out and proj_out and the unpatchify."""
+def model_forward(adaln: MappedSite, patch: LayoutSite):
+    """WanTransformer3DModel.forward (diffusers 0.42.1) with the patch embedding's token rows
+    through the layout site and norm_out's modulation through the adaLN site: the condition
+    embedder and the blocks as the model calls them, then norm_out and proj_out and the
+    unpatchify."""
 
     @apply_lora_scale("attention_kwargs")
     def forward(self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
@@ -444,7 +446,7 @@ def model_forward(adaln: MappedSite):
         p_t, p_h, p_w = self.config.patch_size
         grid = (frames // p_t, height // p_h, width // p_w)
         rotary_emb = self.rope(hidden_states)
-        hidden_states = self.patch_embedding(hidden_states).flatten(2).transpose(1, 2).contiguous()
+        hidden_states = patch_tokens(patch, self.patch_embedding, hidden_states).contiguous()
         per_token = timestep.ndim == 2  # Wan 2.2 TI2V: a timestep per token
         temb, timestep_proj, encoder_hidden_states, encoder_hidden_states_image = self.condition_embedder(
             timestep.flatten() if per_token else timestep, encoder_hidden_states, encoder_hidden_states_image,
@@ -504,6 +506,11 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             residual.places.append(f"{at} (attn1)")
         residual.places.append(f"{at} (ffn)")
         plan.patch_forward(path, block, block_forward(adaln, norm2, residual, residual_norm2, add_norm3))
+    patch = plan.add_site(patch_embedding_site())
     if type(model.norm_out).__name__ == "FP32LayerNorm":
         adaln.places.append(plan.prefix + "norm_out")
-        plan.patch_forward("", model, model_forward(adaln))
+        patch.places.append(plan.prefix + "patch_embedding")
+        plan.patch_forward("", model, model_forward(adaln, patch))
+    else:
+        patch.skipped.append((plan.prefix + "patch_embedding", f"norm_out is {type(model.norm_out).__name__}, "
+                              "not FP32LayerNorm: the model's forward is not patched"))
