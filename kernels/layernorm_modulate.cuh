@@ -293,7 +293,8 @@ __device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p
 // kPrefetch loads the next row's x before the current row's statistics. kStages > 0 (kCta,
 // kAligned; instead of kPrefetch): x arrives through a ring of kStages rows in shared memory by
 // cp.async, kStages - 1 rows ahead while a row is computed, without the registers of a prefetched
-// row (an experiment of bench/experiments/adaln_tune.cu: rows in flight per SM against registers).
+// row (an experiment of bench/experiments/adaln_tune.cu: rows in flight per SM against registers;
+// H100: 5-11 % slower at 3072 wide, 5 % faster at 5120, docs/tuning/layernorm_modulate.md).
 // kEven: every thread owns kSlots vectors (n_vec == kSlots * threads per row), so counts fold to
 // constants. Measured on the H200: see the host's launch (layernorm_modulate_op.cpp).
 template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned,
