@@ -14,7 +14,8 @@
 // blocks 4 general / 5 aligned / 3 parts / 4 chunks). Each unaligned case with rows of 16
 // bytes or more runs the parts and the general kernel, and the chunks kernel where
 // ccp_chunks_fit (the NCTHW cases), whichever ccp_path picks (their A/B in one process), each on
-// the resident grid and on one step per warp (the op launches general resident, the others one-step).
+// the resident grid and on one step per warp (the op launches general resident, the others one-step),
+// and where the one-step grid is 4 waves or fewer also in blocks of 128 and 64 threads.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -125,6 +126,7 @@ int main() {
                         {"C1024 T2 60x104 ct2 fp32 channels_last", {1, 1024, 2, 60, 104, 2, 4, true}},
                         {"C1024 T1 30x52 ct1 bf16", {1, 1024, 1, 30, 52, 1, 2, false}},
                         {"C1024 T1 30x52 ct1 fp32", {1, 1024, 1, 30, 52, 1, 4, false}},
+                        {"C1024 T1 30x52 ct1 bf16 channels_last", {1, 1024, 1, 30, 52, 1, 2, true}},
                         {"C512 T4 120x208 ct2 fp32", {1, 512, 4, 120, 208, 2, 4, false}}};
   const size_t fb = 256u << 20;
   void* flush;
@@ -137,8 +139,8 @@ int main() {
               "%d), step order %d\n",
               DITOPS_CCP_UNROLL_GENERAL, CCP_TUNE_MIN_BLOCKS_GENERAL, DITOPS_CCP_UNROLL_ALIGNED, DITOPS_CCP_UNROLL_PARTS,
               CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_UNROLL_CHUNKS, CCP_TUNE_MIN_BLOCKS_CHUNKS, DITOPS_CCP_STEP_ORDER);
-  std::printf("%-40s %-8s %4s %6s %-9s %9s %9s %6s %s\n", "case", "kernel", "regs", "blocks", "grid", "us", "copy us",
-              "copy%", "bytes differing from the reference");
+  std::printf("%-40s %-8s %4s %6s %-9s %4s %9s %9s %6s %s\n", "case", "kernel", "regs", "blocks", "grid", "thr", "us",
+              "copy us", "copy%", "bytes differing from the reference");
   for (const Case& c : cases) {
     const Shape& s = c.s;
     const long long To = s.T + s.ct, Ho = s.H + 2, Wo = s.W + 2;
@@ -179,14 +181,23 @@ int main() {
       int per_sm = 0;
       CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, 0));
       const long long step = 32 * ditops::ccp_unroll(path);
-      const long long cover = ((p.windows + step - 1) / step + 7) / 8;
-      // The resident grid (at most the resident blocks, warps looping over steps) and one step per warp.
+      const long long warps = (p.windows + step - 1) / step;
+      const long long cover = (warps + 7) / 8;
+      // The resident grid (at most the resident blocks, warps looping over steps) and one step per warp,
+      // in blocks of 256 threads (the op's) and, where one-step grids are a few waves at most (the
+      // smallest cases), of 128 and 64: the same warps spread over the SMs in finer pieces.
       const unsigned resident = (unsigned)std::max(1LL, std::min(cover, (long long)per_sm * sms));
-      for (unsigned grid : {resident, (unsigned)cover}) {
-        if (grid == (unsigned)cover && cover == (long long)resident) continue;
+      struct Launch { unsigned grid; int threads; };
+      std::vector<Launch> launches = {{resident, 256}};
+      if (cover != (long long)resident) launches.push_back({(unsigned)cover, 256});
+      if (cover <= 4LL * per_sm * sms)
+        for (int threads : {128, 64}) launches.push_back({(unsigned)((warps + threads / 32 - 1) / (threads / 32)), threads});
+      for (const Launch& l : launches) {
+        const unsigned grid = l.grid;
+        const int threads = l.threads;
         auto run = [&] {
           void* args[] = {&p};
-          CHECK(cudaLaunchKernel(fn, grid, 256, args, 0, 0));
+          CHECK(cudaLaunchKernel(fn, grid, threads, args, 0, 0));
         };
         CHECK(cudaMemset(out, 0xA5, ob));
         run();
@@ -195,8 +206,9 @@ int main() {
         unsigned long long d = 0;
         CHECK(cudaMemcpy(&d, diff, 8, cudaMemcpyDeviceToHost));
         const float us = median_us(run, flush, fb);
-        std::printf("%-40s %-8s %4d %6u %-9s %9.2f %9.2f %5.1f%% %llu\n", c.name, path_name(path), attr.numRegs, grid,
-                    grid == resident ? "resident" : "one-step", us, copy, 100.0 * copy / us, d);
+        std::printf("%-40s %-8s %4d %6u %-9s %4d %9.2f %9.2f %5.1f%% %llu\n", c.name, path_name(path), attr.numRegs,
+                    grid, threads == 256 && grid == resident ? "resident" : "one-step", threads, us, copy,
+                    100.0 * copy / us, d);
       }
     }
     CHECK(cudaFree(x));
