@@ -153,8 +153,8 @@ constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
 #define DITOPS_CCP_UNROLL_PARTS 2
 #endif
 // The chunks kernel's windows per lane (a chunk: 32 bytes at 2; registers: the op's
-// kCcpMinBlocksChunks). Chosen from ccp_tune.cu's one-step rows (H100, 2670cc6; not yet run as
-// the library's default): 2 windows 87-103 % of a copy at every NCTHW case, 4 windows 83-99 %,
+// kCcpMinBlocksChunks). Chosen from ccp_tune.cu's one-step rows (H100, 2670cc6; the library's
+// default since 1db554a): 2 windows 87-103 % of a copy at every NCTHW case, 4 windows 83-99 %,
 // 6 and 8 windows 43-64 % (a lane's stores 16 x U bytes apart).
 #ifndef DITOPS_CCP_UNROLL_CHUNKS
 #define DITOPS_CCP_UNROLL_CHUNKS 2

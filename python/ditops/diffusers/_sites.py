@@ -255,12 +255,10 @@ class Site:
         except (Error, TypeError, RuntimeError) as e:  # the op (of this build) refuses the call
             why = f"the op refuses it: {e}"
         else:
-            if report is None:
-                pass
-            elif report.chosen is None:
+            if report is not None and report.chosen is None:
                 why = "no implementation takes it: " + "; ".join(
                     f"{c['name']}: {c['reason']}" for c in report.candidates)
-            elif self.exact and _contract(report.chosen) != "bit_exact":
+            elif report is not None and self.exact and _contract(report.chosen) != "bit_exact":
                 # the dispatcher's last resort (e.g. a close CPU reference): the model's own
                 # chain is the better fallback in the bit-exact tier
                 why = f"{report.chosen} would run, whose contract is {_contract(report.chosen)}, not bit_exact"

@@ -74,6 +74,15 @@ void complete_act_rows(Call& call, const Matcher& m, const std::string& n_rule) 
   call.aligned16 = a.aligned16;
 }
 
+// The CPU references' row r of out: the prefix's columns copied in; returns where act(x) starts.
+template <class T, class Call>
+T* act_reference_row(const Call& c, int64_t r) {
+  T* out = static_cast<T*>(c.out.data) + r * c.out_row_stride;
+  const T* prefix = static_cast<const T*>(c.prefix.data) + r * c.prefix_row_stride;
+  for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
+  return out + c.prefix_width;
+}
+
 template <class Call>
 bool act_rows_nothing_to_do(const Call& c) {
   return c.rows == 0 || c.width + c.prefix_width == 0;

@@ -91,17 +91,11 @@ void gelu_tanh_reference(const GeluTanhCall& c) {
   for (int64_t r = 0; r < c.rows; ++r) {
     if (c.x.dtype == DType::f32) {
       const float* x = static_cast<const float*>(c.x.data) + r * c.x_row_stride;
-      float* out = static_cast<float*>(c.out.data) + r * c.out_row_stride;
-      const float* prefix = static_cast<const float*>(c.prefix.data) + r * c.prefix_row_stride;
-      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
-      out += c.prefix_width;
+      float* out = act_reference_row<float>(c, r);
       for (int64_t j = 0; j < N; ++j) out[j] = ref::gelu_tanh(x[j]);
     } else {
       const uint16_t* x = static_cast<const uint16_t*>(c.x.data) + r * c.x_row_stride;
-      uint16_t* out = static_cast<uint16_t*>(c.out.data) + r * c.out_row_stride;
-      const uint16_t* prefix = static_cast<const uint16_t*>(c.prefix.data) + r * c.prefix_row_stride;
-      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
-      out += c.prefix_width;
+      uint16_t* out = act_reference_row<uint16_t>(c, r);
       for (int64_t j = 0; j < N; ++j)
         out[j] = ref::float_to_act_bits(ref::gelu_tanh(ref::act_bits_to_float(x[j], c.x.dtype)), c.x.dtype);
     }

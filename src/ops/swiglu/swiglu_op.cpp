@@ -95,17 +95,11 @@ void swiglu_reference(const SwigluCall& c) {
   for (int64_t r = 0; r < c.rows; ++r) {
     if (c.x.dtype == DType::f32) {
       const float* x = static_cast<const float*>(c.x.data) + r * c.x_row_stride;
-      float* out = static_cast<float*>(c.out.data) + r * c.out_row_stride;
-      const float* prefix = static_cast<const float*>(c.prefix.data) + r * c.prefix_row_stride;
-      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
-      out += c.prefix_width;
+      float* out = act_reference_row<float>(c, r);
       for (int64_t j = 0; j < N; ++j) out[j] = ref::silu(x[j]) * x[j + N];
     } else {
       const uint16_t* x = static_cast<const uint16_t*>(c.x.data) + r * c.x_row_stride;
-      uint16_t* out = static_cast<uint16_t*>(c.out.data) + r * c.out_row_stride;
-      const uint16_t* prefix = static_cast<const uint16_t*>(c.prefix.data) + r * c.prefix_row_stride;
-      for (int64_t j = 0; j < c.prefix_width; ++j) out[j] = prefix[j];
-      out += c.prefix_width;
+      uint16_t* out = act_reference_row<uint16_t>(c, r);
       for (int64_t j = 0; j < N; ++j) out[j] = ref::swiglu(x[j], x[j + N], c.x.dtype);
     }
   }
