@@ -12,6 +12,12 @@
 //   PyTorch's SASS, docs/gelu_tanh.md).
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
+// * kTable (bf16, the vector path, GELU): the GELU of common/gelu_table.cuh, each CTA's
+//   shared-memory table of the evaluated form's results (built before the PDL wait, so it overlaps
+//   the previous kernel), the units it does not hold evaluated as without it. Every unit of the row
+//   is loaded before the first is looked up (the lookup's branch would otherwise keep the compiler
+//   from issuing the next unit's loads early). The grid is then a few CTAs per SM, each taking many
+//   rows, so the table is built a few hundred times a call, not once per row.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
@@ -43,6 +49,12 @@ struct Fp8RowwiseQuantParams {
   int units;                 // ceil((Kp + N) / 16)
 };
 
+// The GELU table's check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through
+// the table's unit path against the evaluated GELU; `mismatches` counts the words that differ.
+struct GeluTableCheckParams {
+  unsigned* mismatches;
+};
+
 // The act codes of the kernel template (Fp8RowwiseAct on the host).
 constexpr int kFp8RowwiseActNone = 0;
 constexpr int kFp8RowwiseGelu = 1;    // GELU(tanh), rounded to T
@@ -52,6 +64,7 @@ constexpr int kFp8RowwiseSwiglu = 2;  // silu(x[:N]) * x[N:], each step rounded 
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
+#include "common/gelu_table.cuh"
 #include "common/fp8_rowwise.cuh"
 #include "common/gelu.cuh"
 #include "common/memory.cuh"
@@ -79,6 +92,16 @@ __device__ __forceinline__ u32 act_word(u32 word) {
 struct Unit {
   Word<16> lo, hi;
 };
+
+__device__ __forceinline__ Unit unit_of(const u32 (&w)[8]) {
+  Unit u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    u.lo.w[i] = w[i];
+    u.hi.w[i] = w[4 + i];
+  }
+  return u;
+}
 
 template <typename T, bool kVector, int kAct>
 __device__ __forceinline__ Unit load_unit(const Fp8RowwiseQuantParams& p, const T* x_row, const T* prefix_row,
@@ -177,14 +200,22 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
-// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kPdl: griddepcontrol.wait
+// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU by
+// common/gelu_table.cuh's table (bf16, kVector, GELU). kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
-template <typename T, int kSlots, bool kVector, int kAct, bool kPdl>
+template <typename T, int kSlots, bool kVector, int kAct, bool kTable, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   using namespace frq_detail;
   static_assert(sizeof(T) == 2, "bf16 or f16 rows");
+  static_assert(!kTable || (kVector && kAct == kFp8RowwiseGelu && kIsBf16<T>),
+                "the table is for bf16 GELU rows on the vector path");
   __shared__ u32 partials[2][32];
+  __shared__ unsigned short table[kTable ? kGeluTableEntries : 1];
   const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  if constexpr (kTable) {
+    build_gelu_table(table);
+    __syncthreads();
+  }
   if constexpr (kPdl) pdl_wait();
   int parity = 0;
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
@@ -192,13 +223,35 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
     const T* prefix_row = static_cast<const T*>(p.prefix) + (p.prefix ? row * p.prefix_row_stride : 0);
     Unit u[kSlots];
     u32 pairs = 0;
+    if constexpr (kTable) {
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      const int unit = t + j * threads;
-      if (unit < p.units) {
-        u[j] = load_unit<T, kVector, kAct>(p, x_row, prefix_row, unit);
+      for (int j = 0; j < kSlots; ++j) {  // the raw units, every load in flight
+        const int unit = t + j * threads;
+        if (unit < p.units) u[j] = load_unit<T, kVector, kFp8RowwiseActNone>(p, x_row, prefix_row, unit);
+      }
 #pragma unroll
-        for (int i = 0; i < 4; ++i) pairs = abs_max_pairs(abs_max_pairs(pairs, u[j].lo.w[i]), u[j].hi.w[i]);
+      for (int j = 0; j < kSlots; ++j) {
+        const int unit = t + j * threads;
+        if (unit < p.units) {
+          if (unit >= p.prefix_width / 16) {  // x's units (kVector: the prefix is whole units)
+            u32 w[8] = {u[j].lo.w[0], u[j].lo.w[1], u[j].lo.w[2], u[j].lo.w[3],
+                        u[j].hi.w[0], u[j].hi.w[1], u[j].hi.w[2], u[j].hi.w[3]};
+            gelu_tanh_unit_tabled(w, table);
+            u[j] = unit_of(w);
+          }
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pairs = abs_max_pairs(abs_max_pairs(pairs, u[j].lo.w[i]), u[j].hi.w[i]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const int unit = t + j * threads;
+        if (unit < p.units) {
+          u[j] = load_unit<T, kVector, kAct>(p, x_row, prefix_row, unit);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) pairs = abs_max_pairs(abs_max_pairs(pairs, u[j].lo.w[i]), u[j].hi.w[i]);
+        }
       }
     }
     const u32 amax = block_max_u32(fold_pairs(pairs), partials[parity]);
@@ -213,6 +266,28 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
       store_row<T, kSlots, kVector, true>(p, out_row, u, s, r);
   }
   if constexpr (kPdl) pdl_launch_dependents();
+}
+
+// GeluTableCheckParams' kernel: each CTA builds the table, its threads take 16 consecutive bf16
+// bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in or out),
+// through gelu_tanh_unit_tabled and through gelu_tanh_word. T: kernel::bf16 (a template for the
+// JIT's wrapper).
+template <typename T>
+__device__ void fp8_rowwise_gelu_table_check_body(const GeluTableCheckParams& p) {
+  static_assert(kernel::kIsBf16<T>, "the table is bf16's");
+  __shared__ unsigned short table[kernel::kGeluTableEntries];
+  kernel::build_gelu_table(table);
+  __syncthreads();
+  const unsigned step = 16u * blockDim.x * gridDim.x;
+  for (unsigned base = 16u * (blockIdx.x * blockDim.x + threadIdx.x); base < 65536u; base += step) {
+    kernel::u32 w[8], tabled[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tabled[i] = w[i] = (base + 2 * i) | ((base + 2 * i + 1) << 16);
+    kernel::gelu_tanh_unit_tabled(tabled, table);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
+  }
 }
 
 }  // namespace ditops

@@ -3,7 +3,9 @@
 // fma correction of y * (1 / s) equals the IEEE quotient y / s for every value a row can hold, on
 // rows where fp8_rowwise_fast(s)), checked exhaustively over significands on the host, whose fp32
 // operations are the device's (IEEE, round to nearest, no flush); the description's alloc rule with
-// and without prefix; the 16-byte path's classification.
+// and without prefix; the 16-byte path's classification; the GELU table (kernels/common/gelu_table.cuh)
+// against the evaluated GELU for every bf16 value, on a GPU (its check kernel compiled for every
+// target arch wherever NVRTC loads).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,10 @@
 
 #include "ditops/fp8_rowwise_quant.h"
 #include "ditops/op.h"
+#include "core/device.h"
+#include "jit/cuda_driver.h"
+#include "jit/jit.h"
+#include "kernels/fp8_rowwise_quant.cuh"
 #include "reference/fp8_fp4.h"
 
 namespace ditops {
@@ -134,6 +140,75 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
   EXPECT_EQ(swiglu(64, 16).act_width, 32);
   EXPECT_FALSE(swiglu(48, 16).aligned16);  // N = 24
   EXPECT_FALSE(swiglu(64, 8).aligned16);
+}
+
+// Which calls take the GELU table (the key's ",table"): bf16 GELU rows on the vector path, with rows
+// enough for 4 CTAs per SM to take 4 each (2112 on 132 SMs); not f16, act none or swiglu, few rows.
+TEST(Fp8RowwiseGeluTable, TakenByBf16GeluCallsOfManyRows) {
+  const DeviceInfo sm90 = simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
+  const OpDescription& op = ditops::op("fp8_rowwise_quant");
+  const int act = op.option_index("act");
+  const Device gpu{DeviceKind::cuda, 0};
+  auto key = [&](int64_t rows, int64_t K, DType dtype, const std::string& choice) {
+    auto at = [](uintptr_t gib) { return reinterpret_cast<void*>(gib << 30); };  // aligned, disjoint, never read
+    const int64_t N = choice == "swiglu" ? K / 2 : K;
+    GenericCall c = call_of(op, {{"x", TensorView::contiguous(at(1), dtype, gpu, {rows, K})},
+                                 {"out", TensorView::contiguous(at(2), DType::f8e4m3fn, gpu, {rows, N})},
+                                 {"out_scale", TensorView::contiguous(at(3), DType::f32, gpu, {rows, 1})}});
+    c.options[act] = choice;
+    return explain("fp8_rowwise_quant", c, sm90).template_key;
+  };
+  auto tabled = [](const std::string& k) { return k.find(",table") != std::string::npos; };
+  EXPECT_TRUE(tabled(key(4608, 12288, DType::bf16, "gelu_tanh"))) << key(4608, 12288, DType::bf16, "gelu_tanh");
+  EXPECT_TRUE(tabled(key(2112, 512, DType::bf16, "gelu_tanh")));
+  EXPECT_FALSE(tabled(key(2111, 512, DType::bf16, "gelu_tanh")));
+  EXPECT_FALSE(tabled(key(512, 12288, DType::bf16, "gelu_tanh")));  // FLUX.1's text rows
+  EXPECT_FALSE(tabled(key(4608, 12288, DType::f16, "gelu_tanh")));
+  EXPECT_FALSE(tabled(key(4608, 12288, DType::bf16, "none")));
+  EXPECT_FALSE(tabled(key(4608, 36864, DType::bf16, "swiglu")));
+  EXPECT_FALSE(tabled(key(4608, 120, DType::bf16, "gelu_tanh")));  // the scalar path
+}
+
+// The GELU table's check kernel (kernels/fp8_rowwise_quant.cuh): not an op's, so the JIT compile
+// test of every registered variant does not see it.
+KernelRequest gelu_table_check_request() {
+  KernelRequest r;
+  r.header = "fp8_rowwise_quant.cuh";
+  r.function = "ditops::fp8_rowwise_gelu_table_check_body";
+  r.template_args = jit::kernel_type_name(DType::bf16);
+  r.params_type = "ditops::GeluTableCheckParams";
+  r.max_threads = 256;
+  r.template_key = "fp8_rowwise_gelu_table_check:bf16";
+  return r;
+}
+
+TEST(Fp8RowwiseGeluTable, CheckKernelCompilesForEveryTargetArch) {
+  if (jit::nvrtc_version() <= 0) GTEST_SKIP() << "NVRTC not loadable here";
+  for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
+    std::vector<uint8_t> cubin;
+    ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(gelu_table_check_request(), "ditops_entry"),
+                                               "ditops_jit_entry.cu", arch, jit::embedded_sources()))
+        << arch;
+    EXPECT_GT(cubin.size(), 1000u) << arch;
+  }
+}
+
+// Every bf16 value (the table's and the others', which take the evaluated path) through the unit path
+// with the table equals gelu_tanh_word's: the table path is the evaluated GELU, bit for bit.
+TEST(Fp8RowwiseGeluTable, EveryBf16ValueEqualsTheEvaluatedGeluOnTheGpu) {
+  const jit::CudaDriver* d = jit::cuda_driver();
+  if (!d || d->device_count == 0) GTEST_SKIP() << "no CUDA device: checked on the device run";
+  jit::bind_primary_context(0);
+  CUdeviceptr counter = 0;
+  jit::check_cu(d->cuMemAlloc(&counter, sizeof(unsigned)), "cuMemAlloc");
+  jit::check_cu(d->cuMemsetD8(counter, 0, sizeof(unsigned)), "cuMemsetD8");
+  GeluTableCheckParams p{reinterpret_cast<unsigned*>(counter)};
+  const jit::LoadedKernel& kernel = jit::jit_kernel(gelu_table_check_request(), 0);
+  jit::launch(kernel, 4, 256, &p, sizeof p, nullptr, false);  // 4 CTAs: each builds its own table
+  unsigned mismatches = ~0u;
+  jit::check_cu(d->cuMemcpyDtoH(&mismatches, counter, sizeof mismatches), "cuMemcpyDtoH");
+  d->cuMemFree(counter);
+  EXPECT_EQ(mismatches, 0u) << "words where the table's GELU differs from the evaluated one";
 }
 
 }  // namespace

@@ -26,6 +26,12 @@ constexpr int kMaxThreads = 256;
 constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
 constexpr int64_t kMaxUnits = int64_t{8} * kMaxThreads;  // 32768 columns: a row in registers
+// GELU by table (kernels/common/gelu_table.cuh) where a call has rows enough for a grid of
+// kTableCtasPerSm CTAs per SM to take several each: each CTA builds the 3840-entry table once
+// (15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-64
+// elements a thread. Not yet measured on a GPU: the bounds are the arithmetic's, not a sweep's.
+constexpr int kTableCtasPerSm = 4;
+constexpr int kTableMinRowsPerCta = 4;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
@@ -112,14 +118,15 @@ struct Fp8RowwiseQuantKey {
   int slots = 1;
   bool vector = true;
   int act = kFp8RowwiseActNone;
+  bool table = false;  // GELU by table (bf16, vector, GELU)
   bool pdl = true;
 
   std::string to_string() const {
     static const char* acts[] = {"none", "gelu", "swiglu"};
     return std::string(dtype_name(dtype)) + ",slots=" + std::to_string(slots) + (vector ? ",vec16" : ",scalar") + "," +
-           acts[act] + (pdl ? ",pdl" : ",nopdl");
+           acts[act] + (table ? ",table" : "") + (pdl ? ",pdl" : ",nopdl");
   }
-  uint64_t packed() const { return pack_key({dtype, {slots, 16}, vector, {act, 4}, pdl}); }
+  uint64_t packed() const { return pack_key({dtype, {slots, 16}, vector, {act, 4}, table, pdl}); }
 };
 
 int64_t units_of(const Fp8RowwiseQuantCall& c) {
@@ -141,6 +148,8 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
           : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
                                                    : kFp8RowwiseGelu;
+  k.table = k.dtype == DType::bf16 && k.vector && k.act == kFp8RowwiseGelu &&
+            c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors;
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
 }
@@ -148,14 +157,15 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
 KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
   return {.header = "fp8_rowwise_quant.cuh",
           .function = "ditops::fp8_rowwise_quant_body",
-          .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.pdl),
+          .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.table, k.pdl),
           .params_type = "ditops::Fp8RowwiseQuantParams",
           .max_threads = kMaxThreads,
           .template_key = std::string(kOp) + ":" + k.to_string()};
 }
 
 // One CTA per row (a row per CTA at a time: the grid covers the rows once up to the grid limit),
-// ceil(units / slots) threads rounded up to a warp. Not tuned yet (no device run).
+// ceil(units / slots) threads rounded up to a warp; with the table, kTableCtasPerSm CTAs per SM,
+// each walking its rows.
 void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit::LoadedKernel& kernel) {
   Fp8RowwiseQuantParams p{};
   p.x = c.x.data;
@@ -171,22 +181,29 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
   p.units = static_cast<int>(units_of(c));
   const int64_t threads = (p.units + k.slots - 1) / k.slots;
   const unsigned block = static_cast<unsigned>((threads + 31) / 32 * 32);
-  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(c.rows, 0x7fffffff));
+  // The table's grid: kTableCtasPerSm CTAs per SM, fewer where the kernel's occupancy allows fewer.
+  const int64_t ctas =
+      k.table ? int64_t{std::min(kTableCtasPerSm, kernel.blocks_per_sm)} * kernel.multiprocessors : int64_t{0x7fffffff};
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(c.rows, ctas));
   jit::launch(kernel, grid, block, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
 }
 
 // The compile test's keys: every slot bucket (bf16, vector, the GELU), no act, SwiGLU at slots 1, 6
 // (FLUX.2: 18432 and 6144 + 18432 columns) and 8, and on the scalar path; f16 and the scalar path,
-// PDL off.
+// PDL off; the table's GELU at slots 3 and 4 (FLUX.1's FF-down input and single-block cat), 4 without
+// PDL, and 6 (Wan's FF-down input).
 std::vector<Fp8RowwiseQuantKey> variant_keys() {
   std::vector<Fp8RowwiseQuantKey> keys;
-  for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true});
-  keys.push_back({DType::bf16, 3, true, kFp8RowwiseActNone, true});
-  for (int act : {kFp8RowwiseActNone, kFp8RowwiseGelu}) keys.push_back({DType::f16, 2, act != kFp8RowwiseGelu, act, true});
-  keys.push_back({DType::bf16, 8, false, kFp8RowwiseGelu, false});
-  for (int s : {1, 6, 8}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, true});
-  keys.push_back({DType::f16, 2, false, kFp8RowwiseSwiglu, false});
-  keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false});
+  for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, false, true});
+  keys.push_back({DType::bf16, 3, true, kFp8RowwiseActNone, false, true});
+  for (int act : {kFp8RowwiseActNone, kFp8RowwiseGelu})
+    keys.push_back({DType::f16, 2, act != kFp8RowwiseGelu, act, false, true});
+  keys.push_back({DType::bf16, 8, false, kFp8RowwiseGelu, false, false});
+  for (int s : {1, 6, 8}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, false, true});
+  keys.push_back({DType::f16, 2, false, kFp8RowwiseSwiglu, false, false});
+  keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false, false});
+  for (int s : {3, 4, 6}) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true, true});
+  keys.push_back({DType::bf16, 4, true, kFp8RowwiseGelu, true, false});
   return keys;
 }
 
