@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -142,31 +143,41 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
   EXPECT_FALSE(swiglu(64, 8).aligned16);
 }
 
-// Which calls take the GELU table (the key's ",table"): bf16 GELU rows on the vector path, with rows
-// enough for 4 CTAs per SM to take 4 each (2112 on 132 SMs); not f16, act none or swiglu, few rows.
-TEST(Fp8RowwiseGeluTable, TakenByBf16GeluCallsOfManyRows) {
+// Which calls take the GELU table (the key's ",table"): with DITOPS_GELU_TABLE=1 (read when a device's
+// info is made), bf16 GELU rows on the vector path, with rows enough for 4 CTAs per SM to take 4 each
+// (2112 on 132 SMs); not f16, act none or swiglu, few rows; without it, none.
+TEST(Fp8RowwiseGeluTable, TakenByBf16GeluCallsOfManyRowsWhereOptedIn) {
+  const char* before = std::getenv("DITOPS_GELU_TABLE");
+  const std::string saved = before ? before : "";
+  ::unsetenv("DITOPS_GELU_TABLE");
+  const DeviceInfo plain = simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
+  ::setenv("DITOPS_GELU_TABLE", "1", 1);
   const DeviceInfo sm90 = simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
+  if (before) ::setenv("DITOPS_GELU_TABLE", saved.c_str(), 1); else ::unsetenv("DITOPS_GELU_TABLE");
+  EXPECT_FALSE(plain.features & kFeatureGeluTable);
+  ASSERT_TRUE(sm90.features & kFeatureGeluTable);
   const OpDescription& op = ditops::op("fp8_rowwise_quant");
   const int act = op.option_index("act");
   const Device gpu{DeviceKind::cuda, 0};
-  auto key = [&](int64_t rows, int64_t K, DType dtype, const std::string& choice) {
+  auto key = [&](int64_t rows, int64_t K, DType dtype, const std::string& choice, const DeviceInfo& device) {
     auto at = [](uintptr_t gib) { return reinterpret_cast<void*>(gib << 30); };  // aligned, disjoint, never read
     const int64_t N = choice == "swiglu" ? K / 2 : K;
     GenericCall c = call_of(op, {{"x", TensorView::contiguous(at(1), dtype, gpu, {rows, K})},
                                  {"out", TensorView::contiguous(at(2), DType::f8e4m3fn, gpu, {rows, N})},
                                  {"out_scale", TensorView::contiguous(at(3), DType::f32, gpu, {rows, 1})}});
     c.options[act] = choice;
-    return explain("fp8_rowwise_quant", c, sm90).template_key;
+    return explain("fp8_rowwise_quant", c, device).template_key;
   };
   auto tabled = [](const std::string& k) { return k.find(",table") != std::string::npos; };
-  EXPECT_TRUE(tabled(key(4608, 12288, DType::bf16, "gelu_tanh"))) << key(4608, 12288, DType::bf16, "gelu_tanh");
-  EXPECT_TRUE(tabled(key(2112, 512, DType::bf16, "gelu_tanh")));
-  EXPECT_FALSE(tabled(key(2111, 512, DType::bf16, "gelu_tanh")));
-  EXPECT_FALSE(tabled(key(512, 12288, DType::bf16, "gelu_tanh")));  // FLUX.1's text rows
-  EXPECT_FALSE(tabled(key(4608, 12288, DType::f16, "gelu_tanh")));
-  EXPECT_FALSE(tabled(key(4608, 12288, DType::bf16, "none")));
-  EXPECT_FALSE(tabled(key(4608, 36864, DType::bf16, "swiglu")));
-  EXPECT_FALSE(tabled(key(4608, 120, DType::bf16, "gelu_tanh")));  // the scalar path
+  EXPECT_TRUE(tabled(key(4608, 12288, DType::bf16, "gelu_tanh", sm90))) << key(4608, 12288, DType::bf16, "gelu_tanh", sm90);
+  EXPECT_TRUE(tabled(key(2112, 512, DType::bf16, "gelu_tanh", sm90)));
+  EXPECT_FALSE(tabled(key(2111, 512, DType::bf16, "gelu_tanh", sm90)));
+  EXPECT_FALSE(tabled(key(512, 12288, DType::bf16, "gelu_tanh", sm90)));  // FLUX.1's text rows
+  EXPECT_FALSE(tabled(key(4608, 12288, DType::f16, "gelu_tanh", sm90)));
+  EXPECT_FALSE(tabled(key(4608, 12288, DType::bf16, "none", sm90)));
+  EXPECT_FALSE(tabled(key(4608, 36864, DType::bf16, "swiglu", sm90)));
+  EXPECT_FALSE(tabled(key(4608, 120, DType::bf16, "gelu_tanh", sm90)));  // the scalar path
+  EXPECT_FALSE(tabled(key(4608, 12288, DType::bf16, "gelu_tanh", plain)));
 }
 
 // The GELU table's check kernel (kernels/fp8_rowwise_quant.cuh): not an op's, so the JIT compile

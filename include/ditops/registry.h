@@ -34,6 +34,8 @@ enum Feature : uint32_t {
   kFeatureNvrtc = 1u << 0,        // NVRTC could be loaded (run-time compilation possible)
   kFeaturePdl = 1u << 1,          // programmatic dependent launch (sm_90+)
   kFeatureFp4Convert = 1u << 2,   // hardware e2m1 conversion (sm_100a / sm_120a)
+  kFeatureGeluTable = 1u << 3,    // fp8_rowwise_quant's GELU by table: DITOPS_GELU_TABLE=1 opts in (sm_89+) until
+                                  // a GPU run has checked it (compiled, not yet run)
 };
 std::string feature_names(uint32_t features);
 

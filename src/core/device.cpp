@@ -20,9 +20,18 @@ bool pdl_allowed() {
   return !(v && (std::string(v) == "0" || std::string(v) == "off"));
 }
 
+// DITOPS_GELU_TABLE=1: fp8_rowwise_quant's GELU rows by the shared-memory table
+// (kernels/common/gelu_table.cuh). Opt-in while the table is compiled but not yet run on a GPU.
+// Read once per device.
+bool gelu_table_opted_in() {
+  const char* v = std::getenv("DITOPS_GELU_TABLE");
+  return v && (std::string(v) == "1" || std::string(v) == "on");
+}
+
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;
   if (sm >= 90 && pdl_allowed()) features |= kFeaturePdl;
+  if (sm >= 89 && gelu_table_opted_in()) features |= kFeatureGeluTable;
   if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
   if (g_machine.nvrtc && g_machine.nvrtc()) features |= kFeatureNvrtc;
   return features;

@@ -32,6 +32,7 @@ std::string feature_names(uint32_t features) {
   add(kFeatureNvrtc, "nvrtc");
   add(kFeaturePdl, "pdl");
   add(kFeatureFp4Convert, "fp4cvt");
+  add(kFeatureGeluTable, "gelu-table");
   return out;
 }
 

@@ -29,7 +29,8 @@ constexpr int64_t kMaxUnits = int64_t{8} * kMaxThreads;  // 32768 columns: a row
 // GELU by table (kernels/common/gelu_table.cuh) where a call has rows enough for a grid of
 // kTableCtasPerSm CTAs per SM to take several each: each CTA builds the 3840-entry table once
 // (15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-64
-// elements a thread. Not yet measured on a GPU: the bounds are the arithmetic's, not a sweep's.
+// elements a thread. Not yet measured on a GPU: the bounds are the arithmetic's, not a sweep's; and
+// taken only where DITOPS_GELU_TABLE=1 opts in (kFeatureGeluTable) until a GPU run has checked it.
 constexpr int kTableCtasPerSm = 4;
 constexpr int kTableMinRowsPerCta = 4;
 
@@ -148,7 +149,7 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
           : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
                                                    : kFp8RowwiseGelu;
-  k.table = k.dtype == DType::bf16 && k.vector && k.act == kFp8RowwiseGelu &&
+  k.table = (device.features & kFeatureGeluTable) && k.dtype == DType::bf16 && k.vector && k.act == kFp8RowwiseGelu &&
             c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors;
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
