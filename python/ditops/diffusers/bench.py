@@ -652,6 +652,10 @@ def main(argv=None) -> int:
             "torchao": torchao_version if torchao_quantize is not None else None,
             "fp8_config": {"skip": list(config.skip), "producers": config.producers} if fp8_wanted else None,
             "loop_steps": args.loop_steps if fp8_wanted else None,
+            # the environment's ditops knobs of this run (DITOPS_PDL=0, DITOPS_GELU_TABLE=1, ...): a record
+            # says which kernels it timed
+            "ditops_env": {k: v for k, v in sorted(os.environ.items())
+                           if k.startswith("DITOPS_") and k not in ("DITOPS_COMMIT", "DITOPS_CACHE_DIR")},
         }
         records = [dict(record_common, impl=variant, us=1000.0 * r["ms"], per_block_us=1000.0 * r["ms"] / args.blocks,
                         min_us=1000.0 * r["min_ms"], max_us=1000.0 * r["max_ms"], kernels_us=r["kernels_us"],
