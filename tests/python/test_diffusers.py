@@ -58,8 +58,10 @@ def tiny_flux(dtype=torch.bfloat16, batch=1):
                   txt_ids=torch.zeros(8, 3), return_dict=False)
     cfg = model.config
     L, N = cfg.num_layers, cfg.num_single_layers
-    counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1,
-              "gated_residual": 4 * L + N, "gelu_tanh (single block cat)": N, "rope_tables (pos_embed)": 1}
+    # each double block's two attention residuals and their norm2 modulations: the fused site
+    counts = {"qk_norm_rope": N, "qk_norm_rope (dual-stream)": L, "adaln_modulate": 2 * L + N + 1,
+              "gated_residual": 2 * L + N, "adaln_modulate (residual + norm2)": 2 * L,
+              "gelu_tanh (single block cat)": N, "rope_tables (pos_embed)": 1}
     return model, inputs, counts
 
 
@@ -74,7 +76,8 @@ def tiny_qwen(dtype=torch.bfloat16, batch=1):
                   timestep=torch.full((batch,), 0.5).to(dtype), img_shapes=[(1, 4, 4)] * batch,
                   return_dict=False)
     L = model.config.num_layers
-    counts = {"qk_norm_rope": 2 * L, "adaln_modulate": 4 * L + 1, "gated_residual": 4 * L}
+    counts = {"qk_norm_rope": 2 * L, "adaln_modulate": 2 * L + 1, "gated_residual": 2 * L,
+              "adaln_modulate (residual + norm2)": 2 * L}
     return model, inputs, counts
 
 
@@ -166,8 +169,9 @@ def tiny_hunyuan(dtype=torch.bfloat16, batch=1):
     # the double blocks' QK of both streams in one dual-stream call: the per-stream sites serve them
     # only where that site is not mapped
     counts = {"qk_norm_rope": 0, "qk_norm_rope (text stream)": 0, "qk_norm_rope (single blocks)": N,
-              "qk_norm_rope (dual-stream)": L, "adaln_modulate": 4 * L + N + 1, "gated_residual": 4 * L + N,
-              "gelu_tanh (single block cat)": N, "conv_layout (patch embedding)": 1}
+              "qk_norm_rope (dual-stream)": L, "adaln_modulate": 2 * L + N + 1, "gated_residual": 2 * L + N,
+              "adaln_modulate (residual + norm2)": 2 * L, "gelu_tanh (single block cat)": N,
+              "conv_layout (patch embedding)": 1}
     return model, inputs, counts
 
 
@@ -186,9 +190,10 @@ def op_sites(report):
 OPS = {
     "flux": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
              "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+             "adaln_modulate (residual + norm2)": "norm_scale_shift",
              "gelu_tanh (single block cat)": "gelu_tanh", "rope_tables (pos_embed)": "rope_tables"},
     "qwen": {"qk_norm_rope": "qknorm_rope", "adaln_modulate": "layernorm_modulate",
-             "gated_residual": "residual_gate_add"},
+             "gated_residual": "residual_gate_add", "adaln_modulate (residual + norm2)": "norm_scale_shift"},
     "wan": {"qk_norm_rope (self-attn)": "cross_head_qknorm_rope",
             "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
             "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2)": "norm_scale_shift",
@@ -197,6 +202,7 @@ OPS = {
     "hunyuan": {"qk_norm_rope": "qknorm_rope", "qk_norm_rope (text stream)": "qknorm_rope",
                 "qk_norm_rope (single blocks)": "qknorm_rope", "qk_norm_rope (dual-stream)": "joint_qknorm_rope",
                 "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
+                "adaln_modulate (residual + norm2)": "norm_scale_shift",
                 "gelu_tanh (single block cat)": "gelu_tanh", "conv_layout (patch embedding)": CONV_LAYOUT},
     "ltx2": {"qk_norm_rope (video self-attn)": "cross_head_qknorm_rope",
              "qk_norm_rope (audio self-attn)": "cross_head_qknorm_rope",

@@ -130,6 +130,51 @@ def adaln_site(name="adaln_modulate"):
     return MappedSite(name, mapping=layernorm_modulate_mapping(), chain=ADALN_CHAIN)
 
 
+RESIDUAL_ADALN_CHAIN = ("residual + update * gate in the activation dtype (the product rounded, then the sum), then "
+                        + ADALN_CHAIN + " of the new residual: (the new residual, the modulated norm)")
+
+
+def _residual_adaln_fit(x, update, gate, scale, shift, norm) -> str:
+    """norm_scale_shift's residual form takes the chain: 16-bit [B, S, D] x (the residual) and update
+    of one shape, dtype and device, update with a unit last stride, gate [B, 1, D] and scale / shift
+    [B, D] of x's dtype, an affine-free LayerNorm over D; strides and alignment are the matcher's."""
+    if x.dtype not in (torch.float16, torch.bfloat16) or x.dim() != 3:
+        return f"x is {x.dtype} of rank {x.dim()} (16-bit [batch, tokens, dim])"
+    if not isinstance(update, torch.Tensor) or update.shape != x.shape or update.dtype != x.dtype \
+            or update.device != x.device or update.stride(-1) != 1:
+        return "update is not x's shape and dtype on x's device with a unit last stride"
+    B, _, D = x.shape
+    if gate.dtype != x.dtype or tuple(gate.shape) != (B, 1, D) or gate.device != x.device:
+        return f"gate is not {x.dtype} [batch, 1, dim] on x's device"
+    for name, t in (("scale", scale), ("shift", shift)):
+        if t.dtype != x.dtype or tuple(t.shape) != (B, D) or t.device != x.device:
+            return f"{name} is not {x.dtype} [batch, dim] on x's device"
+    if tuple(norm.normalized_shape) != (D,):
+        return "the norm's shape is not x's last dim"
+    return affine_free_layer_norm(norm)
+
+
+# The gated residual and the next modulated LayerNorm in one pass (FLUX.1's, Qwen-Image's and
+# HunyuanVideo's attention residual and norm2): norm_scale_shift's residual form with eager numerics,
+# residual_out = rne(x + rne(update * gate)), y = rne(rne(rne(LayerNorm(residual_out)) * rne(1 + scale))
+# + shift) (docs/norm_scale_shift.md §2): the two chains' roundings, one read of x and update.
+RESIDUAL_ADALN = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "residual": "gated"}, fit=_residual_adaln_fit,
+    signature=lambda x, update, gate, scale, shift, norm: (str(x.device), x.dtype, x.shape[-1], float(norm.eps),
+                                                           x.stride(), update.stride(), gate.stride(),
+                                                           scale.stride(), shift.stride()),
+    call=lambda x, update, gate, scale, shift, norm: OpCall(
+        "norm_scale_shift", (update, scale, shift), dict(residual=x, gate=gate, norm="layer", eps=float(norm.eps)),
+        residual_out_and_y))
+
+
+def residual_adaln_site(name="adaln_modulate (residual + norm2)"):
+    """The fused gated residual + modulated norm2 of a double block: it serves two places, the
+    gated_residual one and the adaln_modulate one (fuse), which take it back where it does not run."""
+    return MappedSite(name, mapping=RESIDUAL_ADALN, chain=RESIDUAL_ADALN_CHAIN,
+                      classes=("adaln_modulate", "gated_residual"), outputs=2)
+
+
 def gated_residual_site(name="gated_residual", chain="residual + update * gate in the activation dtype "
                         "(the product rounded, then the sum)"):
     return MappedSite(name, mapping=residual_gate_add_mapping(), chain=chain)
@@ -229,6 +274,19 @@ def modulate_chain(x, scale, shift, norm):
 def modulate(site: MappedSite, x, scale, shift, norm):
     """norm(x) * (1 + scale[:, None]) + shift[:, None]; scale, shift [B, D]."""
     return site(modulate_chain, x, scale, shift, norm)
+
+
+def residual_modulate_chain(x, update, gate, scale, shift, norm):
+    """The model's gated residual, then its modulated norm of the new residual (the fused site's
+    chain): (new residual, modulated norm)."""
+    x = gated_chain(x, update, gate)
+    return x, modulate_chain(x, scale, shift, norm)
+
+
+def residual_modulate(site: MappedSite, x, update, gate, scale, shift, norm):
+    """(x + update * gate, norm(that) * (1 + scale[:, None]) + shift[:, None]); gate [B, 1, D],
+    scale and shift [B, D]."""
+    return site(residual_modulate_chain, x, update, gate, scale, shift, norm)
 
 
 def gated_chain(residual, update, gate):

@@ -104,6 +104,17 @@ def _adaln_to_pair(ctx, site, path, module, consumers) -> None:
     site.places.append(ctx.plan.prefix + path)
 
 
+def _unfuse_norm2(ctx, at, *norms) -> None:
+    """A double block whose FP8 forward takes the adaLN pair for norm2: the fused residual + norm2
+    site does not run there, its places go back to the gated residual and adaLN sites (the pair then
+    lists the norm2 places as it does every adaLN place it serves)."""
+    fused = ctx.site("adaln_modulate (residual + norm2)")
+    for norm2, attn in norms:
+        place = f"{at}.{norm2} (+ {attn} residual)"
+        if place in fused.places:
+            fused.hand_back(place)
+
+
 def _projections(attn):
     """(image stream projections, text stream projections) the attention applies to its inputs."""
     if getattr(attn, "fused_projections", False):
@@ -140,6 +151,7 @@ def flux(ctx) -> None:
             _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
         if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
             ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
+            _unfuse_norm2(ctx, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
             pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
@@ -171,6 +183,7 @@ def qwen(ctx) -> None:
         image, text = _projections(block.attn)
         if text and ctx.fp8(*image, *text) and ctx.takes_pair(block.img_mlp) and ctx.takes_pair(block.txt_mlp):
             ctx.patch_forward(path, block, model_code.block_forward(pair, residual))
+            _unfuse_norm2(ctx, f"{ctx.plan.prefix}{path}", ("img_norm2", "img attn"), ("txt_norm2", "txt attn"))
             pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("img_norm1", "txt_norm1", "img_norm2",
                                                                      "txt_norm2")]
 
@@ -195,6 +208,7 @@ def hunyuan(ctx) -> None:
             _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
         if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
             ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
+            _unfuse_norm2(ctx, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
             pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"

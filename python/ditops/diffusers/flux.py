@@ -11,7 +11,9 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     block's inline norm2 modulation, LayerNorm without affine then * (1 + scale) + shift:
     layernorm_modulate.
   * gated residuals: residual + gate * update (four per double block, one per single block):
-    residual_gate_add.
+    residual_gate_add. A double block's attention residual and its norm2 modulation of the new
+    residual, each stream: one norm_scale_shift call (its residual form, eager numerics), the
+    "adaln_modulate (residual + norm2)" site; the two sites above where it does not run.
   * RoPE tables: FluxPosEmbed (model.pos_embed) builds the float32 cos/sin tables of the joint ids
     [txt; img] with diffusers' get_1d_rotary_pos_embed per column of ids (float64 frequencies,
     about 13 small kernels per axis): one rope_tables call (rope_tables_mapping, shared with FLUX.2).
@@ -104,9 +106,10 @@ def joint_qk(site, streams, norms, freqs):
     return site(chain, *streams, norms, freqs, True)
 
 
-def double_block_forward(adaln: MappedSite, residual: MappedSite):
+def double_block_forward(adaln: MappedSite, residual: MappedSite, residual_norm: MappedSite | None = None):
     """FluxTransformerBlock.forward with the norm2 modulations and the four gated residuals
-    through the sites (norm1 / norm1_context are patched modules of their own)."""
+    through the sites (norm1 / norm1_context are patched modules of their own); residual_norm: each
+    stream's attention residual and its norm2 in one call where that site runs (active)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
                 joint_attention_kwargs=None):
@@ -116,18 +119,28 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
         outputs = self.attn(hidden_states=norm_hidden, encoder_hidden_states=norm_context,
                             image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
         attn_output, context_attn_output = outputs[0], outputs[1]
+        fused = residual_norm is not None and residual_norm.active
 
-        hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa.unsqueeze(1))
-        norm_hidden = _common.modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2)
+        if fused:
+            hidden_states, norm_hidden = _common.residual_modulate(
+                residual_norm, hidden_states, attn_output, gate_msa.unsqueeze(1), scale_mlp, shift_mlp, self.norm2)
+        else:
+            hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa.unsqueeze(1))
+            norm_hidden = _common.modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2)
         ff_output = self.ff(norm_hidden)
         hidden_states = _common.gated(residual, hidden_states, ff_output, gate_mlp.unsqueeze(1))
         if len(outputs) == 3:
             hidden_states = hidden_states + outputs[2]
 
-        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output,
-                                              c_gate_msa.unsqueeze(1))
-        norm_context = _common.modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
-                                        self.norm2_context)
+        if fused:
+            encoder_hidden_states, norm_context = _common.residual_modulate(
+                residual_norm, encoder_hidden_states, context_attn_output, c_gate_msa.unsqueeze(1), c_scale_mlp,
+                c_shift_mlp, self.norm2_context)
+        else:
+            encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output,
+                                                  c_gate_msa.unsqueeze(1))
+            norm_context = _common.modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
+                                            self.norm2_context)
         context_ff_output = self.ff_context(norm_context)
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_ff_output,
                                               c_gate_mlp.unsqueeze(1))
@@ -291,6 +304,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
               "interleaved pairs, float32 cos/sin, (x.float() * cos + x_rot.float() * sin).to(dtype)"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    residual_norm = plan.add_site(_common.residual_adaln_site())
     gelu = plan.add_site(gelu_cat_site())
 
     for path, block in doubles:
@@ -301,9 +315,12 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                                 FluxAttnProcessorDitops, ("text + image",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn", "ff", "context attn", "context ff")]
-        plan.patch_forward(path, block, double_block_forward(adaln, residual))
+        at = plan.prefix + path
+        for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
+            residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
+                                                                      (adaln, f"{at}.{norm2}")])
+        residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+        plan.patch_forward(path, block, double_block_forward(adaln, residual, residual_norm))
     for path, block in singles:
         if type(block) is not FluxSingleTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not FluxSingleTransformerBlock")

@@ -11,7 +11,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     same, every row on the identity row.
   * adaLN: AdaLayerNormZero (norm1, norm1_context), the inline norm2 / norm2_context
     modulation, AdaLayerNormZeroSingle, norm_out: layernorm_modulate.
-  * gated residuals: four per double block, one per single block: residual_gate_add.
+  * gated residuals: four per double block, one per single block: residual_gate_add. A double
+    block's attention residual and its norm2 modulation of the new residual, each stream: one
+    norm_scale_shift call (its residual form, eager numerics; "adaln_modulate (residual + norm2)"),
+    the two sites above where it does not run.
   * The double blocks' QK of both streams in one joint_qknorm_rope call where the op fits the
     norms (the dual-stream site): each stream's norm, the latent rows' RoPE (the text rows on the
     cache's identity row) and the joint [latent; text] q, k, v written at once, without the three
@@ -154,9 +157,10 @@ def patch_embed_forward(site: LayoutSite):
     return forward
 
 
-def double_block_forward(adaln: MappedSite, residual: MappedSite):
+def double_block_forward(adaln: MappedSite, residual: MappedSite, residual_norm: MappedSite | None = None):
     """HunyuanVideoTransformerBlock.forward with the norm2 modulations and the four gated
-    residuals through the sites."""
+    residuals through the sites; residual_norm: each stream's attention residual and its norm2 in
+    one call where that site runs (active)."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
                 *args, **kwargs):
@@ -172,12 +176,19 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite):
         attn_output, context_attn_output = self.attn(
             hidden_states=norm_hidden, encoder_hidden_states=norm_context, attention_mask=attention_mask,
             image_rotary_emb=freqs_cis)
-        hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa.unsqueeze(1))
-        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output,
-                                              c_gate_msa.unsqueeze(1))
-        norm_hidden = _common.modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2)
-        norm_context = _common.modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
-                                        self.norm2_context)
+        if residual_norm is not None and residual_norm.active:
+            hidden_states, norm_hidden = _common.residual_modulate(
+                residual_norm, hidden_states, attn_output, gate_msa.unsqueeze(1), scale_mlp, shift_mlp, self.norm2)
+            encoder_hidden_states, norm_context = _common.residual_modulate(
+                residual_norm, encoder_hidden_states, context_attn_output, c_gate_msa.unsqueeze(1), c_scale_mlp,
+                c_shift_mlp, self.norm2_context)
+        else:
+            hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa.unsqueeze(1))
+            encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output,
+                                                  c_gate_msa.unsqueeze(1))
+            norm_hidden = _common.modulate(adaln, hidden_states, scale_mlp, shift_mlp, self.norm2)
+            norm_context = _common.modulate(adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
+                                            self.norm2_context)
         ff_output = self.ff(norm_hidden)
         context_ff_output = self.ff_context(norm_context)
         hidden_states = _common.gated(residual, hidden_states, ff_output, gate_mlp.unsqueeze(1))
@@ -241,6 +252,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
               "q and k, then torch.cat([latent, text], dim=1) of q, k and v"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    residual_norm = plan.add_site(_common.residual_adaln_site())
     gelu = plan.add_site(flux.gelu_cat_site())
 
     for path, block in doubles:
@@ -258,9 +270,12 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
                                     ("latent",))
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
         _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm2", "norm2_context")]
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn", "context attn", "ff", "context ff")]
-        plan.patch_forward(path, block, double_block_forward(adaln, residual))
+        at = plan.prefix + path
+        for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
+            residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
+                                                                      (adaln, f"{at}.{norm2}")])
+        residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+        plan.patch_forward(path, block, double_block_forward(adaln, residual, residual_norm))
     for path, block in singles:
         if type(block) is not HunyuanVideoSingleTransformerBlock:
             plan.skip(path, f"{type(block).__name__} (token replace) is left to the model's code")

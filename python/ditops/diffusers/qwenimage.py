@@ -11,7 +11,10 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     _modulate's x * (1 + scale) + shift with [B, 1, D] rows: layernorm_modulate; norm_out
     (AdaLayerNormContinuous) likewise. With zero_cond_t (modulate_index) the image stream's
     rows are chosen per token: that call runs the model's code.
-  * gated residuals: residual + gate * update, four per block: residual_gate_add.
+  * gated residuals: residual + gate * update, four per block: residual_gate_add. Each stream's
+    attention residual and its norm2 modulation of the new residual: one norm_scale_shift call (its
+    residual form, eager numerics; "adaln_modulate (residual + norm2)"), the two sites above where it
+    does not run (and for the image stream's per-token rows of zero_cond_t).
 """
 from __future__ import annotations
 
@@ -84,9 +87,10 @@ class QwenDoubleStreamAttnProcessorDitops(_common.ProcessorWrapper):
         return img_attn_output, txt_attn_output
 
 
-def block_forward(adaln: MappedSite, residual: MappedSite):
+def block_forward(adaln: MappedSite, residual: MappedSite, residual_norm: MappedSite | None = None):
     """QwenImageTransformerBlock.forward with the four modulations and the four gated residuals
-    through the sites."""
+    through the sites; residual_norm: each stream's attention residual and its norm2 modulation in
+    one call where that site runs (active) and the modulation is per batch (no modulate_index)."""
 
     def modulated(self, x, norm, mod_params, index):
         shift, scale, gate = mod_params.chunk(3, dim=-1)
@@ -109,12 +113,23 @@ def block_forward(adaln: MappedSite, residual: MappedSite):
             hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
             encoder_hidden_states_mask=encoder_hidden_states_mask, image_rotary_emb=image_rotary_emb,
             **(joint_attention_kwargs or {}))
-        hidden_states = _common.gated(residual, hidden_states, img_attn_output, img_gate1)
-        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, txt_attn_output, txt_gate1)
+        fused = residual_norm is not None and residual_norm.active
 
-        img_modulated2, img_gate2 = modulated(self, hidden_states, self.img_norm2, img_mod2, modulate_index)
+        def residual_modulated(x, update, gate1, norm, mod_params, index, may_fuse):
+            """(x + update * gate1, the modulated norm2 of it, norm2's gate)."""
+            if fused and may_fuse and index is None:
+                shift, scale, gate = mod_params.chunk(3, dim=-1)
+                x, modulated_x = _common.residual_modulate(residual_norm, x, update, gate1, scale, shift, norm)
+                return x, modulated_x, gate.unsqueeze(1)
+            x = _common.gated(residual, x, update, gate1)
+            return (x, *modulated(self, x, norm, mod_params, index))
+
+        hidden_states, img_modulated2, img_gate2 = residual_modulated(
+            hidden_states, img_attn_output, img_gate1, self.img_norm2, img_mod2, modulate_index,
+            not getattr(self, "zero_cond_t", False))  # as plan() counts the places
+        encoder_hidden_states, txt_modulated2, txt_gate2 = residual_modulated(
+            encoder_hidden_states, txt_attn_output, txt_gate1, self.txt_norm2, txt_mod2, None, True)
         hidden_states = _common.gated(residual, hidden_states, self.img_mlp(img_modulated2), img_gate2)
-        txt_modulated2, txt_gate2 = modulated(self, encoder_hidden_states, self.txt_norm2, txt_mod2, None)
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states, self.txt_mlp(txt_modulated2),
                                               txt_gate2)
         if encoder_hidden_states.dtype == torch.float16:
@@ -136,13 +151,22 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         probe=probe, probe_reason=complex_rope_reason()))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    residual_norm = plan.add_site(_common.residual_adaln_site())
     for path, block in blocks:
         if type(block) is not QwenImageTransformerBlock:
             plan.skip(path, f"{type(block).__name__} is not QwenImageTransformerBlock")
             continue
         _common.patch_processor(plan, qk, f"{path}.attn", block.attn, QwenDoubleStreamAttnProcessor2_0,
                                 QwenDoubleStreamAttnProcessorDitops, ("image", "text"))
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("img_norm1", "txt_norm1", "img_norm2", "txt_norm2")]
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("img attn", "txt attn", "img mlp", "txt mlp")]
-        plan.patch_forward(path, block, block_forward(adaln, residual))
+        at = plan.prefix + path
+        adaln.places += [f"{at}.{n}" for n in ("img_norm1", "txt_norm1")]
+        residual.places += [f"{at} ({n})" for n in ("img mlp", "txt mlp")]
+        # the image stream's norm2 with per-token modulation rows (zero_cond_t) is the block's own code
+        for stream in (("txt",) if getattr(block, "zero_cond_t", False) else ("img", "txt")):
+            residual_norm.fuse(f"{at}.{stream}_norm2 (+ {stream} attn residual)",
+                               [(residual, f"{at} ({stream} attn)"), (adaln, f"{at}.{stream}_norm2")])
+        if getattr(block, "zero_cond_t", False):
+            adaln.places.append(f"{at}.img_norm2")
+            residual.places.append(f"{at} (img attn)")
+        plan.patch_forward(path, block, block_forward(adaln, residual, residual_norm))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
