@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.t
 echo "== built at $(( $(date +%s) - T0 )) s"
 build-gt/tests/test_fp8_rowwise_quant 2>&1 | tee "$W/gtest.txt" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|Failure|mismatch"
 for on in 0 1; do
-  DITOPS_GELU_TABLE=$on timeout 120 build-gt/tests/test_ops --gtest_filter='*fp8_rowwise_quant*' > "$W/driver_$on.txt" 2>&1
+  DITOPS_GELU_TABLE=$on timeout 120 build-gt/tests/test_ops --gtest_filter='*every_cuda_implementation*/fp8_rowwise_quant_*' > "$W/driver_$on.txt" 2>&1
   echo "driver cases, DITOPS_GELU_TABLE=$on: rc $? $(grep -cE '^\[       OK' "$W/driver_$on.txt") ok, $(grep -cE '^\[  FAILED  \] ' "$W/driver_$on.txt") failed lines"
 done
 for on in 0 1; do
