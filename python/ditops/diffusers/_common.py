@@ -301,6 +301,20 @@ def gated(site: MappedSite, residual, update, gate):
 
 # ---------------------------------------------------------------- shared module patches
 
+def double_block_places(plan, path, block, adaln, residual, residual_norm) -> None:
+    """A FLUX-style double block's adaLN and residual places (FLUX.1, HunyuanVideo): its norm1 and
+    norm1_context modules through the adaLN site, each stream's attention residual and norm2 through
+    the fused site (the gated-residual and adaLN places where it does not run), the feed-forwards'
+    residuals."""
+    patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
+    patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
+    at = plan.prefix + path
+    for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
+        residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
+                                                                  (adaln, f"{at}.{norm2}")])
+    residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+
+
 def patch_processor(plan, site, path, attn, default_cls, ours_cls, streams):
     """Count the attention's QK streams as places; install ours_cls when the site's op is mapped
     and the attention runs the model's default processor (an IP-adapter or user processor is

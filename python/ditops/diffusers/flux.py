@@ -313,13 +313,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             continue
         _common.patch_processor(plan, dual, f"{path}.attn", block.attn, FluxAttnProcessor,
                                 FluxAttnProcessorDitops, ("text + image",))
-        _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
-        _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
-        at = plan.prefix + path
-        for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
-            residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
-                                                                      (adaln, f"{at}.{norm2}")])
-        residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+        _common.double_block_places(plan, path, block, adaln, residual, residual_norm)
         plan.patch_forward(path, block, double_block_forward(adaln, residual, residual_norm))
     for path, block in singles:
         if type(block) is not FluxSingleTransformerBlock:

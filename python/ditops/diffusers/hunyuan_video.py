@@ -268,13 +268,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             _common.patch_processor(plan, qk, f"{path}.attn", block.attn, HunyuanVideoAttnProcessor2_0,
                                     functools.partial(HunyuanVideoAttnProcessorDitops, text_site=text_site),
                                     ("latent",))
-        _common.patch_adaln_module(plan, adaln, f"{path}.norm1", block.norm1)
-        _common.patch_adaln_module(plan, adaln, f"{path}.norm1_context", block.norm1_context)
-        at = plan.prefix + path
-        for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
-            residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
-                                                                      (adaln, f"{at}.{norm2}")])
-        residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+        _common.double_block_places(plan, path, block, adaln, residual, residual_norm)
         plan.patch_forward(path, block, double_block_forward(adaln, residual, residual_norm))
     for path, block in singles:
         if type(block) is not HunyuanVideoSingleTransformerBlock:
