@@ -160,9 +160,9 @@ def _residual_adaln_fit(x, update, gate, scale, shift, norm) -> str:
 # + shift) (docs/norm_scale_shift.md §2): the two chains' roundings, one read of x and update.
 RESIDUAL_ADALN = Mapping(
     op="norm_scale_shift", options={"norm": "layer", "residual": "gated"}, fit=_residual_adaln_fit,
+    # layouts as classes (not raw strides, which change with the token count): one first sight each
     signature=lambda x, update, gate, scale, shift, norm: (str(x.device), x.dtype, x.shape[-1], float(norm.eps),
-                                                           x.stride(), update.stride(), gate.stride(),
-                                                           scale.stride(), shift.stride()),
+                                                           x.is_contiguous(), update.is_contiguous()),
     call=lambda x, update, gate, scale, shift, norm: OpCall(
         "norm_scale_shift", (update, scale, shift), dict(residual=x, gate=gate, norm="layer", eps=float(norm.eps)),
         residual_out_and_y))

@@ -161,12 +161,12 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         at = plan.prefix + path
         adaln.places += [f"{at}.{n}" for n in ("img_norm1", "txt_norm1")]
         residual.places += [f"{at} ({n})" for n in ("img mlp", "txt mlp")]
-        # the image stream's norm2 with per-token modulation rows (zero_cond_t) is the block's own code
-        for stream in (("txt",) if getattr(block, "zero_cond_t", False) else ("img", "txt")):
+        for stream in ("img", "txt"):
+            if stream == "img" and getattr(block, "zero_cond_t", False):  # per-token modulation rows: not fused
+                adaln.places.append(f"{at}.img_norm2")
+                residual.places.append(f"{at} (img attn)")
+                continue
             residual_norm.fuse(f"{at}.{stream}_norm2 (+ {stream} attn residual)",
                                [(residual, f"{at} ({stream} attn)"), (adaln, f"{at}.{stream}_norm2")])
-        if getattr(block, "zero_cond_t", False):
-            adaln.places.append(f"{at}.img_norm2")
-            residual.places.append(f"{at} (img attn)")
         plan.patch_forward(path, block, block_forward(adaln, residual, residual_norm))
     _common.patch_adaln_module(plan, adaln, "norm_out", model.norm_out)
