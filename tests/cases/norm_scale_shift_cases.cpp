@@ -468,6 +468,15 @@ std::vector<OpCase> make() {
     // The eager rows: LayerNorm (staged at <= 6 slots), RMSNorm with a weight, affine, residual,
     // 10 slots (prefetched behind a residual), f16, odd widths.
     add(rowwise({1, 127, 3072, DType::bf16, "layer", "eager", true, 0, "", 2, 1.0, 1e-6}, CaseKind::model));
+    // FLUX.1's / Qwen-Image's / HunyuanVideo's attention residual and norm2 into the FP8 feed-forward
+    // (ditops.diffusers' "fp8_quant (residual + adaLN)"): the gate a [B, 1, D] chunk of [B, 6 D],
+    // scale / shift [B, D] chunks of it; the image rows (4096) and the text rows (512), y not written.
+    for (const int64_t S : {int64_t{4096}, int64_t{512}}) {
+      Nss f{1, S, 3072, DType::bf16, "layer", "eager", true, 0, "", 10, 1.0, 1e-6, true};
+      f.shift_class = 10;
+      f.gate_class = 5;
+      add(rowwise(f, CaseKind::model, "flux_norm2_residual"));
+    }
     add(rowwise({2, 65, 3072, DType::bf16, "rms", "eager", false, 1, "", 3, 100.0, 1e-5, true}, CaseKind::model));
     add(rowwise({2, 9, 5120, DType::bf16, "layer", "eager", true, 0, "", 4, 1.0, 1e-6, true}, CaseKind::model));
     add(rowwise({3, 33, 2240, DType::f16, "layer", "eager", false, 2, "", 1, 1e-4, 1e-6}, CaseKind::odd));

@@ -403,11 +403,21 @@ class SimulatedProducers:
         q, s = self._out(y)
         return q, s
 
-    def norm_scale_shift(self, x, scale, shift, *, numerics, rowwise_fp8, eps=1e-6, norm="layer", quality=None):
-        # Wan's adaLN into FP8 linears: the float32 chain, y in x's dtype, then the recipe (y not returned)
-        assert numerics == "float32" and rowwise_fp8 and norm == "layer"
-        y = (torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + scale) + shift).type_as(x)
+    def norm_scale_shift(self, x, scale, shift, *, rowwise_fp8, numerics="eager", residual=None, gate=None,
+                         eps=1e-6, norm="layer", quality=None):
+        assert rowwise_fp8 and norm == "layer"
         empty = x.new_empty(0)
+        if residual is not None:
+            # FLUX.1's / HunyuanVideo's attention residual and norm2 into the FP8 feed-forward: the eager
+            # chain (each op rounded), then the recipe; outputs (y not written, residual_out, ..., e4m3, scales)
+            assert numerics == "eager"
+            new_residual = residual + x * gate
+            y = torch.nn.functional.layer_norm(new_residual, (x.shape[-1],), eps=eps) * (1 + scale[:, None]) + \
+                shift[:, None]
+            return (empty, new_residual) + (empty,) * 3 + self._out(y)
+        # Wan's adaLN into FP8 linears: the float32 chain, y in x's dtype, then the recipe (y not returned)
+        assert numerics == "float32"
+        y = (torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + scale) + shift).type_as(x)
         return (empty,) * 5 + self._out(y)
 
 
@@ -428,7 +438,7 @@ def simulate_producers(monkeypatch, perturb):
 
 
 @pytest.mark.parametrize("perturb", [False, True], ids=["equal", "perturbed"])
-@pytest.mark.parametrize("name", ["flux", "flux2", "wan", "hunyuan"])
+@pytest.mark.parametrize("name", ["flux", "flux2", "qwen", "wan", "hunyuan"])
 def test_producers_run_only_where_first_sight_is_bit_equal(monkeypatch, name, perturb):
     model, inputs, _ = TINY[name]()
     expected = quiet(run, recipe_model(model, name), inputs)
@@ -438,9 +448,13 @@ def test_producers_run_only_where_first_sight_is_bit_equal(monkeypatch, name, pe
     assert producers and all(s.op is not None for s in producers)
     out = quiet(run, model, inputs)
     assert torch.equal(out, expected) and ops.calls > 0
+    names = {s.name for s in producers}
     if name == "flux2":  # the SwiGLU producers have places: the FFs' linear_out, the single blocks' to_out
-        names = {s.name for s in producers}
         assert {"fp8_quant (swiglu ff)", "fp8_quant (cat attn + swiglu mlp)"} <= names, names
+    if name in ("flux", "qwen", "hunyuan"):  # each double block's attention residual + norm2 in one pass, per stream
+        fused = report["fp8_quant (residual + adaLN)"]
+        assert len(fused.places) == 2 * len(model.transformer_blocks), fused.places
+        assert not report["adaln_modulate (residual + norm2)"].places  # moved, not handed back
     for site in producers:
         if perturb:
             assert site.fused_calls == 0 and site.reasons, site.name

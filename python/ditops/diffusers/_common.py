@@ -168,6 +168,21 @@ RESIDUAL_ADALN = Mapping(
         residual_out_and_y))
 
 
+def _residual_adaln_fp8_call(x, update, gate, scale, shift, norm):
+    q, s, r = NSS_OUTPUTS["fp8_rowwise"], NSS_OUTPUTS["fp8_scale"], NSS_OUTPUTS["residual_out"]
+    return OpCall("norm_scale_shift", (update, scale, shift),
+                  dict(residual=x, gate=gate, norm="layer", eps=float(norm.eps), rowwise_fp8=True),
+                  lambda out: (out[r], out[q], out[s]))
+
+
+# RESIDUAL_ADALN whose modulated norm feeds FP8 linears only (issue 43, fp8.py): the same pass with
+# the per-token e4m3 of y and its scales instead of y (rowwise_fp8: y never written), the new residual
+# as before; the same fit and signature.
+RESIDUAL_ADALN_FP8 = Mapping(
+    op="norm_scale_shift", options={"norm": "layer", "residual": "gated", "rowwise_fp8": True},
+    fit=RESIDUAL_ADALN.fit, signature=RESIDUAL_ADALN.signature, call=_residual_adaln_fp8_call)
+
+
 def residual_adaln_site(name="adaln_modulate (residual + norm2)"):
     """The fused gated residual + modulated norm2 of a double block: it serves two places, the
     gated_residual one and the adaln_modulate one (fuse), which take it back where it does not run."""

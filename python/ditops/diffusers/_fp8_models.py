@@ -6,11 +6,14 @@ FP8 directly, the mappings below make it a Rowwise pair once and pass the pair o
 
   * every model: a diffusers FeedForward with GELU(tanh) and an FP8 down projection: the FF-up
     output's GELU quantized in one pass ("fp8_quant (gelu ff)") into the down projection;
-  * FLUX.1: norm1 -> to_q/to_k/to_v, norm1_context -> add_q/k/v_proj, norm2 -> ff,
-    norm2_context -> ff_context, the single blocks' norm -> proj_mlp + to_q/to_k/to_v: the adaLN
-    LayerNorm-modulate quantized per token ("fp8_quant (adaLN)"); the single blocks'
-    cat(attn, gelu(mlp)) -> proj_out ("fp8_quant (cat attn + gelu mlp)");
-  * Qwen-Image: the four modulations -> the image / text q, k, v and the two MLPs;
+  * FLUX.1: norm1 -> to_q/to_k/to_v, norm1_context -> add_q/k/v_proj, the single blocks' norm ->
+    proj_mlp + to_q/to_k/to_v: the adaLN LayerNorm-modulate quantized per token ("fp8_quant
+    (adaLN)"); each stream's attention residual and norm2 -> ff / ff_context in one pass, the new
+    residual and the norm's e4m3 ("fp8_quant (residual + adaLN)": norm_scale_shift's residual form
+    with rowwise_fp8=True, y never written); the single blocks' cat(attn, gelu(mlp)) -> proj_out
+    ("fp8_quant (cat attn + gelu mlp)");
+  * Qwen-Image: the norm1 modulations -> the image / text q, k, v, the attention residuals and norm2
+    modulations -> the two MLPs (as FLUX.1's norm2);
   * HunyuanVideo: the double blocks as FLUX.1's; the single blocks' cat -> proj_out (their norm
     output is sliced and re-joined by the attention processor: each linear quantizes it);
   * Wan: norm1 -> attn1's q, k, v and norm3 -> ffn: the float32 adaLN chain quantized per token in
@@ -104,15 +107,26 @@ def _adaln_to_pair(ctx, site, path, module, consumers) -> None:
     site.places.append(ctx.plan.prefix + path)
 
 
-def _unfuse_norm2(ctx, at, *norms) -> None:
-    """A double block whose FP8 forward takes the adaLN pair for norm2: the fused residual + norm2
-    site does not run there, its places go back to the gated residual and adaLN sites (the pair then
-    lists the norm2 places as it does every adaLN place it serves)."""
-    fused = ctx.site("adaln_modulate (residual + norm2)")
+def _norm2_places(ctx, pair, at, *norms):
+    """A double block whose FP8 forward feeds each stream's modulated norm2 to an FP8 feed-forward:
+    where the bf16 fused residual + norm2 site serves a stream's place, that place moves to its FP8
+    form ("fp8_quant (residual + adaLN)": the new residual and the norm's Rowwise pair in one pass);
+    elsewhere (the FP8 form does not run: producers off, an older build) the place goes back to the
+    gated residual and the adaLN pair. norms: (norm2 attribute, attention stream) per stream. Returns
+    the FP8 fused site for the block forward, or None where no place of the block moved to it."""
+    bf16 = ctx.site("adaln_modulate (residual + norm2)")
+    fused, residual = ctx.residual_adaln(bf16), ctx.site("gated_residual")
+    moved = False
     for norm2, attn in norms:
         place = f"{at}.{norm2} (+ {attn} residual)"
-        if place in fused.places:
-            fused.hand_back(place)
+        if place in bf16.places and fused.active:
+            bf16.give(place, fused, [(residual, f"{at} ({attn})"), (pair, f"{at}.{norm2}")])
+            moved = True
+            continue
+        if place in bf16.places:
+            bf16.hand_back(place)
+        pair.places.append(f"{at}.{norm2}")
+    return fused if moved else None
 
 
 def _projections(attn):
@@ -150,9 +164,8 @@ def flux(ctx) -> None:
             _adaln_to_pair(ctx, pair, f"{path}.norm1", block.norm1, image)
             _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
         if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
-            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
-            _unfuse_norm2(ctx, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
-            pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
+            fused = _norm2_places(ctx, pair, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
+            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual, fused))
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
         if type(block) is not FluxSingleTransformerBlock or not _is_gelu_tanh(block.act_mlp):
@@ -182,10 +195,10 @@ def qwen(ctx) -> None:
             continue
         image, text = _projections(block.attn)
         if text and ctx.fp8(*image, *text) and ctx.takes_pair(block.img_mlp) and ctx.takes_pair(block.txt_mlp):
-            ctx.patch_forward(path, block, model_code.block_forward(pair, residual))
-            _unfuse_norm2(ctx, f"{ctx.plan.prefix}{path}", ("img_norm2", "img attn"), ("txt_norm2", "txt attn"))
-            pair.places += [f"{ctx.plan.prefix}{path}.{n}" for n in ("img_norm1", "txt_norm1", "img_norm2",
-                                                                     "txt_norm2")]
+            at = ctx.plan.prefix + path
+            fused = _norm2_places(ctx, pair, at, ("img_norm2", "img attn"), ("txt_norm2", "txt attn"))
+            ctx.patch_forward(path, block, model_code.block_forward(pair, residual, fused))
+            pair.places += [f"{at}.{n}" for n in ("img_norm1", "txt_norm1")]
 
 
 # ---------------------------------------------------------------- HunyuanVideo
@@ -207,9 +220,8 @@ def hunyuan(ctx) -> None:
             _adaln_to_pair(ctx, pair, f"{path}.norm1", block.norm1, image)
             _adaln_to_pair(ctx, pair, f"{path}.norm1_context", block.norm1_context, text)
         if ctx.takes_pair(block.ff) and ctx.takes_pair(block.ff_context):
-            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual))
-            _unfuse_norm2(ctx, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
-            pair.places += [f"{prefix}{path}.norm2", f"{prefix}{path}.norm2_context"]
+            fused = _norm2_places(ctx, pair, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
+            ctx.patch_forward(path, block, model_code.double_block_forward(pair, residual, fused))
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
         if type(block) is HunyuanVideoSingleTransformerBlock and _is_gelu_tanh(block.act_mlp) and \

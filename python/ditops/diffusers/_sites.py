@@ -169,6 +169,13 @@ class Site:
         self.places.append(place)
         self.parts.append((place, list(parts)))
 
+    def give(self, place: str, fused: "Site", parts) -> None:
+        """place (one of this site's) moves to another fused site, served by parts where that one
+        does not run; this site's own parts for it are dropped, not handed back."""
+        self.places.remove(place)
+        self.parts = [(own, p) for own, p in self.parts if own != place]
+        fused.fuse(place, parts)
+
     def hand_back(self, place: str | None = None) -> None:
         """place (None: every place) is served by the sites this one fuses: their places again."""
         keep = []

@@ -264,17 +264,21 @@ class Fp8QuantSite(Site):
             return "the chain: " + self.chain
         return super().runs()
 
-    def _produce(self, why: str, sig, device, op_call, chain, explain) -> Rowwise:
+    def _produce(self, why: str, sig, device, op_call, chain, explain):
+        """The Rowwise pair of op_call() or chain() (each: (*leading, q, s)); with leading 16-bit
+        outputs (a fused residual's new residual), (*leading, the pair). The first sight compares
+        the e4m3 bytes, the scales and every leading output."""
         def fused():
-            q, s = op_call()
-            return q.view(torch.uint8), s
+            *leading, q, s = op_call()
+            return (*leading, q.view(torch.uint8), s)
 
         def reference():
-            q, s = chain()
-            return q.view(torch.uint8), s
+            *leading, q, s = chain()
+            return (*leading, q.view(torch.uint8), s)
 
-        q, s = self.run(why, sig, device, fused, reference, explain)
-        return Rowwise(q.view(torch.float8_e4m3fn), s)
+        *leading, q, s = self.run(why, sig, device, fused, reference, explain)
+        pair = Rowwise(q.view(torch.float8_e4m3fn), s)
+        return (*leading, pair) if leading else pair
 
 
 def _bf16_rows(name: str, x) -> str:
@@ -372,15 +376,18 @@ class MappedFp8Site(Fp8QuantSite):
     (norm_scale_shift(..., rowwise_fp8=True): y never written) where this build lists it, else the
     chain: the bf16 site's value (its own op or the model's code, equal to the model's chain) then
     fp8_rowwise_eager. Called as the bf16 site is, so the model's block forward takes it in its
-    place."""
+    place. A bf16 site of several outputs (the fused residual + norm2: the new residual, then the
+    modulated norm) gives its leading outputs as they are and the pair of its last."""
 
     def __init__(self, name: str, bf16: MappedSite, mapping: Mapping, *, producers: bool):
         why = mapping.why if producers else "producers off (Fp8Config(producers=False)): the chain runs"
-        super().__init__(name, op=None if why else mapping.op, chain=f"fp8_rowwise_eager({bf16.name}: {bf16.chain})",
+        last = "its last output" if bf16.outputs > 1 else ""
+        super().__init__(name, op=None if why else mapping.op,
+                         chain=f"fp8_rowwise_eager({last}{' of ' if last else ''}{bf16.name}: {bf16.chain})",
                          why=why, options=mapping.options)
         self.bf16, self.mapping = bf16, mapping
 
-    def __call__(self, chain, *tensors) -> Rowwise:
+    def __call__(self, chain, *tensors):
         m = self.mapping
         why = m.fit(*tensors) if self.active else ""
         sig = None if why or not self.active else m.signature(*tensors)
@@ -393,8 +400,13 @@ class MappedFp8Site(Fp8QuantSite):
             c = m.call(*tensors)
             return ditops.explain(c.op, *c.args, quality=self.quality, **c.kwargs)
 
-        return self._produce(why, sig, tensors[0].device, op_call,
-                             lambda: fp8_rowwise_eager(self.bf16(chain, *tensors)), explain)
+        def reference():
+            out = self.bf16(chain, *tensors)
+            if self.bf16.outputs == 1:
+                return fp8_rowwise_eager(out)
+            return (*out[:-1], *fp8_rowwise_eager(out[-1]))
+
+        return self._produce(why, sig, tensors[0].device, op_call, reference, explain)
 
 
 # ---------------------------------------------------------------- what enable changes
@@ -531,7 +543,7 @@ class Context:
         self.cat_gelu = CatActQuantSite("fp8_quant (cat attn + gelu mlp)", act="gelu_tanh", producers=producers)
         self.swiglu = RowwiseQuantSite("fp8_quant (swiglu ff)", act="swiglu", producers=producers)
         self.cat_swiglu = CatActQuantSite("fp8_quant (cat attn + swiglu mlp)", act="swiglu", producers=producers)
-        self._mapped = None
+        self._mapped = self._residual = None
         for site in (self.linear_input, self.gelu, self.cat_gelu, self.swiglu, self.cat_swiglu):
             plan.add_site(site)
 
@@ -550,6 +562,18 @@ class Context:
             self._mapped = self.plan.add_site(MappedFp8Site("fp8_quant (adaLN)", bf16, mapping,
                                                             producers=self.config.producers))
         return self._mapped
+
+    def residual_adaln(self, bf16: MappedSite) -> MappedFp8Site:
+        """The fused gated residual + modulated norm2 (bf16: that site) whose norm feeds FP8 linears:
+        (the new residual, a Rowwise pair) from norm_scale_shift(..., residual=, rowwise_fp8=True),
+        or the chain: bf16's outputs, then fp8_rowwise_eager of the norm. One site per model."""
+        if self._residual is None:
+            from . import _common
+            mapping = _common.RESIDUAL_ADALN_FP8 if _sites.op_tensor_dtypes("norm_scale_shift", "fp8_rowwise") else \
+                Mapping(why="this build's norm_scale_shift has no fp8_rowwise output (the chain runs: the same numbers)")
+            self._residual = self.plan.add_site(MappedFp8Site("fp8_quant (residual + adaLN)", bf16, mapping,
+                                                              producers=self.config.producers))
+        return self._residual
 
     def fp8(self, *modules) -> bool:
         """Every module is an nn.Linear that becomes FP8 (a consumer of a Rowwise pair)."""
