@@ -269,9 +269,11 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
 }
 
 // GeluTableCheckParams' kernel: each CTA builds the table, its threads take 16 consecutive bf16
-// bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in or out),
-// through gelu_tanh_unit_tabled and through gelu_tanh_word. T: kernel::bf16 (a template for the
-// JIT's wrapper).
+// bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in the table,
+// wholly large or wholly evaluated), through gelu_tanh_unit_tabled and through gelu_tanh_word;
+// then every bf16 value again in a unit of mixed company (table values and finite |x| >= 8 of both
+// signs), which takes the path of units holding both. T: kernel::bf16 (a template for the JIT's
+// wrapper).
 template <typename T>
 __device__ void fp8_rowwise_gelu_table_check_body(const GeluTableCheckParams& p) {
   static_assert(kernel::kIsBf16<T>, "the table is bf16's");
@@ -283,6 +285,18 @@ __device__ void fp8_rowwise_gelu_table_check_body(const GeluTableCheckParams& p)
     kernel::u32 w[8], tabled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) tabled[i] = w[i] = (base + 2 * i) | ((base + 2 * i + 1) << 16);
+    kernel::gelu_tanh_unit_tabled(tabled, table);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
+  }
+  // 1, -1, 32, -32, 0.5, -3, 8, -8 (bf16 bits), then the value under test in the last half
+  constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u,
+                                       0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u};
+  for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < 65536u; v += blockDim.x * gridDim.x) {
+    kernel::u32 w[8], tabled[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) tabled[i] = w[i] = i == 7 ? (kCompany[i] & 0xFFFFu) | (v << 16) : kCompany[i];
     kernel::gelu_tanh_unit_tabled(tabled, table);
 #pragma unroll
     for (int i = 0; i < 8; ++i)

@@ -35,7 +35,7 @@ enum Feature : uint32_t {
   kFeaturePdl = 1u << 1,          // programmatic dependent launch (sm_90+)
   kFeatureFp4Convert = 1u << 2,   // hardware e2m1 conversion (sm_100a / sm_120a)
   kFeatureGeluTable = 1u << 3,    // fp8_rowwise_quant's GELU by table: DITOPS_GELU_TABLE=1 opts in (sm_89+) until
-                                  // a GPU run has checked it (compiled, not yet run)
+                                  // a model forward gains by it (docs/fp8_rowwise_quant.md)
 };
 std::string feature_names(uint32_t features);
 

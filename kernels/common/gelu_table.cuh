@@ -6,8 +6,11 @@
 // Why: fp8_rowwise_quant's GELU(tanh) rows are issue-bound, not memory-bound (FLUX.1's FF-down
 // input at 0.74 of a copy, its single block's cat at 0.80 on an H100, act none at the copy): tanhf
 // and its fp32 steps take ~30 instructions an element (sm_90 SASS), the table's lookup ~8. A bf16 input has 2^16 values; the table holds those with
-// 2^-12 <= |x| < 8 (bf16 exponent fields 115..129, both signs: 3840 entries, 7.5 KiB), where the
-// activations of the model sites live; the rest (smaller, larger, inf, NaN) is evaluated.
+// 2^-12 <= |x| < 8 (bf16 exponent fields 115..129, both signs: 3840 entries, 7.5 KiB); finite
+// |x| >= 8 needs no table: there |inner| >= 24.6, tanhf(inner) is +-1 exactly, so the result is
+// 0.5x * 2 = x (x > 0) or 0.5x * 0 = -0 (x < 0). The rest (smaller, Inf, NaN) is evaluated. Why the
+// large values: the model benches' random FLUX.1 has 83 % of its FF-up outputs at |x| >= 8 (std 37
+// on the CPU, bench.build's model), so with the table alone no unit took it and the forward lost time.
 #pragma once
 
 #include "common/gelu.cuh"
@@ -25,6 +28,9 @@ constexpr int kGeluTableExpLo = 115;                                     // |x| 
 constexpr int kGeluTableExps = 15;                                       // |x| < 2^3
 constexpr int kGeluTableEntries = 2 * kGeluTableExps * 128;               // 7 mantissa bits, 2 signs
 constexpr unsigned kGeluTableFirstBits = unsigned{kGeluTableExpLo} << 7;  // the smallest magnitude's bits
+// Slots (below) from kGeluTableEntries up to here are the finite |x| >= 8: the table's end is 8's
+// slot, and Inf's ((0x7F80 << 1) in the rotated form) is the first past them.
+constexpr unsigned kGeluLargeEnd = (0x7F80u << 1) - (kGeluTableFirstBits << 1);
 
 // A word's two bf16 halves with each half's sign moved to its bit 0 (the magnitude up one bit):
 // entry (magnitude - first) * 2 + sign is then the half minus (first << 1), and one unsigned
@@ -48,9 +54,17 @@ __device__ __forceinline__ void build_gelu_table(unsigned short* table) {
     table[i] = gelu_table_value(gelu_table_input(i));
 }
 
-// The table's entries of a unit's 16 bf16 values (8 packed words), or false where any of them is
-// outside the table: the caller then evaluates the whole unit as before. One branch a unit (not one
-// a word): at the model sites nearly every unit is inside.
+// One bf16 result of a unit that holds finite |x| >= 8: its table entry, or x (x > 0) / -0 (x < 0)
+// past the table. `half`: the input's bits, `slot` its slot.
+__device__ __forceinline__ u32 gelu_table_or_large(u32 slot, u32 half, const unsigned short* table) {
+  if (slot < static_cast<u32>(kGeluTableEntries)) return table[slot];
+  return (half & 0x8000u) ? 0x8000u : half;
+}
+
+// The GELU of a unit's 16 bf16 values (8 packed words) by the table (and, where the unit holds
+// finite |x| >= 8, their rule), or false where any of them is below the table, Inf or NaN: the
+// caller then evaluates the whole unit as before. One branch a unit (not one a word) for the common
+// case, every value inside the table; a second for units with large values.
 __device__ __forceinline__ bool gelu_table_unit(const u32 (&w)[8], const unsigned short* table, u32 (&out)[8]) {
   constexpr u32 kFirst = kGeluTableFirstBits << 1;
   u32 slots[16];
@@ -63,10 +77,17 @@ __device__ __forceinline__ bool gelu_table_unit(const u32 (&w)[8], const unsigne
     largest = largest > slots[2 * i] ? largest : slots[2 * i];
     largest = largest > slots[2 * i + 1] ? largest : slots[2 * i + 1];
   }
-  if (largest >= static_cast<u32>(kGeluTableEntries)) return false;
+  if (largest < static_cast<u32>(kGeluTableEntries)) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      out[i] = static_cast<u32>(table[slots[2 * i]]) | (static_cast<u32>(table[slots[2 * i + 1]]) << 16);
+    return true;
+  }
+  if (largest >= kGeluLargeEnd) return false;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
-    out[i] = static_cast<u32>(table[slots[2 * i]]) | (static_cast<u32>(table[slots[2 * i + 1]]) << 16);
+    out[i] = gelu_table_or_large(slots[2 * i], w[i] & 0xFFFFu, table) |
+             (gelu_table_or_large(slots[2 * i + 1], w[i] >> 16, table) << 16);
   return true;
 }
 

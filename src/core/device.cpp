@@ -21,8 +21,8 @@ bool pdl_allowed() {
 }
 
 // DITOPS_GELU_TABLE=1: fp8_rowwise_quant's GELU rows by the shared-memory table
-// (kernels/common/gelu_table.cuh). Opt-in while the table is compiled but not yet run on a GPU.
-// Read once per device.
+// (kernels/common/gelu_table.cuh). Opt-in: faster alone on an H100, slower in the random-weight FLUX.1
+// forward (docs/fp8_rowwise_quant.md); its rule for |x| >= 8 is not yet run. Read once per device.
 bool gelu_table_opted_in() {
   const char* v = std::getenv("DITOPS_GELU_TABLE");
   return v && (std::string(v) == "1" || std::string(v) == "on");
