@@ -182,10 +182,11 @@ void mutate(Reader& r, Placed& p) {
       case 2:  // explicit strides: compact first, then one hostile
         if (!t.strides) {
           int64_t s = 1;
-          for (int i = t.ndim - 1; i >= 0 && t.ndim <= kMaxRank; --i) {
-            p.strides[i] = s;
-            s = static_cast<int64_t>(static_cast<uint64_t>(s) * static_cast<uint64_t>(p.shape[i] > 0 ? p.shape[i] : 1));
-          }
+          if (t.ndim > 0 && t.ndim <= kMaxRank)  // a hostile ndim (INT_MIN) must not reach ndim - 1
+            for (int i = t.ndim - 1; i >= 0; --i) {
+              p.strides[i] = s;
+              s = static_cast<int64_t>(static_cast<uint64_t>(s) * static_cast<uint64_t>(p.shape[i] > 0 ? p.shape[i] : 1));
+            }
           t.strides = p.strides;
         }
         if (t.ndim > 0 && t.ndim <= kMaxRank && r.u8() % 2) p.strides[d] = hostile(r);
@@ -455,6 +456,10 @@ std::vector<std::vector<uint8_t>> c_abi_seed_corpus() {
   // libFuzzer (a local run, UBSan): fp8_linear's reference offset the empty x buffer of a K = 0
   // call (a null pointer plus the token block's offset).
   seeds.push_back({0xd3, 0x8d, 0x65, 0x73, 0x1b, 0x03});
+  // libFuzzer (CI's bounded run, UBSan): the harness itself computed ndim - 1 of a hostile ndim
+  // (INT_MIN) before its range check, building compact strides.
+  seeds.push_back({0x66, 0x38, 0xe2, 0x65, 0x01, 0x00, 0x00, 0x6f, 0xc8, 0x9a, 0xff, 0x08, 0xfc, 0x00, 0x00, 0x00,
+                   0x00, 0x0d});
   return seeds;
 }
 
