@@ -271,15 +271,19 @@ def model_records(records_dir):
 
 
 def site_record(records, site_name):
-    """The newest eager record (not torch.compile's: it changes the numbers) whose report has the site."""
-    best = None
+    """The newest eager record (not torch.compile's: it changes the numbers) in which the site made
+    fused calls, else the newest whose report has it (a site whose places another site took over,
+    e.g. under FP8, reports no calls)."""
+    newest = ran = None
     for r in records:
         if "compile" in r.get("impl", "") or not r.get("report"):
             continue
         for s in r["report"].get("sites", []):
             if s.get("site") == site_name:
-                best = (r, s)
-    return best
+                newest = (r, s)
+                if s.get("fused_calls"):
+                    ran = (r, s)
+    return ran or newest
 
 
 def record_text(r, s):

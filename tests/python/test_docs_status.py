@@ -55,9 +55,9 @@ def test_models_block_holds_every_model_record(tmp_path):
     for path in files:
         records = json.load(open(path))["records"]
         row = next(v for k, v in rows.items() if f"(`{os.path.basename(path)}`)" in k)
-        eager = next(r for r in records if r["impl"] == "eager")
-        assert f" {eager['us'] / 1000:.2f} " in row, row
-        assert eager["commit"] in row
+        first = records[0]  # eager where the step timed it; a split step's file may start elsewhere
+        assert f" {first['us'] / 1000:.2f} " in row, row
+        assert first["commit"] in row
 
 
 def test_ops_block_lists_every_registered_implementation(tmp_path):
