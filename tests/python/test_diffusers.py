@@ -147,6 +147,7 @@ def tiny_ltx2(dtype=torch.bfloat16, batch=1, rope_type="split", variant=None):
               "adaln_modulate": 4 * L, "adaln_modulate (norm2, no modulation)": 0, "gated_residual": 2 * L,
               "adaln_modulate (gated residual + norm)": (6 if mod else 4) * L,
               "adaln_modulate (residual + norm)": (0 if mod else 2) * L,
+              "adaln_modulate (norm_out)": 2,
               "rope_tables (rope)": 1, "rope_tables (audio_rope)": 1, "rope_tables (cross_attn_rope)": 1,
               "rope_tables (cross_attn_audio_rope)": 1}
     return model, inputs, counts
@@ -210,7 +211,7 @@ OPS = {
              "qk_norm_rope (text cross-attn)": "cross_head_qknorm_rope",
              "adaln_modulate": "norm_scale_shift", "adaln_modulate (norm2, no modulation)": "norm_scale_shift",
              "gated_residual": "residual_gate_add", "adaln_modulate (gated residual + norm)": "norm_scale_shift",
-             "adaln_modulate (residual + norm)": "norm_scale_shift",
+             "adaln_modulate (residual + norm)": "norm_scale_shift", "adaln_modulate (norm_out)": "layernorm_modulate",
              **{f"rope_tables ({m})": "fractional_rope_tables"
                 for m in ("rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope")}},
 }
@@ -909,6 +910,66 @@ def test_ltx2_forms_run_the_op_on_the_cpu_reference(rope_type, variant, monkeypa
         assert torch.equal(run(model, inputs_all), reference_all)
     if variant:  # block 0's self-attentions skipped: one QK call each, from block 1
         assert report["qk_norm_rope (video self-attn)"].model_calls == 1
+
+
+def test_ltx2_output_layers_hand_the_modulated_norm_to_proj_out(monkeypatch):
+    """norm_out / audio_norm_out and the forward's modulation after them through the adaLN site:
+    proj_out's Linear gets the modulated norm of norm_out's input (LayerNorm, then * (1 + scale) +
+    shift with the model's scale_shift_table and the time embedding's second output), not what the
+    forward's own modulation made of norm_out's stand-in. Strict tier (the CPU reference is close:
+    the chain, exactly), close tier (the reference, within bf16 rounding). Outside a forward,
+    norm_out is the LayerNorm; a forward that does not read as diffusers 0.42.1's keeps its code."""
+    from ditops.diffusers import ltx2
+    model, inputs, _ = tiny_ltx2()
+    seen = {}
+
+    def keep(name):
+        def hook(module, args, out):
+            seen[name] = (args[0], out[1]) if name.endswith("time_embed") else args[0]
+        return hook
+
+    for name in ("time_embed", "audio_time_embed", "norm_out", "audio_norm_out"):
+        getattr(model, name).register_forward_hook(keep(name))
+    linear_in = {}
+    linear_forward = torch.nn.Linear.forward
+
+    def recording(self, x):
+        for name in ("proj_out", "audio_proj_out"):
+            if self is getattr(model, name):
+                linear_in[name] = x
+        return linear_forward(self, x)
+
+    monkeypatch.setattr(torch.nn.Linear, "forward", recording)
+
+    def expected(stream):
+        prefix = "" if stream == "video" else "audio_"
+        x = seen[f"{prefix}norm_out"]
+        embedded = seen[f"{prefix}time_embed"][1].view(x.shape[0], -1, x.shape[-1])
+        values = getattr(model, f"{prefix}scale_shift_table")[None, None] + embedded[:, :, None]
+        shift, scale = values[:, :, 0], values[:, :, 1]
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-6) * (1 + scale) + shift
+
+    for quality in (STRICT, CLOSE):
+        report = dd.enable(model, quality, allow_cpu=True, sites=["adaln_modulate"])
+        site = report["adaln_modulate (norm_out)"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            run(model, inputs)
+        for stream, proj in (("video", "proj_out"), ("audio", "audio_proj_out")):
+            got, want = linear_in[proj], expected(stream)
+            assert got.shape == want.shape and got.shape[1] > 1, (proj, got.shape)
+            if quality == STRICT:
+                assert torch.equal(got, want), proj
+            else:
+                torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=2 ** -7)
+        assert (site.fused_calls, site.model_calls) == ((0, 2) if quality == STRICT else (2, 0))
+        x = torch.randn(1, 4, model.norm_out.normalized_shape[0]).to(torch.bfloat16)
+        assert torch.equal(model.norm_out(x), torch.nn.functional.layer_norm(x, x.shape[-1:], eps=1e-6))
+        dd.disable(model)
+    lines = ltx2.OUTPUT_LAYERS["audio"]
+    monkeypatch.setitem(ltx2.OUTPUT_LAYERS, "audio", (*lines[:4], (*lines[4][:3], "audio_hidden_states = 2")))
+    report = dd.plan(model)
+    assert [p for p, _ in report["adaln_modulate (norm_out)"].skipped] == ["audio_norm_out"]
 
 
 def test_ltx2_norms_without_weight_and_a_user_processor(monkeypatch):

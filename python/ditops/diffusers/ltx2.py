@@ -23,8 +23,13 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     norm="rms", norm_order="aten_mean" (the mean's own reduction order), one call per modulation
     (norm1, audio_norm1, norm2 / audio_norm2 with cross_attn_adaln, the a2v and v2a modulations of
     audio_to_video_norm / video_to_audio_norm: one call each, the norm computed per call, and norm3
-    / audio_norm3). norm_out and audio_norm_out (LayerNorm then modulation) are written inline in
-    the model's forward, one call each per step: the model's code.
+    / audio_norm3).
+  * The output layers (norm_out and audio_norm_out: an affine-free LayerNorm, then * (1 + scale) +
+    shift with scale / shift of scale_shift_table + the time embedding's second output, written
+    inline in the model's forward before proj_out / audio_proj_out): layernorm_modulate, by three
+    patched modules per stream (patch_output_layers): the time embedding keeps its second output
+    for the call, norm_out returns the site's result through proj_out (the model's own modulation
+    then works on a 0-dim stand-in: [B, 1, D] instead of [B, S, D]).
   * A residual and the norm after it in one pass (norm_scale_shift's residual form, the same mean
     order: the new residual and the norm of its rounded value, both outputs): attn1's gated
     residual with norm2, the text cross-attention's residual (a plain add without cross_attn_mod)
@@ -50,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor,
@@ -58,7 +64,7 @@ from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnPr
 import torch
 
 from ._patching import Plan
-from ._sites import MappedSite, Mapping, OpCall, op_options
+from ._sites import MappedSite, Mapping, OpCall, affine_free_layer_norm, op_options
 from . import _common
 
 MODEL_CLASS = "LTX2VideoTransformer3DModel"
@@ -690,6 +696,112 @@ def patch_rope_modules(plan: Plan, model) -> None:
             plan.patch_forward(name, module, rope_forward(site, type(module)))
 
 
+# ---------------------------------------------------------------- the output layers
+
+# Per stream: the time embedding, the modulation table, the norm, the projection, and the model
+# forward's lines between them (diffusers 0.42.1): a forward that reads otherwise keeps its code.
+OUTPUT_LAYERS = {
+    "video": ("time_embed", "scale_shift_table", "norm_out", "proj_out",
+              ("scale_shift_values = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]",
+               "shift, scale = scale_shift_values[:, :, 0], scale_shift_values[:, :, 1]",
+               "hidden_states = self.norm_out(hidden_states)",
+               "hidden_states = hidden_states * (1 + scale) + shift",
+               "output = self.proj_out(hidden_states)")),
+    "audio": ("audio_time_embed", "audio_scale_shift_table", "audio_norm_out", "audio_proj_out",
+              ("audio_scale_shift_values = self.audio_scale_shift_table[None, None] + audio_embedded_timestep[:, :, None]",
+               "audio_shift, audio_scale = audio_scale_shift_values[:, :, 0], audio_scale_shift_values[:, :, 1]",
+               "audio_hidden_states = self.audio_norm_out(audio_hidden_states)",
+               "audio_hidden_states = audio_hidden_states * (1 + audio_scale) + audio_shift",
+               "audio_output = self.audio_proj_out(audio_hidden_states)")),
+}
+
+
+class _OutputState(threading.local):
+    """One thread's hand-over within a forward: the time embedding's second output per stream (set
+    by the time embedding, taken by norm_out) and the modulated norm (set by norm_out, taken by
+    proj_out). A call's time embedding drops what an earlier call of the thread left."""
+
+    def __init__(self):
+        self.embedded = {}
+        self.modulated = {}
+
+
+def _output_layers_why(model, stream) -> str:
+    embed, table, norm, proj, lines = OUTPUT_LAYERS[stream]
+    for name in (embed, table, norm, proj):
+        if getattr(model, name, None) is None:
+            return f"the model has no {name}"
+    why = affine_free_layer_norm(getattr(model, norm))
+    if why:
+        return f"{norm}: {why}"
+    if type(getattr(model, proj)) is not torch.nn.Linear:
+        return f"{proj} is {type(getattr(model, proj)).__name__}, not torch.nn.Linear"
+    try:
+        source = " ".join(inspect.getsource(type(model).forward).split())
+    except (OSError, TypeError) as e:
+        return f"the model's forward has no source to check ({e})"
+    if " ".join(" ".join(lines).split()) not in source:
+        return f"the model's forward does not run {norm}, the modulation and {proj} as diffusers 0.42.1 does"
+    return ""
+
+
+def patch_output_layers(plan: Plan, model, site: MappedSite) -> None:
+    """norm_out / audio_norm_out and the modulation after them through the adaLN site, where the
+    model's forward writes them as diffusers 0.42.1 does (OUTPUT_LAYERS). Under torch.compile, with
+    a per-token modulation ([B, T, D] scale, T > 1) or where a part is missing, each module runs
+    its own code and the forward its own modulation."""
+    state = _OutputState()
+    for stream, (embed, table_name, norm_name, proj_name, _) in OUTPUT_LAYERS.items():
+        site.places.append(plan.prefix + norm_name)
+        if site.op is None:
+            continue
+        why = _output_layers_why(model, stream)
+        if why:
+            site.skipped.append((plan.prefix + norm_name, why))
+            continue
+        plan.patch_forward(embed, getattr(model, embed), _embedding_forward(state, stream, type(getattr(model, embed))))
+        plan.patch_forward(norm_name, getattr(model, norm_name),
+                           _norm_out_forward(site, state, stream, getattr(model, table_name),
+                                             getattr(model, norm_name)))
+        plan.patch_forward(proj_name, getattr(model, proj_name), _proj_out_forward(state, stream))
+
+
+def _embedding_forward(state: _OutputState, stream: str, cls):
+    def forward(self, *args, **kwargs):
+        out = cls.forward(self, *args, **kwargs)
+        if not torch.compiler.is_compiling():
+            state.modulated.pop(stream, None)
+            state.embedded[stream] = out[1]
+        return out
+    return forward
+
+
+def _norm_out_forward(site: MappedSite, state: _OutputState, stream: str, table, norm):
+    # The norm as the site's mapping and chain see it: an affine-free LayerNorm like the model's,
+    # not patched (the model's module now runs this forward).
+    twin = torch.nn.LayerNorm(norm.normalized_shape, eps=norm.eps, elementwise_affine=False)
+
+    def forward(self, x):
+        embedded = None if torch.compiler.is_compiling() else state.embedded.pop(stream, None)
+        if embedded is None or x.dim() != 3:
+            return torch.nn.LayerNorm.forward(self, x)
+        embedded = embedded.view(x.shape[0], -1, embedded.size(-1))
+        if embedded.shape[1] != 1:  # a modulation per token: the model's code
+            return torch.nn.LayerNorm.forward(self, x)
+        values = table[None, None] + embedded[:, :, None]  # the model's own operations
+        shift, scale = values[:, 0, 0], values[:, 0, 1]
+        state.modulated[stream] = _common.modulate(site, x, scale, shift, twin)
+        return x.new_zeros(())
+    return forward
+
+
+def _proj_out_forward(state: _OutputState, stream: str):
+    def forward(self, x):
+        modulated = None if torch.compiler.is_compiling() else state.modulated.pop(stream, None)
+        return torch.nn.Linear.forward(self, x if modulated is None else modulated)
+    return forward
+
+
 def plan(model, plan: Plan, probe: bool = False) -> None:
     rope = model.config.rope_type
     rope_chain = ROPE_CHAINS.get(rope, f"rope_type {rope!r}")
@@ -747,6 +859,5 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             residual_norm.fuse(f"{at}.{names['norm3']} (+ {a2v_attn} residual)",
                                [(residual, f"{at} ({a2v_attn})"), (adaln, f"{at}.{names['norm3']}")])
         plan.patch_forward(path, block, block_forward(residual, adaln, norm, residual_norm, add_norm))
-    # norm_out and audio_norm_out (a LayerNorm and modulation inline in the model's forward, once
-    # per step) are the model's code: not places of the site.
+    patch_output_layers(plan, model, plan.add_site(_common.adaln_site("adaln_modulate (norm_out)")))
     patch_rope_modules(plan, model)
