@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import threading
+import weakref
 
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_ltx2 import (LTX2AudioVideoAttnProcessor, LTX2PerturbedAttnProcessor,
@@ -761,8 +762,7 @@ def patch_output_layers(plan: Plan, model, site: MappedSite) -> None:
             continue
         plan.patch_forward(embed, getattr(model, embed), _embedding_forward(state, stream, type(getattr(model, embed))))
         plan.patch_forward(norm_name, getattr(model, norm_name),
-                           _norm_out_forward(site, state, stream, getattr(model, table_name),
-                                             getattr(model, norm_name)))
+                           _norm_out_forward(site, state, stream, weakref.ref(model), table_name))
         plan.patch_forward(proj_name, getattr(model, proj_name), _proj_out_forward(state, stream))
 
 
@@ -776,10 +776,10 @@ def _embedding_forward(state: _OutputState, stream: str, cls):
     return forward
 
 
-def _norm_out_forward(site: MappedSite, state: _OutputState, stream: str, table, norm):
+def _norm_out_forward(site: MappedSite, state: _OutputState, stream: str, model_ref, table_name: str):
     # The norm as the site's mapping and chain see it: an affine-free LayerNorm like the model's,
-    # not patched (the model's module now runs this forward).
-    twin = torch.nn.LayerNorm(norm.normalized_shape, eps=norm.eps, elementwise_affine=False)
+    # not patched (the model's module now runs this forward); kept in step with the module's eps.
+    twin = torch.nn.LayerNorm(1, elementwise_affine=False)
 
     def forward(self, x):
         embedded = None if torch.compiler.is_compiling() else state.embedded.pop(stream, None)
@@ -788,7 +788,8 @@ def _norm_out_forward(site: MappedSite, state: _OutputState, stream: str, table,
         embedded = embedded.view(x.shape[0], -1, embedded.size(-1))
         if embedded.shape[1] != 1:  # a modulation per token: the model's code
             return torch.nn.LayerNorm.forward(self, x)
-        values = table[None, None] + embedded[:, :, None]  # the model's own operations
+        twin.normalized_shape, twin.eps = self.normalized_shape, self.eps
+        values = getattr(model_ref(), table_name)[None, None] + embedded[:, :, None]  # the model's own operations
         shift, scale = values[:, 0, 0], values[:, 0, 1]
         state.modulated[stream] = _common.modulate(site, x, scale, shift, twin)
         return x.new_zeros(())
