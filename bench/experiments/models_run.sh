@@ -8,8 +8,12 @@
 #                FP8 variants (plain chain, ditops FP8 eager / + graph / + compile, torchao rowwise +
 #                compile), the 28-step quality loop
 #   flux2        FLUX.2-dev widths, 2 blocks, 4608 tokens: the six bf16 variants (issue 45)
-#   flux_full    FLUX.1 full depth (19 + 38 blocks), 4608 tokens, FP8 beside bf16, regional compile
-#   wan_fp8      Wan 14B widths, 2 blocks, 32760 tokens, FP8 beside bf16
+#   flux_full    FLUX.1 full depth (19 + 38 blocks), 4608 tokens, regional compile: bf16 compile and
+#                eager + ditops + graph, the plain FP8 chain and ditops FP8 + graph (H200 at 0c25fcb: 91 s)
+#   flux_full_torchao  the same model: ditops FP8 + graph beside torchao rowwise + compile (H200: 230 s;
+#                with flux_full's variants in one step it ran past one call's 10 minutes)
+#   wan_fp8      Wan 14B widths, 2 blocks, 32760 tokens, FP8 beside bf16 (every variant and the 8-step
+#                loop: more than 107 s on the H200 at 0c25fcb, which ran out in torchao + compile)
 #   qwen_fp8     Qwen-Image, 2 blocks, 4608 tokens, FP8 beside bf16
 #   flux2_fp8    FLUX.2-dev widths, 2 blocks, FP8 beside bf16 and torchao rowwise + compile, the 8-step
 #                quality loop (at 2670cc6 on the H100 without torchao: 57 s; with it at e59a09c: 283 s)
@@ -69,7 +73,8 @@ B="python3 -m ditops.diffusers.bench --iters 20 --warmup 3"
 declare -A CMD=(
   [flux_fp8]="$B --model flux --blocks 2 --tokens 4608 --fp8 --loop-steps 28"
   [flux2]="$B --model flux2 --blocks 2 --tokens 4608"
-  [flux_full]="$B --model flux --full-depth --tokens 4608 --fp8 --compile-scope regional --iters 10 --profile-iters 1 --loop-steps 0"
+  [flux_full]="$B --model flux --full-depth --tokens 4608 --fp8 --compile-scope regional --iters 10 --profile-iters 1 --loop-steps 0 --variants compile,eager+ditops+graph,fp8chain,fp8+graph"
+  [flux_full_torchao]="$B --model flux --full-depth --tokens 4608 --fp8 --compile-scope regional --iters 10 --profile-iters 1 --loop-steps 0 --variants fp8+graph,torchao+compile"
   [wan_fp8]="$B --model wan --blocks 2 --tokens 32760 --fp8 --loop-steps 8 --iters 10"
   [qwen_fp8]="$B --model qwen --blocks 2 --tokens 4608 --fp8 --loop-steps 28"
   [flux2_fp8]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 8 --variants eager,compile,fp8chain,fp8,fp8+graph,fp8+compile,torchao+compile"
