@@ -217,6 +217,18 @@ OPS = {
 }
 
 
+# Sites that run the model's code under torch.compile: LTX-2's output layers hand their result
+# from norm_out to proj_out through per-thread state, which a traced graph does not hold (and
+# Inductor fuses those lines itself).
+MODEL_CODE_UNDER_COMPILE = {"adaln_modulate (norm_out)"}
+
+
+def compiled_ops(name):
+    """The ditops ops a compiled forward of tiny model `name` holds, sorted."""
+    return sorted({"ditops." + op for site, op in OPS[name].items()
+                   if op and op != CONV_LAYOUT and site not in MODEL_CODE_UNDER_COMPILE})
+
+
 @pytest.fixture(scope="module", params=sorted(TINY))
 def tiny(request):
     """(name, model, inputs, counts, the unpatched output) built once per model."""
@@ -1653,7 +1665,7 @@ def test_gpu_compile_fullgraph_equals_eager(name):
     eager = run(model, inputs)  # the warm-up: first sight runs outside tracing
     assert torch.equal(eager, unpatched)
     out, again, ours = _compiled_output(model, inputs, torch._dynamo.lookup_backend("aot_eager"))
-    assert ours == sorted({"ditops." + op for op in OPS[name].values() if op and op != CONV_LAYOUT}), ours
+    assert ours == compiled_ops(name), ours
     assert torch.equal(out, eager) and torch.equal(again, eager)
 
 
@@ -1676,7 +1688,7 @@ def test_gpu_compile_inductor_keeps_the_sites_as_ops(name):
     dd.enable(model)
     assert torch.equal(run(model, inputs), eager)  # the warm-up: first sight runs outside tracing
     out, again, ours = _compiled_output(model, inputs, compile_fx)
-    assert ours == sorted({"ditops." + op for op in OPS[name].values() if op and op != CONV_LAYOUT}), ours
+    assert ours == compiled_ops(name), ours
     assert torch.equal(out, again)
     diff, plain_diff = (float((o.float() - eager.float()).abs().max()) for o in (out, plain))
     print(f"{name}: max |compiled - eager| with ditops {diff:.3g} ({int((out != eager).sum())} of {out.numel()} "
