@@ -197,6 +197,20 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
   }
 }
 
+// Row `row`'s units as loaded (no act), every load in flight before any is used: the table path's
+// raw units (kVector).
+template <typename T, int kSlots>
+__device__ __forceinline__ void load_raw_row(const Fp8RowwiseQuantParams& p, long long row, Unit (&u)[kSlots]) {
+  const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+  const T* prefix_row = static_cast<const T*>(p.prefix) + (p.prefix ? row * p.prefix_row_stride : 0);
+  const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int unit = t + j * threads;
+    if (unit < p.units) u[j] = load_unit<T, true, kFp8RowwiseActNone>(p, x_row, prefix_row, unit);
+  }
+}
+
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
@@ -218,17 +232,20 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   }
   if constexpr (kPdl) pdl_wait();
   int parity = 0;
+  // The table's CTAs walk rows and hold the next row's raw units while they finish this one (kTable:
+  // its grid is a few CTAs per SM, which would otherwise load, look up, reduce and store in step
+  // and leave memory idle between their rows' loads).
+  [[maybe_unused]] Unit next[kSlots];
+  if constexpr (kTable) {
+    if (blockIdx.x < p.rows) load_raw_row<T, kSlots>(p, blockIdx.x, next);
+  }
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
-    const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
-    const T* prefix_row = static_cast<const T*>(p.prefix) + (p.prefix ? row * p.prefix_row_stride : 0);
     Unit u[kSlots];
     u32 pairs = 0;
     if constexpr (kTable) {
 #pragma unroll
-      for (int j = 0; j < kSlots; ++j) {  // the raw units, every load in flight
-        const int unit = t + j * threads;
-        if (unit < p.units) u[j] = load_unit<T, kVector, kFp8RowwiseActNone>(p, x_row, prefix_row, unit);
-      }
+      for (int j = 0; j < kSlots; ++j) u[j] = next[j];
+      if (row + gridDim.x < p.rows) load_raw_row<T, kSlots>(p, row + gridDim.x, next);
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int unit = t + j * threads;
@@ -244,6 +261,8 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
         }
       }
     } else {
+      const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
+      const T* prefix_row = static_cast<const T*>(p.prefix) + (p.prefix ? row * p.prefix_row_stride : 0);
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int unit = t + j * threads;
