@@ -16,8 +16,9 @@
 //   shared-memory table of the evaluated form's results (built before the PDL wait, so it overlaps
 //   the previous kernel), the units it does not hold evaluated as without it. Every unit of the row
 //   is loaded before the first is looked up (the lookup's branch would otherwise keep the compiler
-//   from issuing the next unit's loads early). The grid is then a few CTAs per SM, each taking many
-//   rows, so the table is built a few hundred times a call, not once per row.
+//   from issuing the next unit's loads early), and the CTA's next row is loaded while this one is
+//   looked up, reduced and stored. The grid is then a few CTAs per SM, each taking many rows, so
+//   the table is built a few hundred times a call, not once per row.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
