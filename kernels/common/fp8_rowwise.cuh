@@ -74,9 +74,10 @@ __device__ __forceinline__ float fp8_rowwise_scale(u32 amax_bits) {
 
 // y / s as the IEEE division computes it, from r = 1 / s (IEEE, once per row). kExact: the division
 // itself (div.rn: a reciprocal, a Newton step and a range check with a slow path per element, ~11
-// SASS instructions). Otherwise the correction of Markstein's theorem: q0 = y * r, the remainder
-// y - s * q0 exactly by an fma, q = q0 + rem * r rounded once, with y's sign (a zero y would get
-// +0 from the fma's sum): 4 instructions. It equals the division on rows where fp8_rowwise_fast(s)
+// SASS instructions). Otherwise the correction of Markstein's theorem: q0 = y * r, the negated
+// remainder s * q0 - y exactly by an fma, q = q0 - rem * r rounded once: 3 instructions. In this
+// order of signs a zero y keeps its sign (-0: -0 * s - -0 = +0, then -0 + -0; the remainder
+// y - s * q0 would give +0 + -0 = +0), so no sign fix is needed. It equals the division on rows where fp8_rowwise_fast(s)
 // (s normal and >= 2^-64): wherever the e4m3 byte depends on the quotient (>= 2^-12), y >= 2^-76 and
 // the remainder is exact; tiny y give signed e4m3 zeros both ways. tests/test_fp8_rowwise_quant.cpp
 // checks the equality for every pair of bf16 (f16) significands over every exponent offset.
@@ -88,8 +89,7 @@ __device__ __forceinline__ float fp8_rowwise_divide(float y, float s, float r) {
     return __fdiv_rn(y, s);
   } else {
     const float q0 = __fmul_rn(y, r);
-    const float q = __fmaf_rn(__fmaf_rn(-s, q0, y), r, q0);
-    return __uint_as_float((__float_as_uint(q) & 0x7FFFFFFFu) | (__float_as_uint(y) & 0x80000000u));
+    return __fmaf_rn(-__fmaf_rn(s, q0, -y), r, q0);
   }
 }
 
