@@ -10,9 +10,10 @@ each under every tool. They run at most --slots at once (default: the machine's 
 first (the driver's parts, by the op's case count, then the GPU binaries). The deadline holds by
 construction: a job starts only while at least --min-job-s remain, gets the time left as its cap,
 and at its cap its whole process group is sent SIGTERM and, --grace-s later, SIGKILL. Every job ends
-with one verdict: clean, errors found, a test failed, timed out (not clean) or not started (the
+with one verdict: clean, errors found, a test failed, timed out (not clean), no CUDA call (a filter that
+selects only CPU tests of a binary: neither clean nor not) or not started (the
 deadline came first). The driver runs with DITOPS_OPS_SKIP_LARGE=1 (model-sized cases would spend the
-run in their CPU reference). Exit status 0 only when every job is clean.
+run in their CPU reference). Exit status 0 only when every job is clean or made no CUDA call, and one is clean.
 
 Writes OUT/<tool>_<job>.txt (the tool's and the tests' output), OUT/verdicts.json and prints the
 verdict table (also OUT/summary.txt).
@@ -38,7 +39,7 @@ class Job:
     weight: float              # expected cost, for longest-first order
     env: dict = field(default_factory=dict)
     verdict: str = "not started (the deadline came first)"
-    clean: bool = False
+    clean: bool | None = False  # None: the job made no CUDA call (CPU-only tests selected)
     seconds: float = 0.0
     passed: int = 0
     failed: int = 0
@@ -127,6 +128,10 @@ ERROR_SITE = re.compile(r"^========= +(?:Error: Race reported between \w+ access
                         r"(?:void )?([A-Za-z_][\w:<>,]*?)\+0x", re.M)
 
 
+# compute-sanitizer's message when the program exits without a CUDA call.
+NO_CUDA_CALL = "Target application terminated before first instrumented API call"
+
+
 def read_verdict(job: Job, log: str, rc: int | None) -> None:
     text = open(log, errors="replace").read() if os.path.exists(log) else ""
     job.passed = len(re.findall(r"^\[       OK \]", text, re.M))
@@ -147,6 +152,10 @@ def read_verdict(job: Job, log: str, rc: int | None) -> None:
         job.verdict, job.clean = "ERRORS FOUND", False
     elif rc == 0:
         job.verdict, job.clean = "no sanitizer summary in the log: not clean", False
+    elif job.passed and not job.failed and NO_CUDA_CALL in text:
+        # A filter that selects only CPU tests of a binary (the tool exits 255 with no summary):
+        # nothing ran on the device, so there is nothing to be clean or unclean about.
+        job.verdict, job.clean = "no CUDA call: the selected tests are CPU-only", None
     else:
         job.verdict, job.clean = f"a test failed or the tool stopped (rc {rc}): not clean", False
 
@@ -226,10 +235,11 @@ def table(jobs: list[Job]) -> str:
     for j in sorted(jobs, key=lambda j: (j.tool, j.name)):
         rows.append(f"{j.tool + '_' + j.name:58s} {j.verdict[:62]:62s} {f'{j.passed}/{j.failed}':>15s} "
                     f"{j.seconds:5.0f}  {j.summary}")
-    clean = sum(j.clean for j in jobs)
+    clean = sum(j.clean is True for j in jobs)
+    no_cuda = sum(j.clean is None for j in jobs)
     vendor = sum(bool(j.vendor_kernels) for j in jobs)
-    rows.append(f"{clean} of {len(jobs)} jobs clean" + (f" ({vendor} with reports only in cuBLASLt's own kernels, "
-                                                          f"listed in verdicts.json)" if vendor else ""))
+    rows.append(f"{clean} of {len(jobs)} jobs clean" + (f", {no_cuda} without a CUDA call" if no_cuda else "") +
+                (f" ({vendor} with reports only in cuBLASLt's own kernels, listed in verdicts.json)" if vendor else ""))
     return "\n".join(rows) + "\n"
 
 
@@ -263,7 +273,8 @@ def main() -> int:
         json.dump([{"tool": j.tool, "job": j.name, "verdict": j.verdict, "clean": j.clean, "seconds": round(j.seconds, 1),
                     "passed": j.passed, "failed": j.failed, "summary": j.summary, "vendor_kernels": j.vendor_kernels}
                    for j in jobs], f, indent=1)
-    return 0 if jobs and all(j.clean for j in jobs) else 1
+    # Clean: every job clean or without a CUDA call, and at least one clean.
+    return 0 if any(j.clean is True for j in jobs) and all(j.clean is not False for j in jobs) else 1
 
 
 if __name__ == "__main__":

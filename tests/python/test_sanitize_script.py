@@ -149,3 +149,15 @@ def test_reports_only_in_vendor_kernels_are_counted_apart_and_ours_are_errors(tm
     # Errors with no kernel named stay errors.
     job = _verdict_of(tmp_path, ok + "========= ERROR SUMMARY: 2 errors\n", 9)
     assert not job.clean and job.verdict == "ERRORS FOUND"
+
+
+def test_a_job_whose_selected_tests_make_no_cuda_call_is_neither_clean_nor_an_error(tmp_path):
+    ok = "[       OK ] NssMatching.Fp8RowwiseNeedsBothOutputs (7 ms)\n[  PASSED  ] 1 test.\n"
+    no_call = "========= Error: Target application terminated before first instrumented API call\n"
+    job = _verdict_of(tmp_path, ok + no_call, 255)
+    assert job.clean is None and "no CUDA call" in job.verdict
+    # The same message after a failed test, or with no test run, stays not clean.
+    job = _verdict_of(tmp_path, "[  FAILED  ] NssMatching.x (7 ms)\n" + no_call, 255)
+    assert job.clean is False
+    job = _verdict_of(tmp_path, no_call, 255)
+    assert job.clean is False

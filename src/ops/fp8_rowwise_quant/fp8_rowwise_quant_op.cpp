@@ -25,12 +25,16 @@ constexpr const char* kOp = "fp8_rowwise_quant";
 // Threads per row (CTA) up to 512: the fewest slots that cover the row at that many threads, so a
 // wide row is spread over more warps (FLUX.1's FF-down input: 2 slots of 384 threads, not 3 of 256).
 constexpr int kMaxThreads = 512;
+// The GELU table's CTAs keep the next row in flight (twice the registers of a slot) and walk many
+// rows each: up to 256 threads (H100, 7a438af: FLUX.1's FF-down input 81.99 us with 512, against
+// 69.71 us with 256 at c2e432c and 70.62 us evaluated at 512).
+constexpr int kTableMaxThreads = 256;
 constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
 constexpr int64_t kMaxUnits = 2048;  // 32768 columns: a row in registers
 // GELU by table (kernels/common/gelu_table.cuh) where a call has rows enough for a grid of
 // kTableCtasPerSm CTAs per SM to take several each: each CTA builds the 3840-entry table once
-// (8-15 evaluations a thread), so it pays where a CTA then takes several rows of 32-64
+// (15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-64
 // elements a thread. The bounds are the arithmetic's, not a sweep's (H100: 0.76 -> 0.81 of a copy at
 // FLUX.1's FF-down input with every unit in the table); taken only where DITOPS_GELU_TABLE=1 opts in
 // (kFeatureGeluTable): the random-weight FLUX.1 forward lost 1.5 ms by it (docs/fp8_rowwise_quant.md).
@@ -137,23 +141,25 @@ int64_t units_of(const Fp8RowwiseQuantCall& c) {
   return (c.prefix_width + c.act_width + kUnitColumns - 1) / kUnitColumns;
 }
 
-// Units per thread: the fewest slots that cover the row with at most kMaxThreads threads.
-int slots_for(int64_t units) {
+// Units per thread: the fewest slots that cover the row with at most max_threads threads.
+int slots_for(int64_t units, int max_threads) {
   for (int s : kSlotBuckets)
-    if (units <= int64_t{s} * kMaxThreads) return s;
+    if (units <= int64_t{s} * max_threads) return s;
   return kSlotBuckets[std::size(kSlotBuckets) - 1];
 }
+
+int max_threads_of(bool table) { return table ? kTableMaxThreads : kMaxThreads; }
 
 Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& device) {
   Fp8RowwiseQuantKey k;
   k.dtype = c.x.dtype;
-  k.slots = slots_for(units_of(c));
   k.vector = c.aligned16;
   k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
           : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
                                                    : kFp8RowwiseGelu;
   k.table = (device.features & kFeatureGeluTable) && k.dtype == DType::bf16 && k.vector && k.act == kFp8RowwiseGelu &&
             c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors;
+  k.slots = slots_for(units_of(c), max_threads_of(k.table));
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
 }
@@ -163,7 +169,7 @@ KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
           .function = "ditops::fp8_rowwise_quant_body",
           .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.table, k.pdl),
           .params_type = "ditops::Fp8RowwiseQuantParams",
-          .max_threads = kMaxThreads,
+          .max_threads = max_threads_of(k.table),
           .template_key = std::string(kOp) + ":" + k.to_string()};
 }
 
@@ -194,8 +200,8 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
 
 // The compile test's keys: every slot bucket (bf16, vector, the GELU), no act, SwiGLU at slots 1, 3
 // (FLUX.2: 18432 and 6144 + 18432 columns) and 4, and on the scalar path; f16 and the scalar path,
-// PDL off; the table's GELU at slots 2 (FLUX.1's FF-down input and single-block cat, Wan's FF-down
-// input), 2 without PDL, and 4.
+// PDL off; the table's GELU at slots 3 and 4 (FLUX.1's FF-down input and single-block cat), 4 without
+// PDL, and 6 (Wan's FF-down input).
 std::vector<Fp8RowwiseQuantKey> variant_keys() {
   std::vector<Fp8RowwiseQuantKey> keys;
   for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, false, true});
@@ -206,8 +212,8 @@ std::vector<Fp8RowwiseQuantKey> variant_keys() {
   for (int s : {1, 3, 4}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, false, true});
   keys.push_back({DType::f16, 2, false, kFp8RowwiseSwiglu, false, false});
   keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false, false});
-  for (int s : {2, 4}) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true, true});
-  keys.push_back({DType::bf16, 2, true, kFp8RowwiseGelu, true, false});
+  for (int s : {3, 4, 6}) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true, true});
+  keys.push_back({DType::bf16, 4, true, kFp8RowwiseGelu, true, false});
   return keys;
 }
 
