@@ -46,8 +46,8 @@ NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ "${CCP_TUNE:-1}" = 1 ]; then  # its four nvcc builds, beside the libraries'
   # name, general unroll, aligned unroll, step order, general min blocks, parts unroll, parts min blocks,
   # chunks windows per lane, chunk sectors (u2o0 the library's knobs; u2s1 the same with whole-sector
-  # stores in the chunks kernel)
-  ( cd bench/experiments && for v in "u2o0 2 4 0 4 2 3 2 0" "u2s1 2 4 0 4 2 3 2 1" "u1o0 1 2 0 5 1 4 4 0" "u1o1 1 2 1 5 1 4 6 0"; do
+  # stores in the chunks kernel; u1o0 the aligned kernel at one window a lane)
+  ( cd bench/experiments && for v in "u2o0 2 4 0 4 2 3 2 0" "u2s1 2 4 0 4 2 3 2 1" "u1o0 1 1 0 5 1 4 4 0" "u1o1 1 2 1 5 1 4 6 0"; do
       set -- $v
       "$NVCC" -O3 -std=c++17 -arch=sm_90a -I../../kernels -I. -DDITOPS_CCP_UNROLL_GENERAL=$2 -DDITOPS_CCP_UNROLL_ALIGNED=$3 \
         -DDITOPS_CCP_STEP_ORDER=$4 -DCCP_TUNE_MIN_BLOCKS_GENERAL=$5 -DDITOPS_CCP_UNROLL_PARTS=$6 \
