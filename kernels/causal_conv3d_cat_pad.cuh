@@ -188,8 +188,8 @@ inline int ccp_path(const CausalConv3dCatPadParams& p) {
 }
 
 // The derived fields, from the sizes, out's address and the kernel ccp_path picks (rows = out_bytes /
-// row_bytes >= 1): the
-// divisors of the kernel of `index64` (ccp_index64, or true to run the 64-bit kernel on any size).
+// row_bytes >= 1): the divisors of the kernel of `index64` (ccp_index64, or true to run the 64-bit
+// kernel on any size).
 DITOPS_HOST_DEVICE
 inline void ccp_finish_params(CausalConv3dCatPadParams& p, long long rows, bool index64) {
   p.out_bytes = rows * p.row_bytes;

@@ -77,10 +77,11 @@ __device__ __forceinline__ float fp8_rowwise_scale(u32 amax_bits) {
 // SASS instructions). Otherwise the correction of Markstein's theorem: q0 = y * r, the negated
 // remainder s * q0 - y exactly by an fma, q = q0 - rem * r rounded once: 3 instructions. In this
 // order of signs a zero y keeps its sign (-0: -0 * s - -0 = +0, then -0 + -0; the remainder
-// y - s * q0 would give +0 + -0 = +0), so no sign fix is needed. It equals the division on rows where fp8_rowwise_fast(s)
-// (s normal and >= 2^-64): wherever the e4m3 byte depends on the quotient (>= 2^-12), y >= 2^-76 and
-// the remainder is exact; tiny y give signed e4m3 zeros both ways. tests/test_fp8_rowwise_quant.cpp
-// checks the equality for every pair of bf16 (f16) significands over every exponent offset.
+// y - s * q0 would give +0 + -0 = +0), so no sign fix is needed. It equals the division on rows
+// where fp8_rowwise_fast(s) (s normal and >= 2^-64): wherever the e4m3 byte depends on the quotient
+// (>= 2^-12), y >= 2^-76 and the remainder is exact; tiny y give signed e4m3 zeros both ways.
+// tests/test_fp8_rowwise_quant.cpp checks the equality for every pair of bf16 (f16) significands
+// over every exponent offset.
 __device__ __forceinline__ bool fp8_rowwise_fast(float s) { return s >= 0x1p-64f && s <= 0x1.fffffep127f; }
 
 template <bool kExact>

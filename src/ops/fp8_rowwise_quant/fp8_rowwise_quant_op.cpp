@@ -31,7 +31,8 @@ constexpr int kMaxThreads = 512;
 constexpr int kTableMaxThreads = 256;
 constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
-constexpr int64_t kMaxUnits = 2048;  // 32768 columns: a row in registers
+// 32768 columns: a row in registers, 8 slots of the table's 256 threads (4 of the others' 512).
+constexpr int64_t kMaxUnits = int64_t{8} * kTableMaxThreads;
 // GELU by table (kernels/common/gelu_table.cuh) where a call has rows enough for a grid of
 // kTableCtasPerSm CTAs per SM to take several each: each CTA builds the 3840-entry table once
 // (15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-64
