@@ -12,13 +12,14 @@
 //   PyTorch's SASS, docs/gelu_tanh.md).
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
-// * kTable (bf16, the vector path, GELU): the GELU of common/gelu_table.cuh, each CTA's
-//   shared-memory table of the evaluated form's results (built before the PDL wait, so it overlaps
-//   the previous kernel), the units it does not hold evaluated as without it. Every unit of the row
-//   is loaded before the first is looked up (the lookup's branch would otherwise keep the compiler
-//   from issuing the next unit's loads early), and the CTA's next row is loaded while this one is
-//   looked up, reduced and stored. The grid is then a few CTAs per SM, each taking many rows, so
-//   the table is built a few hundred times a call, not once per row.
+// * kTable (bf16, the vector path, GELU or SwiGLU): the GELU, or SwiGLU's SiLU, of
+//   common/act_table.cuh, each CTA's shared-memory table of the evaluated form's results (built
+//   before the PDL wait, so it overlaps the previous kernel), the units it does not hold evaluated as
+//   without it. Every unit of the row is loaded before the first is looked up (the lookup's branch
+//   would otherwise keep the compiler from issuing the next unit's loads early); GELU's CTAs also
+//   load their next row while this one is looked up, reduced and stored (SwiGLU's units are twice
+//   the registers: its CTAs rely on their neighbours on the SM instead). The grid is then a few CTAs
+//   per SM, each taking many rows, so the table is built a few hundred times a call, not once per row.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
@@ -50,9 +51,9 @@ struct Fp8RowwiseQuantParams {
   int units;                 // ceil((Kp + N) / 16)
 };
 
-// The GELU table's check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through
-// the table's unit path against the evaluated GELU; `mismatches` counts the words that differ.
-struct GeluTableCheckParams {
+// The act tables' check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through the
+// table's unit path against the evaluated GELU or SiLU; `mismatches` counts the words that differ.
+struct ActTableCheckParams {
   unsigned* mismatches;
 };
 
@@ -65,7 +66,7 @@ constexpr int kFp8RowwiseSwiglu = 2;  // silu(x[:N]) * x[N:], each step rounded 
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-#include "common/gelu_table.cuh"
+#include "common/act_table.cuh"
 #include "common/fp8_rowwise.cuh"
 #include "common/gelu.cuh"
 #include "common/memory.cuh"
@@ -198,6 +199,16 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
   }
 }
 
+// The table of act kAct (GELU, or SwiGLU's SiLU).
+template <int kAct>
+struct TableOf {
+  using type = GeluTable;
+};
+template <>
+struct TableOf<kFp8RowwiseSwiglu> {
+  using type = SiluTable;
+};
+
 // Row `row`'s units as loaded (no act), every load in flight before any is used: the table path's
 // raw units (kVector).
 template <typename T, int kSlots>
@@ -212,23 +223,42 @@ __device__ __forceinline__ void load_raw_row(const Fp8RowwiseQuantParams& p, lon
   }
 }
 
+// The up halves of row `row`'s x units (SwiGLU's table path, kVector; prefix units load nothing).
+template <typename T, int kSlots>
+__device__ __forceinline__ void load_raw_up(const Fp8RowwiseQuantParams& p, long long row, Unit (&up)[kSlots]) {
+  const T* up_row = static_cast<const T*>(p.x) + row * p.x_row_stride + p.up_offset;
+  const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
+  const int prefix_units = p.prefix_width / 16;
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) {
+    const int unit = t + j * threads;
+    if (unit < p.units && unit >= prefix_units) {
+      const T* src = up_row + 16 * (unit - prefix_units);
+      up[j].lo = load_word<16, true>(src);
+      up[j].hi = load_word<16, true>(src + 8);
+    }
+  }
+}
+
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
-// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU by
-// common/gelu_table.cuh's table (bf16, kVector, GELU). kPdl: griddepcontrol.wait
+// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU or SiLU by
+// common/act_table.cuh's table (bf16, kVector, GELU or SwiGLU). kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
 template <typename T, int kSlots, bool kVector, int kAct, bool kTable, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   using namespace frq_detail;
   static_assert(sizeof(T) == 2, "bf16 or f16 rows");
-  static_assert(!kTable || (kVector && kAct == kFp8RowwiseGelu && kIsBf16<T>),
-                "the table is for bf16 GELU rows on the vector path");
+  static_assert(!kTable || (kVector && kAct != kFp8RowwiseActNone && kIsBf16<T>),
+                "the table is for bf16 GELU or SwiGLU rows on the vector path");
+  using Table = typename TableOf<kAct>::type;
+  constexpr bool kNextRow = kTable && kAct == kFp8RowwiseGelu;  // the next row in flight (above)
   __shared__ u32 partials[2][32];
-  __shared__ unsigned short table[kTable ? kGeluTableEntries : 1];
+  __shared__ unsigned short table[kTable ? kActTableEntries<Table> : 1];
   const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   if constexpr (kTable) {
-    build_gelu_table(table);
+    build_act_table<Table>(table);
     __syncthreads();
   }
   if constexpr (kPdl) pdl_wait();
@@ -237,16 +267,22 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   // its grid is a few CTAs per SM, which would otherwise load, look up, reduce and store in step
   // and leave memory idle between their rows' loads).
   [[maybe_unused]] Unit next[kSlots];
-  if constexpr (kTable) {
+  if constexpr (kNextRow) {
     if (blockIdx.x < p.rows) load_raw_row<T, kSlots>(p, blockIdx.x, next);
   }
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
     Unit u[kSlots];
     u32 pairs = 0;
     if constexpr (kTable) {
+      [[maybe_unused]] Unit up[kSlots];
+      if constexpr (kNextRow) {
 #pragma unroll
-      for (int j = 0; j < kSlots; ++j) u[j] = next[j];
-      if (row + gridDim.x < p.rows) load_raw_row<T, kSlots>(p, row + gridDim.x, next);
+        for (int j = 0; j < kSlots; ++j) u[j] = next[j];
+        if (row + gridDim.x < p.rows) load_raw_row<T, kSlots>(p, row + gridDim.x, next);
+      } else {
+        load_raw_row<T, kSlots>(p, row, u);
+        load_raw_up<T, kSlots>(p, row, up);
+      }
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int unit = t + j * threads;
@@ -254,7 +290,14 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
           if (unit >= p.prefix_width / 16) {  // x's units (kVector: the prefix is whole units)
             u32 w[8] = {u[j].lo.w[0], u[j].lo.w[1], u[j].lo.w[2], u[j].lo.w[3],
                         u[j].hi.w[0], u[j].hi.w[1], u[j].hi.w[2], u[j].hi.w[3]};
-            gelu_tanh_unit_tabled(w, table);
+            act_unit_tabled<Table>(w, table);
+            if constexpr (kAct == kFp8RowwiseSwiglu) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                w[i] = swiglu_mul_word<T>(w[i], up[j].lo.w[i]);
+                w[4 + i] = swiglu_mul_word<T>(w[4 + i], up[j].hi.w[i]);
+              }
+            }
             u[j] = unit_of(w);
           }
 #pragma unroll
@@ -288,39 +331,42 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
-// GeluTableCheckParams' kernel: each CTA builds the table, its threads take 16 consecutive bf16
-// bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in the table,
-// wholly large or wholly evaluated), through gelu_tanh_unit_tabled and through gelu_tanh_word;
-// then every bf16 value again in a unit of mixed company (table values and finite |x| >= 8 of both
-// signs), which takes the path of units holding both. T: kernel::bf16 (a template for the JIT's
-// wrapper).
-template <typename T>
-__device__ void fp8_rowwise_gelu_table_check_body(const GeluTableCheckParams& p) {
+// ActTableCheckParams' kernel, for the table of kAct (GELU, or SwiGLU's SiLU): each CTA builds the
+// table, its threads take 16 consecutive bf16 bit patterns a unit (the table's bounds are multiples
+// of 16: every unit is wholly in the table, wholly large or wholly evaluated), through
+// act_unit_tabled and through the evaluated word; then every bf16 value again in a unit of mixed
+// company (table values and finite values past the table of both signs), which takes the path of
+// units holding both. T: kernel::bf16 (a template for the JIT's wrapper).
+template <typename T, int kAct>
+__device__ void fp8_rowwise_act_table_check_body(const ActTableCheckParams& p) {
   static_assert(kernel::kIsBf16<T>, "the table is bf16's");
-  __shared__ unsigned short table[kernel::kGeluTableEntries];
-  kernel::build_gelu_table(table);
+  using Table = typename frq_detail::TableOf<kAct>::type;
+  __shared__ unsigned short table[kernel::kActTableEntries<Table>];
+  kernel::build_act_table<Table>(table);
   __syncthreads();
   const unsigned step = 16u * blockDim.x * gridDim.x;
   for (unsigned base = 16u * (blockIdx.x * blockDim.x + threadIdx.x); base < 65536u; base += step) {
     kernel::u32 w[8], tabled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) tabled[i] = w[i] = (base + 2 * i) | ((base + 2 * i + 1) << 16);
-    kernel::gelu_tanh_unit_tabled(tabled, table);
+    kernel::act_unit_tabled<Table>(tabled, table);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
+      if (tabled[i] != Table::evaluate_word(w[i])) atomicAdd(p.mismatches, 1u);
   }
-  // 1, -1, 32, -32, 0.5, -3, 8, -8 (bf16 bits), then the value under test in the last half
-  constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u,
-                                       0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u};
+  // 1, -1, 32, -32, 0.5, -3, and +-8 (GELU) or +-128 (SiLU): the first values past the table (bf16
+  // bits), then the value under test in the last half
+  constexpr kernel::u32 kLarge = kAct == kFp8RowwiseSwiglu ? 0xC3004300u : 0xC1004100u;
+  constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge,
+                                       0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge};
   for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < 65536u; v += blockDim.x * gridDim.x) {
     kernel::u32 w[8], tabled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) tabled[i] = w[i] = i == 7 ? (kCompany[i] & 0xFFFFu) | (v << 16) : kCompany[i];
-    kernel::gelu_tanh_unit_tabled(tabled, table);
+    kernel::act_unit_tabled<Table>(tabled, table);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
+      if (tabled[i] != Table::evaluate_word(w[i])) atomicAdd(p.mismatches, 1u);
   }
 }
 

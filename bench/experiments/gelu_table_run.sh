@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GELU table of fp8_rowwise_quant (kernels/common/gelu_table.cuh, opt-in DITOPS_GELU_TABLE=1) on a
+# The GELU table of fp8_rowwise_quant (kernels/common/act_table.cuh, opt-in DITOPS_GELU_TABLE=1) on a
 # GPU, in one device call (about 4 minutes with the build):
 #
 #   OUT=DIR bash bench/experiments/gelu_table_run.sh
