@@ -144,10 +144,10 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
 }
 
 // Which calls take an act table (the key's ",table"): bf16 rows on the vector path with rows enough
-// for 4 CTAs per SM to take 4 each (2112 on 132 SMs); GELU's where DITOPS_GELU_TABLE=1 opts in,
-// SwiGLU's unless DITOPS_SILU_TABLE=0 (both read when a device's info is made); never f16, act none,
+// for 4 CTAs per SM to take 4 each (2112 on 132 SMs) where DITOPS_GELU_TABLE=1 (GELU) or
+// DITOPS_SILU_TABLE=1 (SwiGLU) opts in (both read when a device's info is made); never f16, act none,
 // few rows or the scalar path.
-TEST(Fp8RowwiseActTable, TakenByBf16GeluAndSwigluCallsOfManyRowsAsTheEnvironmentSays) {
+TEST(Fp8RowwiseActTable, TakenByBf16GeluAndSwigluCallsOfManyRowsWhereOptedIn) {
   auto device_with = [](const char* gelu, const char* silu) {
     const char* names[2] = {"DITOPS_GELU_TABLE", "DITOPS_SILU_TABLE"};
     const char* values[2] = {gelu, silu};
@@ -166,11 +166,12 @@ TEST(Fp8RowwiseActTable, TakenByBf16GeluAndSwigluCallsOfManyRowsAsTheEnvironment
     return info;
   };
   const DeviceInfo plain = device_with(nullptr, nullptr);
-  const DeviceInfo sm90 = device_with("1", nullptr);
+  const DeviceInfo sm90 = device_with("1", "1");
   const DeviceInfo no_silu = device_with("1", "0");
   EXPECT_FALSE(plain.features & kFeatureGeluTable);
-  EXPECT_TRUE(plain.features & kFeatureSiluTable);
+  EXPECT_FALSE(plain.features & kFeatureSiluTable);
   ASSERT_TRUE(sm90.features & kFeatureGeluTable);
+  ASSERT_TRUE(sm90.features & kFeatureSiluTable);
   EXPECT_FALSE(no_silu.features & kFeatureSiluTable);
   const OpDescription& op = ditops::op("fp8_rowwise_quant");
   const int act = op.option_index("act");
@@ -194,14 +195,15 @@ TEST(Fp8RowwiseActTable, TakenByBf16GeluAndSwigluCallsOfManyRowsAsTheEnvironment
   EXPECT_FALSE(tabled(key(4608, 120, DType::bf16, "gelu_tanh", sm90)));  // the scalar path
   EXPECT_FALSE(tabled(key(4608, 12288, DType::bf16, "gelu_tanh", plain)));
   // SwiGLU (FLUX.2's FF-down input): 3 slots of up to 512 threads, not the GELU table's 256
-  const std::string swiglu = key(4608, 36864, DType::bf16, "swiglu", plain);
+  const std::string swiglu = key(4608, 36864, DType::bf16, "swiglu", sm90);
   EXPECT_TRUE(tabled(swiglu)) << swiglu;
   EXPECT_NE(swiglu.find("slots=3"), std::string::npos) << swiglu;
-  EXPECT_TRUE(tabled(key(2112, 1024, DType::bf16, "swiglu", plain)));
-  EXPECT_FALSE(tabled(key(2111, 1024, DType::bf16, "swiglu", plain)));
-  EXPECT_FALSE(tabled(key(4608, 36864, DType::f16, "swiglu", plain)));
+  EXPECT_TRUE(tabled(key(2112, 1024, DType::bf16, "swiglu", sm90)));
+  EXPECT_FALSE(tabled(key(2111, 1024, DType::bf16, "swiglu", sm90)));
+  EXPECT_FALSE(tabled(key(4608, 36864, DType::f16, "swiglu", sm90)));
   EXPECT_FALSE(tabled(key(4608, 36864, DType::bf16, "swiglu", no_silu)));
-  EXPECT_FALSE(tabled(key(4608, 240, DType::bf16, "swiglu", plain)));  // N = 120: the scalar path
+  EXPECT_FALSE(tabled(key(4608, 36864, DType::bf16, "swiglu", plain)));
+  EXPECT_FALSE(tabled(key(4608, 240, DType::bf16, "swiglu", sm90)));  // N = 120: the scalar path
 }
 
 // The act tables' check kernel (kernels/fp8_rowwise_quant.cuh), for GELU (kFp8RowwiseGelu) or

@@ -29,12 +29,18 @@ constexpr int kMaxThreads = 512;
 // rows each: up to 256 threads (H100, 7a438af: FLUX.1's FF-down input 81.99 us with 512, against
 // 69.71 us with 256 at c2e432c and 70.62 us evaluated at 512).
 constexpr int kTableMaxThreads = 256;
-// SwiGLU's table CTAs hold no next row but a slot's gate and up words (16 registers) until its
-// lookup: up to 384 threads held to 2 CTAs an SM (80 registers, sm_90 ptxas: a 48-byte spill at 3
-// slots, FLUX.2's FF-down input; 104 bytes at 4, its single block's cat), so one CTA's loads are in
-// flight while the other computes (at 512 threads and 3 slots: 95 registers, one CTA an SM).
+// SwiGLU's table CTAs (opt-in) hold no next row but a slot's gate and up words (16 registers) until
+// its lookup: up to 384 threads held to 2 CTAs an SM (80 registers, sm_90 ptxas: a 48-byte spill at 3
+// slots, FLUX.2's FF-down input; 104 bytes at 4, its single block's cat; at 512 threads and 3 slots:
+// 95, one CTA an SM). Still slower than the evaluated rows (H100, 5f273e6: 200.98 against 180.90 us at
+// FLUX.2's FF-down input), docs/fp8_rowwise_quant.md.
 constexpr int kSiluTableMaxThreads = 384;
 constexpr int kSiluTableMaxSlots = 4;
+// SwiGLU's table CTAs on the persistent grid (1) or one a row over a grid of every row (0: each
+// builds its table for one row), an experiment (bench/experiments: not yet measured).
+#ifndef DITOPS_FRQ_SILU_TABLE_PERSISTENT
+#define DITOPS_FRQ_SILU_TABLE_PERSISTENT 1
+#endif
 constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
 // 32768 columns: a row in registers, 8 slots of the table's 256 threads (4 of the others' 512).
@@ -210,8 +216,9 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
   const int64_t threads = (p.units + k.slots - 1) / k.slots;
   const unsigned block = static_cast<unsigned>((threads + 31) / 32 * 32);
   // The table's grid: kTableCtasPerSm CTAs per SM, fewer where the kernel's occupancy allows fewer.
+  const bool persistent = k.table && (k.act == kFp8RowwiseGelu || DITOPS_FRQ_SILU_TABLE_PERSISTENT);
   const int64_t ctas =
-      k.table ? int64_t{std::min(kTableCtasPerSm, kernel.blocks_per_sm)} * kernel.multiprocessors : int64_t{0x7fffffff};
+      persistent ? int64_t{std::min(kTableCtasPerSm, kernel.blocks_per_sm)} * kernel.multiprocessors : int64_t{0x7fffffff};
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(c.rows, ctas));
   jit::launch(kernel, grid, block, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
 }
