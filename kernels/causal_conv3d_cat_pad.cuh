@@ -76,7 +76,7 @@ struct CausalConv3dCatPadParams {
   // Derived (ccp_finish_params):
   long long out_bytes;  // rows * row_bytes
   long long windows;    // 16-byte windows of memory meeting out: ceil((out_phase + out_bytes) / 16)
-  int out_phase;        // out's address modulo 16 (kCcpChunkSectors' chunks calls: (out - 16) mod 32)
+  int out_phase;        // out's address modulo 16
   FastDivisor row_bytes_div, rows_out_div, frames_out_div;          // the 32-bit kernel's
   FastDivisor64 row_bytes_div64, rows_out_div64, frames_out_div64;  // the 64-bit kernel's
 };
@@ -87,6 +87,24 @@ constexpr long long kCcpIndex32Bytes = 0x7fffffffLL - 64;
 
 // Whether a call of `out_bytes` takes the 64-bit kernel.
 DITOPS_HOST_DEVICE constexpr bool ccp_index64(long long out_bytes) { return out_bytes >= kCcpIndex32Bytes; }
+
+// The derived fields, from the sizes and out's address (rows = out_bytes / row_bytes >= 1): the
+// divisors of the kernel of `index64` (ccp_index64, or true to run the 64-bit kernel on any size).
+DITOPS_HOST_DEVICE
+inline void ccp_finish_params(CausalConv3dCatPadParams& p, long long rows, bool index64) {
+  p.out_bytes = rows * p.row_bytes;
+  p.out_phase = static_cast<int>(reinterpret_cast<unsigned long long>(p.out) & 15);
+  p.windows = (p.out_phase + p.out_bytes + 15) / 16;
+  if (!index64) {
+    p.row_bytes_div = fast_divisor(static_cast<unsigned>(p.row_bytes));
+    p.rows_out_div = fast_divisor(static_cast<unsigned>(p.rows_out));
+    p.frames_out_div = fast_divisor(static_cast<unsigned>(p.frames_out));
+  } else {
+    p.row_bytes_div64 = fast_divisor64(static_cast<unsigned long long>(p.row_bytes));
+    p.rows_out_div64 = fast_divisor64(static_cast<unsigned long long>(p.rows_out));
+    p.frames_out_div64 = fast_divisor64(static_cast<unsigned long long>(p.frames_out));
+  }
+}
 
 // Whether the kAligned kernel serves the call: out, x and cache on 16 bytes, and rows, heads and
 // runs whole 16-byte units (so are all source rows).
@@ -141,20 +159,10 @@ constexpr long long kCcpPartsMaxRowBytes = DITOPS_CCP_PARTS_MAX_ROW_BYTES;
 #ifndef DITOPS_CCP_UNROLL_CHUNKS
 #define DITOPS_CCP_UNROLL_CHUNKS 2
 #endif
-// Whole 32-byte sectors per store instruction in the chunks kernel (2 windows a lane): its windows
-// anchored 16 bytes off a sector (out_phase up to 31), so a lane's chunk straddles two sectors and
-// lanes 2m, 2m + 1 complete one between them; the even lanes store their second window first, the
-// odd lanes their first. At 0 each store instruction writes every sector in halves (ncu, H100,
-// c25a394, fp32 NCTHW at SGLang's point: 47 % more L2 write sectors than torch.compile's kernel,
-// 487 against 466 us). Off until ccp_tune.cu measures it (build u2s1 of ccp_ab_run.sh).
-#ifndef DITOPS_CCP_CHUNK_SECTORS
-#define DITOPS_CCP_CHUNK_SECTORS 0
-#endif
 constexpr int kCcpUnrollGeneral = DITOPS_CCP_UNROLL_GENERAL;
 constexpr int kCcpUnrollAligned = DITOPS_CCP_UNROLL_ALIGNED;
 constexpr int kCcpUnrollParts = DITOPS_CCP_UNROLL_PARTS;
 constexpr int kCcpUnrollChunks = DITOPS_CCP_UNROLL_CHUNKS;
-constexpr bool kCcpChunkSectors = DITOPS_CCP_CHUNK_SECTORS != 0 && kCcpUnrollChunks == 2;
 
 // Windows per lane and step of a kernel.
 DITOPS_HOST_DEVICE constexpr int ccp_unroll(int path) {
@@ -185,28 +193,6 @@ inline int ccp_path(const CausalConv3dCatPadParams& p) {
   if (ccp_chunks_fit(p)) return kCcpChunks;
   if (p.row_bytes < kCcpPartsMinRowBytes || p.row_bytes >= kCcpPartsMaxRowBytes) return kCcpGeneral;
   return kCcpParts;
-}
-
-// The derived fields, from the sizes, out's address and the kernel ccp_path picks (rows = out_bytes /
-// row_bytes >= 1): the divisors of the kernel of `index64` (ccp_index64, or true to run the 64-bit
-// kernel on any size).
-DITOPS_HOST_DEVICE
-inline void ccp_finish_params(CausalConv3dCatPadParams& p, long long rows, bool index64) {
-  p.out_bytes = rows * p.row_bytes;
-  const auto out = reinterpret_cast<unsigned long long>(p.out);
-  p.out_phase = static_cast<int>(out & 15);
-  // kCcpChunkSectors: the chunks kernel's windows anchored 16 bytes off a 32-byte sector.
-  if (kCcpChunkSectors && ccp_path(p) == kCcpChunks) p.out_phase = static_cast<int>((out - 16) & 31);
-  p.windows = (p.out_phase + p.out_bytes + 15) / 16;
-  if (!index64) {
-    p.row_bytes_div = fast_divisor(static_cast<unsigned>(p.row_bytes));
-    p.rows_out_div = fast_divisor(static_cast<unsigned>(p.rows_out));
-    p.frames_out_div = fast_divisor(static_cast<unsigned>(p.frames_out));
-  } else {
-    p.row_bytes_div64 = fast_divisor64(static_cast<unsigned long long>(p.row_bytes));
-    p.rows_out_div64 = fast_divisor64(static_cast<unsigned long long>(p.rows_out));
-    p.frames_out_div64 = fast_divisor64(static_cast<unsigned long long>(p.frames_out));
-  }
 }
 
 // Which steps a warp takes: 0, one contiguous range (its frame pair changes about once per
@@ -722,9 +708,9 @@ __device__ __forceinline__ void chunks_step(const CausalConv3dCatPadParams& p, t
   const bool gap8 = gap == 8;
   unsigned char* const dst = out16 + 16 * w0;
   const int bits_a = 8 * da, bits_b = 8 * db;
-  Word<16> v[kU];
 #pragma unroll
   for (int u = 0; u < kU; ++u) {
+    Word<16> v;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int k = 4 * u + i;
@@ -732,22 +718,9 @@ __device__ __forceinline__ void chunks_step(const CausalConv3dCatPadParams& p, t
       const int na = bits_a - 32 * k, nb = bits_b - 32 * k;  // bits of the word before A's end, B's start
       // ~0 << n, n clamped to [0, 32]: the word's bytes from A's end on, from B's start on.
       const u32 past_a = __funnelshift_lc(0u, ~0u, na > 0 ? na : 0), past_b = __funnelshift_lc(0u, ~0u, nb > 0 ? nb : 0);
-      v[u].w[i] = (from_a & ~past_a) | (from_b & past_b);
+      v.w[i] = (from_a & ~past_a) | (from_b & past_b);
     }
-  }
-  if constexpr (kCcpChunkSectors) {  // the sector lanes 2m and 2m + 1 share first, then the next
-    const bool odd = (lane & 1) != 0;
-    Word<16> first, second;  // word by word: a select of whole Word<16> values took a stack frame
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      first.w[i] = odd ? v[0].w[i] : v[1].w[i];
-      second.w[i] = odd ? v[1].w[i] : v[0].w[i];
-    }
-    store_word<16>(dst + (odd ? 0 : 16), first);
-    store_word<16>(dst + (odd ? 16 : 0), second);
-  } else {
-#pragma unroll
-    for (int u = 0; u < kU; ++u) store_word<16>(dst + 16 * u, v[u]);
+    store_word<16>(dst + 16 * u, v);
   }
 }
 

@@ -45,13 +45,12 @@ TUNE_PID=
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [ "${CCP_TUNE:-1}" = 1 ]; then  # its four nvcc builds, beside the libraries'
   # name, general unroll, aligned unroll, step order, general min blocks, parts unroll, parts min blocks,
-  # chunks windows per lane, chunk sectors (u2o0 the library's knobs; u2s1 the same with whole-sector
-  # stores in the chunks kernel; u1o0 the aligned kernel at one window a lane)
-  ( cd bench/experiments && for v in "u2o0 2 4 0 4 2 3 2 0" "u2s1 2 4 0 4 2 3 2 1" "u1o0 1 1 0 5 1 4 4 0" "u1o1 1 2 1 5 1 4 6 0"; do
+  # chunks windows per lane (u2o0 the library's knobs; u1o0 the aligned kernel at one window a lane)
+  ( cd bench/experiments && for v in "u2o0 2 4 0 4 2 3 2" "u2o1 2 4 1 4 2 3 8" "u1o0 1 1 0 5 1 4 4" "u1o1 1 2 1 5 1 4 6"; do
       set -- $v
       "$NVCC" -O3 -std=c++17 -arch=sm_90a -I../../kernels -I. -DDITOPS_CCP_UNROLL_GENERAL=$2 -DDITOPS_CCP_UNROLL_ALIGNED=$3 \
         -DDITOPS_CCP_STEP_ORDER=$4 -DCCP_TUNE_MIN_BLOCKS_GENERAL=$5 -DDITOPS_CCP_UNROLL_PARTS=$6 \
-        -DCCP_TUNE_MIN_BLOCKS_PARTS=$7 -DDITOPS_CCP_UNROLL_CHUNKS=$8 -DDITOPS_CCP_CHUNK_SECTORS=$9 ccp_tune.cu -o /tmp/ccp_tune_$1 &
+        -DCCP_TUNE_MIN_BLOCKS_PARTS=$7 -DDITOPS_CCP_UNROLL_CHUNKS=$8 ccp_tune.cu -o /tmp/ccp_tune_$1 &
     done; wait ) > "$LOGS/build_tune.log" 2>&1 &
   TUNE_PID=$!
 fi
@@ -79,10 +78,10 @@ sed -n '/^acceptance/,/^ACCEPTANCE/p' "$OUT/torch.txt" | tee -a "$OUT/summary.tx
 if [ -n "$TUNE_PID" ]; then
   wait $TUNE_PID
   : > "$OUT/tune.txt"
-  for v in u2o0 u2s1 u1o0 u1o1; do [ -x /tmp/ccp_tune_$v ] && timeout "$(left)" /tmp/ccp_tune_$v >> "$OUT/tune.txt" 2>&1; done
+  for v in u2o0 u2o1 u1o0 u1o1; do [ -x /tmp/ccp_tune_$v ] && timeout "$(left)" /tmp/ccp_tune_$v >> "$OUT/tune.txt" 2>&1; done
   # The chunks / parts / general A/B (build u2o0: the library's knobs), one-step and resident grids;
-  # then the chunks rows of the other builds (2 windows with whole-sector stores, 4 and 6 windows).
+  # then the chunks rows of the other builds (8, 4 and 6 windows per lane).
   awk '/^variant/{n++} n==1 && / (chunks|parts|general|aligned) /' "$OUT/tune.txt" | tee -a "$OUT/summary.txt"
-  awk '/^variant/{n++; v=$0} n>1 && !/^variant/ && / chunks / {print v " | " $0}' "$OUT/tune.txt" | sed 's/variant: unroll general [^|]*chunks \([0-9]*\) ([^|]*sectors \([01]\))[^|]*|/chunks unroll \1 sectors \2 |/' | tee -a "$OUT/summary.txt"
+  awk '/^variant/{n++; v=$0} n>1 && !/^variant/ && / chunks / {print v " | " $0}' "$OUT/tune.txt" | sed 's/variant: unroll general [^|]*chunks \([0-9]*\)[^|]*|/chunks unroll \1 |/' | tee -a "$OUT/summary.txt"
   say "tune at $(( $(date +%s) - T0 )) s: $(grep -c '^variant' "$OUT/tune.txt") builds, $(grep -vE '^variant' "$OUT/tune.txt" | grep -cE ' (general|aligned|parts|chunks) ') rows, $(grep -vE '^variant' "$OUT/tune.txt" | grep -E ' (general|aligned|parts|chunks) ' | awk '$NF != 0' | wc -l) with bytes differing from the reference"
 fi

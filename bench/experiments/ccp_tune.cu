@@ -7,7 +7,6 @@
 //   -DDITOPS_CCP_STEP_ORDER=0|1    a contiguous range of steps per warp, or a grid-stride walk
 //   -DDITOPS_CCP_UNROLL_PARTS=N    the same for the parts kernel
 //   -DDITOPS_CCP_UNROLL_CHUNKS=N   windows per lane (a chunk) of the chunks kernel
-//   -DDITOPS_CCP_CHUNK_SECTORS=0|1 the chunks kernel's stores of whole sectors (2 windows a lane)
 //   -DCCP_TUNE_MIN_BLOCKS_GENERAL=N  the general kernel's __launch_bounds__ minimum blocks
 //   -DCCP_TUNE_MIN_BLOCKS_PARTS=N    the parts kernel's
 //   -DCCP_TUNE_MIN_BLOCKS_CHUNKS=N   the chunks kernel's
@@ -137,10 +136,9 @@ int main() {
   unsigned long long* diff;
   CHECK(cudaMalloc(&diff, 8));
   std::printf("variant: unroll general %d (min blocks %d), aligned %d, parts %d (min blocks %d), chunks %d (min blocks "
-              "%d, sectors %d), step order %d\n",
+              "%d), step order %d\n",
               DITOPS_CCP_UNROLL_GENERAL, CCP_TUNE_MIN_BLOCKS_GENERAL, DITOPS_CCP_UNROLL_ALIGNED, DITOPS_CCP_UNROLL_PARTS,
-              CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_UNROLL_CHUNKS, CCP_TUNE_MIN_BLOCKS_CHUNKS,
-              ditops::kCcpChunkSectors ? 1 : 0, DITOPS_CCP_STEP_ORDER);
+              CCP_TUNE_MIN_BLOCKS_PARTS, DITOPS_CCP_UNROLL_CHUNKS, CCP_TUNE_MIN_BLOCKS_CHUNKS, DITOPS_CCP_STEP_ORDER);
   std::printf("%-40s %-8s %4s %6s %-9s %4s %9s %9s %6s %s\n", "case", "kernel", "regs", "blocks", "grid", "thr", "us",
               "copy us", "copy%", "bytes differing from the reference");
   for (const Case& c : cases) {
