@@ -37,7 +37,7 @@ constexpr int kTableMaxThreads = 256;
 constexpr int kSiluTableMaxThreads = 384;
 constexpr int kSiluTableMaxSlots = 4;
 // SwiGLU's table CTAs on the persistent grid (1) or one a row over a grid of every row (0: each
-// builds its table for one row), an experiment (bench/experiments: not yet measured).
+// builds its table for one row): the A/B of bench/experiments/silu_table_run.sh, not yet run.
 #ifndef DITOPS_FRQ_SILU_TABLE_PERSISTENT
 #define DITOPS_FRQ_SILU_TABLE_PERSISTENT 1
 #endif
