@@ -13,16 +13,7 @@
 # DITOPS_SILU_TABLE=0), table persistent (build-gt, =1), table a CTA a row (build-g2, =1), rotated
 # graph, torch.equal checks first. Writes OUT/silu_table.tgz: the build logs, gtest.txt,
 # driver_{gt,g2}.txt, frq_{eval,persistent,rows}.txt and their records (.json, _checks.json).
-set -uo pipefail
-T0=$(date +%s)
-OUT=${OUT:-$(pwd)/device-out}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
-export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-silu-table-cache} PYTHONUNBUFFERED=1
-finish() { tar -C "$W" -czf "$OUT/silu_table.tgz" . ; echo "== total $(( $(date +%s) - T0 )) s"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
+. "$(dirname "$0")/table_run_prelude.sh" silu_table
 FLAGS="-G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD_PYTHON=OFF -DDITOPS_BUILD_BENCH=OFF"
 ( cmake -S . -B build-g2 $FLAGS -DCMAKE_CXX_FLAGS=-DDITOPS_FRQ_SILU_TABLE_PERSISTENT=0 &&
     cmake --build build-g2 -j 8 --target ditops test_ops ) > "$W/build_g2.log" 2>&1 &
