@@ -13,28 +13,25 @@ namespace {
 thread_local const DeviceInfo* t_simulated = nullptr;  // SimulatedDeviceScope
 MachineQuery g_machine;  // installed by src/jit at load time, read after
 
+// Whether environment variable `name` is set to `on_value` or `word` (e.g. "1" / "on").
+bool env_says(const char* name, const char* on_value, const char* word) {
+  const char* v = std::getenv(name);
+  return v && (std::string(v) == on_value || std::string(v) == word);
+}
+
 // DITOPS_PDL=0: launch without programmatic dependent launch (an A/B of its effect on the kernels
 // around ours, e.g. a cuBLAS GEMM that triggers its dependents early). Read once per device.
-bool pdl_allowed() {
-  const char* v = std::getenv("DITOPS_PDL");
-  return !(v && (std::string(v) == "0" || std::string(v) == "off"));
-}
+bool pdl_allowed() { return !env_says("DITOPS_PDL", "0", "off"); }
 
 // DITOPS_GELU_TABLE=1: fp8_rowwise_quant's GELU rows by the shared-memory table
 // (kernels/common/act_table.cuh). Opt-in: faster alone on an H100, slower in the random-weight FLUX.1
 // forward (docs/fp8_rowwise_quant.md). Read once per device.
-bool gelu_table_opted_in() {
-  const char* v = std::getenv("DITOPS_GELU_TABLE");
-  return v && (std::string(v) == "1" || std::string(v) == "on");
-}
+bool gelu_table_opted_in() { return env_says("DITOPS_GELU_TABLE", "1", "on"); }
 
 // DITOPS_SILU_TABLE=1: fp8_rowwise_quant's SwiGLU rows with SiLU by the shared-memory table
 // (kernels/common/act_table.cuh). Opt-in: bit-exact, but slower than the evaluated rows on an H100
 // (docs/fp8_rowwise_quant.md). Read once per device.
-bool silu_table_opted_in() {
-  const char* v = std::getenv("DITOPS_SILU_TABLE");
-  return v && (std::string(v) == "1" || std::string(v) == "on");
-}
+bool silu_table_opted_in() { return env_says("DITOPS_SILU_TABLE", "1", "on"); }
 
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;

@@ -35,7 +35,7 @@ constexpr int kTableMaxThreads = 256;
 // 95, one CTA an SM). Still slower than the evaluated rows (H100, 5f273e6: 200.98 against 180.90 us at
 // FLUX.2's FF-down input), docs/fp8_rowwise_quant.md.
 constexpr int kSiluTableMaxThreads = 384;
-constexpr int kSiluTableMaxSlots = 4;
+constexpr int kSiluTableMaxSlots = 4;  // wider rows (past 24576 columns) are evaluated
 // SwiGLU's table CTAs on the persistent grid (1) or one a row over a grid of every row (0: each
 // builds its table for one row): the A/B of bench/experiments/silu_table_run.sh, not yet run.
 #ifndef DITOPS_FRQ_SILU_TABLE_PERSISTENT
@@ -48,8 +48,8 @@ constexpr int64_t kMaxUnits = int64_t{8} * kTableMaxThreads;
 // GELU and SwiGLU's SiLU by table (kernels/common/act_table.cuh) where a call has rows enough for a
 // grid of kTableCtasPerSm CTAs per SM to take several each: each CTA builds the table once (3840
 // GELU or 4864 SiLU entries: 15 or 19 evaluations a thread of 256), so it pays where a CTA then
-// takes several rows of 48-96 elements a thread. The bounds are the arithmetic's, not a sweep's (H100: 0.76 -> 0.81 of a copy at
-// FLUX.1's FF-down input with every unit in the table); taken only where DITOPS_GELU_TABLE=1 opts in
+// takes several rows of 48-96 elements a thread. The bounds are the arithmetic's, not a sweep's
+// (H100: 0.76 -> 0.81 of a copy at FLUX.1's FF-down input with every unit in the table); taken only where DITOPS_GELU_TABLE=1 opts in
 // (kFeatureGeluTable): the random-weight FLUX.1 forward lost 1.5 ms by it (docs/fp8_rowwise_quant.md).
 constexpr int kTableCtasPerSm = 4;
 constexpr int kTableMinRowsPerCta = 4;
@@ -176,13 +176,11 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   const uint32_t table_feature = k.act == kFp8RowwiseGelu     ? kFeatureGeluTable
                                  : k.act == kFp8RowwiseSwiglu ? kFeatureSiluTable
                                                               : 0u;
+  const int64_t units = units_of(c);
   k.table = table_feature && (device.features & table_feature) && k.dtype == DType::bf16 && k.vector &&
-            c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors;
-  k.slots = slots_for(units_of(c), max_threads_of(k.table, k.act));
-  if (k.table && k.act == kFp8RowwiseSwiglu && k.slots > kSiluTableMaxSlots) {  // wider rows: evaluated
-    k.table = false;
-    k.slots = slots_for(units_of(c), kMaxThreads);
-  }
+            c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors &&
+            (k.act != kFp8RowwiseSwiglu || units <= int64_t{kSiluTableMaxSlots} * kSiluTableMaxThreads);
+  k.slots = slots_for(units, max_threads_of(k.table, k.act));
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
 }
