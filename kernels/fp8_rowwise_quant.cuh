@@ -15,11 +15,13 @@
 // * kTable (bf16, the vector path, GELU or SwiGLU): the GELU, or SwiGLU's SiLU, of
 //   common/act_table.cuh, each CTA's shared-memory table of the evaluated form's results (built
 //   before the PDL wait, so it overlaps the previous kernel), the units it does not hold evaluated as
-//   without it. Every unit of the row is loaded before the first is looked up (the lookup's branch
-//   would otherwise keep the compiler from issuing the next unit's loads early); GELU's CTAs also
-//   load their next row while this one is looked up, reduced and stored (SwiGLU's units are twice
-//   the registers: its CTAs rely on their neighbours on the SM instead). The grid is then a few CTAs
-//   per SM, each taking many rows, so the table is built a few hundred times a call, not once per row.
+//   without it. GELU's CTAs also load their next row while this one is looked up, reduced and stored
+//   (SwiGLU's units are twice the registers: its CTAs rely on their neighbours on the SM instead).
+//   The grid is then a few CTAs per SM, each taking many rows, so the table is built a few hundred
+//   times a call, not once per row.
+// * The vector path loads every unit of the row before the first act: the act's branches (the IEEE
+//   division's slow path, the table's lookup) keep the compiler from issuing a later unit's loads
+//   early, and acting unit by unit waited out a memory round trip per slot.
 // * The row is read once into registers, its amax reduced over the CTA, then quantized from the
 //   registers: each input byte read once, each e4m3 byte written once. The division is the IEEE
 //   one, by common/fp8_rowwise.cuh's fp8_rowwise_divide (the exact correction of y * (1 / s) on
@@ -109,26 +111,12 @@ template <typename T, bool kVector, int kAct>
 __device__ __forceinline__ Unit load_unit(const Fp8RowwiseQuantParams& p, const T* x_row, const T* prefix_row,
                                           int unit) {
   Unit u;
-  if constexpr (kVector) {
+  if constexpr (kVector) {  // the raw unit: the vector path's act comes after every load (act_unit)
+    static_assert(kAct == kFp8RowwiseActNone, "the vector path loads raw units");
     const int prefix_units = p.prefix_width / 16;
-    const bool from_prefix = unit < prefix_units;
-    const T* src = from_prefix ? prefix_row + 16 * unit : x_row + 16 * (unit - prefix_units);
+    const T* src = unit < prefix_units ? prefix_row + 16 * unit : x_row + 16 * (unit - prefix_units);
     u.lo = load_word<16, true>(src);
     u.hi = load_word<16, true>(src + 8);
-    if (kAct == kFp8RowwiseSwiglu && !from_prefix) {
-      const Word<16> up_lo = load_word<16, true>(src + p.up_offset), up_hi = load_word<16, true>(src + p.up_offset + 8);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        u.lo.w[i] = swiglu_word<T>(u.lo.w[i], up_lo.w[i]);
-        u.hi.w[i] = swiglu_word<T>(u.hi.w[i], up_hi.w[i]);
-      }
-    } else if (!from_prefix) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        u.lo.w[i] = act_word<T, kAct>(u.lo.w[i]);
-        u.hi.w[i] = act_word<T, kAct>(u.hi.w[i]);
-      }
-    }
   } else {
     unsigned short v[16], up[16];
     bool is_x[16];
@@ -240,6 +228,26 @@ __device__ __forceinline__ void load_raw_up(const Fp8RowwiseQuantParams& p, long
   }
 }
 
+// The act of a raw x unit of the vector path (SwiGLU: the gate, its up half in `up`), by the table
+// (kTable) or evaluated: the same words as the scalar path's load_unit.
+template <typename T, int kAct, bool kTable>
+__device__ __forceinline__ void act_unit(Unit& u, [[maybe_unused]] const Unit& up,
+                                         [[maybe_unused]] const unsigned short* table) {
+  if constexpr (kAct != kFp8RowwiseActNone) {
+    u32 w[8] = {u.lo.w[0], u.lo.w[1], u.lo.w[2], u.lo.w[3], u.hi.w[0], u.hi.w[1], u.hi.w[2], u.hi.w[3]};
+    if constexpr (kTable) act_unit_tabled<typename TableOf<kAct>::type>(w, table);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const u32 up_word = i < 4 ? up.lo.w[i] : up.hi.w[i - 4];
+      if constexpr (kAct == kFp8RowwiseSwiglu)
+        w[i] = kTable ? swiglu_mul_word<T>(w[i], up_word) : swiglu_word<T>(w[i], up_word);
+      else if constexpr (!kTable)
+        w[i] = act_word<T, kAct>(w[i]);
+    }
+    u = unit_of(w);
+  }
+}
+
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
@@ -273,7 +281,8 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
     Unit u[kSlots];
     u32 pairs = 0;
-    if constexpr (kTable) {
+    if constexpr (kVector) {
+      // Every unit's loads before the first act (the header says why).
       [[maybe_unused]] Unit up[kSlots];
       if constexpr (kNextRow) {
 #pragma unroll
@@ -281,25 +290,13 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
         if (row + gridDim.x < p.rows) load_raw_row<T, kSlots>(p, row + gridDim.x, next);
       } else {
         load_raw_row<T, kSlots>(p, row, u);
-        load_raw_up<T, kSlots>(p, row, up);
+        if constexpr (kAct == kFp8RowwiseSwiglu) load_raw_up<T, kSlots>(p, row, up);
       }
 #pragma unroll
       for (int j = 0; j < kSlots; ++j) {
         const int unit = t + j * threads;
         if (unit < p.units) {
-          if (unit >= p.prefix_width / 16) {  // x's units (kVector: the prefix is whole units)
-            u32 w[8] = {u[j].lo.w[0], u[j].lo.w[1], u[j].lo.w[2], u[j].lo.w[3],
-                        u[j].hi.w[0], u[j].hi.w[1], u[j].hi.w[2], u[j].hi.w[3]};
-            act_unit_tabled<Table>(w, table);
-            if constexpr (kAct == kFp8RowwiseSwiglu) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                w[i] = swiglu_mul_word<T>(w[i], up[j].lo.w[i]);
-                w[4 + i] = swiglu_mul_word<T>(w[4 + i], up[j].hi.w[i]);
-              }
-            }
-            u[j] = unit_of(w);
-          }
+          if (unit >= p.prefix_width / 16) act_unit<T, kAct, kTable>(u[j], up[j], table);  // x's units
 #pragma unroll
           for (int i = 0; i < 4; ++i) pairs = abs_max_pairs(abs_max_pairs(pairs, u[j].lo.w[i]), u[j].hi.w[i]);
         }
