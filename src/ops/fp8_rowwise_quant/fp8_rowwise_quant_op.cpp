@@ -35,10 +35,11 @@ constexpr int kTableMaxThreads = 256;
 // 95, one CTA an SM). Still slower than the evaluated rows (H100, 5f273e6: 200.98 against 180.90 us at
 // FLUX.2's FF-down input), docs/fp8_rowwise_quant.md.
 constexpr int kSiluTableMaxThreads = 384;
-// SwiGLU's evaluated rows hold every gate and up word of the row before the first SiLU (16 registers a
-// slot): 72 registers at 3 slots uncapped, one CTA of 512 threads an SM at FLUX.2's single-block cat;
-// held to 2 CTAs an SM (64 registers at 512 threads, sm_90 ptxas: no spill, the division's slow path
-// keeps 16 bytes of stack). min_blocks 2 for both SwiGLU paths (request_for).
+// SwiGLU's evaluated vector rows hold every gate and up word of the row before the first SiLU (16
+// registers a slot): 72 registers at 3 slots uncapped, one CTA of 512 threads an SM at FLUX.2's
+// single-block cat. Up to 3 slots they are held to 2 CTAs an SM (sm_90 ptxas at (512, 2): 60 / 63 /
+// 64 registers at 1 / 2 / 3 slots, no spill); at 4 the cap would spill 120 bytes, so 4 stay uncapped.
+constexpr int kSwigluTwoCtasMaxSlots = 3;
 constexpr int kSiluTableMaxSlots = 4;  // wider rows (past 24576 columns) are evaluated
 // SwiGLU's table CTAs on the persistent grid (1) or one a row over a grid of every row (0: each
 // builds its table for one row): the A/B of bench/experiments/silu_table_run.sh, not yet run.
@@ -195,7 +196,7 @@ KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
           .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.table, k.pdl),
           .params_type = "ditops::Fp8RowwiseQuantParams",
           .max_threads = max_threads_of(k.table, k.act),
-          .min_blocks = k.act == kFp8RowwiseSwiglu ? 2 : 0,
+          .min_blocks = k.act == kFp8RowwiseSwiglu && (k.table || (k.vector && k.slots <= kSwigluTwoCtasMaxSlots)) ? 2 : 0,
           .template_key = std::string(kOp) + ":" + k.to_string()};
 }
 
