@@ -32,7 +32,7 @@ constexpr int kTableMaxThreads = 256;
 // SwiGLU's table CTAs (opt-in) hold no next row but a slot's gate and up words (16 registers) until
 // its lookup: up to 384 threads held to 2 CTAs an SM (80 registers, sm_90 ptxas: a 48-byte spill at 3
 // slots, FLUX.2's FF-down input; 104 bytes at 4, its single block's cat; at 512 threads and 3 slots:
-// 95, one CTA an SM). Still slower than the evaluated rows (H100, 5f273e6: 200.98 against 180.90 us at
+// 95, one CTA an SM). Slower than the evaluated rows (H100, 39d1a9a: 200.57 against 149.07 us at
 // FLUX.2's FF-down input), docs/fp8_rowwise_quant.md.
 constexpr int kSiluTableMaxThreads = 384;
 // SwiGLU's evaluated vector rows hold every gate and up word of the row before the first SiLU (16
