@@ -12,13 +12,11 @@
 //   PyTorch's SASS, docs/gelu_tanh.md).
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
-// * kTable (bf16, the vector path, GELU or SwiGLU): the GELU, or SwiGLU's SiLU, of
-//   common/act_table.cuh, each CTA's shared-memory table of the evaluated form's results (built
-//   before the PDL wait, so it overlaps the previous kernel), the units it does not hold evaluated as
-//   without it. GELU's CTAs also load their next row while this one is looked up, reduced and stored
-//   (SwiGLU's units are twice the registers: its CTAs rely on their neighbours on the SM instead).
-//   The grid is then a few CTAs per SM, each taking many rows, so the table is built a few hundred
-//   times a call, not once per row.
+// * kTable (bf16, the vector path, GELU): the GELU of common/act_table.cuh, each CTA's shared-memory
+//   table of the evaluated form's results (built before the PDL wait, so it overlaps the previous
+//   kernel), the units it does not hold evaluated as without it. Its CTAs also load their next row
+//   while this one is looked up, reduced and stored. The grid is then a few CTAs per SM, each taking
+//   many rows, so the table is built a few hundred times a call, not once per row.
 // * The vector path loads every unit of the row before the first act: the act's branches (the IEEE
 //   division's slow path, the table's lookup) keep the compiler from issuing a later unit's loads
 //   early, and acting unit by unit waited out a memory round trip per slot.
@@ -53,8 +51,8 @@ struct Fp8RowwiseQuantParams {
   int units;                 // ceil((Kp + N) / 16)
 };
 
-// The act tables' check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through the
-// table's unit path against the evaluated GELU or SiLU; `mismatches` counts the words that differ.
+// The GELU table's check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through the
+// table's unit path against the evaluated GELU; `mismatches` counts the words that differ.
 struct ActTableCheckParams {
   unsigned* mismatches;
 };
@@ -187,16 +185,6 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
   }
 }
 
-// The table of act kAct (GELU, or SwiGLU's SiLU).
-template <int kAct>
-struct TableOf {
-  using type = GeluTable;
-};
-template <>
-struct TableOf<kFp8RowwiseSwiglu> {
-  using type = SiluTable;
-};
-
 // Row `row`'s units as loaded (no act), every load in flight before any is used: the table path's
 // raw units (kVector).
 template <typename T, int kSlots>
@@ -228,21 +216,23 @@ __device__ __forceinline__ void load_raw_up(const Fp8RowwiseQuantParams& p, long
   }
 }
 
-// The act of a raw x unit of the vector path (SwiGLU: the gate, its up half in `up`), by the table
-// (kTable) or evaluated: the same words as the scalar path's load_unit.
+// The act of a raw x unit of the vector path (SwiGLU: the gate, its up half in `up`), evaluated or
+// (kTable, GELU) by the table: the same words as the scalar path's load_unit.
 template <typename T, int kAct, bool kTable>
 __device__ __forceinline__ void act_unit(Unit& u, [[maybe_unused]] const Unit& up,
                                          [[maybe_unused]] const unsigned short* table) {
   if constexpr (kAct != kFp8RowwiseActNone) {
     u32 w[8] = {u.lo.w[0], u.lo.w[1], u.lo.w[2], u.lo.w[3], u.hi.w[0], u.hi.w[1], u.hi.w[2], u.hi.w[3]};
-    if constexpr (kTable) act_unit_tabled<typename TableOf<kAct>::type>(w, table);
+    if constexpr (kTable) {
+      act_unit_tabled<GeluTable>(w, table);
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const u32 up_word = i < 4 ? up.lo.w[i] : up.hi.w[i - 4];
-      if constexpr (kAct == kFp8RowwiseSwiglu)
-        w[i] = kTable ? swiglu_mul_word<T>(w[i], up_word) : swiglu_word<T>(w[i], up_word);
-      else if constexpr (!kTable)
-        w[i] = act_word<T, kAct>(w[i]);
+      for (int i = 0; i < 8; ++i) {
+        if constexpr (kAct == kFp8RowwiseSwiglu)
+          w[i] = swiglu_word<T>(w[i], i < 4 ? up.lo.w[i] : up.hi.w[i - 4]);
+        else
+          w[i] = act_word<T, kAct>(w[i]);
+      }
     }
     u = unit_of(w);
   }
@@ -251,17 +241,17 @@ __device__ __forceinline__ void act_unit(Unit& u, [[maybe_unused]] const Unit& u
 }  // namespace frq_detail
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
-// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU or SiLU by
-// common/act_table.cuh's table (bf16, kVector, GELU or SwiGLU). kPdl: griddepcontrol.wait
+// the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU by
+// common/act_table.cuh's table (bf16, kVector, GELU). kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
 template <typename T, int kSlots, bool kVector, int kAct, bool kTable, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   using namespace frq_detail;
   static_assert(sizeof(T) == 2, "bf16 or f16 rows");
-  static_assert(!kTable || (kVector && kAct != kFp8RowwiseActNone && kIsBf16<T>),
-                "the table is for bf16 GELU or SwiGLU rows on the vector path");
-  using Table = typename TableOf<kAct>::type;
-  constexpr bool kNextRow = kTable && kAct == kFp8RowwiseGelu;  // the next row in flight (above)
+  static_assert(!kTable || (kVector && kAct == kFp8RowwiseGelu && kIsBf16<T>),
+                "the table is for bf16 GELU rows on the vector path");
+  using Table = GeluTable;
+  constexpr bool kNextRow = kTable;  // the next row in flight (above)
   __shared__ u32 partials[2][32];
   __shared__ unsigned short table[kTable ? kActTableEntries<Table> : 1];
   const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
@@ -328,16 +318,16 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
-// ActTableCheckParams' kernel, for the table of kAct (GELU, or SwiGLU's SiLU): each CTA builds the
-// table, its threads take 16 consecutive bf16 bit patterns a unit (the table's bounds are multiples
-// of 16: every unit is wholly in the table, wholly large or wholly evaluated), through
-// act_unit_tabled and through the evaluated word; then every bf16 value again in a unit of mixed
-// company (table values and finite values past the table of both signs), which takes the path of
-// units holding both. T: kernel::bf16 (a template for the JIT's wrapper).
-template <typename T, int kAct>
+// ActTableCheckParams' kernel: each CTA builds the GELU table, its threads take 16 consecutive bf16
+// bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in the table,
+// wholly large or wholly evaluated), through act_unit_tabled and through the evaluated word; then
+// every bf16 value again in a unit of mixed company (table values and finite values past the table
+// of both signs), which takes the path of units holding both. T: kernel::bf16 (a template for the
+// JIT's wrapper).
+template <typename T>
 __device__ void fp8_rowwise_act_table_check_body(const ActTableCheckParams& p) {
   static_assert(kernel::kIsBf16<T>, "the table is bf16's");
-  using Table = typename frq_detail::TableOf<kAct>::type;
+  using Table = kernel::GeluTable;
   __shared__ unsigned short table[kernel::kActTableEntries<Table>];
   kernel::build_act_table<Table>(table);
   __syncthreads();
@@ -351,9 +341,9 @@ __device__ void fp8_rowwise_act_table_check_body(const ActTableCheckParams& p) {
     for (int i = 0; i < 8; ++i)
       if (tabled[i] != Table::evaluate_word(w[i])) atomicAdd(p.mismatches, 1u);
   }
-  // 1, -1, 32, -32, 0.5, -3, and +-8 (GELU) or +-128 (SiLU): the first values past the table (bf16
-  // bits), then the value under test in the last half
-  constexpr kernel::u32 kLarge = kAct == kFp8RowwiseSwiglu ? 0xC3004300u : 0xC1004100u;
+  // 1, -1, 32, -32, 0.5, -3, and +-8: the first values past the table (bf16 bits), then the value
+  // under test in the last half
+  constexpr kernel::u32 kLarge = 0xC1004100u;
   constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge,
                                        0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge};
   for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < 65536u; v += blockDim.x * gridDim.x) {

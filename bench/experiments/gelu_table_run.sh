@@ -12,7 +12,16 @@
 # eager, torch.compile and a device copy. Writes OUT/gelu_table.tgz: build.log, gtest.txt,
 # torch_off.txt / torch_on.txt and their records (torch_fp8_rowwise_quant_{off,on}.json, _checks).
 # Needs .whl (bench/experiments/wheels.sh) only for nothing: the benches load libditops by ctypes.
-. "$(dirname "$0")/table_run_prelude.sh" gelu_table
+set -uo pipefail
+T0=$(date +%s)
+OUT=${OUT:-$(pwd)/device-out}
+mkdir -p "$OUT"
+W=$(mktemp -d)
+COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
+export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-gelu_table-cache} PYTHONUNBUFFERED=1
+finish() { tar -C "$W" -czf "$OUT/gelu_table.tgz" . ; echo "== total $(( $(date +%s) - T0 )) s"; }
+trap finish EXIT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
 { cmake -S . -B build-gt -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD_PYTHON=OFF \
     -DDITOPS_BUILD_BENCH=OFF && cmake --build build-gt -j 16 --target ditops test_fp8_rowwise_quant test_ops; } \
   > "$W/build.log" 2>&1 || { tail -30 "$W/build.log"; exit 1; }

@@ -36,8 +36,6 @@ enum Feature : uint32_t {
   kFeatureFp4Convert = 1u << 2,   // hardware e2m1 conversion (sm_100a / sm_120a)
   kFeatureGeluTable = 1u << 3,    // fp8_rowwise_quant's GELU by table: DITOPS_GELU_TABLE=1 opts in (sm_89+) until
                                   // a model forward gains by it (docs/fp8_rowwise_quant.md)
-  kFeatureSiluTable = 1u << 4,    // fp8_rowwise_quant's SwiGLU by its SiLU table: DITOPS_SILU_TABLE=1 opts in (sm_89+);
-                                  // slower than evaluated on an H100 (docs/fp8_rowwise_quant.md)
 };
 std::string feature_names(uint32_t features);
 

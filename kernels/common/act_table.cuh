@@ -1,27 +1,22 @@
-// Activations of bf16 values by table: GELU(tanh) (fp8_rowwise_quant's act=gelu) and SiLU (the gate
-// of its act=swiglu), each value read from a shared-memory table a CTA builds once instead of
-// evaluated per element. Bit-exact with the evaluated form by construction: each entry is the
-// evaluated function's own result for that input (common/gelu.cuh's gelu_tanh_word, common/swiglu.cuh's
-// silu rounded to bf16), and a unit (16 values) with any value outside the table and its large-value
-// rule is evaluated as before.
+// GELU(tanh) of bf16 values by table (fp8_rowwise_quant's act=gelu, opt-in): each value read from a
+// shared-memory table a CTA builds once instead of evaluated per element. Bit-exact with the
+// evaluated form by construction: each entry is the evaluated function's own result for that input
+// (common/gelu.cuh's gelu_tanh_word), and a unit (16 values) with any value outside the table and its
+// large-value rule is evaluated as before.
 //
-// Why: fp8_rowwise_quant's GELU and SwiGLU rows are issue-bound, not memory-bound (FLUX.1's FF-down
-// input at 0.74 of a copy, FLUX.2's FF at 0.79 on an H100, act none at the copy): tanhf and its fp32
-// steps take ~30 instructions an element (sm_90 SASS), expf and the IEEE division of SiLU ~20, a
-// lookup ~8. A bf16 input has 2^16 values; a table holds those with 2^-12 <= |x| < 2^(kExps - 12)
-// (bf16 exponent fields 115 .. 115 + kExps - 1, both signs, 128 mantissas each). Finite values past
-// it need no table, for both functions: there x > 0 gives x and x < 0 gives -0.
-//   GELU (kExps 15, |x| >= 8, 3840 entries, 7.5 KiB): |inner| >= 24.6, tanhf(inner) is +-1 exactly,
-//     so 0.5x * 2 = x or 0.5x * 0 = -0.
-//   SiLU (kExps 19, |x| >= 128, 4864 entries, 9.5 KiB): expf(-x) underflows to +0 for x >= 128 (x / 1),
-//     overflows to +Inf for x <= -128 (x / Inf = -0).
-// Smaller values, Inf and NaN are evaluated. Why the large values: the model benches' random FLUX.1 has
-// 83 % of its FF-up outputs at |x| >= 8 (std 37 on the CPU, bench.build's model), so with the table
-// alone no unit took it and the forward lost time.
+// Why: fp8_rowwise_quant's GELU rows are issue-bound, not memory-bound (FLUX.1's FF-down input at
+// 0.83 of a copy on an H100, act none at the copy): tanhf and its fp32 steps take ~30 instructions
+// an element (sm_90 SASS), a lookup ~8. A bf16 input has 2^16 values; the table holds those with
+// 2^-12 <= |x| < 2^(kExps - 12) (bf16 exponent fields 115 .. 115 + kExps - 1, both signs, 128
+// mantissas each). Finite values past it need no table (kExps 15, |x| >= 8, 3840 entries, 7.5 KiB):
+// |inner| >= 24.6, tanhf(inner) is +-1 exactly, so 0.5x * 2 = x (x > 0) or 0.5x * 0 = -0 (x < 0).
+// Smaller values, Inf and NaN are evaluated. Why the large values: the model benches' random FLUX.1
+// has 83 % of its FF-up outputs at |x| >= 8 (std 37 on the CPU, bench.build's model), so with the
+// table alone no unit took it and the forward lost time. (A SiLU table for SwiGLU's gate, the same
+// machinery, was removed once the evaluated SwiGLU rows reached the copy: docs/fp8_rowwise_quant.md.)
 #pragma once
 
 #include "common/gelu.cuh"
-#include "common/swiglu.cuh"
 #include "common/types.cuh"
 
 namespace ditops::kernel {
@@ -35,7 +30,8 @@ constexpr bool kIsBf16<bf16> = true;
 constexpr int kActTableExpLo = 115;                                     // |x| >= 2^-12
 constexpr unsigned kActTableFirstBits = unsigned{kActTableExpLo} << 7;  // the smallest magnitude's bits
 
-// The two tables: how many exponents each holds and the function it holds.
+// The table: how many exponents it holds and the function it holds (a template parameter of the
+// functions below).
 struct GeluTable {
   static constexpr int kExps = 15;  // |x| < 2^3
   // GELU(tanh) of bf16 `bits`, rounded to bf16: gelu_tanh_word's low half of a word repeating it.
@@ -43,17 +39,6 @@ struct GeluTable {
     return static_cast<unsigned short>(gelu_tanh_word<bf16>(bits | (bits << 16)));
   }
   static __device__ __forceinline__ u32 evaluate_word(u32 word) { return gelu_tanh_word<bf16>(word); }
-};
-
-struct SiluTable {
-  static constexpr int kExps = 19;  // |x| < 2^7
-  // SiLU of bf16 `bits` in fp32 (ATen's), rounded to bf16.
-  static __device__ __forceinline__ unsigned short value(u32 bits) {
-    bf16 x;
-    x.bits = static_cast<unsigned short>(bits);
-    return from_float<bf16>(silu(to_float(x))).bits;
-  }
-  static __device__ __forceinline__ u32 evaluate_word(u32 word) { return silu_word<bf16>(word); }
 };
 
 template <typename Table>

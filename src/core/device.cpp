@@ -28,16 +28,10 @@ bool pdl_allowed() { return !env_says("DITOPS_PDL", "0", "off"); }
 // forward (docs/fp8_rowwise_quant.md). Read once per device.
 bool gelu_table_opted_in() { return env_says("DITOPS_GELU_TABLE", "1", "on"); }
 
-// DITOPS_SILU_TABLE=1: fp8_rowwise_quant's SwiGLU rows with SiLU by the shared-memory table
-// (kernels/common/act_table.cuh). Opt-in: bit-exact, but slower than the evaluated rows on an H100
-// (docs/fp8_rowwise_quant.md). Read once per device.
-bool silu_table_opted_in() { return env_says("DITOPS_SILU_TABLE", "1", "on"); }
-
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;
   if (sm >= 90 && pdl_allowed()) features |= kFeaturePdl;
   if (sm >= 89 && gelu_table_opted_in()) features |= kFeatureGeluTable;
-  if (sm >= 89 && silu_table_opted_in()) features |= kFeatureSiluTable;
   if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
   if (g_machine.nvrtc && g_machine.nvrtc()) features |= kFeatureNvrtc;
   return features;

@@ -29,31 +29,18 @@ constexpr int kMaxThreads = 512;
 // rows each: up to 256 threads (H100, 7a438af: FLUX.1's FF-down input 81.99 us with 512, against
 // 69.71 us with 256 at c2e432c and 70.62 us evaluated at 512).
 constexpr int kTableMaxThreads = 256;
-// SwiGLU's table CTAs (opt-in) hold no next row but a slot's gate and up words (16 registers) until
-// its lookup: up to 384 threads held to 2 CTAs an SM (80 registers, sm_90 ptxas: a 48-byte spill at 3
-// slots, FLUX.2's FF-down input; 104 bytes at 4, its single block's cat; at 512 threads and 3 slots:
-// 95, one CTA an SM). Slower than the evaluated rows (H100, 39d1a9a: 200.57 against 149.07 us at
-// FLUX.2's FF-down input), docs/fp8_rowwise_quant.md.
-constexpr int kSiluTableMaxThreads = 384;
 // SwiGLU's evaluated vector rows hold every gate and up word of the row before the first SiLU (16
 // registers a slot): 72 registers at 3 slots uncapped, one CTA of 512 threads an SM at FLUX.2's
 // single-block cat. Up to 3 slots they are held to 2 CTAs an SM (sm_90 ptxas at (512, 2): 60 / 63 /
 // 64 registers at 1 / 2 / 3 slots, no spill); at 4 the cap would spill 120 bytes, so 4 stay uncapped.
 constexpr int kSwigluTwoCtasMaxSlots = 3;
-constexpr int kSiluTableMaxSlots = 4;  // wider rows (past 24576 columns) are evaluated
-// SwiGLU's table CTAs on the persistent grid (1) or one a row over a grid of every row (0: each
-// builds its table for one row): the A/B of bench/experiments/silu_table_run.sh, not yet run.
-#ifndef DITOPS_FRQ_SILU_TABLE_PERSISTENT
-#define DITOPS_FRQ_SILU_TABLE_PERSISTENT 1
-#endif
 constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
 // 32768 columns: a row in registers, 8 slots of the table's 256 threads (4 of the others' 512).
 constexpr int64_t kMaxUnits = int64_t{8} * kTableMaxThreads;
-// GELU and SwiGLU's SiLU by table (kernels/common/act_table.cuh) where a call has rows enough for a
-// grid of kTableCtasPerSm CTAs per SM to take several each: each CTA builds the table once (3840
-// GELU or 4864 SiLU entries: 15 or 19 evaluations a thread of 256), so it pays where a CTA then
-// takes several rows of 48-96 elements a thread. The bounds are the arithmetic's, not a sweep's
+// GELU by table (kernels/common/act_table.cuh) where a call has rows enough for a grid of
+// kTableCtasPerSm CTAs per SM to take several each: each CTA builds the table once (3840 entries:
+// 15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-96 elements a thread. The bounds are the arithmetic's, not a sweep's
 // (H100: 0.76 -> 0.81 of a copy at FLUX.1's FF-down input with every unit in the table); taken only where DITOPS_GELU_TABLE=1 opts in
 // (kFeatureGeluTable): the random-weight FLUX.1 forward lost 1.5 ms by it (docs/fp8_rowwise_quant.md).
 constexpr int kTableCtasPerSm = 4;
@@ -166,10 +153,7 @@ int slots_for(int64_t units, int max_threads) {
   return kSlotBuckets[std::size(kSlotBuckets) - 1];
 }
 
-int max_threads_of(bool table, int act) {
-  if (!table) return kMaxThreads;
-  return act == kFp8RowwiseGelu ? kTableMaxThreads : kSiluTableMaxThreads;
-}
+int max_threads_of(bool table) { return table ? kTableMaxThreads : kMaxThreads; }
 
 Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& device) {
   Fp8RowwiseQuantKey k;
@@ -178,14 +162,9 @@ Fp8RowwiseQuantKey key_for(const Fp8RowwiseQuantCall& c, const DeviceInfo& devic
   k.act = c.options.act == Fp8RowwiseAct::none     ? kFp8RowwiseActNone
           : c.options.act == Fp8RowwiseAct::swiglu ? kFp8RowwiseSwiglu
                                                    : kFp8RowwiseGelu;
-  const uint32_t table_feature = k.act == kFp8RowwiseGelu     ? kFeatureGeluTable
-                                 : k.act == kFp8RowwiseSwiglu ? kFeatureSiluTable
-                                                              : 0u;
-  const int64_t units = units_of(c);
-  k.table = table_feature && (device.features & table_feature) && k.dtype == DType::bf16 && k.vector &&
-            c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors &&
-            (k.act != kFp8RowwiseSwiglu || units <= int64_t{kSiluTableMaxSlots} * kSiluTableMaxThreads);
-  k.slots = slots_for(units, max_threads_of(k.table, k.act));
+  k.table = k.act == kFp8RowwiseGelu && (device.features & kFeatureGeluTable) && k.dtype == DType::bf16 &&
+            k.vector && c.rows >= int64_t{kTableMinRowsPerCta} * kTableCtasPerSm * device.multiprocessors;
+  k.slots = slots_for(units_of(c), max_threads_of(k.table));
   k.pdl = c.options.use_pdl && (device.features & kFeaturePdl);
   return k;
 }
@@ -195,8 +174,8 @@ KernelRequest request_for(const Fp8RowwiseQuantKey& k) {
           .function = "ditops::fp8_rowwise_quant_body",
           .template_args = jit::kernel_args(k.dtype, k.slots, k.vector, k.act, k.table, k.pdl),
           .params_type = "ditops::Fp8RowwiseQuantParams",
-          .max_threads = max_threads_of(k.table, k.act),
-          .min_blocks = k.act == kFp8RowwiseSwiglu && (k.table || (k.vector && k.slots <= kSwigluTwoCtasMaxSlots)) ? 2 : 0,
+          .max_threads = max_threads_of(k.table),
+          .min_blocks = k.act == kFp8RowwiseSwiglu && k.vector && k.slots <= kSwigluTwoCtasMaxSlots ? 2 : 0,
           .template_key = std::string(kOp) + ":" + k.to_string()};
 }
 
@@ -219,9 +198,8 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
   const int64_t threads = (p.units + k.slots - 1) / k.slots;
   const unsigned block = static_cast<unsigned>((threads + 31) / 32 * 32);
   // The table's grid: kTableCtasPerSm CTAs per SM, fewer where the kernel's occupancy allows fewer.
-  const bool persistent = k.table && (k.act == kFp8RowwiseGelu || DITOPS_FRQ_SILU_TABLE_PERSISTENT);
   const int64_t ctas =
-      persistent ? int64_t{std::min(kTableCtasPerSm, kernel.blocks_per_sm)} * kernel.multiprocessors : int64_t{0x7fffffff};
+      k.table ? int64_t{std::min(kTableCtasPerSm, kernel.blocks_per_sm)} * kernel.multiprocessors : int64_t{0x7fffffff};
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(c.rows, ctas));
   jit::launch(kernel, grid, block, &p, sizeof p, static_cast<CUstream>(c.stream), k.pdl);
 }
@@ -229,8 +207,7 @@ void launch(const Fp8RowwiseQuantCall& c, const Fp8RowwiseQuantKey& k, const jit
 // The compile test's keys: every slot bucket (bf16, vector, the GELU), no act, SwiGLU at slots 1, 3
 // (FLUX.2: 18432 and 6144 + 18432 columns) and 4, and on the scalar path; f16 and the scalar path,
 // PDL off; the table's GELU at slots 3 and 4 (FLUX.1's FF-down input and single-block cat), 4 without
-// PDL, and 6 (Wan's FF-down input); the table's SwiGLU at slots 3 and 4 (FLUX.2's FF-down input and
-// single-block cat).
+// PDL, and 6 (Wan's FF-down input).
 std::vector<Fp8RowwiseQuantKey> variant_keys() {
   std::vector<Fp8RowwiseQuantKey> keys;
   for (int s : kSlotBuckets) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, false, true});
@@ -243,7 +220,6 @@ std::vector<Fp8RowwiseQuantKey> variant_keys() {
   keys.push_back({DType::f16, 1, true, kFp8RowwiseActNone, false, false});
   for (int s : {3, 4, 6}) keys.push_back({DType::bf16, s, true, kFp8RowwiseGelu, true, true});
   keys.push_back({DType::bf16, 4, true, kFp8RowwiseGelu, true, false});
-  for (int s : {3, 4}) keys.push_back({DType::bf16, s, true, kFp8RowwiseSwiglu, true, true});
   return keys;
 }
 
