@@ -185,8 +185,8 @@ __device__ __forceinline__ void store_row(const Fp8RowwiseQuantParams& p, unsign
   }
 }
 
-// Row `row`'s units as loaded (no act), every load in flight before any is used: the table path's
-// raw units (kVector).
+// Row `row`'s units as loaded (no act), every load in flight before any is used: the vector path's
+// raw units.
 template <typename T, int kSlots>
 __device__ __forceinline__ void load_raw_row(const Fp8RowwiseQuantParams& p, long long row, Unit (&u)[kSlots]) {
   const T* x_row = static_cast<const T*>(p.x) + row * p.x_row_stride;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void load_raw_row(const Fp8RowwiseQuantParams& p, lon
   }
 }
 
-// The up halves of row `row`'s x units (SwiGLU's table path, kVector; prefix units load nothing).
+// The up halves of row `row`'s x units (SwiGLU's vector path; prefix units load nothing).
 template <typename T, int kSlots>
 __device__ __forceinline__ void load_raw_up(const Fp8RowwiseQuantParams& p, long long row, Unit (&up)[kSlots]) {
   const T* up_row = static_cast<const T*>(p.x) + row * p.x_row_stride + p.up_offset;
