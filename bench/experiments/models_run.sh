@@ -15,8 +15,11 @@
 #   wan_fp8      Wan 14B widths, 2 blocks, 32760 tokens, FP8 beside bf16 (every variant and the 8-step
 #                loop: more than 107 s on the H200 at 0c25fcb, which ran out in torchao + compile)
 #   qwen_fp8     Qwen-Image, 2 blocks, 4608 tokens, FP8 beside bf16
-#   flux2_fp8    FLUX.2-dev widths, 2 blocks, FP8 beside bf16 and torchao rowwise + compile, the 8-step
-#                quality loop (at 2670cc6 on the H100 without torchao: 57 s; with it at e59a09c: 283 s)
+#   flux2_fp8    FLUX.2-dev widths, 2 blocks, FP8 beside bf16 (eager, compile, the plain chain, ditops
+#                FP8 eager / + graph / + compile), the 8-step quality loop (at 2670cc6 on the H100: 57 s)
+#   flux2_fp8_torchao  the same model: ditops FP8 + graph beside torchao rowwise + compile and the plain
+#                chain (at 39d1a9a on a fresh H100: 250 s; with flux2_fp8's variants in one step it ran
+#                past 385 s, inside torchao's compile)
 #   flux, wan    issue 44's 2-block benches at the bench's shapes (4608 tokens; Wan at 14B widths), the
 #                six bf16 variants (at e59a09c on the H100: 70 and 45 s)
 #   qwen, ltx2, hunyuan  the other models' 2-block benches at the bench's shapes (issue 44)
@@ -77,7 +80,8 @@ declare -A CMD=(
   [flux_full_torchao]="$B --model flux --full-depth --tokens 4608 --fp8 --compile-scope regional --iters 10 --profile-iters 1 --loop-steps 0 --variants fp8+graph,torchao+compile"
   [wan_fp8]="$B --model wan --blocks 2 --tokens 32760 --fp8 --loop-steps 8 --iters 10"
   [qwen_fp8]="$B --model qwen --blocks 2 --tokens 4608 --fp8 --loop-steps 28"
-  [flux2_fp8]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 8 --variants eager,compile,fp8chain,fp8,fp8+graph,fp8+compile,torchao+compile"
+  [flux2_fp8]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 8 --variants eager,compile,fp8chain,fp8,fp8+graph,fp8+compile"
+  [flux2_fp8_torchao]="$B --model flux2 --blocks 2 --tokens 4608 --fp8 --loop-steps 0 --variants fp8chain,fp8+graph,torchao+compile"
   [flux]="$B --model flux --blocks 2"
   [wan]="$B --model wan --blocks 2"
   [qwen]="$B --model qwen --blocks 2"
@@ -86,7 +90,7 @@ declare -A CMD=(
   [wan32k]="$B --model wan --blocks 2 --tokens 32760 --iters 10 --variants eager,compile,eager+ditops+graph"
   [wan_full]="$B --model wan --full-depth --iters 5 --profile-iters 1 --variants eager,compile,eager+ditops+graph"
 )
-STEPS=${*:-flux_fp8 flux2 flux_full wan_fp8 qwen_fp8 flux2_fp8}
+STEPS=${*:-flux_fp8 flux2 flux_full wan_fp8 qwen_fp8 flux2_fp8 flux2_fp8_torchao}
 for step in $STEPS; do
   left=$(( DEADLINE - $(date +%s) ))
   [ $left -ge 45 ] || { say "$step: not started ($left s left)"; continue; }
