@@ -12,11 +12,11 @@
 //   PyTorch's SASS, docs/gelu_tanh.md).
 // * SwiGLU is common/swiglu.cuh's (the swiglu op's): ATen's silu in fp32, rounded to T, times the
 //   up half in fp32, rounded to T.
-// * kTable (bf16, the vector path, GELU): the GELU of common/act_table.cuh, each CTA's shared-memory
-//   table of the evaluated form's results (built before the PDL wait, so it overlaps the previous
-//   kernel), the units it does not hold evaluated as without it. Its CTAs also load their next row
-//   while this one is looked up, reduced and stored. The grid is then a few CTAs per SM, each taking
-//   many rows, so the table is built a few hundred times a call, not once per row.
+// * kTable (bf16, the vector path, GELU): the GELU of common/gelu_table.cuh, each CTA's
+//   shared-memory table of the evaluated form's results (built before the PDL wait, so it overlaps
+//   the previous kernel), the units it does not hold evaluated as without it. Its CTAs also load
+//   their next row while this one is looked up, reduced and stored. The grid is then a few CTAs per
+//   SM, each taking many rows, so the table is built a few hundred times a call, not once per row.
 // * The vector path loads every unit of the row before the first act: the act's branches (the IEEE
 //   division's slow path, the table's lookup) keep the compiler from issuing a later unit's loads
 //   early, and acting unit by unit waited out a memory round trip per slot.
@@ -51,9 +51,9 @@ struct Fp8RowwiseQuantParams {
   int units;                 // ceil((Kp + N) / 16)
 };
 
-// The GELU table's check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through the
-// table's unit path against the evaluated GELU; `mismatches` counts the words that differ.
-struct ActTableCheckParams {
+// The GELU table's check (tests/test_fp8_rowwise_quant.cpp, on a GPU): every bf16 value through
+// the table's unit path against the evaluated GELU; `mismatches` counts the words that differ.
+struct GeluTableCheckParams {
   unsigned* mismatches;
 };
 
@@ -66,7 +66,7 @@ constexpr int kFp8RowwiseSwiglu = 2;  // silu(x[:N]) * x[N:], each step rounded 
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
 
-#include "common/act_table.cuh"
+#include "common/gelu_table.cuh"
 #include "common/fp8_rowwise.cuh"
 #include "common/gelu.cuh"
 #include "common/memory.cuh"
@@ -224,7 +224,7 @@ __device__ __forceinline__ void act_unit(Unit& u, [[maybe_unused]] const Unit& u
   if constexpr (kAct != kFp8RowwiseActNone) {
     u32 w[8] = {u.lo.w[0], u.lo.w[1], u.lo.w[2], u.lo.w[3], u.hi.w[0], u.hi.w[1], u.hi.w[2], u.hi.w[3]};
     if constexpr (kTable) {
-      act_unit_tabled<GeluTable>(w, table);
+      gelu_tanh_unit_tabled(w, table);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -242,7 +242,7 @@ __device__ __forceinline__ void act_unit(Unit& u, [[maybe_unused]] const Unit& u
 
 // T: kernel::bf16 or kernel::f16. kSlots: units per thread (blockDim.x * kSlots >= units). kVector:
 // the 16-byte path. kAct: kFp8RowwiseActNone / Gelu / Swiglu. kTable: the GELU by
-// common/act_table.cuh's table (bf16, kVector, GELU). kPdl: griddepcontrol.wait
+// common/gelu_table.cuh's table (bf16, kVector, GELU). kPdl: griddepcontrol.wait
 // before the first read, launch_dependents after the last store.
 template <typename T, int kSlots, bool kVector, int kAct, bool kTable, bool kPdl>
 __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
@@ -250,13 +250,11 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   static_assert(sizeof(T) == 2, "bf16 or f16 rows");
   static_assert(!kTable || (kVector && kAct == kFp8RowwiseGelu && kIsBf16<T>),
                 "the table is for bf16 GELU rows on the vector path");
-  using Table = GeluTable;
-  constexpr bool kNextRow = kTable;  // the next row in flight (above)
   __shared__ u32 partials[2][32];
-  __shared__ unsigned short table[kTable ? kActTableEntries<Table> : 1];
+  __shared__ unsigned short table[kTable ? kGeluTableEntries : 1];
   const int t = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   if constexpr (kTable) {
-    build_act_table<Table>(table);
+    build_gelu_table(table);
     __syncthreads();
   }
   if constexpr (kPdl) pdl_wait();
@@ -265,7 +263,7 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   // its grid is a few CTAs per SM, which would otherwise load, look up, reduce and store in step
   // and leave memory idle between their rows' loads).
   [[maybe_unused]] Unit next[kSlots];
-  if constexpr (kNextRow) {
+  if constexpr (kTable) {
     if (blockIdx.x < p.rows) load_raw_row<T, kSlots>(p, blockIdx.x, next);
   }
   for (long long row = blockIdx.x; row < p.rows; row += gridDim.x) {  // uniform per CTA
@@ -274,7 +272,7 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
     if constexpr (kVector) {
       // Every unit's loads before the first act (the header says why).
       [[maybe_unused]] Unit up[kSlots];
-      if constexpr (kNextRow) {
+      if constexpr (kTable) {
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) u[j] = next[j];
         if (row + gridDim.x < p.rows) load_raw_row<T, kSlots>(p, row + gridDim.x, next);
@@ -318,42 +316,39 @@ __device__ void fp8_rowwise_quant_body(const Fp8RowwiseQuantParams& p) {
   if constexpr (kPdl) pdl_launch_dependents();
 }
 
-// ActTableCheckParams' kernel: each CTA builds the GELU table, its threads take 16 consecutive bf16
+// GeluTableCheckParams' kernel: each CTA builds the table, its threads take 16 consecutive bf16
 // bit patterns a unit (the table's bounds are multiples of 16: every unit is wholly in the table,
-// wholly large or wholly evaluated), through act_unit_tabled and through the evaluated word; then
-// every bf16 value again in a unit of mixed company (table values and finite values past the table
-// of both signs), which takes the path of units holding both. T: kernel::bf16 (a template for the
-// JIT's wrapper).
+// wholly large or wholly evaluated), through gelu_tanh_unit_tabled and through gelu_tanh_word;
+// then every bf16 value again in a unit of mixed company (table values and finite |x| >= 8 of both
+// signs), which takes the path of units holding both. T: kernel::bf16 (a template for the JIT's
+// wrapper).
 template <typename T>
-__device__ void fp8_rowwise_act_table_check_body(const ActTableCheckParams& p) {
+__device__ void fp8_rowwise_gelu_table_check_body(const GeluTableCheckParams& p) {
   static_assert(kernel::kIsBf16<T>, "the table is bf16's");
-  using Table = kernel::GeluTable;
-  __shared__ unsigned short table[kernel::kActTableEntries<Table>];
-  kernel::build_act_table<Table>(table);
+  __shared__ unsigned short table[kernel::kGeluTableEntries];
+  kernel::build_gelu_table(table);
   __syncthreads();
   const unsigned step = 16u * blockDim.x * gridDim.x;
   for (unsigned base = 16u * (blockIdx.x * blockDim.x + threadIdx.x); base < 65536u; base += step) {
     kernel::u32 w[8], tabled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) tabled[i] = w[i] = (base + 2 * i) | ((base + 2 * i + 1) << 16);
-    kernel::act_unit_tabled<Table>(tabled, table);
+    kernel::gelu_tanh_unit_tabled(tabled, table);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (tabled[i] != Table::evaluate_word(w[i])) atomicAdd(p.mismatches, 1u);
+      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
   }
-  // 1, -1, 32, -32, 0.5, -3, and +-8: the first values past the table (bf16 bits), then the value
-  // under test in the last half
-  constexpr kernel::u32 kLarge = 0xC1004100u;
-  constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge,
-                                       0xBF803F80u, 0xC2004200u, 0xC0403F00u, kLarge};
+  // 1, -1, 32, -32, 0.5, -3, 8, -8 (bf16 bits), then the value under test in the last half
+  constexpr kernel::u32 kCompany[8] = {0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u,
+                                       0xBF803F80u, 0xC2004200u, 0xC0403F00u, 0xC1004100u};
   for (unsigned v = blockIdx.x * blockDim.x + threadIdx.x; v < 65536u; v += blockDim.x * gridDim.x) {
     kernel::u32 w[8], tabled[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) tabled[i] = w[i] = i == 7 ? (kCompany[i] & 0xFFFFu) | (v << 16) : kCompany[i];
-    kernel::act_unit_tabled<Table>(tabled, table);
+    kernel::gelu_tanh_unit_tabled(tabled, table);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      if (tabled[i] != Table::evaluate_word(w[i])) atomicAdd(p.mismatches, 1u);
+      if (tabled[i] != kernel::gelu_tanh_word<T>(w[i])) atomicAdd(p.mismatches, 1u);
   }
 }
 

@@ -3,7 +3,7 @@
 // fma correction of y * (1 / s) equals the IEEE quotient y / s for every value a row can hold, on
 // rows where fp8_rowwise_fast(s)), checked exhaustively over significands on the host, whose fp32
 // operations are the device's (IEEE, round to nearest, no flush); the description's alloc rule with
-// and without prefix; the 16-byte path's classification; the GELU table (kernels/common/act_table.cuh)
+// and without prefix; the 16-byte path's classification; the GELU table (kernels/common/gelu_table.cuh)
 // against the evaluated GELU for every bf16 value, on a GPU (its check kernel compiled for every target
 // arch wherever NVRTC loads).
 #include <gtest/gtest.h>
@@ -146,7 +146,7 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
 // Which calls take the GELU table (the key's ",table"): bf16 GELU rows on the vector path with rows
 // enough for 4 CTAs per SM to take 4 each (2112 on 132 SMs) where DITOPS_GELU_TABLE=1 opts in (read
 // when a device's info is made); never f16, act none, SwiGLU, few rows or the scalar path.
-TEST(Fp8RowwiseActTable, TakenByBf16GeluCallsOfManyRowsWhereOptedIn) {
+TEST(Fp8RowwiseGeluTable, TakenByBf16GeluCallsOfManyRowsWhereOptedIn) {
   auto device_with = [](const char* gelu) {
     const char* name = "DITOPS_GELU_TABLE";
     const char* before = std::getenv(name);
@@ -189,22 +189,22 @@ TEST(Fp8RowwiseActTable, TakenByBf16GeluCallsOfManyRowsWhereOptedIn) {
 
 // The GELU table's check kernel (kernels/fp8_rowwise_quant.cuh): not an op's, so the JIT compile
 // test of every registered variant does not see it.
-KernelRequest act_table_check_request() {
+KernelRequest gelu_table_check_request() {
   KernelRequest r;
   r.header = "fp8_rowwise_quant.cuh";
-  r.function = "ditops::fp8_rowwise_act_table_check_body";
-  r.template_args = jit::kernel_args(DType::bf16);
-  r.params_type = "ditops::ActTableCheckParams";
+  r.function = "ditops::fp8_rowwise_gelu_table_check_body";
+  r.template_args = jit::kernel_type_name(DType::bf16);
+  r.params_type = "ditops::GeluTableCheckParams";
   r.max_threads = 256;
-  r.template_key = "fp8_rowwise_act_table_check:bf16";
+  r.template_key = "fp8_rowwise_gelu_table_check:bf16";
   return r;
 }
 
-TEST(Fp8RowwiseActTable, CheckKernelCompilesForEveryTargetArch) {
+TEST(Fp8RowwiseGeluTable, CheckKernelCompilesForEveryTargetArch) {
   if (jit::nvrtc_version() <= 0) GTEST_SKIP() << "NVRTC not loadable here";
   for (const char* arch : {"sm_90a", "sm_100a", "sm_120a"}) {
     std::vector<uint8_t> cubin;
-    ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(act_table_check_request(), "ditops_entry"),
+    ASSERT_NO_THROW(cubin = jit::nvrtc_compile(jit::wrapper_source(gelu_table_check_request(), "ditops_entry"),
                                                "ditops_jit_entry.cu", arch, jit::embedded_sources()))
         << arch;
     EXPECT_GT(cubin.size(), 1000u) << arch;
@@ -214,15 +214,15 @@ TEST(Fp8RowwiseActTable, CheckKernelCompilesForEveryTargetArch) {
 // Every bf16 value (the table's and the others', which take the evaluated path) through the unit path
 // with the table equals the evaluated word's (gelu_tanh_word): the table path is the evaluated GELU,
 // bit for bit, the rule past the table included.
-TEST(Fp8RowwiseActTable, EveryBf16ValueEqualsTheEvaluatedGeluOnTheGpu) {
+TEST(Fp8RowwiseGeluTable, EveryBf16ValueEqualsTheEvaluatedGeluOnTheGpu) {
   const jit::CudaDriver* d = jit::cuda_driver();
   if (!d || d->device_count == 0) GTEST_SKIP() << "no CUDA device: checked on the device run";
   jit::bind_primary_context(0);
   CUdeviceptr counter = 0;
   jit::check_cu(d->cuMemAlloc(&counter, sizeof(unsigned)), "cuMemAlloc");
   jit::check_cu(d->cuMemsetD8(counter, 0, sizeof(unsigned)), "cuMemsetD8");
-  ActTableCheckParams p{reinterpret_cast<unsigned*>(counter)};
-  const jit::LoadedKernel& kernel = jit::jit_kernel(act_table_check_request(), 0);
+  GeluTableCheckParams p{reinterpret_cast<unsigned*>(counter)};
+  const jit::LoadedKernel& kernel = jit::jit_kernel(gelu_table_check_request(), 0);
   jit::launch(kernel, 4, 256, &p, sizeof p, nullptr, false);  // 4 CTAs: each builds its own table
   unsigned mismatches = ~0u;
   jit::check_cu(d->cuMemcpyDtoH(&mismatches, counter, sizeof mismatches), "cuMemcpyDtoH");

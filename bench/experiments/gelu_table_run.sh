@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GELU table of fp8_rowwise_quant (kernels/common/act_table.cuh, opt-in DITOPS_GELU_TABLE=1) on a
+# The GELU table of fp8_rowwise_quant (kernels/common/gelu_table.cuh, opt-in DITOPS_GELU_TABLE=1) on a
 # GPU, in one device call (about 4 minutes with the build):
 #
 #   OUT=DIR bash bench/experiments/gelu_table_run.sh
@@ -18,7 +18,7 @@ OUT=${OUT:-$(pwd)/device-out}
 mkdir -p "$OUT"
 W=$(mktemp -d)
 COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
-export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-gelu_table-cache} PYTHONUNBUFFERED=1
+export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-gelu-table-cache} PYTHONUNBUFFERED=1
 finish() { tar -C "$W" -czf "$OUT/gelu_table.tgz" . ; echo "== total $(( $(date +%s) - T0 )) s"; }
 trap finish EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"

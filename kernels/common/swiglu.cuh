@@ -19,31 +19,18 @@ __device__ __forceinline__ T swiglu_value(T gate, T up) {
   return from_float<T>(__fmul_rn(round_to<T>(silu(to_float(gate))), to_float(up)));
 }
 
-// SiLU of a packed word of two 16-bit T values, each rounded to T.
-template <typename T>
-__device__ __forceinline__ u32 silu_word(u32 word) {
-  T x0, x1;
-  x0.bits = static_cast<unsigned short>(word);
-  x1.bits = static_cast<unsigned short>(word >> 16);
-  return pack2<T>(silu(to_float(x0)), silu(to_float(x1)));
-}
-
-// The product half of SwiGLU: two packed activations (T) times the two up values, each in fp32,
-// rounded to T.
-template <typename T>
-__device__ __forceinline__ u32 swiglu_mul_word(u32 act, u32 up) {
-  T a0, a1, u0, u1;
-  a0.bits = static_cast<unsigned short>(act);
-  a1.bits = static_cast<unsigned short>(act >> 16);
-  u0.bits = static_cast<unsigned short>(up);
-  u1.bits = static_cast<unsigned short>(up >> 16);
-  return pack2<T>(__fmul_rn(to_float(a0), to_float(u0)), __fmul_rn(to_float(a1), to_float(u1)));
-}
-
 // SwiGLU of two packed words of 16-bit T (two gate values, the two up values of the same columns).
 template <typename T>
 __device__ __forceinline__ u32 swiglu_word(u32 gate, u32 up) {
-  return swiglu_mul_word<T>(silu_word<T>(gate), up);
+  T g0, g1, u0, u1;
+  g0.bits = static_cast<unsigned short>(gate);
+  g1.bits = static_cast<unsigned short>(gate >> 16);
+  const u32 act = pack2<T>(silu(to_float(g0)), silu(to_float(g1)));
+  g0.bits = static_cast<unsigned short>(act);
+  g1.bits = static_cast<unsigned short>(act >> 16);
+  u0.bits = static_cast<unsigned short>(up);
+  u1.bits = static_cast<unsigned short>(up >> 16);
+  return pack2<T>(__fmul_rn(to_float(g0), to_float(u0)), __fmul_rn(to_float(g1), to_float(u1)));
 }
 
 }  // namespace ditops::kernel

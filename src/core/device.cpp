@@ -24,7 +24,7 @@ bool env_says(const char* name, const char* on_value, const char* word) {
 bool pdl_allowed() { return !env_says("DITOPS_PDL", "0", "off"); }
 
 // DITOPS_GELU_TABLE=1: fp8_rowwise_quant's GELU rows by the shared-memory table
-// (kernels/common/act_table.cuh). Opt-in: faster alone on an H100, slower in the random-weight FLUX.1
+// (kernels/common/gelu_table.cuh). Opt-in: faster alone on an H100, slower in the random-weight FLUX.1
 // forward (docs/fp8_rowwise_quant.md). Read once per device.
 bool gelu_table_opted_in() { return env_says("DITOPS_GELU_TABLE", "1", "on"); }
 

@@ -39,7 +39,7 @@ constexpr int kUnitColumns = 16;
 constexpr int kSlotBuckets[] = {1, 2, 3, 4, 6, 8};
 // 32768 columns: a row in registers, 8 slots of the table's 256 threads (4 of the others' 512).
 constexpr int64_t kMaxUnits = int64_t{8} * kTableMaxThreads;
-// GELU by table (kernels/common/act_table.cuh) where a call has rows enough for a grid of
+// GELU by table (kernels/common/gelu_table.cuh) where a call has rows enough for a grid of
 // kTableCtasPerSm CTAs per SM to take several each: each CTA builds the table once (3840 entries:
 // 15 evaluations a thread of 256), so it pays where a CTA then takes several rows of 48-96 elements
 // a thread. The bounds are the arithmetic's, not a sweep's (H100: 0.76 -> 0.81 of a copy at FLUX.1's
@@ -133,7 +133,7 @@ struct Fp8RowwiseQuantKey {
   int slots = 1;
   bool vector = true;
   int act = kFp8RowwiseActNone;
-  bool table = false;  // the act by table (bf16, vector, GELU or SwiGLU)
+  bool table = false;  // GELU by table (bf16, vector, GELU)
   bool pdl = true;
 
   std::string to_string() const {
