@@ -28,6 +28,8 @@
 //   with the next row prefetched (layernorm_modulate_body below).
 #pragma once
 
+#include "common/row_position.h"
+
 // Launch parameters of the LayerNorm + modulate kernels. Plain data shared by the host op and
 // the device code (passed by value as a __grid_constant__ kernel argument).
 namespace ditops {
@@ -157,20 +159,20 @@ __device__ __forceinline__ void store_out(void* out_row, int vec, const Vec4& v,
   }
 }
 
-// Where row `row` lives: its batch, and the start of its x and output rows.
+// Where a row lives: its batch and token (common/row_position.h), and the start of its x and output
+// rows.
 struct RowPlace {
-  long long b;
+  RowPosition at;
   const bf16* x;
   void* out;
 };
 
 template <bool kFp8>
-__device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, long long row) {
+__device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, RowPosition at) {
   RowPlace r;
-  r.b = row / p.seq;
-  const long long s = row - r.b * p.seq;
-  r.x = static_cast<const bf16*>(p.x) + r.b * p.x_batch_stride + s * p.x_token_stride;
-  const long long o = r.b * p.out_batch_stride + s * p.out_token_stride;
+  r.at = at;
+  r.x = static_cast<const bf16*>(p.x) + at.b * p.x_batch_stride + at.s * p.x_token_stride;
+  const long long o = at.b * p.out_batch_stride + at.s * p.out_token_stride;
   r.out = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(p.out) + o)
                : static_cast<void*>(static_cast<unsigned short*>(p.out) + o);
   return r;
@@ -179,9 +181,10 @@ __device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, long
 // The row's x as this thread's vectors t + kStride*j (j < kSlots, those < n_vec).
 template <int kSlots, int kStride, bool kEven, bool kAligned>
 __device__ __forceinline__ void load_row(const bf16* x, int n_vec, int t, Vec4 (&xv)[kSlots]) {
+  const bf16* mine = x + 4 * t;  // slot j at a constant offset from it: one address a row, not one a slot
 #pragma unroll
   for (int j = 0; j < kSlots; ++j)
-    if (kEven || t + kStride * j < n_vec) xv[j] = load_vec4<kAligned, false>(x + 4 * (t + kStride * j));
+    if (kEven || t + kStride * j < n_vec) xv[j] = load_vec4<kAligned, false>(mine + 4 * kStride * j);
 }
 
 // One row in registers -> modulated output. `op` holds bf16(1 + scale) and `sh` the shift of the
@@ -218,11 +221,12 @@ template <int kSlots, int kStride, bool kEven, bool kAligned, bool kExact>
 __device__ __forceinline__ void store_rowwise(void* out_row, int n_vec, int t, const Vec4 (&o)[kSlots], float s,
                                               float r) {
 #pragma unroll
+  unsigned char* mine = static_cast<unsigned char*>(out_row) + 4 * t;
   for (int j = 0; j < kSlots; ++j) {
     const int vec = t + kStride * j;
     if (kEven || vec < n_vec) {
       const u32 word = e4m3x2_of_word<bf16, kExact>(o[j].w[0], s, r) | (e4m3x2_of_word<bf16, kExact>(o[j].w[1], s, r) << 16);
-      unsigned char* q = static_cast<unsigned char*>(out_row) + 4 * static_cast<long long>(vec);
+      unsigned char* q = mine + 4 * kStride * j;
       if constexpr (kAligned) {
         Word<4> w;
         w.w[0] = word;
@@ -327,7 +331,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   // newest groups complete" always means this row's.
   const auto stage_row = [&](long long r, int stage) {
     if (r < p.rows) {
-      const bf16* x = place<kFp8>(p, r).x;
+      const bf16* x = place<kFp8>(p, row_position(r, p.seq)).x;
 #pragma unroll
       for (int j = 0; j < kSlots; ++j)
         if (kEven || t + kStride * j < n_vec)
@@ -336,7 +340,8 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     copy_async_commit();
   };
   long long modulation_batch = -1;
-  RowPlace at = place<kFp8>(p, first);
+  const RowPosition stride = row_position(step, p.seq);
+  RowPlace at = place<kFp8>(p, row_position(first, p.seq));
   if constexpr (kStaged) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) stage_row(first + s * step, s);
@@ -348,7 +353,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     const long long following = row + step;
     RowPlace next_at;
     if constexpr (kPipelined) {
-      next_at = place<kFp8>(p, following);
+      next_at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
       if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, next);
     }
     if constexpr (kStaged) {
@@ -357,9 +362,9 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       for (int j = 0; j < kSlots; ++j)
         if (kEven || t + kStride * j < n_vec) xv[j] = ring[stage][j][t];
     }
-    if (at.b != modulation_batch) {
-      load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.b, t, op, sh);
-      modulation_batch = at.b;
+    if (at.at.b != modulation_batch) {
+      load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.at.b, t, op, sh);
+      modulation_batch = at.at.b;
     }
     auto get_vec = [&](int j, float (&v)[4]) { to_floats(xv[j], v); };
     RowStats st;
@@ -385,13 +390,13 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
     if (following < p.rows) {
       if constexpr (kStaged) {
-        at = place<kFp8>(p, following);
+        at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
       } else if constexpr (kPipelined) {
         at = next_at;
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) xv[j] = next[j];
       } else {
-        at = place<kFp8>(p, following);
+        at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
         load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
       }
     }

@@ -41,6 +41,8 @@
 // (rows .. pad128(rows)) only get zero scale bytes.
 #pragma once
 
+#include "common/row_position.h"
+
 // Launch parameters of the norm + scale/shift kernel. Plain data shared by the host op and the
 // device code (built on the host, passed by value as a __grid_constant__ kernel argument).
 namespace ditops {
@@ -90,40 +92,6 @@ struct NormScaleShiftParams {
   // so that the other keys' parameter offsets stay as they were.
   float* fp8_scale;
 };
-
-// A row's (batch, token) = (row / S, row % S), and its advance through a persistent loop that steps
-// rows by `step` (the grid): a CTA divides its first row once and then adds step / S and step % S,
-// carrying a token overflow into the batch (64-bit divisions per row had cost ~50 instructions of
-// a plain row's ~700 per thread); rows of the first two batches need no division at all.
-// Shared with the host so the CPU tests check it against division.
-// (__host__ __device__ under nvcc and NVRTC: NVRTC rejects unannotated functions.)
-struct NssRowPosition {
-  long long b, s;
-};
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__host__ __device__
-#endif
-inline NssRowPosition nss_row_position(long long row, long long seq) {
-  // Rows of the first two batches (every row at B <= 2) without the division: a 64-bit division
-  // is ~20 dependent uniform instructions with a MUFU.RCP in front of a CTA's first load.
-  if (row < seq) return {0, row};
-  if (row - seq < seq) return {1, row - seq};
-  const long long b = row / seq;
-  return {b, row - b * seq};
-}
-// `stride` is nss_row_position(step, seq): whole batches and the remaining tokens of one step.
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
-__host__ __device__
-#endif
-inline NssRowPosition nss_advance_row_position(NssRowPosition at, NssRowPosition stride, long long seq) {
-  at.b += stride.b;
-  at.s += stride.s;  // < 2 * seq
-  if (at.s >= seq) {
-    at.s -= seq;
-    ++at.b;
-  }
-  return at;
-}
 
 // The norm (the kernel's kRms): LayerNorm, RMSNorm in F.rms_norm's order, RMSNorm in the order of
 // x.float().pow(2).mean(-1) (diffusers' RMSNorm).
@@ -591,7 +559,7 @@ struct RowInputs {
   const T* r;
 };
 template <typename T>
-__device__ __forceinline__ RowInputs<T> row_inputs(const NormScaleShiftParams& p, NssRowPosition at, int t, int j0) {
+__device__ __forceinline__ RowInputs<T> row_inputs(const NormScaleShiftParams& p, RowPosition at, int t, int j0) {
   const int first = 4 * t + 512 * j0;
   return {static_cast<const T*>(p.x) + at.b * p.x_batch_stride + at.s * p.x_token_stride + first,
           static_cast<const T*>(p.residual) + at.b * p.r_batch_stride + at.s * p.r_token_stride + first};
@@ -804,11 +772,11 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
   long long held_scale = -1, held_shift = -1, held_gate = -1;
   const long long step = gridDim.x;
   // (batch, token) of the row, advanced by the step: no division per row (the params above).
-  const NssRowPosition stride = nss_row_position(step, p.seq);
+  const RowPosition stride = row_position(step, p.seq);
   // The first row: in the first batch (every row when B = 1) its position is (0, row) and its x
   // and residual need no division and no batch stride (parameters at the front of the constant
   // bank: the params above); the first loads wait for neither.
-  NssRowPosition at;
+  RowPosition at;
   RowInputs<T> first_row;
   if (static_cast<long long>(blockIdx.x) < p.seq) {
     at = {0, static_cast<long long>(blockIdx.x)};
@@ -816,7 +784,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
     first_row = {static_cast<const T*>(p.x) + at.s * p.x_token_stride + first,
                  static_cast<const T*>(p.residual) + at.s * p.r_token_stride + first};
   } else {
-    at = nss_row_position(blockIdx.x, p.seq);
+    at = row_position(blockIdx.x, p.seq);
     first_row = row_inputs<T>(p, at, t, j0);
   }
   // Up to here the parameters only: with PDL this overlaps the previous kernel's last CTAs (whose
@@ -847,7 +815,7 @@ __device__ __forceinline__ void eager_rows(const NormScaleShiftParams& p) {
       continue;  // (padding rows follow every real row: no position is needed any more)
     }
     const long long following = row + step;
-    const NssRowPosition next = nss_advance_row_position(at, stride, p.seq);
+    const RowPosition next = advance_row_position(at, stride, p.seq);
     if constexpr (kPrefetch)
       if (following < p.rows) load_inputs<T, D, kResidual>(row_inputs<T>(p, next, t, j0), t, j0, nx, nr);
     const long long b = at.b, s = at.s;

@@ -423,22 +423,22 @@ TEST(NssJit, RowPositionsAdvancedByTheStepEqualDivision) {
   int checked = 0;
   for (long long seq : {1LL, 2LL, 7LL, 9LL, 33LL, 257LL, 1031LL, 4608LL, 6912LL, 32760LL})
     for (long long step : {1LL, 5LL, 9LL, 132LL, 516LL, 768LL, 922LL, 924LL, 13829LL}) {
-      const NssRowPosition stride = nss_row_position(step, seq);
+      const RowPosition stride = row_position(step, seq);
       for (long long first : {0LL, 1LL, step / 2, step - 1}) {
         const long long rows = 2 * seq + 5 * step + 3;
-        NssRowPosition at = nss_row_position(first, seq);
+        RowPosition at = row_position(first, seq);
         for (long long row = first; row < rows; row += step) {
           ASSERT_EQ(at.b, row / seq) << "S " << seq << " step " << step << " row " << row;
           ASSERT_EQ(at.s, row % seq) << "S " << seq << " step " << step << " row " << row;
-          at = nss_advance_row_position(at, stride, seq);
+          at = advance_row_position(at, stride, seq);
           ++checked;
         }
       }
     }
-  // nss_row_position itself: rows of the first two batches skip the division, later rows divide.
+  // row_position itself: rows of the first two batches skip the division, later rows divide.
   for (long long seq : {1LL, 2LL, 7LL, 512LL, 4608LL})
     for (long long row = 0; row < 3 * seq + 3; ++row) {
-      const NssRowPosition at = nss_row_position(row, seq);
+      const RowPosition at = row_position(row, seq);
       ASSERT_EQ(at.b, row / seq) << "S " << seq << " row " << row;
       ASSERT_EQ(at.s, row % seq) << "S " << seq << " row " << row;
       ++checked;
