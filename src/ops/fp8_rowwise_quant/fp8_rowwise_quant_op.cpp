@@ -46,7 +46,13 @@ constexpr int64_t kMaxUnits = int64_t{8} * kTableMaxThreads;
 // FF-down input with every unit in the table); taken only where DITOPS_GELU_TABLE=1 opts in
 // (kFeatureGeluTable): the random-weight FLUX.1 forward lost 1.5 ms by it (docs/fp8_rowwise_quant.md).
 constexpr int kTableCtasPerSm = 4;
-constexpr int kTableMinRowsPerCta = 4;
+// A build knob for one A/B (bench/experiments/gelu_table_run.sh, GT_FEW_ROWS=1): at 0 calls of few
+// rows take the table too, a CTA a row building it before its PDL wait (FLUX.1's 512 text rows:
+// 66 % of a copy evaluated on an H100 at 7fe1bca; not yet measured with the table).
+#ifndef DITOPS_FRQ_TABLE_MIN_ROWS_PER_CTA
+#define DITOPS_FRQ_TABLE_MIN_ROWS_PER_CTA 4
+#endif
+constexpr int kTableMinRowsPerCta = DITOPS_FRQ_TABLE_MIN_ROWS_PER_CTA;
 
 std::string num(int64_t v) { return std::to_string(v); }
 
