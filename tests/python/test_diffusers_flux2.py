@@ -24,12 +24,13 @@ from test_diffusers import Perturbing  # noqa: E402
 STRICT, CLOSE = "exact", "high"
 OPS = {"qk_norm_rope (dual-stream)": "joint_qknorm_rope", "qk_norm_rope": "qknorm_rope",
        "adaln_modulate": "layernorm_modulate", "gated_residual": "residual_gate_add",
-       "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu", "rope_tables (pos_embed)": "rope_tables"}
+       "adaln_modulate (residual + norm2)": "norm_scale_shift", "swiglu (ff)": "swiglu", "swiglu (single block cat)": "swiglu", "rope_tables (pos_embed)": "rope_tables"}
 
 
 def counts(L, N):
-    return {"qk_norm_rope (dual-stream)": L, "qk_norm_rope": N, "adaln_modulate": 4 * L + N + 1,
-            "gated_residual": 4 * L + N, "swiglu (ff)": 2 * L, "swiglu (single block cat)": N,
+    return {"qk_norm_rope (dual-stream)": L, "qk_norm_rope": N, "adaln_modulate": 2 * L + N + 1,
+            "gated_residual": 2 * L + N, "adaln_modulate (residual + norm2)": 2 * L, "swiglu (ff)": 2 * L,
+            "swiglu (single block cat)": N,
             "rope_tables (pos_embed)": 2}  # the image ids' and the text ids' tables
 
 
@@ -374,7 +375,7 @@ def test_kv_cache_processors_stay_the_model_code():
 
 def test_compile_fullgraph_traces_the_ops():
     """After one eager call verified the signatures, the whole tiny forward traces with fullgraph=True
-    (a recording backend: no inductor compile) and the graph holds the six ops."""
+    (a recording backend: no inductor compile) and the graph holds the seven ops."""
     model, inputs = tiny_flux2()
     dd.enable(model, CLOSE, allow_cpu=True)
     eager = run(model, inputs)
@@ -392,8 +393,8 @@ def test_compile_fullgraph_traces_the_ops():
         torch._dynamo.reset()
     assert torch.equal(compiled, eager)
     ours = sorted({t for t in targets if t.startswith("ditops.")})
-    assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.qknorm_rope",
-                    "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"], targets
+    assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.norm_scale_shift",
+                    "ditops.qknorm_rope", "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"], targets
 
 
 # ---------------------------------------------------------------- GPU (torch.equal on CUDA)

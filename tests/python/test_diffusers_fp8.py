@@ -451,7 +451,7 @@ def test_producers_run_only_where_first_sight_is_bit_equal(monkeypatch, name, pe
     names = {s.name for s in producers}
     if name == "flux2":  # the SwiGLU producers have places: the FFs' linear_out, the single blocks' to_out
         assert {"fp8_quant (swiglu ff)", "fp8_quant (cat attn + swiglu mlp)"} <= names, names
-    if name in ("flux", "qwen", "hunyuan"):  # each double block's attention residual + norm2 in one pass, per stream
+    if name in ("flux", "flux2", "qwen", "hunyuan"):  # each double block's attention residual + norm2 in one pass, per stream
         fused = report["fp8_quant (residual + adaLN)"]
         assert len(fused.places) == 2 * len(model.transformer_blocks), fused.places
         assert not report["adaln_modulate (residual + norm2)"].places  # moved, not handed back
@@ -644,7 +644,7 @@ def test_gpu_fp8_forward_equals_the_plain_chain(name):
 
 
 @gpu
-def test_gpu_flux2_fp8_forward_runs_the_swiglu_producers_and_equals_the_plain_chain():
+def test_gpu_flux2_fp8_forward_runs_the_swiglu_and_residual_producers_and_equals_the_plain_chain():
     model, inputs, _ = TINY["flux2"]()
     model = model.cuda()
     inputs = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -653,9 +653,10 @@ def test_gpu_flux2_fp8_forward_runs_the_swiglu_producers_and_equals_the_plain_ch
     for _ in range(2):  # the first sight, then the verified op
         assert torch.equal(quiet(run, model, inputs), expected)
     sites = {s.name: s for s in report.sites}
-    for name in ("fp8_quant (swiglu ff)", "fp8_quant (cat attn + swiglu mlp)"):
+    for name, op in (("fp8_quant (swiglu ff)", "fp8_rowwise_quant"), ("fp8_quant (cat attn + swiglu mlp)", "fp8_rowwise_quant"),
+                     ("fp8_quant (residual + adaLN)", "norm_scale_shift")):
         site = sites[name]
-        assert site.places and site.op == "fp8_rowwise_quant", (name, site.why)
+        assert site.places and site.op == op, (name, site.why)
         assert site.fused_calls > 0 and not site.reasons, (name, site.reasons, dict(site.unfit))
 
 

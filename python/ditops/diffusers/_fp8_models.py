@@ -303,10 +303,14 @@ def flux2(ctx) -> None:
         ff_pair = ctx.fp8(block.ff.linear_in, block.ff_context.linear_in)
         if not (attn_pair or ff_pair):
             continue
+        # each stream's attention residual + norm2: the FP8 fused site where the FFs take the pair,
+        # else the bf16 one the model plan put there (its places stay)
+        fused = (_norm2_places(ctx, pair, f"{prefix}{path}", ("norm2", "attn"), ("norm2_context", "context attn"))
+                 if ff_pair else ctx.site("adaln_modulate (residual + norm2)"))
         ctx.patch_forward(path, block, model_code.double_block_forward(pair if attn_pair else adaln, residual,
-                                                                       pair if ff_pair else adaln))
-        names = (("norm1", "norm1_context") if attn_pair else ()) + (("norm2", "norm2_context") if ff_pair else ())
-        pair.places += [f"{prefix}{path}.{n}" for n in names]
+                                                                       pair if ff_pair else adaln, fused))
+        if attn_pair:
+            pair.places += [f"{prefix}{path}.{n}" for n in ("norm1", "norm1_context")]
     for i, block in enumerate(ctx.model.single_transformer_blocks):
         path = f"single_transformer_blocks.{i}"
         attn = block.attn

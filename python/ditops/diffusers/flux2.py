@@ -14,7 +14,9 @@ Sites and the chains they reproduce (docs/diffusers.md has the table):
     shift [B, 1, D] chunks of the model-level modulation (Flux2Modulation.split); norm_out
     (AdaLayerNormContinuous): layernorm_modulate.
   * gated residuals: residual + gate * update, four per double block, one per single block:
-    residual_gate_add.
+    residual_gate_add. A double block's attention residual and its norm2 modulation of the new
+    residual, each stream: one norm_scale_shift call (its residual form, eager numerics), the
+    "adaln_modulate (residual + norm2)" site as FLUX.1's; the two sites above where it does not run.
   * SwiGLU (Flux2SwiGLU: F.silu(x[..., :N]) * x[..., N:], nn.SiLU then the product): the
     feed-forward's act between linear_in and linear_out, and the single block's mlp_act_fn, whose
     output the processor concatenates after the attention output (torch.cat([attn, act(mlp)], -1))
@@ -182,16 +184,20 @@ def modulate(site: MappedSite, x, scale, shift, norm, scale_first: bool):
     def chain(x, scale_rows, shift_rows, norm):  # the model's own [B, 1, D] scale and shift
         return (1 + scale) * norm(x) + shift if scale_first else norm(x) * (1 + scale) + shift
 
-    def rows(t):
-        return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 else t
-
-    return site(chain, x, rows(scale), rows(shift), norm)
+    return site(chain, x, _rows(scale), _rows(shift), norm)
 
 
-def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None):
+def _rows(t):
+    """A [B, 1, D] chunk of the model-level modulation as its [B, D] rows (other shapes as they are)."""
+    return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 else t
+
+
+def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None, residual_norm=None):
     """Flux2TransformerBlock.forward with its four modulations and four gated residuals through the
     sites: adaln feeds the attention (norm1, norm1_context), ff_adaln (default: adaln) the
-    feed-forwards (norm2, norm2_context); the FP8 path passes its per-token e4m3 site for either."""
+    feed-forwards (norm2, norm2_context); the FP8 path passes its per-token e4m3 site for either.
+    residual_norm: each stream's attention residual and its norm2 in one call where that site runs
+    (the model's norm(x) * (1 + scale) + shift of [B, 1, D] chunks is _common's chain of their rows)."""
     ff_adaln = ff_adaln or adaln
 
     def forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb=None,
@@ -207,13 +213,23 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None)
                                                      encoder_hidden_states=norm_encoder_hidden_states,
                                                      image_rotary_emb=image_rotary_emb, **joint_attention_kwargs)
 
-        hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa)
-        norm_hidden_states = modulate(ff_adaln, hidden_states, scale_mlp, shift_mlp, self.norm2, False)
+        fused = residual_norm is not None and residual_norm.active
+        if fused:
+            hidden_states, norm_hidden_states = _common.residual_modulate(
+                residual_norm, hidden_states, attn_output, gate_msa, _rows(scale_mlp), _rows(shift_mlp), self.norm2)
+        else:
+            hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa)
+            norm_hidden_states = modulate(ff_adaln, hidden_states, scale_mlp, shift_mlp, self.norm2, False)
         hidden_states = _common.gated(residual, hidden_states, self.ff(norm_hidden_states), gate_mlp)
 
-        encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output, c_gate_msa)
-        norm_encoder_hidden_states = modulate(ff_adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
-                                              self.norm2_context, False)
+        if fused:
+            encoder_hidden_states, norm_encoder_hidden_states = _common.residual_modulate(
+                residual_norm, encoder_hidden_states, context_attn_output, c_gate_msa, _rows(c_scale_mlp),
+                _rows(c_shift_mlp), self.norm2_context)
+        else:
+            encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output, c_gate_msa)
+            norm_encoder_hidden_states = modulate(ff_adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
+                                                  self.norm2_context, False)
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states,
                                               self.ff_context(norm_encoder_hidden_states), c_gate_mlp)
         if encoder_hidden_states.dtype == torch.float16:
@@ -258,6 +274,7 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
         chain=QK_CHAIN + "; q and k: chunks of to_qkv_mlp_proj's output, read and written in place"))
     adaln = plan.add_site(_common.adaln_site())
     residual = plan.add_site(_common.gated_residual_site())
+    residual_norm = plan.add_site(_common.residual_adaln_site())
     swiglu = plan.add_site(MappedSite("swiglu (ff)", mapping=SWIGLU_FF,
                                       chain="Flux2FeedForward: linear_in, act_fn (" + SWIGLU_CHAIN + "), linear_out"))
     cat = plan.add_site(MappedSite(
@@ -271,9 +288,13 @@ def plan(model, plan: Plan, probe: bool = False) -> None:
             continue
         _common.patch_processor(plan, dual, f"{path}.attn", block.attn, Flux2AttnProcessor,
                                 Flux2AttnProcessorDitops, ("text + image",))
-        adaln.places += [plan.prefix + f"{path}.{n}" for n in ("norm1", "norm1_context", "norm2", "norm2_context")]
-        residual.places += [plan.prefix + f"{path} ({n})" for n in ("attn", "ff", "context attn", "context ff")]
-        plan.patch_forward(path, block, double_block_forward(adaln, residual))
+        at = plan.prefix + path
+        adaln.places += [f"{at}.{n}" for n in ("norm1", "norm1_context")]
+        for norm2, attn in (("norm2", "attn"), ("norm2_context", "context attn")):
+            residual_norm.fuse(f"{at}.{norm2} (+ {attn} residual)", [(residual, f"{at} ({attn})"),
+                                                                      (adaln, f"{at}.{norm2}")])
+        residual.places += [f"{at} ({n})" for n in ("ff", "context ff")]
+        plan.patch_forward(path, block, double_block_forward(adaln, residual, residual_norm=residual_norm))
         for name in ("ff", "ff_context"):
             ff = getattr(block, name)
             if type(ff) is not Flux2FeedForward or type(ff.act_fn) is not Flux2SwiGLU:
