@@ -220,8 +220,8 @@ __device__ __forceinline__ void finish_row(void* out_row, int n_vec, int t, cons
 template <int kSlots, int kStride, bool kEven, bool kAligned, bool kExact>
 __device__ __forceinline__ void store_rowwise(void* out_row, int n_vec, int t, const Vec4 (&o)[kSlots], float s,
                                               float r) {
-#pragma unroll
   unsigned char* mine = static_cast<unsigned char*>(out_row) + 4 * t;
+#pragma unroll
   for (int j = 0; j < kSlots; ++j) {
     const int vec = t + kStride * j;
     if (kEven || vec < n_vec) {
