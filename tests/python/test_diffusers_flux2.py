@@ -373,6 +373,28 @@ def test_kv_cache_processors_stay_the_model_code():
     assert isinstance(model.transformer_blocks[0].attn.processor, transformer_flux2.Flux2KVAttnProcessor)
 
 
+def test_kv_extract_step_with_per_token_modulation_takes_the_model_chain_per_call():
+    """Klein KV's extract step with reference tokens blends a per-token [B, S, D] image modulation:
+    its norm2 calls leave the fused residual + norm2 site for the gated residual and the adaLN chain
+    (the text stream's per-batch ones still fuse), and the output is the model's."""
+    model, inputs = tiny_flux2(guidance=False)
+    for block in model.transformer_blocks:
+        block.attn.set_processor(transformer_flux2.Flux2KVAttnProcessor())
+    for block in model.single_transformer_blocks:
+        block.attn.set_processor(transformer_flux2.Flux2KVParallelSelfAttnProcessor())
+    inputs = dict(inputs, kv_cache_mode="extract", num_ref_tokens=3)
+    reference = run(model, inputs)
+    report = dd.enable(model, CLOSE, allow_cpu=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = run(model, inputs)
+    fused = report["adaln_modulate (residual + norm2)"]
+    assert fused.fused_calls == len(model.transformer_blocks), fused.fused_calls  # the text streams
+    assert report["adaln_modulate"].unfit, "the image stream's per-token norm2 falls back per call"
+    assert out.shape == reference.shape
+    assert float((out.float() - reference.float()).abs().max()) <= 0.05 * float(reference.float().abs().max())
+
+
 def test_compile_fullgraph_traces_the_ops():
     """After one eager call verified the signatures, the whole tiny forward traces with fullgraph=True
     (a recording backend: no inductor compile) and the graph holds the seven ops."""

@@ -192,12 +192,23 @@ def _rows(t):
     return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 else t
 
 
+def residual_norm2(residual_norm, residual, adaln, x, update, gate, scale, shift, norm):
+    """A double block stream's x + gate * update, then norm(x) * (1 + scale) + shift of the new x: one
+    call of the fused site where it runs and the modulation is the model-level one ([B, 1, D] chunks,
+    whose [B, D] rows are _common's chain); otherwise (the site off, or the KV extract step's per-token
+    [B, S, D] modulation of the image stream) the gated residual's site and adaLN's, each per call."""
+    if residual_norm is not None and residual_norm.active and scale.dim() == 3 and scale.shape[1] == 1:
+        return _common.residual_modulate(residual_norm, x, update, gate, _rows(scale), _rows(shift), norm)
+    x = _common.gated(residual, x, update, gate)
+    return x, modulate(adaln, x, scale, shift, norm, False)
+
+
 def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None, residual_norm=None):
     """Flux2TransformerBlock.forward with its four modulations and four gated residuals through the
     sites: adaln feeds the attention (norm1, norm1_context), ff_adaln (default: adaln) the
     feed-forwards (norm2, norm2_context); the FP8 path passes its per-token e4m3 site for either.
     residual_norm: each stream's attention residual and its norm2 in one call where that site runs
-    (the model's norm(x) * (1 + scale) + shift of [B, 1, D] chunks is _common's chain of their rows)."""
+    (residual_norm2)."""
     ff_adaln = ff_adaln or adaln
 
     def forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb=None,
@@ -213,23 +224,13 @@ def double_block_forward(adaln: MappedSite, residual: MappedSite, ff_adaln=None,
                                                      encoder_hidden_states=norm_encoder_hidden_states,
                                                      image_rotary_emb=image_rotary_emb, **joint_attention_kwargs)
 
-        fused = residual_norm is not None and residual_norm.active
-        if fused:
-            hidden_states, norm_hidden_states = _common.residual_modulate(
-                residual_norm, hidden_states, attn_output, gate_msa, _rows(scale_mlp), _rows(shift_mlp), self.norm2)
-        else:
-            hidden_states = _common.gated(residual, hidden_states, attn_output, gate_msa)
-            norm_hidden_states = modulate(ff_adaln, hidden_states, scale_mlp, shift_mlp, self.norm2, False)
+        hidden_states, norm_hidden_states = residual_norm2(residual_norm, residual, ff_adaln, hidden_states,
+                                                           attn_output, gate_msa, scale_mlp, shift_mlp, self.norm2)
         hidden_states = _common.gated(residual, hidden_states, self.ff(norm_hidden_states), gate_mlp)
 
-        if fused:
-            encoder_hidden_states, norm_encoder_hidden_states = _common.residual_modulate(
-                residual_norm, encoder_hidden_states, context_attn_output, c_gate_msa, _rows(c_scale_mlp),
-                _rows(c_shift_mlp), self.norm2_context)
-        else:
-            encoder_hidden_states = _common.gated(residual, encoder_hidden_states, context_attn_output, c_gate_msa)
-            norm_encoder_hidden_states = modulate(ff_adaln, encoder_hidden_states, c_scale_mlp, c_shift_mlp,
-                                                  self.norm2_context, False)
+        encoder_hidden_states, norm_encoder_hidden_states = residual_norm2(
+            residual_norm, residual, ff_adaln, encoder_hidden_states, context_attn_output, c_gate_msa, c_scale_mlp,
+            c_shift_mlp, self.norm2_context)
         encoder_hidden_states = _common.gated(residual, encoder_hidden_states,
                                               self.ff_context(norm_encoder_hidden_states), c_gate_mlp)
         if encoder_hidden_states.dtype == torch.float16:
