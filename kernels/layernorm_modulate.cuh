@@ -162,7 +162,7 @@ __device__ __forceinline__ void store_out(void* out_row, int vec, const Vec4& v,
 // Where a row lives: its batch and token (common/row_position.h), and the start of its x and output
 // rows.
 struct RowPlace {
-  RowPosition at;
+  RowPosition pos;
   const bf16* x;
   void* out;
 };
@@ -170,7 +170,7 @@ struct RowPlace {
 template <bool kFp8>
 __device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, RowPosition at) {
   RowPlace r;
-  r.at = at;
+  r.pos = at;
   r.x = static_cast<const bf16*>(p.x) + at.b * p.x_batch_stride + at.s * p.x_token_stride;
   const long long o = at.b * p.out_batch_stride + at.s * p.out_token_stride;
   r.out = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(p.out) + o)
@@ -353,7 +353,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     const long long following = row + step;
     RowPlace next_at;
     if constexpr (kPipelined) {
-      next_at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
+      next_at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
       if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, next);
     }
     if constexpr (kStaged) {
@@ -362,9 +362,9 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       for (int j = 0; j < kSlots; ++j)
         if (kEven || t + kStride * j < n_vec) xv[j] = ring[stage][j][t];
     }
-    if (at.at.b != modulation_batch) {
-      load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.at.b, t, op, sh);
-      modulation_batch = at.at.b;
+    if (at.pos.b != modulation_batch) {
+      load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.pos.b, t, op, sh);
+      modulation_batch = at.pos.b;
     }
     auto get_vec = [&](int j, float (&v)[4]) { to_floats(xv[j], v); };
     RowStats st;
@@ -390,13 +390,13 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
     if (following < p.rows) {
       if constexpr (kStaged) {
-        at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
+        at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
       } else if constexpr (kPipelined) {
         at = next_at;
 #pragma unroll
         for (int j = 0; j < kSlots; ++j) xv[j] = next[j];
       } else {
-        at = place<kFp8>(p, advance_row_position(at.at, stride, p.seq));
+        at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
         load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
       }
     }
