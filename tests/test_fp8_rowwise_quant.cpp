@@ -21,6 +21,7 @@
 #include "jit/jit.h"
 #include "kernels/fp8_rowwise_quant.cuh"
 #include "reference/fp8_fp4.h"
+#include "test_util.h"
 
 namespace ditops {
 namespace {
@@ -148,13 +149,8 @@ TEST(Fp8RowwiseQuantMatching, TheVectorPathNeedsWholeUnitsAndAlignedRows) {
 // when a device's info is made); never f16, act none, SwiGLU, few rows or the scalar path.
 TEST(Fp8RowwiseGeluTable, TakenByBf16GeluCallsOfManyRowsWhereOptedIn) {
   auto device_with = [](const char* gelu) {
-    const char* name = "DITOPS_GELU_TABLE";
-    const char* before = std::getenv(name);
-    const std::string saved = before ? before : "";
-    if (gelu) ::setenv(name, gelu, 1); else ::unsetenv(name);
-    const DeviceInfo info = simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
-    if (before) ::setenv(name, saved.c_str(), 1); else ::unsetenv(name);
-    return info;
+    test_util::ScopedEnv env("DITOPS_GELU_TABLE", gelu);
+    return simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
   };
   const DeviceInfo plain = device_with(nullptr);
   const DeviceInfo sm90 = device_with("1");

@@ -14,20 +14,9 @@
 # GT_FEW_ROWS=1: also a library built with DITOPS_FRQ_TABLE_MIN_ROWS_PER_CTA=0 (calls of few rows, FLUX.1's
 # 512 text rows among them, take the table too), its GELU cases with the table on (torch_few.txt).
 # Needs .whl (bench/experiments/wheels.sh) only for nothing: the benches load libditops by ctypes.
-set -uo pipefail
-T0=$(date +%s)
-OUT=${OUT:-$(pwd)/device-out}
-mkdir -p "$OUT"
-W=$(mktemp -d)
-COMMIT=$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
-export DITOPS_CACHE_DIR=${DITOPS_CACHE_DIR:-/tmp/ditops-gelu-table-cache} PYTHONUNBUFFERED=1
-finish() { tar -C "$W" -czf "$OUT/gelu_table.tgz" . ; echo "== total $(( $(date +%s) - T0 )) s"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$W/gpu.txt"
-{ cmake -S . -B build-gt -G Ninja -DCMAKE_BUILD_TYPE=Release -DDITOPS_BUILD_AOT=OFF -DDITOPS_BUILD_PYTHON=OFF \
-    -DDITOPS_BUILD_BENCH=OFF && cmake --build build-gt -j 16 --target ditops test_fp8_rowwise_quant test_ops; } \
-  > "$W/build.log" 2>&1 || { tail -30 "$W/build.log"; exit 1; }
-echo "== built at $(( $(date +%s) - T0 )) s"
+RUN_NAME=gelu_table
+source "$(dirname "$0")/run_prelude.sh"
+build_gt test_fp8_rowwise_quant test_ops
 build-gt/tests/test_fp8_rowwise_quant 2>&1 | tee "$W/gtest.txt" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |OK \]|Failure|mismatch"
 for on in 0 1; do
   DITOPS_GELU_TABLE=$on timeout 120 build-gt/tests/test_ops --gtest_filter='*every_cuda_implementation*/fp8_rowwise_quant_*' > "$W/driver_$on.txt" 2>&1

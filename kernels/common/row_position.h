@@ -4,7 +4,7 @@
 // instructions with a MUFU.RCP in front of the row's first load; per row it had cost ~50 of a plain
 // norm_scale_shift row's ~700 instructions a thread. Rows of the first two batches need no division.
 // Plain host/device code (nvcc and NVRTC), so the CPU tests check it against division
-// (tests/test_norm_scale_shift.cpp).
+// (tests/test_norm_scale_shift.cpp), the offsets too.
 #pragma once
 
 #if defined(__CUDACC__) || defined(__CUDACC_RTC__)
@@ -35,6 +35,35 @@ DITOPS_ROW_POSITION_HD inline RowPosition advance_row_position(RowPosition at, R
     ++at.b;
   }
   return at;
+}
+
+// The same step as an offset into a tensor of (batch, token) strides: `step` elements where the
+// token stays in its batch, `step + wrap` where it passes into the next one (offset_at), so a loop
+// adds to its row pointers instead of computing b * batch_stride + s * token_stride a row.
+struct OffsetStep {
+  long long step, wrap;
+};
+
+DITOPS_ROW_POSITION_HD inline OffsetStep offset_step(RowPosition stride, long long seq, long long batch_stride,
+                                                     long long token_stride) {
+  return {stride.b * batch_stride + stride.s * token_stride, batch_stride - seq * token_stride};
+}
+
+// advance_row_position in place; returns whether the token passed into the next batch (beyond
+// stride.b), i.e. which offset step (offset_at(wrapped)) the rows' pointers take.
+DITOPS_ROW_POSITION_HD inline bool advance_row_position_wrapped(RowPosition& at, RowPosition stride, long long seq) {
+  at.b += stride.b;
+  at.s += stride.s;  // < 2 * seq
+  const bool wrapped = at.s >= seq;
+  if (wrapped) {
+    at.s -= seq;
+    ++at.b;
+  }
+  return wrapped;
+}
+
+DITOPS_ROW_POSITION_HD inline long long offset_at(OffsetStep st, bool wrapped) {
+  return wrapped ? st.step + st.wrap : st.step;
 }
 
 }  // namespace ditops

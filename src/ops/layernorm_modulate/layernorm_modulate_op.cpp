@@ -273,6 +273,7 @@ struct LnmKey {
   bool pdl = true;
   bool aligned = true;
   bool head128 = false;  // qk: the 8-lanes-per-head kernel (Dh = 128, 16-byte rows)
+  bool stepped = false;  // the loop's pointer steps and two rows an iteration (DITOPS_LNM_STEPPED=1 opts in)
 
   std::string to_string() const {
     if (kind == LnModulateKind::qk_head && head128)
@@ -284,10 +285,10 @@ struct LnmKey {
            (cta ? ",cta" : ",warp") + (even ? ",even" : "") + (prefetch ? ",prefetch" : "") +
            (shift ? ",shift" : ",noshift") +
            (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
-           (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar");
+           (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar") + (stepped ? ",stepped" : "");
   }
   uint64_t packed() const {
-    return pack_key({{kind, 4}, {slots, 128}, cta, even, prefetch, shift, div_full, pdl, aligned, head128});
+    return pack_key({{kind, 4}, {slots, 128}, cta, even, prefetch, shift, div_full, pdl, aligned, head128, stepped});
   }
 };
 
@@ -308,6 +309,7 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   key.prefetch = key.cta && key.slots <= kPrefetchMaxSlots;
   key.shift = c.has_shift;
   key.div_full = c.kind == LnModulateKind::fp8_out && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
+  key.stepped = key.cta && (device.features & kFeatureLnmStepped);
   return key;
 }
 
@@ -326,7 +328,9 @@ KernelRequest request_for(const LnmKey& key) {
   }
   r.template_args = jit::kernel_args(key.slots, key.cta, key.shift, key.kind != LnModulateKind::bf16_out, key.div_full,
                                      key.pdl, key.aligned, key.even, key.prefetch);
-  if (key.kind == LnModulateKind::fp8_rowwise) r.template_args += ", true";
+  if (key.kind == LnModulateKind::fp8_rowwise || key.stepped)
+    r.template_args += key.kind == LnModulateKind::fp8_rowwise ? ", true" : ", false";
+  if (key.stepped) r.template_args += ", 0, true";  // kStages, kStepped
   if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
   else if (key.kind == LnModulateKind::fp8_rowwise && key.prefetch) r.min_blocks = kMinBlocksRowwisePrefetch;
   return r;
@@ -566,6 +570,21 @@ std::vector<KernelRequest> layernorm_modulate_all_requests() {
             key.shift = shift;
             out.push_back(request_for(key));
           }
+  // The opt-in stepped loop (DITOPS_LNM_STEPPED=1): CTA rows of each kind, both sides of its
+  // two-rows bound (6 even slots with the prefetch) and past the prefetch.
+  for (int slots : {1, 3, 6, 8, 10, 16})
+    for (auto kind : {LnModulateKind::bf16_out, LnModulateKind::fp8_out, LnModulateKind::fp8_rowwise})
+      for (bool even : {false, true}) {
+        LnmKey key;
+        key.kind = kind;
+        key.slots = slots;
+        key.cta = true;
+        key.even = even;
+        key.prefetch = slots <= kPrefetchMaxSlots;
+        key.shift = true;
+        key.stepped = true;
+        out.push_back(request_for(key));
+      }
   for (bool pdl : {false, true})
     for (bool aligned : {false, true}) {
       LnmKey key;
