@@ -12,7 +12,9 @@
 # first "on" run of each with its torch.equal checks; then compute-sanitizer (memcheck, racecheck)
 # over the GPU test and the driver's cases with it on, until LNM_DEADLINE_S (default 560 s).
 # Writes OUT/lnm_stepped.tgz (logs, records b_<script>_<off|on>_<round>.json and their _checks) and
-# prints each run's verdict line. The benches load libditops by ctypes: no wheels needed.
+# prints each run's verdict line. The benches load libditops by ctypes: no wheels needed. The records
+# do not name the variable: give the "on" ones the impl ditops:jit:stepped before records.py convert
+# (as the GELU table's runs were folded in beside ditops:jit).
 RUN_NAME=lnm_stepped
 source "$(dirname "$0")/run_prelude.sh"
 build_gt test_layernorm_modulate_gpu test_ops
