@@ -193,12 +193,9 @@ __device__ __forceinline__ RowStep row_step(const LayerNormModulateParams& p, Ro
 
 template <bool kFp8>
 __device__ __forceinline__ RowPlace advance_place(RowPlace at, const RowStep& st, long long seq) {
-  long long dx = st.x.step, o = st.out.step;
-  if (advance_row_position_wrapped(at.pos, st.by, seq)) {  // offset_at, as adds (ptxas: no spill at 6 uneven slots)
-    dx += st.x.wrap;
-    o += st.out.wrap;
-  }
-  at.x += dx;
+  const bool wrapped = advance_row_position_wrapped(at.pos, st.by, seq);
+  at.x += offset_at(st.x, wrapped);
+  const long long o = offset_at(st.out, wrapped);
   at.out = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(at.out) + o)
                 : static_cast<void*>(static_cast<unsigned short*>(at.out) + o);
   return at;

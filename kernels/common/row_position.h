@@ -26,14 +26,22 @@ DITOPS_ROW_POSITION_HD inline RowPosition row_position(long long row, long long 
   return {b, row - b * seq};
 }
 
-// `stride` is row_position(step, seq): whole batches and the remaining tokens of one step.
-DITOPS_ROW_POSITION_HD inline RowPosition advance_row_position(RowPosition at, RowPosition stride, long long seq) {
+// One step of the loop in place: adds `stride` (row_position(step, seq): whole batches and the
+// remaining tokens of one step) and carries a token overflow into the batch. Returns whether it
+// carried, i.e. which offset step (offset_at(wrapped)) the rows' pointers take.
+DITOPS_ROW_POSITION_HD inline bool advance_row_position_wrapped(RowPosition& at, RowPosition stride, long long seq) {
   at.b += stride.b;
   at.s += stride.s;  // < 2 * seq
-  if (at.s >= seq) {
+  const bool wrapped = at.s >= seq;
+  if (wrapped) {
     at.s -= seq;
     ++at.b;
   }
+  return wrapped;
+}
+
+DITOPS_ROW_POSITION_HD inline RowPosition advance_row_position(RowPosition at, RowPosition stride, long long seq) {
+  advance_row_position_wrapped(at, stride, seq);
   return at;
 }
 
@@ -47,19 +55,6 @@ struct OffsetStep {
 DITOPS_ROW_POSITION_HD inline OffsetStep offset_step(RowPosition stride, long long seq, long long batch_stride,
                                                      long long token_stride) {
   return {stride.b * batch_stride + stride.s * token_stride, batch_stride - seq * token_stride};
-}
-
-// advance_row_position in place; returns whether the token passed into the next batch (beyond
-// stride.b), i.e. which offset step (offset_at(wrapped)) the rows' pointers take.
-DITOPS_ROW_POSITION_HD inline bool advance_row_position_wrapped(RowPosition& at, RowPosition stride, long long seq) {
-  at.b += stride.b;
-  at.s += stride.s;  // < 2 * seq
-  const bool wrapped = at.s >= seq;
-  if (wrapped) {
-    at.s -= seq;
-    ++at.b;
-  }
-  return wrapped;
 }
 
 DITOPS_ROW_POSITION_HD inline long long offset_at(OffsetStep st, bool wrapped) {
