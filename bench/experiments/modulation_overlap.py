@@ -6,11 +6,14 @@
 # on them. In one stream the GEMVs (memory-bound) and the embedders (compute-bound) run one after the
 # other; on two streams (a fork and a join captured in one CUDA graph) the embedders could run under
 # the GEMVs. Each kernel's numbers do not depend on what runs beside it, so the outputs stay equal
-# (checked with torch.equal). Times: CUDA graph replays, median of 15 rounds of 10, both forms
-# interleaved per round.
-import argparse, json, statistics
+# (checked with torch.equal). Times: bench/torch_bench_common.py's rotated_graph_us, each form
+# captured alone (the weights are over 20x the L2: no replay reads them warm).
+import argparse, json, pathlib, sys
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from torch_bench_common import rotated_graph_us  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--json")
@@ -50,19 +53,6 @@ def two_streams():
     return mods + list(emb)
 
 
-def captured(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        outs = fn()
-    return g, outs
-
-
 def parts():
     yield "modulations only", modulations
     yield "embedders only", lambda: list(embedders())
@@ -70,22 +60,8 @@ def parts():
     yield "two streams", two_streams
 
 
-graphs = {name: captured(fn) for name, fn in parts()}
-for g, _ in graphs.values():
-    g.replay()
-torch.cuda.synchronize()
-equal = all(torch.equal(a, b) for a, b in zip(graphs["one stream"][1], graphs["two streams"][1]))
-times = {name: [] for name in graphs}
-for _ in range(15):
-    for name, (g, _) in graphs.items():
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            g.replay()
-        end.record()
-        end.synchronize()
-        times[name].append(start.elapsed_time(end) * 100.0)  # us per replay
-res = {name: statistics.median(t) for name, t in times.items()}
+res = {name: rotated_graph_us([fn]) for name, fn in parts()}
+equal = all(torch.equal(a, b) for a, b in zip(one_stream(), two_streams()))
 print(torch.cuda.get_device_name(), f"image tokens {args.image_tokens}, text tokens {args.text_tokens}")
 for name, us in res.items():
     print(f"  {name:18s} {us:9.2f} us")

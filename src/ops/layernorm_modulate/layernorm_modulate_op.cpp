@@ -328,9 +328,10 @@ KernelRequest request_for(const LnmKey& key) {
   }
   r.template_args = jit::kernel_args(key.slots, key.cta, key.shift, key.kind != LnModulateKind::bf16_out, key.div_full,
                                      key.pdl, key.aligned, key.even, key.prefetch);
-  if (key.kind == LnModulateKind::fp8_rowwise || key.stepped)
-    r.template_args += key.kind == LnModulateKind::fp8_rowwise ? ", true" : ", false";
-  if (key.stepped) r.template_args += ", 0, true";  // kStages, kStepped
+  // The trailing defaults are written only where they differ, so the measured kernels keep their names.
+  const bool rowwise = key.kind == LnModulateKind::fp8_rowwise;
+  if (key.stepped) r.template_args += ", " + jit::kernel_args(rowwise, 0, true);  // kRowwise, kStages, kStepped
+  else if (rowwise) r.template_args += ", " + jit::kernel_args(true);
   if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
   else if (key.kind == LnModulateKind::fp8_rowwise && key.prefetch) r.min_blocks = kMinBlocksRowwisePrefetch;
   return r;
