@@ -178,29 +178,6 @@ __device__ __forceinline__ RowPlace place(const LayerNormModulateParams& p, RowP
   return r;
 }
 
-// The persistent loop's step from a row to the one `by` rows on, as pointer increments
-// (common/row_position.h's offset_step: the addresses place() computes, without its two 64-bit
-// multiply-adds a pointer each row).
-struct RowStep {
-  RowPosition by;
-  OffsetStep x, out;
-};
-
-__device__ __forceinline__ RowStep row_step(const LayerNormModulateParams& p, RowPosition by) {
-  return {by, offset_step(by, p.seq, p.x_batch_stride, p.x_token_stride),
-          offset_step(by, p.seq, p.out_batch_stride, p.out_token_stride)};
-}
-
-template <bool kFp8>
-__device__ __forceinline__ RowPlace advance_place(RowPlace at, const RowStep& st, long long seq) {
-  const bool wrapped = advance_row_position_wrapped(at.pos, st.by, seq);
-  at.x += offset_at(st.x, wrapped);
-  const long long o = offset_at(st.out, wrapped);
-  at.out = kFp8 ? static_cast<void*>(static_cast<unsigned char*>(at.out) + o)
-                : static_cast<void*>(static_cast<unsigned short*>(at.out) + o);
-  return at;
-}
-
 // The row's x as this thread's vectors t + kStride*j (j < kSlots, those < n_vec).
 template <int kSlots, int kStride, bool kEven, bool kAligned>
 __device__ __forceinline__ void load_row(const bf16* x, int n_vec, int t, Vec4 (&xv)[kSlots]) {
@@ -325,7 +302,7 @@ __device__ __forceinline__ void load_modulation(const LayerNormModulateParams& p
 // kEven: every thread owns kSlots vectors (n_vec == kSlots * threads per row), so counts fold to
 // constants. Measured on the H200: see the host's launch (layernorm_modulate_op.cpp).
 template <int kSlots, bool kCta, bool kShift, bool kFp8, bool kDivFull, bool kPdl, bool kAligned,
-          bool kEven = false, bool kPrefetch = false, bool kRowwise = false, int kStages = 0, bool kStepped = false>
+          bool kEven = false, bool kPrefetch = false, bool kRowwise = false, int kStages = 0>
 __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
   static_assert(!kRowwise || kFp8, "the rowwise output is e4m3 (kFp8 addresses its rows)");
   static_assert(kStages == 0 || (kCta && kAligned && !kPrefetch && kStages >= 2),
@@ -363,16 +340,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     copy_async_commit();
   };
   long long modulation_batch = -1;
-  // kStepped (opt-in, DITOPS_LNM_STEPPED=1, until measured): the row pointers advance by constant
-  // steps and rows of up to 6 full slots take two rows an iteration (kTwoRows: the register buffers
-  // swap roles, so no row's x is moved out of the prefetch buffer; ptxas made that move 12 SELs a
-  // row at 6 slots; wider or uneven rows would spill or lose occupancy to the second copy).
-  constexpr bool kTwoRows = kStepped && kPipelined && kEven && kSlots <= 6;
-  const RowStep stride = row_step(p, row_position(step, p.seq));
-  const auto advance = [&](const RowPlace& from) {
-    if constexpr (kStepped) return advance_place<kFp8>(from, stride, p.seq);
-    else return place<kFp8>(p, advance_row_position(from.pos, stride.by, p.seq));
-  };
+  const RowPosition stride = row_position(step, p.seq);
   RowPlace at = place<kFp8>(p, row_position(first, p.seq));
   if constexpr (kStaged) {
 #pragma unroll
@@ -381,26 +349,24 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     if (first < p.rows) load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
   }
   int parity = 0, stage = 0;
-  // One row, its x in `cur` (kStaged: taken from the ring here); kPipelined loads the next row's x
-  // into `ahead` first. Uniform per warp (and per CTA when kCta).
-  const auto one_row = [&](long long row, Vec4 (&cur)[kSlots], Vec4 (&ahead)[kPipelined ? kSlots : 1]) {
+  for (long long row = first; row < p.rows; row += step) {  // uniform per warp (and per CTA when kCta)
     const long long following = row + step;
     RowPlace next_at;
     if constexpr (kPipelined) {
-      next_at = advance(at);
-      if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, ahead);
+      next_at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
+      if (following < p.rows) load_row<kSlots, kStride, kEven, kAligned>(next_at.x, n_vec, t, next);
     }
     if constexpr (kStaged) {
       copy_async_wait<kStages - 1>();
 #pragma unroll
       for (int j = 0; j < kSlots; ++j)
-        if (kEven || t + kStride * j < n_vec) cur[j] = ring[stage][j][t];
+        if (kEven || t + kStride * j < n_vec) xv[j] = ring[stage][j][t];
     }
     if (at.pos.b != modulation_batch) {
       load_modulation<kSlots, kStride, kEven, kShift, kAligned>(p, at.pos.b, t, op, sh);
       modulation_batch = at.pos.b;
     }
-    auto get_vec = [&](int j, float (&v)[4]) { to_floats(cur[j], v); };
+    auto get_vec = [&](int j, float (&v)[4]) { to_floats(xv[j], v); };
     RowStats st;
     const int row_parity = parity;
     if constexpr (kCta) {
@@ -409,7 +375,7 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
     } else {
       st = aten_row_stats_warp<kSlots>(get_vec, n_vec, lane, p.eps);
     }
-    if constexpr (kStaged) {  // the statistics consumed the row: the ring row is free for a later one
+    if constexpr (kStaged) {  // the statistics consumed xv: the ring row is free for a later one
       stage_row(row + kStages * step, stage);
       stage = stage + 1 == kStages ? 0 : stage + 1;
     }
@@ -418,37 +384,22 @@ __device__ void layernorm_modulate_body(const LayerNormModulateParams& p) {
       p.stats[2 * row + 1] = st.rstd;
     }
     if constexpr (kRowwise)
-      finish_row_rowwise<kSlots, kStride, kEven, kShift, kAligned, kCta>(at.out, p.out_scale + row, n_vec, t, cur, op, sh,
+      finish_row_rowwise<kSlots, kStride, kEven, kShift, kAligned, kCta>(at.out, p.out_scale + row, n_vec, t, xv, op, sh,
                                                                         st, amax_partials[kCta ? row_parity : 0]);
     else
-      finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, cur, op, sh, st, inv);
-    if constexpr (kStepped && kPipelined) {
-      at = next_at;  // past the last row unused: no condition (it cost a SEL a field)
-      if constexpr (!kTwoRows) {
-#pragma unroll
-        for (int j = 0; j < kSlots; ++j) cur[j] = ahead[j];
-      }
-    } else if (following < p.rows) {
+      finish_row<kSlots, kStride, kEven, kShift, kFp8, kAligned>(at.out, n_vec, t, xv, op, sh, st, inv);
+    if (following < p.rows) {
       if constexpr (kStaged) {
-        at = advance(at);
+        at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
       } else if constexpr (kPipelined) {
         at = next_at;
 #pragma unroll
-        for (int j = 0; j < kSlots; ++j) cur[j] = ahead[j];
+        for (int j = 0; j < kSlots; ++j) xv[j] = next[j];
       } else {
-        at = advance(at);
-        load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, cur);
+        at = place<kFp8>(p, advance_row_position(at.pos, stride, p.seq));
+        load_row<kSlots, kStride, kEven, kAligned>(at.x, n_vec, t, xv);
       }
     }
-  };
-  if constexpr (kTwoRows) {
-    for (long long row = first; row < p.rows; row += 2 * step) {
-      one_row(row, xv, next);
-      if (row + step >= p.rows) break;
-      one_row(row + step, next, xv);
-    }
-  } else {
-    for (long long row = first; row < p.rows; row += step) one_row(row, xv, next);
   }
   if constexpr (kPdl) pdl_launch_dependents();
 }

@@ -17,13 +17,10 @@
 #include <unistd.h>
 
 #include "ditops/layernorm_modulate.h"
-#include "ditops/op.h"
-#include "core/device.h"
 #include "jit/jit.h"
 #include "ops/layernorm_modulate/layernorm_modulate_kernels.h"
 #include "reference/aten_layer_norm.h"
 #include "reference/half.h"
-#include "test_util.h"
 
 namespace ditops {
 namespace {
@@ -270,46 +267,6 @@ TEST(LayerNormModulateExplain, ListsEveryCandidateWithItsReason) {
   EXPECT_GE(r8.candidates.size(), 3u);  // two jit variants + reference
 }
 
-// The stepped loop (",stepped" in the key) only where DITOPS_LNM_STEPPED=1 opts in (read when a
-// device's info is made), on the CTA mapping of every kind; never for the warp mapping.
-TEST(LayerNormModulateKernels, SteppedLoopOnlyWhereOptedIn) {
-  auto device_with = [](const char* value) {
-    test_util::ScopedEnv env("DITOPS_LNM_STEPPED", value);
-    return simulated_device_info({DeviceKind::cuda, 0}, 90, 132);
-  };
-  const DeviceInfo plain = device_with(nullptr), opted = device_with("1");
-  EXPECT_FALSE(plain.features & kFeatureLnmStepped);
-  ASSERT_TRUE(opted.features & kFeatureLnmStepped);
-  const Device gpu{DeviceKind::cuda, 0};
-  auto key = [&](const std::string& name, int64_t S, int64_t D, const std::string& mapping, const DeviceInfo& device) {
-    const OpDescription& op = ditops::op(name);
-    auto at = [](uintptr_t gib) { return reinterpret_cast<void*>(gib << 30); };  // aligned, disjoint, never read
-    const bool e4m3 = name != "layernorm_modulate";
-    std::vector<std::pair<std::string, TensorView>> tensors = {
-        {"x", TensorView::contiguous(at(1), DType::bf16, gpu, {1, S, D})},
-        {"scale", TensorView::contiguous(at(2), DType::bf16, gpu, {1, D})},
-        {"shift", TensorView::contiguous(at(3), DType::bf16, gpu, {1, D})},
-        {"out", TensorView::contiguous(at(4), e4m3 ? DType::f8e4m3fn : DType::bf16, gpu, {1, S, D})}};
-    if (name == "layernorm_modulate_fp8_rowwise")
-      tensors.push_back({"out_scale", TensorView::contiguous(at(5), DType::f32, gpu, {1, S, 1})});
-    if (name == "layernorm_modulate_fp8")
-      tensors.push_back({"input_scale", TensorView::contiguous(at(6), DType::f32, gpu, {1})});
-    GenericCall c = generic_call(op);
-    for (const auto& [tensor, view] : tensors) {
-      c.tensors[op.tensor_index(tensor)] = view;
-      c.given[op.tensor_index(tensor)] = true;
-    }
-    c.options[op.option_index("mapping")] = mapping;
-    return explain(name, c, device).template_key;
-  };
-  auto stepped = [](const std::string& k) { return k.find(",stepped") != std::string::npos; };
-  for (const char* name : {"layernorm_modulate", "layernorm_modulate_fp8", "layernorm_modulate_fp8_rowwise"}) {
-    EXPECT_TRUE(stepped(key(name, 4608, 3072, "cta", opted))) << name << " " << key(name, 4608, 3072, "cta", opted);
-    EXPECT_FALSE(stepped(key(name, 4608, 3072, "cta", plain))) << name;
-    EXPECT_FALSE(stepped(key(name, 4608, 3072, "warp", opted))) << name;
-  }
-}
-
 // ------------------------------------------------------------ compilation ----
 
 TEST(LayerNormModulateKernels, EveryKeyCompilesWithNvrtcForTheTargetArchs) {
@@ -338,17 +295,6 @@ TEST(LayerNormModulateKernels, EveryKeyCompilesWithNvrtcForTheTargetArchs) {
   }
   EXPECT_GE(qk_keys, 4);
   EXPECT_GE(head128_keys, 2);
-  // Every key of the opt-in stepped loop (DITOPS_LNM_STEPPED=1) on sm_90a, every third elsewhere.
-  int stepped_keys = 0;
-  for (const auto& request : requests) {
-    if (request.template_key.find(",stepped") == std::string::npos) continue;
-    EXPECT_EQ(request.template_args.substr(request.template_args.size() - 9), ", 0, true") << request.template_args;
-    EXPECT_FALSE(jit::get_cubin(request, "sm_90a").empty()) << request.template_key;
-    if (stepped_keys++ % 3 == 0)
-      for (const char* arch : {"sm_100a", "sm_120a"})
-        EXPECT_FALSE(jit::get_cubin(request, arch).empty()) << arch << " " << request.template_key;
-  }
-  EXPECT_EQ(stepped_keys, 36);
   // The persistent CTA keys carry the measured knobs: even rows, prefetch up to 10 slots, and
   // __launch_bounds__(128, 6) up to 6 slots.
   bool saw_even_prefetch = false;

@@ -1,5 +1,5 @@
-# The prelude of the one-call device scripts that pack their work folder (gelu_table_run.sh,
-# lnm_stepped_run.sh): `RUN_NAME=name; source bench/experiments/run_prelude.sh` sets T0, OUT (made),
+# The prelude of the one-call device scripts that pack their work folder (gelu_table_run.sh):
+# `RUN_NAME=name; source bench/experiments/run_prelude.sh` sets T0, OUT (made),
 # W (a scratch folder), COMMIT (.commit, else git's), the JIT cache and unbuffered Python, el (seconds
 # since T0), and on exit packs W into OUT/$RUN_NAME.tgz with the total time.
 set -uo pipefail

@@ -36,8 +36,6 @@ enum Feature : uint32_t {
   kFeatureFp4Convert = 1u << 2,   // hardware e2m1 conversion (sm_100a / sm_120a)
   kFeatureGeluTable = 1u << 3,    // fp8_rowwise_quant's GELU by table: DITOPS_GELU_TABLE=1 opts in (sm_89+) until
                                   // a model forward gains by it (docs/fp8_rowwise_quant.md)
-  kFeatureLnmStepped = 1u << 4,   // layernorm_modulate's stepped row loop: DITOPS_LNM_STEPPED=1 opts in until it
-                                  // has run on a GPU (docs/layernorm_modulate.md)
 };
 std::string feature_names(uint32_t features);
 

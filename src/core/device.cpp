@@ -28,15 +28,10 @@ bool pdl_allowed() { return !env_says("DITOPS_PDL", "0", "off"); }
 // forward (docs/fp8_rowwise_quant.md). Read once per device.
 bool gelu_table_opted_in() { return env_says("DITOPS_GELU_TABLE", "1", "on"); }
 
-// DITOPS_LNM_STEPPED=1: layernorm_modulate's persistent loop with pointer steps and two rows an
-// iteration (compiled, not yet run on a GPU: docs/layernorm_modulate.md). Read once per device.
-bool lnm_stepped_opted_in() { return env_says("DITOPS_LNM_STEPPED", "1", "on"); }
-
 uint32_t features_of_sm(int sm) {
   uint32_t features = 0;
   if (sm >= 90 && pdl_allowed()) features |= kFeaturePdl;
   if (sm >= 89 && gelu_table_opted_in()) features |= kFeatureGeluTable;
-  if (lnm_stepped_opted_in()) features |= kFeatureLnmStepped;
   if (sm == 100 || sm == 103 || sm == 120 || sm == 121) features |= kFeatureFp4Convert;
   if (g_machine.nvrtc && g_machine.nvrtc()) features |= kFeatureNvrtc;
   return features;

@@ -33,7 +33,6 @@ std::string feature_names(uint32_t features) {
   add(kFeaturePdl, "pdl");
   add(kFeatureFp4Convert, "fp4cvt");
   add(kFeatureGeluTable, "gelu-table");
-  add(kFeatureLnmStepped, "lnm-stepped");
   return out;
 }
 

@@ -273,7 +273,6 @@ struct LnmKey {
   bool pdl = true;
   bool aligned = true;
   bool head128 = false;  // qk: the 8-lanes-per-head kernel (Dh = 128, 16-byte rows)
-  bool stepped = false;  // the loop's pointer steps and two rows an iteration (DITOPS_LNM_STEPPED=1 opts in)
 
   std::string to_string() const {
     if (kind == LnModulateKind::qk_head && head128)
@@ -285,10 +284,10 @@ struct LnmKey {
            (cta ? ",cta" : ",warp") + (even ? ",even" : "") + (prefetch ? ",prefetch" : "") +
            (shift ? ",shift" : ",noshift") +
            (kind == LnModulateKind::fp8_out ? (div_full ? ",div_full" : ",ieee") : "") +
-           (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar") + (stepped ? ",stepped" : "");
+           (pdl ? ",pdl" : ",nopdl") + (aligned ? ",vec8" : ",scalar");
   }
   uint64_t packed() const {
-    return pack_key({{kind, 4}, {slots, 128}, cta, even, prefetch, shift, div_full, pdl, aligned, head128, stepped});
+    return pack_key({{kind, 4}, {slots, 128}, cta, even, prefetch, shift, div_full, pdl, aligned, head128});
   }
 };
 
@@ -309,7 +308,6 @@ LnmKey key_for(const LayerNormModulateCall& c, const DeviceInfo& device) {
   key.prefetch = key.cta && key.slots <= kPrefetchMaxSlots;
   key.shift = c.has_shift;
   key.div_full = c.kind == LnModulateKind::fp8_out && c.options.fp8_reciprocal == Fp8Reciprocal::div_full;
-  key.stepped = key.cta && (device.features & kFeatureLnmStepped);
   return key;
 }
 
@@ -328,10 +326,7 @@ KernelRequest request_for(const LnmKey& key) {
   }
   r.template_args = jit::kernel_args(key.slots, key.cta, key.shift, key.kind != LnModulateKind::bf16_out, key.div_full,
                                      key.pdl, key.aligned, key.even, key.prefetch);
-  // The trailing defaults are written only where they differ, so the measured kernels keep their names.
-  const bool rowwise = key.kind == LnModulateKind::fp8_rowwise;
-  if (key.stepped) r.template_args += ", " + jit::kernel_args(rowwise, 0, true);  // kRowwise, kStages, kStepped
-  else if (rowwise) r.template_args += ", " + jit::kernel_args(true);
+  if (key.kind == LnModulateKind::fp8_rowwise) r.template_args += ", " + jit::kernel_args(true);  // kRowwise
   if (key.cta && key.slots <= 6) r.min_blocks = kMinBlocksSmallRows;
   else if (key.kind == LnModulateKind::fp8_rowwise && key.prefetch) r.min_blocks = kMinBlocksRowwisePrefetch;
   return r;
@@ -571,21 +566,6 @@ std::vector<KernelRequest> layernorm_modulate_all_requests() {
             key.shift = shift;
             out.push_back(request_for(key));
           }
-  // The opt-in stepped loop (DITOPS_LNM_STEPPED=1): CTA rows of each kind, both sides of its
-  // two-rows bound (6 even slots with the prefetch) and past the prefetch.
-  for (int slots : {1, 3, 6, 8, 10, 16})
-    for (auto kind : {LnModulateKind::bf16_out, LnModulateKind::fp8_out, LnModulateKind::fp8_rowwise})
-      for (bool even : {false, true}) {
-        LnmKey key;
-        key.kind = kind;
-        key.slots = slots;
-        key.cta = true;
-        key.even = even;
-        key.prefetch = slots <= kPrefetchMaxSlots;
-        key.shift = true;
-        key.stepped = true;
-        out.push_back(request_for(key));
-      }
   for (bool pdl : {false, true})
     for (bool aligned : {false, true}) {
       LnmKey key;
