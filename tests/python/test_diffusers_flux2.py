@@ -485,8 +485,8 @@ def test_gpu_compile_fullgraph_runs_the_ops():
     out, again, ours = compiled_twice()
     diff, plain_diff = (float((o.float() - eager.float()).abs().max()) for o in (out, plain))
     print(f"flux2: max |compiled - eager| with ditops {diff:.3g}, without {plain_diff:.3g}")
-    assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate",
-                    "ditops.norm_scale_shift", "ditops.qknorm_rope", "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"]
+    assert ours == ["ditops.joint_qknorm_rope", "ditops.layernorm_modulate", "ditops.norm_scale_shift",
+                    "ditops.qknorm_rope", "ditops.residual_gate_add", "ditops.rope_tables", "ditops.swiglu"]
     assert torch.equal(out, again)
     assert diff <= max(2 * plain_diff, 0.05 * float(eager.float().abs().max()))
 
